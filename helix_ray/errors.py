@@ -1,0 +1,26 @@
+"""Errors a caller can act on: each says what was received, what is allowed, how to fix it."""
+
+from __future__ import annotations
+
+
+class HelixError(Exception):
+    """Base class for every error Helix raises on purpose."""
+
+
+class InvalidArgument(HelixError, ValueError):
+    """A caller passed a value outside what is allowed."""
+
+    def __init__(self, name: str, received: object, allowed: str, fix: str | None = None):
+        self.name, self.received, self.allowed = name, received, allowed
+        message = f"Got {name}={received!r}; {allowed}."
+        if fix:
+            message += f" {fix}"
+        super().__init__(message)
+
+
+class StoreError(HelixError):
+    """A store folder is missing, locked, or holds something this version cannot read."""
+
+
+class ManifestMismatch(StoreError):
+    """A generation's manifest is unknown or does not match what the reader expects."""

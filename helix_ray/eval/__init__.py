@@ -1,0 +1,63 @@
+"""Evaluation harness: benchmark loaders and ranking metrics (pure Python + numpy).
+
+Typical use::
+
+    from helix_ray.eval import load_locomo, LOCOMO_TUNE, evaluate_ranking, summarise
+
+    evalset = load_locomo("../shared/data/locomo/locomo10.json", conversations=LOCOMO_TUNE)
+    rows = []
+    for q in evalset.queries:
+        ranked = my_search(evalset.corpora[q.corpus_id], q.text)  # ids, best first
+        rows.append({"category": q.category, **evaluate_ranking(ranked, q.gold, ks=(5, 10))})
+    report = summarise(rows)
+"""
+
+from helix_ray.eval.datasets import (
+    LOCOMO_CONVERSATIONS,
+    LOCOMO_HELDOUT,
+    LOCOMO_TUNE,
+    EvalDoc,
+    EvalQuery,
+    EvalSet,
+    load_beir,
+    load_locomo,
+    load_longmemeval,
+    normalise_locomo_evidence,
+    parse_locomo_datetime,
+    parse_longmemeval_datetime,
+)
+from helix_ray.eval.metrics import (
+    evaluate_ranking,
+    hit_at_k,
+    mean,
+    mrr_at_k,
+    ndcg_at_k,
+    recall_all_at_k,
+    recall_any_at_k,
+    recall_at_k,
+    summarise,
+)
+
+__all__ = [
+    "LOCOMO_CONVERSATIONS",
+    "LOCOMO_HELDOUT",
+    "LOCOMO_TUNE",
+    "EvalDoc",
+    "EvalQuery",
+    "EvalSet",
+    "evaluate_ranking",
+    "hit_at_k",
+    "load_beir",
+    "load_locomo",
+    "load_longmemeval",
+    "mean",
+    "mrr_at_k",
+    "ndcg_at_k",
+    "normalise_locomo_evidence",
+    "parse_locomo_datetime",
+    "parse_longmemeval_datetime",
+    "recall_all_at_k",
+    "recall_any_at_k",
+    "recall_at_k",
+    "summarise",
+]

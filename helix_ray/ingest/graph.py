@@ -1,0 +1,144 @@
+"""Stage 7b: the typed memory graph, built at ingest, stored as CSR arrays.
+
+Nodes are the memories (rows 0..N-1) followed by entity nodes (one per tenant and
+entity key, plus one per session). Edges, all symmetric and all within one tenant:
+
+========== ======================================================== ==============
+type       links                                                    weight
+========== ======================================================== ==============
+mention    memory ↔ entity it mentions (entities with a df too      1 / √df
+           high for their tenant link nothing: see GraphBuildConfig)
+same_session memory ↔ its session node (a hub, not a clique)         0.5
+temporal   memory ↔ its neighbours in session order (± window)       1.0
+semantic   memory ↔ its k nearest memories with cosine ≥ threshold   cosine
+========== ======================================================== ==============
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from helix_ray.config import GraphBuildConfig
+from helix_ray.store.generation import EDGE_TYPES, ENTITY_SCHEMA, CSRGraph
+
+MENTION, SAME_SESSION, TEMPORAL, SEMANTIC = (EDGE_TYPES.index(t) for t in EDGE_TYPES)
+_PRIORITY = {TEMPORAL: 0, MENTION: 1, SEMANTIC: 2, SAME_SESSION: 3}
+
+
+def build_graph(
+    *,
+    users: Sequence[str],
+    sessions: Sequence[str | None],
+    order_keys: Sequence[int],
+    entity_lists: Sequence[Sequence[str]],
+    knn: dict[str, tuple[np.ndarray, np.ndarray]] | None,
+    partitions: dict[str, tuple[int, int]],
+    config: GraphBuildConfig,
+) -> tuple[CSRGraph, pa.Table]:
+    """Build the graph.
+
+    ``order_keys`` orders memories within a session (created_at, then input order);
+    ``knn[user] = (neighbour_rows, similarities)``, each (n_user, k) with -1 padding,
+    rows relative to nothing (global row ids).
+    """
+    n = len(users)
+    src: list[np.ndarray] = []
+    dst: list[np.ndarray] = []
+    wts: list[np.ndarray] = []
+    typ: list[np.ndarray] = []
+
+    def add(a: np.ndarray, b: np.ndarray, w: np.ndarray, t: int) -> None:
+        if len(a):
+            src.append(a.astype(np.int64)); dst.append(b.astype(np.int64))
+            wts.append(w.astype(np.float32)); typ.append(np.full(len(a), t, np.int8))
+
+    # Entity nodes: (user, key) with their document frequency inside the tenant.
+    df: Counter[tuple[str, str]] = Counter()
+    for user, keys in zip(users, entity_lists):
+        for key in set(keys):
+            df[(user, key)] += 1
+    tenant_size = {u: end - start for u, (start, end) in partitions.items()}
+    node_of: dict[tuple[str, str], int] = {}
+    entity_rows: list[dict] = []
+    for (user, key), count in sorted(df.items()):
+        limit = max(config.min_entity_df_cap, config.max_entity_df * tenant_size[user])
+        if count < 2 or count > limit:  # a singleton links nothing; a hub links everything
+            continue
+        node_of[(user, key)] = n + len(entity_rows)
+        entity_rows.append({"node": n + len(entity_rows), "user": user, "key": key, "df": count})
+    m_src, m_dst, m_w = [], [], []
+    for row, (user, keys) in enumerate(zip(users, entity_lists)):
+        for key in set(keys):
+            node = node_of.get((user, key))
+            if node is not None:
+                m_src.append(row); m_dst.append(node); m_w.append(1.0 / math.sqrt(df[(user, key)]))
+    add(np.array(m_src), np.array(m_dst), np.array(m_w), MENTION)
+
+    # Sessions: a hub node each, and temporal neighbours in session order.
+    by_session: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for row, (user, session) in enumerate(zip(users, sessions)):
+        if session:
+            by_session[(user, session)].append(row)
+    s_src, s_dst, t_src, t_dst = [], [], [], []
+    for (user, session), rows in sorted(by_session.items()):
+        if len(rows) < 2:
+            continue
+        node = n + len(entity_rows)
+        entity_rows.append({"node": node, "user": user, "key": f"session:{session}", "df": len(rows)})
+        rows = sorted(rows, key=lambda r: (order_keys[r], r))
+        s_src.extend(rows); s_dst.extend([node] * len(rows))
+        for offset in range(1, config.temporal_window + 1):
+            t_src.extend(rows[:-offset]); t_dst.extend(rows[offset:])
+    add(np.array(s_src), np.array(s_dst), np.full(len(s_src), 0.5), SAME_SESSION)
+    add(np.array(t_src), np.array(t_dst), np.ones(len(t_src)), TEMPORAL)
+
+    # Semantic kNN.
+    for user, (neighbours, sims) in (knn or {}).items():
+        start, end = partitions[user]
+        rows = np.repeat(np.arange(start, end), neighbours.shape[1])
+        flat_n, flat_s = neighbours.reshape(-1), sims.reshape(-1)
+        keep = (flat_n >= 0) & (flat_n != rows) & (flat_s >= config.knn_min_similarity)
+        add(rows[keep], flat_n[keep], flat_s[keep], SEMANTIC)
+
+    num_nodes = n + len(entity_rows)
+    graph = _to_csr(src, dst, wts, typ, num_nodes)
+    entities = pa.Table.from_pylist(entity_rows, schema=ENTITY_SCHEMA)
+    return graph, entities
+
+
+def _to_csr(src, dst, wts, typ, num_nodes: int) -> CSRGraph:
+    if not src:
+        return CSRGraph(np.zeros(num_nodes + 1, np.int64), np.zeros(0, np.int32),
+                        np.zeros(0, np.float32), np.zeros(0, np.int8))
+    a = np.concatenate(src); b = np.concatenate(dst); w = np.concatenate(wts); t = np.concatenate(typ)
+    # Symmetrise, then keep one edge per ordered pair: the highest-priority type.
+    a, b = np.concatenate([a, b]), np.concatenate([b, a])
+    w, t = np.concatenate([w, w]), np.concatenate([t, t])
+    priority = np.vectorize(_PRIORITY.get)(t) if len(t) else t
+    order = np.lexsort((priority, b, a))
+    a, b, w, t = a[order], b[order], w[order], t[order]
+    first = np.ones(len(a), bool)
+    first[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
+    a, b, w, t = a[first], b[first], w[first], t[first]
+    indptr = np.zeros(num_nodes + 1, np.int64)
+    np.add.at(indptr, a + 1, 1)
+    np.cumsum(indptr, out=indptr)
+    return CSRGraph(indptr, b.astype(np.int32), w.astype(np.float32), t.astype(np.int8))
+
+
+def edges_table(graph: CSRGraph, node_names: Sequence[str]) -> pa.Table:
+    """The graph as rows (src < dst only), for the DuckDB ``edges`` table."""
+    rows = np.repeat(np.arange(graph.num_nodes), np.diff(graph.indptr))
+    keep = rows < graph.indices
+    names = np.asarray(node_names, dtype=object)
+    return pa.table({
+        "src": pa.array(names[rows[keep]].tolist(), pa.string()),
+        "dst": pa.array(names[graph.indices[keep]].tolist(), pa.string()),
+        "type": pa.array([EDGE_TYPES[i] for i in graph.types[keep]], pa.string()),
+        "weight": pa.array(graph.weights[keep], pa.float32()),
+    })

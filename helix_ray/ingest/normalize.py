@@ -1,0 +1,272 @@
+"""Stage 2: validate and normalise raw records; derive what a record does not give.
+
+:func:`normalise` is pure: raw dict in, either a row of
+:data:`helix_ray.schema.GENERATION_SCHEMA` or a quarantine row out. A given value is
+never overwritten; derivation fills only what is missing.
+
+Derivation rules (each tested in ``tests/test_normalize.py``):
+
+``type`` — first rule that matches:
+  1. a fenced code block → ``code``
+  2. "we decided / chose / picked / went with / agreed / settled on", "decision:" → ``decision``
+  3. two or more numbered or bulleted steps, or "how to" / "to do X, run" → ``procedural``
+  4. a file path, a ``module.function()`` call or a shell command line → ``code``
+  5. a conversation turn (transcript source, speaker) or a dated event → ``episodic``
+  6. otherwise → ``semantic``
+
+``salience`` = type prior (episodic .40, semantic .50, code .50, procedural .60,
+decision .70) + .15 for an explicit marker ("always", "never", "important", "must",
+"critical", "remember") + .10 for an error string (``...Error``, ``Exception``,
+``Traceback``, ``FATAL``, ``exit code``) ; a pinned memory gets at least .90; capped at 1.
+
+``confidence`` by source: user-confirmed (``source`` user / human / confirmed, or
+``metadata.confirmed``) .90; documents (markdown) .80; what was said in a conversation
+(transcript, LoCoMo) .70; anything else (api, agent) .60; inferred / llm .50.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from helix_ray.config import ValidationConfig
+from helix_ray.schema import MEMORY_TYPES, content_hash
+
+TYPE_PRIOR = {"episodic": 0.40, "semantic": 0.50, "code": 0.50, "procedural": 0.60, "decision": 0.70}
+
+_FENCE = re.compile(r"```")
+_DECISION = re.compile(
+    r"\b(?:we|i|they|team|the team)\s+(?:have\s+|had\s+)?(?:decided|chose|picked|opted|agreed|settled on|went with)\b"
+    r"|\bdecision\s*:|\bdecided to\b|\bwe(?:'ll| will) go with\b",
+    re.I,
+)
+_STEPS = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s+\S", re.M)
+_INLINE_STEPS = re.compile(r"(?:^|\s)1[.)]\s.+\s2[.)]\s", re.S)
+_HOWTO = re.compile(r"\bhow to\b|\bto [a-z][\w -]{2,40}, (?:run|use|do|call|set|open)\b|\bsteps?\b:", re.I)
+_PATH = re.compile(
+    r"(?:^|[\s`'\"(])(?:[\w.-]+/)+[\w.-]+\.[A-Za-z0-9]{1,6}\b"
+    r"|\b[\w-]+\.(?:py|go|rs|ts|tsx|js|java|rb|c|h|cpp|yaml|yml|toml|json|sql|sh|ini|cfg|proto)\b"
+)
+_CALL = re.compile(r"\b[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)+\(|\b[a-z_]+_[a-z_]+\(")
+_SHELL = re.compile(r"(?:^|`)\s*(?:\$ |make |git |pip |kubectl |docker |cargo |npm |go |python )\S", re.M)
+_DATE = re.compile(
+    r"\b\d{4}-\d{2}-\d{2}\b|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.? \d{1,2}\b"
+    r"|\b\d{1,2} (?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\b"
+    r"|\b(?:yesterday|last (?:week|night|month)|this morning|on (?:mon|tues|wednes|thurs|fri|satur|sun)day)\b",
+    re.I,
+)
+_MARKER = re.compile(r"\b(?:always|never|important|must|critical|remember)\b", re.I)
+_ERROR = re.compile(r"\b\w*(?:Error|Exception)\b|Traceback|\bFATAL\b|\bexit code\b|\bpanicked\b|\bsegfault", re.I)
+
+_CONFIRMED = {"user", "human", "confirmed", "user-confirmed"}
+_DOCUMENT_PREFIXES = ("markdown", "doc", "docs")
+_CONVERSATION = {"transcript", "locomo", "chat"}
+_INFERRED = {"inferred", "llm", "model"}
+
+
+def derive_type(text: str, *, conversational: bool = False) -> str:
+    if _FENCE.search(text):
+        return "code"
+    if _DECISION.search(text):
+        return "decision"
+    if len(_STEPS.findall(text)) >= 2 or _INLINE_STEPS.search(text) or _HOWTO.search(text):
+        return "procedural"
+    if _PATH.search(text) or _CALL.search(text) or _SHELL.search(text):
+        return "code"
+    if conversational or _DATE.search(text):
+        return "episodic"
+    return "semantic"
+
+
+def derive_salience(text: str, mem_type: str, pinned: bool) -> float:
+    value = TYPE_PRIOR[mem_type]
+    if _MARKER.search(text):
+        value += 0.15
+    if _ERROR.search(text):
+        value += 0.10
+    if pinned:
+        value = max(value, 0.90)
+    return round(min(value, 1.0), 4)
+
+
+def derive_confidence(source: str, metadata: dict[str, Any]) -> float:
+    kind = source.split(":", 1)[0].lower()
+    if metadata.get("confirmed") is True or kind in _CONFIRMED:
+        return 0.90
+    if kind.startswith(_DOCUMENT_PREFIXES):
+        return 0.80
+    if kind in _CONVERSATION:
+        return 0.70
+    if kind in _INFERRED:
+        return 0.50
+    return 0.60
+
+
+class Rejected(Exception):
+    """A record that cannot be ingested. The quarantine reason reads
+    ``"<code>: <sentence>"``; the code (``missing_text``, ``empty_text``, ``wrong_type``,
+    ``unknown_type``, ``out_of_range``, ``bad_time``, ``too_long``, ``invalid_utf8``,
+    ``bad_json``, ``missing_user``) lets a report count them."""
+
+    def __init__(self, code: str, sentence: str):
+        super().__init__(f"{code}: {sentence}")
+        self.code = code
+
+
+def _parse_time(value: Any, field: str) -> dt.datetime:
+    if isinstance(value, dt.datetime):
+        parsed = value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        # Epoch seconds (milliseconds when too large to be seconds).
+        seconds = value / 1000.0 if value > 1e11 else value
+        parsed = dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc)
+    elif isinstance(value, str):
+        text = value.strip().replace("Z", "+00:00") if value.strip().endswith("Z") else value.strip()
+        try:
+            parsed = dt.datetime.fromisoformat(text)
+        except ValueError:
+            raise Rejected(
+                "bad_time", f"{field}={value!r} is not a time; use ISO-8601 (e.g. 2025-03-14T10:22:00Z) or epoch seconds"
+            ) from None
+    else:
+        raise Rejected("bad_time", f"{field} must be an ISO-8601 string or epoch seconds, got {type(value).__name__}")
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.timezone.utc)
+    return parsed.astimezone(dt.timezone.utc)
+
+
+def _optional_str(row: dict[str, Any], field: str) -> str | None:
+    value = row.get(field)
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        raise Rejected("wrong_type", f"{field} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _unit_float(row: dict[str, Any], field: str) -> float | None:
+    value = row.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise Rejected("wrong_type", f"{field} must be a number within [0, 1], got {value!r}")
+    if not 0.0 <= value <= 1.0:
+        raise Rejected("out_of_range", f"{field}={value!r} is outside [0, 1]")
+    return float(value)
+
+
+def normalise_one(raw: dict[str, Any], config: ValidationConfig, *, default_time: dt.datetime) -> dict[str, Any]:
+    """Validate one raw record; return a memory row or raise :class:`Rejected`."""
+    if "_reject" in raw:
+        raise Rejected(raw.get("_code", "bad_json"), raw["_reject"])
+    if "text" not in raw or raw["text"] is None:
+        raise Rejected("missing_text", "text is missing; every memory needs a non-empty 'text' string")
+    text = raw["text"]
+    if not isinstance(text, str):
+        raise Rejected("wrong_type", f"text must be a string, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Rejected("invalid_utf8", "text is not valid UTF-8 (it holds lone surrogates or undecodable bytes)") from None
+    text = text.replace("\r\n", "\n").strip()
+    if not text:
+        raise Rejected("empty_text", "text is empty or only whitespace")
+    if len(text) > config.max_text_chars:
+        raise Rejected(
+            "too_long", f"text has {len(text)} characters; the limit is {config.max_text_chars} "
+            "(split it into smaller memories or raise validation.max_text_chars)"
+        )
+    user = _optional_str(raw, "user") or config.default_user
+    if not user:
+        raise Rejected("missing_user", "user is missing; give each record a 'user' or pass --user for the whole source")
+    mem_type = raw.get("type")
+    if mem_type is not None and mem_type not in MEMORY_TYPES:
+        raise Rejected("unknown_type", f"type={mem_type!r} is unknown; allowed: {', '.join(MEMORY_TYPES)}")
+    metadata = raw.get("metadata") or {}
+    if isinstance(metadata, str):
+        try:
+            metadata = json.loads(metadata)
+        except json.JSONDecodeError:
+            raise Rejected("wrong_type", "metadata is a string but not JSON; give a JSON object") from None
+    if not isinstance(metadata, dict):
+        raise Rejected("wrong_type", f"metadata must be a JSON object, got {type(metadata).__name__}")
+    pinned = raw.get("pinned", False)
+    if not isinstance(pinned, bool):
+        raise Rejected("wrong_type", f"pinned must be true or false, got {pinned!r}")
+    access_count = raw.get("access_count", 0) or 0
+    if isinstance(access_count, bool) or not isinstance(access_count, int) or access_count < 0:
+        raise Rejected("wrong_type", f"access_count must be a whole number >= 0, got {access_count!r}")
+    salience = _unit_float(raw, "salience")
+    confidence = _unit_float(raw, "confidence")
+    created_at = _parse_time(raw["created_at"], "created_at") if raw.get("created_at") is not None else default_time
+    last = raw.get("last_accessed_at")
+    last_accessed_at = _parse_time(last, "last_accessed_at") if last is not None else None
+
+    source = _optional_str(raw, "source") or Path(str(raw.get("_source", "api"))).name
+    session_id = _optional_str(raw, "session_id")
+    if mem_type is None:
+        conversational = "speaker" in metadata or source.split(":", 1)[0] in _CONVERSATION
+        mem_type = derive_type(text, conversational=conversational)
+    if salience is None:
+        salience = derive_salience(text, mem_type, pinned)
+    if confidence is None:
+        confidence = derive_confidence(source, metadata)
+    raw_id = raw.get("id")
+    if raw_id is None or raw_id == "":
+        mem_id = content_hash(text, user)
+    elif isinstance(raw_id, (str, int)) and not isinstance(raw_id, bool):
+        mem_id = str(raw_id)
+    else:
+        raise Rejected("wrong_type", f"id must be a string, got {type(raw_id).__name__}")
+    return {
+        "id": mem_id,
+        "text": text,
+        "type": mem_type,
+        "user": user,
+        "project": _optional_str(raw, "project"),
+        "session_id": session_id,
+        "created_at": created_at,
+        "last_accessed_at": last_accessed_at,
+        "access_count": access_count,
+        "salience": salience,
+        "confidence": confidence,
+        "pinned": pinned,
+        "source": source,
+        "metadata": json.dumps(metadata, sort_keys=True, ensure_ascii=False, default=str),
+        "content_hash": content_hash(text, ""),
+    }
+
+
+def normalise(
+    raws: list[dict[str, Any]], config: ValidationConfig, *, default_time: dt.datetime
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Split raw records into (memory rows, quarantine rows). Nothing is dropped silently."""
+    rows, quarantined = [], []
+    for raw in raws:
+        try:
+            rows.append(normalise_one(raw, config, default_time=default_time))
+        except Rejected as why:
+            quarantined.append(quarantine_row(raw, str(why)))
+    return rows, quarantined
+
+
+def quarantine_row(raw: dict[str, Any], reason: str) -> dict[str, Any]:
+    body = raw.get("_raw")
+    if body is None:
+        body = json.dumps(
+            {k: v for k, v in raw.items() if not k.startswith("_")}, ensure_ascii=False, default=str
+        )
+    if isinstance(body, str):
+        body = body.encode("utf-8", errors="backslashreplace").decode("utf-8")
+    return {
+        "source": str(raw.get("_source", "api")),
+        "position": str(raw.get("_position", "")),
+        "reason": reason,
+        "raw": body,
+    }

@@ -1,0 +1,261 @@
+"""Stage 1: read sources into raw records.
+
+A raw record is a plain dict as the source gave it, plus ``_source`` (path) and
+``_position`` (line, row or section) so a rejected record can be traced. Nothing is
+validated here: bad rows travel on to :mod:`helix_ray.ingest.normalize`, which
+quarantines them with a reason. Only an unreadable *file* raises.
+
+Formats:
+
+- ``jsonl``: one memory object per line (fields of :data:`helix_ray.schema.MEMORY_SCHEMA`).
+- ``parquet``: one memory per row, same columns.
+- ``markdown``: a ``.md`` file or a folder of them; optional YAML front matter gives
+  defaults (user, project, created_at, type...); each ``##`` section is one memory.
+- ``transcript``: JSONL (or a JSON list) of chat turns ``{session_id, speaker|role,
+  text, timestamp, user?, project?}``; each turn is one episodic memory.
+- ``locomo``: the LoCoMo benchmark file; each conversation's ``sample_id`` is the user,
+  each turn one episodic memory with id ``<sample_id>:<dia_id>``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+from helix_ray.errors import InvalidArgument
+
+FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo")
+RawRecord = dict[str, Any]
+
+
+def detect_format(path: Path) -> str:
+    """Guess a source's format from its name and, for JSON, its first record."""
+    if path.is_dir():
+        if any(path.rglob("*.md")):
+            return "markdown"
+        raise InvalidArgument(
+            "source", str(path), "a folder source must hold Markdown (.md) files",
+            "Pass the files themselves for JSONL or Parquet.",
+        )
+    suffix = path.suffix.lower()
+    if suffix in (".md", ".markdown"):
+        return "markdown"
+    if suffix == ".parquet":
+        return "parquet"
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        first = _first_json_value(path)
+        if isinstance(first, dict) and "conversation" in first and "sample_id" in first:
+            return "locomo"
+        if isinstance(first, dict) and ("speaker" in first or "role" in first) and "type" not in first:
+            return "transcript"
+        return "jsonl"
+    raise InvalidArgument(
+        "source", str(path),
+        "allowed formats are .jsonl/.json (memories or transcript turns), .parquet, .md "
+        "or a folder of .md files, and the LoCoMo JSON",
+        "Pass --format to say which.",
+    )
+
+
+def _first_json_value(path: Path) -> Any:
+    with path.open("rb") as fh:
+        head = fh.read(1 << 20).decode("utf-8", errors="replace").lstrip()
+    if head.startswith("["):
+        # A JSON array: decode just its first element.
+        try:
+            value, _ = json.JSONDecoder().raw_decode(head[1:].lstrip())
+            return value
+        except json.JSONDecodeError:
+            return None
+    line = head.split("\n", 1)[0]
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None
+
+
+def read_source(path: str | Path, fmt: str = "auto") -> Iterator[RawRecord]:
+    """Yield the raw records of one source."""
+    path = Path(path)
+    if not path.exists():
+        raise InvalidArgument("source", str(path), "it must be an existing file or folder")
+    if fmt not in FORMATS:
+        raise InvalidArgument("format", fmt, f"allowed formats are {', '.join(FORMATS)}")
+    if fmt == "auto":
+        fmt = detect_format(path)
+    reader = {
+        "jsonl": read_jsonl,
+        "parquet": read_parquet,
+        "markdown": read_markdown,
+        "transcript": read_transcript,
+        "locomo": read_locomo,
+    }[fmt]
+    yield from reader(path)
+
+
+def read_jsonl(path: Path) -> Iterator[RawRecord]:
+    """One JSON object per line; a JSON array file is accepted too."""
+    text_head = path.open("rb").read(64).lstrip()
+    if text_head.startswith(b"["):
+        rows = json.loads(path.read_bytes().decode("utf-8", errors="surrogateescape"))
+        for i, row in enumerate(rows):
+            yield _tag(row, path, f"item {i}")
+        return
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield _bad(path, f"line {lineno}", "invalid_utf8", f"invalid UTF-8 ({exc.reason} at byte {exc.start})", raw)
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield _bad(path, f"line {lineno}", "bad_json", f"not valid JSON ({exc.msg} at column {exc.colno})", line)
+                continue
+            yield _tag(row, path, f"line {lineno}")
+
+
+def read_parquet(path: Path) -> Iterator[RawRecord]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    for i, row in enumerate(table.to_pylist()):
+        yield _tag(row, path, f"row {i}")
+
+
+_FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n", re.S)
+_SECTION = re.compile(r"^##\s+(.+?)\s*$", re.M)
+
+
+def read_markdown(path: Path) -> Iterator[RawRecord]:
+    """Each ``##`` section of each file is one memory; text before the first ``##``
+    (below a ``#`` title) is one memory too when it has content."""
+    files = sorted(path.rglob("*.md")) if path.is_dir() else [path]
+    for file in files:
+        raw = file.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield _bad(file, "file", "invalid_utf8", f"invalid UTF-8 ({exc.reason} at byte {exc.start})", raw)
+            continue
+        defaults: dict[str, Any] = {}
+        match = _FRONT_MATTER.match(text)
+        if match:
+            import yaml
+
+            try:
+                loaded = yaml.safe_load(match.group(1)) or {}
+            except yaml.YAMLError as exc:
+                yield _bad(file, "front matter", "bad_json", f"front matter is not valid YAML ({exc})", match.group(1))
+                continue
+            if isinstance(loaded, dict):
+                defaults = {k: (v.isoformat() if isinstance(v, (dt.date, dt.datetime)) else v) for k, v in loaded.items()}
+            text = text[match.end():]
+        title_match = re.search(r"^#\s+(.+?)\s*$", text, re.M)
+        title = title_match.group(1) if title_match else file.stem
+        heads = list(_SECTION.finditer(text))
+        pieces: list[tuple[str, str]] = []
+        preamble = text[: heads[0].start()] if heads else text
+        preamble = re.sub(r"^#\s+.+$", "", preamble, count=1, flags=re.M).strip()
+        if preamble:
+            pieces.append((title, preamble))
+        for i, head in enumerate(heads):
+            end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
+            pieces.append((head.group(1), text[head.end():end].strip()))
+        rel = file.name if not path.is_dir() else str(file.relative_to(path))
+        for heading, body in pieces:
+            slug = re.sub(r"[^a-z0-9]+", "-", heading.lower()).strip("-")[:60]
+            record = dict(defaults)
+            record.setdefault("source", f"markdown:{rel}")
+            record["text"] = f"{title} — {heading}\n{body}" if heading != title else body
+            if not body:
+                record["text"] = ""
+            record.setdefault("metadata", {})
+            record["metadata"] = {**record["metadata"], "file": rel, "section": heading}
+            if "id" not in defaults:
+                record["id"] = f"md:{rel}#{slug}"
+            yield _tag(record, file, f"section '{heading}'")
+
+
+def read_transcript(path: Path) -> Iterator[RawRecord]:
+    """Chat turns → episodic memories, ``"<speaker>: <text>"``."""
+    for row in read_jsonl(path):
+        if "_reject" in row or not isinstance(row, dict):
+            yield row
+            continue
+        speaker = row.pop("speaker", None) or row.get("role")
+        role = row.pop("role", None)
+        text = row.get("text")
+        if isinstance(text, str) and speaker and text.strip():
+            row["text"] = f"{speaker}: {text}"
+        if "timestamp" in row and "created_at" not in row:
+            row["created_at"] = row.pop("timestamp")
+        row.setdefault("type", "episodic")
+        row.setdefault("source", "transcript")
+        meta = dict(row.get("metadata") or {})
+        meta.update({k: v for k, v in (("speaker", speaker), ("role", role)) if v})
+        row["metadata"] = meta
+        yield row
+
+
+_LOCOMO_DATE = "%I:%M %p on %d %B, %Y"
+
+
+def parse_locomo_date(value: str) -> str:
+    """``"1:56 pm on 8 May, 2023"`` → ``"2023-05-08T13:56:00+00:00"``."""
+    parsed = dt.datetime.strptime(value.strip().replace("am", "AM").replace("pm", "PM"), _LOCOMO_DATE)
+    return parsed.replace(tzinfo=dt.timezone.utc).isoformat()
+
+
+def read_locomo(path: Path) -> Iterator[RawRecord]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, list):
+        raise InvalidArgument("source", str(path), "a LoCoMo file is a JSON list of conversations")
+    for sample in data:
+        user = sample["sample_id"]
+        conv = sample["conversation"]
+        n = 1
+        while f"session_{n}" in conv:
+            date = parse_locomo_date(conv[f"session_{n}_date_time"])
+            session_id = f"{user}:session_{n}"
+            for turn_no, turn in enumerate(conv[f"session_{n}"]):
+                text = f"{turn['speaker']}: {turn.get('text', '')}"
+                if turn.get("blip_caption"):
+                    text += f" [image: {turn['blip_caption']}]"
+                yield _tag(
+                    {
+                        "id": f"{user}:{turn['dia_id']}",
+                        "text": text,
+                        "type": "episodic",
+                        "user": user,
+                        "session_id": session_id,
+                        "created_at": date,
+                        "source": "locomo",
+                        "metadata": {"dia_id": turn["dia_id"], "speaker": turn["speaker"], "turn": turn_no},
+                    },
+                    path,
+                    f"{user} {turn['dia_id']}",
+                )
+            n += 1
+
+
+def _tag(row: Any, path: Path, position: str) -> RawRecord:
+    if not isinstance(row, dict):
+        return _bad(path, position, "wrong_type", f"expected a JSON object, got {type(row).__name__}", row)
+    row = dict(row)
+    row["_source"] = str(path)
+    row["_position"] = position
+    return row
+
+
+def _bad(path: Path, position: str, code: str, reason: str, raw: Any) -> RawRecord:
+    """A record the reader itself could not parse: normalise quarantines it as is."""
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", errors="backslashreplace")
+    return {"_source": str(path), "_position": position, "_code": code, "_reject": reason, "_raw": str(raw)}

@@ -1,0 +1,112 @@
+"""Per-batch ingest transforms, shaped for Ray Data's ``map_batches`` and equally
+callable in one process. Each takes and returns a ``dict[str, np.ndarray]`` batch.
+
+Stateful ones (the embedder) are callable classes: the model loads once in
+``__init__`` and ``__call__`` embeds a batch (the Ray Data convention).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import numpy as np
+
+from helix_ray.config import Doc2QueryConfig, EmbedderConfig, IngestConfig
+from helix_ray.ingest import dedup, doc2query, entities
+from helix_ray.ingest.normalize import normalise
+from helix_ray.ingest.sources import read_source
+
+Batch = dict[str, np.ndarray]
+
+
+def read_and_validate(item: dict[str, Any], *, config: IngestConfig) -> list[dict[str, Any]]:
+    """Stages 1–2 for one source: every raw record becomes exactly one output row,
+    ``{"ok": bool, "payload": json}`` (a memory row or a quarantine row).
+
+    JSON payloads keep the Arrow schema fixed however mixed the raw types are.
+    """
+    path, fmt = item["path"], item["format"]
+    default_time = dt.datetime.fromtimestamp(_mtime(path), tz=dt.timezone.utc)
+    raws = list(read_source(path, fmt))
+    rows, quarantined = normalise(raws, config.validation, default_time=default_time)
+    out = [{"ok": True, "payload": json.dumps(r, default=_json_time)} for r in rows]
+    out += [{"ok": False, "payload": json.dumps(q)} for q in quarantined]
+    return out
+
+
+def _mtime(path: str) -> float:
+    import os
+
+    return os.stat(path).st_mtime
+
+
+def _json_time(value: Any) -> str:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+def decode_row(payload: str) -> dict[str, Any]:
+    row = json.loads(payload)
+    for key in ("created_at", "last_accessed_at"):
+        if row.get(key):
+            row[key] = dt.datetime.fromisoformat(row[key])
+    return row
+
+
+class Expand:
+    """Stage 4: doc2query expansions → ``expansions`` (JSON list per row)."""
+
+    def __init__(self, config: Doc2QueryConfig):
+        self.expander = doc2query.make_expander(config)
+
+    def __call__(self, batch: Batch) -> Batch:
+        queries = self.expander.expand(list(batch["text"]), list(batch["type"]))
+        batch["expansions"] = np.array([json.dumps(q) for q in queries], dtype=object)
+        return batch
+
+
+class Embed:
+    """Stage 5: passage embeddings → ``vector`` (float32, dim)."""
+
+    def __init__(self, config: EmbedderConfig):
+        from helix_ray.embedder import get_embedder
+
+        self.embedder = get_embedder(config)
+
+    def __call__(self, batch: Batch) -> Batch:
+        batch["vector"] = self.embedder.embed_passages([str(t) for t in batch["text"]])
+        return batch
+
+
+def quantize(batch: Batch) -> Batch:
+    """Stage 6: int8 (per-vector scale) and 1-bit sign codes."""
+    from helix_ray.store.generation import quantize_int8
+
+    vectors = np.asarray(batch["vector"], dtype=np.float32)
+    batch["int8"] = quantize_int8(vectors)
+    batch["binary"] = np.packbits(vectors > 0, axis=1)
+    return batch
+
+
+class Annotate:
+    """Stage 7a: entities, MinHash signatures and token counts per memory."""
+
+    def __init__(self, config: IngestConfig):
+        from helix_ray.recall.pack import token_counter
+
+        self.config = config
+        self.count_tokens = token_counter()
+
+    def __call__(self, batch: Batch) -> Batch:
+        texts = [str(t) for t in batch["text"]]
+        batch["entities"] = np.array([json.dumps(entities.extract(t)) for t in texts], dtype=object)
+        batch["n_tokens"] = np.array([self.count_tokens(t) for t in texts], dtype=np.int32)
+        return batch
+
+
+def minhash(batch: Batch, *, num_perm: int, shingle: int) -> Batch:
+    batch["minhash"] = dedup.signatures([str(t) for t in batch["text"]], num_perm=num_perm, shingle=shingle)
+    return batch

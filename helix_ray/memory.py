@@ -1,0 +1,173 @@
+"""The front door: :class:`Memory` opens (or creates) a store, ingests, and recalls.
+
+>>> mem = Memory("stores/atlas")
+>>> mem.ingest(["helix_ray/samples/atlas/memories.jsonl"])
+>>> result = mem.recall("why did we pick NATS?", user="dana", budget_tokens=512)
+>>> print(result.context())
+
+One :class:`Memory` is the single writer of its store's DuckDB file (DuckDB allows one
+writing process). Recall reads only the memory-mapped generation; the accesses it
+records go to DuckDB from a background thread, off the query path.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import queue
+import threading
+import uuid
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from helix_ray.config import IngestConfig, RetrievalConfig
+from helix_ray.errors import InvalidArgument
+from helix_ray.schema import MemoryRecord
+
+
+class Memory:
+    def __init__(
+        self,
+        store: str | Path,
+        *,
+        retrieval: RetrievalConfig | None = None,
+        ingest: IngestConfig | None = None,
+        record_access: bool = True,
+    ):
+        from helix_ray.store.db import StoreDB
+
+        self.store = Path(store)
+        self.retrieval_config = retrieval or RetrievalConfig()
+        self.ingest_config = ingest or IngestConfig()
+        self.db = StoreDB(self.store)
+        self._db_lock = threading.Lock()
+        self._recaller = None
+        self._overlay: dict[str, int] = {}  # id → last access (µs) since the generation was built
+        self._accesses: queue.Queue = queue.Queue()
+        self._closed = threading.Event()
+        self._writer = None
+        if record_access:
+            self._writer = threading.Thread(target=self._flush_accesses, name="helix-access-log", daemon=True)
+            self._writer.start()
+
+    # ------------------------------------------------------------------ ingest
+    def ingest(self, sources: Sequence[str | Path] | str | Path, *, format: str = "auto", runner: str = "local",
+               show_progress: bool = False):
+        """Run the ingest pipeline over files or folders; returns its report."""
+        from pipelines.ingest import ingest
+
+        if isinstance(sources, (str, Path)):
+            sources = [sources]
+        self._flush_now()
+        with self._db_lock:
+            report = ingest(list(sources), self.store, fmt=format, config=self.ingest_config, runner=runner,
+                            show_progress=show_progress, db=self.db)
+        if report.published:
+            self._recaller = None  # the next recall opens the new generation
+            self._overlay.clear()
+        return report
+
+    def add(self, records: Iterable[dict[str, Any] | MemoryRecord], *, runner: str = "local"):
+        """Ingest records given in Python. They are first written durably to the store's
+        ``inbox/`` (fsynced JSONL), so an acknowledged add survives a crash mid-ingest."""
+        rows = [r.to_row() if isinstance(r, MemoryRecord) else dict(r) for r in records]
+        if not rows:
+            raise InvalidArgument("records", [], "give at least one memory record")
+        inbox = self.store / "inbox"
+        inbox.mkdir(parents=True, exist_ok=True)
+        path = inbox / f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
+        with open(path, "w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps(row, default=_json_default, ensure_ascii=False) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        return self.ingest([path], format="jsonl", runner=runner)
+
+    # ------------------------------------------------------------------ recall
+    @property
+    def recaller(self):
+        if self._recaller is None:
+            from helix_ray.embedder import DIM, get_embedder
+            from helix_ray.recall.pipeline import Recaller
+            from helix_ray.store.generation import Generation, current_generation_number
+
+            embedder = get_embedder(self.ingest_config.embedder)
+            generation = None
+            if current_generation_number(self.store) is not None:
+                generation = Generation.open_current(self.store, expect_embedder=embedder.name, expect_dim=DIM)
+            self._recaller = Recaller(generation, embedder, self.retrieval_config)
+        return self._recaller
+
+    def recall(self, query: str, *, user: str, budget_tokens: int | None = None, k: int | None = None,
+               project: str | None = None, types: Sequence[str] | str | None = None, since: Any = None,
+               until: Any = None, explain: bool = False, **options: Any):
+        """Recall ``user``'s memories for ``query``; see :meth:`Recaller.recall`."""
+        recaller = self.recaller
+        overlay = None
+        if self._overlay and recaller.columns is not None:
+            rows = recaller.columns.id_to_row
+            overlay = {rows[i]: t for i, t in self._overlay.items() if i in rows}
+        result = recaller.recall(query, user=user, budget_tokens=budget_tokens, k=k, project=project, types=types,
+                                 since=since, until=until, explain=explain, last_access_overlay=overlay, **options)
+        if self._writer is not None and result.items:
+            now = dt.datetime.now(dt.timezone.utc)
+            micros = int(now.timestamp() * 1_000_000)
+            for item in result.items:
+                self._overlay[item.id] = micros
+                self._accesses.put((item.id, user, now))
+        return result
+
+    # ------------------------------------------------------------------ admin
+    def stats(self) -> dict[str, Any]:
+        from helix_ray.store.generation import current_generation_number
+
+        self._flush_now()
+        with self._db_lock:
+            counts = self.db.counts()
+        counts["generation"] = current_generation_number(self.store)
+        counts["store"] = str(self.store)
+        return counts
+
+    def quarantine(self, limit: int = 100) -> list[dict[str, Any]]:
+        with self._db_lock:
+            return self.db.quarantine(limit)
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._writer is not None:
+            self._writer.join(timeout=5)
+        self._flush_now()
+        with self._db_lock:
+            self.db.close()
+
+    def __enter__(self) -> "Memory":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ access log
+    def _drain(self) -> list[tuple[str, str, dt.datetime]]:
+        hits = []
+        while True:
+            try:
+                hits.append(self._accesses.get_nowait())
+            except queue.Empty:
+                return hits
+
+    def _flush_now(self) -> None:
+        hits = self._drain()
+        if hits:
+            with self._db_lock:
+                self.db.log_access(hits)
+
+    def _flush_accesses(self) -> None:
+        while not self._closed.wait(1.0):
+            self._flush_now()
+
+
+def _json_default(value: Any) -> str:
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat()
+    raise TypeError(f"cannot serialise {type(value).__name__}")

@@ -1,0 +1,131 @@
+"""Stage 3b: BM25 over memory text plus doc2query expansions (bm25s).
+
+The index is built at ingest (:func:`build_bm25`) and memory-mapped at query time.
+Scope filters are applied inside the retriever: scores are computed only for the
+tenant's contiguous row range and masked by the other filters before the top-k is
+taken, so a filtered-out memory can never take a slot.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@functools.lru_cache(maxsize=2)
+def _stemmer(language: str):
+    import Stemmer
+
+    return Stemmer.Stemmer(language)
+
+
+def tokenize(texts: list[str], stemmer: str | None):
+    import bm25s
+
+    return bm25s.tokenize(
+        texts, stopwords="en", stemmer=_stemmer(stemmer) if stemmer else None, show_progress=False
+    )
+
+
+def build_bm25(texts: list[str], folder: Path, *, stemmer: str | None = "english") -> None:
+    import bm25s
+
+    retriever = bm25s.BM25()
+    retriever.index(tokenize(texts, stemmer), show_progress=False)
+    retriever.save(str(folder))
+    (folder / "helix_stemmer.txt").write_text(stemmer or "")
+
+
+@dataclass
+class BM25Index:
+    retriever: object
+    stemmer: str | None
+
+    def query_tokens(self, query: str) -> list[str]:
+        import bm25s
+
+        tokens = bm25s.tokenize(
+            [query], stopwords="en", stemmer=_stemmer(self.stemmer) if self.stemmer else None,
+            return_ids=False, show_progress=False,
+        )[0]
+        vocab = self.retriever.vocab_dict
+        return [t for t in tokens if t in vocab]
+
+    def scores(self, tokens: list[str]) -> np.ndarray:
+        if not tokens:
+            return np.zeros(self.retriever.scores["num_docs"], dtype=np.float32)
+        return self.retriever.get_scores(tokens)
+
+
+def load_bm25(folder: Path) -> BM25Index:
+    import bm25s
+
+    retriever = bm25s.BM25.load(str(folder), mmap=True, load_corpus=False, show_progress=False)
+    stemmer_file = folder / "helix_stemmer.txt"
+    stemmer = stemmer_file.read_text().strip() if stemmer_file.is_file() else None
+    return BM25Index(retriever, stemmer or None)
+
+
+@dataclass(frozen=True)
+class LexicalHits:
+    rows: np.ndarray  # int64 global row ids, best first
+    scores: np.ndarray  # float32 raw BM25
+    normalised: np.ndarray  # scores / max score in the scope (top is 1.0)
+    strong_signal: bool
+
+
+def search(
+    index: BM25Index,
+    query: str,
+    *,
+    start: int,
+    end: int,
+    mask: np.ndarray | None,
+    top_k: int,
+    strong_score: float,
+    strong_gap: float,
+) -> LexicalHits:
+    """Top-k BM25 rows within [start, end) where ``mask`` (length end-start) is true.
+
+    Normalised scores divide by the best in scope, and the strong-signal test uses a
+    saturating transform of the raw top score, s / (s + 1)... — see :func:`strong_signal`.
+    """
+    tokens = index.query_tokens(query)
+    if not tokens:
+        empty = np.zeros(0, dtype=np.int64)
+        return LexicalHits(empty, np.zeros(0, np.float32), np.zeros(0, np.float32), False)
+    scores = np.asarray(index.scores(tokens)[start:end], dtype=np.float32)
+    if mask is not None:
+        scores = np.where(mask, scores, 0.0)
+    k = min(top_k, int(np.count_nonzero(scores > 0)))
+    if k == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return LexicalHits(empty, np.zeros(0, np.float32), np.zeros(0, np.float32), False)
+    top = np.argpartition(-scores, k - 1)[:k]
+    top = top[np.lexsort((top, -scores[top]))]
+    raw = scores[top]
+    normalised = raw / raw[0]
+    return LexicalHits(
+        rows=top.astype(np.int64) + start,
+        scores=raw,
+        normalised=normalised,
+        strong_signal=strong_signal(raw, strong_score, strong_gap),
+    )
+
+
+def strong_signal(raw: np.ndarray, score: float, gap: float) -> bool:
+    """The top hit is lexically decisive.
+
+    Raw BM25 is unbounded, so it is first squashed to [0, 1) with s / (s + c), c = the
+    mean of the top-10 scores (a per-query scale): the top ≥ ``score`` means it stands
+    far above the typical hit, and a gap ≥ ``gap`` to the second means it stands alone.
+    """
+    if len(raw) == 0:
+        return False
+    c = float(np.mean(raw[:10])) or 1.0
+    squashed = raw / (raw + c)
+    second = float(squashed[1]) if len(raw) > 1 else 0.0
+    return bool(squashed[0] >= score and squashed[0] - second >= gap)

@@ -1,0 +1,310 @@
+"""The query path, in flow order: embed → scope/route → BM25 ∥ dense → RRF → graph
+expansion → ranking → diversity → packing. Pure Python over a memory-mapped generation;
+imports no Ray (the Serve deployments call these same functions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from helix_ray.config import RetrievalConfig
+from helix_ray.recall import dense, diversify, expand, fuse, lexical, pack, rank, scope
+from helix_ray.recall.embed import embed_query
+
+STAGES = ("embed", "route", "bm25", "dense", "fuse", "expand", "rank", "diversify", "pack")
+
+
+@dataclass(frozen=True)
+class RecallItem:
+    id: str
+    text: str
+    type: str
+    rank: int  # 1-based rank after ranking and diversity (before lost-in-the-middle order)
+    score: float
+    n_tokens: int
+    truncated: bool
+    created_at: str
+    session_id: str | None
+    project: str | None
+    signals: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RecallResult:
+    query: str
+    user: str
+    items: list[RecallItem]  # final (packed, lost-in-the-middle) order
+    total_tokens: int
+    budget_tokens: int
+    timings_ms: dict[str, float]
+    flags: dict[str, Any]
+    generation: int | None
+    explain: Any = None  # polars.DataFrame when explain=True
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.pop("explain")
+        if self.explain is not None:
+            out["explain"] = self.explain.to_dicts()
+        return out
+
+    def context(self, separator: str = "\n\n") -> str:
+        """The packed memories as one string, in final order."""
+        return separator.join(item.text for item in self.items)
+
+
+class Recaller:
+    """Holds what recall needs between queries: the generation, the embedder, the router."""
+
+    def __init__(self, generation, embedder, config: RetrievalConfig | None = None):
+        self.generation = generation
+        self.embedder = embedder
+        self.config = config or RetrievalConfig()
+        self.router = scope.Router(embedder, self.config.router)
+        self.columns = generation.columns if generation is not None else None
+
+    def recall(
+        self,
+        query: str,
+        *,
+        user: str,
+        budget_tokens: int | None = None,
+        k: int | None = None,
+        project: str | None = None,
+        types: Sequence[str] | str | None = None,
+        since: Any = None,
+        until: Any = None,
+        pinned: bool | None = None,
+        project_mode: str = "filter",
+        explain: bool = False,
+        now: dt.datetime | None = None,
+        last_access_overlay: Mapping[int, int] | None = None,
+        disabled: frozenset[str] = frozenset(),
+        config: RetrievalConfig | None = None,
+    ) -> RecallResult:
+        """Recall memories of ``user`` for ``query``, packed into ``budget_tokens``.
+
+        ``disabled`` turns stages off for ablations: any of "dense", "bm25", "graph",
+        "mmr", "recency", "strong_signal", "router", "dedup".
+        """
+        cfg = config or self.config
+        budget_tokens = cfg.default_budget_tokens if budget_tokens is None else budget_tokens
+        k = cfg.default_k if k is None else k
+        sc = scope.make_scope(query=query, user=user, budget_tokens=budget_tokens, k=k, project=project,
+                              types=types, since=since, until=until, pinned=pinned, project_mode=project_mode)
+        timings: dict[str, float] = {}
+        flags: dict[str, Any] = {"router_skip": False, "strong_signal_skip": False, "degraded": []}
+        clock = time.perf_counter()
+
+        def lap(name: str) -> None:
+            nonlocal clock
+            now_ = time.perf_counter()
+            timings[name] = round((now_ - clock) * 1000.0, 3)
+            clock = now_
+
+        started = clock
+        query_vector = embed_query(self.embedder, query)
+        lap("embed")
+        if "router" not in disabled:
+            route = self.router.route(query, query_vector)
+            flags["route"] = {"skip": route.skip, "reason": route.reason,
+                              "no_memory_similarity": round(route.no_memory_similarity, 4),
+                              "memory_similarity": round(route.memory_similarity, 4)}
+            flags["router_skip"] = route.skip
+        lap("route")
+        gen = self.generation
+        if flags["router_skip"] or gen is None or user not in gen.partitions:
+            if gen is not None and user not in gen.partitions:
+                flags["empty_scope"] = "no memories for this user"
+            timings["total"] = round((time.perf_counter() - started) * 1000.0, 3)
+            return RecallResult(query, user, [], 0, budget_tokens, timings, flags,
+                                gen.number if gen is not None else None, _empty_explain() if explain else None)
+        start, end = gen.partitions[user]
+        cols = self.columns
+        mask = scope.build_mask(cols, start, end, sc)
+
+        weights = {name: (0.0 if name in disabled else w) for name, w in cfg.fusion.weights.items()}
+        if not any(weights.values()):
+            weights = {"dense": 1.0, "bm25": 0.0}
+        lists: dict[str, np.ndarray] = {}
+        lex = None
+        if weights.get("bm25", 0) > 0:
+            lex = lexical.search(gen.bm25, query, start=start, end=end, mask=mask, top_k=cfg.lexical.top_k,
+                                 strong_score=cfg.lexical.strong_signal_score,
+                                 strong_gap=cfg.lexical.strong_signal_gap)
+            lists["bm25"] = lex.rows
+            strong = lex.strong_signal and cfg.lexical.strong_signal_skip and "strong_signal" not in disabled
+            flags["strong_signal_skip"] = bool(strong)
+        lap("bm25")
+        dense_hits = None
+        if weights.get("dense", 0) > 0 and not flags["strong_signal_skip"]:
+            dense_hits = dense.search(gen, user, query_vector, mask=mask, config=cfg.dense)
+            lists["dense"] = dense_hits.rows
+            flags["dense_first_pass"] = dense_hits.first_pass
+        lap("dense")
+
+        if lex is not None and cfg.fusion.adaptive and "bm25" in lists:
+            weights["bm25"] *= _lexical_confidence(lex)
+        fused = fuse.rrf(lists, k=cfg.fusion.k, weights=weights, top_rank_bonus=cfg.fusion.top_rank_bonus)
+        pool_rows = fused.rows[: cfg.fusion.pool]
+        fused_score = {int(r): float(s) for r, s in zip(fused.rows, fused.scores)}
+        list_rank = {name: {int(r): i for i, r in enumerate(rows, start=1)} for name, rows in lists.items()}
+        lap("fuse")
+
+        graph_score: dict[int, float] = {}
+        added: list[int] = []
+        if cfg.graph.enabled and "graph" not in disabled and not flags["strong_signal_skip"] and len(pool_rows):
+            added, graph_score, flags["graph"] = _expand(gen, pool_rows, fused_score, start, end, mask, cfg)
+        lap("expand")
+
+        rows = np.concatenate([pool_rows, np.array(added, dtype=np.int64)]).astype(np.int64)
+        if len(rows) == 0:
+            timings["total"] = round((time.perf_counter() - started) * 1000.0, 3)
+            return RecallResult(query, user, [], 0, budget_tokens, timings, flags, gen.number,
+                                _empty_explain() if explain else None)
+        vectors = np.asarray(gen.vectors[np.sort(rows)])[np.argsort(np.argsort(rows))]
+        cosine = vectors @ query_vector
+        last_access = cols.last_accessed_at[rows].copy()
+        if last_access_overlay:
+            for i, r in enumerate(rows):
+                seen = last_access_overlay.get(int(r))
+                if seen is not None and seen > last_access[i]:
+                    last_access[i] = seen
+        now_us = int((now or dt.datetime.now(dt.timezone.utc)).timestamp() * 1_000_000)
+        ranked = rank.rank(
+            types=cols.types[rows], cosine=cosine,
+            fused=np.array([fused_score.get(int(r), 0.0) for r in rows]),
+            last_access_us=last_access, salience=cols.salience[rows], confidence=cols.confidence[rows],
+            graph=np.array([graph_score.get(int(r), 0.0) for r in rows]),
+            projects=cols.projects[rows], pinned=cols.pinned[rows], now_us=now_us, config=cfg.rank,
+            project=sc.project if sc.project_mode == "prefer" else None,
+            disabled=frozenset(d for d in disabled if d in rank.SIGNALS),
+        )
+        lap("rank")
+
+        dropped_by: dict[int, str] = {}
+        order = [int(i) for i in ranked.order]
+        if "dedup" not in disabled:
+            order, dups = diversify.drop_near_duplicates(order, np.asarray(gen.minhash[np.sort(rows)])[
+                np.argsort(np.argsort(rows))], cfg.diversity.dedup_threshold)
+            dropped_by.update({i: "near_duplicate" for i in dups})
+        docs = [cols.documents[int(r)] for r in rows]
+        order, capped = diversify.cap_per_document(order, docs, cfg.diversity.max_per_document)
+        dropped_by.update({i: "document_cap" for i in capped})
+        mode = cfg.diversity.mode
+        if mode == "auto":
+            mode = "session" if diversify.is_aggregation(query) else "mmr"
+        if "mmr" in disabled or mode == "none":
+            selected = order[:k]
+        else:
+            relevance = rank.minmax(ranked.scores)
+            similarity = vectors @ vectors.T
+            seed = diversify.session_first(order, [cols.sessions[int(r)] for r in rows], k) if mode == "session" else []
+            selected = diversify.mmr(order, relevance, similarity, cfg.diversity.mmr_lambda, k, picked=seed)
+        flags["diversity"] = mode if "mmr" not in disabled else "none"
+        dropped_by.update({i: "mmr" for i in order if i not in set(selected)})
+        lap("diversify")
+
+        items = [pack.PackItem(row=i, text=gen.text(int(rows[i])), n_tokens=int(cols.n_tokens[rows[i]]))
+                 for i in selected]
+        packed = pack.pack(items, budget_tokens, separator_tokens=cfg.pack.separator_tokens,
+                           encoding_name=cfg.pack.encoding)
+        packed_set = {p.row for p in packed}
+        dropped_by.update({i: "budget" for i in selected if i not in packed_set})
+        result_items = []
+        for p in packed:
+            r = int(rows[p.row])
+            result_items.append(RecallItem(
+                id=str(cols.ids[r]), text=p.text, type=str(cols.types[r]), rank=p.rank,
+                score=round(float(ranked.scores[p.row]), 6), n_tokens=p.n_tokens, truncated=p.truncated,
+                created_at=_iso(cols.created_at[r]), session_id=cols.sessions[r], project=cols.projects[r],
+                signals={s: round(float(ranked.signals[s][p.row]), 4) for s in rank.SIGNALS},
+            ))
+        lap("pack")
+        timings["total"] = round((time.perf_counter() - started) * 1000.0, 3)
+        total = sum(p.n_tokens for p in packed) + cfg.pack.separator_tokens * len(packed)
+        table = None
+        if explain:
+            final_position = {p.row: n for n, p in enumerate(packed, start=1)}
+            table = _explain(rows, cols, list_rank, fused_score, graph_score, cosine, ranked, dropped_by,
+                             final_position, set(added))
+        return RecallResult(query, user, result_items, total, budget_tokens, timings, flags, gen.number, table)
+
+
+def _lexical_confidence(lex: lexical.LexicalHits) -> float:
+    """How much the BM25 list deserves its weight: near 1 when its top hits stand out,
+    lower when scores are flat (no term separates the candidates)."""
+    if len(lex.scores) < 2:
+        return 1.0
+    top = lex.scores[: min(10, len(lex.scores))]
+    spread = float((top[0] - top[-1]) / top[0]) if top[0] > 0 else 0.0
+    return float(np.clip(spread * 2.0, 0.25, 1.0))
+
+
+def _expand(gen, pool_rows: np.ndarray, fused_score: dict[int, float], start: int, end: int,
+            mask: np.ndarray | None, cfg: RetrievalConfig) -> tuple[list[int], dict[int, float], dict[str, Any]]:
+    g = cfg.graph
+    seeds = pool_rows[: g.seeds]
+    weights = np.array([fused_score[int(r)] for r in seeds])
+    result = expand.ppr(gen.graph, seeds, weights, damping=g.damping, max_hops=g.max_hops, max_nodes=g.max_nodes,
+                        iterations=g.iterations, tolerance=g.tolerance)
+    memory = (result.nodes >= start) & (result.nodes < end)
+    nodes, scores = result.nodes[memory], result.scores[memory]
+    if mask is not None:
+        keep = mask[nodes - start]
+        nodes, scores = nodes[keep], scores[keep]
+    seed_set = {int(s) for s in seeds}
+    non_seed = np.array([int(n) not in seed_set for n in nodes], dtype=bool)
+    mass = float(scores[non_seed].sum())
+    total = float(scores.sum()) or 1.0
+    if mass / total > g.max_mass and mass > 0:  # cap the share that non-seed memories carry
+        scores = scores.copy()
+        scores[non_seed] *= g.max_mass * total / mass
+    score_of = {int(n): float(s) for n, s in zip(nodes, scores)}
+    in_pool = {int(r) for r in pool_rows}
+    fresh = [(s, int(n)) for n, s in zip(nodes, scores) if int(n) not in in_pool and s > 0]
+    fresh.sort(key=lambda t: (-t[0], t[1]))
+    added = [n for _, n in fresh[: g.max_new]]
+    info = {"method": result.method, "subgraph_nodes": result.subgraph_nodes, "added": len(added)}
+    return added, score_of, info
+
+
+def _iso(micros: int) -> str:
+    return dt.datetime.fromtimestamp(int(micros) / 1_000_000, tz=dt.timezone.utc).isoformat()
+
+
+_EXPLAIN_COLUMNS = ("id", "origin", "dense_rank", "bm25_rank", "rrf_score", "cosine", "graph_ppr",
+                    "similarity", "recency", "salience", "confidence", "graph", "score", "final_position",
+                    "dropped_by")
+
+
+def _empty_explain():
+    import polars as pl
+
+    return pl.DataFrame({c: [] for c in _EXPLAIN_COLUMNS})
+
+
+def _explain(rows, cols, list_rank, fused_score, graph_score, cosine, ranked, dropped_by, final_position, added):
+    import polars as pl
+
+    n = len(rows)
+    data = {
+        "id": [str(cols.ids[int(r)]) for r in rows],
+        "origin": ["graph" if int(r) in added else "fused" for r in rows],
+        "dense_rank": [list_rank.get("dense", {}).get(int(r)) for r in rows],
+        "bm25_rank": [list_rank.get("bm25", {}).get(int(r)) for r in rows],
+        "rrf_score": [fused_score.get(int(r), 0.0) for r in rows],
+        "cosine": [float(c) for c in cosine],
+        "graph_ppr": [graph_score.get(int(r), 0.0) for r in rows],
+        **{s: [float(v) for v in ranked.signals[s]] for s in rank.SIGNALS},
+        "score": [float(v) for v in ranked.scores],
+        "final_position": [final_position.get(i) for i in range(n)],
+        "dropped_by": [dropped_by.get(i) for i in range(n)],
+    }
+    return pl.DataFrame(data).sort("score", descending=True)

@@ -1,0 +1,87 @@
+"""Stage 6: multi-signal ranking.
+
+Each signal is min-max normalised within the candidate pool (a constant signal becomes
+0: it cannot separate candidates), then
+
+    score = Σ_s w[type][s] · signal_s,   s ∈ {similarity, recency, salience, confidence, graph}
+
+with the weight table chosen by each memory's own type, times the project and pinned
+multipliers. Similarity blends cosine to the query with the fused RRF score (which
+carries the lexical evidence); recency decays exponentially from the last access (or
+creation) with a configurable half-life.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from helix_ray.config import RankConfig
+from helix_ray.schema import MEMORY_TYPES
+
+SIGNALS = ("similarity", "recency", "salience", "confidence", "graph")
+MICROS_PER_DAY = 86_400 * 1_000_000
+
+
+def minmax(values: np.ndarray) -> np.ndarray:
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) == 0:
+        return values
+    lo, hi = float(values.min()), float(values.max())
+    if hi - lo <= 1e-12:
+        return np.zeros_like(values)
+    return (values - lo) / (hi - lo)
+
+
+def recency(last_access_us: np.ndarray, now_us: int, half_life_days: float) -> np.ndarray:
+    age_days = np.maximum(0, now_us - last_access_us) / MICROS_PER_DAY
+    return np.power(0.5, age_days / half_life_days)
+
+
+@dataclass(frozen=True)
+class Ranked:
+    order: np.ndarray  # indices into the pool, best first
+    scores: np.ndarray  # final score per pool item (pool order)
+    signals: dict[str, np.ndarray]  # normalised signals (pool order)
+
+
+def weight_matrix(config: RankConfig) -> np.ndarray:
+    """(types × signals) weights, rows in MEMORY_TYPES order."""
+    return np.array([[getattr(config.type_weights[t], s) for s in SIGNALS] for t in MEMORY_TYPES])
+
+
+def rank(
+    *,
+    types: np.ndarray,
+    cosine: np.ndarray,
+    fused: np.ndarray,
+    last_access_us: np.ndarray,
+    salience: np.ndarray,
+    confidence: np.ndarray,
+    graph: np.ndarray,
+    projects: np.ndarray,
+    pinned: np.ndarray,
+    now_us: int,
+    config: RankConfig,
+    project: str | None = None,
+    disabled: frozenset[str] = frozenset(),
+) -> Ranked:
+    blend = config.similarity_blend
+    raw = {
+        "similarity": blend * minmax(cosine) + (1 - blend) * minmax(fused),
+        "recency": recency(last_access_us, now_us, config.recency_half_life_days),
+        "salience": salience,
+        "confidence": confidence,
+        "graph": graph,
+    }
+    signals = {name: (np.zeros(len(types)) if name in disabled else minmax(raw[name])) for name in SIGNALS}
+    weights = weight_matrix(config)
+    type_index = np.array([MEMORY_TYPES.index(t) for t in types], dtype=np.int64)
+    stacked = np.stack([signals[s] for s in SIGNALS], axis=1) if len(types) else np.zeros((0, len(SIGNALS)))
+    scores = (stacked * weights[type_index]).sum(axis=1)
+    if project is not None:
+        scores = np.where(projects == project, scores * config.project_boost, scores * config.other_project_penalty)
+    scores = np.where(pinned, scores * config.pinned_boost, scores)
+    order = np.lexsort((np.arange(len(scores)), -scores))
+    return Ranked(order, scores, signals)

@@ -1,0 +1,190 @@
+"""Stage 2: scope and route.
+
+**Scope.** The tenant (``user``) is mandatory: it selects the tenant's contiguous row
+range in the generation, so the retrievers never see another tenant's rows. Project,
+types, time window and pinned become a boolean mask over that range, applied inside
+both retrievers before their top-k (never after).
+
+**Route.** A skip-retrieval router: nearest centroid over embeddings of example queries
+that need no memory (arithmetic, "format this JSON") and of ones that do. It skips only
+when the query is close to the no-memory centroid *and* clearly closer to it than to the
+memory one (conservative by default); the decision and both similarities are reported.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from helix_ray.config import RouterConfig
+from helix_ray.errors import InvalidArgument
+from helix_ray.schema import MEMORY_TYPES
+
+MAX_QUERY_CHARS = 8000
+
+
+@dataclass(frozen=True)
+class Scope:
+    user: str
+    project: str | None = None
+    types: tuple[str, ...] | None = None
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+    pinned: bool | None = None
+    project_mode: str = "filter"  # "filter" | "prefer" (boost in ranking instead)
+
+
+def _as_time(name: str, value: object) -> dt.datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    if isinstance(value, dt.date):
+        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc)
+    if isinstance(value, str):
+        try:
+            parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidArgument(name, value, "it must be an ISO-8601 time such as 2025-03-14 or 2025-03-14T10:00:00Z") from None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+    raise InvalidArgument(name, value, "it must be an ISO-8601 string or a datetime")
+
+
+def make_scope(
+    *,
+    query: object,
+    user: object,
+    budget_tokens: object,
+    k: object,
+    project: str | None = None,
+    types: Sequence[str] | str | None = None,
+    since: object = None,
+    until: object = None,
+    pinned: bool | None = None,
+    project_mode: str = "filter",
+) -> Scope:
+    """Check a recall request; raise :class:`InvalidArgument` saying what is allowed."""
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidArgument("query", query, "it must be a non-empty string", "Pass the question to recall for.")
+    if len(query) > MAX_QUERY_CHARS:
+        raise InvalidArgument("query", f"<{len(query)} characters>", f"it must be at most {MAX_QUERY_CHARS} characters")
+    if not isinstance(user, str) or not user.strip():
+        raise InvalidArgument("user", user, "it must be the tenant's non-empty user id (recall is always per user)")
+    if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int) or budget_tokens <= 0:
+        raise InvalidArgument("budget_tokens", budget_tokens, "it must be a whole number of tokens > 0")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 200:
+        raise InvalidArgument("k", k, "it must be a whole number from 1 to 200")
+    if isinstance(types, str):
+        types = [types]
+    if types is not None:
+        types = tuple(types)
+        unknown = [t for t in types if t not in MEMORY_TYPES]
+        if unknown or not types:
+            raise InvalidArgument("types", list(types), f"each must be one of {', '.join(MEMORY_TYPES)}")
+    if project_mode not in ("filter", "prefer"):
+        raise InvalidArgument("project_mode", project_mode, "it must be 'filter' or 'prefer'")
+    start, end = _as_time("since", since), _as_time("until", until)
+    if start and end and start > end:
+        raise InvalidArgument("since", since, f"it must not be later than until={until!r}", "Swap them or widen the window.")
+    return Scope(user=user, project=project, types=types, since=start, until=end, pinned=pinned,
+                 project_mode=project_mode)
+
+
+def build_mask(columns, start: int, end: int, scope: Scope) -> np.ndarray | None:
+    """Boolean mask over rows [start, end) for every filter but the tenant; None if none."""
+    mask = None
+
+    def both(m: np.ndarray) -> None:
+        nonlocal mask
+        mask = m if mask is None else mask & m
+
+    if scope.project is not None and scope.project_mode == "filter":
+        both(columns.projects[start:end] == scope.project)
+    if scope.types is not None:
+        both(np.isin(columns.types[start:end], list(scope.types)))
+    if scope.since is not None:
+        both(columns.created_at[start:end] >= _micros(scope.since))
+    if scope.until is not None:
+        both(columns.created_at[start:end] <= _micros(scope.until))
+    if scope.pinned is not None:
+        both(columns.pinned[start:end] == scope.pinned)
+    return mask
+
+
+def _micros(value: dt.datetime) -> int:
+    return int(value.timestamp() * 1_000_000)
+
+
+# ----------------------------------------------------------------------------- router
+
+NO_MEMORY_EXAMPLES = (
+    "what is 2 + 2",
+    "compute 17 * 23",
+    "what is 15% of 240",
+    "format this JSON",
+    "pretty print this json object",
+    "convert this YAML to JSON",
+    "translate 'good morning' to French",
+    "write a regex that matches an email address",
+    "sort this list alphabetically",
+    "what does HTTP status 404 mean in general",
+    "explain what a Python list comprehension is",
+    "reverse this string",
+    "how many seconds are in a day",
+    "fix the indentation of this code",
+    "rename the variable x to count in this snippet",
+)
+MEMORY_EXAMPLES = (
+    "what did we decide about the database",
+    "why did we choose this library",
+    "how do I deploy our service",
+    "what was the error we saw last time",
+    "where is the config file for the ingest worker",
+    "what does the user prefer for formatting",
+    "when did we release version 2",
+    "what happened during the outage",
+    "how did we fix the connection error",
+    "what is our convention for naming branches",
+    "who owns the billing service",
+    "what did I tell you about my vacation",
+    "when did Caroline go to the support group",
+    "what are the steps to rotate the keys",
+    "which port does the gateway listen on",
+)
+_ARITHMETIC = re.compile(r"^\s*(?:what is|compute|calculate)?\s*[-+*/×÷^().\d\s%=?]+\s*$", re.I)
+
+
+@dataclass(frozen=True)
+class Route:
+    skip: bool
+    reason: str
+    no_memory_similarity: float
+    memory_similarity: float
+
+
+class Router:
+    def __init__(self, embedder, config: RouterConfig):
+        self.config = config
+        self.no_memory = _centroid(embedder.embed_queries(list(NO_MEMORY_EXAMPLES)))
+        self.memory = _centroid(embedder.embed_queries(list(MEMORY_EXAMPLES)))
+
+    def route(self, query: str, query_vector: np.ndarray) -> Route:
+        if not self.config.enabled:
+            return Route(False, "router disabled", 0.0, 0.0)
+        no_sim = float(query_vector @ self.no_memory)
+        mem_sim = float(query_vector @ self.memory)
+        if _ARITHMETIC.match(query) and re.search(r"\d", query):
+            return Route(True, "arithmetic expression", no_sim, mem_sim)
+        if no_sim >= self.config.min_similarity and no_sim - mem_sim >= self.config.margin:
+            return Route(True, "closest to the no-memory examples", no_sim, mem_sim)
+        return Route(False, "needs memory", no_sim, mem_sim)
+
+
+def _centroid(vectors: np.ndarray) -> np.ndarray:
+    c = vectors.mean(axis=0)
+    return (c / np.linalg.norm(c)).astype(np.float32)
+

@@ -1,0 +1,106 @@
+"""The memory record: defined once, as an Arrow schema and a typed record.
+
+Every stage that passes memories along uses :data:`MEMORY_SCHEMA` (what a caller
+supplies and the DuckDB ``memories`` table holds) or :data:`GENERATION_SCHEMA`
+(the same plus the columns ingest derives, as stored in a generation's
+``memories.arrow``). Times are UTC, microsecond precision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+from typing import Any, Literal
+
+import pyarrow as pa
+
+MemoryType = Literal["episodic", "semantic", "procedural", "decision", "code"]
+MEMORY_TYPES: tuple[str, ...] = ("episodic", "semantic", "procedural", "decision", "code")
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+MEMORY_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("type", pa.string(), nullable=False),
+        pa.field("user", pa.string(), nullable=False),
+        pa.field("project", pa.string()),
+        pa.field("session_id", pa.string()),
+        pa.field("created_at", TIMESTAMP, nullable=False),
+        pa.field("last_accessed_at", TIMESTAMP),
+        pa.field("access_count", pa.int32(), nullable=False),
+        pa.field("salience", pa.float32(), nullable=False),
+        pa.field("confidence", pa.float32(), nullable=False),
+        pa.field("pinned", pa.bool_(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("metadata", pa.string(), nullable=False),  # JSON object
+    ]
+)
+
+#: Columns ingest adds. ``content_hash`` makes re-ingest idempotent and lets an
+#: incremental run reuse embeddings; ``n_tokens`` (cl100k) lets packing skip
+#: tokenising on the query path.
+DERIVED_FIELDS = [
+    pa.field("content_hash", pa.string(), nullable=False),
+    pa.field("n_tokens", pa.int32(), nullable=False),
+]
+GENERATION_SCHEMA = pa.schema(list(MEMORY_SCHEMA) + DERIVED_FIELDS)
+
+QUARANTINE_SCHEMA = pa.schema(
+    [
+        pa.field("source", pa.string()),
+        pa.field("position", pa.string()),  # line number, row index or section anchor
+        pa.field("reason", pa.string()),
+        pa.field("raw", pa.string()),  # the record as received, JSON or repr
+    ]
+)
+
+
+def content_hash(text: str, user: str) -> str:
+    """Stable id for a record that brings none: sha1 over tenant and text."""
+    digest = hashlib.sha1(f"{user}\x1f{text}".encode("utf-8", "surrogatepass")).hexdigest()
+    return digest[:20]
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryRecord:
+    """One validated memory, as the stages see it."""
+
+    id: str
+    text: str
+    type: str
+    user: str
+    project: str | None = None
+    session_id: str | None = None
+    created_at: dt.datetime = dataclasses.field(
+        default_factory=lambda: dt.datetime.now(dt.timezone.utc)
+    )
+    last_accessed_at: dt.datetime | None = None
+    access_count: int = 0
+    salience: float = 0.5
+    confidence: float = 0.7
+    pinned: bool = False
+    source: str = "api"
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.type not in MEMORY_TYPES:
+            raise ValueError(
+                f"Got type={self.type!r}; it must be one of {', '.join(MEMORY_TYPES)}."
+            )
+        for name in ("salience", "confidence"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"Got {name}={value!r}; it must be within [0, 1].")
+
+    def to_row(self) -> dict[str, Any]:
+        row = dataclasses.asdict(self)
+        row["metadata"] = json.dumps(self.metadata, sort_keys=True, ensure_ascii=False)
+        return row
+
+
+def records_to_table(records: list[MemoryRecord]) -> pa.Table:
+    return pa.Table.from_pylist([r.to_row() for r in records], schema=MEMORY_SCHEMA)

@@ -1,0 +1,215 @@
+"""The store's DuckDB database: the durable record of what was ingested.
+
+Tables: ``memories`` (every accepted memory, the generation's rows come from here and
+from the previous generation), ``expansions`` (doc2query), ``entities`` and ``edges``
+(the typed graph, as rows), ``quarantine`` (rejected records with their reason and
+position: nothing is lost), ``duplicates`` (dropped → kept links), ``access_log``
+(recall hits, folded into ``last_accessed_at`` / ``access_count`` at the next
+generation) and ``ingest_runs``.
+
+DuckDB allows one writer process or many readers, not both: exactly one process opens
+the file read-write (the ingest driver, a :class:`helix_ray.Memory`, or the Serve writer
+deployment); query paths read the generation's files, never this database.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+
+from helix_ray.errors import StoreError
+
+DB_FILE = "helix.duckdb"
+
+DDL = """
+CREATE TABLE IF NOT EXISTS memories (
+    id VARCHAR PRIMARY KEY, text VARCHAR NOT NULL, type VARCHAR NOT NULL, "user" VARCHAR NOT NULL,
+    project VARCHAR, session_id VARCHAR, created_at TIMESTAMPTZ NOT NULL, last_accessed_at TIMESTAMPTZ,
+    access_count INTEGER NOT NULL, salience REAL NOT NULL, confidence REAL NOT NULL, pinned BOOLEAN NOT NULL,
+    source VARCHAR NOT NULL, metadata VARCHAR NOT NULL, content_hash VARCHAR NOT NULL, n_tokens INTEGER NOT NULL,
+    deleted BOOLEAN NOT NULL DEFAULT FALSE, ingest_run VARCHAR
+);
+CREATE TABLE IF NOT EXISTS expansions (id VARCHAR PRIMARY KEY, backend VARCHAR, queries VARCHAR[]);
+CREATE TABLE IF NOT EXISTS entities ("user" VARCHAR, key VARCHAR, df INTEGER, generation INTEGER);
+CREATE TABLE IF NOT EXISTS edges (src VARCHAR, dst VARCHAR, type VARCHAR, weight REAL, generation INTEGER);
+CREATE TABLE IF NOT EXISTS quarantine (
+    ingest_run VARCHAR, quarantined_at TIMESTAMPTZ, source VARCHAR, position VARCHAR, reason VARCHAR, raw VARCHAR
+);
+CREATE TABLE IF NOT EXISTS duplicates (dropped_id VARCHAR, kept_id VARCHAR, jaccard REAL, ingest_run VARCHAR);
+CREATE TABLE IF NOT EXISTS access_log (id VARCHAR, "user" VARCHAR, accessed_at TIMESTAMPTZ);
+CREATE TABLE IF NOT EXISTS ingest_runs (
+    run_id VARCHAR PRIMARY KEY, started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, sources VARCHAR,
+    counts VARCHAR, generation INTEGER, status VARCHAR
+);
+"""
+
+MEMORY_COLUMNS = (
+    "id, text, type, \"user\", project, session_id, created_at, last_accessed_at, access_count, "
+    "salience, confidence, pinned, source, metadata, content_hash, n_tokens"
+)
+
+
+class StoreDB:
+    """The single writer of a store's DuckDB file."""
+
+    def __init__(self, store: Path, *, read_only: bool = False):
+        import duckdb
+
+        self.path = Path(store) / DB_FILE
+        Path(store).mkdir(parents=True, exist_ok=True)
+        try:
+            self.con = duckdb.connect(str(self.path), read_only=read_only)
+        except duckdb.IOException as exc:
+            raise StoreError(
+                f"Cannot open {self.path} ({'read-only' if read_only else 'read-write'}): {exc}. "
+                "DuckDB allows one writing process or many readers: stop the other process "
+                "(an ingest, a `helix serve`) or send the write through it."
+            ) from None
+        if not read_only:
+            self.con.execute(DDL)
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> "StoreDB":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- runs
+    def start_run(self, sources: Iterable[str]) -> str:
+        run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        self.con.execute(
+            "INSERT INTO ingest_runs VALUES (?, now(), NULL, ?, NULL, NULL, 'running')",
+            [run_id, json.dumps(list(sources))],
+        )
+        return run_id
+
+    def finish_run(self, run_id: str, counts: dict[str, Any], generation: int | None, status: str) -> None:
+        self.con.execute(
+            "UPDATE ingest_runs SET finished_at = now(), counts = ?, generation = ?, status = ? WHERE run_id = ?",
+            [json.dumps(counts), generation, status, run_id],
+        )
+
+    # ---------------------------------------------------------------- writes
+    def upsert_memories(self, table: pa.Table, run_id: str) -> None:
+        if table.num_rows == 0:
+            return
+        self.con.register("incoming", table)
+        try:
+            self.con.execute(
+                f"INSERT OR REPLACE INTO memories SELECT {MEMORY_COLUMNS}, FALSE, ? FROM incoming", [run_id]
+            )
+        finally:
+            self.con.unregister("incoming")
+
+    def upsert_expansions(self, ids: list[str], queries: list[list[str]], backend: str) -> None:
+        if not ids:
+            return
+        table = pa.table({"id": ids, "backend": [backend] * len(ids), "queries": queries})
+        self.con.register("incoming_x", table)
+        try:
+            self.con.execute("INSERT OR REPLACE INTO expansions SELECT * FROM incoming_x")
+        finally:
+            self.con.unregister("incoming_x")
+
+    def expansions_for(self, ids: list[str]) -> dict[str, list[str]]:
+        if not ids:
+            return {}
+        self.con.register("wanted", pa.table({"id": ids}))
+        try:
+            rows = self.con.execute("SELECT e.id, e.queries FROM expansions e JOIN wanted USING (id)").fetchall()
+        finally:
+            self.con.unregister("wanted")
+        return {i: list(q or []) for i, q in rows}
+
+    def add_quarantine(self, rows: list[dict[str, Any]], run_id: str) -> None:
+        if not rows:
+            return
+        now = dt.datetime.now(dt.timezone.utc)
+        table = pa.Table.from_pylist(
+            [{"ingest_run": run_id, "quarantined_at": now, **r} for r in rows],
+            schema=pa.schema([("ingest_run", pa.string()), ("quarantined_at", pa.timestamp("us", tz="UTC")),
+                              ("source", pa.string()), ("position", pa.string()),
+                              ("reason", pa.string()), ("raw", pa.string())]),
+        )
+        # Re-ingesting the same bad file must not pile up copies of the same rejection.
+        self.con.register("incoming_q", table)
+        try:
+            self.con.execute(
+                "INSERT INTO quarantine SELECT * FROM incoming_q i WHERE NOT EXISTS (SELECT 1 FROM quarantine q "
+                "WHERE q.source = i.source AND q.position = i.position AND q.reason = i.reason AND q.raw = i.raw)"
+            )
+        finally:
+            self.con.unregister("incoming_q")
+
+    def add_duplicates(self, links: list[tuple[str, str, float]], run_id: str) -> None:
+        if not links:
+            return
+        table = pa.table({
+            "dropped_id": [a for a, _, _ in links], "kept_id": [b for _, b, _ in links],
+            "jaccard": pa.array([j for _, _, j in links], pa.float32()), "ingest_run": [run_id] * len(links),
+        })
+        self._append("duplicates", table)
+
+    def replace_graph(self, entities: pa.Table, edges: pa.Table, generation: int) -> None:
+        self.con.execute("DELETE FROM entities; DELETE FROM edges;")
+        self._append("entities", entities.append_column("generation", pa.array([generation] * entities.num_rows, pa.int32())))
+        self._append("edges", edges.append_column("generation", pa.array([generation] * edges.num_rows, pa.int32())))
+
+    def log_access(self, hits: list[tuple[str, str, dt.datetime]]) -> None:
+        if not hits:
+            return
+        table = pa.table({
+            "id": [h[0] for h in hits], "user": [h[1] for h in hits],
+            "accessed_at": pa.array([h[2] for h in hits], pa.timestamp("us", tz="UTC")),
+        })
+        self._append("access_log", table)
+
+    def delete(self, ids: list[str]) -> None:
+        self.con.executemany("UPDATE memories SET deleted = TRUE WHERE id = ?", [[i] for i in ids])
+
+    def _append(self, name: str, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        view = f"incoming_{name}"
+        self.con.register(view, table)
+        try:
+            self.con.execute(f"INSERT INTO {name} SELECT * FROM {view}")
+        finally:
+            self.con.unregister(view)
+
+    # ---------------------------------------------------------------- reads
+    def known_hashes(self) -> dict[str, tuple[str, bool]]:
+        """id → (content_hash, deleted) for every memory the store has seen."""
+        return {i: (h, d) for i, h, d in self.con.execute("SELECT id, content_hash, deleted FROM memories").fetchall()}
+
+    def access_summary(self) -> dict[str, tuple[dt.datetime, int]]:
+        rows = self.con.execute("SELECT id, max(accessed_at), count(*) FROM access_log GROUP BY id").fetchall()
+        return {i: (t, c) for i, t, c in rows}
+
+    def counts(self) -> dict[str, Any]:
+        q = self.con.execute
+        return {
+            "memories": q("SELECT count(*) FROM memories WHERE NOT deleted").fetchone()[0],
+            "deleted": q("SELECT count(*) FROM memories WHERE deleted").fetchone()[0],
+            "quarantined": q("SELECT count(*) FROM quarantine").fetchone()[0],
+            "duplicates": q("SELECT count(*) FROM duplicates").fetchone()[0],
+            "entities": q("SELECT count(*) FROM entities").fetchone()[0],
+            "edges": q("SELECT count(*) FROM edges").fetchone()[0],
+            "accesses": q("SELECT count(*) FROM access_log").fetchone()[0],
+            "ingest_runs": q("SELECT count(*) FROM ingest_runs").fetchone()[0],
+            "by_type": dict(q("SELECT type, count(*) FROM memories WHERE NOT deleted GROUP BY 1 ORDER BY 1").fetchall()),
+            "by_user": dict(q('SELECT "user", count(*) FROM memories WHERE NOT deleted GROUP BY 1 ORDER BY 1').fetchall()),
+        }
+
+    def quarantine(self, limit: int = 100) -> list[dict[str, Any]]:
+        cur = self.con.execute("SELECT source, position, reason, raw FROM quarantine ORDER BY quarantined_at LIMIT ?", [limit])
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, row)) for row in cur.fetchall()]

@@ -1,0 +1,421 @@
+"""The on-disk contract: an immutable generation of plain, memory-mappable files.
+
+A store folder holds ``helix.duckdb`` (see :mod:`helix_ray.store.db`) and
+``generations/<NNNNNN>/``, with ``CURRENT`` naming the live one. A generation holds:
+
+================================ ==============================================
+``manifest.json``                format version, generation, embedder name and
+                                 dimension, counts, schema hash, partitions
+``memories.arrow``               :data:`GENERATION_SCHEMA` rows, Arrow IPC; the row
+                                 number is the memory's internal id. Rows are
+                                 grouped by user: a tenant is one contiguous range
+``vectors.f32.npy``              float32 embeddings (N × dim), for rescoring
+``binary.npy``                   sign bits (N × dim/8), for the first-pass scan
+``dense/p<k>.usearch``           HNSW over int8 vectors, one per tenant partition
+``bm25/``                        bm25s index over text + doc2query expansions
+``graph/{indptr,indices,weights,types}.npy``   CSR adjacency over memories then entities
+``entities.arrow``               entity nodes: node, user, key, df
+``minhash.npy``                  MinHash signatures (N × num_perm, uint32)
+================================ ==============================================
+
+Publishing is atomic: files are written into ``generations/.tmp-*``, fsynced, the folder
+renamed to its number, then ``CURRENT`` is replaced by rename. A reader that opens
+``CURRENT`` sees a whole generation or the previous one, never a partial one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from helix_ray.errors import ManifestMismatch, StoreError
+from helix_ray.schema import GENERATION_SCHEMA
+
+log = logging.getLogger(__name__)
+
+FORMAT = "helix-generation"
+FORMAT_VERSION = 1
+SCHEMA_HASH = hashlib.sha1(GENERATION_SCHEMA.to_string().encode()).hexdigest()[:16]
+EDGE_TYPES = ("mention", "same_session", "temporal", "semantic")
+ENTITY_SCHEMA = pa.schema(
+    [("node", pa.int64()), ("user", pa.string()), ("key", pa.string()), ("df", pa.int32())]
+)
+
+
+@dataclass
+class GenerationData:
+    """Everything a generation holds, in memory, ready to be written."""
+
+    memories: pa.Table  # GENERATION_SCHEMA, grouped by user
+    vectors: np.ndarray  # float32 (N, dim)
+    minhash: np.ndarray  # uint32 (N, num_perm)
+    expansions: list[list[str]]  # doc2query, per row
+    graph: "CSRGraph"
+    entities: pa.Table  # ENTITY_SCHEMA
+    embedder: str
+    dim: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CSRGraph:
+    """Symmetric weighted adjacency; nodes 0..N-1 are memories, N.. are entities."""
+
+    indptr: np.ndarray  # int64 (nodes + 1)
+    indices: np.ndarray  # int32
+    weights: np.ndarray  # float32
+    types: np.ndarray  # int8 index into EDGE_TYPES
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.indptr) - 1
+
+    def to_scipy(self):
+        from scipy.sparse import csr_matrix
+
+        n = self.num_nodes
+        return csr_matrix((self.weights, self.indices, self.indptr), shape=(n, n))
+
+
+def partitions_of(users: np.ndarray | list[str]) -> list[dict[str, Any]]:
+    """Contiguous [start, end) row ranges per user of a user-grouped column."""
+    out: list[dict[str, Any]] = []
+    users = list(users)
+    start = 0
+    for i in range(1, len(users) + 1):
+        if i == len(users) or users[i] != users[start]:
+            out.append({"user": users[start], "start": start, "end": i, "dense": f"dense/p{len(out)}.usearch"})
+            start = i
+    seen = [p["user"] for p in out]
+    if len(seen) != len(set(seen)):
+        raise ValueError("memories must be grouped by user before a generation is written")
+    return out
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    with open(path, "wb") as fh:
+        np.save(fh, np.ascontiguousarray(array))
+
+
+def _save_arrow(path: Path, table: pa.Table) -> None:
+    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
+def generations_dir(store: Path) -> Path:
+    return store / "generations"
+
+
+def current_generation_number(store: Path) -> int | None:
+    pointer = store / "CURRENT"
+    if not pointer.is_file():
+        return None
+    return int(pointer.read_text().strip())
+
+
+def publish(
+    store: Path,
+    data: GenerationData,
+    *,
+    hnsw_connectivity: int = 16,
+    hnsw_expansion_add: int = 128,
+    bm25_stemmer: str = "english",
+    crash_after: str | None = None,
+) -> int:
+    """Write ``data`` as the next generation and make it current; return its number.
+
+    ``crash_after`` names a file after which to raise (tests inject a crash mid-publish).
+    """
+    from helix_ray.recall.lexical import build_bm25
+
+    root = generations_dir(store)
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".tmp-*"):  # left by a crashed publish
+        shutil.rmtree(stale, ignore_errors=True)
+    previous = current_generation_number(store) or 0
+    existing = [int(p.name) for p in root.iterdir() if p.name.isdigit()]
+    number = max([previous, *existing]) + 1
+    tmp = root / f".tmp-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()
+    written: list[Path] = []
+
+    def done(path: Path) -> None:
+        written.append(path)
+        if crash_after and path.name == crash_after:
+            raise RuntimeError(f"injected crash after writing {path.name}")
+
+    table = data.memories
+    if table.schema != GENERATION_SCHEMA:
+        table = table.cast(GENERATION_SCHEMA)
+    n = table.num_rows
+    if data.vectors.shape != (n, data.dim):
+        raise ValueError(f"vectors have shape {data.vectors.shape}; expected ({n}, {data.dim})")
+    parts = partitions_of(table.column("user").to_pylist())
+
+    _save_arrow(tmp / "memories.arrow", table); done(tmp / "memories.arrow")
+    vectors = np.ascontiguousarray(data.vectors, dtype=np.float32)
+    _save_npy(tmp / "vectors.f32.npy", vectors); done(tmp / "vectors.f32.npy")
+    _save_npy(tmp / "binary.npy", np.packbits(vectors > 0, axis=1)); done(tmp / "binary.npy")
+    _save_npy(tmp / "minhash.npy", data.minhash.astype(np.uint32)); done(tmp / "minhash.npy")
+
+    (tmp / "dense").mkdir()
+    from usearch.index import Index
+
+    int8 = quantize_int8(vectors)
+    for part in parts:
+        index = Index(
+            ndim=data.dim, metric="cos", dtype="i8",
+            connectivity=hnsw_connectivity, expansion_add=hnsw_expansion_add,
+        )
+        start, end = part["start"], part["end"]
+        index.add(np.arange(start, end, dtype=np.uint64), int8[start:end], threads=0)
+        index.save(str(tmp / part["dense"]))
+        done(tmp / part["dense"])
+
+    texts = table.column("text").to_pylist()
+    lexical = [t + ("\n" + "\n".join(x) if x else "") for t, x in zip(texts, data.expansions)]
+    build_bm25(lexical, tmp / "bm25", stemmer=bm25_stemmer)
+    done(tmp / "bm25")
+
+    (tmp / "graph").mkdir()
+    for name in ("indptr", "indices", "weights", "types"):
+        _save_npy(tmp / "graph" / f"{name}.npy", getattr(data.graph, name))
+    done(tmp / "graph")
+    _save_arrow(tmp / "entities.arrow", data.entities); done(tmp / "entities.arrow")
+
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "generation": number,
+        "parent": previous or None,
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "embedder": {"name": data.embedder, "dim": data.dim},
+        "schema_hash": SCHEMA_HASH,
+        "counts": {
+            "memories": n,
+            "users": len(parts),
+            "entities": data.entities.num_rows,
+            "edges": int(len(data.graph.indices) // 2),
+        },
+        "bm25": {"stemmer": bm25_stemmer},
+        "hnsw": {"connectivity": hnsw_connectivity, "expansion_add": hnsw_expansion_add, "dtype": "i8"},
+        "minhash": {"num_perm": int(data.minhash.shape[1]) if data.minhash.ndim == 2 else 0},
+        "partitions": parts,
+        **data.extra,
+    }
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    done(tmp / "manifest.json")
+
+    for path in tmp.rglob("*"):
+        if path.is_file():
+            _fsync(path)
+    for folder in [tmp, *[p for p in tmp.rglob("*") if p.is_dir()]]:
+        _fsync(folder)
+    final = root / f"{number:06d}"
+    os.rename(tmp, final)
+    _fsync(root)
+    pointer_tmp = store / f".CURRENT.{uuid.uuid4().hex[:8]}"
+    pointer_tmp.write_text(f"{number}\n")
+    _fsync(pointer_tmp)
+    os.replace(pointer_tmp, store / "CURRENT")
+    _fsync(store)
+    log.info("published generation %d (%d memories)", number, n)
+    return number
+
+
+def quantize_int8(vectors: np.ndarray) -> np.ndarray:
+    """Per-vector symmetric int8: v / max|v| × 127, rounded. Cosine is scale-free, so the
+    per-vector scale is dropped."""
+    peak = np.abs(vectors).max(axis=1, keepdims=True)
+    peak[peak == 0] = 1.0
+    return np.round(vectors / peak * 127.0).astype(np.int8)
+
+
+def prune(store: Path, keep: int = 2) -> list[int]:
+    """Delete all but the newest ``keep`` generations (never the current one)."""
+    current = current_generation_number(store)
+    numbers = sorted(int(p.name) for p in generations_dir(store).iterdir() if p.name.isdigit())
+    doomed = [g for g in numbers[:-keep] if g != current]
+    for g in doomed:
+        shutil.rmtree(generations_dir(store) / f"{g:06d}", ignore_errors=True)
+    return doomed
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+class Generation:
+    """A published generation, memory-mapped. Cheap to open; pages load on use.
+
+    Opening checks the manifest against what this code reads and what the caller
+    expects (``expect_embedder``), and refuses a mismatch with a message saying both.
+    """
+
+    def __init__(self, path: Path, *, expect_embedder: str | None = None, expect_dim: int | None = None):
+        self.path = Path(path)
+        manifest_path = self.path / "manifest.json"
+        if not manifest_path.is_file():
+            raise StoreError(f"{self.path} is not a generation: manifest.json is missing.")
+        try:
+            self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ManifestMismatch(f"{manifest_path} is not valid JSON ({exc}).") from None
+        m = self.manifest
+        problems = []
+        if m.get("format") != FORMAT:
+            problems.append(f"format {m.get('format')!r} (expected {FORMAT!r})")
+        if m.get("format_version") != FORMAT_VERSION:
+            problems.append(f"format_version {m.get('format_version')!r} (this Helix reads {FORMAT_VERSION})")
+        if m.get("schema_hash") != SCHEMA_HASH:
+            problems.append(f"schema_hash {m.get('schema_hash')!r} (expected {SCHEMA_HASH})")
+        embedder = (m.get("embedder") or {}).get("name")
+        dim = (m.get("embedder") or {}).get("dim")
+        if expect_embedder and embedder != expect_embedder:
+            problems.append(f"embedder {embedder!r} (this reader embeds queries with {expect_embedder!r})")
+        if expect_dim and dim != expect_dim:
+            problems.append(f"dimension {dim!r} (expected {expect_dim})")
+        if problems:
+            raise ManifestMismatch(
+                f"Cannot open generation {self.path}: found " + "; ".join(problems)
+                + ". Re-ingest with this version and embedder, or open it with the matching ones."
+            )
+        self.number: int = m["generation"]
+        self.partitions: dict[str, tuple[int, int]] = {
+            p["user"]: (p["start"], p["end"]) for p in m["partitions"]
+        }
+        self._partition_files = {p["user"]: p["dense"] for p in m["partitions"]}
+        self._dense: dict[str, Any] = {}
+
+    @classmethod
+    def open_current(cls, store: Path, **expect: Any) -> "Generation":
+        number = current_generation_number(Path(store))
+        if number is None:
+            raise StoreError(
+                f"Store {store} has no published generation yet (no CURRENT file). "
+                "Run `helix ingest SOURCE --store DIR` first."
+            )
+        return cls(generations_dir(Path(store)) / f"{number:06d}", **expect)
+
+    @property
+    def size(self) -> int:
+        return int(self.manifest["counts"]["memories"])
+
+    @cached_property
+    def memories(self) -> pa.Table:
+        source = pa.memory_map(str(self.path / "memories.arrow"), "r")
+        return ipc.open_file(source).read_all()
+
+    @cached_property
+    def columns(self) -> "MemoryColumns":
+        return MemoryColumns.from_table(self.memories)
+
+    @cached_property
+    def _texts(self) -> pa.Array:
+        return self.memories.column("text").combine_chunks()
+
+    def text(self, row: int) -> str:
+        return self._texts[row].as_py()
+
+    @cached_property
+    def vectors(self) -> np.ndarray:
+        return np.load(self.path / "vectors.f32.npy", mmap_mode="r")
+
+    @cached_property
+    def binary(self) -> np.ndarray:
+        return np.load(self.path / "binary.npy", mmap_mode="r")
+
+    @cached_property
+    def minhash(self) -> np.ndarray:
+        return np.load(self.path / "minhash.npy", mmap_mode="r")
+
+    @cached_property
+    def graph(self) -> CSRGraph:
+        g = self.path / "graph"
+        return CSRGraph(*(np.load(g / f"{n}.npy", mmap_mode="r") for n in ("indptr", "indices", "weights", "types")))
+
+    @cached_property
+    def entities(self) -> pa.Table:
+        return ipc.open_file(pa.memory_map(str(self.path / "entities.arrow"), "r")).read_all()
+
+    @cached_property
+    def bm25(self):
+        from helix_ray.recall.lexical import load_bm25
+
+        return load_bm25(self.path / "bm25")
+
+    def dense_index(self, user: str):
+        """The tenant's HNSW index, opened as a read-only view of the file."""
+        index = self._dense.get(user)
+        if index is None:
+            from usearch.index import Index
+
+            index = Index.restore(str(self.path / self._partition_files[user]), view=True)
+            self._dense[user] = index
+        return index
+
+
+@dataclass
+class MemoryColumns:
+    """Numpy views of the columns the query path reads per candidate."""
+
+    ids: np.ndarray  # object
+    types: np.ndarray  # object
+    projects: np.ndarray  # object
+    sessions: np.ndarray  # object
+    created_at: np.ndarray  # int64 microseconds
+    last_accessed_at: np.ndarray  # int64 microseconds (created_at where never accessed)
+    salience: np.ndarray  # float32
+    confidence: np.ndarray  # float32
+    pinned: np.ndarray  # bool
+    n_tokens: np.ndarray  # int32
+    documents: list[str | None]  # source document of a section (Markdown file), else None
+    id_to_row: dict[str, int]
+
+    @classmethod
+    def from_table(cls, table: pa.Table) -> "MemoryColumns":
+        def ts(name: str) -> np.ndarray:
+            return table.column(name).cast(pa.int64()).to_numpy(zero_copy_only=False)
+
+        created = ts("created_at")
+        last = table.column("last_accessed_at").cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+        last = np.where(last > 0, last, created)
+        ids = np.asarray(table.column("id").to_pylist(), dtype=object)
+        return cls(
+            ids=ids,
+            types=np.asarray(table.column("type").to_pylist(), dtype=object),
+            projects=np.asarray(table.column("project").to_pylist(), dtype=object),
+            sessions=np.asarray(table.column("session_id").to_pylist(), dtype=object),
+            created_at=created,
+            last_accessed_at=last,
+            salience=table.column("salience").to_numpy().astype(np.float32),
+            confidence=table.column("confidence").to_numpy().astype(np.float32),
+            pinned=table.column("pinned").to_numpy(zero_copy_only=False).astype(bool),
+            n_tokens=table.column("n_tokens").to_numpy().astype(np.int32),
+            documents=[s if s.startswith("markdown:") else None for s in table.column("source").to_pylist()],
+            id_to_row={mid: i for i, mid in enumerate(ids)},
+        )
+

@@ -1,0 +1,1 @@
+"""Ray Data jobs: ingest (sources → a published generation) and compaction."""

@@ -1,0 +1,453 @@
+"""The ingest pipeline: sources → a published store generation.
+
+Stage order (each stage is a function in :mod:`helix_ray.ingest`):
+
+1. read sources                      ┐ Ray Data, one task per source
+2. validate and normalise            ┘ (bad rows → quarantine, with reason and position)
+   ── barrier: MinHash-LSH dedup needs every signature of the tenant ──
+3. exact and near-duplicate removal  (driver; against the previous generation too)
+4. doc2query expansion               ┐
+5. embed (actor pool, batched)       │ Ray Data, streaming, only for memories that are
+6. quantize: int8 and binary         │ new or changed: old ones keep their vectors
+7. entities, token counts            ┘
+   ── barrier: indexes and graph need every row ──
+7b. graph edges (mentions, sessions, temporal, semantic kNN)
+8. write and publish the generation  (atomic; the previous one keeps serving on failure)
+
+``runner="ray"`` runs stages 1–2 and 4–7 on Ray Data (a local Ray it starts, or the
+cluster named by ``RAY_ADDRESS``); ``runner="local"`` runs the same functions in this
+process, for tests and small online batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from helix_ray.config import IngestConfig
+from helix_ray.errors import InvalidArgument
+from helix_ray.ingest import stages
+from helix_ray.ingest.dedup import find_duplicates
+from helix_ray.ingest.graph import build_graph, edges_table
+from helix_ray.ingest.sources import FORMATS, detect_format
+from helix_ray.schema import GENERATION_SCHEMA
+from helix_ray.store.db import StoreDB
+from helix_ray.store.generation import (
+    Generation,
+    GenerationData,
+    current_generation_number,
+    partitions_of,
+    publish,
+)
+
+log = logging.getLogger(__name__)
+
+BATCH = 256
+
+
+@dataclasses.dataclass
+class IngestReport:
+    """What one ingest run did. ``embedded`` counts passages sent to the embedder."""
+
+    run_id: str = ""
+    read: int = 0
+    accepted: int = 0
+    quarantined: int = 0
+    duplicates: int = 0
+    unchanged: int = 0
+    new: int = 0
+    updated: int = 0
+    embedded: int = 0
+    total_memories: int = 0
+    generation: int | None = None
+    published: bool = False
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    quarantine_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@contextmanager
+def _timed(report: IngestReport, name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    report.seconds[name] = round(report.seconds.get(name, 0.0) + time.perf_counter() - start, 3)
+
+
+def _run_local_batches(rows: list[dict[str, Any]], transforms: Sequence[Any]) -> Iterator[dict[str, np.ndarray]]:
+    for start in range(0, len(rows), BATCH):
+        chunk = rows[start : start + BATCH]
+        batch = {k: np.array([r[k] for r in chunk], dtype=object) for k in ("seq", "text", "type")}
+        for fn in transforms:
+            batch = fn(batch)
+        yield batch
+
+
+def ingest(
+    sources: Sequence[str | Path],
+    store: str | Path,
+    *,
+    fmt: str = "auto",
+    config: IngestConfig | None = None,
+    runner: str = "ray",
+    show_progress: bool = True,
+    crash_after: str | None = None,
+    db: StoreDB | None = None,
+) -> IngestReport:
+    """Ingest ``sources`` into ``store`` and publish a new generation if anything changed.
+
+    ``db`` is the store's open writer when the caller already holds one (a
+    :class:`helix_ray.Memory`); otherwise this run opens the store's DuckDB file itself.
+    """
+    config = config or IngestConfig()
+    store = Path(store)
+    if runner not in ("ray", "local"):
+        raise InvalidArgument("runner", runner, "allowed runners are 'ray' and 'local'")
+    if fmt not in FORMATS:
+        raise InvalidArgument("format", fmt, f"allowed formats are {', '.join(FORMATS)}")
+    items = []
+    for source in sources:
+        path = Path(source)
+        if not path.exists():
+            raise InvalidArgument("source", str(path), "it must be an existing file or folder")
+        items.append({"path": str(path.resolve()), "format": detect_format(path) if fmt == "auto" else fmt})
+    if not items:
+        raise InvalidArgument("sources", [], "give at least one file or folder to ingest")
+
+    report = IngestReport()
+    own = db is None
+    db = db or StoreDB(store)
+    try:
+        report.run_id = run_id = db.start_run([i["path"] for i in items])
+        try:
+            _ingest(items, store, db, config, runner, show_progress, crash_after, report)
+        except BaseException:
+            db.finish_run(run_id, report.as_dict(), None, "failed")
+            raise
+        db.finish_run(run_id, report.as_dict(), report.generation, "published" if report.published else "unchanged")
+    finally:
+        if own:
+            db.close()
+    return report
+
+
+def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, show_progress: bool,
+            crash_after: str | None, report: IngestReport) -> None:
+    if runner == "ray":
+        from helix_ray.runtime import ensure_ray
+        import ray
+
+        with _timed(report, "ray_start"):
+            ensure_ray()
+        ray.data.DataContext.get_current().enable_progress_bars = show_progress
+        ray.data.DataContext.get_current().execution_options.preserve_order = True
+
+    # ---- 1–2: read, validate, normalise (+ MinHash signatures for stage 3)
+    with _timed(report, "read_validate"):
+        if runner == "ray":
+            import ray
+
+            ds = ray.data.from_items(items).flat_map(
+                _read_validate_sign, fn_kwargs={"config": config}, num_cpus=0.25
+            )
+            out = ds.take_all()
+        else:
+            out = [r for item in items for r in _read_validate_sign(item, config=config)]
+    quarantined = [json.loads(r["payload"]) for r in out if not r["ok"]]
+    incoming = [stages.decode_row(r["payload"]) for r in out if r["ok"]]
+    report.read = len(out)
+    report.quarantined = len(quarantined)
+    report.accepted = len(incoming)
+    for q in quarantined:
+        reason = q["reason"].split(":", 1)[0]
+        report.quarantine_reasons[reason] = report.quarantine_reasons.get(reason, 0) + 1
+
+    # ---- 3: what is new, and dedup against itself and the previous generation
+    with _timed(report, "dedup"):
+        known = db.known_hashes()
+        latest: dict[str, dict[str, Any]] = {}
+        same_id_links = []
+        for row in incoming:  # a repeated id within the input: the later record wins
+            if row["id"] in latest:
+                same_id_links.append((row["id"], row["id"], 1.0))
+            latest[row["id"]] = row
+        fresh, replaced = [], set()
+        for row in latest.values():
+            seen = known.get(row["id"])
+            if seen is not None and seen[0] == row["content_hash"]:
+                report.unchanged += 1
+                continue
+            if seen is not None:
+                report.updated += 1
+                replaced.add(row["id"])
+            else:
+                report.new += 1
+            fresh.append(row)
+
+        previous = _open_previous(store, config)
+        old_rows, old_index = _carried_over(previous, db, replaced)
+        if not fresh and (previous is not None or not incoming) and not _has_deletions(previous, old_index):
+            report.total_memories = len(old_index)
+            report.generation = current_generation_number(store)
+            db.add_quarantine(quarantined, report.run_id)
+            return
+
+        users = [r["user"] for r in old_rows] + [r["user"] for r in fresh]
+        old_sigs = previous.minhash[old_index] if previous is not None and len(old_index) else np.zeros(
+            (0, config.dedup.num_perm), np.uint32)
+        sigs = np.concatenate([old_sigs, np.array([r["minhash"] for r in fresh], np.uint32).reshape(
+            len(fresh), config.dedup.num_perm)])
+        everything = old_rows + fresh
+        preference = [(bool(r["pinned"]), r["created_at"], i) for i, r in enumerate(everything)]
+        dropped = find_duplicates(
+            users, sigs, preference, threshold=config.dedup.threshold,
+            texts=[r["text"] for r in everything], shingle=config.dedup.shingle,
+        )
+        drop = {i for i, _, _ in dropped}
+        links = [(everything[i]["id"], everything[j]["id"], s) for i, j, s in dropped] + same_id_links
+        report.duplicates = len(links)
+
+    keep_old = [i for i in range(len(old_rows)) if i not in drop]
+    keep_new = [i for i in range(len(fresh)) if len(old_rows) + i not in drop]
+    dropped_rows = [fresh[i] for i in range(len(fresh)) if len(old_rows) + i in drop]
+    dropped_old_ids = [old_rows[i]["id"] for i in range(len(old_rows)) if i in drop]
+    todo = [dict(fresh[i], seq=k) for k, i in enumerate(keep_new)]
+    report.embedded = len(todo)
+
+    # ---- 4–7: expand, embed, quantize, annotate (new or changed memories only)
+    with _timed(report, "expand_embed_annotate"):
+        batches = list(_transform(todo, config, runner))
+    new_cols = _collect(batches, len(todo), config)
+
+    # ---- assemble: old rows keep their vectors; sort so each tenant is one range
+    with _timed(report, "assemble"):
+        data, node_names = _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, keep_new,
+                                     len(old_rows), db, config)
+    report.total_memories = data.memories.num_rows
+
+    with _timed(report, "publish"):
+        number = publish(
+            store, data,
+            hnsw_connectivity=config.hnsw_connectivity,
+            hnsw_expansion_add=config.hnsw_expansion_add,
+            crash_after=crash_after,
+        )
+    report.generation = number
+    report.published = True
+
+    # ---- the database records what the published generation holds
+    with _timed(report, "record"):
+        db.con.begin()
+        try:
+            tables = _memory_table(todo, new_cols)
+            db.upsert_memories(tables, report.run_id)
+            if dropped_rows:
+                db.upsert_memories(_memory_table(dropped_rows, None), report.run_id)
+                db.delete([r["id"] for r in dropped_rows])
+            if dropped_old_ids:
+                db.delete(dropped_old_ids)
+            db.upsert_expansions(
+                [r["id"] for r in todo], [json.loads(x) for x in new_cols["expansions"]],
+                config.doc2query.backend,
+            )
+            db.add_duplicates(links, report.run_id)
+            db.add_quarantine(quarantined, report.run_id)
+            db.replace_graph(data.entities.select(["user", "key", "df"]),
+                             edges_table(data.graph, node_names), number)
+            db.con.commit()
+        except BaseException:
+            db.con.rollback()
+            raise
+
+
+def _read_validate_sign(item: dict[str, Any], *, config: IngestConfig) -> list[dict[str, Any]]:
+    from helix_ray.ingest.dedup import signatures
+
+    out = stages.read_and_validate(item, config=config)
+    ok = [i for i, r in enumerate(out) if r["ok"]]
+    rows = [json.loads(out[i]["payload"]) for i in ok]
+    sigs = signatures([r["text"] for r in rows], num_perm=config.dedup.num_perm, shingle=config.dedup.shingle)
+    for i, row, sig in zip(ok, rows, sigs):
+        row["minhash"] = sig.tolist()
+        out[i] = {"ok": True, "payload": json.dumps(row)}
+    return out
+
+
+def _open_previous(store: Path, config: IngestConfig) -> Generation | None:
+    if current_generation_number(store) is None:
+        return None
+    from helix_ray.embedder import DIM
+
+    return Generation.open_current(store, expect_embedder=config.embedder.name, expect_dim=DIM)
+
+
+def _carried_over(previous: Generation | None, db: StoreDB, replaced: set[str]) -> tuple[list[dict], np.ndarray]:
+    """Rows of the previous generation that stay: not replaced, not deleted since."""
+    if previous is None:
+        return [], np.zeros(0, np.int64)
+    deleted = {i for i, (_, d) in db.known_hashes().items() if d}
+    table = previous.memories
+    ids = table.column("id").to_pylist()
+    index = np.array([i for i, mid in enumerate(ids) if mid not in replaced and mid not in deleted], np.int64)
+    rows = table.take(pa.array(index)).to_pylist() if len(index) else []
+    accesses = db.access_summary()
+    for row in rows:
+        seen = accesses.get(row["id"])
+        if seen is not None:  # fold recall hits into the next generation
+            if row["last_accessed_at"] is None or seen[0] > row["last_accessed_at"]:
+                row["last_accessed_at"] = seen[0]
+            row["access_count"] = int(row["access_count"]) + int(seen[1])
+    return rows, index
+
+
+def _has_deletions(previous: Generation | None, kept_index: np.ndarray) -> bool:
+    return previous is not None and len(kept_index) != previous.size
+
+
+def _transform(todo: list[dict[str, Any]], config: IngestConfig, runner: str):
+    if not todo:
+        return
+    if runner == "local":
+        yield from _run_local_batches(
+            todo,
+            [stages.Expand(config.doc2query), stages.Embed(config.embedder), stages.quantize,
+             stages.Annotate(config)],
+        )
+        return
+    import ray
+
+    table = pa.table({
+        "seq": pa.array([r["seq"] for r in todo], pa.int64()),
+        "text": [r["text"] for r in todo],
+        "type": [r["type"] for r in todo],
+    })
+    ds = (
+        ray.data.from_arrow(table)
+        .map_batches(stages.Expand, fn_constructor_args=(config.doc2query,), batch_size=BATCH,
+                     num_cpus=0.25, concurrency=1)
+        .map_batches(stages.Embed, fn_constructor_args=(config.embedder,), batch_size=config.embedder.batch_size,
+                     num_cpus=config.embed_actor_cpus, concurrency=config.embed_actors)
+        .map_batches(stages.quantize, batch_size=BATCH, num_cpus=0.25)
+        .map_batches(stages.Annotate, fn_constructor_args=(config,), batch_size=BATCH, num_cpus=0.25,
+                     concurrency=1)
+    )
+    yield from ds.iter_batches(batch_size=None, batch_format="numpy")
+
+
+def _collect(batches: list[dict[str, np.ndarray]], n: int, config: IngestConfig) -> dict[str, Any]:
+    from helix_ray.embedder import DIM
+
+    if not batches:
+        return {"vector": np.zeros((0, DIM), np.float32), "expansions": [], "entities": [],
+                "n_tokens": np.zeros(0, np.int32)}
+    seq = np.concatenate([np.asarray(b["seq"], np.int64) for b in batches])
+    order = np.argsort(seq, kind="stable")
+    if len(seq) != n or not np.array_equal(seq[order], np.arange(n)):
+        raise RuntimeError(f"the transform stages returned {len(seq)} rows for {n} inputs")
+
+    def cat(key: str, dtype=None) -> Any:
+        return np.concatenate([np.asarray(b[key], dtype=dtype) for b in batches])[order]
+
+    return {
+        "vector": np.stack(list(cat("vector", np.float32))) if cat("vector", np.float32).ndim == 1
+        else cat("vector", np.float32),
+        "expansions": [str(x) for x in cat("expansions", object)],
+        "entities": [str(x) for x in cat("entities", object)],
+        "n_tokens": cat("n_tokens", np.int32),
+    }
+
+
+def _memory_table(rows: list[dict[str, Any]], cols: dict[str, Any] | None) -> pa.Table:
+    names = [f.name for f in GENERATION_SCHEMA]
+    data = {name: [r.get(name) for r in rows] for name in names if name != "n_tokens"}
+    if cols is None:
+        from helix_ray.recall.pack import token_counter
+
+        count = token_counter()
+        data["n_tokens"] = [count(r["text"]) for r in rows]
+    else:
+        data["n_tokens"] = [int(x) for x in cols["n_tokens"]]
+    return pa.table({n: data[n] for n in names}, schema=GENERATION_SCHEMA)
+
+
+def _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, keep_new, n_old, db,
+              config: IngestConfig):
+    from helix_ray.embedder import DIM
+    from helix_ray.ingest import entities as entity_mod
+    from usearch.index import Index
+
+    old_table = pa.Table.from_pylist([old_rows[i] for i in keep_old], schema=GENERATION_SCHEMA) if keep_old \
+        else GENERATION_SCHEMA.empty_table()
+    new_table = _memory_table(todo, new_cols)
+    table = pa.concat_tables([old_table, new_table])
+    old_vectors = np.asarray(previous.vectors[old_index[keep_old]]) if keep_old else np.zeros((0, DIM), np.float32)
+    vectors = np.concatenate([old_vectors, new_cols["vector"]]).astype(np.float32)
+    minhash = np.concatenate([sigs[keep_old], sigs[[n_old + i for i in keep_new]]]) if len(sigs) else sigs
+    old_ids = old_table.column("id").to_pylist()
+    old_exp = db.expansions_for(old_ids)
+    expansions = [old_exp.get(i, []) for i in old_ids] + [json.loads(x) for x in new_cols["expansions"]]
+    ents = [entity_mod.extract(t) for t in old_table.column("text").to_pylist()] + \
+        [json.loads(x) for x in new_cols["entities"]]
+
+    # Group by tenant, then time, then arrival: a tenant is a contiguous row range.
+    users = table.column("user").to_pylist()
+    created = table.column("created_at").cast(pa.int64()).to_numpy()
+    order = sorted(range(table.num_rows), key=lambda i: (users[i], created[i], i))
+    take = np.array(order, np.int64)
+    table = table.take(pa.array(take))
+    vectors, minhash = vectors[take], minhash[take]
+    expansions = [expansions[i] for i in order]
+    ents = [ents[i] for i in order]
+    users = [users[i] for i in order]
+    parts = {p["user"]: (p["start"], p["end"]) for p in partitions_of(users)}
+
+    # Semantic kNN per tenant, from an HNSW graph over the int8 vectors.
+    from helix_ray.store.generation import quantize_int8
+
+    knn = {}
+    if config.graph.knn > 0:
+        int8 = quantize_int8(vectors)
+        for user, (start, end) in parts.items():
+            k = min(config.graph.knn + 1, end - start)
+            if k <= 1:
+                continue
+            if end - start <= 2048:  # small tenant: exact cosine
+                block = vectors[start:end]
+                sims = block @ block.T
+                nb = np.argsort(-sims, axis=1, kind="stable")[:, :k]
+                knn[user] = (nb + start, np.take_along_axis(sims, nb, axis=1))
+                continue
+            index = Index(ndim=DIM, metric="cos", dtype="i8", connectivity=config.hnsw_connectivity,
+                          expansion_add=config.hnsw_expansion_add)
+            index.add(np.arange(start, end, dtype=np.uint64), int8[start:end], threads=0)
+            matches = index.search(int8[start:end], k, threads=0)
+            keys = matches.keys.astype(np.int64)
+            keys[keys >= np.iinfo(np.int64).max // 2] = -1
+            knn[user] = (keys, 1.0 - matches.distances.astype(np.float32))
+    sessions = table.column("session_id").to_pylist()
+    metadata_turns = [json.loads(m).get("turn", 0) for m in table.column("metadata").to_pylist()]
+    created_sorted = table.column("created_at").cast(pa.int64()).to_numpy()
+    order_keys = [int(c) * 10_000 + int(t or 0) for c, t in zip(created_sorted, metadata_turns)]
+    graph, entities = build_graph(
+        users=users, sessions=sessions, order_keys=order_keys, entity_lists=ents, knn=knn,
+        partitions=parts, config=config.graph,
+    )
+    node_names = table.column("id").to_pylist() + [
+        f"{u}|{k}" for u, k in zip(entities.column("user").to_pylist(), entities.column("key").to_pylist())]
+    data = GenerationData(
+        memories=table, vectors=vectors, minhash=minhash, expansions=expansions, graph=graph,
+        entities=entities, embedder=config.embedder.name, dim=DIM,
+        extra={"doc2query": config.doc2query.backend,
+               "built_at": dt.datetime.now(dt.timezone.utc).isoformat()},
+    )
+    return data, node_names
