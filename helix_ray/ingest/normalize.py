@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from helix_ray.config import ValidationConfig
-from helix_ray.schema import MEMORY_TYPES, content_hash
+from helix_ray.schema import MEMORY_SCHEMA, MEMORY_TYPES, content_hash
 
 TYPE_PRIOR = {"episodic": 0.40, "semantic": 0.50, "code": 0.50, "procedural": 0.60, "decision": 0.70}
 
@@ -62,6 +62,8 @@ _DATE = re.compile(
 _MARKER = re.compile(r"\b(?:always|never|important|must|critical|remember)\b", re.I)
 _ERROR = re.compile(r"\b\w*(?:Error|Exception)\b|Traceback|\bFATAL\b|\bexit code\b|\bpanicked\b|\bsegfault", re.I)
 
+_KNOWN_KEYS = frozenset(f.name for f in MEMORY_SCHEMA)
+_INTERNAL_KEYS = frozenset({"_source", "_position", "_reject", "_raw", "_code", "minhash"})
 _CONFIRMED = {"user", "human", "confirmed", "user-confirmed"}
 _DOCUMENT_PREFIXES = ("markdown", "doc", "docs")
 _CONVERSATION = {"transcript", "locomo", "chat"}
@@ -196,6 +198,9 @@ def normalise_one(raw: dict[str, Any], config: ValidationConfig, *, default_time
             raise Rejected("wrong_type", "metadata is a string but not JSON; give a JSON object") from None
     if not isinstance(metadata, dict):
         raise Rejected("wrong_type", f"metadata must be a JSON object, got {type(metadata).__name__}")
+    extra = {k: v for k, v in raw.items() if k not in _KNOWN_KEYS and k not in _INTERNAL_KEYS}
+    if extra:  # keys the schema does not name are kept, not dropped
+        metadata = {**extra, **metadata}
     pinned = raw.get("pinned", False)
     if not isinstance(pinned, bool):
         raise Rejected("wrong_type", f"pinned must be true or false, got {pinned!r}")

@@ -1,0 +1,194 @@
+"""The ingest pipeline end to end (runner="local": same stage functions, one process;
+tests/test_ingest_ray.py runs them on a real local Ray)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from helix_ray.embedder import get_embedder
+from helix_ray.errors import InvalidArgument, ManifestMismatch
+from helix_ray.store.db import StoreDB
+from helix_ray.store.generation import Generation, current_generation_number, generations_dir
+from pipelines.ingest import ingest
+from tests.helpers import SAMPLE, memory, write_jsonl
+
+FACTS = [
+    "We decided to use NATS JetStream over Kafka because it is a single binary.",
+    "The ingest worker lives in services/ingest/worker.py and batches 500 readings.",
+    "psycopg2.OperationalError: FATAL: remaining connection slots are reserved for superusers.",
+    "To rotate the API keys: 1. run make rotate-keys 2. restart the gateway pods.",
+    "Dana prefers tabs over spaces in the Go services.",
+    "The gateway listens on port 8443 in production and 8080 in development.",
+]
+
+
+def test_quarantine_keeps_every_bad_row_with_reason_and_position(tmp_path):
+    good = write_jsonl(tmp_path / "good.jsonl", [memory(i, t) for i, t in enumerate(FACTS)])
+    report = ingest([good, SAMPLE / "bad_records.jsonl"], tmp_path / "store", runner="local")
+    bad_lines = (SAMPLE / "bad_records.jsonl").read_text().splitlines()
+    assert report.read == len(FACTS) + len(bad_lines)
+    assert report.accepted == len(FACTS) and report.quarantined == len(bad_lines)
+    assert report.quarantine_reasons == {
+        "missing_text": 1, "empty_text": 2, "wrong_type": 1, "unknown_type": 1,
+        "out_of_range": 1, "bad_time": 1, "too_long": 1,
+    }
+    with StoreDB(tmp_path / "store") as db:
+        rows = db.quarantine()
+    assert len(rows) == len(bad_lines)
+    assert {r["position"] for r in rows} == {f"line {i}" for i in range(1, len(bad_lines) + 1)}
+    # Nothing lost: each quarantined raw record is the whole input record.
+    longest = max(rows, key=lambda r: len(r["raw"]))
+    assert len(longest["raw"]) > 40_000
+    assert {json.loads(r["raw"])["id"] for r in rows} == {json.loads(line)["id"] for line in bad_lines}
+
+
+def test_reingesting_bad_rows_does_not_duplicate_quarantine(tmp_path):
+    bad = SAMPLE / "bad_records.jsonl"
+    good = write_jsonl(tmp_path / "good.jsonl", [memory(0, FACTS[0])])
+    ingest([good, bad], tmp_path / "store", runner="local")
+    ingest([good, bad], tmp_path / "store", runner="local")
+    with StoreDB(tmp_path / "store") as db:
+        assert db.counts()["quarantined"] == 8
+
+
+def test_near_duplicates_keep_the_newer_and_record_the_link(tmp_path):
+    rows = [
+        memory(1, "We decided to use NATS over Kafka because it is simpler to operate.", created_at="2025-03-01T00:00:00Z"),
+        memory(2, "We decided to use NATS over Kafka because it is simpler to run.", created_at="2025-03-02T00:00:00Z"),
+        # Shares vocabulary but is a different fact: stays.
+        memory(3, "We decided to use Kafka over NATS for the audit log because it keeps data for years.",
+               created_at="2025-03-03T00:00:00Z"),
+        # Same text, another tenant: never deduplicated across tenants.
+        memory(4, "We decided to use NATS over Kafka because it is simpler to operate.", user="lee"),
+        # Exact duplicate of m005 (older): dropped.
+        memory(5, "The gateway listens on port 8443.", created_at="2025-03-05T00:00:00Z"),
+        memory(6, "The gateway listens on port 8443.", created_at="2025-03-04T00:00:00Z"),
+    ]
+    report = ingest([write_jsonl(tmp_path / "d.jsonl", rows)], tmp_path / "store", runner="local")
+    assert report.duplicates == 2
+    gen = Generation.open_current(tmp_path / "store")
+    ids = set(gen.memories.column("id").to_pylist())
+    assert ids == {"m002", "m003", "m004", "m005"}
+    with StoreDB(tmp_path / "store") as db:
+        links = set(db.con.execute("SELECT dropped_id, kept_id FROM duplicates").fetchall())
+        dropped = db.con.execute("SELECT id, deleted FROM memories WHERE id IN ('m001', 'm006')").fetchall()
+    assert links == {("m001", "m002"), ("m006", "m005")}
+    assert sorted(dropped) == [("m001", True), ("m006", True)]  # kept in the database, not served
+
+
+def test_pinned_wins_a_duplicate_pair(tmp_path):
+    rows = [memory(1, "Never force-push to main, even on a hotfix branch.", pinned=True, created_at="2025-01-01T00:00:00Z"),
+            memory(2, "Never force-push to main, even on the hotfix branch.", created_at="2025-02-01T00:00:00Z")]
+    ingest([write_jsonl(tmp_path / "p.jsonl", rows)], tmp_path / "store", runner="local")
+    assert Generation.open_current(tmp_path / "store").memories.column("id").to_pylist() == ["m001"]
+
+
+def test_incremental_ingest_embeds_only_new_memories(tmp_path):
+    embedder = get_embedder()
+    first = write_jsonl(tmp_path / "a.jsonl", [memory(i, t) for i, t in enumerate(FACTS[:4])])
+    second = write_jsonl(tmp_path / "b.jsonl", [memory(10 + i, t) for i, t in enumerate(FACTS[4:])])
+    store = tmp_path / "store"
+    before = embedder.calls
+    r1 = ingest([first], store, runner="local")
+    assert embedder.calls - before == 4 and r1.embedded == 4 and r1.generation == 1
+    g1 = Generation.open_current(store)
+    old_vectors = {mid: np.array(g1.vectors[i]) for i, mid in enumerate(g1.memories.column("id").to_pylist())}
+
+    before = embedder.calls
+    r2 = ingest([first, second], store, runner="local")
+    assert embedder.calls - before == 2, "old memories must not be embedded again"
+    assert (r2.new, r2.unchanged, r2.generation, r2.total_memories) == (2, 4, 2, 6)
+    g2 = Generation.open_current(store)
+    for i, mid in enumerate(g2.memories.column("id").to_pylist()):
+        if mid in old_vectors:
+            np.testing.assert_array_equal(g2.vectors[i], old_vectors[mid])
+
+    before = embedder.calls
+    r3 = ingest([first, second], store, runner="local")
+    assert embedder.calls == before and not r3.published and r3.unchanged == 6
+    assert current_generation_number(store) == 2
+
+
+def test_changed_text_under_the_same_id_is_re_embedded(tmp_path):
+    store = tmp_path / "store"
+    ingest([write_jsonl(tmp_path / "a.jsonl", [memory(1, FACTS[0]), memory(2, FACTS[1])])], store, runner="local")
+    report = ingest([write_jsonl(tmp_path / "b.jsonl", [memory(1, FACTS[4])])], store, runner="local")
+    assert (report.updated, report.embedded, report.total_memories) == (1, 1, 2)
+    gen = Generation.open_current(store)
+    assert gen.text(gen.columns.id_to_row["m001"]) == FACTS[4]
+
+
+def test_same_input_gives_the_same_generation(tmp_path):
+    rows = [memory(i, t, session_id="s1") for i, t in enumerate(FACTS)]
+    source = write_jsonl(tmp_path / "a.jsonl", rows)
+    gens = []
+    for name in ("one", "two"):
+        ingest([source], tmp_path / name, runner="local")
+        gens.append(Generation.open_current(tmp_path / name))
+    a, b = gens
+    assert a.memories.equals(b.memories)
+    np.testing.assert_array_equal(a.vectors, b.vectors)
+    np.testing.assert_array_equal(a.binary, b.binary)
+    np.testing.assert_array_equal(a.minhash, b.minhash)
+    for name in ("indptr", "indices", "weights", "types"):
+        np.testing.assert_array_equal(getattr(a.graph, name), getattr(b.graph, name))
+    assert a.entities.equals(b.entities)
+
+
+def test_crash_mid_publish_leaves_previous_generation_serving(tmp_path):
+    store = tmp_path / "store"
+    ingest([write_jsonl(tmp_path / "a.jsonl", [memory(i, t) for i, t in enumerate(FACTS[:3])])], store, runner="local")
+    more = write_jsonl(tmp_path / "b.jsonl", [memory(10 + i, t) for i, t in enumerate(FACTS[3:])])
+    with pytest.raises(RuntimeError, match="injected crash after writing binary.npy"):
+        ingest([more], store, runner="local", crash_after="binary.npy")
+    assert current_generation_number(store) == 1
+    assert sorted(p.name for p in generations_dir(store).iterdir() if not p.name.startswith(".")) == ["000001"]
+    gen = Generation.open_current(store)
+    assert gen.size == 3 and gen.memories.num_rows == 3  # still whole and readable
+    with StoreDB(store) as db:
+        assert db.con.execute("SELECT status FROM ingest_runs ORDER BY started_at DESC LIMIT 1").fetchone() == ("failed",)
+        assert db.counts()["memories"] == 3  # the failed run recorded nothing as ingested
+    retry = ingest([more], store, runner="local")
+    assert retry.generation == 2 and retry.total_memories == 6 and retry.embedded == 3
+    assert not any(p.name.startswith(".tmp-") for p in generations_dir(store).iterdir())
+
+
+def test_reader_refuses_a_mismatched_manifest(tmp_path):
+    store = tmp_path / "store"
+    ingest([write_jsonl(tmp_path / "a.jsonl", [memory(0, FACTS[0])])], store, runner="local")
+    with pytest.raises(ManifestMismatch, match=r"embedder 'bge-small-en-int8'.*'other-model'"):
+        Generation.open_current(store, expect_embedder="other-model")
+    manifest = generations_dir(store) / "000001" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["format_version"] = 99
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(ManifestMismatch, match="format_version 99"):
+        Generation.open_current(store)
+
+
+def test_graph_links_sessions_entities_and_neighbours(tmp_path):
+    rows = [memory(i, t, session_id="s1", created_at=f"2025-03-01T10:0{i}:00Z") for i, t in enumerate([
+        "The ingest worker in services/ingest/worker.py crashed with OperationalError.",
+        "We restarted services/ingest/worker.py and it recovered.",
+        "Lunch was pizza.",
+    ])]
+    ingest([write_jsonl(tmp_path / "g.jsonl", rows)], tmp_path / "store", runner="local")
+    with StoreDB(tmp_path / "store") as db:
+        edges = db.con.execute("SELECT src, dst, type FROM edges").fetchall()
+    types = {t for _, _, t in edges}
+    assert {"mention", "same_session", "temporal"} <= types
+    assert ("m000", "m001", "temporal") in edges and ("m001", "m002", "temporal") in edges
+    mentions = {(s, d) for s, d, t in edges if t == "mention"}
+    assert ("m000", "dana|path:services/ingest/worker.py") in mentions
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(InvalidArgument, match="existing file"):
+        ingest([tmp_path / "missing.jsonl"], tmp_path / "store", runner="local")
+    with pytest.raises(InvalidArgument, match="runner"):
+        ingest([SAMPLE / "memories.jsonl"], tmp_path / "store", runner="spark")
+    with pytest.raises(InvalidArgument, match="format"):
+        ingest([SAMPLE / "memories.jsonl"], tmp_path / "store", fmt="csv")

@@ -1,0 +1,98 @@
+"""Source readers and format detection."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from helix_ray.errors import InvalidArgument
+from helix_ray.ingest.sources import detect_format, parse_locomo_date, read_source
+from tests.helpers import LOCOMO, REPO, SAMPLE, write_jsonl
+
+MINI_LOCOMO = REPO / "tests" / "fixtures" / "eval" / "mini_locomo.json"
+
+
+def test_detects_each_format(tmp_path):
+    assert detect_format(SAMPLE / "memories.jsonl") == "jsonl"
+    assert detect_format(SAMPLE / "transcript.jsonl") == "transcript"
+    assert detect_format(SAMPLE / "notes") == "markdown"
+    assert detect_format(MINI_LOCOMO) == "locomo"
+    pq.write_table(pa.table({"text": ["a"], "user": ["u"]}), tmp_path / "m.parquet")
+    assert detect_format(tmp_path / "m.parquet") == "parquet"
+    (tmp_path / "x.csv").write_text("a,b")
+    with pytest.raises(InvalidArgument, match="--format"):
+        detect_format(tmp_path / "x.csv")
+
+
+def test_markdown_one_memory_per_section_with_front_matter():
+    rows = list(read_source(SAMPLE / "notes"))
+    assert len(rows) == 30
+    assert all(r["user"] == "dana" and r["project"] == "atlas" for r in rows)
+    first = rows[0]
+    assert first["id"].startswith("md:") and "#" in first["id"]
+    assert first["source"].startswith("markdown:")
+    assert first["metadata"]["section"] in first["text"]
+
+
+def test_transcript_turns_become_episodic_with_speaker():
+    rows = list(read_source(SAMPLE / "transcript.jsonl"))
+    assert len(rows) == 50
+    assert all(r["type"] == "episodic" and r["session_id"] for r in rows)
+    assert rows[0]["text"].startswith(rows[0]["metadata"]["speaker"] + ": ")
+    assert rows[0]["created_at"].startswith("2025-")
+
+
+def test_bad_lines_are_tagged_not_raised(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b'{"text": "ok", "user": "u"}\n{not json}\n{"text": "caf\xe9", "user": "u"}\n[1, 2]\n')
+    rows = list(read_source(path, "jsonl"))
+    assert len(rows) == 4
+    assert "_reject" not in rows[0]
+    assert rows[1]["_code"] == "bad_json" and rows[1]["_position"] == "line 2"
+    assert rows[2]["_code"] == "invalid_utf8" and "caf" in rows[2]["_raw"]
+    assert rows[3]["_code"] == "wrong_type"
+
+
+def test_parquet_rows(tmp_path):
+    pq.write_table(pa.table({"text": ["a fact", "another"], "user": ["u", "v"]}), tmp_path / "m.parquet")
+    rows = list(read_source(tmp_path / "m.parquet"))
+    assert [r["user"] for r in rows] == ["u", "v"] and rows[1]["_position"] == "row 1"
+
+
+def test_locomo_fixture_keeps_dia_ids_users_and_session_dates():
+    rows = list(read_source(MINI_LOCOMO))
+    users = {r["user"] for r in rows}
+    data = json.loads(MINI_LOCOMO.read_text())
+    assert users == {s["sample_id"] for s in data}
+    first = rows[0]
+    assert first["id"] == f"{data[0]['sample_id']}:D1:1"
+    assert first["session_id"] == f"{data[0]['sample_id']}:session_1"
+    assert first["created_at"] == "2023-05-08T13:56:00+00:00"
+    assert first["type"] == "episodic" and first["metadata"]["dia_id"] == "D1:1"
+    captioned = [r for r in rows if "[image:" in r["text"]]
+    assert captioned, "blip captions are kept in the text"
+
+
+def test_locomo_date_parser():
+    assert parse_locomo_date("10:37 am on 27 June, 2023") == "2023-06-27T10:37:00+00:00"
+
+
+@pytest.mark.skipif(not LOCOMO.exists(), reason="LoCoMo is not beside the repo")
+def test_real_locomo_loads_all_turns():
+    rows = list(read_source(LOCOMO))
+    assert len(rows) == 5882
+    assert len({r["user"] for r in rows}) == 10
+    assert "conv-26:D1:3" in {r["id"] for r in rows}
+
+
+def test_missing_source_says_so(tmp_path):
+    with pytest.raises(InvalidArgument, match="existing file"):
+        list(read_source(tmp_path / "nope.jsonl"))
+
+
+def test_write_jsonl_helper_roundtrip(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", [{"text": "x", "user": "u"}])
+    assert list(read_source(path))[0]["text"] == "x"
