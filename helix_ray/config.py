@@ -95,6 +95,13 @@ class IngestConfig(_Strict):
     """HNSW "M": links per node. Higher is better recall and a larger index."""
     hnsw_expansion_add: int = Field(128, ge=16, le=1024)
     """HNSW "efConstruction"."""
+    hnsw_min_rows: int = Field(20_000, ge=0)
+    """Tenants with fewer memories get no HNSW index: recall scans their binary codes
+    (exact first pass, ~1 ms per 20k rows) and ingest computes their kNN edges exactly.
+    HNSW pays off only above this size and costs most of ingest's non-embedding time."""
+    hnsw_threads: int = Field(1, ge=0, le=256)
+    """Threads for HNSW insertion. 1 keeps ingest deterministic (usearch's parallel
+    insertion order varies run to run); 0 uses every core, ~1.8× faster on 2 cores."""
     embed_actors: int = Field(1, ge=1, le=64)
     """Embedding actors in the Ray Data pool (each loads the model once)."""
     embed_actor_cpus: float = Field(0.5, gt=0.0, le=64)

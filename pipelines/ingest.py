@@ -22,7 +22,6 @@ process, for tests and small online batches.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
 import logging
 import time
@@ -241,6 +240,9 @@ def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
             hnsw_connectivity=config.hnsw_connectivity,
             hnsw_expansion_add=config.hnsw_expansion_add,
             crash_after=crash_after,
+            dense_indexes=data.extra.pop("_dense_indexes", None),
+            hnsw_min_rows=config.hnsw_min_rows,
+            hnsw_threads=config.hnsw_threads,
         )
     report.generation = number
     report.published = True
@@ -380,11 +382,24 @@ def _memory_table(rows: list[dict[str, Any]], cols: dict[str, Any] | None) -> pa
     return pa.table({n: data[n] for n in names}, schema=GENERATION_SCHEMA)
 
 
+def exact_knn(block: np.ndarray, k: int, *, offset: int, rows_per_step: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+    """k nearest rows by cosine (unit vectors), computed in row blocks to bound memory."""
+    neighbours = np.empty((len(block), k), np.int64)
+    sims = np.empty((len(block), k), np.float32)
+    for lo in range(0, len(block), rows_per_step):
+        scores = block[lo : lo + rows_per_step] @ block.T
+        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        part = np.take_along_axis(scores, top, axis=1)
+        order = np.lexsort((top, -part), axis=1)
+        neighbours[lo : lo + rows_per_step] = np.take_along_axis(top, order, axis=1) + offset
+        sims[lo : lo + rows_per_step] = np.take_along_axis(part, order, axis=1)
+    return neighbours, sims
+
+
 def _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, keep_new, n_old, db,
               config: IngestConfig):
     from helix_ray.embedder import DIM
     from helix_ray.ingest import entities as entity_mod
-    from usearch.index import Index
 
     old_table = pa.Table.from_pylist([old_rows[i] for i in keep_old], schema=GENERATION_SCHEMA) if keep_old \
         else GENERATION_SCHEMA.empty_table()
@@ -412,27 +427,23 @@ def _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, kee
     parts = {p["user"]: (p["start"], p["end"]) for p in partitions_of(users)}
 
     # Semantic kNN per tenant, from an HNSW graph over the int8 vectors.
-    from helix_ray.store.generation import quantize_int8
+    from helix_ray.store.generation import build_hnsw, quantize_int8
 
-    knn = {}
+    knn, dense_indexes = {}, {}
     if config.graph.knn > 0:
         int8 = quantize_int8(vectors)
         for user, (start, end) in parts.items():
             k = min(config.graph.knn + 1, end - start)
             if k <= 1:
                 continue
-            if end - start <= 2048:  # small tenant: exact cosine
-                block = vectors[start:end]
-                sims = block @ block.T
-                nb = np.argsort(-sims, axis=1, kind="stable")[:, :k]
-                knn[user] = (nb + start, np.take_along_axis(sims, nb, axis=1))
+            if end - start < config.hnsw_min_rows:  # small tenant: exact cosine, blockwise
+                knn[user] = exact_knn(vectors[start:end], k, offset=start)
                 continue
-            index = Index(ndim=DIM, metric="cos", dtype="i8", connectivity=config.hnsw_connectivity,
-                          expansion_add=config.hnsw_expansion_add)
-            index.add(np.arange(start, end, dtype=np.uint64), int8[start:end], threads=0)
+            index = build_hnsw(int8[start:end], start, DIM, connectivity=config.hnsw_connectivity,
+                               expansion_add=config.hnsw_expansion_add, threads=config.hnsw_threads)
+            dense_indexes[user] = index
             matches = index.search(int8[start:end], k, threads=0)
             keys = matches.keys.astype(np.int64)
-            keys[keys >= np.iinfo(np.int64).max // 2] = -1
             knn[user] = (keys, 1.0 - matches.distances.astype(np.float32))
     sessions = table.column("session_id").to_pylist()
     metadata_turns = [json.loads(m).get("turn", 0) for m in table.column("metadata").to_pylist()]
@@ -447,7 +458,6 @@ def _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, kee
     data = GenerationData(
         memories=table, vectors=vectors, minhash=minhash, expansions=expansions, graph=graph,
         entities=entities, embedder=config.embedder.name, dim=DIM,
-        extra={"doc2query": config.doc2query.backend,
-               "built_at": dt.datetime.now(dt.timezone.utc).isoformat()},
+        extra={"doc2query": config.doc2query.backend, "_dense_indexes": dense_indexes},
     )
     return data, node_names

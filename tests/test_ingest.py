@@ -136,6 +136,10 @@ def test_same_input_gives_the_same_generation(tmp_path):
     for name in ("indptr", "indices", "weights", "types"):
         np.testing.assert_array_equal(getattr(a.graph, name), getattr(b.graph, name))
     assert a.entities.equals(b.entities)
+    assert a.manifest["partitions"] == b.manifest["partitions"]
+    bm25_files = sorted(p.name for p in (a.path / "bm25").iterdir())
+    for name in bm25_files:
+        assert (a.path / "bm25" / name).read_bytes() == (b.path / "bm25" / name).read_bytes(), name
 
 
 def test_crash_mid_publish_leaves_previous_generation_serving(tmp_path):
@@ -192,3 +196,20 @@ def test_bad_arguments(tmp_path):
         ingest([SAMPLE / "memories.jsonl"], tmp_path / "store", runner="spark")
     with pytest.raises(InvalidArgument, match="format"):
         ingest([SAMPLE / "memories.jsonl"], tmp_path / "store", fmt="csv")
+
+
+def test_large_tenants_get_a_deterministic_hnsw_index(tmp_path):
+    from helix_ray.config import IngestConfig
+
+    config = IngestConfig(hnsw_min_rows=4)  # dana has 6 memories, lee 1
+    rows = [memory(i, t) for i, t in enumerate(FACTS)] + [memory(50, "Lee ships the beacon CLI.", user="lee")]
+    source = write_jsonl(tmp_path / "a.jsonl", rows)
+    gens = []
+    for name in ("one", "two"):
+        ingest([source], tmp_path / name, runner="local", config=config)
+        gens.append(Generation.open_current(tmp_path / name))
+    a, b = gens
+    assert a.has_dense_index("dana") and not a.has_dense_index("lee")
+    dense_file = a.manifest["partitions"][0]["dense"]
+    assert (a.path / dense_file).read_bytes() == (b.path / dense_file).read_bytes()
+    assert len(a.dense_index("dana")) == 6

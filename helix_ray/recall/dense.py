@@ -56,7 +56,7 @@ def search(generation, user: str, query: np.ndarray, *, mask: np.ndarray | None,
     in_scope = np.arange(start, end) if mask is None else start + np.flatnonzero(mask)
     if len(in_scope) == 0:
         return DenseHits(np.zeros(0, np.int64), np.zeros(0, np.float32), "binary")
-    if len(in_scope) <= config.exact_below:
+    if len(in_scope) <= config.exact_below or not generation.has_dense_index(user):
         if len(in_scope) <= want:
             candidates = in_scope
         else:

@@ -145,8 +145,15 @@ def publish(
     hnsw_expansion_add: int = 128,
     bm25_stemmer: str = "english",
     crash_after: str | None = None,
+    dense_indexes: dict[str, Any] | None = None,
+    hnsw_min_rows: int = 0,
+    hnsw_threads: int = 1,
 ) -> int:
     """Write ``data`` as the next generation and make it current; return its number.
+
+    ``dense_indexes`` are per-tenant HNSW indexes already built over these rows (ingest
+    builds them for the semantic kNN edges); other tenants with at least
+    ``hnsw_min_rows`` memories get one built here, smaller ones none (recall scans them).
 
     ``crash_after`` names a file after which to raise (tests inject a crash mid-publish).
     """
@@ -183,16 +190,15 @@ def publish(
     _save_npy(tmp / "minhash.npy", data.minhash.astype(np.uint32)); done(tmp / "minhash.npy")
 
     (tmp / "dense").mkdir()
-    from usearch.index import Index
-
     int8 = quantize_int8(vectors)
     for part in parts:
-        index = Index(
-            ndim=data.dim, metric="cos", dtype="i8",
-            connectivity=hnsw_connectivity, expansion_add=hnsw_expansion_add,
-        )
-        start, end = part["start"], part["end"]
-        index.add(np.arange(start, end, dtype=np.uint64), int8[start:end], threads=0)
+        index = (dense_indexes or {}).get(part["user"])
+        if index is None and part["end"] - part["start"] >= hnsw_min_rows:
+            index = build_hnsw(int8[part["start"]:part["end"]], part["start"], data.dim, threads=hnsw_threads,
+                               connectivity=hnsw_connectivity, expansion_add=hnsw_expansion_add)
+        if index is None:
+            part["dense"] = None
+            continue
         index.save(str(tmp / part["dense"]))
         done(tmp / part["dense"])
 
@@ -222,7 +228,8 @@ def publish(
             "edges": int(len(data.graph.indices) // 2),
         },
         "bm25": {"stemmer": bm25_stemmer},
-        "hnsw": {"connectivity": hnsw_connectivity, "expansion_add": hnsw_expansion_add, "dtype": "i8"},
+        "hnsw": {"connectivity": hnsw_connectivity, "expansion_add": hnsw_expansion_add, "dtype": "i8",
+                 "min_rows": hnsw_min_rows},
         "minhash": {"num_perm": int(data.minhash.shape[1]) if data.minhash.ndim == 2 else 0},
         "partitions": parts,
         **data.extra,
@@ -245,6 +252,18 @@ def publish(
     _fsync(store)
     log.info("published generation %d (%d memories)", number, n)
     return number
+
+
+def build_hnsw(int8: np.ndarray, first_key: int, dim: int, *, connectivity: int, expansion_add: int,
+               threads: int = 1):
+    """HNSW over int8 vectors keyed by global row id. ``threads=1`` is deterministic:
+    usearch's parallel insertion order varies, so the same input could link differently."""
+    from usearch.index import Index
+
+    index = Index(ndim=dim, metric="cos", dtype="i8", connectivity=connectivity, expansion_add=expansion_add)
+    if len(int8):
+        index.add(np.arange(first_key, first_key + len(int8), dtype=np.uint64), int8, threads=threads)
+    return index
 
 
 def quantize_int8(vectors: np.ndarray) -> np.ndarray:
@@ -366,6 +385,9 @@ class Generation:
         from helix_ray.recall.lexical import load_bm25
 
         return load_bm25(self.path / "bm25")
+
+    def has_dense_index(self, user: str) -> bool:
+        return self._partition_files.get(user) is not None
 
     def dense_index(self, user: str):
         """The tenant's HNSW index, opened as a read-only view of the file."""
