@@ -85,7 +85,11 @@ def tenant_records() -> list[dict]:
 
 @pytest.fixture(scope="session")
 def tenant_store(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
-    """(store folder, id → record) for a four-tenant store with shared vocabulary."""
+    """(store folder, id → record) for a four-tenant store with shared vocabulary.
+
+    Every tenant gets an HNSW index (``hnsw_min_rows=0``) so tests can run the dense leg
+    through HNSW (``dense.exact_below=0``) as well as through the binary scan."""
+    from helix_ray.config import IngestConfig, load_config
     from pipelines.ingest import ingest
 
     records = tenant_records()
@@ -95,8 +99,9 @@ def tenant_store(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
 
     source.write_text("".join(json.dumps(r) + "\n" for r in records))
     store = folder / "store"
-    report = ingest([source], store, runner="local", show_progress=False)
-    assert report.published and report.quarantined == 0, report
+    config = load_config(IngestConfig, overrides={"hnsw_min_rows": 0})
+    report = ingest([source], store, config=config, runner="local", show_progress=False)
+    assert report.published and report.quarantined == 0 and report.duplicates == 0, report
     return store, {r["id"]: r for r in records}
 
 

@@ -141,9 +141,6 @@ def test_subgraph_never_exceeds_max_nodes(graph_seed, n, density, n_seeds, max_h
     assert set(result.nodes.tolist()) <= set(nodes.tolist())
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: expand.neighbourhood always keeps every seed, so with more "
-                   "seeds than max_nodes the 'bounded' subgraph exceeds max_nodes (GraphConfig allows "
-                   "seeds=200 with max_nodes=10)")
 def test_more_seeds_than_max_nodes_still_bounded():
     chain = symmetric(30, [(i, i + 1, 1.0) for i in range(29)])
     result = expand.ppr(csr_from_dense(chain), np.arange(15), np.ones(15), damping=0.5, max_hops=2,
@@ -175,9 +172,6 @@ def test_overflow_at_the_second_hop_still_runs_ppr():
     assert result.scores.sum() == pytest.approx(1.0, abs=1e-9)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: expand.ppr falls back to BFS whenever truncation leaves no "
-                   "hop-2 node (hops.max() <= 1), also when the first hop fitted exactly and only the "
-                   "second overflowed; the documented trigger is 'the first hop overflows max_nodes'")
 def test_first_hop_that_fits_exactly_is_not_a_hub():
     # Seed 0 with 9 neighbours fills max_nodes=10 exactly; each neighbour has one more leaf.
     edges = [(0, i, 1.0) for i in range(1, 10)] + [(i, i + 9, 1.0) for i in range(1, 10)]

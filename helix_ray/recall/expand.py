@@ -25,11 +25,12 @@ class Expansion:
     subgraph_nodes: int
 
 
-def neighbourhood(indptr, indices, seeds: np.ndarray, max_hops: int, max_nodes: int) -> tuple[np.ndarray, np.ndarray, bool]:
-    """BFS from ``seeds``: (nodes, hop of each, truncated?). Seeds come first."""
-    hop = {int(s): 0 for s in seeds}
-    frontier = [int(s) for s in seeds]
-    truncated = False
+def neighbourhood(indptr, indices, seeds: np.ndarray, max_hops: int, max_nodes: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """BFS from ``seeds`` (at most ``max_nodes`` of them): (nodes, hop of each, depth at
+    which the node cap cut the search, 0 if it did not). Seeds come first."""
+    hop = {int(s): 0 for s in seeds[:max_nodes]}
+    frontier = list(hop)
+    truncated = 0
     for depth in range(1, max_hops + 1):
         nxt = []
         for node in frontier:
@@ -37,7 +38,7 @@ def neighbourhood(indptr, indices, seeds: np.ndarray, max_hops: int, max_nodes: 
                 nb = int(nb)
                 if nb not in hop:
                     if len(hop) >= max_nodes:
-                        truncated = True
+                        truncated = depth
                         break
                     hop[nb] = depth
                     nxt.append(nb)
@@ -69,8 +70,10 @@ def ppr_dense(adjacency: np.ndarray, seed: np.ndarray, damping: float, iteration
 def ppr(graph, seeds: np.ndarray, seed_weights: np.ndarray, *, damping: float, max_hops: int, max_nodes: int,
         iterations: int, tolerance: float) -> Expansion:
     indptr, indices, weights = graph.indptr, graph.indices, graph.weights
-    nodes, hops, truncated = neighbourhood(indptr, indices, seeds, max_hops, max_nodes)
-    if truncated and int(hops.max(initial=0)) <= 1:
+    seeds = seeds[:max_nodes]
+    seed_weights = seed_weights[:max_nodes]
+    nodes, hops, cut_at = neighbourhood(indptr, indices, seeds, max_hops, max_nodes)
+    if cut_at == 1:  # even the first hop overflows: a hub; PPR on a clipped star misleads
         return Expansion(nodes, 1.0 / (1.0 + hops), "bfs", len(nodes))
     local = {int(n): i for i, n in enumerate(nodes)}
     rows, cols, vals = [], [], []

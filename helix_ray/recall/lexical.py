@@ -73,8 +73,24 @@ def load_bm25(folder: Path) -> BM25Index:
 class LexicalHits:
     rows: np.ndarray  # int64 global row ids, best first
     scores: np.ndarray  # float32 raw BM25
-    normalised: np.ndarray  # scores / max score in the scope (top is 1.0)
+    normalised: np.ndarray  # raw / the query's ceiling (see :func:`ceiling`), in [0, 1]
     strong_signal: bool
+
+
+def ceiling(index: BM25Index, tokens: list[str]) -> float:
+    """The best score any memory could reach for ``tokens``: Σ over query tokens of the
+    token's highest per-memory score. A memory at 1.0 of it holds every query term at
+    the best weight seen: the query is, lexically, that memory."""
+    scores = index.retriever.scores
+    vocab = index.retriever.vocab_dict
+    data, indptr = scores["data"], scores["indptr"]
+    total = 0.0
+    for token in tokens:
+        t = vocab[token]
+        lo, hi = int(indptr[t]), int(indptr[t + 1])
+        if hi > lo:
+            total += float(np.max(data[lo:hi]))
+    return total
 
 
 def search(
@@ -90,42 +106,24 @@ def search(
 ) -> LexicalHits:
     """Top-k BM25 rows within [start, end) where ``mask`` (length end-start) is true.
 
-    Normalised scores divide by the best in scope, and the strong-signal test uses a
-    saturating transform of the raw top score, s / (s + 1)... — see :func:`strong_signal`.
+    Strong signal: the top hit's normalised score is at least ``strong_score`` and beats
+    the second by at least ``strong_gap`` — the query names one memory exactly (an error
+    string, a path), so fusion with the dense leg has nothing to add.
     """
     tokens = index.query_tokens(query)
+    empty = LexicalHits(np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.float32), False)
     if not tokens:
-        empty = np.zeros(0, dtype=np.int64)
-        return LexicalHits(empty, np.zeros(0, np.float32), np.zeros(0, np.float32), False)
+        return empty
     scores = np.asarray(index.scores(tokens)[start:end], dtype=np.float32)
     if mask is not None:
         scores = np.where(mask, scores, 0.0)
     k = min(top_k, int(np.count_nonzero(scores > 0)))
     if k == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return LexicalHits(empty, np.zeros(0, np.float32), np.zeros(0, np.float32), False)
+        return empty
     top = np.argpartition(-scores, k - 1)[:k]
     top = top[np.lexsort((top, -scores[top]))]
     raw = scores[top]
-    normalised = raw / raw[0]
-    return LexicalHits(
-        rows=top.astype(np.int64) + start,
-        scores=raw,
-        normalised=normalised,
-        strong_signal=strong_signal(raw, strong_score, strong_gap),
-    )
-
-
-def strong_signal(raw: np.ndarray, score: float, gap: float) -> bool:
-    """The top hit is lexically decisive.
-
-    Raw BM25 is unbounded, so it is first squashed to [0, 1) with s / (s + c), c = the
-    mean of the top-10 scores (a per-query scale): the top ≥ ``score`` means it stands
-    far above the typical hit, and a gap ≥ ``gap`` to the second means it stands alone.
-    """
-    if len(raw) == 0:
-        return False
-    c = float(np.mean(raw[:10])) or 1.0
-    squashed = raw / (raw + c)
-    second = float(squashed[1]) if len(raw) > 1 else 0.0
-    return bool(squashed[0] >= score and squashed[0] - second >= gap)
+    normalised = np.minimum(raw / (ceiling(index, tokens) or 1.0), 1.0).astype(np.float32)
+    second = float(normalised[1]) if len(normalised) > 1 else 0.0
+    strong = bool(normalised[0] >= strong_score and normalised[0] - second >= strong_gap)
+    return LexicalHits(rows=top.astype(np.int64) + start, scores=raw, normalised=normalised, strong_signal=strong)

@@ -88,12 +88,13 @@ def pack(
                 break
             enc = encoding(encoding_name)
             tokens = enc.encode(item.text, disallowed_special=())[:room]
-            # Decoding a cut can split a multi-byte character; trim until it re-encodes
+            # A cut can end inside a multi-byte character: drop the partial bytes (so
+            # the text stays a prefix of the memory), then trim until it re-encodes
             # within the room.
-            text = enc.decode(tokens)
+            text = enc.decode_bytes(tokens).decode("utf-8", errors="ignore")
             while len(enc.encode(text, disallowed_special=())) > room:
                 tokens = tokens[:-1]
-                text = enc.decode(tokens)
+                text = enc.decode_bytes(tokens).decode("utf-8", errors="ignore")
             n = len(enc.encode(text, disallowed_special=()))
             chosen.append(Packed(item.row, text, n, rank, True))
             used += n + separator_tokens

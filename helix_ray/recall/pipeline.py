@@ -112,7 +112,7 @@ class Recaller:
         query_vector = embed_query(self.embedder, query)
         lap("embed")
         if "router" not in disabled:
-            route = self.router.route(query, query_vector)
+            route = self.router.route(query, query_vector, cfg.router)
             flags["route"] = {"skip": route.skip, "reason": route.reason,
                               "no_memory_similarity": round(route.no_memory_similarity, 4),
                               "memory_similarity": round(route.memory_similarity, 4)}
@@ -171,6 +171,8 @@ class Recaller:
         vectors = np.asarray(gen.vectors[np.sort(rows)])[np.argsort(np.argsort(rows))]
         cosine = vectors @ query_vector
         last_access = cols.last_accessed_at[rows].copy()
+        if cfg.rank.recency_from_creation:
+            last_access = np.where(last_access > 0, last_access, cols.created_at[rows])
         if last_access_overlay:
             for i, r in enumerate(rows):
                 seen = last_access_overlay.get(int(r))
@@ -200,15 +202,17 @@ class Recaller:
         mode = cfg.diversity.mode
         if mode == "auto":
             mode = "session" if diversify.is_aggregation(query) else "mmr"
-        if "mmr" in disabled or mode == "none":
+        mmr_ran = not ("mmr" in disabled or mode == "none")
+        if not mmr_ran:
             selected = order[:k]
         else:
             relevance = rank.minmax(ranked.scores)
             similarity = vectors @ vectors.T
             seed = diversify.session_first(order, [cols.sessions[int(r)] for r in rows], k) if mode == "session" else []
             selected = diversify.mmr(order, relevance, similarity, cfg.diversity.mmr_lambda, k, picked=seed)
-        flags["diversity"] = mode if "mmr" not in disabled else "none"
-        dropped_by.update({i: "mmr" for i in order if i not in set(selected)})
+        flags["diversity"] = mode if mmr_ran else "none"
+        chosen = set(selected)
+        dropped_by.update({i: ("mmr" if mmr_ran else "k") for i in order if i not in chosen})
         lap("diversify")
 
         items = [pack.PackItem(row=i, text=gen.text(int(rows[i])), n_tokens=int(cols.n_tokens[rows[i]]))

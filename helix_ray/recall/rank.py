@@ -35,8 +35,9 @@ def minmax(values: np.ndarray) -> np.ndarray:
 
 
 def recency(last_access_us: np.ndarray, now_us: int, half_life_days: float) -> np.ndarray:
+    """0.5 ** (age in days / half-life); 0 for a memory never accessed (time 0)."""
     age_days = np.maximum(0, now_us - last_access_us) / MICROS_PER_DAY
-    return np.power(0.5, age_days / half_life_days)
+    return np.where(last_access_us > 0, np.power(0.5, age_days / half_life_days), 0.0)
 
 
 @dataclass(frozen=True)

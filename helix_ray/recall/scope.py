@@ -172,14 +172,15 @@ class Router:
         self.no_memory = _centroid(embedder.embed_queries(list(NO_MEMORY_EXAMPLES)))
         self.memory = _centroid(embedder.embed_queries(list(MEMORY_EXAMPLES)))
 
-    def route(self, query: str, query_vector: np.ndarray) -> Route:
-        if not self.config.enabled:
+    def route(self, query: str, query_vector: np.ndarray, config: RouterConfig | None = None) -> Route:
+        config = config or self.config
+        if not config.enabled:
             return Route(False, "router disabled", 0.0, 0.0)
         no_sim = float(query_vector @ self.no_memory)
         mem_sim = float(query_vector @ self.memory)
         if _ARITHMETIC.match(query) and re.search(r"\d", query):
             return Route(True, "arithmetic expression", no_sim, mem_sim)
-        if no_sim >= self.config.min_similarity and no_sim - mem_sim >= self.config.margin:
+        if no_sim >= config.min_similarity and no_sim - mem_sim >= config.margin:
             return Route(True, "closest to the no-memory examples", no_sim, mem_sim)
         return Route(False, "needs memory", no_sim, mem_sim)
 

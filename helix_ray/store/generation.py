@@ -409,7 +409,7 @@ class MemoryColumns:
     projects: np.ndarray  # object
     sessions: np.ndarray  # object
     created_at: np.ndarray  # int64 microseconds
-    last_accessed_at: np.ndarray  # int64 microseconds (created_at where never accessed)
+    last_accessed_at: np.ndarray  # int64 microseconds, 0 where never accessed
     salience: np.ndarray  # float32
     confidence: np.ndarray  # float32
     pinned: np.ndarray  # bool
@@ -424,7 +424,6 @@ class MemoryColumns:
 
         created = ts("created_at")
         last = table.column("last_accessed_at").cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
-        last = np.where(last > 0, last, created)
         ids = np.asarray(table.column("id").to_pylist(), dtype=object)
         return cls(
             ids=ids,

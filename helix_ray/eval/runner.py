@@ -1,0 +1,194 @@
+"""Run systems side by side on the same stores and score them.
+
+Each corpus of an :class:`EvalSet` becomes its own store (built once by the real ingest
+pipeline, runner "local", and reused while its documents are unchanged). A *system*
+maps (recaller, query) to a ranked list of document ids. Baselines call the retrieval
+legs directly (BM25 only, dense only, plain RRF of both); Helix systems call the whole
+recall pipeline, with stages switched off for the ablations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from helix_ray.config import IngestConfig, RetrievalConfig, load_config
+from helix_ray.eval.datasets import EvalQuery, EvalSet
+from helix_ray.eval.metrics import evaluate_ranking, summarise
+
+log = logging.getLogger(__name__)
+
+Ranker = Callable[[Any, EvalQuery, int], list[str]]
+EVAL_BUDGET = 1_000_000  # tokens: retrieval metrics judge the ranking, not the packing
+
+
+def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config: IngestConfig,
+              show_progress: bool = False) -> Path:
+    """Build (or reuse) the store of one corpus."""
+    from pipelines.ingest import ingest
+
+    key = hashlib.sha1(json.dumps(
+        [ingest_config.model_dump(mode="json"), [(d.id, d.text, d.created_at, d.session_id) for d in docs]]
+    ).encode()).hexdigest()[:12]
+    store = workdir / f"{corpus_id.replace('/', '_')}-{key}"
+    if (store / "CURRENT").exists():
+        return store
+    rows = [{
+        "id": d.id, "text": d.text, "user": corpus_id, "session_id": d.session_id,
+        "created_at": d.created_at or "2020-01-01T00:00:00Z", "type": "episodic" if d.session_id else None,
+        "source": "eval", "metadata": {"speaker": d.speaker} if d.speaker else {},
+    } for d in docs]
+    source = workdir / f"{store.name}.jsonl"
+    source.parent.mkdir(parents=True, exist_ok=True)
+    with open(source, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps({k: v for k, v in row.items() if v is not None}) + "\n")
+    report = ingest([source], store, fmt="jsonl", config=ingest_config, runner="local", show_progress=show_progress)
+    if report.quarantined:
+        log.warning("%s: %d documents quarantined (%s)", corpus_id, report.quarantined, report.quarantine_reasons)
+    return store
+
+
+# ----------------------------------------------------------------------------- systems
+
+
+def _bm25(recaller, q: EvalQuery, k: int) -> list[str]:
+    from helix_ray.recall import lexical
+
+    gen = recaller.generation
+    start, end = gen.partitions[q.corpus_id]
+    cfg = recaller.config.lexical
+    hits = lexical.search(gen.bm25, q.text, start=start, end=end, mask=None, top_k=max(k, cfg.top_k),
+                          strong_score=cfg.strong_signal_score, strong_gap=cfg.strong_signal_gap)
+    return [str(gen.columns.ids[r]) for r in hits.rows[:k]]
+
+
+def _dense_rows(recaller, q: EvalQuery):
+    from helix_ray.recall import dense
+    from helix_ray.recall.embed import embed_query
+
+    vector = embed_query(recaller.embedder, q.text)
+    return dense.search(recaller.generation, q.corpus_id, vector, mask=None, config=recaller.config.dense).rows
+
+
+def _dense(recaller, q: EvalQuery, k: int) -> list[str]:
+    return [str(recaller.generation.columns.ids[r]) for r in _dense_rows(recaller, q)[:k]]
+
+
+def _rrf(recaller, q: EvalQuery, k: int) -> list[str]:
+    from helix_ray.recall import fuse, lexical
+
+    gen = recaller.generation
+    start, end = gen.partitions[q.corpus_id]
+    cfg = recaller.config
+    lex = lexical.search(gen.bm25, q.text, start=start, end=end, mask=None, top_k=cfg.lexical.top_k,
+                         strong_score=1.0, strong_gap=1.0)
+    fused = fuse.rrf({"dense": _dense_rows(recaller, q), "bm25": lex.rows}, k=60)
+    return [str(gen.columns.ids[r]) for r in fused.rows[:k]]
+
+
+def helix(disabled: Iterable[str] = (), overrides: dict[str, Any] | None = None) -> Ranker:
+    off = frozenset(disabled)
+    config = load_config(RetrievalConfig, overrides=overrides) if overrides else None
+
+    def run(recaller, q: EvalQuery, k: int) -> list[str]:
+        result = recaller.recall(q.text, user=q.corpus_id, budget_tokens=EVAL_BUDGET, k=k, disabled=off | {"router"},
+                                 config=config)
+        return [item.id for item in sorted(result.items, key=lambda item: item.rank)]
+
+    return run
+
+
+SYSTEMS: dict[str, Ranker] = {
+    "bm25": _bm25,
+    "dense": _dense,
+    "rrf": _rrf,
+    "helix": helix(),
+    "helix-no-graph": helix(["graph"]),
+    "helix-no-mmr": helix(["mmr"]),
+    "helix-no-recency": helix(["recency"]),
+    "helix-no-strong-signal": helix(["strong_signal"]),
+    "helix-no-dedup": helix(["dedup"]),
+}
+DEFAULT_SYSTEMS = ("bm25", "dense", "rrf", "helix", "helix-no-graph", "helix-no-mmr", "helix-no-recency",
+                   "helix-no-strong-signal")
+
+
+@dataclasses.dataclass
+class EvalReport:
+    dataset: str
+    systems: dict[str, dict[str, Any]]
+    queries: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def evaluate(
+    evalset: EvalSet,
+    *,
+    systems: Sequence[str] | dict[str, Ranker] = DEFAULT_SYSTEMS,
+    workdir: Path,
+    ingest_config: IngestConfig | None = None,
+    retrieval_config: RetrievalConfig | None = None,
+    ks: tuple[int, ...] = (5, 10),
+    depth: int = 10,
+    show_progress: bool = True,
+) -> EvalReport:
+    """Score each system on each query of ``evalset``; ``depth`` items are retrieved."""
+    from helix_ray.embedder import get_embedder
+    from helix_ray.recall.pipeline import Recaller
+    from helix_ray.store.generation import Generation
+
+    started = time.perf_counter()
+    chosen = systems if isinstance(systems, dict) else {name: _system(name) for name in systems}
+    ingest_config = ingest_config or IngestConfig()
+    embedder = get_embedder(ingest_config.embedder)
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in chosen}
+    by_corpus: dict[str, list[EvalQuery]] = {}
+    for q in evalset.queries:
+        by_corpus.setdefault(q.corpus_id, []).append(q)
+    for n, (corpus_id, queries) in enumerate(sorted(by_corpus.items()), start=1):
+        store = store_for(corpus_id, evalset.corpora[corpus_id], Path(workdir), ingest_config)
+        recaller = Recaller(Generation.open_current(store), embedder, retrieval_config or RetrievalConfig())
+        for name, system in chosen.items():
+            for q in queries:
+                ranked = system(recaller, q, depth)
+                rows[name].append({"category": q.category or "all", **evaluate_ranking(ranked, q.gold, ks=ks)})
+        if show_progress:
+            log.info("[%d/%d] %s: %d queries", n, len(by_corpus), corpus_id, len(queries))
+    summary = {name: _flatten(summarise(r)) for name, r in rows.items()}
+    return EvalReport(evalset.name, summary, len(evalset.queries), round(time.perf_counter() - started, 1))
+
+
+def _system(name: str) -> Ranker:
+    if name not in SYSTEMS:
+        raise ValueError(f"Got system {name!r}; allowed: {', '.join(SYSTEMS)}.")
+    return SYSTEMS[name]
+
+
+def _flatten(summary: dict[str, Any]) -> dict[str, Any]:
+    out = {k: round(v, 4) for k, v in summary["means"].items()}
+    out["n"] = summary["n"]
+    groups = summary.get("groups") or {}
+    if len(groups) > 1:
+        out["per_category"] = {g: {**{k: round(v, 4) for k, v in s["means"].items()}, "n": s["n"]}
+                               for g, s in sorted(groups.items())}
+    return out
+
+
+def format_table(report: EvalReport, metrics: Sequence[str] = ("recall@5", "recall@10", "recall_any@5",
+                                                                  "ndcg@10", "mrr@10")) -> str:
+    present = [m for m in metrics if any(m in s for s in report.systems.values())]
+    width = max(len(n) for n in report.systems) + 2
+    lines = [f"{report.dataset}: {report.queries} queries, {report.seconds}s",
+             "system".ljust(width) + "".join(m.rjust(14) for m in present)]
+    for name, s in report.systems.items():
+        lines.append(name.ljust(width) + "".join(f"{s.get(m, float('nan')):14.4f}" for m in present))
+    return "\n".join(lines)

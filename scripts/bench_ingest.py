@@ -1,0 +1,341 @@
+#!/usr/bin/env python
+"""Ingest throughput: the full Ray Data pipeline against an in-process embed-only baseline.
+
+    nohup .venv/bin/python scripts/bench_ingest.py --json /tmp/helixbench/ingest.json \
+        > /tmp/helixbench/ingest.log 2>&1 &
+
+For each dataset — (a) LoCoMo's 5,882 turns (``--locomo``, read in place, never copied)
+and (b) a synthetic set of ``--n`` memories (``scripts/synthetic.py``, written to the
+work folder) — it:
+
+1. runs ``pipelines.ingest.ingest(..., runner="ray")`` into a fresh temporary store,
+   with Ray started cold by the pipeline (and ``ray.shutdown()`` after, in-process;
+   never ``ray stop``);
+2. as the baseline, embeds exactly the texts the pipeline embedded (read and validated
+   again in this process, minus the rows the pipeline dropped as duplicates, in input
+   order) with ``helix_ray.embedder.get_embedder().embed_passages`` in batches of
+   ``IngestConfig().embedder.batch_size``, in this process, model already loaded.
+
+It reports memories/s, the pipeline's seconds per stage (``IngestReport.seconds``), the
+total, and the ratio pipeline / embed-only with and without Ray's start-up, plus the peak
+memory (PSS summed over this process and its descendants: the Ray processes it starts).
+The machine may be shared: compare ratios measured in the same run, not absolute times
+across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+STAGE_ORDER = ("ray_start", "read_validate", "dedup", "expand_embed_annotate", "assemble", "publish", "record")
+
+
+# ----------------------------------------------------------------------------- machine and memory
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    versions = {}
+    for mod in ("ray", "numpy", "pyarrow", "usearch", "bm25s", "fastembed", "onnxruntime", "datasketch"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - a missing module is just not reported
+            pass
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu,
+        "mem_total_gib": mem_gib,
+        "python": platform.python_version(),
+        "versions": versions,
+        "loadavg_start": os.getloadavg(),
+        "host_processes_busy": _busy_processes(),
+    }
+
+
+def _busy_processes(limit: int = 5) -> list[str]:
+    """Other processes using CPU right now (to say honestly that the machine was shared)."""
+    try:
+        out = subprocess.run(["ps", "-eo", "pcpu,rss,comm", "--sort=-pcpu"], capture_output=True, text=True,
+                             timeout=5).stdout.splitlines()[1 : limit + 1]
+        return [" ".join(line.split()) for line in out]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def _children_map() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+            ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        kids.setdefault(ppid, []).append(int(entry))
+    return kids
+
+
+def tree_pss_mib(root: int | None = None) -> tuple[float, int]:
+    """PSS (MiB) of ``root`` and all its descendants, and how many processes that is.
+    PSS splits shared pages (Ray's object store, memory maps) between their mappers, so
+    the sum does not double count them."""
+    root = root or os.getpid()
+    kids = _children_map()
+    todo, total, count = [root], 0, 0
+    while todo:
+        pid = todo.pop()
+        todo.extend(kids.get(pid, []))
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as fh:
+                for line in fh:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1])
+                        count += 1
+                        break
+        except OSError:
+            continue
+    return total / 1024, count
+
+
+def rss_mib() -> tuple[float, float]:
+    """(current RSS, peak RSS) of this process, MiB."""
+    cur = peak = 0.0
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                cur = int(line.split()[1]) / 1024
+            elif line.startswith("VmHWM:"):
+                peak = int(line.split()[1]) / 1024
+    return cur, peak
+
+
+class MemorySampler:
+    """Samples the PSS of this process tree every ``interval`` seconds; keeps the peak."""
+
+    def __init__(self, interval: float = 1.0):
+        self.interval = interval
+        self.peak_mib = 0.0
+        self.peak_procs = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            mib, procs = tree_pss_mib()
+            if mib > self.peak_mib:
+                self.peak_mib, self.peak_procs = mib, procs
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "MemorySampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# ----------------------------------------------------------------------------- the benchmark
+
+
+def embedded_texts(source: Path, fmt: str, store: Path) -> list[str]:
+    """The texts the pipeline embedded, in its order: every accepted row (read and
+    validated again here) whose id made it into the published generation."""
+    from helix_ray.config import IngestConfig
+    from helix_ray.ingest import stages
+    from helix_ray.store.generation import Generation
+
+    out = stages.read_and_validate({"path": str(source.resolve()), "format": fmt}, config=IngestConfig())
+    rows = [json.loads(r["payload"]) for r in out if r["ok"]]
+    latest: dict[str, str] = {}
+    for row in rows:  # a repeated id: the later record wins, as in the pipeline
+        latest[row["id"]] = row["text"]
+    kept = set(Generation.open_current(store).memories.column("id").to_pylist())
+    return [text for mid, text in latest.items() if mid in kept]
+
+
+def run_pipeline(source: Path, fmt: str, store: Path) -> dict[str, Any]:
+    import ray
+
+    from helix_ray.config import IngestConfig
+    from pipelines.ingest import ingest
+
+    if ray.is_initialized():
+        ray.shutdown()
+    with MemorySampler() as mem:
+        t0 = time.perf_counter()
+        report = ingest([source], store, fmt=fmt, runner="ray", config=IngestConfig(), show_progress=False)
+        total = time.perf_counter() - t0
+    ray.shutdown()
+    seconds = dict(report.seconds)
+    return {
+        "report": report.as_dict(),
+        "total_s": round(total, 3),
+        "ray_start_s": seconds.get("ray_start", 0.0),
+        "total_without_ray_start_s": round(total - seconds.get("ray_start", 0.0), 3),
+        "stages_s": seconds,
+        "unaccounted_s": round(total - sum(seconds.values()), 3),
+        "peak_pss_mib": round(mem.peak_mib, 1),
+        "peak_processes": mem.peak_procs,
+    }
+
+
+def run_embed_only(texts: list[str]) -> dict[str, Any]:
+    from helix_ray.config import IngestConfig
+    from helix_ray.embedder import get_embedder, iter_batches
+
+    config = IngestConfig().embedder
+    t0 = time.perf_counter()
+    embedder = get_embedder(config)
+    embedder.embed_passages(["warm up the session"])
+    load = time.perf_counter() - t0
+    with MemorySampler() as mem:
+        t0 = time.perf_counter()
+        n = 0
+        for batch in iter_batches(texts, config.batch_size):
+            n += len(embedder.embed_passages(batch))
+        seconds = time.perf_counter() - t0
+    return {"texts": n, "batch_size": config.batch_size, "model_load_s": round(load, 3),
+            "embed_s": round(seconds, 3), "per_s": round(n / seconds, 1) if seconds else None,
+            "peak_pss_mib": round(mem.peak_mib, 1)}
+
+
+def bench_one(name: str, source: Path, fmt: str, work: Path) -> dict[str, Any]:
+    store = work / f"store-{name}"
+    if store.exists():
+        shutil.rmtree(store)
+    print(f"[{name}] pipeline (runner=ray) on {source} ...", flush=True)
+    pipe = run_pipeline(source, fmt, store)
+    rep = pipe["report"]
+    print(f"[{name}] pipeline done in {pipe['total_s']:.1f}s: {json.dumps(pipe['stages_s'])}", flush=True)
+    texts = embedded_texts(source, fmt, store)
+    if len(texts) != rep["embedded"]:
+        print(f"[{name}] WARNING: baseline has {len(texts)} texts, pipeline embedded {rep['embedded']}", flush=True)
+    print(f"[{name}] embed-only baseline on {len(texts)} texts ...", flush=True)
+    base = run_embed_only(texts)
+    print(f"[{name}] embed-only done in {base['embed_s']:.1f}s ({base['per_s']}/s)", flush=True)
+    n = rep["embedded"]
+    out = {
+        "dataset": name, "source": str(source), "format": fmt,
+        "read": rep["read"], "accepted": rep["accepted"], "quarantined": rep["quarantined"],
+        "duplicates": rep["duplicates"], "embedded": n, "total_memories": rep["total_memories"],
+        "pipeline": pipe, "embed_only": base,
+        "pipeline_mem_per_s": round(n / pipe["total_s"], 1),
+        "pipeline_mem_per_s_without_ray_start": round(n / pipe["total_without_ray_start_s"], 1),
+        "ratio_pipeline_over_embed_only": round(pipe["total_s"] / base["embed_s"], 3),
+        "ratio_pipeline_over_embed_only_without_ray_start": round(pipe["total_without_ray_start_s"] / base["embed_s"], 3),
+        "ratio_embed_stage_over_embed_only": round(pipe["stages_s"].get("expand_embed_annotate", 0) / base["embed_s"], 3),
+        "store_bytes": sum(p.stat().st_size for p in store.rglob("*") if p.is_file()),
+    }
+    return out
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    cols = [r["dataset"] for r in results]
+    lines = ["| | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+
+    def row(label: str, values: list[Any]) -> None:
+        lines.append(f"| {label} | " + " | ".join(str(v) for v in values) + " |")
+
+    row("read / accepted / duplicates", [f"{r['read']:,} / {r['accepted']:,} / {r['duplicates']:,}" for r in results])
+    row("embedded (new memories)", [f"{r['embedded']:,}" for r in results])
+    for stage in STAGE_ORDER:
+        row(f"pipeline: {stage} s", [f"{r['pipeline']['stages_s'].get(stage, 0):.1f}" for r in results])
+    row("pipeline: unaccounted s", [f"{r['pipeline']['unaccounted_s']:.1f}" for r in results])
+    row("**pipeline total s**", [f"**{r['pipeline']['total_s']:.1f}**" for r in results])
+    row("pipeline total without Ray start s", [f"{r['pipeline']['total_without_ray_start_s']:.1f}" for r in results])
+    row("pipeline memories/s (with / without Ray start)",
+        [f"{r['pipeline_mem_per_s']:.0f} / {r['pipeline_mem_per_s_without_ray_start']:.0f}" for r in results])
+    row("embed-only s (model load excluded)", [f"{r['embed_only']['embed_s']:.1f}" for r in results])
+    row("embed-only passages/s", [f"{r['embed_only']['per_s']:.0f}" for r in results])
+    row("embed-only model load s", [f"{r['embed_only']['model_load_s']:.1f}" for r in results])
+    row("**ratio pipeline / embed-only**", [f"**{r['ratio_pipeline_over_embed_only']:.2f}×**" for r in results])
+    row("ratio without Ray start", [f"{r['ratio_pipeline_over_embed_only_without_ray_start']:.2f}×" for r in results])
+    row("ratio embed stage / embed-only", [f"{r['ratio_embed_stage_over_embed_only']:.2f}×" for r in results])
+    row("peak PSS pipeline (driver + Ray) MiB", [f"{r['pipeline']['peak_pss_mib']:,.0f}" for r in results])
+    row("peak PSS embed-only MiB", [f"{r['embed_only']['peak_pss_mib']:,.0f}" for r in results])
+    row("store size MiB", [f"{r['store_bytes'] / 2**20:,.0f}" for r in results])
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--locomo", default=str(ROOT / ".." / "shared" / "data" / "locomo" / "locomo10.json"),
+                    help="LoCoMo locomo10.json (read in place)")
+    ap.add_argument("--n", type=int, default=100_000, help="synthetic memories (0 skips the synthetic set)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--synthetic", default=None, help="reuse this synthetic JSONL instead of generating one")
+    ap.add_argument("--skip-locomo", action="store_true")
+    ap.add_argument("--work", default=None, help="work folder for stores and data (default: a temp dir, removed)")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args(argv)
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    info = machine_info()
+    print(json.dumps(info), flush=True)
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="helix-bench-ingest-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results = []
+    try:
+        if not args.skip_locomo:
+            locomo = Path(args.locomo).resolve()
+            results.append(bench_one("locomo", locomo, "locomo", work))
+        if args.n:
+            if args.synthetic:
+                synth = Path(args.synthetic)
+            else:
+                from synthetic import write_jsonl
+
+                synth = work / f"synthetic-{args.n}-seed{args.seed}.jsonl"
+                t0 = time.perf_counter()
+                stats = write_jsonl(args.n, str(synth), seed=args.seed)
+                print(f"[synthetic] wrote {synth} in {time.perf_counter() - t0:.1f}s: {json.dumps(stats)}", flush=True)
+            results.append(bench_one(f"synthetic-{args.n // 1000}k", synth, "jsonl", work))
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    info["loadavg_end"] = os.getloadavg()
+    print()
+    print(table(results))
+    print(f"\nload average start {info['loadavg_start']} end {info['loadavg_end']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": info, "results": results, "table": table(results)}, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
