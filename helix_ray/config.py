@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from helix_ray.errors import InvalidArgument
 
@@ -153,6 +153,12 @@ class FusionConfig(_Strict):
     natural-language query over code), instead of averaging blindly."""
     pool: int = Field(60, ge=1, le=2000)
     """Fused candidates passed on to expansion and ranking."""
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _fill_weights(cls, value: Any) -> Any:
+        # A partial table ({"dense": 2}) changes that list only; the other keeps 1.0.
+        return {"dense": 1.0, "bm25": 1.0, **value} if isinstance(value, dict) else value
 
     @model_validator(mode="after")
     def _check_weights(self) -> "FusionConfig":

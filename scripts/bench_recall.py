@@ -1,0 +1,553 @@
+#!/usr/bin/env python
+"""In-process recall latency at 10^5 and 10^6 memories, against a dense-only baseline.
+
+    nohup .venv/bin/python scripts/bench_recall.py --sizes 100000,1000000 \
+        --work /tmp/helixbench/recall --json /tmp/helixbench/recall.json > /tmp/helixbench/recall.log 2>&1 &
+
+**Building the stores without embedding a million texts.** ``--base`` distinct synthetic
+memories (``scripts/synthetic.py``) are embedded for real with the store's embedder
+(length-sorted batches: same vectors, less padding). Every benchmark memory is then
+*derived* from one base memory — its text is ``synthetic.derive_text`` of the base text
+(new numbers, one to three words swapped for the session's identifiers, sometimes a
+sentence dropped or added) and its vector is the base vector plus Gaussian noise
+N(0, σ²) per dimension, renormalised. The script reports the resulting
+nearest-neighbour cosine distribution next to the base set's own.
+
+The generation is then assembled and published with the ingest pipeline's own functions
+— ``pipelines.ingest._memory_table`` (via ``_assemble``), ``pipelines.ingest._assemble``
+and ``helix_ray.store.generation.publish`` (private functions, called directly) — with
+rows validated by ``helix_ray.ingest.normalize.normalise_one``, doc2query expansions,
+entities and token counts from ``helix_ray.ingest.stages`` (Expand, Annotate) and MinHash
+signatures from ``helix_ray.ingest.dedup``: so BM25, HNSW (tenants ≥
+``IngestConfig.hnsw_min_rows``), the graph (semantic kNN, sessions, entities) and MinHash
+are the real thing. Skipped: read/validate on Ray, dedup, the DuckDB record (recall does
+not read it). HNSW is built with ``hnsw_threads=0`` (all cores; non-deterministic
+insertion order) for build speed.
+
+**Tenants.** Below ``--single-tenant-from`` memories the Zipf tenants of
+``synthetic.py`` (10^5: 40 users, the largest ~25k); from it on, one tenant holds every
+memory (the worst case for one query).
+
+**Queries.** ``--queries`` seeded queries (a third each: exact identifiers taken from a
+memory of the tenant, natural-language paraphrases anchored on one of its identifiers,
+short vague questions), users drawn in proportion to tenant size, after ``--warmup``
+warm-up queries. Each query runs through the full pipeline and through the baseline —
+dense only (fusion weights ``{"dense": 1, "bm25": 0}``, graph expansion off; ranking,
+diversity and packing unchanged) — alternating which goes first. The query phase runs in
+a fresh subprocess, so its RSS is that of a serving process (mapped generation +
+embedder), not of the builder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import functools
+import gc
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_ingest import machine_info, rss_mib, tree_pss_mib  # noqa: E402
+from synthetic import VAGUE, VERBS, Corpus, derive_text  # noqa: E402
+
+STAGES = ("embed", "route", "bm25", "dense", "fuse", "expand", "rank", "diversify", "pack", "total")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ----------------------------------------------------------------------------- base set
+
+
+def base_set(count: int, seed: int, work: Path) -> tuple[list[str], list[str | None], np.ndarray, dict[str, Any]]:
+    """``count`` distinct synthetic memories and their real embeddings (cached in ``work``)."""
+    from helix_ray.config import IngestConfig
+    from helix_ray.embedder import get_embedder, iter_batches
+
+    cache = work / f"base-seed{seed}-{count}.npz"
+    corpus = Corpus(int(count * 1.05) + 100, seed=seed + 7919)  # a different seed than the stores
+    texts, types, seen = [], [], set()
+    for row in corpus.rows():
+        if row["text"] not in seen:
+            seen.add(row["text"])
+            texts.append(row["text"])
+            types.append(row.get("type"))
+            if len(texts) == count:
+                break
+    digest = hashlib.sha1("\x1e".join(texts).encode()).hexdigest()[:16]
+    if cache.is_file():
+        data = np.load(cache)
+        if str(data["digest"]) == digest:
+            log(f"base set: {count} vectors from cache {cache}")
+            return texts, types, data["vectors"], {"embed_s": float(data["embed_s"]), "cached": True}
+    config = IngestConfig().embedder
+    embedder = get_embedder(config)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    vectors = np.empty((len(texts), embedder.dim), np.float32)
+    log(f"base set: embedding {count} texts (length-sorted batches of {config.batch_size}) ...")
+    t0 = time.perf_counter()
+    done = 0
+    for chunk in iter_batches(order, 1024):
+        vectors[chunk] = embedder.embed_passages([texts[i] for i in chunk])
+        done += len(chunk)
+        if done % 4096 < 1024:
+            log(f"  {done}/{count} ({done / (time.perf_counter() - t0):.0f}/s)")
+    embed_s = time.perf_counter() - t0
+    np.savez(cache, vectors=vectors, digest=digest, embed_s=embed_s)
+    return texts, types, vectors, {"embed_s": round(embed_s, 1), "cached": False,
+                                   "per_s": round(count / embed_s, 1)}
+
+
+def top1_cosine(vectors: np.ndarray, sample: np.ndarray, block: int = 65536) -> np.ndarray:
+    """Exact top-1 cosine of ``vectors[sample]`` against all other rows (unit vectors)."""
+    queries = vectors[sample]
+    best = np.full(len(sample), -2.0, np.float32)
+    for lo in range(0, len(vectors), block):
+        sims = queries @ vectors[lo : lo + block].T
+        own = (sample >= lo) & (sample < lo + block)
+        sims[np.flatnonzero(own), sample[own] - lo] = -2.0
+        best = np.maximum(best, sims.max(axis=1))
+    return best
+
+
+def dist(values: np.ndarray) -> dict[str, float]:
+    return {f"p{p}": round(float(np.percentile(values, p)), 4) for p in (5, 25, 50, 75, 95)} | {
+        "mean": round(float(np.mean(values)), 4)}
+
+
+# ----------------------------------------------------------------------------- profiling hooks
+
+
+class StepTimer:
+    """Wraps module functions to add up the time spent in each (no code edits needed)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, module: Any, name: str, label: str | None = None) -> None:
+        original = getattr(module, name)
+        label = label or name
+
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - t0
+                self.calls[label] = self.calls.get(label, 0) + 1
+
+        setattr(module, name, timed)
+        self._undo.append((module, name, original))
+
+    def restore(self) -> None:
+        for module, name, original in reversed(self._undo):
+            setattr(module, name, original)
+        self._undo.clear()
+
+
+class _NoPreviousStore:
+    """Stands in for the DuckDB writer in ``_assemble``: a fresh store has no old rows,
+    so the only call, ``expansions_for([])``, returns nothing."""
+
+    def expansions_for(self, ids: list[str]) -> dict[str, list[str]]:
+        return {}
+
+
+# ----------------------------------------------------------------------------- build
+
+
+def build_store(n: int, store: Path, *, users: int | None, base_texts: list[str], base_types: list[str | None],
+                base_vectors: np.ndarray, sigma: float, seed: int, hnsw_threads: int) -> dict[str, Any]:
+    import pipelines.ingest as pi
+    from helix_ray.config import IngestConfig
+    from helix_ray.embedder import DIM
+    from helix_ray.ingest import dedup, stages
+    from helix_ray.ingest import graph as graph_mod
+    from helix_ray.ingest.normalize import normalise_one
+    from helix_ray.recall import lexical
+    from helix_ray.store import generation as gen_mod
+
+    config = IngestConfig(hnsw_threads=hnsw_threads)
+    steps: dict[str, float] = {}
+
+    def step(name: str, t0: float) -> float:
+        steps[name] = round(time.perf_counter() - t0, 2)
+        log(f"  {name}: {steps[name]:.1f}s (RSS {rss_mib()[0]:,.0f} MiB)")
+        return time.perf_counter()
+
+    t = time.perf_counter()
+    corpus = Corpus(n, seed=seed, users=users)
+    rng = random.Random(f"derive-{seed}")
+    nrng = np.random.default_rng(seed)
+    base_of = nrng.integers(0, len(base_texts), n)
+    default_time = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    todo: list[dict[str, Any]] = []
+    for k, (raw, writer) in enumerate(corpus.skeleton()):
+        b = int(base_of[k])
+        topic = writer.t
+        words = topic.functions + topic.paths + topic.classes + [topic.service, topic.env, topic.config_key]
+        raw["text"] = derive_text(rng, base_texts[b], words)
+        if base_types[b] is not None:
+            raw["type"] = base_types[b]
+        row = normalise_one(raw, config.validation, default_time=default_time)
+        row["seq"] = k
+        todo.append(row)
+    t = step("rows (generate + normalise)", t)
+
+    vectors = np.empty((n, DIM), np.float32)
+    for lo in range(0, n, 65536):
+        hi = min(n, lo + 65536)
+        v = base_vectors[base_of[lo:hi]] + nrng.standard_normal((hi - lo, DIM), dtype=np.float32) * np.float32(sigma)
+        v /= np.linalg.norm(v, axis=1, keepdims=True)
+        vectors[lo:hi] = v
+    t = step("vectors (base + noise)", t)
+
+    texts = [r["text"] for r in todo]
+    sigs = np.concatenate([dedup.signatures(texts[lo : lo + 20000], num_perm=config.dedup.num_perm,
+                                            shingle=config.dedup.shingle) for lo in range(0, n, 20000)])
+    t = step("minhash", t)
+
+    expand, annotate = stages.Expand(config.doc2query), stages.Annotate(config)
+    expansions, ents, n_tokens = [], [], []
+    for lo in range(0, n, pi.BATCH):
+        chunk = todo[lo : lo + pi.BATCH]
+        batch = {"seq": np.array([r["seq"] for r in chunk], dtype=object),
+                 "text": np.array([r["text"] for r in chunk], dtype=object),
+                 "type": np.array([r["type"] for r in chunk], dtype=object)}
+        batch = annotate(expand(batch))
+        expansions.extend(str(x) for x in batch["expansions"])
+        ents.extend(str(x) for x in batch["entities"])
+        n_tokens.append(np.asarray(batch["n_tokens"], np.int32))
+    new_cols = {"vector": vectors, "expansions": expansions, "entities": ents, "n_tokens": np.concatenate(n_tokens)}
+    del texts
+    t = step("expand + annotate (doc2query, entities, tokens)", t)
+
+    timer = StepTimer()
+    timer.wrap(pi, "_memory_table")
+    timer.wrap(pi, "exact_knn", "exact_knn (small tenants)")
+    timer.wrap(pi, "build_graph")
+    timer.wrap(graph_mod, "_to_csr", "build_graph: _to_csr")
+    timer.wrap(gen_mod, "build_hnsw")
+    timer.wrap(gen_mod, "quantize_int8")
+    timer.wrap(lexical, "build_bm25", "publish: build_bm25")
+    timer.wrap(gen_mod, "_fsync", "publish: fsync")
+    try:
+        t0 = time.perf_counter()
+        data, _names = pi._assemble(None, [], np.zeros(0, np.int64), [], todo, new_cols, sigs, list(range(n)), 0,
+                                    _NoPreviousStore(), config)
+        assemble_s = time.perf_counter() - t0
+        t = step("assemble (pipelines.ingest._assemble)", t)
+        del todo, new_cols, vectors, sigs, expansions, ents
+        gc.collect()
+        store.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        number = gen_mod.publish(
+            store, data, hnsw_connectivity=config.hnsw_connectivity, hnsw_expansion_add=config.hnsw_expansion_add,
+            dense_indexes=data.extra.pop("_dense_indexes", None), hnsw_min_rows=config.hnsw_min_rows,
+            hnsw_threads=config.hnsw_threads,
+        )
+        publish_s = time.perf_counter() - t0
+        t = step("publish (helix_ray.store.generation.publish)", t)
+    finally:
+        timer.restore()
+    hooks = {k: round(v, 2) for k, v in timer.seconds.items()}
+    inner = sum(v for k, v in timer.seconds.items() if not k.startswith("publish") and k != "build_graph: _to_csr")
+    # the knn search over each HNSW index is inside _assemble but not in a function of its own
+    hooks["assemble: rest (sort/take, HNSW kNN search, node names)"] = round(assemble_s - inner, 2)
+    hooks["publish: rest (write files)"] = round(
+        publish_s - timer.seconds.get("publish: build_bm25", 0) - timer.seconds.get("publish: fsync", 0), 2)
+    manifest = json.loads((store / "generations" / f"{number:06d}" / "manifest.json").read_text())
+    del data
+    gc.collect()
+    return {"steps_s": steps, "profile_s": hooks, "build_s": round(sum(steps.values()), 1),
+            "peak_rss_mib": round(rss_mib()[1], 0), "counts": manifest["counts"],
+            "partitions": len(manifest["partitions"]),
+            "hnsw_partitions": sum(1 for p in manifest["partitions"] if p["dense"]),
+            "largest_tenant": max(p["end"] - p["start"] for p in manifest["partitions"]),
+            "store_bytes": sum(p.stat().st_size for p in store.rglob("*") if p.is_file())}
+
+
+# ----------------------------------------------------------------------------- queries
+
+
+def make_queries(store: Path, count: int, seed: int) -> list[dict[str, str]]:
+    """Seeded queries over the published generation: exact identifiers, paraphrases, vague."""
+    from helix_ray.ingest import entities
+    from helix_ray.store.generation import Generation
+
+    gen = Generation.open_current(store)
+    rng = random.Random(f"queries-{seed}")
+    users = list(gen.partitions)
+    sizes = [gen.partitions[u][1] - gen.partitions[u][0] for u in users]
+    memories = gen.memories
+    people = ["Alice", "Bob", "Priya", "Kenji", "Noor", "Mateo", "Grace", "Omar"]
+    out = []
+    while len(out) < count:
+        user = rng.choices(users, sizes)[0]
+        start, end = gen.partitions[user]
+        kind = ("identifier", "paraphrase", "vague")[len(out) % 3]
+        if kind == "vague":
+            q = rng.choice(VAGUE).replace("{person}", rng.choice(people))
+            out.append({"query": q, "user": user, "kind": kind})
+            continue
+        row = rng.randrange(start, end)
+        text = memories.column("text")[row].as_py()
+        mtype = memories.column("type")[row].as_py()
+        keys = [e.split(":", 1) for e in entities.extract(text)]
+        anchors = [v for k, v in keys if k in ("identifier", "path", "error")]
+        if not anchors:
+            continue
+        anchor = rng.choice(anchors)
+        if kind == "identifier":
+            q = rng.choice(["{a}", "{a}", "where is {a}", "{a} error", "what does {a} do", "{a} {b}"]).format(
+                a=anchor, b=rng.choice(anchors))
+        else:
+            q = {
+                "decision": ["why did we decide that about {a}?", "what was the reasoning behind the {a} choice",
+                             "did we agree on anything for {a}"],
+                "procedural": ["how do I {v} {a}?", "what are the steps for {a}", "remind me how to run {a}"],
+                "code": ["where is {a} handled and what breaks there?", "how did we fix the problem in {a}",
+                         "what goes wrong with {a}"],
+                "episodic": ["what happened with {a} last time?", "when did we last touch {a}",
+                             "was there an incident involving {a}"],
+                "semantic": ["what do we know about {a}?", "what should I keep in mind about {a}",
+                             "explain {a} to me"],
+            }[mtype]
+            q = rng.choice(q).format(a=anchor, v=rng.choice(VERBS))
+        out.append({"query": q, "user": user, "kind": kind})
+    return out
+
+
+def pct(values: list[float]) -> dict[str, float]:
+    a = np.asarray(values, dtype=float)
+    return {"p50": round(float(np.percentile(a, 50)), 3), "p95": round(float(np.percentile(a, 95)), 3),
+            "p99": round(float(np.percentile(a, 99)), 3), "mean": round(float(a.mean()), 3)}
+
+
+def query_phase(store: Path, queries_file: Path, warmup: int) -> dict[str, Any]:
+    """Runs in a fresh process: open the generation, warm up, time every query twice."""
+    from helix_ray.config import FusionConfig, GraphConfig, RetrievalConfig
+    from helix_ray.embedder import DIM, get_embedder
+    from helix_ray.recall.pipeline import Recaller
+    from helix_ray.store.generation import Generation
+
+    spec = json.loads(queries_file.read_text())
+    rss0 = rss_mib()[0]
+    t0 = time.perf_counter()
+    embedder = get_embedder()
+    full_cfg = RetrievalConfig()
+    base_cfg = RetrievalConfig(fusion=FusionConfig(weights={"dense": 1.0, "bm25": 0.0}),
+                               graph=GraphConfig(enabled=False))
+    gen = Generation.open_current(store, expect_embedder=embedder.name, expect_dim=DIM)
+    recaller = Recaller(gen, embedder, full_cfg)  # builds MemoryColumns (per-row arrays)
+    load_s = time.perf_counter() - t0
+    rss_loaded = rss_mib()[0]
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    t0 = time.perf_counter()
+    first = recaller.recall(spec["warmup"][0]["query"], user=spec["warmup"][0]["user"], now=now)
+    first_query_s = time.perf_counter() - t0
+    for q in spec["warmup"][1:warmup]:
+        recaller.recall(q["query"], user=q["user"], now=now)
+        recaller.recall(q["query"], user=q["user"], now=now, config=base_cfg)
+    runs: dict[str, list[dict[str, Any]]] = {"full": [], "dense_only": []}
+    for i, q in enumerate(spec["queries"]):
+        order = (("full", full_cfg), ("dense_only", base_cfg))
+        for name, cfg in (order if i % 2 == 0 else order[::-1]):
+            res = recaller.recall(q["query"], user=q["user"], now=now, config=cfg)
+            runs[name].append({"kind": q["kind"], "timings": res.timings_ms, "items": len(res.items),
+                               "router_skip": res.flags.get("router_skip", False),
+                               "strong_signal_skip": res.flags.get("strong_signal_skip", False),
+                               "dense_first_pass": res.flags.get("dense_first_pass"),
+                               "graph_nodes": (res.flags.get("graph") or {}).get("subgraph_nodes"),
+                               "graph_method": (res.flags.get("graph") or {}).get("method")})
+    rss_end, rss_peak = rss_mib()
+    pss, _ = tree_pss_mib()
+    out: dict[str, Any] = {"load_s": round(load_s, 2), "first_query_ms": round(first_query_s * 1000, 1),
+                           "first_query_timings": first.timings_ms,
+                           "rss_mib": {"start": round(rss0), "after_open": round(rss_loaded), "end": round(rss_end),
+                                       "peak": round(rss_peak), "pss_end": round(pss)}}
+    for name, rows in runs.items():
+        stages = {s: pct([r["timings"].get(s, 0.0) for r in rows]) for s in STAGES}
+        by_kind = {k: pct([r["timings"]["total"] for r in rows if r["kind"] == k]) for k in ("identifier", "paraphrase", "vague")}
+        by_path = {}
+        for path in sorted({str(r["dense_first_pass"]) for r in rows}):
+            sel = [r["timings"]["total"] for r in rows if str(r["dense_first_pass"]) == path]
+            by_path[path] = pct(sel) | {"n": len(sel)}
+        out[name] = {
+            "n": len(rows), "stages_ms": stages, "total_by_kind_ms": by_kind, "total_by_dense_path_ms": by_path,
+            "router_skips": sum(r["router_skip"] for r in rows),
+            "strong_signal_skips": sum(r["strong_signal_skip"] for r in rows),
+            "mean_items": round(float(np.mean([r["items"] for r in rows])), 2),
+            "graph_subgraph_nodes": pct([r["graph_nodes"] for r in rows if r["graph_nodes"] is not None] or [0]),
+            "graph_bfs_fallbacks": sum(1 for r in rows if r["graph_method"] == "bfs"),
+        }
+    full_total = np.array([r["timings"]["total"] for r in runs["full"]])
+    base_total = np.array([r["timings"]["total"] for r in runs["dense_only"]])
+    out["ratio_full_over_dense_only"] = {
+        "p50": round(float(np.percentile(full_total, 50) / np.percentile(base_total, 50)), 2),
+        "p95": round(float(np.percentile(full_total, 95) / np.percentile(base_total, 95)), 2),
+        "per_query_median": round(float(np.median(full_total / base_total)), 2),
+    }
+    dense_leg = np.array([r["timings"]["dense"] for r in runs["dense_only"]])
+    out["ratio_full_over_dense_leg"] = {
+        "p50": round(float(np.percentile(full_total, 50) / np.percentile(dense_leg, 50)), 2),
+        "p95": round(float(np.percentile(full_total, 95) / np.percentile(dense_leg, 95)), 2),
+    }
+    return out
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    heads = []
+    for r in results:
+        heads += [f"{r['label']} full p50/p95/p99", f"{r['label']} dense-only p50/p95/p99"]
+    lines = ["| stage (ms) | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
+    for s in STAGES:
+        cells = []
+        for r in results:
+            for name in ("full", "dense_only"):
+                p = r["query"][name]["stages_ms"][s]
+                cells.append(f"{p['p50']:.2f} / {p['p95']:.2f} / {p['p99']:.2f}")
+        label = f"**{s}**" if s == "total" else s
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("| | " + " | ".join(r["label"] for r in results) + " |")
+    lines.append("|---|" + "---:|" * len(results))
+
+    def row(label: str, fn) -> None:
+        lines.append(f"| {label} | " + " | ".join(str(fn(r)) for r in results) + " |")
+
+    row("memories / tenants / with HNSW", lambda r: f"{r['build']['counts']['memories']:,} / {r['build']['partitions']} / {r['build']['hnsw_partitions']}")
+    row("largest tenant", lambda r: f"{r['build']['largest_tenant']:,}")
+    row("graph edges", lambda r: f"{r['build']['counts']['edges']:,}")
+    row("build s (rows, vectors, minhash, annotate, assemble, publish)", lambda r: f"{r['build']['build_s']:,.0f}")
+    row("builder peak RSS MiB", lambda r: f"{r['build']['peak_rss_mib']:,.0f}")
+    row("store size MiB", lambda r: f"{r['build']['store_bytes'] / 2**20:,.0f}")
+    row("top-1 NN cosine p5/p50/p95 (store)", lambda r: "{p5:.3f} / {p50:.3f} / {p95:.3f}".format(**r["nn_cosine_store"]))
+    row("**ratio full / dense-only total p50, p95**", lambda r: f"**{r['query']['ratio_full_over_dense_only']['p50']}×, {r['query']['ratio_full_over_dense_only']['p95']}×**")
+    row("ratio full total / dense leg alone p50, p95", lambda r: f"{r['query']['ratio_full_over_dense_leg']['p50']}×, {r['query']['ratio_full_over_dense_leg']['p95']}×")
+    row("full: total p95 by kind (identifier / paraphrase / vague)",
+        lambda r: " / ".join(f"{r['query']['full']['total_by_kind_ms'][k]['p95']:.1f}" for k in ("identifier", "paraphrase", "vague")))
+    row("full: strong-signal skips / router skips", lambda r: f"{r['query']['full']['strong_signal_skips']} / {r['query']['full']['router_skips']}")
+    row("full: dense first pass (n)", lambda r: ", ".join(f"{k}: {v['n']}" for k, v in r['query']['full']['total_by_dense_path_ms'].items()))
+    row("full: PPR subgraph nodes p50/p95; BFS fallbacks",
+        lambda r: f"{r['query']['full']['graph_subgraph_nodes']['p50']:.0f} / {r['query']['full']['graph_subgraph_nodes']['p95']:.0f}; {r['query']['full']['graph_bfs_fallbacks']}")
+    row("query process: open + columns s", lambda r: f"{r['query']['load_s']:.1f}")
+    row("query process: first (cold) query ms", lambda r: f"{r['query']['first_query_ms']:.0f}")
+    row("query process RSS after open / end / peak MiB",
+        lambda r: f"{r['query']['rss_mib']['after_open']:,} / {r['query']['rss_mib']['end']:,} / {r['query']['rss_mib']['peak']:,}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="100000,1000000", help="comma-separated store sizes")
+    ap.add_argument("--base", type=int, default=20000, help="distinct base texts embedded for real")
+    ap.add_argument("--sigma", type=float, default=0.02, help="per-dimension noise added to a base vector")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--queries", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--single-tenant-from", type=int, default=1_000_000,
+                    help="stores of at least this many memories hold one tenant")
+    ap.add_argument("--hnsw-threads", type=int, default=0, help="IngestConfig.hnsw_threads for the build")
+    ap.add_argument("--work", default=None, help="folder for stores and the base-vector cache (default: temp, removed)")
+    ap.add_argument("--keep-stores", action="store_true", help="keep the built stores in --work")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--query-phase", nargs=2, metavar=("STORE", "QUERIES_JSON"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.query_phase:  # the child process
+        result = query_phase(Path(args.query_phase[0]), Path(args.query_phase[1]), args.warmup)
+        print("RESULT " + json.dumps(result), flush=True)
+        return 0
+
+    info = machine_info()
+    print(json.dumps(info), flush=True)
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="helix-bench-recall-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results = []
+    try:
+        base_texts, base_types, base_vectors, base_info = base_set(args.base, args.seed, work)
+        sample = np.random.default_rng(args.seed).choice(len(base_vectors), min(1000, len(base_vectors)), replace=False)
+        base_info["nn_cosine_base"] = dist(top1_cosine(base_vectors, sample))
+        base_info["words_p50"] = float(np.median([len(t.split()) for t in base_texts]))
+        log(f"base set: {json.dumps(base_info)}")
+        for n in [int(s) for s in args.sizes.split(",") if s]:
+            label = f"10^{round(np.log10(n))}" if n in (10**5, 10**6) else f"{n:,}"
+            store = work / f"store-{n}"
+            if store.exists():
+                shutil.rmtree(store)
+            users = 1 if n >= args.single_tenant_from else None
+            log(f"== {label}: building {n:,} memories ({'one tenant' if users == 1 else 'Zipf tenants'}) in {store}")
+            build = build_store(n, store, users=users, base_texts=base_texts, base_types=base_types,
+                                base_vectors=base_vectors, sigma=args.sigma, seed=args.seed,
+                                hnsw_threads=args.hnsw_threads)
+            log(f"build: {json.dumps(build)}")
+            from helix_ray.store.generation import Generation
+
+            gen = Generation.open_current(store)
+            vectors = gen.vectors
+            sample = np.random.default_rng(args.seed + 1).choice(len(vectors), 500, replace=False)
+            t0 = time.perf_counter()
+            nn = dist(top1_cosine(np.asarray(vectors), np.sort(sample)))
+            log(f"top-1 NN cosine over 500 sampled memories: {nn} ({time.perf_counter() - t0:.0f}s)")
+            del gen, vectors
+            gc.collect()
+            queries = make_queries(store, args.queries + args.warmup, args.seed)
+            qfile = work / f"queries-{n}.json"
+            qfile.write_text(json.dumps({"warmup": queries[: args.warmup], "queries": queries[args.warmup :]}))
+            log(f"query phase ({args.queries} queries + {args.warmup} warm-up, fresh process) ...")
+            proc = subprocess.run([sys.executable, __file__, "--warmup", str(args.warmup), "--query-phase", str(store),
+                                   str(qfile)], capture_output=True, text=True)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if proc.returncode != 0 or not lines:
+                raise RuntimeError(f"query phase failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            query = json.loads(lines[-1][7:])
+            results.append({"label": label, "n": n, "sigma": args.sigma, "build": build, "nn_cosine_store": nn,
+                            "query": query, "loadavg": os.getloadavg()})
+            log(f"{label}: full p50/p95 {query['full']['stages_ms']['total']['p50']:.1f}/"
+                f"{query['full']['stages_ms']['total']['p95']:.1f} ms; dense-only "
+                f"{query['dense_only']['stages_ms']['total']['p50']:.1f}/{query['dense_only']['stages_ms']['total']['p95']:.1f} ms")
+            if args.json:  # write as we go: a later size may take long or fail
+                Path(args.json).write_text(json.dumps({"machine": info, "base": base_info, "results": results,
+                                                       "table": table(results)}, indent=1))
+            if not args.keep_stores:
+                shutil.rmtree(store, ignore_errors=True)
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    info["loadavg_end"] = os.getloadavg()
+    print()
+    print(table(results))
+    print(f"\nbase set: {json.dumps(base_info)}")
+    print(f"load average start {info['loadavg_start']} end {info['loadavg_end']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": info, "base": base_info, "results": results,
+                                               "table": table(results)}, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,36 @@
+"""Typed configuration: YAML mirrors the defaults, unknown keys and bad ranges are refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from helix_ray.config import IngestConfig, RetrievalConfig, load_config
+from helix_ray.errors import InvalidArgument
+from tests.helpers import REPO
+
+
+@pytest.mark.parametrize("name, model", [("ingest", IngestConfig), ("retrieval", RetrievalConfig)])
+def test_yaml_in_configs_mirrors_the_defaults(name, model):
+    assert load_config(model, REPO / "configs" / f"{name}.yaml") == model()
+
+
+def test_unknown_key_is_refused_with_its_name():
+    with pytest.raises(InvalidArgument, match="fusion.kk"):
+        load_config(RetrievalConfig, overrides={"fusion": {"kk": 3}})
+
+
+def test_out_of_range_value_says_what_is_allowed():
+    with pytest.raises(InvalidArgument, match=r"diversity.mmr_lambda.*less than or equal to 1"):
+        load_config(RetrievalConfig, overrides={"diversity": {"mmr_lambda": 1.5}})
+
+
+def test_partial_weight_override_keeps_the_other_list():
+    cfg = load_config(RetrievalConfig, overrides={"fusion": {"weights": {"dense": 2.0}}})
+    assert cfg.fusion.weights == {"dense": 2.0, "bm25": 1.0}
+
+
+def test_type_weight_table_needs_every_type():
+    bad = {"rank": {"type_weights": {"episodic": {"similarity": 1, "recency": 0, "salience": 0,
+                                                  "confidence": 0, "graph": 0}}}}
+    with pytest.raises(InvalidArgument, match="missing"):
+        load_config(RetrievalConfig, overrides=bad)
