@@ -191,8 +191,10 @@ class StoreDB:
         return {i: (h, d) for i, h, d in self.con.execute("SELECT id, content_hash, deleted FROM memories").fetchall()}
 
     def access_summary(self) -> dict[str, tuple[dt.datetime, int]]:
-        rows = self.con.execute("SELECT id, max(accessed_at), count(*) FROM access_log GROUP BY id").fetchall()
-        return {i: (t, c) for i, t, c in rows}
+        # Times leave DuckDB as epoch microseconds: its TIMESTAMPTZ → Python path needs pytz.
+        rows = self.con.execute("SELECT id, epoch_us(max(accessed_at)), count(*) FROM access_log GROUP BY id").fetchall()
+        utc = dt.timezone.utc
+        return {i: (dt.datetime.fromtimestamp(t / 1e6, tz=utc), c) for i, t, c in rows}
 
     def counts(self) -> dict[str, Any]:
         q = self.con.execute

@@ -1,0 +1,98 @@
+"""The front door and the CLI, as a user drives them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helix_ray import Memory
+from helix_ray.errors import InvalidArgument
+from helix_ray.store.db import StoreDB
+from tests.helpers import SAMPLE, memory, write_jsonl
+
+
+def helix(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "helix_ray.cli", *args], capture_output=True, text=True,
+                          check=check, timeout=600)
+
+
+def test_help_is_fast_and_lists_commands():
+    started = time.perf_counter()
+    out = helix("--help").stdout
+    assert {"ingest", "recall", "stats", "demo"} <= set(out.replace(",", " ").replace("{", " ").replace("}", " ").split())
+    # Lazy imports: --help must not import ray, duckdb or the embedder.
+    probe = subprocess.run([sys.executable, "-c", "import sys, helix_ray.cli as c; c._parser(); "
+                            "print(sorted(m for m in ('ray', 'duckdb', 'fastembed', 'usearch') if m in sys.modules))"],
+                           capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "[]"
+    assert time.perf_counter() - started < 60  # sanity bound only; speed is measured elsewhere
+
+
+def test_ingest_recall_stats_roundtrip_as_json(tmp_path):
+    store = str(tmp_path / "store")
+    report = json.loads(helix("ingest", str(SAMPLE / "memories.jsonl"), str(SAMPLE / "bad_records.jsonl"),
+                              "--store", store, "--runner", "local", "--json").stdout)
+    assert report["published"] and report["quarantined"] == 8 and report["generation"] == 1
+    result = json.loads(helix("recall", "why did we choose NATS over Kafka", "--store", store, "--user", "dana",
+                              "--budget", "300", "--json").stdout)
+    assert result["items"] and result["total_tokens"] <= 300
+    assert "atlas-0020" in [i["id"] for i in result["items"]]
+    assert {"embed", "bm25", "dense", "fuse", "rank", "pack", "total"} <= set(result["timings_ms"])
+    stats = json.loads(helix("stats", "--store", store, "--json").stdout)
+    assert stats["generation"] == 1 and stats["quarantined"] == 8
+    assert stats["memories"] + stats["deleted"] == report["accepted"]
+    assert stats["by_user"]["lee"] > 0
+
+
+def test_cli_errors_are_sentences_not_tracebacks(tmp_path):
+    store = str(tmp_path / "store")
+    helix("ingest", str(SAMPLE / "memories.jsonl"), "--store", store, "--runner", "local")
+    bad = helix("recall", "  ", "--store", store, "--user", "dana", check=False)
+    assert bad.returncode == 2 and "Got query=" in bad.stderr and "Traceback" not in bad.stderr
+    bad = helix("recall", "x", "--store", store, "--user", "dana", "--budget", "0", check=False)
+    assert bad.returncode == 2 and "budget_tokens=0" in bad.stderr
+    missing = helix("stats", "--store", str(tmp_path / "nope"), check=False)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_memory_add_is_durable_and_recallable(tmp_path):
+    with Memory(tmp_path / "store") as mem:
+        report = mem.add([memory(1, "We pinned uvicorn to 0.30 after the keep-alive bug.")])
+        assert report.published
+        assert list((tmp_path / "store" / "inbox").glob("*.jsonl")), "the acknowledged write is on disk"
+        result = mem.recall("why did we pin uvicorn", user="dana")
+        assert [i.id for i in result.items] == ["m001"]
+        with pytest.raises(InvalidArgument, match="at least one"):
+            mem.add([])
+    with Memory(tmp_path / "store") as again:  # a new process view of the same store
+        assert again.recall("uvicorn keep-alive", user="dana").items[0].id == "m001"
+
+
+def test_recall_records_access_off_the_hot_path(tmp_path):
+    source = write_jsonl(tmp_path / "a.jsonl", [memory(i, t) for i, t in enumerate(
+        ["The gateway listens on port 8443.", "Dana prefers tabs over spaces."])])
+    with Memory(tmp_path / "store") as mem:
+        mem.ingest([source])
+        hit = mem.recall("which port does the gateway use", user="dana", k=1)
+        assert hit.items[0].id == "m000"
+    with StoreDB(tmp_path / "store") as db:
+        rows = db.con.execute("SELECT id, \"user\" FROM access_log").fetchall()
+    assert rows == [("m000", "dana")]
+
+
+def test_next_generation_folds_accesses_into_last_accessed_at(tmp_path):
+    from helix_ray.store.generation import Generation
+
+    source = write_jsonl(tmp_path / "a.jsonl", [memory(0, "The gateway listens on port 8443.")])
+    with Memory(tmp_path / "store") as mem:
+        mem.ingest([source])
+        mem.recall("gateway port", user="dana")
+        mem.recall("gateway port", user="dana")
+        mem.add([memory(1, "Dana prefers tabs over spaces.")])
+    gen = Generation.open_current(tmp_path / "store")
+    row = gen.memories.to_pylist()[gen.columns.id_to_row["m000"]]
+    assert row["access_count"] == 2 and row["last_accessed_at"] is not None
