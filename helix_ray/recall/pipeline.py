@@ -59,8 +59,42 @@ class RecallResult:
         return separator.join(item.text for item in self.items)
 
 
+@dataclass
+class Plan:
+    """A checked, embedded and routed request: what every later stage needs. It holds no
+    generation, so a Serve ingress can build it and pass it to the retriever replicas."""
+
+    query: str
+    user: str
+    scope: scope.Scope
+    config: RetrievalConfig
+    k: int
+    budget_tokens: int
+    explain: bool
+    disabled: frozenset[str]
+    now_us: int
+    weights: dict[str, float]
+    query_vector: np.ndarray
+    flags: dict[str, Any]
+    timings_ms: dict[str, float]
+
+    @property
+    def skip(self) -> bool:
+        return bool(self.flags.get("router_skip"))
+
+
+def _ms(since: float) -> float:
+    return round((time.perf_counter() - since) * 1000.0, 3)
+
+
 class Recaller:
-    """Holds what recall needs between queries: the generation, the embedder, the router."""
+    """Holds what recall needs between queries: the generation, the embedder, the router.
+
+    :meth:`recall` runs every stage in order. The stages are also exposed in the groups a
+    distributed deployment needs — :meth:`plan` (check, embed, route), :meth:`lexical_leg`,
+    :meth:`dense_leg` (independent of each other) and :meth:`finish` (fuse, expand, rank,
+    diversify, pack) — and ``recall`` is exactly their composition.
+    """
 
     def __init__(self, generation, embedder, config: RetrievalConfig | None = None):
         self.generation = generation
@@ -93,6 +127,29 @@ class Recaller:
         ``disabled`` turns stages off for ablations: any of "dense", "bm25", "graph",
         "mmr", "recency", "strong_signal", "router", "dedup".
         """
+        started = time.perf_counter()
+        plan = self.plan(query, user=user, budget_tokens=budget_tokens, k=k, project=project, types=types,
+                         since=since, until=until, pinned=pinned, project_mode=project_mode, explain=explain,
+                         now=now, disabled=disabled, config=config)
+        lex = dense_hits = None
+        legs: dict[str, float] = {}
+        if not plan.skip and self._has_scope(plan):
+            clock = time.perf_counter()
+            lex = self.lexical_leg(plan)
+            legs["bm25"] = _ms(clock)
+            clock = time.perf_counter()
+            dense_hits = None if self.strong(plan, lex) else self.dense_leg(plan)
+            legs["dense"] = _ms(clock)
+        return self.finish(plan, lex, dense_hits, last_access_overlay=last_access_overlay, started=started,
+                           leg_timings_ms=legs)
+
+    # ------------------------------------------------------------------ stages 1–2
+    def plan(self, query: str, *, user: str, budget_tokens: int | None = None, k: int | None = None,
+             project: str | None = None, types: Sequence[str] | str | None = None, since: Any = None,
+             until: Any = None, pinned: bool | None = None, project_mode: str = "filter", explain: bool = False,
+             now: dt.datetime | None = None, disabled: frozenset[str] = frozenset(),
+             config: RetrievalConfig | None = None, query_vector: np.ndarray | None = None) -> Plan:
+        """Check the request, embed the query (unless ``query_vector`` is given) and route."""
         cfg = config or self.config
         budget_tokens = cfg.default_budget_tokens if budget_tokens is None else budget_tokens
         k = cfg.default_k if k is None else k
@@ -101,6 +158,81 @@ class Recaller:
         timings: dict[str, float] = {}
         flags: dict[str, Any] = {"router_skip": False, "strong_signal_skip": False, "degraded": []}
         clock = time.perf_counter()
+        if query_vector is None:
+            query_vector = embed_query(self.embedder, query)
+            timings["embed"] = _ms(clock)
+        clock = time.perf_counter()
+        if "router" not in disabled:
+            route = self.router.route(query, query_vector, cfg.router)
+            flags["route"] = {"skip": route.skip, "reason": route.reason,
+                              "no_memory_similarity": round(route.no_memory_similarity, 4),
+                              "memory_similarity": round(route.memory_similarity, 4)}
+            flags["router_skip"] = route.skip
+        timings["route"] = _ms(clock)
+        weights = {name: (0.0 if name in disabled else w) for name, w in cfg.fusion.weights.items()}
+        if not any(weights.values()):
+            weights = {"dense": 1.0, "bm25": 0.0}
+        now_us = int((now or dt.datetime.now(dt.timezone.utc)).timestamp() * 1_000_000)
+        return Plan(query, user, sc, cfg, k, budget_tokens, explain, frozenset(disabled), now_us, weights,
+                    query_vector, flags, timings)
+
+    def _has_scope(self, plan: Plan) -> bool:
+        return self.generation is not None and plan.user in self.generation.partitions
+
+    def _mask(self, plan: Plan) -> np.ndarray | None:
+        start, end = self.generation.partitions[plan.user]
+        return scope.build_mask(self.columns, start, end, plan.scope)
+
+    # ------------------------------------------------------------------ stage 3
+    def lexical_leg(self, plan: Plan) -> lexical.LexicalHits | None:
+        """BM25 top-k inside the scope; None when its list weight is 0."""
+        if plan.weights.get("bm25", 0) <= 0 or not self._has_scope(plan):
+            return None
+        start, end = self.generation.partitions[plan.user]
+        lx = plan.config.lexical
+        return lexical.search(self.generation.bm25, plan.query, start=start, end=end, mask=self._mask(plan),
+                              top_k=lx.top_k, strong_score=lx.strong_signal_score, strong_gap=lx.strong_signal_gap)
+
+    def dense_leg(self, plan: Plan) -> dense.DenseHits | None:
+        """Dense top-k inside the scope; None when its list weight is 0."""
+        if plan.weights.get("dense", 0) <= 0 or not self._has_scope(plan):
+            return None
+        return dense.search(self.generation, plan.user, plan.query_vector, mask=self._mask(plan),
+                            config=plan.config.dense)
+
+    @staticmethod
+    def strong(plan: Plan, lex: lexical.LexicalHits | None) -> bool:
+        """Whether the strong-lexical-signal short-circuit applies to this request."""
+        return bool(lex is not None and lex.strong_signal and plan.config.lexical.strong_signal_skip
+                    and "strong_signal" not in plan.disabled)
+
+    # ------------------------------------------------------------------ stages 4–8
+    def finish(self, plan: Plan, lex: lexical.LexicalHits | None, dense_hits: dense.DenseHits | None, *,
+               last_access_overlay: Mapping[int, int] | None = None, started: float | None = None,
+               leg_timings_ms: Mapping[str, float] | None = None) -> RecallResult:
+        """Fuse the legs' lists, expand, rank, diversify and pack."""
+        cfg, gen, cols = plan.config, self.generation, self.columns
+        started = time.perf_counter() if started is None else started
+        timings = dict(plan.timings_ms)
+        flags = dict(plan.flags)
+        budget_tokens, k, query_vector = plan.budget_tokens, plan.k, plan.query_vector
+        if plan.skip or not self._has_scope(plan):
+            if gen is not None and not plan.skip:
+                flags["empty_scope"] = "no memories for this user"
+            timings["total"] = _ms(started)
+            return RecallResult(plan.query, plan.user, [], 0, budget_tokens, timings, flags,
+                                gen.number if gen is not None else None, _empty_explain() if plan.explain else None)
+        start, end = gen.partitions[plan.user]
+        mask = self._mask(plan)
+        strong = self.strong(plan, lex)
+        flags["strong_signal_skip"] = strong
+        if strong:
+            dense_hits = None  # a lexically decisive query: the dense list is not fused
+        if dense_hits is not None:
+            flags["dense_first_pass"] = dense_hits.first_pass
+        if leg_timings_ms:
+            timings.update(leg_timings_ms)
+        clock = time.perf_counter()
 
         def lap(name: str) -> None:
             nonlocal clock
@@ -108,47 +240,12 @@ class Recaller:
             timings[name] = round((now_ - clock) * 1000.0, 3)
             clock = now_
 
-        started = clock
-        query_vector = embed_query(self.embedder, query)
-        lap("embed")
-        if "router" not in disabled:
-            route = self.router.route(query, query_vector, cfg.router)
-            flags["route"] = {"skip": route.skip, "reason": route.reason,
-                              "no_memory_similarity": round(route.no_memory_similarity, 4),
-                              "memory_similarity": round(route.memory_similarity, 4)}
-            flags["router_skip"] = route.skip
-        lap("route")
-        gen = self.generation
-        if flags["router_skip"] or gen is None or user not in gen.partitions:
-            if gen is not None and user not in gen.partitions:
-                flags["empty_scope"] = "no memories for this user"
-            timings["total"] = round((time.perf_counter() - started) * 1000.0, 3)
-            return RecallResult(query, user, [], 0, budget_tokens, timings, flags,
-                                gen.number if gen is not None else None, _empty_explain() if explain else None)
-        start, end = gen.partitions[user]
-        cols = self.columns
-        mask = scope.build_mask(cols, start, end, sc)
-
-        weights = {name: (0.0 if name in disabled else w) for name, w in cfg.fusion.weights.items()}
-        if not any(weights.values()):
-            weights = {"dense": 1.0, "bm25": 0.0}
+        weights = dict(plan.weights)
         lists: dict[str, np.ndarray] = {}
-        lex = None
-        if weights.get("bm25", 0) > 0:
-            lex = lexical.search(gen.bm25, query, start=start, end=end, mask=mask, top_k=cfg.lexical.top_k,
-                                 strong_score=cfg.lexical.strong_signal_score,
-                                 strong_gap=cfg.lexical.strong_signal_gap)
+        if lex is not None:
             lists["bm25"] = lex.rows
-            strong = lex.strong_signal and cfg.lexical.strong_signal_skip and "strong_signal" not in disabled
-            flags["strong_signal_skip"] = bool(strong)
-        lap("bm25")
-        dense_hits = None
-        if weights.get("dense", 0) > 0 and not flags["strong_signal_skip"]:
-            dense_hits = dense.search(gen, user, query_vector, mask=mask, config=cfg.dense)
+        if dense_hits is not None:
             lists["dense"] = dense_hits.rows
-            flags["dense_first_pass"] = dense_hits.first_pass
-        lap("dense")
-
         if lex is not None and cfg.fusion.adaptive and "bm25" in lists:
             weights["bm25"] *= _lexical_confidence(lex)
         fused = fuse.rrf(lists, k=cfg.fusion.k, weights=weights, top_rank_bonus=cfg.fusion.top_rank_bonus)
@@ -159,15 +256,15 @@ class Recaller:
 
         graph_score: dict[int, float] = {}
         added: list[int] = []
-        if cfg.graph.enabled and "graph" not in disabled and not flags["strong_signal_skip"] and len(pool_rows):
+        if cfg.graph.enabled and "graph" not in plan.disabled and not strong and len(pool_rows):
             added, graph_score, flags["graph"] = _expand(gen, pool_rows, fused_score, start, end, mask, cfg)
         lap("expand")
 
         rows = np.concatenate([pool_rows, np.array(added, dtype=np.int64)]).astype(np.int64)
         if len(rows) == 0:
-            timings["total"] = round((time.perf_counter() - started) * 1000.0, 3)
-            return RecallResult(query, user, [], 0, budget_tokens, timings, flags, gen.number,
-                                _empty_explain() if explain else None)
+            timings["total"] = _ms(started)
+            return RecallResult(plan.query, plan.user, [], 0, budget_tokens, timings, flags, gen.number,
+                                _empty_explain() if plan.explain else None)
         vectors = np.asarray(gen.vectors[np.sort(rows)])[np.argsort(np.argsort(rows))]
         cosine = vectors @ query_vector
         last_access = cols.last_accessed_at[rows].copy()
@@ -178,21 +275,20 @@ class Recaller:
                 seen = last_access_overlay.get(int(r))
                 if seen is not None and seen > last_access[i]:
                     last_access[i] = seen
-        now_us = int((now or dt.datetime.now(dt.timezone.utc)).timestamp() * 1_000_000)
         ranked = rank.rank(
             types=cols.types[rows], cosine=cosine,
             fused=np.array([fused_score.get(int(r), 0.0) for r in rows]),
             last_access_us=last_access, salience=cols.salience[rows], confidence=cols.confidence[rows],
             graph=np.array([graph_score.get(int(r), 0.0) for r in rows]),
-            projects=cols.projects[rows], pinned=cols.pinned[rows], now_us=now_us, config=cfg.rank,
-            project=sc.project if sc.project_mode == "prefer" else None,
-            disabled=frozenset(d for d in disabled if d in rank.SIGNALS),
+            projects=cols.projects[rows], pinned=cols.pinned[rows], now_us=plan.now_us, config=cfg.rank,
+            project=plan.scope.project if plan.scope.project_mode == "prefer" else None,
+            disabled=frozenset(d for d in plan.disabled if d in rank.SIGNALS),
         )
         lap("rank")
 
         dropped_by: dict[int, str] = {}
         order = [int(i) for i in ranked.order]
-        if "dedup" not in disabled:
+        if "dedup" not in plan.disabled:
             order, dups = diversify.drop_near_duplicates(order, np.asarray(gen.minhash[np.sort(rows)])[
                 np.argsort(np.argsort(rows))], cfg.diversity.dedup_threshold)
             dropped_by.update({i: "near_duplicate" for i in dups})
@@ -201,8 +297,8 @@ class Recaller:
         dropped_by.update({i: "document_cap" for i in capped})
         mode = cfg.diversity.mode
         if mode == "auto":
-            mode = "session" if diversify.is_aggregation(query) else "mmr"
-        mmr_ran = not ("mmr" in disabled or mode == "none")
+            mode = "session" if diversify.is_aggregation(plan.query) else "mmr"
+        mmr_ran = not ("mmr" in plan.disabled or mode == "none")
         if not mmr_ran:
             selected = order[:k]
         else:
@@ -234,11 +330,12 @@ class Recaller:
         timings["total"] = round((time.perf_counter() - started) * 1000.0, 3)
         total = sum(p.n_tokens for p in packed) + cfg.pack.separator_tokens * len(packed)
         table = None
-        if explain:
+        if plan.explain:
             final_position = {p.row: n for n, p in enumerate(packed, start=1)}
             table = _explain(rows, cols, list_rank, fused_score, graph_score, cosine, ranked, dropped_by,
                              final_position, set(added))
-        return RecallResult(query, user, result_items, total, budget_tokens, timings, flags, gen.number, table)
+        return RecallResult(plan.query, plan.user, result_items, total, budget_tokens, timings, flags, gen.number,
+                            table)
 
 
 def _lexical_confidence(lex: lexical.LexicalHits) -> float:
