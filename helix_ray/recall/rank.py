@@ -1,7 +1,8 @@
 """Stage 6: multi-signal ranking.
 
-Each signal is min-max normalised within the candidate pool (a constant signal becomes
-0: it cannot separate candidates), then
+Each signal named in ``RankConfig.minmax`` is min-max normalised within the candidate
+pool (a constant signal becomes 0: it cannot separate candidates); the others, already in
+[0, 1], are used as they are. Then
 
     score = Σ_s w[type][s] · signal_s,   s ∈ {similarity, recency, salience, confidence, graph}
 
@@ -76,7 +77,11 @@ def rank(
         "confidence": confidence,
         "graph": graph,
     }
-    signals = {name: (np.zeros(len(types)) if name in disabled else minmax(raw[name])) for name in SIGNALS}
+    signals = {
+        name: (np.zeros(len(types)) if name in disabled
+               else minmax(raw[name]) if name in config.minmax else np.asarray(raw[name], dtype=np.float64))
+        for name in SIGNALS
+    }
     weights = weight_matrix(config)
     type_index = np.array([MEMORY_TYPES.index(t) for t in types], dtype=np.int64)
     stacked = np.stack([signals[s] for s in SIGNALS], axis=1) if len(types) else np.zeros((0, len(SIGNALS)))

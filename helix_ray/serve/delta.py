@@ -1,0 +1,367 @@
+"""The delta segment: online writes that no generation holds yet.
+
+A write accepted by the server is durable in DuckDB and the store's ``inbox/`` before
+it is answered, but the published generation is immutable: rebuilding it for every write
+would cost seconds. So the single writer keeps the memories written since the last
+compaction — and the ids deleted since then — in a small *delta segment*, and publishes
+it as a snapshot file every time it changes:
+
+================================ ==============================================
+``delta/CURRENT``                the live snapshot's version (atomically replaced)
+``delta/<NNNNNNNNNN>.arrow``     :data:`DELTA_SCHEMA` rows (one per live entry, with its
+                                 float32 vector and MinHash signature); the schema
+                                 metadata carries the tombstones
+================================ ==============================================
+
+Every replica checks ``delta/CURRENT`` on each request (one ``stat``) and reloads the
+snapshot when it changed, so a write is searchable by the next request that arrives
+after its 201, and a delete hides the memory from the next request after its 200.
+
+**Row ids.** A delta entry takes part in recall under the row id ``DELTA_BASE + seq``
+(``seq`` is the entry's position in the writer's log, never reused): far above any
+generation row or graph node, and the same in every snapshot that holds the entry, so
+hits computed by one replica on one snapshot mean the same memory in another.
+
+**Search** reuses the query-path stage functions: exact cosine via
+:func:`helix_ray.recall.dense.rescore` over the entries in scope, and BM25 via
+:func:`helix_ray.recall.lexical.search` over a tiny in-memory bm25s index of the
+entries' text plus doc2query expansions. :func:`merge_dense` and :func:`merge_lexical`
+fold those hits into the generation leg's list.
+
+**After compaction** an entry that the new generation ``N`` holds is marked
+``folded_into = N`` and stays in the snapshot until the next compaction: a replica
+still serving generation ``N - 1`` keeps finding it in the delta, one already on ``N``
+finds it in the generation. Tombstones carry ``applies_below`` the same way.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from helix_ray.errors import StoreError
+from helix_ray.recall import dense, lexical
+from helix_ray.recall.scope import Scope
+
+#: Delta entries recall under row ids ``DELTA_BASE + seq``: above any generation row
+#: (and any graph node: memories then entities), below int64's limit.
+DELTA_BASE = 1 << 40
+DELTA_DIR = "delta"
+FORMAT = "helix-delta"
+FORMAT_VERSION = 1
+NOT_FOLDED = -1
+
+
+def delta_schema(dim: int, num_perm: int) -> pa.Schema:
+    return pa.schema([
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("user", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("lexical", pa.string(), nullable=False),  # text + doc2query expansions
+        pa.field("type", pa.string(), nullable=False),
+        pa.field("project", pa.string()),
+        pa.field("session_id", pa.string()),
+        pa.field("created_at", pa.int64(), nullable=False),  # microseconds since the epoch, UTC
+        pa.field("salience", pa.float32(), nullable=False),
+        pa.field("confidence", pa.float32(), nullable=False),
+        pa.field("pinned", pa.bool_(), nullable=False),
+        pa.field("n_tokens", pa.int32(), nullable=False),
+        pa.field("vector", pa.list_(pa.float32(), dim), nullable=False),
+        pa.field("minhash", pa.list_(pa.uint32(), num_perm), nullable=False),
+        pa.field("folded_into", pa.int64(), nullable=False),  # NOT_FOLDED, or the generation holding it
+    ])
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """A deleted id. It hides the id's generation row in every generation below
+    ``applies_below`` (None: every generation, until a compaction drops the row)."""
+
+    id: str
+    user: str
+    applies_below: int | None = None
+
+    def applies_to(self, generation: int | None) -> bool:
+        return self.applies_below is None or generation is None or generation < self.applies_below
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def delta_dir(store: Path) -> Path:
+    return Path(store) / DELTA_DIR
+
+
+def current_delta_version(store: Path) -> int:
+    """The live snapshot's version; 0 when the store has none (an empty delta)."""
+    pointer = delta_dir(store) / "CURRENT"
+    try:
+        return int(pointer.read_text().strip() or 0)
+    except FileNotFoundError:
+        return 0
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_snapshot(store: Path, version: int, table: pa.Table, tombstones: Iterable[Tombstone],
+                   *, keep: int = 4) -> Path:
+    """Write snapshot ``version`` and make it current (write, fsync, rename, flip
+    ``CURRENT``). Older snapshots beyond the newest ``keep`` are removed: a replica
+    that still maps one keeps its pages (POSIX unlink semantics)."""
+    folder = delta_dir(store)
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "version": version,
+            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+            "tombstones": [[t.id, t.user, t.applies_below] for t in tombstones]}
+    table = table.replace_schema_metadata({"helix_delta": json.dumps(meta)})
+    final = folder / f"{version:010d}.arrow"
+    tmp = folder / f".tmp-{uuid.uuid4().hex[:12]}.arrow"
+    with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    _fsync_path(tmp)
+    os.replace(tmp, final)
+    pointer = folder / f".CURRENT.{uuid.uuid4().hex[:8]}"
+    pointer.write_text(f"{version}\n")
+    _fsync_path(pointer)
+    os.replace(pointer, folder / "CURRENT")
+    _fsync_path(folder)
+    snapshots = sorted(p for p in folder.glob("*.arrow") if p.stem.isdigit())
+    for old in snapshots[:-keep]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+@dataclass
+class DeltaSegment:
+    """One snapshot of the delta, loaded in memory (it is small: compaction bounds it)."""
+
+    version: int
+    seq: np.ndarray  # int64, ascending
+    ids: np.ndarray  # object
+    users: np.ndarray  # object
+    texts: list[str]
+    lexical_texts: list[str]
+    types: np.ndarray  # object
+    projects: np.ndarray  # object
+    sessions: np.ndarray  # object
+    created_at: np.ndarray  # int64 µs
+    salience: np.ndarray  # float32
+    confidence: np.ndarray  # float32
+    pinned: np.ndarray  # bool
+    n_tokens: np.ndarray  # int32
+    vectors: np.ndarray  # float32 (d, dim), unit length
+    minhash: np.ndarray  # uint32 (d, num_perm)
+    folded_into: np.ndarray  # int64, NOT_FOLDED where no generation holds the entry
+    tombstones: dict[str, Tombstone] = field(default_factory=dict)
+    stemmer: str | None = "english"
+
+    @classmethod
+    def empty(cls, dim: int = 384, num_perm: int = 64) -> "DeltaSegment":
+        return cls.from_table(0, delta_schema(dim, num_perm).empty_table(), [])
+
+    @classmethod
+    def load(cls, store: Path, version: int) -> "DeltaSegment":
+        if version == 0:
+            return cls.empty()
+        path = delta_dir(store) / f"{version:010d}.arrow"
+        try:
+            with pa.memory_map(str(path), "r") as source:
+                table = ipc.open_file(source).read_all()
+        except FileNotFoundError:
+            raise StoreError(
+                f"Delta snapshot {path} is missing (pruned while this replica lagged); "
+                "the next request reads the current one."
+            ) from None
+        meta = json.loads((table.schema.metadata or {}).get(b"helix_delta", b"{}"))
+        if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+            raise StoreError(
+                f"Cannot read delta snapshot {path}: found format {meta.get('format')!r} version "
+                f"{meta.get('format_version')!r}; this Helix reads {FORMAT!r} version {FORMAT_VERSION}."
+            )
+        tombstones = [Tombstone(i, u, b) for i, u, b in meta.get("tombstones", [])]
+        return cls.from_table(version, table, tombstones)
+
+    @classmethod
+    def from_table(cls, version: int, table: pa.Table, tombstones: Iterable[Tombstone]) -> "DeltaSegment":
+        n = table.num_rows
+        dim = table.schema.field("vector").type.list_size
+        num_perm = table.schema.field("minhash").type.list_size
+
+        def obj(name: str) -> np.ndarray:
+            return np.asarray(table.column(name).to_pylist(), dtype=object)
+
+        def flat(name: str, dtype, width: int) -> np.ndarray:
+            col = table.column(name).combine_chunks()
+            values = col.values.to_numpy(zero_copy_only=False) if n else np.zeros(0, dtype)
+            return np.asarray(values, dtype=dtype).reshape(n, width)
+
+        return cls(
+            version=version,
+            seq=table.column("seq").to_numpy().astype(np.int64),
+            ids=obj("id"), users=obj("user"),
+            texts=table.column("text").to_pylist(), lexical_texts=table.column("lexical").to_pylist(),
+            types=obj("type"), projects=obj("project"), sessions=obj("session_id"),
+            created_at=table.column("created_at").to_numpy().astype(np.int64),
+            salience=table.column("salience").to_numpy().astype(np.float32),
+            confidence=table.column("confidence").to_numpy().astype(np.float32),
+            pinned=table.column("pinned").to_numpy(zero_copy_only=False).astype(bool),
+            n_tokens=table.column("n_tokens").to_numpy().astype(np.int32),
+            vectors=flat("vector", np.float32, dim), minhash=flat("minhash", np.uint32, num_perm),
+            folded_into=table.column("folded_into").to_numpy().astype(np.int64),
+            tombstones={t.id: t for t in tombstones},
+        )
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    # ---------------------------------------------------------------- visibility
+    def live(self, generation: int | None) -> np.ndarray:
+        """Entries that generation ``generation`` does not hold yet."""
+        if generation is None:
+            return np.ones(len(self), dtype=bool)
+        return (self.folded_into == NOT_FOLDED) | (self.folded_into > generation)
+
+    def hidden_ids(self, generation: int | None) -> frozenset[str]:
+        """Ids whose generation row must not be returned: deleted ones, and ones the
+        delta holds a newer version of."""
+        gone = {i for i, t in self.tombstones.items() if t.applies_to(generation)}
+        return frozenset(gone | set(self.ids[self.live(generation)].tolist()))
+
+    def users_with_entries(self, generation: int | None) -> set[str]:
+        return set(self.users[self.live(generation)].tolist())
+
+    def positions(self, rows: np.ndarray) -> np.ndarray:
+        """Positions in this snapshot of delta row ids; -1 where the entry is gone."""
+        seq = np.asarray(rows, dtype=np.int64) - DELTA_BASE
+        if not len(self.seq):
+            return np.full(len(seq), -1, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self.seq, seq), len(self.seq) - 1)
+        return np.where(self.seq[pos] == seq, pos, -1)
+
+    # ---------------------------------------------------------------- search
+    def scope_mask(self, scope: Scope, generation: int | None) -> np.ndarray:
+        """Entries of ``scope.user`` that match every filter of the scope."""
+        mask = (self.users == scope.user) & self.live(generation)
+        if scope.project is not None and scope.project_mode == "filter":
+            mask &= self.projects == scope.project
+        if scope.types is not None:
+            mask &= np.isin(self.types, list(scope.types))
+        if scope.since is not None:
+            mask &= self.created_at >= int(scope.since.timestamp() * 1_000_000)
+        if scope.until is not None:
+            mask &= self.created_at <= int(scope.until.timestamp() * 1_000_000)
+        if scope.pinned is not None:
+            mask &= self.pinned == scope.pinned
+        return mask
+
+    def dense_search(self, query_vector: np.ndarray, scope: Scope, generation: int | None,
+                     top_k: int) -> dense.DenseHits:
+        """Exact cosine over the entries in scope (the same rescoring the dense leg does)."""
+        candidates = np.flatnonzero(self.scope_mask(scope, generation))
+        if len(candidates) == 0:
+            return dense.DenseHits(np.zeros(0, np.int64), np.zeros(0, np.float32), "delta")
+        rows, sims = dense.rescore(self.vectors, candidates, query_vector, top_k)
+        return dense.DenseHits(DELTA_BASE + self.seq[rows], sims, "delta")
+
+    @functools.cached_property
+    def bm25(self) -> lexical.BM25Index | None:
+        if not len(self):
+            return None
+        import bm25s
+
+        retriever = bm25s.BM25()
+        retriever.index(lexical.tokenize(self.lexical_texts, self.stemmer), show_progress=False)
+        return lexical.BM25Index(retriever, self.stemmer)
+
+    def lexical_search(self, query: str, scope: Scope, generation: int | None, *, top_k: int,
+                       strong_score: float, strong_gap: float) -> lexical.LexicalHits:
+        mask = self.scope_mask(scope, generation)
+        index = self.bm25
+        if index is None or not mask.any():
+            return _no_lexical_hits()
+        hits = lexical.search(index, query, start=0, end=len(self), mask=mask, top_k=top_k,
+                              strong_score=strong_score, strong_gap=strong_gap)
+        return lexical.LexicalHits(DELTA_BASE + self.seq[hits.rows], hits.scores, hits.normalised,
+                                   hits.strong_signal)
+
+
+def _no_lexical_hits() -> lexical.LexicalHits:
+    return lexical.LexicalHits(np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.float32), False)
+
+
+# ----------------------------------------------------------------------------- merging
+
+
+def merge_dense(base: dense.DenseHits | None, extra: dense.DenseHits | None, top_k: int) -> dense.DenseHits | None:
+    """One list by cosine (both are exact float cosines, so they compare directly)."""
+    if extra is None or not len(extra.rows):
+        return base
+    if base is None:
+        return dense.DenseHits(extra.rows[:top_k], extra.similarities[:top_k], "delta")
+    rows = np.concatenate([base.rows, extra.rows])
+    sims = np.concatenate([base.similarities, extra.similarities]).astype(np.float32)
+    order = np.lexsort((rows, -sims))[:top_k]
+    return dense.DenseHits(rows[order], sims[order], base.first_pass + "+delta")
+
+
+def merge_lexical(base: lexical.LexicalHits | None, extra: lexical.LexicalHits | None, *, top_k: int,
+                  strong_score: float, strong_gap: float) -> lexical.LexicalHits | None:
+    """One list by normalised BM25 score (each list's raw score over its own index's
+    ceiling for the query, in [0, 1]: raw scores of two indexes with different IDF
+    statistics do not compare). Delta raw scores are rescaled onto the base list's scale,
+    and the strong-signal test is re-run on the merged list."""
+    if extra is None or not len(extra.rows):
+        return base
+    if base is None or not len(base.rows):
+        base_scale = None
+        base = _no_lexical_hits()
+    else:
+        base_scale = float(base.scores[0] / base.normalised[0]) if base.normalised[0] > 0 else None
+    extra_raw = extra.normalised * base_scale if base_scale else extra.scores
+    rows = np.concatenate([base.rows, extra.rows])
+    normalised = np.concatenate([base.normalised, extra.normalised]).astype(np.float32)
+    raw = np.concatenate([base.scores, extra_raw]).astype(np.float32)
+    order = np.lexsort((rows, -normalised))[:top_k]
+    rows, normalised, raw = rows[order], normalised[order], raw[order]
+    second = float(normalised[1]) if len(normalised) > 1 else 0.0
+    strong = bool(len(normalised) and normalised[0] >= strong_score and normalised[0] - second >= strong_gap)
+    return lexical.LexicalHits(rows, raw, normalised, strong)
+
+
+def drop_rows(hits, hidden: set[int] | frozenset[int]):
+    """``hits`` (dense or lexical) without the rows in ``hidden``."""
+    if hits is None or not hidden or not len(hits.rows):
+        return hits
+    keep = np.array([int(r) not in hidden for r in hits.rows], dtype=bool)
+    if keep.all():
+        return hits
+    if isinstance(hits, dense.DenseHits):
+        return dense.DenseHits(hits.rows[keep], hits.similarities[keep], hits.first_pass)
+    return lexical.LexicalHits(hits.rows[keep], hits.scores[keep], hits.normalised[keep],
+                               hits.strong_signal and bool(keep[0]))
+
+
+def entry_columns(records: list[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """Column lists for :func:`delta_schema` from the writer's entry dicts."""
+    names = delta_schema(1, 1).names
+    return {name: [r[name] for r in records] for name in names}

@@ -1,0 +1,383 @@
+"""What a serving replica reads: memory-mapped generations and delta snapshots.
+
+:class:`StoreViews` keeps, per replica, the generations it has open (the newest and the
+one before, so a request pinned to the previous generation during a swap still finds
+it), the delta snapshots it has read, and one :class:`ShellRecaller` per (generation,
+delta version). A background task notices a new ``CURRENT`` and opens and warms the new
+generation off the event loop before it becomes the replica's default, so no request
+waits for a cold generation unless it explicitly asks for it. Swapping is a reference
+assignment: a request holds the recaller it started with until it returns.
+
+:class:`ShellRecaller` is :class:`helix_ray.recall.pipeline.Recaller` with two serving
+needs and nothing else: it is cheap to construct (no router, columns built on first use)
+and its scope mask also hides rows that the delta deleted or replaced. The Ranker's
+recaller runs over a :class:`JoinedGeneration`: the generation's rows and the delta's
+entries as one row space (delta rows are ``DELTA_BASE + seq``), so ``finish`` — fuse,
+expand, rank, diversify, pack — runs unchanged over both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from helix_ray.config import RetrievalConfig
+from helix_ray.recall import scope as scope_mod
+from helix_ray.recall.pipeline import Recaller
+from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, current_delta_version, delta_dir
+from helix_ray.store.generation import Generation, current_generation_number
+
+log = logging.getLogger(__name__)
+
+
+class Pointer:
+    """A small file read only when it changed: one ``stat`` per call otherwise.
+
+    ``CURRENT`` files are replaced by rename, so a new inode (or mtime) means new
+    contents."""
+
+    def __init__(self, path: Path, parse: Callable[[Path], Any]):
+        self.path = path
+        self.parse = parse
+        self._key: tuple[int, int, int] | None = None
+        self._value: Any = None
+
+    def read(self) -> Any:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._key, self._value = None, self.parse(self.path)
+            return self._value
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if key != self._key:
+            self._value = self.parse(self.path)
+            self._key = key
+        return self._value
+
+
+# ----------------------------------------------------------------------------- one generation
+
+
+class GenerationView:
+    """A generation plus what the shells derive from it once."""
+
+    def __init__(self, generation: Generation):
+        self.generation = generation
+        self.number = generation.number
+        self._row_of: dict[str, int] = {}
+
+    @functools.cached_property
+    def columns(self):
+        return self.generation.columns
+
+    @functools.cached_property
+    def stemmer(self) -> str | None:
+        return (self.generation.manifest.get("bm25") or {}).get("stemmer", "english") or None
+
+    def rows_of(self, ids: frozenset[str]) -> np.ndarray:
+        """Sorted rows of the ids this generation holds (ids it lacks are skipped)."""
+        unknown = [i for i in ids if i not in self._row_of]
+        if unknown:
+            column = self.generation.memories.column("id")
+            found = np.flatnonzero(pc.is_in(column, value_set=pa.array(unknown, pa.string())).to_numpy(
+                zero_copy_only=False))
+            for row in found:
+                self._row_of[column[int(row)].as_py()] = int(row)
+            for i in unknown:
+                self._row_of.setdefault(i, -1)
+        rows = [self._row_of[i] for i in ids]
+        return np.array(sorted(r for r in rows if r >= 0), dtype=np.int64)
+
+    def warm(self, role: str) -> None:
+        """Touch what ``role`` reads on every request, so the first request does not pay."""
+        gen = self.generation
+        _ = gen.memories, gen.vectors, gen.binary
+        if role in ("bm25", "all"):
+            _ = gen.bm25
+        if role in ("ranker", "all"):
+            _ = self.columns, gen.minhash, gen.graph, gen._texts
+
+
+# ----------------------------------------------------------------------------- recallers
+
+
+def _has_filters(scope: scope_mod.Scope) -> bool:
+    return (scope.project is not None and scope.project_mode == "filter") or scope.types is not None \
+        or scope.since is not None or scope.until is not None or scope.pinned is not None
+
+
+class ShellRecaller(Recaller):
+    """A :class:`Recaller` for the retriever and ranker shells.
+
+    It skips ``Recaller.__init__`` on purpose: that builds the skip-retrieval router
+    (30 query embeddings) and every column of the generation, while the legs need
+    neither (only the Embedder shell plans). ``hidden_rows`` (sorted generation rows)
+    are masked out of both retrievers and of graph expansion.
+    """
+
+    def __init__(self, generation: Any, base: GenerationView, hidden_rows: np.ndarray,
+                 config: RetrievalConfig | None = None, columns: Any = None):
+        self.generation = generation
+        self.embedder = None
+        self.router = None
+        self.config = config or RetrievalConfig()
+        self._base = base
+        self._hidden = hidden_rows
+        self._columns = columns
+
+    @property
+    def columns(self):  # type: ignore[override]
+        return self._columns if self._columns is not None else self._base.columns
+
+    def _mask(self, plan) -> np.ndarray | None:
+        start, end = self.generation.partitions[plan.user]
+        mask = None
+        if end > start and _has_filters(plan.scope):
+            mask = scope_mod.build_mask(self._base.columns, start, end, plan.scope)
+        hidden = self._hidden[(self._hidden >= start) & (self._hidden < end)]
+        if len(hidden):
+            mask = np.ones(end - start, dtype=bool) if mask is None else mask.copy()
+            mask[hidden - start] = False
+        return mask
+
+
+class _Joined:
+    """One column over generation rows (ids < DELTA_BASE) and delta entries."""
+
+    def __init__(self, base: Any, extra: Any, delta: DeltaSegment):
+        self.base, self.extra, self.delta = base, extra, delta
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, (int, np.integer)):
+            k = int(key)
+            if k < DELTA_BASE:
+                return self.base[k]
+            pos = int(self.delta.positions(np.array([k]))[0])
+            if pos < 0:
+                raise KeyError(f"delta row {k} is not in delta snapshot {self.delta.version}")
+            return self.extra[pos]
+        rows = np.asarray(key, dtype=np.int64)
+        in_delta = rows >= DELTA_BASE
+        if not in_delta.any():
+            return self.base[rows] if isinstance(self.base, np.ndarray) else [self.base[int(r)] for r in rows]
+        extra = np.asarray(self.extra)
+        base_part = rows[~in_delta]
+        base_values = np.asarray(self.base[base_part]) if isinstance(self.base, np.ndarray) \
+            else np.asarray([self.base[int(r)] for r in base_part], dtype=object)
+        dtype = base_values.dtype if base_values.dtype == extra.dtype else np.result_type(base_values, extra) \
+            if base_values.dtype != object and extra.dtype != object else object
+        out = np.empty((len(rows),) + extra.shape[1:], dtype=dtype)
+        out[~in_delta] = base_values
+        out[in_delta] = extra[self.delta.positions(rows[in_delta])]
+        return out
+
+
+class _PaddedIndptr:
+    """CSR row pointers where every node past the graph (a delta row) has no edges."""
+
+    def __init__(self, indptr: np.ndarray):
+        self.indptr = indptr
+        self.last = len(indptr) - 1
+
+    def __getitem__(self, node: Any) -> Any:
+        node = int(node)
+        return self.indptr[node if node <= self.last else self.last]
+
+    def __len__(self) -> int:
+        return len(self.indptr)
+
+
+class _JoinedGraph:
+    def __init__(self, graph):
+        self.indptr = _PaddedIndptr(graph.indptr)
+        self.indices, self.weights, self.types = graph.indices, graph.weights, graph.types
+
+
+class JoinedColumns:
+    """:class:`helix_ray.store.generation.MemoryColumns` over generation + delta rows."""
+
+    def __init__(self, base, delta: DeltaSegment):
+        d = len(delta)
+        self.ids = _Joined(base.ids, delta.ids, delta)
+        self.types = _Joined(base.types, delta.types, delta)
+        self.projects = _Joined(base.projects, delta.projects, delta)
+        self.sessions = _Joined(base.sessions, delta.sessions, delta)
+        self.created_at = _Joined(base.created_at, delta.created_at, delta)
+        self.last_accessed_at = _Joined(base.last_accessed_at, np.zeros(d, np.int64), delta)
+        self.salience = _Joined(base.salience, delta.salience, delta)
+        self.confidence = _Joined(base.confidence, delta.confidence, delta)
+        self.pinned = _Joined(base.pinned, delta.pinned, delta)
+        self.n_tokens = _Joined(base.n_tokens, delta.n_tokens, delta)
+        self.documents = _Joined(base.documents, np.full(d, None, dtype=object), delta)
+
+
+class JoinedGeneration:
+    """The generation-shaped object ``Recaller.finish`` reads, over generation + delta."""
+
+    def __init__(self, view: GenerationView, delta: DeltaSegment):
+        gen = view.generation
+        self.base = gen
+        self.delta = delta
+        self.number = gen.number
+        self.manifest = gen.manifest
+        parts = dict(gen.partitions)
+        for user in delta.users_with_entries(gen.number):
+            parts.setdefault(user, (gen.size, gen.size))  # a tenant the generation has no row of yet
+        self.partitions = parts
+        self.vectors = _Joined(gen.vectors, delta.vectors, delta)
+        width = gen.minhash.shape[1] if gen.minhash.ndim == 2 else 0
+        signatures = delta.minhash
+        if signatures.shape[1] != width:  # built with another num_perm: never a near-duplicate
+            own = (0xFFFFFFFF - delta.seq % (1 << 31)).astype(np.uint32)
+            signatures = np.repeat(own[:, None], width, axis=1)
+        self.minhash = _Joined(gen.minhash, signatures, delta)
+        self.graph = _JoinedGraph(gen.graph)
+
+    @property
+    def size(self) -> int:
+        return self.base.size
+
+    def text(self, row: int) -> str:
+        if row < DELTA_BASE:
+            return self.base.text(row)
+        return self.delta.texts[int(self.delta.positions(np.array([row]))[0])]
+
+
+# ----------------------------------------------------------------------------- per replica
+
+
+class StoreViews:
+    """The generations and delta snapshots one replica serves from.
+
+    ``role`` says what to warm when a generation opens: "dense", "bm25" or "ranker".
+    """
+
+    def __init__(self, store: str | Path, *, role: str, expect_embedder: str | None = None,
+                 expect_dim: int | None = None, keep_generations: int = 2, keep_recallers: int = 8):
+        self.store = Path(store)
+        self.role = role
+        self.expect = {"expect_embedder": expect_embedder, "expect_dim": expect_dim}
+        self.keep_generations = keep_generations
+        self.keep_recallers = keep_recallers
+        self.generations: OrderedDict[int, GenerationView] = OrderedDict()
+        self.deltas: OrderedDict[int, DeltaSegment] = OrderedDict()
+        self.recallers: OrderedDict[tuple[int, int, bool], ShellRecaller] = OrderedDict()
+        self._loading: dict[int, asyncio.Future] = {}
+        self._gen_pointer = Pointer(self.store / "CURRENT", _read_int)
+        self._delta_pointer = Pointer(delta_dir(self.store) / "CURRENT", _read_int)
+        self.latest: int | None = None
+        number = current_generation_number(self.store)
+        if number is not None:  # open synchronously at start: the replica is not ready before
+            self._install(self._open(number))
+
+    # ---------------------------------------------------------------- generations
+    def _open(self, number: int) -> GenerationView:
+        path = self.store / "generations" / f"{number:06d}"
+        view = GenerationView(Generation(path, **{k: v for k, v in self.expect.items() if v}))
+        view.warm(self.role)
+        return view
+
+    def _install(self, view: GenerationView) -> None:
+        self.generations[view.number] = view
+        self.generations.move_to_end(view.number)
+        if self.latest is None or view.number > self.latest:
+            self.latest = view.number  # the swap: one reference, after the view is warm
+        while len(self.generations) > self.keep_generations:
+            oldest = next(iter(self.generations))
+            if oldest == self.latest:
+                break
+            self.generations.pop(oldest)  # requests still using it hold their own reference
+            for key in [k for k in self.recallers if k[0] == oldest]:
+                self.recallers.pop(key)
+
+    async def generation(self, number: int | None = None) -> GenerationView | None:
+        """Generation ``number`` (default: this replica's newest), opened if needed."""
+        number = self.latest if number is None else number
+        if number is None:
+            return None
+        view = self.generations.get(number)
+        if view is not None:
+            return view
+        future = self._loading.get(number)
+        if future is None:
+            loop = asyncio.get_running_loop()
+            future = loop.run_in_executor(None, self._open, number)
+            self._loading[number] = future
+            try:
+                view = await future
+                self._install(view)
+            finally:
+                self._loading.pop(number, None)
+            return view
+        return await future
+
+    async def refresh(self) -> bool:
+        """Open the store's current generation if it is newer; True if it swapped."""
+        number = self._gen_pointer.read()
+        if number is None or (self.latest is not None and number <= self.latest):
+            return False
+        await self.generation(number)
+        log.info("%s replica now serves generation %d", self.role, number)
+        return True
+
+    async def watch(self, interval_s: float = 0.5) -> None:
+        """Background task: follow ``CURRENT`` every ``interval_s`` seconds."""
+        while True:
+            try:
+                await self.refresh()
+            except Exception:  # noqa: BLE001 - a bad publish must not stop the watcher
+                log.exception("could not open the store's new generation; still serving %s", self.latest)
+            await asyncio.sleep(interval_s)
+
+    # ---------------------------------------------------------------- delta
+    def delta_version(self) -> int:
+        return self._delta_pointer.read() or 0
+
+    def delta(self, version: int | None = None) -> DeltaSegment:
+        version = self.delta_version() if version is None else version
+        seg = self.deltas.get(version)
+        if seg is None:
+            seg = DeltaSegment.load(self.store, version)
+            self.deltas[version] = seg
+            while len(self.deltas) > 4:
+                self.deltas.popitem(last=False)
+        return seg
+
+    # ---------------------------------------------------------------- recallers
+    def recaller(self, view: GenerationView, delta: DeltaSegment, *, joined: bool = False) -> ShellRecaller:
+        key = (view.number, delta.version, joined)
+        rec = self.recallers.get(key)
+        if rec is None:
+            delta.stemmer = view.stemmer
+            hidden = view.rows_of(delta.hidden_ids(view.number)) if len(delta) or delta.tombstones \
+                else np.zeros(0, np.int64)
+            if joined:
+                gen = JoinedGeneration(view, delta)
+                rec = ShellRecaller(gen, view, hidden, columns=JoinedColumns(view.columns, delta))
+            else:
+                rec = ShellRecaller(view.generation, view, hidden)
+            self.recallers[key] = rec
+            while len(self.recallers) > self.keep_recallers:
+                self.recallers.popitem(last=False)
+        return rec
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text else None
+
+
+__all__ = ["StoreViews", "ShellRecaller", "JoinedGeneration", "GenerationView", "Pointer",
+           "current_delta_version"]
