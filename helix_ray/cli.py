@@ -3,6 +3,7 @@
     helix ingest SOURCE... --store DIR [--format auto|jsonl|parquet|markdown|transcript|locomo]
     helix recall QUERY --store DIR --user USER [--budget TOKENS] [--k N] [--explain] [--json]
     helix stats --store DIR [--json]
+    helix eval {locomo,beir,longmemeval} --data PATH [--systems LIST] [--json OUT]
     helix demo [--store DIR]      ingest the shipped sample set and answer a query
 """
 
@@ -51,6 +52,17 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--store", required=True)
     s.add_argument("--json", action="store_true")
 
+    s = sub.add_parser("eval", help="score retrieval systems side by side on a benchmark")
+    s.add_argument("dataset", choices=("locomo", "beir", "longmemeval"))
+    s.add_argument("--data", required=True, help="locomo10.json, a BEIR folder, or a LongMemEval JSON file")
+    s.add_argument("--systems", default=",".join(("bm25", "dense", "rrf", "helix")),
+                   help="comma-separated: bm25, dense, rrf, helix, helix-no-graph, helix-no-mmr, helix-no-recency, "
+                        "helix-no-strong-signal, helix-no-dedup")
+    s.add_argument("--split", default="test", help="BEIR qrels split (test, train, dev)")
+    s.add_argument("--conversations", help="LoCoMo: 'tune', 'heldout' or comma-separated sample ids (default all)")
+    s.add_argument("--workdir", default=".helix/eval-stores", help="where the per-corpus stores are built and reused")
+    s.add_argument("--json", dest="json_out", help="write the results as JSON to this path")
+
     s = sub.add_parser("demo", help="ingest the shipped sample memory set and answer a query")
     s.add_argument("--store", default=".helix/demo-store")
     s.add_argument("--query", default="why did we choose NATS for the event bus?")
@@ -61,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"ingest": _ingest, "recall": _recall, "stats": _stats, "demo": _demo}[args.command](args)
+        return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": _demo}[args.command](args)
     except Exception as exc:  # noqa: BLE001 - the CLI prints a sentence, not a traceback
         from helix_ray.errors import HelixError
 
@@ -155,6 +167,30 @@ def _stats(args: argparse.Namespace) -> int:
     else:
         for key, value in stats.items():
             print(f"{key:>12}: {value}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import logging
+
+    from helix_ray.eval import LOCOMO_HELDOUT, LOCOMO_TUNE, load_beir, load_locomo, load_longmemeval
+    from helix_ray.eval.runner import evaluate, format_table
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.dataset == "locomo":
+        convs = {"tune": LOCOMO_TUNE, "heldout": LOCOMO_HELDOUT}.get(args.conversations or "", None)
+        if convs is None and args.conversations:
+            convs = tuple(c.strip() for c in args.conversations.split(","))
+        evalset = load_locomo(args.data, conversations=convs)
+    elif args.dataset == "beir":
+        evalset = load_beir(args.data, split=args.split)
+    else:
+        evalset = load_longmemeval(args.data)
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    report = evaluate(evalset, systems=systems, workdir=Path(args.workdir))
+    print(format_table(report))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report.as_dict(), indent=1))
     return 0
 
 
