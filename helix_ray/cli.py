@@ -5,6 +5,8 @@
     helix stats --store DIR [--json]
     helix eval {locomo,beir,longmemeval} --data PATH [--systems LIST] [--json OUT]
     helix demo [--store DIR]      ingest the shipped sample set and answer a query
+    helix serve --store DIR [--host 127.0.0.1] [--port 8000] [--no-auth]
+    helix keys create|list|revoke --store DIR [--user USER | KEY_ID]
 """
 
 from __future__ import annotations
@@ -56,8 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("dataset", choices=("locomo", "beir", "longmemeval"))
     s.add_argument("--data", required=True, help="locomo10.json, a BEIR folder, or a LongMemEval JSON file")
     s.add_argument("--systems", default=",".join(("bm25", "dense", "rrf", "helix")),
-                   help="comma-separated: bm25, dense, rrf, helix, helix-no-graph, helix-no-mmr, helix-no-recency, "
-                        "helix-no-strong-signal, helix-no-dedup")
+                   help="comma-separated: bm25, dense, rrf, helix, helix-no-graph, helix-mmr, helix-session, "
+                        "helix-no-recency, helix-no-strong-signal, helix-no-dedup, helix-no-doc2query, or 'all'")
     s.add_argument("--split", default="test", help="BEIR qrels split (test, train, dev)")
     s.add_argument("--conversations", help="LoCoMo: 'tune', 'heldout' or comma-separated sample ids (default all)")
     s.add_argument("--workdir", default=".helix/eval-stores", help="where the per-corpus stores are built and reused")
@@ -67,13 +69,32 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--store", default=".helix/demo-store")
     s.add_argument("--query", default="why did we choose NATS for the event bus?")
     s.add_argument("--runner", default="ray", choices=("ray", "local"))
+    s = sub.add_parser("serve", help="serve a store over HTTP (Ray Serve) on 127.0.0.1")
+    s.add_argument("--store", required=True, help="store folder with a published generation")
+    s.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--no-auth", action="store_true", help="accept requests without an API key (each names its user)")
+    s.add_argument("--ingest-config", help="ingest YAML for online writes and compaction (see configs/ingest.yaml)")
+    s.add_argument("--retrieval-config", help="retrieval YAML: the base settings (see configs/retrieval.yaml)")
+
+    s = sub.add_parser("keys", help="API keys of a store (each maps to one user)")
+    keys = s.add_subparsers(dest="keys_command", required=True)
+    k = keys.add_parser("create", help="create a key for a user and print it (shown once)")
+    k.add_argument("--store", required=True)
+    k.add_argument("--user", required=True)
+    k = keys.add_parser("list", help="list the keys (ids, users, revoked), never the keys themselves")
+    k.add_argument("--store", required=True)
+    k = keys.add_parser("revoke", help="revoke a key by its id")
+    k.add_argument("key_id")
+    k.add_argument("--store", required=True)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": _demo}[args.command](args)
+        return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": _demo,
+                "serve": _serve, "keys": _keys}[args.command](args)
     except Exception as exc:  # noqa: BLE001 - the CLI prints a sentence, not a traceback
         from helix_ray.errors import HelixError
 
@@ -186,7 +207,11 @@ def _eval(args: argparse.Namespace) -> int:
         evalset = load_beir(args.data, split=args.split)
     else:
         evalset = load_longmemeval(args.data)
+    from helix_ray.eval.runner import DEFAULT_SYSTEMS
+
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if systems == ["all"]:
+        systems = list(DEFAULT_SYSTEMS)
     report = evaluate(evalset, systems=systems, workdir=Path(args.workdir))
     print(format_table(report))
     if args.json_out:
@@ -208,6 +233,44 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"\n== recall {args.query!r} for user dana (budget 400 tokens)")
         result = mem.recall(args.query, user="dana", budget_tokens=400, k=6)
         print(_format_result(result))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from helix_ray.serve.server import serve_forever
+
+    retrieval: dict[str, Any] = {}
+    if args.retrieval_config:
+        import yaml
+
+        from helix_ray.config import RetrievalConfig, load_config
+
+        load_config(RetrievalConfig, args.retrieval_config)  # checked here, with the file's name
+        retrieval = yaml.safe_load(Path(args.retrieval_config).read_text()) or {}
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"helix serve: binding {args.host}: the API is reachable from other machines.", file=sys.stderr)
+    serve_forever(args.store, host=args.host, port=args.port, auth=not args.no_auth,
+                  ingest_config=args.ingest_config, retrieval=retrieval)
+    return 0
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from helix_ray.serve.keys import KeyStore
+
+    keys = KeyStore(args.store)
+    if args.keys_command == "create":
+        if not Path(args.store).is_dir():
+            raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR`.")
+        key, record = keys.create(args.user)
+        print(key)
+        print(f"(key {record.key_id} for user {record.user!r}; only its hash is stored in {keys.path}, "
+              "so copy it now. Send it as 'Authorization: Bearer <key>'.)", file=sys.stderr)
+    elif args.keys_command == "list":
+        for r in keys.records():
+            print(f"{r.key_id}  user={r.user}  created={r.created_at}{'  REVOKED' if r.revoked else ''}")
+    else:
+        record = keys.revoke(args.key_id)
+        print(f"revoked key {record.key_id} of user {record.user!r}")
     return 0
 
 

@@ -81,7 +81,7 @@ def test_near_duplicates_keep_the_newer_and_record_the_link(tmp_path):
 
 def test_pinned_wins_a_duplicate_pair(tmp_path):
     rows = [memory(1, "Never force-push to main, even on a hotfix branch.", pinned=True, created_at="2025-01-01T00:00:00Z"),
-            memory(2, "Never force-push to main, even on the hotfix branch.", created_at="2025-02-01T00:00:00Z")]
+            memory(2, "Never force-push to main, even on a hotfix branch!", created_at="2025-02-01T00:00:00Z")]
     ingest([write_jsonl(tmp_path / "p.jsonl", rows)], tmp_path / "store", runner="local")
     assert Generation.open_current(tmp_path / "store").memories.column("id").to_pylist() == ["m001"]
 

@@ -110,13 +110,17 @@ SYSTEMS: dict[str, Ranker] = {
     "rrf": _rrf,
     "helix": helix(),
     "helix-no-graph": helix(["graph"]),
-    "helix-no-mmr": helix(["mmr"]),
+    "helix-mmr": helix(overrides={"diversity": {"mode": "mmr"}}),
+    "helix-session": helix(overrides={"diversity": {"mode": "auto"}}),
     "helix-no-recency": helix(["recency"]),
     "helix-no-strong-signal": helix(["strong_signal"]),
     "helix-no-dedup": helix(["dedup"]),
 }
-DEFAULT_SYSTEMS = ("bm25", "dense", "rrf", "helix", "helix-no-graph", "helix-no-mmr", "helix-no-recency",
-                   "helix-no-strong-signal")
+SYSTEMS["helix-no-doc2query"] = helix()
+#: Systems that need stores built differently: their ingest overrides.
+INGEST_VARIANTS: dict[str, dict[str, Any]] = {"helix-no-doc2query": {"doc2query": {"backend": "none"}}}
+DEFAULT_SYSTEMS = ("bm25", "dense", "rrf", "helix", "helix-no-graph", "helix-mmr", "helix-session", "helix-no-recency",
+                   "helix-no-strong-signal", "helix-no-doc2query")
 
 
 @dataclasses.dataclass
@@ -154,10 +158,15 @@ def evaluate(
     by_corpus: dict[str, list[EvalQuery]] = {}
     for q in evalset.queries:
         by_corpus.setdefault(q.corpus_id, []).append(q)
+    variants = {name: load_config(IngestConfig, overrides=INGEST_VARIANTS[name])
+                for name in chosen if name in INGEST_VARIANTS}
     for n, (corpus_id, queries) in enumerate(sorted(by_corpus.items()), start=1):
-        store = store_for(corpus_id, evalset.corpora[corpus_id], Path(workdir), ingest_config)
-        recaller = Recaller(Generation.open_current(store), embedder, retrieval_config or RetrievalConfig())
+        recallers = {}
+        for key, cfg in [(None, ingest_config), *variants.items()]:
+            store = store_for(corpus_id, evalset.corpora[corpus_id], Path(workdir), cfg)
+            recallers[key] = Recaller(Generation.open_current(store), embedder, retrieval_config or RetrievalConfig())
         for name, system in chosen.items():
+            recaller = recallers.get(name, recallers[None])
             for q in queries:
                 ranked = system(recaller, q, depth)
                 rows[name].append({"category": q.category or "all", **evaluate_ranking(ranked, q.gold, ks=ks)})

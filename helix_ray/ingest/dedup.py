@@ -73,7 +73,9 @@ def find_duplicates(
     for i in order:
         lsh = indexes.get(users[i])
         if lsh is None:
-            lsh = indexes[users[i]] = MinHashLSH(threshold=threshold, num_perm=num_perm)
+            # Bands tuned below the threshold: LSH only proposes candidates (missing a true
+            # pair at J = .85 otherwise happens), the similarity check below decides.
+            lsh = indexes[users[i]] = MinHashLSH(threshold=max(0.3, threshold - 0.2), num_perm=num_perm)
         mh = MinHash(num_perm=num_perm, hashvalues=sigs[i], scheme="affine32")
         best, best_sim = -1, -1.0
         for key in lsh.query(mh):
