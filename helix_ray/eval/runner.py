@@ -201,3 +201,18 @@ def format_table(report: EvalReport, metrics: Sequence[str] = ("recall@5", "reca
     for name, s in report.systems.items():
         lines.append(name.ljust(width) + "".join(f"{s.get(m, float('nan')):14.4f}" for m in present))
     return "\n".join(lines)
+
+
+def format_markdown(report: EvalReport, metrics: Sequence[str] = ("recall@5", "recall@10", "recall_any@5", "ndcg@10",
+                                                                   "mrr@10")) -> str:
+    """The report as a Markdown table (overall metrics, then Recall@10 per category)."""
+    present = [m for m in metrics if any(m in s for s in report.systems.values())]
+    cats = sorted({c for s in report.systems.values() for c in (s.get("per_category") or {})})
+    head = ["system", *present, *[f"R@10 cat {c}" for c in cats]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, s in report.systems.items():
+        per = s.get("per_category") or {}
+        cells = [f"{s.get(m, float('nan')):.4f}" for m in present]
+        cells += [f"{per.get(c, {}).get('recall@10', float('nan')):.4f}" for c in cats]
+        lines.append("| " + " | ".join([name, *cells]) + " |")
+    return "\n".join(lines)
