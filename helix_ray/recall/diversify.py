@@ -30,8 +30,13 @@ def drop_near_duplicates(order: list[int], signatures: np.ndarray, threshold: fl
     """(kept, dropped) indices, in order. ``signatures[i]`` belongs to item i."""
     kept: list[int] = []
     dropped: list[int] = []
+    if not order:
+        return kept, dropped
+    sigs = np.asarray(signatures)
+    # Estimated Jaccard of every pair at once (n × n), then one greedy pass.
+    similar = (sigs[:, None, :] == sigs[None, :, :]).mean(axis=2) >= threshold
     for i in order:
-        if kept and np.max(np.mean(signatures[kept] == signatures[i], axis=1)) >= threshold:
+        if kept and similar[i, kept].any():
             dropped.append(i)
         else:
             kept.append(i)

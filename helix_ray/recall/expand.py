@@ -25,31 +25,47 @@ class Expansion:
     subgraph_nodes: int
 
 
+def _edges_of(indptr, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(index into ``nodes`` of the source, CSR position) of every edge of ``nodes``."""
+    starts = np.asarray(indptr[nodes], dtype=np.int64)
+    lengths = np.asarray(indptr[nodes + 1], dtype=np.int64) - starts
+    total = int(lengths.sum())
+    owner = np.repeat(np.arange(len(nodes)), lengths)
+    positions = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(total)
+    return owner, positions
+
+
 def neighbourhood(indptr, indices, seeds: np.ndarray, max_hops: int, max_nodes: int) -> tuple[np.ndarray, np.ndarray, int]:
     """BFS from ``seeds`` (at most ``max_nodes`` of them): (nodes, hop of each, depth at
-    which the node cap cut the search, 0 if it did not). Seeds come first."""
-    hop = {int(s): 0 for s in seeds[:max_nodes]}
-    frontier = list(hop)
-    truncated = 0
+    which the node cap cut the search, 0 if it did not). Seeds come first, then each hop
+    in discovery order. Vectorised per hop: no Python loop over edges."""
+    seeds = np.asarray(seeds, dtype=np.int64)
+    _, first = np.unique(seeds[:max_nodes], return_index=True)
+    nodes = [seeds[np.sort(first)]]
+    hops = [np.zeros(len(nodes[0]), np.int64)]
+    visited = np.sort(nodes[0])
+    frontier = nodes[0]
+    count = len(frontier)
     for depth in range(1, max_hops + 1):
-        nxt = []
-        for node in frontier:
-            for nb in indices[indptr[node]:indptr[node + 1]]:
-                nb = int(nb)
-                if nb not in hop:
-                    if len(hop) >= max_nodes:
-                        truncated = depth
-                        break
-                    hop[nb] = depth
-                    nxt.append(nb)
-            if truncated:
-                break
-        frontier = nxt
-        if truncated or not frontier:
+        if len(frontier) == 0:
             break
-    nodes = np.fromiter(hop.keys(), dtype=np.int64, count=len(hop))
-    hops = np.fromiter(hop.values(), dtype=np.int64, count=len(hop))
-    return nodes, hops, truncated
+        _, positions = _edges_of(indptr, frontier)
+        reached = np.asarray(indices[positions], dtype=np.int64)
+        if len(reached) == 0:
+            break
+        uniq, first = np.unique(reached, return_index=True)
+        fresh = uniq[~np.isin(uniq, visited, assume_unique=True)]
+        fresh = reached[np.sort(first[np.isin(uniq, fresh, assume_unique=True)])]  # discovery order
+        room = max_nodes - count
+        if len(fresh) > room:
+            fresh = fresh[:room]
+            nodes.append(fresh); hops.append(np.full(len(fresh), depth, np.int64))
+            return np.concatenate(nodes), np.concatenate(hops), depth
+        nodes.append(fresh); hops.append(np.full(len(fresh), depth, np.int64))
+        count += len(fresh)
+        visited = np.union1d(visited, fresh)
+        frontier = fresh
+    return np.concatenate(nodes), np.concatenate(hops), 0
 
 
 def ppr_dense(adjacency: np.ndarray, seed: np.ndarray, damping: float, iterations: int = 1000, tol: float = 1e-12) -> np.ndarray:
@@ -75,16 +91,16 @@ def ppr(graph, seeds: np.ndarray, seed_weights: np.ndarray, *, damping: float, m
     nodes, hops, cut_at = neighbourhood(indptr, indices, seeds, max_hops, max_nodes)
     if cut_at == 1:  # even the first hop overflows: a hub; PPR on a clipped star misleads
         return Expansion(nodes, 1.0 / (1.0 + hops), "bfs", len(nodes))
-    local = {int(n): i for i, n in enumerate(nodes)}
-    rows, cols, vals = [], [], []
-    for i, node in enumerate(nodes):
-        lo, hi = indptr[node], indptr[node + 1]
-        for nb, w in zip(indices[lo:hi], weights[lo:hi]):
-            j = local.get(int(nb))
-            if j is not None:
-                rows.append(i); cols.append(j); vals.append(float(w))
+    # The induced subgraph: every edge of the chosen nodes whose other end was chosen too.
+    owner, edge_pos = _edges_of(indptr, nodes)
+    reached = np.asarray(indices[edge_pos], dtype=np.int64)
+    order = np.argsort(nodes, kind="stable")
+    slot = np.searchsorted(nodes[order], reached)
+    slot = np.minimum(slot, len(nodes) - 1)
+    inside = nodes[order][slot] == reached
     n = len(nodes)
-    adjacency = csr_matrix((vals, (rows, cols)), shape=(n, n))
+    adjacency = csr_matrix(
+        (np.asarray(weights[edge_pos[inside]], dtype=np.float64), (owner[inside], order[slot[inside]])), shape=(n, n))
     degree = np.asarray(adjacency.sum(axis=1)).ravel()
     inv = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
     transition_t = (adjacency.multiply(inv[:, None])).T.tocsr()
