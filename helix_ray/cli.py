@@ -65,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--workdir", default=".helix/eval-stores", help="where the per-corpus stores are built and reused")
     s.add_argument("--json", dest="json_out", help="write the results as JSON to this path")
 
+    s = sub.add_parser("compact", help="fold online writes (the inbox and the delta) into the next generation")
+    s.add_argument("--store", required=True)
+    s.add_argument("--runner", default="local", choices=("ray", "local"))
+    s.add_argument("--json", action="store_true")
+
     s = sub.add_parser("demo", help="ingest the shipped sample memory set and answer a query")
     s.add_argument("--store", default=".helix/demo-store")
     s.add_argument("--query", default="why did we choose NATS for the event bus?")
@@ -94,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": _demo,
-                "serve": _serve, "keys": _keys}[args.command](args)
+                "serve": _serve, "keys": _keys, "compact": _compact}[args.command](args)
     except Exception as exc:  # noqa: BLE001 - the CLI prints a sentence, not a traceback
         from helix_ray.errors import HelixError
 
@@ -216,6 +221,21 @@ def _eval(args: argparse.Namespace) -> int:
     print(format_table(report))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report.as_dict(), indent=1))
+    return 0
+
+
+def _compact(args: argparse.Namespace) -> int:
+    """Fold the writes a server took into the next generation. With a server running, its
+    Writer holds the store (DuckDB has one writer): use POST /v1/admin/compact there."""
+    from helix_ray.serve.writer import WriterCore
+
+    writer = WriterCore(args.store, compact_runner=args.runner)
+    try:
+        outcome = writer.compact()
+    finally:
+        writer.db.close()
+    print(json.dumps(outcome, indent=1, default=str) if args.json else
+          ", ".join(f"{k}: {v}" for k, v in outcome.items()))
     return 0
 
 

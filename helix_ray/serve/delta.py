@@ -22,11 +22,12 @@ after its 201, and a delete hides the memory from the next request after its 200
 generation row or graph node, and the same in every snapshot that holds the entry, so
 hits computed by one replica on one snapshot mean the same memory in another.
 
-**Search** reuses the query-path stage functions: exact cosine via
-:func:`helix_ray.recall.dense.rescore` over the entries in scope, and BM25 via
-:func:`helix_ray.recall.lexical.search` over a tiny in-memory bm25s index of the
-entries' text plus doc2query expansions. :func:`merge_dense` and :func:`merge_lexical`
-fold those hits into the generation leg's list.
+**Search**: exact cosine via :func:`helix_ray.recall.dense.rescore` (the dense leg's
+own rescoring) over the entries in scope, and BM25 over the entries' text plus doc2query
+expansions, tokenised like a generation's index and scored with the generation's IDF
+statistics so the two lists compare (:meth:`DeltaSegment.lexical_search`).
+:func:`merge_dense` and :func:`merge_lexical` fold those hits into the generation leg's
+list.
 
 **After compaction** an entry that the new generation ``N`` holds is marked
 ``folded_into = N`` and stays in the snapshot until the next compaction: a replica
@@ -39,8 +40,10 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import math
 import os
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -284,25 +287,71 @@ class DeltaSegment:
         return dense.DenseHits(DELTA_BASE + self.seq[rows], sims, "delta")
 
     @functools.cached_property
-    def bm25(self) -> lexical.BM25Index | None:
-        if not len(self):
-            return None
-        import bm25s
+    def _terms(self) -> tuple[list[Counter], np.ndarray]:
+        """Per entry: its tokens' counts (text + expansions, tokenised as the BM25 index
+        of a generation is) and its length in tokens."""
+        tokens = _tokens(self.lexical_texts, self.stemmer)
+        return [Counter(t) for t in tokens], np.array([len(t) for t in tokens], dtype=np.float64)
 
-        retriever = bm25s.BM25()
-        retriever.index(lexical.tokenize(self.lexical_texts, self.stemmer), show_progress=False)
-        return lexical.BM25Index(retriever, self.stemmer)
+    def lexical_search(self, query: str, scope: Scope, generation: int | None, base: lexical.BM25Index | None,
+                       *, top_k: int) -> "DeltaLexical | None":
+        """BM25 over the entries in scope, scored on the generation's scale.
 
-    def lexical_search(self, query: str, scope: Scope, generation: int | None, *, top_k: int,
-                       strong_score: float, strong_gap: float) -> lexical.LexicalHits:
+        A tiny index of its own would give IDFs from a handful of documents, and scores
+        comparable neither to the generation's nor (normalised by its own ceiling) to
+        anything: one entry would look like a perfect match. So each query term gets the
+        IDF of the generation and the delta together (``df = df_generation + df_delta``,
+        Lucene's idf, bm25s's k1 and b), and the ceiling is taken over both."""
         mask = self.scope_mask(scope, generation)
-        index = self.bm25
-        if index is None or not mask.any():
-            return _no_lexical_hits()
-        hits = lexical.search(index, query, start=0, end=len(self), mask=mask, top_k=top_k,
-                              strong_score=strong_score, strong_gap=strong_gap)
-        return lexical.LexicalHits(DELTA_BASE + self.seq[hits.rows], hits.scores, hits.normalised,
-                                   hits.strong_signal)
+        if not mask.any():
+            return None
+        tokens = _tokens([query], self.stemmer)[0]
+        if not tokens:
+            return None
+        counts, lengths = self._terms
+        retriever = base.retriever if base is not None else None
+        k1 = float(getattr(retriever, "k1", 1.5)) if retriever is not None else 1.5
+        b = float(getattr(retriever, "b", 0.75)) if retriever is not None else 0.75
+        n_base = int(retriever.scores["num_docs"]) if retriever is not None else 0
+        vocab = retriever.vocab_dict if retriever is not None else {}
+        avgdl = float(lengths.mean()) if len(lengths) and lengths.mean() > 0 else 1.0
+        norm = k1 * (1.0 - b + b * lengths / avgdl)
+        scores = np.zeros(len(self), dtype=np.float64)
+        ceiling = 0.0
+        for token in tokens:
+            tf = np.array([c.get(token, 0) for c in counts], dtype=np.float64)
+            df_base, max_base = 0, 0.0
+            if token in vocab:
+                t = vocab[token]
+                lo, hi = int(retriever.scores["indptr"][t]), int(retriever.scores["indptr"][t + 1])
+                df_base = hi - lo
+                max_base = float(np.max(retriever.scores["data"][lo:hi])) if hi > lo else 0.0
+            df = df_base + int(np.count_nonzero(tf))
+            idf = math.log(1.0 + (n_base + len(self) - df + 0.5) / (df + 0.5))
+            term = idf * tf / (tf + norm)
+            scores += term
+            ceiling += max(max_base, float(term.max()) if len(term) else 0.0)
+        scores = np.where(mask, scores, 0.0)
+        k = min(top_k, int(np.count_nonzero(scores > 0)))
+        if k == 0:
+            return None
+        top = np.argpartition(-scores, k - 1)[:k]
+        top = top[np.lexsort((top, -scores[top]))]
+        return DeltaLexical(DELTA_BASE + self.seq[top], scores[top].astype(np.float32), ceiling)
+
+
+@dataclass(frozen=True)
+class DeltaLexical:
+    rows: np.ndarray  # int64 delta row ids, best first
+    scores: np.ndarray  # float32 BM25 on the generation's scale
+    ceiling: float  # Σ over query tokens of the best score any memory (generation or delta) reaches
+
+
+def _tokens(texts: list[str], stemmer: str | None) -> list[list[str]]:
+    import bm25s
+
+    return bm25s.tokenize(texts, stopwords="en", stemmer=lexical._stemmer(stemmer) if stemmer else None,
+                          return_ids=False, show_progress=False)
 
 
 def _no_lexical_hits() -> lexical.LexicalHits:
@@ -324,25 +373,20 @@ def merge_dense(base: dense.DenseHits | None, extra: dense.DenseHits | None, top
     return dense.DenseHits(rows[order], sims[order], base.first_pass + "+delta")
 
 
-def merge_lexical(base: lexical.LexicalHits | None, extra: lexical.LexicalHits | None, *, top_k: int,
+def merge_lexical(base: lexical.LexicalHits | None, extra: DeltaLexical | None, *, top_k: int,
                   strong_score: float, strong_gap: float) -> lexical.LexicalHits | None:
-    """One list by normalised BM25 score (each list's raw score over its own index's
-    ceiling for the query, in [0, 1]: raw scores of two indexes with different IDF
-    statistics do not compare). Delta raw scores are rescaled onto the base list's scale,
-    and the strong-signal test is re-run on the merged list."""
+    """One list by BM25 score (the delta's is on the generation's scale, see
+    :meth:`DeltaSegment.lexical_search`), normalised again by the ceiling over both, and
+    the strong-signal test re-run on the merged list. Without delta hits, ``base`` is
+    returned as it is."""
     if extra is None or not len(extra.rows):
         return base
-    if base is None or not len(base.rows):
-        base_scale = None
-        base = _no_lexical_hits()
-    else:
-        base_scale = float(base.scores[0] / base.normalised[0]) if base.normalised[0] > 0 else None
-    extra_raw = extra.normalised * base_scale if base_scale else extra.scores
+    base = base if base is not None else _no_lexical_hits()
     rows = np.concatenate([base.rows, extra.rows])
-    normalised = np.concatenate([base.normalised, extra.normalised]).astype(np.float32)
-    raw = np.concatenate([base.scores, extra_raw]).astype(np.float32)
-    order = np.lexsort((rows, -normalised))[:top_k]
-    rows, normalised, raw = rows[order], normalised[order], raw[order]
+    raw = np.concatenate([base.scores, extra.scores]).astype(np.float32)
+    order = np.lexsort((rows, -raw))[:top_k]
+    rows, raw = rows[order], raw[order]
+    normalised = np.minimum(raw / (extra.ceiling or 1.0), 1.0).astype(np.float32)
     second = float(normalised[1]) if len(normalised) > 1 else 0.0
     strong = bool(len(normalised) and normalised[0] >= strong_score and normalised[0] - second >= strong_gap)
     return lexical.LexicalHits(rows, raw, normalised, strong)

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from helix_ray.config import RetrievalConfig
+from helix_ray.errors import StoreError
 from helix_ray.recall import scope as scope_mod
 from helix_ray.recall.pipeline import Recaller
 from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, current_delta_version, delta_dir
@@ -50,17 +51,21 @@ class Pointer:
         self.parse = parse
         self._key: tuple[int, int, int] | None = None
         self._value: Any = None
+        self.version = 0  # bumped every time the contents are read again
 
     def read(self) -> Any:
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
-            self._key, self._value = None, self.parse(self.path)
+            if self._key is not None or self.version == 0:
+                self._key, self._value = None, self.parse(self.path)
+                self.version += 1
             return self._value
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         if key != self._key:
             self._value = self.parse(self.path)
             self._key = key
+            self.version += 1
         return self._value
 
 
@@ -128,10 +133,10 @@ class ShellRecaller(Recaller):
                  config: RetrievalConfig | None = None, columns: Any = None):
         self.generation = generation
         self.embedder = None
-        self.router = None
+        self._router = None
         self.config = config or RetrievalConfig()
         self._base = base
-        self._hidden = hidden_rows
+        self.hidden_rows = hidden_rows
         self._columns = columns
 
     @property
@@ -143,7 +148,7 @@ class ShellRecaller(Recaller):
         mask = None
         if end > start and _has_filters(plan.scope):
             mask = scope_mod.build_mask(self._base.columns, start, end, plan.scope)
-        hidden = self._hidden[(self._hidden >= start) & (self._hidden < end)]
+        hidden = self.hidden_rows[(self.hidden_rows >= start) & (self.hidden_rows < end)]
         if len(hidden):
             mask = np.ones(end - start, dtype=bool) if mask is None else mask.copy()
             mask[hidden - start] = False
@@ -157,6 +162,8 @@ class _Joined:
         self.base, self.extra, self.delta = base, extra, delta
 
     def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):  # a range of generation rows (scope masks slice a tenant's range)
+            return self.base[key]
         if isinstance(key, (int, np.integer)):
             k = int(key)
             if k < DELTA_BASE:
@@ -189,8 +196,11 @@ class _PaddedIndptr:
         self.last = len(indptr) - 1
 
     def __getitem__(self, node: Any) -> Any:
-        node = int(node)
-        return self.indptr[node if node <= self.last else self.last]
+        if isinstance(node, (int, np.integer)):
+            return self.indptr[min(int(node), self.last)]
+        if isinstance(node, slice):
+            return self.indptr[node]
+        return np.asarray(self.indptr[np.minimum(np.asarray(node, dtype=np.int64), self.last)])
 
     def __len__(self) -> int:
         return len(self.indptr)
@@ -342,15 +352,25 @@ class StoreViews:
     def delta_version(self) -> int:
         return self._delta_pointer.read() or 0
 
-    def delta(self, version: int | None = None) -> DeltaSegment:
-        version = self.delta_version() if version is None else version
-        seg = self.deltas.get(version)
-        if seg is None:
-            seg = DeltaSegment.load(self.store, version)
+    def delta(self) -> DeltaSegment:
+        """The newest delta snapshot (one ``stat`` when it did not change)."""
+        for attempt in range(3):
+            version = self.delta_version()
+            seg = self.deltas.get(version)
+            if seg is not None:
+                return seg
+            try:
+                seg = DeltaSegment.load(self.store, version)
+            except StoreError:  # replaced and pruned between reading CURRENT and the file
+                if attempt == 2:
+                    raise
+                self._delta_pointer = Pointer(delta_dir(self.store) / "CURRENT", _read_int)
+                continue
             self.deltas[version] = seg
             while len(self.deltas) > 4:
                 self.deltas.popitem(last=False)
-        return seg
+            return seg
+        raise AssertionError("unreachable")
 
     # ---------------------------------------------------------------- recallers
     def recaller(self, view: GenerationView, delta: DeltaSegment, *, joined: bool = False) -> ShellRecaller:

@@ -1,0 +1,38 @@
+"""Helix on Ray Serve: the recall graph as deployments, the HTTP API, online writes.
+
+Module map, in flow order::
+
+    api.py          HTTP request/response models, error sentences, settings checks (no Ray)
+    keys.py         API keys → users (keys.json in the store folder)
+    delta.py        the delta segment: online writes searched beside the generation
+    views.py        per-replica generations and delta snapshots; the hot swap
+    shells.py       the deployment shells over Recaller.plan / legs / finish (no Ray)
+    writer.py       the single DuckDB writer: writes, deletes, compaction
+    deployments.py  the shells as Serve deployments (fractional CPUs, autoscaling)
+    app.py          the FastAPI ingress and ``build_app`` (configs/serve.yaml)
+    server.py       ``helix serve``: start or join Ray, deploy, run
+
+Imports are lazy: ``import helix_ray.serve`` does not import Ray.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["build_app", "ServeArgs", "run", "KeyStore"]
+
+_LAZY = {
+    "build_app": "helix_ray.serve.app",
+    "ServeArgs": "helix_ray.serve.app",
+    "run": "helix_ray.serve.server",
+    "KeyStore": "helix_ray.serve.keys",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'helix_ray.serve' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

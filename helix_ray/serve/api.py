@@ -1,0 +1,228 @@
+"""The HTTP contract: request and response models, error sentences, settings checks and
+the latency window behind ``GET /v1/stats``. No Ray here.
+
+Request models reject unknown fields (``extra="forbid"``). JSON types are checked by
+the models; values (an empty query, a budget of 0, an unknown memory type) are checked
+by the same functions the library uses (:func:`helix_ray.recall.scope.make_scope`,
+:func:`helix_ray.ingest.normalize.normalise_one`), so the HTTP error carries the same
+sentence as the Python error.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from helix_ray.config import RetrievalConfig, deep_merge
+from helix_ray.errors import InvalidArgument
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ----------------------------------------------------------------------------- recall
+
+
+class RecallRequest(_Request):
+    """A recall request. ``user`` may be left out when an API key is sent: the key's
+    user is used (and a different ``user`` is refused)."""
+
+    query: str = Field(description="The question to recall memories for (non-empty, at most 8000 characters).")
+    budget_tokens: int = Field(description="Token budget of the packed result (cl100k tokens, > 0).")
+    user: str | None = Field(None, description="The tenant; defaults to the API key's user.")
+    project: str | None = Field(None, description="Only memories of this project.")
+    types: list[str] | None = Field(None, description="Only these memory types: episodic, semantic, procedural, "
+                                                       "decision, code.")
+    since: str | None = Field(None, description="ISO-8601 time: only memories created at or after it.")
+    until: str | None = Field(None, description="ISO-8601 time: only memories created at or before it.")
+    k: int | None = Field(None, description="Items selected before packing (1–200; default from the settings).")
+    explain: bool = Field(False, description="Return every candidate's ranks, signals and fate.")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"query": "why did we choose NATS for the event bus?", "budget_tokens": 400, "k": 6}]})
+
+
+class RecallItemOut(BaseModel):
+    id: str
+    text: str
+    type: str
+    rank: int = Field(description="1-based rank after ranking and diversity (before lost-in-the-middle order).")
+    score: float
+    n_tokens: int
+    truncated: bool
+    created_at: str
+    session_id: str | None
+    project: str | None
+    signals: dict[str, float]
+    origin: str = Field(description="'generation' (published) or 'delta' (written since the last compaction).")
+
+
+class RecallResponse(BaseModel):
+    query: str
+    user: str
+    items: list[RecallItemOut] = Field(description="Packed memories in final (lost-in-the-middle) order.")
+    total_tokens: int
+    budget_tokens: int
+    timings_ms: dict[str, float] = Field(description="Per stage (embed, route, bm25, dense, fuse, expand, rank, "
+                                                     "diversify, pack, total) and per hop (call_*), milliseconds.")
+    flags: dict[str, Any] = Field(description="router_skip, strong_signal_skip, degraded legs, route, graph, "
+                                              "diversity mode.")
+    generation: int | None
+    delta_version: int
+    explain: list[dict[str, Any]] | None = None
+
+
+# ----------------------------------------------------------------------------- memories
+
+
+class MemoryIn(_Request):
+    """One memory to write. Missing ``type``, ``salience`` and ``confidence`` are derived
+    by the ingest rules; a missing ``id`` is a stable hash of user and text."""
+
+    text: str
+    id: str | None = None
+    user: str | None = Field(None, description="Defaults to the API key's user.")
+    type: str | None = None
+    project: str | None = None
+    session_id: str | None = None
+    created_at: str | None = Field(None, description="ISO-8601; defaults to now.")
+    salience: float | None = None
+    confidence: float | None = None
+    pinned: bool | None = None
+    source: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class MemoryBatch(_Request):
+    memories: list[MemoryIn] = Field(description="1 to 1000 memories, written together.")
+
+
+class MemoryPatch(_Request):
+    """Fields to change; the others keep their value."""
+
+    text: str | None = None
+    type: str | None = None
+    project: str | None = None
+    session_id: str | None = None
+    salience: float | None = None
+    confidence: float | None = None
+    pinned: bool | None = None
+    source: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class WriteResponse(BaseModel):
+    ids: list[str]
+    delta_version: int
+    generation: int | None
+
+
+class MemoryChanged(BaseModel):
+    id: str
+    delta_version: int
+    deleted: bool = False
+    generation: int | None = None
+
+
+# ----------------------------------------------------------------------------- settings
+
+#: The knobs ``PATCH /v1/settings`` is meant for (any RetrievalConfig key is accepted).
+LIVE_KNOBS = {
+    "fusion.weights": "RRF list weights {dense, bm25}, each >= 0, one > 0",
+    "fusion.k": "RRF k, 1–1000 (Cormack et al. 2009: 60)",
+    "fusion.top_rank_bonus": "true/false: +0.05 for a 1st rank, +0.02 for 2nd–3rd",
+    "diversity.mmr_lambda": "MMR λ in [0, 1]: 1 = relevance only",
+    "rank.type_weights": "per type {similarity, recency, salience, confidence, graph} >= 0",
+    "lexical.strong_signal_score": "[0, 1]",
+    "lexical.strong_signal_gap": "[0, 1]",
+    "lexical.strong_signal_skip": "true/false",
+}
+
+
+class SettingsResponse(BaseModel):
+    effective: dict[str, Any] = Field(description="The RetrievalConfig every recall uses now.")
+    overrides: dict[str, Any] = Field(description="What PATCH /v1/settings changed (persisted in the store).")
+    base: dict[str, Any] = Field(description="The deployment's user_config retrieval overrides.")
+    knobs: dict[str, str] = Field(LIVE_KNOBS, description="The knobs meant for live tuning and their ranges.")
+
+
+def check_settings(base: dict[str, Any], overrides: dict[str, Any]) -> RetrievalConfig:
+    """The effective config for ``base`` ← ``overrides``; :class:`InvalidArgument`
+    naming each bad key, what it got and what is allowed."""
+    try:
+        return RetrievalConfig.model_validate(deep_merge(base, overrides))
+    except ValidationError as exc:
+        raise InvalidArgument("settings", overrides, "; ".join(_setting_errors(exc)),
+                              "GET /v1/settings lists every key and its current value.") from None
+
+
+def _setting_errors(exc: ValidationError) -> list[str]:
+    out = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            parent = err["loc"][:-1]
+            model: Any = RetrievalConfig
+            for part in parent:
+                field = model.model_fields.get(str(part)) if hasattr(model, "model_fields") else None
+                model = field.annotation if field is not None else None
+            allowed = ", ".join(model.model_fields) if hasattr(model, "model_fields") else "see GET /v1/settings"
+            out.append(f"{path} is not a setting (allowed here: {allowed})")
+        else:
+            out.append(f"{path}={err.get('input')!r}: {err['msg']}")
+    return out
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def request_error_sentence(errors: list[dict[str, Any]]) -> str:
+    """One sentence for FastAPI's request validation errors (unknown field, wrong JSON
+    type, missing field)."""
+    parts = []
+    union_noise = {"list_type", "model_type", "model_attributes_type", "dict_type"}
+    meaningful = [e for e in errors if e.get("type") not in union_noise] or errors
+    for err in meaningful[:5]:
+        loc = [str(p) for p in err.get("loc", ())
+               if p not in ("body",) and not str(p).startswith(("list[", "MemoryIn"))]
+        where = ".".join(loc) or "the request body"
+        kind = err.get("type")
+        if kind == "extra_forbidden":
+            parts.append(f"Got unknown field {where!r}; remove it (the allowed fields are in the OpenAPI schema "
+                         "at /docs)")
+        elif kind == "missing":
+            parts.append(f"The field {where!r} is required")
+        elif kind == "json_invalid":
+            parts.append("The request body is not valid JSON")
+        else:
+            parts.append(f"Got {where}={err.get('input')!r}; {err.get('msg', 'invalid value')}")
+    return "; ".join(parts) + "."
+
+
+# ----------------------------------------------------------------------------- stats
+
+
+class LatencyWindow:
+    """The last ``size`` timings per stage, for p50/p95 in ``GET /v1/stats``."""
+
+    def __init__(self, size: int = 2048):
+        self.size = size
+        self.samples: dict[str, deque] = {}
+        self.requests = 0
+
+    def add(self, timings: dict[str, float]) -> None:
+        self.requests += 1
+        for stage, ms in timings.items():
+            self.samples.setdefault(stage, deque(maxlen=self.size)).append(float(ms))
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for stage, values in self.samples.items():
+            arr = np.fromiter(values, dtype=np.float64)
+            out[stage] = {"n": int(len(arr)), "p50": round(float(np.percentile(arr, 50)), 3),
+                          "p95": round(float(np.percentile(arr, 95)), 3)}
+        return out

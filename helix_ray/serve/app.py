@@ -1,0 +1,418 @@
+"""The Helix Serve application: a FastAPI ingress over the recall graph.
+
+::
+
+    HTTP ─▶ HelixAPI (FastAPI ingress: auth, checks, settings, stats)
+              │ plan ─▶ Embedder            Recaller.plan: check, embed, route
+              │ ┌─▶ BM25                    Recaller.lexical_leg  + delta BM25     ┐ awaited
+              │ └─▶ DenseANN                Recaller.dense_leg    + delta cosine   ┘ together
+              │ finish ─▶ Ranker            Recaller.finish over generation + delta
+              │ writes ─▶ Writer (1)        DuckDB + inbox + delta snapshot; compaction
+              ▼
+            JSON
+
+``build_app(args)`` is a typed application builder: ``serve run
+helix_ray.serve.app:build_app store=DIR`` or ``serve deploy configs/serve.yaml``.
+(No ``from __future__ import annotations`` here: Serve reads ``build_app``'s annotation
+to validate its arguments, and FastAPI reads the endpoints'.)
+"""
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from fastapi import Body, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from ray import serve
+from ray.serve import Application
+from ray.serve.handle import DeploymentHandle
+
+from helix_ray import __version__
+from helix_ray.config import IngestConfig, RetrievalConfig, deep_merge, load_config
+from helix_ray.errors import HelixError, InvalidArgument, StoreError
+from helix_ray.recall.scope import make_scope
+from helix_ray.serve.api import (
+    LatencyWindow,
+    MemoryBatch,
+    MemoryChanged,
+    MemoryIn,
+    MemoryPatch,
+    RecallRequest,
+    RecallResponse,
+    SettingsResponse,
+    WriteResponse,
+    check_settings,
+    request_error_sentence,
+)
+from helix_ray.serve.deployments import BM25, CPUS, RETRIEVER_AUTOSCALING, DenseANN, Embedder, Ranker, Writer
+from helix_ray.serve.errors import Forbidden, kind_of, message_of, status_of
+from helix_ray.serve.keys import KeyStore
+from helix_ray.serve.views import Pointer
+from helix_ray.serve.writer import settings_path
+
+log = logging.getLogger(__name__)
+
+
+class ServeArgs(BaseModel):
+    """Arguments of :func:`build_app` (``args:`` in ``configs/serve.yaml``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    store: str = Field(description="The store folder (with a published generation).")
+    auth: bool = Field(True, description="Require 'Authorization: Bearer <key>' (keys: `helix keys create`).")
+    retrieval: dict[str, Any] = Field(default_factory=dict,
+                                      description="RetrievalConfig overrides used until PATCH /v1/settings changes "
+                                                  "them (the ingress user_config also sets them).")
+    ingest_config: Optional[str] = Field(None, description="Ingest YAML for writes and compaction (default: the "
+                                                           "typed defaults, as `helix ingest`).")
+    compact_interval_s: float = Field(600.0, gt=0, description="Compact pending writes at least this often.")
+    compact_max_pending: int = Field(2000, ge=1, description="...or as soon as this many are pending.")
+    compact_runner: Literal["local", "ray"] = Field("local", description="Ingest runner for compaction.")
+    watch_interval_s: float = Field(0.5, ge=0.05, le=10.0, description="How often replicas look for a new generation.")
+    retriever_replicas: tuple[int, int] = Field((1, 3), description="(min, max) replicas of DenseANN and BM25 "
+                                                                     "(autoscaling; the Ranker's max is 2).")
+
+    @model_validator(mode="after")
+    def _check_replicas(self) -> "ServeArgs":
+        low, high = self.retriever_replicas
+        if not 1 <= low <= high <= 16:
+            raise ValueError(f"Got retriever_replicas={self.retriever_replicas}; it must be (min, max) with "
+                             "1 <= min <= max <= 16.")
+        return self
+
+
+class ErrorOut(BaseModel):
+    detail: str = Field(description="What was received, what is allowed, how to fix it.")
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorOut, "description": "No API key, or an unknown one."},
+    403: {"model": ErrorOut, "description": "The key belongs to another user."},
+    422: {"model": ErrorOut, "description": "A field is unknown, missing or out of range."},
+    503: {"model": ErrorOut, "description": "The store cannot be read right now."},
+}
+
+api = FastAPI(
+    title="Helix",
+    version=__version__,
+    description="Memory recall for coding agents. Every endpoint but /healthz needs "
+                "'Authorization: Bearer <key>' unless the server runs with --no-auth.",
+)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"detail": message})
+
+
+@api.exception_handler(RequestValidationError)
+async def _request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in exc.errors()]
+    return JSONResponse(status_code=422, content={"detail": request_error_sentence(exc.errors()), "errors": errors})
+
+
+@api.exception_handler(HelixError)
+async def _helix_error(request: Request, exc: HelixError) -> JSONResponse:
+    return _error(status_of(exc) or 400, message_of(exc))
+
+
+@api.exception_handler(Exception)
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    status = status_of(exc)
+    if status is not None:  # a Helix error raised in another replica, wrapped by Ray
+        return _error(status, message_of(exc))
+    log.exception("unexpected error on %s", request.url.path)
+    return _error(500, f"Internal error ({type(exc).__name__}) while serving {request.url.path}; "
+                       "the server log has the details.")
+
+
+def _ms(since: float) -> float:
+    return round((time.perf_counter() - since) * 1000.0, 3)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def _read_int(path: Path) -> Optional[int]:
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text else None
+
+
+_MEMORY_SCHEMA = MemoryIn.model_json_schema()
+_WRITE_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {"anyOf": [
+    _MEMORY_SCHEMA,
+    {"type": "object", "title": "MemoryBatch", "required": ["memories"], "additionalProperties": False,
+     "properties": {"memories": {"type": "array", "items": _MEMORY_SCHEMA, "minItems": 1, "maxItems": 1000}}},
+    {"type": "array", "items": _MEMORY_SCHEMA, "minItems": 1, "maxItems": 1000},
+]}}}}}
+
+
+@serve.deployment(name="HelixAPI", ray_actor_options={"num_cpus": CPUS["ingress"]}, max_ongoing_requests=128)
+@serve.ingress(api)
+class HelixAPI:
+    """The ingress: authenticates, checks requests, and calls the graph's handles."""
+
+    def __init__(self, embedder: DeploymentHandle, dense: DeploymentHandle, bm25: DeploymentHandle,
+                 ranker: DeploymentHandle, writer: DeploymentHandle, args: dict[str, Any]):
+        self.embedder, self.dense, self.bm25, self.ranker, self.writer = embedder, dense, bm25, ranker, writer
+        self.args = ServeArgs.model_validate(args)
+        self.store = Path(self.args.store)
+        self.keys = KeyStore(self.store) if self.args.auth else None
+        self.latency = LatencyWindow()
+        self._generation = Pointer(self.store / "CURRENT", _read_int)
+        self._delta = Pointer(self.store / "delta" / "CURRENT", _read_int)
+        self._overrides = Pointer(settings_path(self.store), _read_json)
+        self.base: dict[str, Any] = dict(self.args.retrieval)
+        self._base_version = 0
+        self._config_key: Any = None
+        self._config = check_settings(self.base, {})
+
+    # ---------------------------------------------------------------- settings
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Serve's ``user_config`` hook: ``{"retrieval": {...RetrievalConfig overrides}}``.
+        Applied without restarting the replica (``serve deploy`` with a changed
+        ``user_config``); an invalid one fails the deploy with the sentence saying why."""
+        unknown = sorted(set(user_config or {}) - {"retrieval"})
+        if unknown:
+            raise InvalidArgument("user_config", user_config, f"its only key is 'retrieval' (got {unknown})")
+        base = dict((user_config or {}).get("retrieval") or {})
+        check_settings(base, {})
+        self.base = base
+        self._base_version += 1
+
+    def config(self) -> RetrievalConfig:
+        """The effective config: defaults ← ``user_config`` ← live overrides (one
+        ``stat`` of ``serve-settings.json`` per request)."""
+        overrides = self._overrides.read()
+        key = (self._overrides.version, self._base_version)
+        if key != self._config_key:
+            try:
+                self._config = check_settings(self.base, overrides)
+            except InvalidArgument:
+                log.exception("ignoring invalid live settings in %s", settings_path(self.store))
+                self._config = check_settings(self.base, {})
+            self._config_key = key
+        return self._config
+
+    # ---------------------------------------------------------------- auth
+    def authenticate(self, authorization: Optional[str]) -> Optional[str]:
+        """The key's user, or None when the server runs without keys."""
+        if self.keys is None:
+            return None
+        token = None
+        if authorization:
+            scheme, _, value = authorization.partition(" ")
+            token = value.strip() if scheme.lower() == "bearer" else None
+        return self.keys.user_for(token)
+
+    def user_for(self, authorization: Optional[str], claimed: Optional[str]) -> str:
+        user = self.authenticate(authorization)
+        if user is None:
+            if not claimed:
+                raise InvalidArgument("user", claimed, "it must be given when the server runs without API keys "
+                                      "(--no-auth)")
+            return claimed
+        if claimed not in (None, "") and claimed != user:
+            raise Forbidden(f"Got user={claimed!r}; this API key belongs to user {user!r} and reads and writes only "
+                            "that user's memories. Leave user out or use that user's key.")
+        return user
+
+    # ---------------------------------------------------------------- recall
+    @api.post("/v1/recall", response_model=RecallResponse, responses=ERRORS, tags=["recall"],
+              summary="Recall a user's memories for a query, packed into a token budget")
+    async def recall(self, body: RecallRequest, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
+        clock = time.perf_counter()
+        user = self.user_for(authorization, body.user)
+        config = self.config()
+        k = config.default_k if body.k is None else body.k
+        # The library's own checks, before any hop: the same sentences as in Python.
+        make_scope(query=body.query, user=user, budget_tokens=body.budget_tokens, k=k, project=body.project,
+                   types=body.types, since=body.since, until=body.until)
+        request = dict(budget_tokens=body.budget_tokens, k=k, project=body.project, types=body.types,
+                       since=body.since, until=body.until, explain=body.explain)
+        hop = time.perf_counter()
+        # One await for the whole graph: the plan's DeploymentResponse goes straight into
+        # both legs (Serve resolves it; the ingress never unpickles the plan), and the
+        # legs' responses straight into the Ranker.
+        plan = self.embedder.plan.remote(body.query, user=user, config=config, **request)
+        lexical, dense = self.bm25.search.remote(plan), self.dense.search.remote(plan)
+        try:
+            out = await self.ranker.finish.remote(plan, lexical, dense)
+        except Exception as exc:  # noqa: BLE001
+            status = status_of(exc)
+            if status is not None and status < 500:
+                raise  # the caller's mistake, said by the replica that found it
+            # A swap between the two legs' replicas, or a leg replica that failed: run the
+            # legs again one by one, so one failing leg degrades the answer instead of failing it.
+            log.warning("recall graph failed (%s); answering step by step", kind_of(exc) or type(exc).__name__)
+            out = await self._recall_stepwise(body.query, user, config, request)
+        out["timings_ms"]["call_graph"] = _ms(hop)
+        out["timings_ms"]["ingress"] = _ms(clock)
+        self.latency.add(out["timings_ms"])
+        return out
+
+    async def _recall_stepwise(self, query: str, user: str, config: RetrievalConfig,
+                               request: dict[str, Any]) -> dict[str, Any]:
+        """The graph with every hop awaited here: legs realigned on one generation when a
+        swap put them on different ones, and a failed leg left out (flagged)."""
+        plan = await self.embedder.plan.remote(query, user=user, config=config, **request)
+        legs = await asyncio.gather(self.bm25.search.remote(plan), self.dense.search.remote(plan),
+                                    return_exceptions=True)
+        degraded = [f"{name} leg failed ({type(r).__name__}); answered without it"
+                    for name, r in zip(("bm25", "dense"), legs) if isinstance(r, BaseException)]
+        lexical, dense = (None if isinstance(r, BaseException) else r for r in legs)
+        if lexical is None and dense is None and not plan.skip:
+            raise StoreError("Both retriever legs failed; the store cannot be searched right now. Retry shortly.")
+        if lexical is not None and dense is not None and lexical.generation != dense.generation:
+            newer = max(lexical.generation, dense.generation)
+            if lexical.generation != newer:
+                lexical = await self.bm25.search.remote(plan, newer)
+            else:
+                dense = await self.dense.search.remote(plan, newer)
+            degraded.append(f"legs realigned on generation {newer} during a swap")
+        out = await self.ranker.finish.remote(plan, lexical, dense)
+        out["flags"].setdefault("degraded", []).extend(degraded)
+        return out
+
+    # ---------------------------------------------------------------- writes
+    @api.post("/v1/memories", status_code=201, response_model=WriteResponse, responses=ERRORS, tags=["memories"],
+              summary="Write one memory or a batch; durable before the answer, recallable at once",
+              openapi_extra=_WRITE_BODY)
+    async def write(self, request: Request, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
+        user = self.authenticate(authorization)
+        try:
+            payload = await request.json()
+        except ValueError:
+            raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": "invalid JSON"}]) from None
+        try:
+            if isinstance(payload, list):
+                items = [MemoryIn.model_validate(x) for x in payload]
+            elif isinstance(payload, dict) and "memories" in payload:
+                items = MemoryBatch.model_validate(payload).memories
+            else:
+                items = [MemoryIn.model_validate(payload)]
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+        records = [m.model_dump(exclude_none=True) for m in items]
+        if user is None and any(not r.get("user") for r in records):
+            raise InvalidArgument("user", None, "every memory must name its user when the server runs without "
+                                  "API keys (--no-auth)")
+        return await self.writer.add.remote(records, user)
+
+    @api.patch("/v1/memories/{memory_id}", response_model=MemoryChanged, responses={**ERRORS, 404: {
+        "model": ErrorOut, "description": "No such memory for this user."}}, tags=["memories"],
+               summary="Change fields of a memory (a new version replaces it at once)")
+    async def patch_memory(self, memory_id: str, body: MemoryPatch,
+                           authorization: Optional[str] = Header(None)) -> dict[str, Any]:
+        user = self.authenticate(authorization)
+        fields = body.model_dump(exclude_unset=True)
+        if not fields:
+            raise InvalidArgument("body", {}, "give at least one field to change: "
+                                  + ", ".join(MemoryPatch.model_fields))
+        return await self.writer.patch.remote(memory_id, fields, user)
+
+    @api.delete("/v1/memories/{memory_id}", response_model=MemoryChanged, responses={**ERRORS, 404: {
+        "model": ErrorOut, "description": "No such memory for this user."}}, tags=["memories"],
+                summary="Delete a memory: never returned again, also before compaction")
+    async def delete_memory(self, memory_id: str, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
+        return await self.writer.delete.remote(memory_id, self.authenticate(authorization))
+
+    @api.post("/v1/admin/compact", responses=ERRORS, tags=["admin"],
+              summary="Fold the delta into the next generation now (ingest pipeline)")
+    async def compact(self, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
+        self.authenticate(authorization)
+        return await self.writer.compact.remote()
+
+    # ---------------------------------------------------------------- settings
+    def _settings(self) -> dict[str, Any]:
+        config = self.config()
+        return {"effective": config.model_dump(), "overrides": self._overrides.read(), "base": self.base}
+
+    @api.get("/v1/settings", response_model=SettingsResponse, responses=ERRORS, tags=["settings"],
+             summary="The retrieval settings every recall uses now")
+    async def get_settings(self, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
+        self.authenticate(authorization)
+        return self._settings()
+
+    @api.patch("/v1/settings", response_model=SettingsResponse, responses=ERRORS, tags=["settings"],
+               summary="Change retrieval settings live (no restart); persisted in the store")
+    async def patch_settings(self, authorization: Optional[str] = Header(None), patch: dict[str, Any] = Body(
+            ..., examples=[{"fusion": {"k": 30, "weights": {"bm25": 0.5}}, "diversity": {"mmr_lambda": 0.7}}],
+            description="A partial RetrievalConfig, deep-merged into the live overrides. Typical knobs: "
+                        "fusion.weights, fusion.k, fusion.top_rank_bonus, diversity.mmr_lambda, rank.type_weights, "
+                        "lexical.strong_signal_score / _gap / _skip.")) -> dict[str, Any]:
+        self.authenticate(authorization)
+        check_settings(self.base, deep_merge(self._overrides.read(), patch))  # 422 before the hop
+        await self.writer.patch_settings.remote(patch, self.base)
+        return self._settings()
+
+    @api.delete("/v1/settings", response_model=SettingsResponse, responses=ERRORS, tags=["settings"],
+                summary="Drop the live overrides (back to the deployment's user_config)")
+    async def reset_settings(self, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
+        self.authenticate(authorization)
+        await self.writer.reset_settings.remote()
+        return self._settings()
+
+    # ---------------------------------------------------------------- health, stats
+    @api.get("/healthz", tags=["admin"], summary="Liveness: the ingress answers and the store has a generation")
+    async def healthz(self) -> dict[str, Any]:
+        generation = self._generation.read()
+        if generation is None:
+            raise StoreError(f"Store {self.store} has no published generation.")
+        return {"status": "ok", "generation": generation, "delta_version": self._delta.read() or 0}
+
+    @api.get("/v1/stats", responses=ERRORS, tags=["admin"],
+             summary="Generation, counts, delta size, p50/p95 per stage over recent requests")
+    async def stats(self, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
+        user = self.authenticate(authorization)
+        generation = self._generation.read()
+        manifest = _read_json(self.store / "generations" / f"{generation:06d}" / "manifest.json") \
+            if generation is not None else {}
+        writer = await self.writer.stats.remote()
+        db = dict(writer["db"])
+        by_user = db.pop("by_user", {})
+        db["user_memories"] = by_user if user is None else {user: by_user.get(user, 0)}
+        return {
+            "generation": generation,
+            "generation_counts": manifest.get("counts", {}),
+            "delta": writer["delta"],
+            "last_compaction": writer["last_compaction"],
+            "db": db,
+            "latency_ms": self.latency.summary(),
+            "requests_seen_by_this_ingress": self.latency.requests,
+        }
+
+
+def build_app(args: ServeArgs) -> Application:
+    """The Helix application for ``serve.run`` / ``serve run`` / ``serve deploy``."""
+    if not isinstance(args, ServeArgs):
+        args = ServeArgs.model_validate(args)
+    store = Path(args.store).expanduser().resolve()
+    if not (store / "CURRENT").is_file():
+        raise StoreError(f"Store {store} has no published generation yet (no CURRENT file). "
+                         "Run `helix ingest SOURCE --store DIR` before serving it.")
+    check_settings(args.retrieval, {})
+    ingest = load_config(IngestConfig, args.ingest_config) if args.ingest_config else IngestConfig()
+    args = args.model_copy(update={"store": str(store)})
+    low, high = args.retriever_replicas
+    scaling = {**RETRIEVER_AUTOSCALING, "min_replicas": low, "initial_replicas": low, "max_replicas": high}
+    return HelixAPI.options(user_config={"retrieval": args.retrieval}).bind(
+        Embedder.bind(ingest),
+        DenseANN.options(autoscaling_config=scaling).bind(str(store), ingest, args.watch_interval_s),
+        BM25.options(autoscaling_config=scaling).bind(str(store), ingest, args.watch_interval_s),
+        Ranker.bind(str(store), ingest, args.watch_interval_s),
+        Writer.bind(str(store), ingest, compact_interval_s=args.compact_interval_s,
+                    compact_max_pending=args.compact_max_pending, compact_runner=args.compact_runner),
+        args.model_dump(),
+    )

@@ -1,0 +1,139 @@
+"""API keys mapped to users, kept in ``keys.json`` in the store folder.
+
+A key is ``hx_<key id>_<secret>``: 8 hex characters naming the key (safe to log and to
+revoke by) and 32 random bytes. Only ``sha256(key)`` is stored; the key itself is
+printed once by ``helix keys create`` and never again. A random 256-bit secret needs no
+slow password hash: nobody can guess it from its SHA-256 faster than guessing it.
+
+Why a JSON file rather than a DuckDB table: while ``helix serve`` runs, its Writer
+deployment holds the store's DuckDB file open read-write, and DuckDB then refuses every
+other process, even read-only (see ``../shared/FIELD-NOTES.md``). With a plain file,
+``helix keys create`` works while the server runs, and every ingress replica picks a
+new or revoked key up on its next request (one ``stat`` per request; the file is
+replaced by rename, under an advisory lock so two concurrent creates do not lose one).
+The file is created with mode 0600.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from helix_ray.errors import InvalidArgument
+from helix_ray.serve.errors import Unauthorized
+
+KEYS_FILE = "keys.json"
+_KEY = re.compile(r"^hx_([0-9a-f]{8})_[A-Za-z0-9_-]{20,}$")
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    key_id: str
+    user: str
+    sha256: str
+    created_at: str
+    revoked: bool = False
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+class KeyStore:
+    """The keys of one store folder."""
+
+    def __init__(self, store: str | Path):
+        self.store = Path(store)
+        self.path = self.store / KEYS_FILE
+        self._stat: tuple[int, int, int] | None = None
+        self._by_id: dict[str, KeyRecord] = {}
+
+    # ---------------------------------------------------------------- reading
+    def _load(self) -> None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._stat, self._by_id = None, {}
+            return
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if key == self._stat:
+            return
+        data = json.loads(self.path.read_text())
+        self._by_id = {k["key_id"]: KeyRecord(**k) for k in data.get("keys", [])}
+        self._stat = key
+
+    def records(self) -> list[KeyRecord]:
+        self._load()
+        return list(self._by_id.values())
+
+    def user_for(self, key: str | None) -> str:
+        """The user ``key`` belongs to; :class:`Unauthorized` with the reason otherwise."""
+        if not key:
+            raise Unauthorized(
+                "No API key: send 'Authorization: Bearer <key>'. Create a key with "
+                "`helix keys create --store DIR --user USER` (or start the server with --no-auth)."
+            )
+        match = _KEY.match(key)
+        self._load()
+        record = self._by_id.get(match.group(1)) if match else None
+        if record is None or record.revoked or not hmac.compare_digest(record.sha256, _digest(key)):
+            raise Unauthorized(
+                "The API key is not valid for this store (unknown, revoked or mistyped). "
+                "Create one with `helix keys create --store DIR --user USER`."
+            )
+        return record.user
+
+    # ---------------------------------------------------------------- writing
+    @contextmanager
+    def _locked(self) -> Iterator[dict]:
+        self.store.mkdir(parents=True, exist_ok=True)
+        with open(self.store / ".keys.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                data = json.loads(self.path.read_text()) if self.path.exists() else {"version": 1, "keys": []}
+                yield data
+                tmp = self.store / f".keys.{uuid.uuid4().hex[:8]}.json"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as fh:
+                    fh.write(json.dumps(data, indent=1))
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, self.path)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def create(self, user: str) -> tuple[str, KeyRecord]:
+        """A new key for ``user``: (the key, to show once; its stored record)."""
+        if not isinstance(user, str) or not user.strip():
+            raise InvalidArgument("user", user, "it must be a non-empty user id")
+        with self._locked() as data:
+            taken = {k["key_id"] for k in data["keys"]}
+            key_id = secrets.token_hex(4)
+            while key_id in taken:
+                key_id = secrets.token_hex(4)
+            key = f"hx_{key_id}_{secrets.token_urlsafe(32)}"
+            record = KeyRecord(key_id, user, _digest(key), dt.datetime.now(dt.timezone.utc).isoformat())
+            data["keys"].append(record.__dict__)
+        self._stat = None
+        return key, record
+
+    def revoke(self, key_id: str) -> KeyRecord:
+        with self._locked() as data:
+            for k in data["keys"]:
+                if k["key_id"] == key_id:
+                    k["revoked"] = True
+                    self._stat = None
+                    return KeyRecord(**k)
+        raise InvalidArgument("key_id", key_id, "no key of this store has that id",
+                              "See `helix keys list --store DIR`.")

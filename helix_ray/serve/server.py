@@ -1,0 +1,93 @@
+"""Start the Helix application on a local Ray (or the cluster named by ``RAY_ADDRESS``):
+what ``helix serve`` runs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+APP_NAME = "helix"
+
+
+def start_ray(*, num_cpus: int | None = None, quiet: bool = True) -> str:
+    """Join ``RAY_ADDRESS`` when set; otherwise start a new local Ray bound to 127.0.0.1.
+
+    A new one explicitly (``address="local"``): on a shared machine, ``ray.init()`` with
+    no address would join whatever cluster another user last started with ``ray start``.
+    """
+    import ray
+
+    from helix_ray.runtime import ensure_ray
+
+    if ray.is_initialized():
+        return "existing"
+    if os.environ.get("RAY_ADDRESS"):
+        return ensure_ray(quiet=quiet)
+    cpus = num_cpus or max(2, os.cpu_count() or 2)
+    root = str(Path(__file__).resolve().parents[2])
+    ray.init(
+        address="local",
+        num_cpus=cpus,
+        include_dashboard=False,
+        log_to_driver=not quiet,
+        logging_level=logging.WARNING if quiet else logging.INFO,
+        object_store_memory=int(os.environ.get("HELIX_OBJECT_STORE_BYTES", 512 * 1024 * 1024)),
+        runtime_env={"env_vars": {"PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}},
+        _node_ip_address="127.0.0.1",
+    )
+    return f"local ({cpus} CPUs)"
+
+
+def run(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: bool = True,
+        quiet: bool = True, **args: Any):
+    """Deploy the application and return its ingress handle (does not block)."""
+    from ray import serve
+
+    from helix_ray.serve.app import ServeArgs, build_app
+
+    app = build_app(ServeArgs(store=str(store), auth=auth, **args))  # checks the store before starting Ray
+    how = start_ray(quiet=quiet)
+    serve.start(http_options={"host": host, "port": port})
+    # Per-request access logs in every replica cost more than some hops; warnings only.
+    handle = serve.run(app, name=APP_NAME, route_prefix="/",
+                       logging_config={"enable_access_log": not quiet, "log_level": "WARNING" if quiet else "INFO"})
+    log.info("Helix serving %s on http://%s:%d (Ray: %s)", store, host, port, how)
+    return handle
+
+
+def serve_forever(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: bool = True,
+                  **args: Any) -> None:
+    """``helix serve``: run until Ctrl-C, then take the application down."""
+    import ray
+    from ray import serve
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    started_here = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
+    run(store, host=host, port=port, auth=auth, **args)
+    # Ctrl-C and `kill PID` both take the application down. Set after ray.init, which
+    # installs its own SIGTERM handler; a shell that starts us in the background hands us
+    # SIGINT ignored, so set that one explicitly too.
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    print(f"Helix is serving {Path(store).resolve()} on http://{host}:{port} "
+          f"(API keys {'required' if auth else 'OFF'}; OpenAPI at http://{host}:{port}/docs). Ctrl-C stops it.",
+          flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("stopping Helix...", flush=True)
+    finally:
+        if started_here:
+            serve.shutdown()
+            ray.shutdown()
+        else:  # a shared cluster: remove only our application
+            serve.delete(APP_NAME)

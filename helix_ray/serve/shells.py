@@ -1,0 +1,279 @@
+"""The deployment shells, as plain classes (no Ray import): each loads its state once and
+calls the query-path stages of :class:`helix_ray.recall.pipeline.Recaller`.
+
+=============== ======================================= ==================================
+shell           state                                   per request
+=============== ======================================= ==================================
+EmbedderShell   embedder, router                        ``Recaller.plan`` → :class:`Plan`
+DenseShell      generations (mmap), delta snapshots     ``Recaller.dense_leg`` + delta cosine
+BM25Shell       generations (mmap), delta snapshots     ``Recaller.lexical_leg`` + delta BM25
+RankerShell     generations (mmap), delta snapshots     ``Recaller.finish`` over generation + delta
+WriterShell     the store's DuckDB file (one writer)    add / patch / delete / compact
+=============== ======================================= ==================================
+
+Between replicas travel the :class:`Plan` (the checked request, its config and the
+query vector), and the legs' :class:`LegResult` — row ids and scores, the generation
+and delta version they came from. Never texts, never the generation.
+:mod:`helix_ray.serve.deployments` turns these classes into Serve deployments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from helix_ray.config import IngestConfig, RetrievalConfig
+from helix_ray.errors import StoreError
+from helix_ray.recall.pipeline import Plan, Recaller
+from helix_ray.serve.errors import boundary
+from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, merge_dense, merge_lexical
+from helix_ray.serve.views import StoreViews
+
+log = logging.getLogger(__name__)
+
+#: How often replicas look at the store's ``CURRENT`` (seconds).
+WATCH_INTERVAL_S = 0.5
+
+
+class StaleLegs(StoreError):
+    """The two legs of one request ran on different generations."""
+
+
+@dataclass(frozen=True)
+class LegResult:
+    """What a retriever leg returns: its hits and where they come from."""
+
+    generation: int | None
+    delta_version: int
+    hits: Any  # dense.DenseHits | lexical.LexicalHits | None
+    ms: float
+    error: str | None = None  # the leg failed: the Ranker goes on without it and flags it
+
+
+def _ms(since: float) -> float:
+    return round((time.perf_counter() - since) * 1000.0, 3)
+
+
+def _expect(ingest: IngestConfig | None) -> dict[str, Any]:
+    from helix_ray.embedder import DIM
+
+    return {"expect_embedder": (ingest or IngestConfig()).embedder.name, "expect_dim": DIM}
+
+
+class EmbedderShell:
+    """Checks, embeds and routes a request: ``Recaller.plan``. Needs no generation."""
+
+    def __init__(self, ingest: IngestConfig | None = None):
+        from helix_ray.embedder import get_embedder
+
+        self.recaller = Recaller(None, get_embedder((ingest or IngestConfig()).embedder))
+
+    @boundary
+    def plan(self, query: str, *, user: str, config: RetrievalConfig, **request: Any) -> Plan:
+        return self.recaller.plan(query, user=user, config=config, **request)
+
+
+class _StoreShell:
+    role = "all"
+
+    def __init__(self, store: str | Path, ingest: IngestConfig | None = None,
+                 watch_interval_s: float = WATCH_INTERVAL_S):
+        self.views = StoreViews(store, role=self.role, **_expect(ingest))
+        if self.views.latest is None:
+            raise StoreError(
+                f"Store {store} has no published generation yet (no CURRENT file). "
+                "Run `helix ingest SOURCE --store DIR` before `helix serve`."
+            )
+        self.watch_interval_s = watch_interval_s
+        self._watcher: asyncio.Task | None = None
+
+    def _ensure_watching(self) -> None:
+        """Start the ``CURRENT`` watcher on the replica's event loop (first request)."""
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.get_running_loop().create_task(self.views.watch(self.watch_interval_s))
+
+
+class DenseShell(_StoreShell):
+    role = "dense"
+
+    @boundary
+    async def search(self, plan: Plan, generation: int | None = None) -> LegResult:
+        self._ensure_watching()
+        clock = time.perf_counter()
+        view = await self.views.generation(generation)
+        delta = self.views.delta()
+        if plan.skip:  # the router decided no memory is needed
+            return LegResult(view.number, delta.version, None, 0.0)
+        try:
+            hits = self.views.recaller(view, delta).dense_leg(plan)
+            if plan.weights.get("dense", 0) > 0 and len(delta):
+                extra = delta.dense_search(plan.query_vector, plan.scope, view.number, plan.config.dense.top_k)
+                hits = merge_dense(hits, extra, plan.config.dense.top_k)
+        except Exception as exc:  # noqa: BLE001 - recall goes on with the other leg, flagged
+            log.exception("dense leg failed")
+            return LegResult(view.number, delta.version, None, _ms(clock), f"{type(exc).__name__}: {exc}")
+        return LegResult(view.number, delta.version, hits, _ms(clock))
+
+
+class BM25Shell(_StoreShell):
+    role = "bm25"
+
+    @boundary
+    async def search(self, plan: Plan, generation: int | None = None) -> LegResult:
+        self._ensure_watching()
+        clock = time.perf_counter()
+        view = await self.views.generation(generation)
+        delta = self.views.delta()
+        if plan.skip:
+            return LegResult(view.number, delta.version, None, 0.0)
+        try:
+            hits = self.views.recaller(view, delta).lexical_leg(plan)
+            if plan.weights.get("bm25", 0) > 0 and len(delta):
+                lx = plan.config.lexical
+                extra = delta.lexical_search(plan.query, plan.scope, view.number, view.generation.bm25,
+                                             top_k=lx.top_k)
+                hits = merge_lexical(hits, extra, top_k=lx.top_k, strong_score=lx.strong_signal_score,
+                                     strong_gap=lx.strong_signal_gap)
+        except Exception as exc:  # noqa: BLE001 - recall goes on with the other leg, flagged
+            log.exception("bm25 leg failed")
+            return LegResult(view.number, delta.version, None, _ms(clock), f"{type(exc).__name__}: {exc}")
+        return LegResult(view.number, delta.version, hits, _ms(clock))
+
+
+class RankerShell(_StoreShell):
+    role = "ranker"
+
+    @boundary
+    async def finish(self, plan: Plan, lexical: LegResult | None, dense: LegResult | None) -> dict[str, Any]:
+        """Fuse, expand, rank, diversify and pack over the generation the legs used and
+        this replica's newest delta snapshot; returns ``RecallResult.as_dict()``."""
+        self._ensure_watching()
+        legs = [leg for leg in (lexical, dense) if leg is not None]
+        numbers = {leg.generation for leg in legs}
+        if len(numbers) > 1:
+            raise StaleLegs(f"The legs searched different generations {sorted(numbers)} (a swap in progress); "
+                            "the ingress runs them again on the newer one.")
+        view = await self.views.generation(numbers.pop() if numbers else None)
+        delta = self.views.delta()
+        recaller = self.views.recaller(view, delta, joined=True)
+        hidden = set(int(r) for r in recaller.hidden_rows)
+        timings = {}
+        if lexical is not None:
+            timings["bm25"] = lexical.ms
+        if dense is not None:
+            timings["dense"] = dense.ms
+        result = recaller.finish(
+            plan,
+            _visible(lexical.hits if lexical else None, hidden, delta, view.number),
+            _visible(dense.hits if dense else None, hidden, delta, view.number),
+            leg_timings_ms=timings,
+        )
+        out = result.as_dict()
+        out["delta_version"] = delta.version
+        for name, leg in (("bm25", lexical), ("dense", dense)):
+            if leg is not None and leg.error:
+                out["flags"].setdefault("degraded", []).append(f"{name} leg failed ({leg.error}); answered without it")
+        delta_ids = set(delta.ids[delta.live(view.number)].tolist()) if len(delta) else set()
+        for item in out["items"]:
+            item["origin"] = "delta" if item["id"] in delta_ids else "generation"
+        return out
+
+
+def _visible(hits: Any, hidden: set[int], delta: DeltaSegment, generation: int) -> Any:
+    """``hits`` without rows this snapshot hides: deleted or replaced generation rows,
+    and delta entries it no longer holds (deleted or replaced since the leg ran) or that
+    this generation already holds. Runs before packing, so a delete that was answered
+    before this request arrived can never reach the result."""
+    if hits is None or not len(hits.rows):
+        return hits
+    rows = np.asarray(hits.rows, dtype=np.int64)
+    keep = np.ones(len(rows), dtype=bool)
+    if hidden:
+        keep &= np.array([int(r) not in hidden for r in rows], dtype=bool)
+    in_delta = rows >= DELTA_BASE
+    if in_delta.any():
+        pos = delta.positions(rows[in_delta])
+        ok = pos >= 0
+        ok[ok] = delta.live(generation)[pos[ok]]
+        keep[np.flatnonzero(in_delta)] &= ok
+    if keep.all():
+        return hits
+    from helix_ray.recall import dense as dense_mod
+    from helix_ray.recall import lexical as lexical_mod
+
+    if isinstance(hits, dense_mod.DenseHits):
+        return dense_mod.DenseHits(rows[keep], hits.similarities[keep], hits.first_pass)
+    return lexical_mod.LexicalHits(rows[keep], hits.scores[keep], hits.normalised[keep],
+                                   bool(hits.strong_signal and keep[0]))
+
+
+class WriterShell:
+    """The one writer: :class:`helix_ray.serve.writer.WriterCore` plus a background
+    compaction (every ``compact_interval_s`` seconds when anything is pending, or as
+    soon as ``compact_max_pending`` entries are)."""
+
+    def __init__(self, store: str | Path, ingest: IngestConfig | None = None, *, compact_interval_s: float = 600.0,
+                 compact_max_pending: int = 2000, compact_runner: str = "local"):
+        from helix_ray.serve.writer import WriterCore
+
+        self.core = WriterCore(store, ingest=ingest, compact_runner=compact_runner)
+        self.compact_interval_s = compact_interval_s
+        self.compact_max_pending = compact_max_pending
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._compactor, name="helix-compactor", daemon=True)
+        self._thread.start()
+
+    def _compactor(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(1.0):
+            due = time.monotonic() - last >= self.compact_interval_s
+            todo = self.core.compactable()
+            if todo >= self.compact_max_pending or (due and (todo or self.core.open_tombstones())):
+                try:
+                    self.core.compact()
+                except Exception:  # noqa: BLE001 - the writes stay in the delta; try again later
+                    log.exception("background compaction failed; the delta keeps serving the writes")
+                last = time.monotonic()
+
+    @boundary
+    def add(self, records: list[dict[str, Any]], user: str | None) -> dict[str, Any]:
+        return self.core.add(records, user=user)
+
+    @boundary
+    def patch(self, memory_id: str, fields: dict[str, Any], user: str | None) -> dict[str, Any]:
+        return self.core.patch(memory_id, fields, user=user)
+
+    @boundary
+    def delete(self, memory_id: str, user: str | None) -> dict[str, Any]:
+        return self.core.delete(memory_id, user=user)
+
+    @boundary
+    def compact(self) -> dict[str, Any]:
+        return self.core.compact()
+
+    @boundary
+    def stats(self) -> dict[str, Any]:
+        return self.core.stats()
+
+    @boundary
+    def patch_settings(self, patch: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+        return self.core.patch_settings(patch, base)
+
+    @boundary
+    def reset_settings(self) -> dict[str, Any]:
+        return self.core.reset_settings()
+
+    def __del__(self) -> None:
+        """Serve's shutdown hook: stop compacting and close the DuckDB file cleanly."""
+        self._stop.set()
+        try:
+            self.core.close()
+        except Exception:  # noqa: BLE001 - already closed, or the interpreter is exiting
+            pass

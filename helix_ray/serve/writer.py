@@ -1,0 +1,503 @@
+"""The single writer of a served store (no Ray here; the Writer deployment wraps it).
+
+DuckDB allows one writing process: while the server runs, this object owns the store's
+``helix.duckdb`` and every write goes through it. A write is, in order:
+
+1. validated and normalised by the ingest rules (:func:`helix_ray.ingest.normalize.normalise_one`;
+   a bad record is a 422 naming the record and the reason, and nothing is written);
+2. expanded, embedded, annotated and signed by the ingest stage functions
+   (:class:`helix_ray.ingest.stages.Expand`, ``Embed``, ``Annotate``, MinHash);
+3. made durable: an fsynced JSONL file in ``inbox/`` (what ``Memory.add`` writes) and a
+   committed row per memory in the ``serve_log`` table of the store's DuckDB file
+   (with its vector, so a restarted writer rebuilds the delta without re-embedding);
+4. published to the replicas as a new delta snapshot (:mod:`helix_ray.serve.delta`).
+
+Only then is the request answered. :meth:`WriterCore.compact` folds the delta into the
+next generation with the ingest pipeline itself (``pipelines.ingest.ingest`` on one
+JSONL file of the live entries, with this writer's DuckDB connection), then marks what
+the new generation holds as folded.
+
+``serve_log`` is created here, next to the tables of :mod:`helix_ray.store.db`:
+``seq`` orders every put and delete; ``folded_into`` is the generation that absorbed a
+put, or below which a delete's tombstone still applies.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from helix_ray.config import IngestConfig, deep_merge
+from helix_ray.errors import InvalidArgument
+from helix_ray.schema import MEMORY_SCHEMA
+from helix_ray.serve.delta import (
+    NOT_FOLDED,
+    Tombstone,
+    current_delta_version,
+    delta_schema,
+    entry_columns,
+    write_snapshot,
+)
+from helix_ray.serve.errors import Conflict, Forbidden, NotFound
+
+log = logging.getLogger(__name__)
+
+LOG_DDL = """
+CREATE TABLE IF NOT EXISTS serve_log (
+    seq BIGINT PRIMARY KEY, op VARCHAR NOT NULL, id VARCHAR NOT NULL, "user" VARCHAR NOT NULL,
+    record VARCHAR, lexical VARCHAR, n_tokens INTEGER, vector FLOAT[], minhash UINTEGER[],
+    written_at TIMESTAMPTZ NOT NULL, folded_into INTEGER
+);
+"""
+SETTINGS_FILE = "serve-settings.json"
+MAX_BATCH = 1000
+#: Fields a PATCH may change; id and user are the memory's identity.
+PATCHABLE = ("text", "type", "project", "session_id", "salience", "confidence", "pinned", "metadata", "source")
+_RECORD_FIELDS = [f.name for f in MEMORY_SCHEMA]
+
+
+def settings_path(store: Path) -> Path:
+    return Path(store) / SETTINGS_FILE
+
+
+def read_settings(store: Path) -> dict[str, Any]:
+    """The live retrieval overrides set through ``PATCH /v1/settings`` ({} if none)."""
+    try:
+        return json.loads(settings_path(store).read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _iso(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, (dt.datetime, dt.date)) else value
+
+
+def _micros(value: dt.datetime) -> int:
+    return int(value.timestamp() * 1_000_000)
+
+
+class WriterCore:
+    """Owns the store's DuckDB file, the inbox and the delta segment."""
+
+    def __init__(self, store: str | Path, *, ingest: IngestConfig | None = None, compact_runner: str = "local"):
+        from helix_ray.embedder import DIM
+        from helix_ray.ingest import stages
+        from helix_ray.store.db import StoreDB
+
+        self.store = Path(store)
+        self.config = ingest or IngestConfig()
+        self.compact_runner = compact_runner
+        self.db = StoreDB(self.store)  # raises StoreError when another process holds the file
+        self.db.con.execute(LOG_DDL)
+        self.dim = DIM
+        self._lock = threading.RLock()
+        self._expand = stages.Expand(self.config.doc2query)
+        self._embed = stages.Embed(self.config.embedder)
+        self._annotate = stages.Annotate(self.config)
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.tombstones: dict[str, Tombstone] = {}
+        self.version = current_delta_version(self.store)
+        self.seq = int(self.db.con.execute("SELECT coalesce(max(seq), 0) FROM serve_log").fetchone()[0])
+        self.last_compaction: dict[str, Any] | None = None
+        #: Entries a compaction left in the delta: a change ingest does not see as one (a
+        #: PATCH of fields other than the text keeps the content hash; see docs/serve.md).
+        self.unfoldable: set[int] = set()
+        self._replay()
+        self._publish()
+
+    # ---------------------------------------------------------------- state
+    @property
+    def generation(self) -> int | None:
+        from helix_ray.store.generation import current_generation_number
+
+        return current_generation_number(self.store)
+
+    def _num_perm(self) -> int:
+        from helix_ray.store.generation import Generation
+
+        if self.generation is not None:
+            manifest = Generation.open_current(self.store).manifest
+            return int((manifest.get("minhash") or {}).get("num_perm") or self.config.dedup.num_perm)
+        return self.config.dedup.num_perm
+
+    def _replay(self) -> None:
+        """Rebuild the delta from ``serve_log`` (after a restart)."""
+        current = self.generation or 0
+        cur = self.db.con.execute(
+            'SELECT seq, op, id, "user", record, lexical, n_tokens, vector, minhash, folded_into '
+            "FROM serve_log ORDER BY seq")
+        for seq, op, mid, user, record, lexical_text, n_tokens, vector, minhash, folded in cur.fetchall():
+            if op == "put":
+                self.tombstones.pop(mid, None)
+                row = json.loads(record)
+                self.entries[mid] = self._entry(seq, row, lexical_text, n_tokens, np.asarray(vector, np.float32),
+                                                np.asarray(minhash, np.uint32), folded)
+            else:
+                self.entries.pop(mid, None)
+                self.tombstones[mid] = Tombstone(mid, user, folded)
+        # What a generation older than the current one absorbed is no longer needed.
+        self.entries = {i: e for i, e in self.entries.items()
+                        if e["folded_into"] == NOT_FOLDED or e["folded_into"] >= current}
+        self.tombstones = {i: t for i, t in self.tombstones.items()
+                           if t.applies_below is None or t.applies_below >= current}
+
+    def _entry(self, seq: int, row: dict[str, Any], lexical_text: str, n_tokens: int, vector: np.ndarray,
+               minhash: np.ndarray, folded: int | None) -> dict[str, Any]:
+        created = row["created_at"]
+        created = dt.datetime.fromisoformat(created) if isinstance(created, str) else created
+        return {
+            "seq": int(seq), "id": row["id"], "user": row["user"], "text": row["text"], "lexical": lexical_text,
+            "type": row["type"], "project": row.get("project"), "session_id": row.get("session_id"),
+            "created_at": _micros(created), "salience": float(row["salience"]),
+            "confidence": float(row["confidence"]), "pinned": bool(row["pinned"]), "n_tokens": int(n_tokens),
+            "vector": vector, "minhash": minhash, "folded_into": NOT_FOLDED if folded is None else int(folded),
+            "record": row,
+        }
+
+    def _publish(self) -> int:
+        """Write the delta as a new snapshot; return its version."""
+        ordered = sorted(self.entries.values(), key=lambda e: e["seq"])
+        num_perm = ordered[0]["minhash"].shape[0] if ordered else self._num_perm()
+        schema = delta_schema(self.dim, num_perm)
+        cols = entry_columns(ordered)
+        cols["vector"] = pa.FixedSizeListArray.from_arrays(
+            pa.array(np.concatenate([e["vector"] for e in ordered]) if ordered else np.zeros(0, np.float32),
+                     pa.float32()), self.dim)
+        cols["minhash"] = pa.FixedSizeListArray.from_arrays(
+            pa.array(np.concatenate([e["minhash"] for e in ordered]) if ordered else np.zeros(0, np.uint32),
+                     pa.uint32()), num_perm)
+        table = pa.table({name: cols[name] for name in schema.names}, schema=schema)
+        self.version += 1
+        write_snapshot(self.store, self.version, table, self.tombstones.values())
+        return self.version
+
+    def owner(self, memory_id: str) -> str | None:
+        """The user a live memory belongs to, or None if there is no such memory."""
+        entry = self.entries.get(memory_id)
+        if entry is not None:
+            return entry["user"]
+        if memory_id in self.tombstones:
+            return None
+        row = self.db.con.execute('SELECT "user" FROM memories WHERE id = ? AND NOT deleted', [memory_id]).fetchone()
+        return row[0] if row else None
+
+    def _record(self, memory_id: str) -> dict[str, Any] | None:
+        entry = self.entries.get(memory_id)
+        if entry is not None:
+            return dict(entry["record"])
+        if memory_id in self.tombstones:
+            return None
+        cur = self.db.con.execute(
+            'SELECT id, text, type, "user", project, session_id, epoch_us(created_at), epoch_us(last_accessed_at), '
+            "access_count, salience, confidence, pinned, source, metadata FROM memories WHERE id = ? AND NOT deleted",
+            [memory_id])
+        row = cur.fetchone()
+        if row is None:
+            return None
+        record = dict(zip(_RECORD_FIELDS, row))
+        utc = dt.timezone.utc
+        record["created_at"] = dt.datetime.fromtimestamp(record["created_at"] / 1e6, tz=utc)
+        if record["last_accessed_at"] is not None:
+            record["last_accessed_at"] = dt.datetime.fromtimestamp(record["last_accessed_at"] / 1e6, tz=utc)
+        return record
+
+    # ---------------------------------------------------------------- writes
+    def add(self, records: list[dict[str, Any]], *, user: str | None) -> dict[str, Any]:
+        """Validate, embed and durably write ``records`` (each a memory object);
+        ``user`` is the API key's user (None when auth is off: each record names its own)."""
+        if not records:
+            raise InvalidArgument("memories", [], "give at least one memory")
+        if len(records) > MAX_BATCH:
+            raise InvalidArgument("memories", f"<{len(records)} records>", f"a batch holds at most {MAX_BATCH}",
+                                  "Split it into several requests.")
+        rows = [self._validate(raw, user, where=f"memories[{n}]") for n, raw in enumerate(records)]
+        with self._lock:
+            for n, row in enumerate(rows):
+                owner = self.owner(row["id"])
+                if owner is not None and owner != row["user"]:
+                    raise Conflict(f"Got id={row['id']!r} in memories[{n}]; that id belongs to another user's "
+                                   "memory. Leave id out (one is derived from user and text) or choose another.")
+            self._write(rows)
+            return {"ids": [r["id"] for r in rows], "delta_version": self.version, "generation": self.generation}
+
+    def patch(self, memory_id: str, fields: dict[str, Any], *, user: str | None) -> dict[str, Any]:
+        unknown = sorted(set(fields) - set(PATCHABLE))
+        if unknown or not fields:
+            raise InvalidArgument("fields", sorted(fields), f"a PATCH changes one or more of {', '.join(PATCHABLE)}")
+        with self._lock:
+            record = self._record(memory_id)
+            if record is None or (user is not None and record["user"] != user):
+                raise NotFound(_not_found(memory_id, user))
+            merged = {k: _iso(record.get(k)) for k in _RECORD_FIELDS if record.get(k) is not None}
+            merged.update(fields)
+            if "text" in fields and "salience" not in fields:
+                merged.pop("salience", None)  # derived from the text: derive it again
+            row = self._validate(merged, record["user"], where="memory")
+            self._write([row])
+            return {"id": memory_id, "delta_version": self.version, "generation": self.generation}
+
+    def delete(self, memory_id: str, *, user: str | None) -> dict[str, Any]:
+        with self._lock:
+            owner = self.owner(memory_id)
+            if owner is None or (user is not None and owner != user):
+                raise NotFound(_not_found(memory_id, user))
+            self.seq += 1
+            self.db.con.begin()
+            try:
+                self.db.con.execute(
+                    "INSERT INTO serve_log (seq, op, id, \"user\", written_at) VALUES (?, 'delete', ?, ?, now())",
+                    [self.seq, memory_id, owner])
+                self.db.delete([memory_id])  # a generation row: the next generation drops it
+                self.db.con.commit()
+            except BaseException:
+                self.db.con.rollback()
+                raise
+            self.entries.pop(memory_id, None)
+            self.tombstones[memory_id] = Tombstone(memory_id, owner, None)
+            self._publish()
+            return {"id": memory_id, "deleted": True, "delta_version": self.version}
+
+    def _validate(self, raw: Any, user: str | None, *, where: str) -> dict[str, Any]:
+        from helix_ray.ingest.normalize import Rejected, normalise_one
+
+        if not isinstance(raw, dict):
+            raise InvalidArgument(where, raw, "each memory must be a JSON object with at least 'text'")
+        raw = dict(raw)
+        if user is not None:
+            given = raw.get("user")
+            if given not in (None, "", user):
+                raise Forbidden(f"Got user={given!r} in {where}; this API key writes only user {user!r}'s "
+                                "memories. Leave user out or use that user's key.")
+            raw["user"] = user
+        try:
+            return normalise_one(raw, self.config.validation, default_time=dt.datetime.now(dt.timezone.utc))
+        except Rejected as why:
+            code, _, sentence = str(why).partition(": ")
+            raise InvalidArgument(where, {k: raw.get(k) for k in ("id", "text", "type", "user") if k in raw},
+                                  f"it was rejected ({code}): {sentence}") from None
+
+    def _write(self, rows: list[dict[str, Any]]) -> None:
+        from helix_ray.ingest.dedup import signatures
+
+        latest = {r["id"]: r for r in rows}  # a repeated id within a batch: the later record wins
+        rows = list(latest.values())
+        batch = {"seq": np.arange(len(rows)), "text": np.array([r["text"] for r in rows], dtype=object),
+                 "type": np.array([r["type"] for r in rows], dtype=object)}
+        batch = self._annotate(self._embed(self._expand(batch)))
+        vectors = np.asarray(batch["vector"], np.float32)
+        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        num_perm = self._num_perm()
+        sigs = signatures([r["text"] for r in rows], num_perm=num_perm, shingle=self.config.dedup.shingle)
+        lexical_texts = []
+        for row, expansions in zip(rows, batch["expansions"]):
+            queries = json.loads(str(expansions))
+            lexical_texts.append(row["text"] + ("\n" + "\n".join(queries) if queries else ""))
+
+        # 1. the inbox file, as Memory.add writes it (ingest-ready records)
+        inbox = self.store / "inbox"
+        inbox.mkdir(parents=True, exist_ok=True)
+        path = inbox / f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
+        with open(path, "w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps(_ingest_record(row), ensure_ascii=False) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        # 2. the log rows in DuckDB, one transaction
+        first = self.seq + 1
+        seqs = list(range(first, first + len(rows)))
+        table = pa.table({
+            "seq": pa.array(seqs, pa.int64()),
+            "op": ["put"] * len(rows),
+            "id": [r["id"] for r in rows],
+            "user": [r["user"] for r in rows],
+            "record": [json.dumps(_json_record(r), ensure_ascii=False) for r in rows],
+            "lexical": lexical_texts,
+            "n_tokens": pa.array([int(x) for x in batch["n_tokens"]], pa.int32()),
+            "vector": pa.array([v.tolist() for v in vectors], pa.list_(pa.float32())),
+            "minhash": pa.array([s.tolist() for s in sigs], pa.list_(pa.uint32())),
+        })
+        self.db.con.begin()
+        try:
+            self.db.con.register("incoming_serve_log", table)
+            self.db.con.execute(
+                'INSERT INTO serve_log SELECT seq, op, id, "user", record, lexical, n_tokens, vector, minhash, '
+                "now(), NULL FROM incoming_serve_log")
+            self.db.con.unregister("incoming_serve_log")
+            self.db.con.commit()
+        except BaseException:
+            self.db.con.rollback()
+            raise
+        self.seq = seqs[-1]
+        # 3. the delta, then a snapshot the replicas read
+        for seq, row, lex, n_tokens, vector, sig in zip(seqs, rows, lexical_texts, batch["n_tokens"], vectors, sigs):
+            self.tombstones.pop(row["id"], None)
+            self.entries[row["id"]] = self._entry(seq, _json_record(row), lex, int(n_tokens), vector, sig, None)
+        self._publish()
+
+    # ---------------------------------------------------------------- compaction
+    def pending(self) -> int:
+        return sum(1 for e in self.entries.values() if e["folded_into"] == NOT_FOLDED)
+
+    def open_tombstones(self) -> int:
+        """Deletions no compaction has applied to a generation yet."""
+        return sum(1 for t in self.tombstones.values() if t.applies_below is None)
+
+    def compactable(self) -> int:
+        """Pending entries a compaction has not yet tried to fold (see :meth:`compact`)."""
+        return sum(1 for e in self.entries.values()
+                   if e["folded_into"] == NOT_FOLDED and e["seq"] not in self.unfoldable)
+
+    def compact(self) -> dict[str, Any]:
+        """Fold the live delta (and the deletions since the last compaction) into the
+        next generation with the ingest pipeline; return what happened."""
+        from pipelines.ingest import ingest
+        from helix_ray.store.generation import Generation
+
+        with self._lock:
+            started = time.perf_counter()
+            pending = [e for e in self.entries.values() if e["folded_into"] == NOT_FOLDED]
+            open_tombstones = [t for t in self.tombstones.values() if t.applies_below is None]
+            if not pending and not open_tombstones:
+                self.last_compaction = {"published": False, "reason": "nothing to compact",
+                                        "generation": self.generation}
+                return self.last_compaction
+            inbox = self.store / "inbox"
+            inbox.mkdir(parents=True, exist_ok=True)
+            before = sorted(p for p in inbox.glob("*.jsonl"))
+            source = inbox / f"compact-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}.jsonl"
+            with open(source, "w", encoding="utf-8") as fh:
+                for entry in sorted(pending, key=lambda e: e["seq"]):
+                    fh.write(json.dumps(_ingest_record(entry["record"]), ensure_ascii=False) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            report = ingest([source], self.store, fmt="jsonl", config=self.config, runner=self.compact_runner,
+                            show_progress=False, db=self.db)
+            number = report.generation
+            folded = 0
+            if report.published and number is not None:
+                folded = self._mark_folded(Generation.open_current(self.store), pending, number)
+                for t in open_tombstones:
+                    self.tombstones[t.id] = Tombstone(t.id, t.user, number)
+                self.db.con.execute("UPDATE serve_log SET folded_into = ? WHERE op = 'delete' AND folded_into IS NULL",
+                                    [number])
+                # Entries and tombstones of earlier compactions: every replica has moved on.
+                self.entries = {i: e for i, e in self.entries.items()
+                                if e["folded_into"] == NOT_FOLDED or e["folded_into"] >= number}
+                self.tombstones = {i: t for i, t in self.tombstones.items()
+                                   if t.applies_below is None or t.applies_below >= number}
+                self.db.con.execute("DELETE FROM serve_log WHERE folded_into IS NOT NULL AND folded_into < ?", [number])
+                self._publish()
+            self.unfoldable |= {e["seq"] for e in pending if e["folded_into"] == NOT_FOLDED}
+            done = inbox / "folded"  # the log in DuckDB keeps what is still pending
+            done.mkdir(exist_ok=True)
+            for path in [*before, source]:
+                shutil.move(str(path), done / path.name)
+            self.last_compaction = {
+                "published": bool(report.published), "generation": number, "folded": folded,
+                "kept_in_delta": len(pending) - folded, "deletions": len(open_tombstones),
+                "seconds": round(time.perf_counter() - started, 3), "ingest": report.as_dict(),
+            }
+            return self.last_compaction
+
+    def _mark_folded(self, gen, pending: list[dict[str, Any]], number: int) -> int:
+        """Mark the pending entries generation ``number`` holds as they are (same text
+        and fields), or dropped as a near-duplicate of another memory."""
+        table = gen.memories
+        ids = [e["id"] for e in pending]
+        where = pc.index_in(pa.array(ids, pa.string()), value_set=table.column("id")).to_pylist()
+        known = self.db.known_hashes()
+        from helix_ray.schema import content_hash
+
+        folded = []
+        for entry, row in zip(pending, where):
+            record = entry["record"]
+            if row is not None:
+                held = {k: table.column(k)[row].as_py() for k in ("text", "type", "project", "session_id", "pinned")}
+                same = all(held[k] == record.get(k) for k in held) and \
+                    abs(table.column("salience")[row].as_py() - record["salience"]) < 1e-6 and \
+                    abs(table.column("confidence")[row].as_py() - record["confidence"]) < 1e-6
+            else:  # not in the generation: folded only if ingest dropped it as a duplicate
+                seen = known.get(entry["id"])
+                same = bool(seen and seen[1] and seen[0] == content_hash(record["text"], ""))
+            if same:
+                entry["folded_into"] = number
+                folded.append(entry["seq"])
+        if folded:
+            self.db.con.executemany("UPDATE serve_log SET folded_into = ? WHERE seq = ?", [[number, s] for s in folded])
+        return len(folded)
+
+    # ---------------------------------------------------------------- settings
+    def patch_settings(self, patch: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+        """Merge ``patch`` into the live overrides, check the result, persist it."""
+        with self._lock:
+            from helix_ray.serve.api import check_settings
+
+            merged = deep_merge(read_settings(self.store), patch)
+            check_settings(base, merged)  # raises InvalidArgument, naming the bad key
+            _atomic_write(settings_path(self.store), json.dumps(merged, indent=1, sort_keys=True))
+            return merged
+
+    def reset_settings(self) -> dict[str, Any]:
+        with self._lock:
+            settings_path(self.store).unlink(missing_ok=True)
+            return {}
+
+    # ---------------------------------------------------------------- stats
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            counts = self.db.counts()
+            return {
+                "db": counts,
+                "delta": {"version": self.version, "entries": len(self.entries), "pending": self.pending(),
+                          "unfoldable": len(self.unfoldable), "tombstones": len(self.tombstones),
+                          "log_seq": self.seq},
+                "last_compaction": self.last_compaction,
+            }
+
+    def close(self) -> None:
+        with self._lock:
+            self.db.close()
+
+
+def _json_record(row: dict[str, Any]) -> dict[str, Any]:
+    """A normalised row as JSON-ready values (times as ISO strings)."""
+    return {k: _iso(v) for k, v in row.items()}
+
+
+def _ingest_record(row: dict[str, Any]) -> dict[str, Any]:
+    """The record as ingest reads it back: the memory fields, no derived ones."""
+    out = {k: _iso(row.get(k)) for k in _RECORD_FIELDS if row.get(k) is not None}
+    if isinstance(out.get("metadata"), str):
+        out["metadata"] = json.loads(out["metadata"])
+    return out
+
+
+def _not_found(memory_id: str, user: str | None) -> str:
+    who = f" for user {user!r}" if user is not None else ""
+    return (f"Got id={memory_id!r}; there is no such memory{who}. Check the id (ids are returned by "
+            "POST /v1/memories and by recall).")
+
+
+__all__ = ["WriterCore", "read_settings", "settings_path", "PATCHABLE", "MAX_BATCH"]
+

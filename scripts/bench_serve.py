@@ -1,0 +1,343 @@
+#!/usr/bin/env python
+"""HTTP recall through Ray Serve, next to in-process recall and a Serve echo app, in one run.
+
+    .venv/bin/python scripts/bench_serve.py --store /path/to/store-100000 \\
+        --requests 300 --json /tmp/bench-serve.json
+
+For each ``--store`` (served from a hard-linked copy, so the original is never written):
+
+1. **in-process**: ``Recaller.recall`` on the same generation, same queries, in this process
+   (concurrency 1: the floor the Serve graph adds hops to);
+2. **echo**: a Serve app with the same hops and none of the work — FastAPI ingress →
+   ``Plan`` → two legs passed the plan's response → ``Finish`` — so
+   ``helix / echo`` separates Helix's work from Serve's fixed cost;
+3. **helix**: the Helix application (``helix_ray.serve.app.build_app``, API keys on, one
+   key per tenant) over HTTP on 127.0.0.1.
+
+HTTP loops are bounded by ``--requests`` and ``--max-seconds`` per phase, at concurrency 1
+(one keep-alive client) and ``--concurrency`` (asyncio workers sharing a connection
+pool). Queries come from ``scripts/bench_recall.py``'s ``make_queries`` (identifiers,
+paraphrases, vague; users weighted by tenant size). After the loops the script reads
+``/proc/<pid>/smaps`` of every replica and reports its RSS and PSS, in total and for the
+mappings of the generation's files alone (what several replicas share through the page
+cache). Ray is started here, locally, with ``--num-cpus`` logical CPUs, and stopped at
+the end (never ``ray stop``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def pct(values: list[float]) -> dict[str, float]:
+    arr = np.asarray(values, dtype=np.float64)
+    if not len(arr):
+        return {"p50": 0.0, "p95": 0.0, "p99": 0.0}
+    return {f"p{q}": round(float(np.percentile(arr, q)), 2) for q in (50, 95, 99)}
+
+
+# ----------------------------------------------------------------------------- store and queries
+
+
+def linked_copy(src: Path, dst: Path) -> Path:
+    """``CURRENT`` and the current generation, hard-linked (generations are immutable);
+    the copy gets its own DuckDB file, keys and delta."""
+    from helix_ray.store.generation import current_generation_number
+
+    number = current_generation_number(src)
+    if number is None:
+        raise SystemExit(f"{src} has no published generation")
+    (dst / "generations").mkdir(parents=True)
+    name = f"{number:06d}"
+    shutil.copytree(src / "generations" / name, dst / "generations" / name, copy_function=os.link)
+    (dst / "CURRENT").write_text(f"{number}\n")
+    return dst
+
+
+def queries_for(store: Path, count: int, seed: int) -> list[dict[str, str]]:
+    from bench_recall import make_queries
+
+    return make_queries(store, count, seed)
+
+
+def in_process(store: Path, queries: list[dict[str, str]], warmup: int) -> dict[str, Any]:
+    from helix_ray.embedder import get_embedder
+    from helix_ray.recall.pipeline import Recaller
+    from helix_ray.store.generation import Generation
+
+    recaller = Recaller(Generation.open_current(store), get_embedder())
+    for q in queries[:warmup]:
+        recaller.recall(q["query"], user=q["user"], budget_tokens=512)
+    times = []
+    started = time.perf_counter()
+    for q in queries:
+        clock = time.perf_counter()
+        recaller.recall(q["query"], user=q["user"], budget_tokens=512)
+        times.append((time.perf_counter() - clock) * 1000)
+    wall = time.perf_counter() - started
+    return {"n": len(times), **pct(times), "rps": round(len(times) / wall, 1)}
+
+
+# ----------------------------------------------------------------------------- the echo app
+
+
+def echo_app():
+    """Same hops as Helix (ingress → plan → two legs given the plan's response → finish),
+    no work: the fixed cost of the graph on this machine."""
+    from fastapi import FastAPI
+    from ray import serve
+
+    app = FastAPI()
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=64)
+    class Plan:
+        def plan(self, query: str, user: str) -> dict:
+            return {"query": query, "user": user, "vector": np.zeros(384, np.float32)}
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=64)
+    class Leg:
+        async def search(self, plan: dict) -> dict:
+            return {"rows": np.arange(100, dtype=np.int64), "scores": np.zeros(100, np.float32)}
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=64)
+    class Finish:
+        async def finish(self, plan: dict, a: dict, b: dict) -> dict:
+            return {"query": plan["query"], "items": [], "n": len(a["rows"]) + len(b["rows"])}
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=128)
+    @serve.ingress(app)
+    class Echo:
+        def __init__(self, plan, lexical, dense, finish):
+            self.p, self.l, self.d, self.f = plan, lexical, dense, finish
+
+        @app.post("/v1/recall")
+        async def recall(self, body: dict) -> dict:
+            plan = self.p.plan.remote(body["query"], body.get("user", ""))
+            return await self.f.finish.remote(plan, self.l.search.remote(plan), self.d.search.remote(plan))
+
+    return Echo.bind(Plan.bind(), Leg.options(name="LegA").bind(), Leg.options(name="LegB").bind(), Finish.bind())
+
+
+# ----------------------------------------------------------------------------- HTTP loops
+
+
+async def http_phase(url: str, bodies: list[tuple[dict, dict]], concurrency: int, max_seconds: float) -> dict[str, Any]:
+    """``bodies`` are (json, headers); each worker takes the next until all are sent or
+    time is up. Returns latency percentiles (ms), throughput and error count."""
+    import httpx
+
+    times: list[float] = []
+    errors: dict[int, int] = {}
+    next_index = 0
+    deadline = time.monotonic() + max_seconds
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        async def worker() -> None:
+            nonlocal next_index
+            while next_index < len(bodies) and time.monotonic() < deadline:
+                body, headers = bodies[next_index]
+                next_index += 1
+                clock = time.perf_counter()
+                response = await client.post("/v1/recall", json=body, headers=headers)
+                times.append((time.perf_counter() - clock) * 1000)
+                if response.status_code != 200:
+                    errors[response.status_code] = errors.get(response.status_code, 0) + 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+    return {"concurrency": concurrency, "n": len(times), **pct(times), "rps": round(len(times) / wall, 1),
+            "errors": errors}
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def replica_memory(store: Path) -> list[dict[str, Any]]:
+    """RSS/PSS (MiB) of every Helix replica, total and for the generation's mapped files."""
+    out = []
+    gen_dir = str(store.resolve() / "generations")
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            cmd = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "ServeReplica:helix:" not in cmd:
+            continue
+        name = cmd.split("ServeReplica:helix:", 1)[1].split()[0].split(".")[0]  # "Ranker.finish" → "Ranker"
+        total = {"rss": 0, "pss": 0}
+        mapped = {"rss": 0, "pss": 0}
+        current = None
+        try:
+            for line in (pid_dir / "smaps").read_text().splitlines():
+                parts = line.split()
+                if not parts:
+                    continue
+                if not parts[0].endswith(":") or len(parts) > 3 and "-" in parts[0]:
+                    current = parts[-1] if len(parts) >= 6 else None
+                    continue
+                key = parts[0][:-1]
+                if key in ("Rss", "Pss"):
+                    kb = int(parts[1])
+                    total[key.lower()] += kb
+                    if current and current.startswith(gen_dir):
+                        mapped[key.lower()] += kb
+        except OSError:
+            continue
+        out.append({"replica": name, "pid": int(pid_dir.name),
+                    "rss_mib": round(total["rss"] / 1024, 1), "pss_mib": round(total["pss"] / 1024, 1),
+                    "generation_rss_mib": round(mapped["rss"] / 1024, 1),
+                    "generation_pss_mib": round(mapped["pss"] / 1024, 1)})
+    return sorted(out, key=lambda r: r["replica"])
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def bench_store(source: Path, args: argparse.Namespace, port: int) -> dict[str, Any]:
+    from ray import serve
+
+    from helix_ray.serve.app import ServeArgs, build_app
+    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.generation import Generation
+
+    work = Path(tempfile.mkdtemp(prefix="helix-bench-serve-"))
+    try:
+        store = linked_copy(source, work / "store")
+        gen = Generation.open_current(store)
+        size = gen.size
+        log(f"store {source} ({size:,} memories, {len(gen.partitions)} users) → {store}")
+        queries = queries_for(store, args.requests + args.warmup, args.seed)
+        result: dict[str, Any] = {"store": str(source), "memories": size, "users": len(gen.partitions)}
+
+        log("in-process recall (concurrency 1)")
+        result["in_process"] = in_process(store, queries[args.warmup:], args.warmup)
+        log(f"  {result['in_process']}")
+
+        keys = {u: KeyStore(store).create(u)[0] for u in sorted({q["user"] for q in queries})}
+        bodies = [({"query": q["query"], "budget_tokens": 512}, {"Authorization": f"Bearer {keys[q['user']]}"})
+                  for q in queries]
+        log("deploying helix and echo")
+        clock = time.perf_counter()
+        serve.run(build_app(ServeArgs(store=str(store), retriever_replicas=tuple(args.replicas))),
+                  name="helix", route_prefix="/", logging_config={"enable_access_log": False, "log_level": "WARNING"})
+        serve.run(echo_app(), name="echo", route_prefix="/echo",
+                  logging_config={"enable_access_log": False, "log_level": "WARNING"})
+        result["deploy_s"] = round(time.perf_counter() - clock, 1)
+        url = f"http://127.0.0.1:{port}"
+
+        async def phases() -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            await http_phase(url, bodies[: args.warmup], 1, args.max_seconds)
+            await http_phase(url + "/echo", bodies[: args.warmup], 1, args.max_seconds)
+            for c in (1, args.concurrency):
+                for app, base in (("echo", url + "/echo"), ("helix", url)):
+                    log(f"{app}: concurrency {c}")
+                    out[f"{app}_c{c}"] = await http_phase(base, bodies[args.warmup:], c, args.max_seconds)
+                    log(f"  {out[f'{app}_c{c}']}")
+            return out
+
+        result["http"] = asyncio.run(phases())
+        result["replicas"] = replica_memory(store)
+        h1, e1, ip = result["http"]["helix_c1"], result["http"]["echo_c1"], result["in_process"]
+        result["ratios"] = {
+            "helix_http_over_in_process_p50": round(h1["p50"] / ip["p50"], 2),
+            "helix_http_over_in_process_p95": round(h1["p95"] / ip["p95"], 2),
+            "helix_http_minus_echo_p50_ms": round(h1["p50"] - e1["p50"], 2),
+        }
+        serve.delete("helix")
+        serve.delete("echo")
+        return result
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def table(results: list[dict[str, Any]], concurrency: int) -> str:
+    lines = ["| memories | path | conc. | p50 ms | p95 ms | p99 ms | req/s |", "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        ip = r["in_process"]
+        lines.append(f"| {r['memories']:,} | in-process Recaller.recall | 1 | {ip['p50']} | {ip['p95']} | "
+                     f"{ip['p99']} | {ip['rps']} |")
+        for app in ("echo", "helix"):
+            for c in (1, concurrency):
+                h = r["http"][f"{app}_c{c}"]
+                lines.append(f"| {r['memories']:,} | HTTP {app} | {c} | {h['p50']} | {h['p95']} | {h['p99']} | "
+                             f"{h['rps']} |")
+    lines.append("")
+    lines.append("| memories | replica | RSS MiB | PSS MiB | generation files RSS | generation files PSS |")
+    lines.append("|---:|---|---:|---:|---:|---:|")
+    for r in results:
+        for rep in r["replicas"]:
+            lines.append(f"| {r['memories']:,} | {rep['replica']} | {rep['rss_mib']} | {rep['pss_mib']} | "
+                         f"{rep['generation_rss_mib']} | {rep['generation_pss_mib']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--store", action="append", required=True, help="a store to serve (repeat for several sizes)")
+    ap.add_argument("--requests", type=int, default=300, help="requests per phase (after warm-up)")
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--max-seconds", type=float, default=120.0, help="time cap per phase")
+    ap.add_argument("--replicas", type=int, nargs=2, default=(1, 3), metavar=("MIN", "MAX"),
+                    help="DenseANN/BM25 replicas (autoscaling min and max)")
+    ap.add_argument("--num-cpus", type=int, default=2, help="logical CPUs of the local Ray")
+    ap.add_argument("--port", type=int, default=0, help="HTTP port on 127.0.0.1 (0: a free one)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    import socket
+
+    import ray
+    from ray import serve
+
+    from helix_ray.serve.server import start_ray
+
+    port = args.port
+    if not port:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    log(f"starting a local Ray ({args.num_cpus} CPUs) and Serve on 127.0.0.1:{port}")
+    start_ray(num_cpus=args.num_cpus)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    results = []
+    try:
+        for store in args.store:
+            results.append(bench_store(Path(store), args, port))
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    print(table(results, args.concurrency))
+    print(json.dumps([r["ratios"] for r in results], indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "load_avg": os.getloadavg(),
+                                               "results": results}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,527 @@
+"""The Serve layer: its pieces in one process, then the application on a real local Ray,
+over HTTP on 127.0.0.1.
+
+The first part (no Ray) checks the shells, the delta and the keys directly. The second
+(marked ``ray``) starts one store (the four-tenant set of ``conftest.tenant_records``,
+real model, real DuckDB) and one application per module — starting Ray and Serve costs
+~30 s here — and its tests run in file order; each writes memories with its own ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import STRONG_ERROR, STRONG_ID, tenant_records
+
+httpx = pytest.importorskip("httpx")
+ray_test = pytest.mark.ray
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(base URL, {user: key}, store) for the app serving a fresh tenant store."""
+    import ray
+    from ray import serve
+
+    from helix_ray.serve import server
+    from helix_ray.serve.keys import KeyStore
+    from pipelines.ingest import ingest
+
+    folder = tmp_path_factory.mktemp("serve")
+    source = folder / "tenants.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in tenant_records()))
+    store = folder / "store"
+    report = ingest([source], store, runner="local", show_progress=False)
+    assert report.published
+    keys = {user: KeyStore(store).create(user)[0] for user in ("alice", "bob")}
+    started = not ray.is_initialized()
+    server.start_ray(num_cpus=4)  # a new local Ray (address="local"), never someone else's cluster
+    port = _free_port()
+    server.run(store, port=port, compact_interval_s=3600, watch_interval_s=0.25)
+    yield f"http://127.0.0.1:{port}", keys, store
+    serve.shutdown()
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def alice(served):
+    url, keys, _ = served
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['alice']}"}, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def bob(served):
+    url, keys, _ = served
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['bob']}"}, timeout=60) as client:
+        yield client
+
+
+def recall(client, query: str, **extra) -> dict:
+    response = client.post("/v1/recall", json={"query": query, "budget_tokens": 400, "k": 8, **extra})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def ids(result: dict) -> list[str]:
+    return [item["id"] for item in result["items"]]
+
+
+# --------------------------------------------------------------------------- pieces, no Ray
+
+
+def test_merge_dense_orders_by_cosine_and_keeps_top_k():
+    from helix_ray.recall.dense import DenseHits
+    from helix_ray.serve.delta import DELTA_BASE, merge_dense
+
+    base = DenseHits(np.array([4, 9, 2]), np.array([0.9, 0.7, 0.5], np.float32), "binary")
+    extra = DenseHits(np.array([DELTA_BASE + 1, DELTA_BASE + 3]), np.array([0.8, 0.1], np.float32), "delta")
+    merged = merge_dense(base, extra, top_k=3)
+    assert merged.rows.tolist() == [4, DELTA_BASE + 1, 9] and merged.first_pass == "binary+delta"
+    assert merge_dense(base, None, top_k=3) is base
+
+
+def test_merge_lexical_normalises_by_the_shared_ceiling():
+    """Hand-computed: base raw [6, 3], delta raw [4.5]; ceiling over both 8 → normalised
+    [.75, .5625, .375]; the strong signal (≥ .85) no longer holds."""
+    from helix_ray.recall.lexical import LexicalHits
+    from helix_ray.serve.delta import DELTA_BASE, DeltaLexical, merge_lexical
+
+    base = LexicalHits(np.array([7, 1]), np.array([6.0, 3.0], np.float32), np.array([1.0, 0.5], np.float32), True)
+    extra = DeltaLexical(np.array([DELTA_BASE + 5]), np.array([4.5], np.float32), ceiling=8.0)
+    merged = merge_lexical(base, extra, top_k=10, strong_score=0.85, strong_gap=0.15)
+    assert merged.rows.tolist() == [7, DELTA_BASE + 5, 1]
+    np.testing.assert_allclose(merged.normalised, [0.75, 0.5625, 0.375])
+    assert merged.strong_signal is False
+    assert merge_lexical(base, None, top_k=10, strong_score=0.85, strong_gap=0.15) is base
+
+
+def test_replica_errors_survive_pickling():
+    """InvalidArgument cannot be rebuilt from its args; what leaves a replica can (a 422,
+    not Ray's UnserializableException and a 500)."""
+    import pickle
+
+    from helix_ray.errors import InvalidArgument
+    from helix_ray.serve.errors import ReplicaError, boundary, message_of, status_of
+
+    @boundary
+    def reject() -> None:
+        raise InvalidArgument("k", 0, "it must be a whole number from 1 to 200")
+
+    with pytest.raises(ReplicaError) as caught:
+        reject()
+    again = pickle.loads(pickle.dumps(caught.value))
+    assert status_of(again) == 422 and message_of(again) == "Got k=0; it must be a whole number from 1 to 200."
+
+
+def test_keys_store_only_hashes_and_map_to_users(tmp_path):
+    import stat
+
+    from helix_ray.serve.errors import Unauthorized
+    from helix_ray.serve.keys import KeyStore
+
+    keys = KeyStore(tmp_path)
+    key, record = keys.create("alice")
+    assert keys.user_for(key) == "alice" and record.user == "alice"
+    stored = (tmp_path / "keys.json").read_text()
+    assert key not in stored and record.sha256 in stored
+    assert stat.S_IMODE((tmp_path / "keys.json").stat().st_mode) == 0o600
+    for wrong in (None, "", key + "x", key[:-1] + ("A" if key[-1] != "A" else "B")):
+        with pytest.raises(Unauthorized):
+            keys.user_for(wrong)
+    keys.revoke(record.key_id)
+    with pytest.raises(Unauthorized):
+        KeyStore(tmp_path).user_for(key)
+
+
+def test_without_keys_each_request_names_its_user(tmp_path):
+    """--no-auth: no key is asked for, and the user must be in the request."""
+    import types
+
+    from helix_ray.errors import InvalidArgument
+    from helix_ray.serve.app import HelixAPI
+    from helix_ray.serve.errors import Forbidden
+    from helix_ray.serve.keys import KeyStore
+
+    cls = HelixAPI.func_or_class
+    open_server = types.SimpleNamespace(keys=None)
+    open_server.authenticate = lambda header: cls.authenticate(open_server, header)
+    assert cls.user_for(open_server, None, "bob") == "bob"
+    with pytest.raises(InvalidArgument, match="--no-auth"):
+        cls.user_for(open_server, None, None)
+    keyed = types.SimpleNamespace(keys=KeyStore(tmp_path))
+    keyed.authenticate = lambda header: cls.authenticate(keyed, header)
+    key, _ = keyed.keys.create("alice")
+    assert cls.user_for(keyed, f"Bearer {key}", None) == "alice"
+    assert cls.user_for(keyed, f"bearer {key}", "alice") == "alice"
+    with pytest.raises(Forbidden):
+        cls.user_for(keyed, f"Bearer {key}", "bob")
+
+
+@pytest.fixture()
+def shells(tenant_store, tmp_path):
+    """The five shells over a private copy of the tenant store, in this process."""
+    import shutil
+
+    from helix_ray.serve import shells as sh
+
+    store = tmp_path / "store"
+    shutil.copytree(tenant_store[0], store)
+    writer = sh.WriterShell(store, compact_interval_s=3600)
+    parts = {"embedder": sh.EmbedderShell(), "bm25": sh.BM25Shell(store), "dense": sh.DenseShell(store),
+             "ranker": sh.RankerShell(store), "writer": writer, "store": store}
+    yield parts
+    writer._stop.set()
+    writer.core.close()
+
+
+def _local_recall(parts, query: str, user: str = "alice", **config):
+    from helix_ray.config import RetrievalConfig
+
+    plan = parts["embedder"].plan(query, user=user, config=RetrievalConfig(**config), budget_tokens=400, k=8)
+    lexical = asyncio.run(parts["bm25"].search(plan))
+    dense = asyncio.run(parts["dense"].search(plan))
+    return plan, lexical, dense, asyncio.run(parts["ranker"].finish(plan, lexical, dense))
+
+
+def test_shells_compose_to_recall_and_serve_the_delta(shells):
+    from helix_ray.embedder import get_embedder
+    from helix_ray.recall.pipeline import Recaller
+    from helix_ray.store.generation import Generation
+
+    query = "how do I rotate the API keys?"
+    local = Recaller(Generation.open_current(shells["store"]), get_embedder())
+    *_, out = _local_recall(shells, query)
+    assert [i["id"] for i in out["items"]] == [i.id for i in local.recall(query, user="alice", budget_tokens=400,
+                                                                            k=8).items]
+    shells["writer"].add([{"id": "alice-new", "text": "To rotate the API keys now run keyctl rotate --all."}],
+                         "alice")
+    *_, out = _local_recall(shells, query)
+    assert "alice-new" in [i["id"] for i in out["items"]]
+    assert {i["origin"] for i in out["items"] if i["id"] == "alice-new"} == {"delta"}
+    shells["writer"].delete("alice-new", "alice")
+    *_, out = _local_recall(shells, query)
+    assert "alice-new" not in [i["id"] for i in out["items"]]
+
+
+def test_ranker_drops_a_delete_that_the_legs_missed(shells):
+    """The legs ran before the delete; the Ranker, after it, must still not return it."""
+    plan, lexical, dense, out = _local_recall(shells, STRONG_ERROR)
+    assert [i["id"] for i in out["items"]][0] == STRONG_ID
+    shells["writer"].delete(STRONG_ID, "alice")
+    after = asyncio.run(shells["ranker"].finish(plan, lexical, dense))
+    assert STRONG_ID not in [i["id"] for i in after["items"]]
+
+
+def test_ranker_flags_a_failed_leg_and_refuses_mixed_generations(shells):
+    from dataclasses import replace
+
+    from helix_ray.serve.errors import ReplicaError, kind_of, status_of
+
+    plan, lexical, dense, _ = _local_recall(shells, "how do I rotate the API keys?")
+    out = asyncio.run(shells["ranker"].finish(plan, replace(lexical, hits=None, error="RuntimeError: boom"), dense))
+    assert out["items"] and any("bm25 leg failed" in d for d in out["flags"]["degraded"])
+    with pytest.raises(ReplicaError) as caught:  # the ingress answers it by re-running the legs
+        asyncio.run(shells["ranker"].finish(plan, replace(lexical, generation=lexical.generation + 1), dense))
+    assert kind_of(caught.value) == "StaleLegs" and status_of(caught.value) == 503
+
+
+def test_writer_rebuilds_the_delta_from_its_log_after_a_restart(shells):
+    from helix_ray.serve.writer import WriterCore
+
+    writer = shells["writer"]
+    writer.add([{"id": "alice-durable", "text": "The restart drill runs every second Thursday."}], "alice")
+    writer.delete("alice-03", "alice")
+    version = writer.core.version
+    writer.core.close()
+    writer.core = WriterCore(shells["store"])  # what a restarted Writer replica does
+    assert "alice-durable" in writer.core.entries and "alice-03" in writer.core.tombstones
+    assert writer.core.version == version + 1
+    *_, out = _local_recall(shells, "when does the restart drill run?")
+    ids_ = [i["id"] for i in out["items"]]
+    assert "alice-durable" in ids_ and "alice-03" not in ids_
+    assert list((shells["store"] / "inbox").glob("*.jsonl"))  # the ingest-ready copy, fsynced
+
+
+def test_a_swap_keeps_the_old_generation_for_requests_in_flight(shells):
+    """After compaction publishes generation N+1, a request pinned to N (its legs ran
+    there) is still finished on N; new requests move to N+1."""
+    plan, lexical, dense, _ = _local_recall(shells, "how do I rotate the API keys?")
+    old = lexical.generation
+    shells["writer"].add([{"id": "alice-swap", "text": "Rotating keys also needs the vault token refresh."}], "alice")
+    report = shells["writer"].compact()
+    assert report["published"] and report["generation"] == old + 1 and report["folded"] == 1
+    ranker = shells["ranker"]
+    assert asyncio.run(ranker.views.refresh()) and ranker.views.latest == old + 1
+    finished = asyncio.run(ranker.finish(plan, lexical, dense))
+    assert finished["generation"] == old and finished["items"]
+    for leg in ("bm25", "dense"):
+        asyncio.run(shells[leg].views.refresh())
+    *_, fresh = _local_recall(shells, "vault token refresh when rotating keys")
+    assert fresh["generation"] == old + 1
+    assert {i["origin"] for i in fresh["items"] if i["id"] == "alice-swap"} == {"generation"}
+
+
+# --------------------------------------------------------------------------- read path
+
+
+@ray_test
+def test_health_and_openapi(served):
+    url, _, _ = served
+    health = httpx.get(url + "/healthz").json()
+    assert health["status"] == "ok" and health["generation"] >= 1
+    spec = httpx.get(url + "/openapi.json").json()
+    for path in ("/v1/recall", "/v1/memories", "/v1/memories/{memory_id}", "/v1/settings", "/v1/stats", "/healthz"):
+        assert path in spec["paths"], path
+    assert spec["components"]["schemas"]["RecallRequest"]["additionalProperties"] is False
+
+
+@ray_test
+def test_recall_answers_like_the_in_process_pipeline(served, alice):
+    """The graph of deployments is a distribution of Recaller.recall, not a variant.
+    (The in-process side reads the generation only: the server's Writer holds DuckDB.)"""
+    from helix_ray.embedder import get_embedder
+    from helix_ray.recall.pipeline import Recaller
+    from helix_ray.store.generation import Generation
+
+    _, _, store = served
+    queries = ["why did we move the billing database to Postgres?", "how do I rotate the API keys?", STRONG_ERROR]
+    local = Recaller(Generation.open_current(store), get_embedder())
+    expected = [[i.id for i in local.recall(q, user="alice", budget_tokens=400, k=8).items] for q in queries]
+    got = [ids(recall(alice, q)) for q in queries]
+    assert got == expected
+
+
+@ray_test
+def test_recall_returns_order_tokens_timings_and_flags(alice):
+    result = recall(alice, STRONG_ERROR, explain=True)
+    assert result["user"] == "alice" and ids(result)[0] == STRONG_ID
+    assert result["flags"]["strong_signal_skip"] is True
+    assert 0 < result["total_tokens"] <= result["budget_tokens"] == 400
+    for stage in ("embed", "route", "bm25", "dense", "fuse", "rank", "pack", "total", "call_graph", "ingress"):
+        assert stage in result["timings_ms"], stage
+    assert result["explain"] and {"id", "score", "dropped_by"} <= set(result["explain"][0])
+    assert all(item["origin"] == "generation" for item in result["items"])
+
+
+# --------------------------------------------------------------------------- tenants
+
+
+@ray_test
+def test_two_users_never_cross(alice, bob):
+    shared = "How are the database migrations run before the gateway pods roll?"
+    assert all(i.startswith("alice") for i in ids(recall(alice, shared)))
+    assert all(i.startswith("bob") for i in ids(recall(bob, shared)))
+    secret = "The bob-only vault passphrase hint is purple giraffe umbrella."
+    written = bob.post("/v1/memories", json={"text": secret, "id": "bob-secret"})
+    assert written.status_code == 201, written.text
+    assert "bob-secret" in ids(recall(bob, "purple giraffe umbrella passphrase"))
+    assert "bob-secret" not in ids(recall(alice, "purple giraffe umbrella passphrase"))
+    # A key reads and writes only its own user's memories.
+    other = alice.post("/v1/recall", json={"query": "anything", "budget_tokens": 100, "user": "bob"})
+    assert other.status_code == 403 and "belongs to user 'alice'" in other.json()["detail"]
+    assert alice.post("/v1/memories", json={"text": "x", "user": "bob"}).status_code == 403
+    assert alice.delete("/v1/memories/bob-secret").status_code == 404
+    assert alice.patch("/v1/memories/bob-secret", json={"text": "mine now"}).status_code == 404
+    taken = alice.post("/v1/memories", json={"text": "an id collision", "id": "bob-secret"})
+    assert taken.status_code == 409 and "another user" in taken.json()["detail"]
+
+
+# --------------------------------------------------------------------------- writes
+
+
+@ray_test
+def test_write_is_recalled_within_one_second(alice):
+    text = "The staging Kafka cluster was renamed to heron-7 after the quota incident."
+    start = time.perf_counter()
+    written = alice.post("/v1/memories", json={"text": text, "id": "alice-heron", "type": "episodic"})
+    assert written.status_code == 201, written.text
+    assert written.json()["ids"] == ["alice-heron"]
+    found = None
+    while time.perf_counter() - start < 1.0:
+        result = recall(alice, "what is the staging Kafka cluster called now?")
+        if "alice-heron" in ids(result):
+            found = result
+            break
+    assert found is not None, "a written memory was not recalled within 1 s of the request"
+    item = next(i for i in found["items"] if i["id"] == "alice-heron")
+    assert item["origin"] == "delta" and item["text"] == text
+
+
+@ray_test
+def test_batch_write_and_patch(alice):
+    batch = {"memories": [
+        {"id": "alice-b1", "text": "The nightly export job writes Parquet files to the cold bucket."},
+        {"id": "alice-b2", "text": "Feature flags live in the flagd service, not in environment variables."},
+    ]}
+    assert alice.post("/v1/memories", json=batch).status_code == 201
+    assert "alice-b2" in ids(recall(alice, "where do feature flags live?"))
+    changed = alice.patch("/v1/memories/alice-b2", json={"text": "Feature flags moved to the Unleash server in May."})
+    assert changed.status_code == 200, changed.text
+    result = recall(alice, "where do feature flags live?")
+    texts = {i["id"]: i["text"] for i in result["items"]}
+    assert texts.get("alice-b2") == "Feature flags moved to the Unleash server in May."
+    # A PATCH of a generation memory replaces it at once, too.
+    assert alice.patch("/v1/memories/alice-00", json={"pinned": True}).status_code == 200
+
+
+@ray_test
+def test_deleted_memory_never_comes_back(alice):
+    doomed = {"id": "alice-doomed", "text": "The doomed memory mentions the zebra-quokka protocol."}
+    assert alice.post("/v1/memories", json=doomed).status_code == 201
+    assert "alice-doomed" in ids(recall(alice, "zebra-quokka protocol"))
+    assert alice.delete("/v1/memories/alice-doomed").status_code == 200
+    assert alice.delete(f"/v1/memories/{STRONG_ID}").status_code == 200  # a generation memory
+    for _ in range(3):
+        assert "alice-doomed" not in ids(recall(alice, "zebra-quokka protocol"))
+        assert STRONG_ID not in ids(recall(alice, STRONG_ERROR))
+    assert alice.delete("/v1/memories/alice-doomed").status_code == 404
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@ray_test
+def test_settings_patch_changes_results_live(alice):
+    query = "rotate the API keys and restart the gateway pods"
+    before = recall(alice, query)
+    settings = alice.get("/v1/settings").json()
+    assert settings["effective"]["fusion"]["k"] >= 1 and settings["overrides"] == {}
+
+    patched = alice.patch("/v1/settings", json={"fusion": {"weights": {"bm25": 0.0}}})
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["effective"]["fusion"]["weights"] == {"dense": 1.0, "bm25": 0.0}
+    dense_only = recall(alice, query, explain=True)
+    assert all(row["bm25_rank"] is None for row in dense_only["explain"])
+
+    lexical_only = alice.patch("/v1/settings", json={"fusion": {"weights": {"dense": 0.0, "bm25": 1.0}}})
+    assert lexical_only.status_code == 200
+    bm25_only = recall(alice, query, explain=True)
+    assert all(row["dense_rank"] is None for row in bm25_only["explain"])
+    assert ids(bm25_only) != ids(dense_only)
+
+    for bad, says in (({"fusion": {"k": 0}}, "greater than or equal to 1"),
+                      ({"diversity": {"mmr_lambda": 2}}, "less than or equal to 1"),
+                      ({"fusion": {"weights": {"dense": 0, "bm25": 0}}}, "at least one must be > 0"),
+                      ({"fusion": {"kay": 3}}, "allowed here: k, weights")):
+        response = alice.patch("/v1/settings", json=bad)
+        assert response.status_code == 422 and says in response.json()["detail"], response.text
+    reset = alice.delete("/v1/settings")
+    assert reset.status_code == 200 and reset.json()["overrides"] == {}
+    assert ids(recall(alice, query)) == ids(before)
+
+
+# --------------------------------------------------------------------------- hot swap
+
+
+@ray_test
+def test_generation_swap_during_requests_loses_none(served, alice):
+    """Compaction publishes a new generation (the ingest pipeline) while a loop of
+    requests runs; every request answers 200, and the replicas end on the new one."""
+    url, keys, _ = served
+    first = alice.get("/healthz").json()["generation"]
+    statuses: list[int] = []
+    generations: list[int] = []
+    resurrected: list[str] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['alice']}"}, timeout=60) as c:
+            deadline = time.monotonic() + 60
+            while not stop.is_set() and time.monotonic() < deadline:
+                r = c.post("/v1/recall", json={"query": "what is the staging Kafka cluster called now?",
+                                               "budget_tokens": 300})
+                statuses.append(r.status_code)
+                if r.status_code == 200:
+                    generations.append(r.json()["generation"])
+                    resurrected.extend(i for i in ids(r.json()) if i in ("alice-doomed", STRONG_ID))
+
+    worker = threading.Thread(target=loop)
+    worker.start()
+    try:
+        time.sleep(0.5)
+        compacted = alice.post("/v1/admin/compact")
+        assert compacted.status_code == 200, compacted.text
+        report = compacted.json()
+        assert report["published"] and report["generation"] == first + 1 and report["folded"] >= 1
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (not generations or generations[-1] != first + 1):
+            time.sleep(0.1)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        worker.join()
+    assert statuses and set(statuses) == {200}, statuses
+    assert not resurrected
+    assert generations[0] == first and generations[-1] == first + 1
+    # What was written online is now served from the generation; the delete still holds.
+    result = recall(alice, "what is the staging Kafka cluster called now?")
+    heron = next(i for i in result["items"] if i["id"] == "alice-heron")
+    assert heron["origin"] == "generation"
+    assert STRONG_ID not in ids(recall(alice, STRONG_ERROR))
+    assert "alice-doomed" not in ids(recall(alice, "zebra-quokka protocol"))
+
+
+# --------------------------------------------------------------------------- errors, stats
+
+
+@ray_test
+@pytest.mark.parametrize("body, status, says", [
+    ({"query": "x", "budget_tokens": 10, "colour": "red"}, 422, "unknown field 'colour'"),
+    ({"query": "", "budget_tokens": 10}, 422, "Got query=''; it must be a non-empty string"),
+    ({"query": "x", "budget_tokens": 0}, 422, "Got budget_tokens=0; it must be a whole number of tokens > 0"),
+    ({"query": "x", "budget_tokens": 10, "types": ["gossip"]}, 422, "each must be one of episodic"),
+    ({"query": "x", "budget_tokens": 10, "k": 0}, 422, "Got k=0; it must be a whole number from 1 to 200"),
+    ({"query": "x", "budget_tokens": 10, "since": "last tuesday"}, 422, "ISO-8601"),
+    ({"query": "x", "budget_tokens": "many"}, 422, "budget_tokens"),
+    ({"budget_tokens": 10}, 422, "'query' is required"),
+])
+def test_malformed_recall_requests_get_4xx_sentences(alice, body, status, says):
+    response = alice.post("/v1/recall", json=body)
+    assert response.status_code == status and says in response.json()["detail"], response.text
+
+
+@ray_test
+def test_malformed_writes_and_keys_get_4xx_sentences(served, alice):
+    url, _, _ = served
+    cases = [
+        (alice.post("/v1/memories", json={"text": "x", "type": "gossip"}), 422, "type='gossip' is unknown"),
+        (alice.post("/v1/memories", json={"text": "   "}), 422, "empty"),
+        (alice.post("/v1/memories", json={"text": "x", "mood": "happy"}), 422, "unknown field 'mood'"),
+        (alice.post("/v1/memories", json={"memories": []}), 422, "at least one memory"),
+        (alice.post("/v1/memories", content=b"{not json", headers={"content-type": "application/json"}), 422,
+         "not valid JSON"),
+        (alice.patch("/v1/memories/alice-01", json={"colour": "red"}), 422, "unknown field 'colour'"),
+        (alice.patch("/v1/memories/alice-01", json={}), 422, "at least one field"),
+        (alice.delete("/v1/memories/no-such-id"), 404, "no such memory"),
+        (httpx.post(url + "/v1/recall", json={"query": "x", "budget_tokens": 10}), 401, "No API key"),
+        (httpx.post(url + "/v1/recall", json={"query": "x", "budget_tokens": 10},
+                    headers={"Authorization": "Bearer hx_00000000_wrongwrongwrongwrongwrong"}), 401, "not valid"),
+        (httpx.get(url + "/v1/stats", headers={"Authorization": "Basic abc"}), 401, "No API key"),
+    ]
+    for response, status, says in cases:
+        assert response.status_code == status and says in response.json()["detail"], response.text
+
+
+@ray_test
+def test_stats_report_generation_delta_and_latency(alice):
+    stats = alice.get("/v1/stats").json()
+    assert stats["generation"] >= 1 and stats["generation_counts"]["memories"] > 0
+    assert {"version", "entries", "pending", "tombstones"} <= set(stats["delta"])
+    assert set(stats["db"]["user_memories"]) == {"alice"}  # a key sees its own user's count only
+    for stage in ("embed", "bm25", "dense", "fuse", "rank", "pack", "ingress"):
+        assert stats["latency_ms"][stage]["p95"] >= stats["latency_ms"][stage]["p50"] >= 0
