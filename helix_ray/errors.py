@@ -11,11 +11,15 @@ class InvalidArgument(HelixError, ValueError):
     """A caller passed a value outside what is allowed."""
 
     def __init__(self, name: str, received: object, allowed: str, fix: str | None = None):
-        self.name, self.received, self.allowed = name, received, allowed
+        self.name, self.received, self.allowed, self.fix = name, received, allowed, fix
         message = f"Got {name}={received!r}; {allowed}."
         if fix:
             message += f" {fix}"
         super().__init__(message)
+
+    def __reduce__(self):
+        # Rebuild from the constructor's arguments: Ray pickles errors across processes.
+        return (type(self), (self.name, self.received, self.allowed, self.fix))
 
 
 class StoreError(HelixError):

@@ -31,10 +31,13 @@ def ensure_ray(*, num_cpus: int | None = None, quiet: bool = True) -> str:
         ray.init(address=address, **kwargs)
         return f"joined {address}"
     cpus = num_cpus or max(2, os.cpu_count() or 2)
+    # address="local": always a new Ray of our own. A bare ray.init() would join a cluster
+    # someone else started with `ray start` on this host.
     # Workers must import helix_ray and pipelines from the repo checkout.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {"env_vars": {"PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}}
     ray.init(
+        address="local",
         num_cpus=cpus,
         object_store_memory=int(os.environ.get("HELIX_OBJECT_STORE_BYTES", 512 * 1024 * 1024)),
         runtime_env=env,

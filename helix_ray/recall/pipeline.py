@@ -100,8 +100,18 @@ class Recaller:
         self.generation = generation
         self.embedder = embedder
         self.config = config or RetrievalConfig()
-        self.router = scope.Router(embedder, self.config.router)
-        self.columns = generation.columns if generation is not None else None
+        self._router: scope.Router | None = None
+
+    @property
+    def router(self) -> scope.Router:
+        """Built on first use: only :meth:`plan` routes (retriever replicas never do)."""
+        if self._router is None:
+            self._router = scope.Router(self.embedder, self.config.router)
+        return self._router
+
+    @property
+    def columns(self):
+        return self.generation.columns if self.generation is not None else None
 
     def recall(
         self,
