@@ -183,6 +183,8 @@ def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
         fresh, replaced = [], set()
         for row in latest.values():
             seen = known.get(row["id"])
+            if seen is not None and seen[1]:  # deleted, now given again: it comes back
+                seen = None
             if seen is not None and seen[0] == row["content_hash"]:
                 report.unchanged += 1
                 continue

@@ -213,3 +213,22 @@ def test_large_tenants_get_a_deterministic_hnsw_index(tmp_path):
     dense_file = a.manifest["partitions"][0]["dense"]
     assert (a.path / dense_file).read_bytes() == (b.path / dense_file).read_bytes()
     assert len(a.dense_index("dana")) == 6
+
+
+def test_deleted_memory_leaves_and_comes_back_when_given_again(tmp_path):
+    store = tmp_path / "store"
+    source = write_jsonl(tmp_path / "a.jsonl", [memory(i, t) for i, t in enumerate(FACTS[:3])])
+    ingest([source], store, runner="local")
+    with StoreDB(store) as db:
+        db.delete(["m001"])
+    other = write_jsonl(tmp_path / "b.jsonl", [memory(9, FACTS[5])])
+    after_delete = ingest([other], store, runner="local")
+    ids = set(Generation.open_current(store).memories.column("id").to_pylist())
+    assert "m001" not in ids and after_delete.total_memories == 3
+    again = ingest([source], store, runner="local")
+    assert again.new == 1 and again.unchanged == 2
+    assert "m001" in set(Generation.open_current(store).memories.column("id").to_pylist())
+    # A record dropped as a duplicate is not "deleted": re-ingesting it is no news.
+    dup = write_jsonl(tmp_path / "c.jsonl", [memory(20, FACTS[0] + " ")])
+    assert ingest([dup], store, runner="local").new == 1
+    assert not ingest([dup], store, runner="local").published

@@ -187,8 +187,12 @@ class StoreDB:
 
     # ---------------------------------------------------------------- reads
     def known_hashes(self) -> dict[str, tuple[str, bool]]:
-        """id → (content_hash, deleted) for every memory the store has seen."""
-        return {i: (h, d) for i, h, d in self.con.execute("SELECT id, content_hash, deleted FROM memories").fetchall()}
+        """id → (content_hash, deleted) for every memory the store has seen. A memory
+        dropped as a duplicate of another is not "deleted": ingesting it again is no news."""
+        rows = self.con.execute(
+            "SELECT id, content_hash, deleted AND id NOT IN (SELECT dropped_id FROM duplicates) FROM memories"
+        ).fetchall()
+        return {i: (h, d) for i, h, d in rows}
 
     def access_summary(self) -> dict[str, tuple[dt.datetime, int]]:
         # Times leave DuckDB as epoch microseconds: its TIMESTAMPTZ → Python path needs pytz.
