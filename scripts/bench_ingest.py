@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+PIPELINE_ENV: dict[str, str] = {}  # --pipeline-env: set only while the pipeline (and its Ray) runs
 STAGE_ORDER = ("ray_start", "read_validate", "dedup", "expand_embed_annotate", "assemble", "publish", "record")
 
 
@@ -75,8 +76,18 @@ def machine_info() -> dict[str, Any]:
             versions[mod] = __import__(mod).__version__
         except Exception:  # noqa: BLE001 - a missing module is just not reported
             pass
+    git = {}
+    try:
+        git["head"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                     text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--short", "--", "helix_ray", "pipelines"],
+                               capture_output=True, text=True, timeout=10).stdout.split("\n")
+        git["dirty"] = [line.strip() for line in dirty if line.strip()]
+    except Exception:  # noqa: BLE001
+        pass
     return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "git": git,
         "nproc": os.cpu_count(),
         "cpu_model": cpu,
         "mem_total_gib": mem_gib,
@@ -227,11 +238,20 @@ def run_pipeline(source: Path, fmt: str, store: Path) -> dict[str, Any]:
 
     if ray.is_initialized():
         ray.shutdown()
-    with MemorySampler() as mem:
-        t0 = time.perf_counter()
-        report = ingest([source], store, fmt=fmt, runner="ray", config=IngestConfig(), show_progress=False)
-        total = time.perf_counter() - t0
-    ray.shutdown()
+    saved = {k: os.environ.get(k) for k in PIPELINE_ENV}
+    os.environ.update(PIPELINE_ENV)  # inherited by the Ray processes the pipeline starts
+    try:
+        with MemorySampler() as mem:
+            t0 = time.perf_counter()
+            report = ingest([source], store, fmt=fmt, runner="ray", config=IngestConfig(), show_progress=False)
+            total = time.perf_counter() - t0
+        ray.shutdown()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     seconds = dict(report.seconds)
     return {
         "report": report.as_dict(),
@@ -388,12 +408,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--synthetic-repeats", type=int, default=1, help="the same for the synthetic set")
     ap.add_argument("--no-sorted-reference", action="store_true",
                     help="skip the extra length-sorted embed-only timing")
+    ap.add_argument("--pipeline-env", action="append", default=[], metavar="VAR=VALUE",
+                    help="environment for the pipeline's Ray processes only, e.g. OMP_NUM_THREADS=2 (Ray sets "
+                         "OMP_NUM_THREADS=1 in workers with a fractional CPU, and onnxruntime follows it)")
     ap.add_argument("--work", default=None, help="work folder for stores and data (default: a temp dir, removed)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    for item in args.pipeline_env:
+        key, _, value = item.partition("=")
+        PIPELINE_ENV[key] = value
     info = machine_info()
+    info["pipeline_env"] = dict(PIPELINE_ENV)
     print(json.dumps(info), flush=True)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="helix-bench-ingest-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -421,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(results))
     print(f"\nload average start {info['loadavg_start']} end {info['loadavg_end']}")
+    if PIPELINE_ENV:
+        print(f"pipeline's Ray processes ran with {PIPELINE_ENV}")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": info, "results": results, "table": table(results)}, indent=1))
         print(f"wrote {args.json}")

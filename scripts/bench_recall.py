@@ -35,7 +35,13 @@ warm-up queries. Each query runs through the full pipeline and through the basel
 dense only (fusion weights ``{"dense": 1, "bm25": 0}``, graph expansion off; ranking,
 diversity and packing unchanged) — alternating which goes first. The query phase runs in
 a fresh subprocess, so its RSS is that of a serving process (mapped generation +
-embedder), not of the builder.
+embedder), not of the builder. It runs once per ``--query-env``: by default with the
+inherited environment and with ``OMP_NUM_THREADS=1`` — what Ray sets in a worker with a
+fractional CPU, such as a Serve replica — because multi-threaded OpenBLAS makes even an
+80×384 matrix product take milliseconds on a busy 2-core host.
+
+``--reuse`` (with ``--work`` and ``--keep-stores`` on the earlier run) skips the build and
+re-runs the queries on a kept store.
 """
 
 from __future__ import annotations
@@ -381,7 +387,9 @@ def query_phase(store: Path, queries_file: Path, warmup: int) -> dict[str, Any]:
                                "graph_method": (res.flags.get("graph") or {}).get("method")})
     rss_end, rss_peak = rss_mib()
     pss, _ = tree_pss_mib()
-    out: dict[str, Any] = {"load_s": round(load_s, 2), "first_query_ms": round(first_query_s * 1000, 1),
+    out: dict[str, Any] = {"git": machine_info()["git"], "env": {k: os.environ.get(k) for k in (
+                               "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "HELIX_EMBED_THREADS")},
+                           "loadavg": os.getloadavg(), "load_s": round(load_s, 2), "first_query_ms": round(first_query_s * 1000, 1),
                            "first_query_timings": first.timings_ms,
                            "rss_mib": {"start": round(rss0), "after_open": round(rss_loaded), "end": round(rss_end),
                                        "peak": round(rss_peak), "pss_end": round(pss)}}
@@ -418,20 +426,31 @@ def query_phase(store: Path, queries_file: Path, warmup: int) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- report
 
 
-def table(results: list[dict[str, Any]]) -> str:
+def _q(r: dict[str, Any], variant: str) -> dict[str, Any]:
+    return r.get("query_variants", {}).get(variant) or r["query"]
+
+
+def stage_table(results: list[dict[str, Any]], variant: str) -> str:
     heads = []
     for r in results:
         heads += [f"{r['label']} full p50/p95/p99", f"{r['label']} dense-only p50/p95/p99"]
-    lines = ["| stage (ms) | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
+    lines = [f"| stage (ms), query env: {variant} | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
     for s in STAGES:
         cells = []
         for r in results:
             for name in ("full", "dense_only"):
-                p = r["query"][name]["stages_ms"][s]
+                p = _q(r, variant)[name]["stages_ms"][s]
                 cells.append(f"{p['p50']:.2f} / {p['p95']:.2f} / {p['p99']:.2f}")
         label = f"**{s}**" if s == "total" else s
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines.append("")
+    return "\n".join(lines)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    variants = list(results[0].get("query_variants", {"default": None})) if results else ["default"]
+    lines = []
+    for variant in variants:
+        lines += [stage_table(results, variant), ""]
     lines.append("| | " + " | ".join(r["label"] for r in results) + " |")
     lines.append("|---|" + "---:|" * len(results))
 
@@ -445,18 +464,22 @@ def table(results: list[dict[str, Any]]) -> str:
     row("builder peak RSS MiB", lambda r: f"{r['build']['peak_rss_mib']:,.0f}")
     row("store size MiB", lambda r: f"{r['build']['store_bytes'] / 2**20:,.0f}")
     row("top-1 NN cosine p5/p50/p95 (store)", lambda r: "{p5:.3f} / {p50:.3f} / {p95:.3f}".format(**r["nn_cosine_store"]))
-    row("**ratio full / dense-only total p50, p95**", lambda r: f"**{r['query']['ratio_full_over_dense_only']['p50']}×, {r['query']['ratio_full_over_dense_only']['p95']}×**")
-    row("ratio full total / dense leg alone p50, p95", lambda r: f"{r['query']['ratio_full_over_dense_leg']['p50']}×, {r['query']['ratio_full_over_dense_leg']['p95']}×")
-    row("full: total p95 by kind (identifier / paraphrase / vague)",
-        lambda r: " / ".join(f"{r['query']['full']['total_by_kind_ms'][k]['p95']:.1f}" for k in ("identifier", "paraphrase", "vague")))
-    row("full: strong-signal skips / router skips", lambda r: f"{r['query']['full']['strong_signal_skips']} / {r['query']['full']['router_skips']}")
-    row("full: dense first pass (n)", lambda r: ", ".join(f"{k}: {v['n']}" for k, v in r['query']['full']['total_by_dense_path_ms'].items()))
+    for v in variants:
+        row(f"**ratio full / dense-only total p50, p95** ({v})",
+            lambda r, v=v: f"**{_q(r, v)['ratio_full_over_dense_only']['p50']}×, {_q(r, v)['ratio_full_over_dense_only']['p95']}×**")
+        row(f"ratio full total / dense leg alone p50, p95 ({v})",
+            lambda r, v=v: f"{_q(r, v)['ratio_full_over_dense_leg']['p50']}×, {_q(r, v)['ratio_full_over_dense_leg']['p95']}×")
+        row(f"full: total p95 by kind, identifier / paraphrase / vague ({v})",
+            lambda r, v=v: " / ".join(f"{_q(r, v)['full']['total_by_kind_ms'][k]['p95']:.1f}" for k in ("identifier", "paraphrase", "vague")))
+    q0 = variants[0]
+    row("full: strong-signal skips / router skips", lambda r: f"{_q(r, q0)['full']['strong_signal_skips']} / {_q(r, q0)['full']['router_skips']}")
+    row("full: dense first pass (n)", lambda r: ", ".join(f"{k}: {v['n']}" for k, v in _q(r, q0)['full']['total_by_dense_path_ms'].items()))
     row("full: PPR subgraph nodes p50/p95; BFS fallbacks",
-        lambda r: f"{r['query']['full']['graph_subgraph_nodes']['p50']:.0f} / {r['query']['full']['graph_subgraph_nodes']['p95']:.0f}; {r['query']['full']['graph_bfs_fallbacks']}")
-    row("query process: open + columns s", lambda r: f"{r['query']['load_s']:.1f}")
-    row("query process: first (cold) query ms", lambda r: f"{r['query']['first_query_ms']:.0f}")
+        lambda r: f"{_q(r, q0)['full']['graph_subgraph_nodes']['p50']:.0f} / {_q(r, q0)['full']['graph_subgraph_nodes']['p95']:.0f}; {_q(r, q0)['full']['graph_bfs_fallbacks']}")
+    row("query process: open + columns s", lambda r: f"{_q(r, q0)['load_s']:.1f}")
+    row("query process: first (cold) query ms", lambda r: f"{_q(r, q0)['first_query_ms']:.0f}")
     row("query process RSS after open / end / peak MiB",
-        lambda r: f"{r['query']['rss_mib']['after_open']:,} / {r['query']['rss_mib']['end']:,} / {r['query']['rss_mib']['peak']:,}")
+        lambda r: f"{_q(r, q0)['rss_mib']['after_open']:,} / {_q(r, q0)['rss_mib']['end']:,} / {_q(r, q0)['rss_mib']['peak']:,}")
     return "\n".join(lines)
 
 
@@ -473,6 +496,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hnsw-threads", type=int, default=0, help="IngestConfig.hnsw_threads for the build")
     ap.add_argument("--work", default=None, help="folder for stores and the base-vector cache (default: temp, removed)")
     ap.add_argument("--keep-stores", action="store_true", help="keep the built stores in --work")
+    ap.add_argument("--reuse", action="store_true",
+                    help="reuse a store an earlier run kept in --work (same size, sigma, seed) instead of building")
+    ap.add_argument("--query-env", default="default,OMP_NUM_THREADS=1",
+                    help="comma-separated environments for the query process: 'default' (inherit) or VAR=VALUE. "
+                         "OMP_NUM_THREADS=1 is what Ray gives a worker with a fractional CPU (a Serve replica): "
+                         "OpenBLAS and onnxruntime then use one thread")
     ap.add_argument("--json", default=None)
     ap.add_argument("--query-phase", nargs=2, metavar=("STORE", "QUERIES_JSON"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -496,13 +525,20 @@ def main(argv: list[str] | None = None) -> int:
         for n in [int(s) for s in args.sizes.split(",") if s]:
             label = f"10^{round(np.log10(n))}" if n in (10**5, 10**6) else f"{n:,}"
             store = work / f"store-{n}"
-            if store.exists():
-                shutil.rmtree(store)
+            build_file = work / f"build-{n}-sigma{args.sigma}-seed{args.seed}.json"
             users = 1 if n >= args.single_tenant_from else None
-            log(f"== {label}: building {n:,} memories ({'one tenant' if users == 1 else 'Zipf tenants'}) in {store}")
-            build = build_store(n, store, users=users, base_texts=base_texts, base_types=base_types,
-                                base_vectors=base_vectors, sigma=args.sigma, seed=args.seed,
-                                hnsw_threads=args.hnsw_threads)
+            if args.reuse and build_file.is_file() and (store / "CURRENT").is_file():
+                build = json.loads(build_file.read_text())
+                build["reused"] = True
+                log(f"== {label}: reusing the store built earlier in {store}")
+            else:
+                if store.exists():
+                    shutil.rmtree(store)
+                log(f"== {label}: building {n:,} memories ({'one tenant' if users == 1 else 'Zipf tenants'}) in {store}")
+                build = build_store(n, store, users=users, base_texts=base_texts, base_types=base_types,
+                                    base_vectors=base_vectors, sigma=args.sigma, seed=args.seed,
+                                    hnsw_threads=args.hnsw_threads)
+                build_file.write_text(json.dumps(build))
             log(f"build: {json.dumps(build)}")
             from helix_ray.store.generation import Generation
 
@@ -517,18 +553,28 @@ def main(argv: list[str] | None = None) -> int:
             queries = make_queries(store, args.queries + args.warmup, args.seed)
             qfile = work / f"queries-{n}.json"
             qfile.write_text(json.dumps({"warmup": queries[: args.warmup], "queries": queries[args.warmup :]}))
-            log(f"query phase ({args.queries} queries + {args.warmup} warm-up, fresh process) ...")
-            proc = subprocess.run([sys.executable, __file__, "--warmup", str(args.warmup), "--query-phase", str(store),
-                                   str(qfile)], capture_output=True, text=True)
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            if proc.returncode != 0 or not lines:
-                raise RuntimeError(f"query phase failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-            query = json.loads(lines[-1][7:])
+            variants: dict[str, Any] = {}
+            for variant in [v for v in args.query_env.split(",") if v]:
+                env = dict(os.environ)
+                if variant != "default":
+                    key, _, value = variant.partition("=")
+                    env[key] = value
+                log(f"query phase [{variant}] ({args.queries} queries + {args.warmup} warm-up, fresh process) ...")
+                proc = subprocess.run([sys.executable, __file__, "--warmup", str(args.warmup), "--query-phase",
+                                       str(store), str(qfile)], capture_output=True, text=True, env=env)
+                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+                if proc.returncode != 0 or not lines:
+                    raise RuntimeError(f"query phase failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                                       f"{proc.stderr[-3000:]}")
+                variants[variant] = json.loads(lines[-1][7:])
+                q = variants[variant]
+                log(f"{label} [{variant}]: full p50/p95 {q['full']['stages_ms']['total']['p50']:.1f}/"
+                    f"{q['full']['stages_ms']['total']['p95']:.1f} ms; dense-only "
+                    f"{q['dense_only']['stages_ms']['total']['p50']:.1f}/"
+                    f"{q['dense_only']['stages_ms']['total']['p95']:.1f} ms")
+            query = next(iter(variants.values()))
             results.append({"label": label, "n": n, "sigma": args.sigma, "build": build, "nn_cosine_store": nn,
-                            "query": query, "loadavg": os.getloadavg()})
-            log(f"{label}: full p50/p95 {query['full']['stages_ms']['total']['p50']:.1f}/"
-                f"{query['full']['stages_ms']['total']['p95']:.1f} ms; dense-only "
-                f"{query['dense_only']['stages_ms']['total']['p50']:.1f}/{query['dense_only']['stages_ms']['total']['p95']:.1f} ms")
+                            "query": query, "query_variants": variants, "loadavg": os.getloadavg()})
             if args.json:  # write as we go: a later size may take long or fail
                 Path(args.json).write_text(json.dumps({"machine": info, "base": base_info, "results": results,
                                                        "table": table(results)}, indent=1))
