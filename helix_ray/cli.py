@@ -97,6 +97,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("recall", "eval"):
+        # The query path multiplies tiny matrices (80x384): a second BLAS thread only adds
+        # hand-off cost, 47x slower on a busy 2-core host (docs/benchmarks.md). Serve
+        # replicas get the same from Ray (OMP_NUM_THREADS=1 with fractional CPUs). Must be
+        # set before numpy loads; an explicit setting wins.
+        import os
+
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": _demo,
                 "serve": _serve, "keys": _keys, "compact": _compact}[args.command](args)

@@ -193,6 +193,11 @@ class GraphConfig(_Strict):
     """The PPR subgraph is the seeds' neighbourhood up to this many hops."""
     max_nodes: int = Field(3000, ge=10)
     """Cap on the PPR subgraph: its cost never grows with the whole graph."""
+    max_degree: int = Field(1000, ge=1)
+    """Nodes with more edges than this (hub entities: "HTTP" in a 10^6-memory tenant links
+    38k memories) are not entered: they link everything, say little, and gathering their
+    edges cost 18 ms per query at 10^6. Ingest's max_entity_df is relative to the tenant,
+    so this absolute bound is what keeps big tenants fast."""
     max_new: int = Field(20, ge=0, le=500)
     """Cap on memories that expansion adds to the pool."""
     max_mass: float = Field(0.5, ge=0.0, le=1.0)

@@ -50,7 +50,8 @@ from helix_ray.store.generation import (
 
 log = logging.getLogger(__name__)
 
-BATCH = 256
+BATCH = 256  # rows per transform call (the embedder sorts within it by length)
+BLOCK = 2048  # rows per Ray Data block (a multiple of BATCH)
 
 
 @dataclasses.dataclass
@@ -335,15 +336,21 @@ def _transform(todo: list[dict[str, Any]], config: IngestConfig, runner: str):
         "text": [r["text"] for r in todo],
         "type": [r["type"] for r in todo],
     })
+    pool = ray.data.ActorPoolStrategy
+    # Blocks of BLOCK rows stream through the stages (one block would run each stage over
+    # every row before the next starts, and trip Ray Data's no-progress watchdog on big
+    # inputs). Every stage sees the same BATCH-row batches as the local runner, so both
+    # runners embed identical batches and produce identical vectors.
+    blocks = [table.slice(i, BLOCK) for i in range(0, table.num_rows, BLOCK)]
     ds = (
-        ray.data.from_arrow(table)
+        ray.data.from_arrow(blocks)
         .map_batches(stages.Expand, fn_constructor_args=(config.doc2query,), batch_size=BATCH,
-                     num_cpus=0.25, concurrency=1)
-        .map_batches(stages.Embed, fn_constructor_args=(config.embedder,), batch_size=config.embedder.batch_size,
-                     num_cpus=config.embed_actor_cpus, concurrency=config.embed_actors)
+                     num_cpus=0.25, compute=pool(size=1))
+        .map_batches(stages.Embed, fn_constructor_args=(config.embedder,), batch_size=BATCH,
+                     num_cpus=config.embed_actor_cpus, compute=pool(size=config.embed_actors))
         .map_batches(stages.quantize, batch_size=BATCH, num_cpus=0.25)
         .map_batches(stages.Annotate, fn_constructor_args=(config,), batch_size=BATCH, num_cpus=0.25,
-                     concurrency=1)
+                     compute=pool(size=1))
     )
     yield from ds.iter_batches(batch_size=None, batch_format="numpy")
 

@@ -178,3 +178,17 @@ def test_first_hop_that_fits_exactly_is_not_a_hub():
     result = expand.ppr(csr_from_dense(symmetric(19, edges)), np.array([0]), np.array([1.0]), damping=0.5,
                         max_hops=2, max_nodes=10, iterations=200, tolerance=1e-12)
     assert result.method == "ppr"
+
+
+def test_hubs_above_max_degree_are_not_entered():
+    # 0 ─ 1 ─ 2, and 1 is also linked to 40 leaves: with max_degree=10 node 1 (degree 42)
+    # is a hub and is left out, so 2 and the leaves are unreachable; without it all come.
+    edges = [(0, 1, 1.0), (1, 2, 1.0)] + [(1, i, 1.0) for i in range(3, 43)]
+    graph = csr_from_dense(symmetric(43, edges))
+    nodes, _, _ = expand.neighbourhood(graph.indptr, graph.indices, np.array([0]), 3, 1000, max_degree=10)
+    assert nodes.tolist() == [0]
+    nodes, _, _ = expand.neighbourhood(graph.indptr, graph.indices, np.array([0]), 3, 1000)
+    assert sorted(nodes.tolist()) == list(range(43))
+    # A low-degree path is still followed with the guard on.
+    nodes, hops, _ = expand.neighbourhood(graph.indptr, graph.indices, np.array([2]), 3, 1000, max_degree=50)
+    assert nodes[:2].tolist() == [2, 1] and hops[:2].tolist() == [0, 1]

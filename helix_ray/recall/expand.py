@@ -35,10 +35,15 @@ def _edges_of(indptr, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return owner, positions
 
 
-def neighbourhood(indptr, indices, seeds: np.ndarray, max_hops: int, max_nodes: int) -> tuple[np.ndarray, np.ndarray, int]:
+def neighbourhood(indptr, indices, seeds: np.ndarray, max_hops: int, max_nodes: int,
+                  max_degree: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
     """BFS from ``seeds`` (at most ``max_nodes`` of them): (nodes, hop of each, depth at
     which the node cap cut the search, 0 if it did not). Seeds come first, then each hop
-    in discovery order. Vectorised per hop: no Python loop over edges."""
+    in discovery order. Vectorised per hop: no Python loop over edges.
+
+    A reached node with more than ``max_degree`` edges (a hub: an entity named by
+    thousands of memories) is left out: like a term with a tiny IDF it links everything
+    and says little, and gathering its edges would dominate the cost."""
     seeds = np.asarray(seeds, dtype=np.int64)
     _, first = np.unique(seeds[:max_nodes], return_index=True)
     nodes = [seeds[np.sort(first)]]
@@ -55,6 +60,9 @@ def neighbourhood(indptr, indices, seeds: np.ndarray, max_hops: int, max_nodes: 
             break
         uniq, first = np.unique(reached, return_index=True)
         fresh = uniq[~np.isin(uniq, visited, assume_unique=True)]
+        if max_degree is not None and len(fresh):
+            degree = np.asarray(indptr[fresh + 1], dtype=np.int64) - np.asarray(indptr[fresh], dtype=np.int64)
+            fresh = fresh[degree <= max_degree]
         fresh = reached[np.sort(first[np.isin(uniq, fresh, assume_unique=True)])]  # discovery order
         room = max_nodes - count
         if len(fresh) > room:
@@ -84,11 +92,11 @@ def ppr_dense(adjacency: np.ndarray, seed: np.ndarray, damping: float, iteration
 
 
 def ppr(graph, seeds: np.ndarray, seed_weights: np.ndarray, *, damping: float, max_hops: int, max_nodes: int,
-        iterations: int, tolerance: float) -> Expansion:
+        iterations: int, tolerance: float, max_degree: int | None = None) -> Expansion:
     indptr, indices, weights = graph.indptr, graph.indices, graph.weights
     seeds = seeds[:max_nodes]
     seed_weights = seed_weights[:max_nodes]
-    nodes, hops, cut_at = neighbourhood(indptr, indices, seeds, max_hops, max_nodes)
+    nodes, hops, cut_at = neighbourhood(indptr, indices, seeds, max_hops, max_nodes, max_degree)
     if cut_at == 1:  # even the first hop overflows: a hub; PPR on a clipped star misleads
         return Expansion(nodes, 1.0 / (1.0 + hops), "bfs", len(nodes))
     # The induced subgraph: every edge of the chosen nodes whose other end was chosen too.

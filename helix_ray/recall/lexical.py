@@ -117,10 +117,14 @@ def search(
     scores = np.asarray(index.scores(tokens)[start:end], dtype=np.float32)
     if mask is not None:
         scores = np.where(mask, scores, 0.0)
-    k = min(top_k, int(np.count_nonzero(scores > 0)))
+    # Select among the matching rows only: a partition over the whole tenant costs ~12 ms
+    # at 10^6 rows, the matching subset is usually far smaller (docs/benchmarks.md).
+    hit = np.flatnonzero(scores > 0)
+    k = min(top_k, len(hit))
     if k == 0:
         return empty
-    top = np.argpartition(-scores, k - 1)[:k]
+    hit_scores = scores[hit]
+    top = hit[np.argpartition(-hit_scores, k - 1)[:k]] if k < len(hit) else hit
     top = top[np.lexsort((top, -scores[top]))]
     raw = scores[top]
     normalised = np.minimum(raw / (ceiling(index, tokens) or 1.0), 1.0).astype(np.float32)

@@ -364,7 +364,7 @@ def _expand(gen, pool_rows: np.ndarray, fused_score: dict[int, float], start: in
     seeds = pool_rows[: g.seeds]
     weights = np.array([fused_score[int(r)] for r in seeds])
     result = expand.ppr(gen.graph, seeds, weights, damping=g.damping, max_hops=g.max_hops, max_nodes=g.max_nodes,
-                        iterations=g.iterations, tolerance=g.tolerance)
+                        iterations=g.iterations, tolerance=g.tolerance, max_degree=g.max_degree)
     memory = (result.nodes >= start) & (result.nodes < end)
     nodes, scores = result.nodes[memory], result.scores[memory]
     if mask is not None:
