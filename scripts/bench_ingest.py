@@ -13,8 +13,10 @@ work folder) — it:
    never ``ray stop``);
 2. as the baseline, embeds exactly the texts the pipeline embedded (read and validated
    again in this process, minus the rows the pipeline dropped as duplicates, in input
-   order) with ``helix_ray.embedder.get_embedder().embed_passages`` in batches of
-   ``IngestConfig().embedder.batch_size``, in this process, model already loaded.
+   order) with ``helix_ray.embedder.get_embedder().embed_passages`` called on the same
+   ``pipelines.ingest.BATCH``-row chunks the pipeline's Embed stage gets (the embedder
+   sorts each call's texts by length, then runs model batches of
+   ``IngestConfig().embedder.batch_size``), in this process, model already loaded.
 
 It reports memories/s, the pipeline's seconds per stage (``IngestReport.seconds``), the
 total, the ratio pipeline / embed-only with and without Ray's start-up, CPU seconds of
@@ -268,24 +270,24 @@ def run_pipeline(source: Path, fmt: str, store: Path) -> dict[str, Any]:
 
 
 def run_embed_only(texts: list[str], fraction: float = 1.0, sorted_reference: bool = False) -> dict[str, Any]:
-    """Embed ``texts`` in the pipeline's batches (same order, same batch size).
+    """Embed ``texts`` in the pipeline's chunks (same order, same chunk size).
 
     With ``fraction`` < 1, only every k-th batch (k = round(1 / fraction)) is embedded and
     the time is scaled up by texts: batches keep their exact composition (and so their
     padding), and rows arrive in an order unrelated to length, so the sample's cost per
-    text estimates the whole. ``sorted_reference`` also times the same sample with each
-    64-batch drawn from length-sorted texts (what sorting by length before batching
-    would give; vectors are the same, only padding changes).
+    text estimates the whole. ``sorted_reference`` also times the same sample sorted by
+    length as a whole before chunking (the least padding any batching can reach).
     """
     from helix_ray.config import IngestConfig
     from helix_ray.embedder import get_embedder, iter_batches
+    from pipelines.ingest import BATCH
 
     config = IngestConfig().embedder
     t0 = time.perf_counter()
     embedder = get_embedder(config)
     embedder.embed_passages(["warm up the session"])
     load = time.perf_counter() - t0
-    batches = list(iter_batches(texts, config.batch_size))
+    batches = list(iter_batches(texts, BATCH))
     step = max(1, round(1 / fraction)) if fraction < 1 else 1
     sample = batches[::step]
     with MemorySampler() as mem:
@@ -295,7 +297,8 @@ def run_embed_only(texts: list[str], fraction: float = 1.0, sorted_reference: bo
             n += len(embedder.embed_passages(batch))
         seconds = time.perf_counter() - t0
     scale = len(texts) / n if n else 1.0
-    out = {"texts": len(texts), "texts_timed": n, "sample_every_kth_batch": step, "batch_size": config.batch_size,
+    out = {"texts": len(texts), "texts_timed": n, "sample_every_kth_batch": step, "chunk": BATCH,
+           "batch_size": config.batch_size,
            "model_load_s": round(load, 3), "embed_s_measured": round(seconds, 3),
            "embed_s": round(seconds * scale, 3), "estimated": step > 1,
            "per_s": round(n / seconds, 1) if seconds else None, "peak_pss_mib": round(mem.peak_mib, 1),
@@ -303,7 +306,7 @@ def run_embed_only(texts: list[str], fraction: float = 1.0, sorted_reference: bo
     if sorted_reference:
         flat = sorted((t for b in sample for t in b), key=len)
         t0 = time.perf_counter()
-        for batch in iter_batches(flat, config.batch_size):
+        for batch in iter_batches(flat, BATCH):
             embedder.embed_passages(batch)
         sorted_s = time.perf_counter() - t0
         out["length_sorted_embed_s"] = round(sorted_s * scale, 3)
@@ -411,6 +414,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pipeline-env", action="append", default=[], metavar="VAR=VALUE",
                     help="environment for the pipeline's Ray processes only, e.g. OMP_NUM_THREADS=2 (Ray sets "
                          "OMP_NUM_THREADS=1 in workers with a fractional CPU, and onnxruntime follows it)")
+    ap.add_argument("--data-no-progress-timeout", type=float, default=None, metavar="SECONDS",
+                    help="set RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S for the pipeline (-1 disables Ray Data's "
+                         "watchdog). Before commit 2b1c6b1 the pipeline sent all rows as ONE block and a set "
+                         "whose embedding took over 30 min failed with ExecutionTimeoutError")
     ap.add_argument("--work", default=None, help="work folder for stores and data (default: a temp dir, removed)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
@@ -419,8 +426,11 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.pipeline_env:
         key, _, value = item.partition("=")
         PIPELINE_ENV[key] = value
+    if args.data_no_progress_timeout is not None:  # read when the driver's DataContext is created
+        os.environ["RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S"] = str(args.data_no_progress_timeout)
     info = machine_info()
     info["pipeline_env"] = dict(PIPELINE_ENV)
+    info["data_no_progress_timeout_s"] = args.data_no_progress_timeout
     print(json.dumps(info), flush=True)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="helix-bench-ingest-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,8 @@ warm-up queries. Each query runs through the full pipeline and through the basel
 dense only (fusion weights ``{"dense": 1, "bm25": 0}``, graph expansion off; ranking,
 diversity and packing unchanged) — alternating which goes first. The query phase runs in
 a fresh subprocess, so its RSS is that of a serving process (mapped generation +
-embedder), not of the builder. It runs once per ``--query-env``: by default with the
+embedder), not of the builder; it first reads the generation's files once (``--no-prefault``
+skips that) so the OS page cache holds them, as on a serving host in steady state. It runs once per ``--query-env``: by default with the
 inherited environment and with ``OMP_NUM_THREADS=1`` — what Ray sets in a worker with a
 fractional CPU, such as a Serve replica — because multi-threaded OpenBLAS makes even an
 80×384 matrix product take milliseconds on a busy 2-core host.
@@ -349,7 +350,7 @@ def pct(values: list[float]) -> dict[str, float]:
             "p99": round(float(np.percentile(a, 99)), 3), "mean": round(float(a.mean()), 3)}
 
 
-def query_phase(store: Path, queries_file: Path, warmup: int) -> dict[str, Any]:
+def query_phase(store: Path, queries_file: Path, warmup: int, prefault: bool = True) -> dict[str, Any]:
     """Runs in a fresh process: open the generation, warm up, time every query twice."""
     from helix_ray.config import FusionConfig, GraphConfig, RetrievalConfig
     from helix_ray.embedder import DIM, get_embedder
@@ -357,6 +358,15 @@ def query_phase(store: Path, queries_file: Path, warmup: int) -> dict[str, Any]:
     from helix_ray.store.generation import Generation
 
     spec = json.loads(queries_file.read_text())
+    prefault_s = None
+    if prefault:  # read the generation's files once: steady-state page cache, as on a serving host
+        t0 = time.perf_counter()
+        for path in sorted((store / "generations").rglob("*")):
+            if path.is_file():
+                with open(path, "rb") as fh:
+                    while fh.read(1 << 24):
+                        pass
+        prefault_s = round(time.perf_counter() - t0, 2)
     rss0 = rss_mib()[0]
     t0 = time.perf_counter()
     embedder = get_embedder()
@@ -389,7 +399,7 @@ def query_phase(store: Path, queries_file: Path, warmup: int) -> dict[str, Any]:
     pss, _ = tree_pss_mib()
     out: dict[str, Any] = {"git": machine_info()["git"], "env": {k: os.environ.get(k) for k in (
                                "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "HELIX_EMBED_THREADS")},
-                           "loadavg": os.getloadavg(), "load_s": round(load_s, 2), "first_query_ms": round(first_query_s * 1000, 1),
+                           "loadavg": os.getloadavg(), "prefault_s": prefault_s, "load_s": round(load_s, 2), "first_query_ms": round(first_query_s * 1000, 1),
                            "first_query_timings": first.timings_ms,
                            "rss_mib": {"start": round(rss0), "after_open": round(rss_loaded), "end": round(rss_end),
                                        "peak": round(rss_peak), "pss_end": round(pss)}}
@@ -476,6 +486,7 @@ def table(results: list[dict[str, Any]]) -> str:
     row("full: dense first pass (n)", lambda r: ", ".join(f"{k}: {v['n']}" for k, v in _q(r, q0)['full']['total_by_dense_path_ms'].items()))
     row("full: PPR subgraph nodes p50/p95; BFS fallbacks",
         lambda r: f"{_q(r, q0)['full']['graph_subgraph_nodes']['p50']:.0f} / {_q(r, q0)['full']['graph_subgraph_nodes']['p95']:.0f}; {_q(r, q0)['full']['graph_bfs_fallbacks']}")
+    row("query process: read store files once (page cache) s", lambda r: f"{_q(r, q0).get('prefault_s')}")
     row("query process: open + columns s", lambda r: f"{_q(r, q0)['load_s']:.1f}")
     row("query process: first (cold) query ms", lambda r: f"{_q(r, q0)['first_query_ms']:.0f}")
     row("query process RSS after open / end / peak MiB",
@@ -502,12 +513,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated environments for the query process: 'default' (inherit) or VAR=VALUE. "
                          "OMP_NUM_THREADS=1 is what Ray gives a worker with a fractional CPU (a Serve replica): "
                          "OpenBLAS and onnxruntime then use one thread")
+    ap.add_argument("--no-prefault", action="store_true",
+                    help="skip reading the generation's files once before the queries (then the 10^6 store's "
+                         "first hundreds of queries fault pages in, if the OS evicted them since the build)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--query-phase", nargs=2, metavar=("STORE", "QUERIES_JSON"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.query_phase:  # the child process
-        result = query_phase(Path(args.query_phase[0]), Path(args.query_phase[1]), args.warmup)
+        result = query_phase(Path(args.query_phase[0]), Path(args.query_phase[1]), args.warmup, not args.no_prefault)
         print("RESULT " + json.dumps(result), flush=True)
         return 0
 
@@ -561,7 +575,8 @@ def main(argv: list[str] | None = None) -> int:
                     env[key] = value
                 log(f"query phase [{variant}] ({args.queries} queries + {args.warmup} warm-up, fresh process) ...")
                 proc = subprocess.run([sys.executable, __file__, "--warmup", str(args.warmup), "--query-phase",
-                                       str(store), str(qfile)], capture_output=True, text=True, env=env)
+                                       str(store), str(qfile)] + (["--no-prefault"] if args.no_prefault else []),
+                                      capture_output=True, text=True, env=env)
                 lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
                 if proc.returncode != 0 or not lines:
                     raise RuntimeError(f"query phase failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
