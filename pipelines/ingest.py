@@ -31,6 +31,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from helix_ray.config import IngestConfig
 from helix_ray.errors import InvalidArgument
@@ -66,6 +67,7 @@ class IngestReport:
     unchanged: int = 0
     new: int = 0
     updated: int = 0
+    retagged: int = 0  # of ``updated``: same text, other fields changed (no re-embedding)
     embedded: int = 0
     total_memories: int = 0
     generation: int | None = None
@@ -181,13 +183,15 @@ def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
             if row["id"] in latest:
                 same_id_links.append((row["id"], row["id"], 1.0))
             latest[row["id"]] = row
+        previous = _open_previous(store, config)
         fresh, replaced = [], set()
+        same_text = []
         for row in latest.values():
             seen = known.get(row["id"])
             if seen is not None and seen[1]:  # deleted, now given again: it comes back
                 seen = None
             if seen is not None and seen[0] == row["content_hash"]:
-                report.unchanged += 1
+                same_text.append(row)
                 continue
             if seen is not None:
                 report.updated += 1
@@ -195,10 +199,16 @@ def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
             else:
                 report.new += 1
             fresh.append(row)
+        # Same text, other fields changed (a PATCH of type or salience, a re-tagged
+        # record): the carried-over row takes the new fields and keeps its embedding.
+        retagged = _retagged(previous, same_text)
+        report.unchanged += len(same_text) - len(retagged)
+        report.updated += len(retagged)
+        report.retagged = len(retagged)
 
-        previous = _open_previous(store, config)
-        old_rows, old_index = _carried_over(previous, db, replaced)
-        if not fresh and (previous is not None or not incoming) and not _has_deletions(previous, old_index):
+        old_rows, old_index = _carried_over(previous, db, replaced, retagged)
+        if not fresh and not retagged and (previous is not None or not incoming) \
+                and not _has_deletions(previous, old_index):
             report.total_memories = len(old_index)
             report.generation = current_generation_number(store)
             db.add_quarantine(quarantined, report.run_id)
@@ -256,6 +266,9 @@ def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
         try:
             tables = _memory_table(todo, new_cols)
             db.upsert_memories(tables, report.run_id)
+            if retagged:
+                held = data.memories.filter(pc.is_in(data.memories.column("id"), pa.array(list(retagged), pa.string())))
+                db.upsert_memories(held, report.run_id)
             if dropped_rows:
                 db.upsert_memories(_memory_table(dropped_rows, None), report.run_id)
                 db.delete([r["id"] for r in dropped_rows])
@@ -296,8 +309,42 @@ def _open_previous(store: Path, config: IngestConfig) -> Generation | None:
     return Generation.open_current(store, expect_embedder=config.embedder.name, expect_dim=DIM)
 
 
-def _carried_over(previous: Generation | None, db: StoreDB, replaced: set[str]) -> tuple[list[dict], np.ndarray]:
-    """Rows of the previous generation that stay: not replaced, not deleted since."""
+#: Record fields that can change without the text: compared on re-ingest, taken over
+#: by the carried-over row (times and access counts are the store's, not the record's).
+RETAG_FIELDS = ("type", "project", "session_id", "salience", "confidence", "pinned", "metadata", "source")
+
+
+def _retagged(previous: Generation | None, rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """id → new field values, for rows whose text the previous generation holds with
+    other values in :data:`RETAG_FIELDS`."""
+    if previous is None or not rows:
+        return {}
+    table = previous.memories
+    where = pc.index_in(pa.array([r["id"] for r in rows], pa.string()), value_set=table.column("id")).to_pylist()
+    found = [(row, i) for row, i in zip(rows, where) if i is not None]
+    if not found:
+        return {}
+    held = table.take(pa.array([i for _, i in found])).select(list(RETAG_FIELDS)).to_pylist()
+    out = {}
+    for (row, _), old in zip(found, held):
+        new = {k: row.get(k) for k in RETAG_FIELDS}
+        if any(not _same_value(k, old[k], new[k]) for k in RETAG_FIELDS):
+            out[row["id"]] = new
+    return out
+
+
+def _same_value(key: str, old: Any, new: Any) -> bool:
+    if key in ("salience", "confidence"):
+        return new is not None and abs(float(old) - float(new)) < 1e-6  # float32 in the table
+    if key == "metadata":
+        return json.loads(old or "{}") == (json.loads(new) if isinstance(new, str) else (new or {}))
+    return old == new
+
+
+def _carried_over(previous: Generation | None, db: StoreDB, replaced: set[str],
+                  retagged: dict[str, dict[str, Any]] | None = None) -> tuple[list[dict], np.ndarray]:
+    """Rows of the previous generation that stay: not replaced, not deleted since;
+    re-tagged ones with their new field values."""
     if previous is None:
         return [], np.zeros(0, np.int64)
     deleted = {i for i, (_, d) in db.known_hashes().items() if d}
@@ -307,6 +354,8 @@ def _carried_over(previous: Generation | None, db: StoreDB, replaced: set[str]) 
     rows = table.take(pa.array(index)).to_pylist() if len(index) else []
     accesses = db.access_summary()
     for row in rows:
+        if retagged and row["id"] in retagged:
+            row.update(retagged[row["id"]])
         seen = accesses.get(row["id"])
         if seen is not None:  # fold recall hits into the next generation
             if row["last_accessed_at"] is None or seen[0] > row["last_accessed_at"]:

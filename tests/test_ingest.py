@@ -121,6 +121,33 @@ def test_changed_text_under_the_same_id_is_re_embedded(tmp_path):
     assert gen.text(gen.columns.id_to_row["m001"]) == FACTS[4]
 
 
+def test_changed_fields_with_the_same_text_update_without_re_embedding(tmp_path):
+    """A PATCH of type/salience (folded by compaction) or a re-tagged record: the new
+    generation and the database hold the new fields, the vector is the old one."""
+    embedder = get_embedder()
+    store = tmp_path / "store"
+    ingest([write_jsonl(tmp_path / "a.jsonl", [memory(1, FACTS[0]), memory(2, FACTS[1])])], store, runner="local")
+    g1 = Generation.open_current(store)
+    row1 = g1.columns.id_to_row["m001"]
+    vector = np.array(g1.vectors[row1])
+    assert g1.memories.column("type")[row1].as_py() == "decision"
+    before = embedder.calls
+    patched = memory(1, FACTS[0], type="semantic", salience=0.25, pinned=True, metadata={"ticket": "OPS-7"})
+    report = ingest([write_jsonl(tmp_path / "a.jsonl", [patched, memory(2, FACTS[1])])], store, runner="local")
+    assert embedder.calls == before
+    assert (report.published, report.updated, report.retagged, report.unchanged, report.embedded) == (True, 1, 1, 1, 0)
+    g2 = Generation.open_current(store)
+    row = g2.columns.id_to_row["m001"]
+    got = {k: g2.memories.column(k)[row].as_py() for k in ("type", "pinned", "metadata")}
+    assert got == {"type": "semantic", "pinned": True, "metadata": '{"ticket": "OPS-7"}'}
+    assert g2.memories.column("salience")[row].as_py() == pytest.approx(0.25)
+    np.testing.assert_array_equal(g2.vectors[row], vector)
+    with StoreDB(store, read_only=True) as db:
+        assert db.con.execute("SELECT type, pinned FROM memories WHERE id = 'm001'").fetchone() == ("semantic", True)
+    again = ingest([write_jsonl(tmp_path / "a.jsonl", [patched, memory(2, FACTS[1])])], store, runner="local")
+    assert not again.published and again.unchanged == 2 and again.retagged == 0
+
+
 def test_same_input_gives_the_same_generation(tmp_path):
     rows = [memory(i, t, session_id="s1") for i, t in enumerate(FACTS)]
     source = write_jsonl(tmp_path / "a.jsonl", rows)

@@ -276,6 +276,23 @@ def test_a_swap_keeps_the_old_generation_for_requests_in_flight(shells):
     assert {i["origin"] for i in fresh["items"] if i["id"] == "alice-swap"} == {"generation"}
 
 
+def test_a_patch_of_fields_only_is_folded_by_compaction(shells):
+    """PATCH pinned/salience (text unchanged): compaction folds it into the generation
+    without re-embedding, and the delta is left empty."""
+    from helix_ray.store.generation import Generation
+
+    writer = shells["writer"]
+    writer.patch("alice-00", {"pinned": True, "salience": 0.9}, "alice")
+    report = writer.compact()
+    assert report["published"] and (report["folded"], report["kept_in_delta"]) == (1, 0)
+    assert (report["ingest"]["retagged"], report["ingest"]["embedded"]) == (1, 0)
+    assert writer.core.compactable() == 0
+    gen = Generation.open_current(shells["store"])
+    row = gen.columns.id_to_row["alice-00"]
+    assert gen.memories.column("pinned")[row].as_py() is True
+    assert gen.memories.column("salience")[row].as_py() == pytest.approx(0.9)
+
+
 # --------------------------------------------------------------------------- read path
 
 
