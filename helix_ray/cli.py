@@ -87,6 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     k = keys.add_parser("create", help="create a key for a user and print it (shown once)")
     k.add_argument("--store", required=True)
     k.add_argument("--user", required=True)
+    k.add_argument("--admin", action="store_true",
+                   help="may also change the live settings and compact (shared by every user)")
     k = keys.add_parser("list", help="list the keys (ids, users, revoked), never the keys themselves")
     k.add_argument("--store", required=True)
     k = keys.add_parser("revoke", help="revoke a key by its id")
@@ -289,13 +291,14 @@ def _keys(args: argparse.Namespace) -> int:
     if args.keys_command == "create":
         if not Path(args.store).is_dir():
             raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR`.")
-        key, record = keys.create(args.user)
+        key, record = keys.create(args.user, admin=args.admin)
         print(key)
-        print(f"(key {record.key_id} for user {record.user!r}; only its hash is stored in {keys.path}, "
+        print(f"({'admin ' if record.admin else ''}key {record.key_id} for user {record.user!r}; only its hash is stored in {keys.path}, "
               "so copy it now. Send it as 'Authorization: Bearer <key>'.)", file=sys.stderr)
     elif args.keys_command == "list":
         for r in keys.records():
-            print(f"{r.key_id}  user={r.user}  created={r.created_at}{'  REVOKED' if r.revoked else ''}")
+            print(f"{r.key_id}  user={r.user}  created={r.created_at}{'  admin' if r.admin else ''}"
+                  f"{'  REVOKED' if r.revoked else ''}")
     else:
         record = keys.revoke(args.key_id)
         print(f"revoked key {record.key_id} of user {record.user!r}")

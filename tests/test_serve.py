@@ -47,6 +47,7 @@ def served(tmp_path_factory):
     report = ingest([source], store, runner="local", show_progress=False)
     assert report.published
     keys = {user: KeyStore(store).create(user)[0] for user in ("alice", "bob")}
+    keys["ops"] = KeyStore(store).create("alice", admin=True)[0]  # settings and compaction
     started = not ray.is_initialized()
     server.start_ray(num_cpus=4)  # a new local Ray (address="local"), never someone else's cluster
     port = _free_port()
@@ -61,6 +62,14 @@ def served(tmp_path_factory):
 def alice(served):
     url, keys, _ = served
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['alice']}"}, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def ops(served):
+    """An admin key (of user alice): may change the shared settings and compact."""
+    url, keys, _ = served
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {keys['ops']}"}, timeout=60) as client:
         yield client
 
 
@@ -143,9 +152,13 @@ def test_keys_store_only_hashes_and_map_to_users(tmp_path):
     for wrong in (None, "", key + "x", key[:-1] + ("A" if key[-1] != "A" else "B")):
         with pytest.raises(Unauthorized):
             keys.user_for(wrong)
+    assert not keys.record_for(key).admin
+    admin_key, admin = keys.create("alice", admin=True)
+    assert admin.admin and KeyStore(tmp_path).record_for(admin_key).admin
     keys.revoke(record.key_id)
     with pytest.raises(Unauthorized):
         KeyStore(tmp_path).user_for(key)
+    assert KeyStore(tmp_path).user_for(admin_key) == "alice"  # revoking one key leaves the others
 
 
 def test_without_keys_each_request_names_its_user(tmp_path):
@@ -413,19 +426,22 @@ def test_deleted_memory_never_comes_back(alice):
 
 
 @ray_test
-def test_settings_patch_changes_results_live(alice):
+def test_settings_patch_changes_results_live(alice, ops):
     query = "rotate the API keys and restart the gateway pods"
     before = recall(alice, query)
     settings = alice.get("/v1/settings").json()
     assert settings["effective"]["fusion"]["k"] >= 1 and settings["overrides"] == {}
 
-    patched = alice.patch("/v1/settings", json={"fusion": {"weights": {"bm25": 0.0}}})
+    refused = alice.patch("/v1/settings", json={"fusion": {"weights": {"bm25": 0.0}}})
+    assert refused.status_code == 403 and "--admin" in refused.json()["detail"], refused.text
+    assert alice.post("/v1/admin/compact").status_code == 403
+    patched = ops.patch("/v1/settings", json={"fusion": {"weights": {"bm25": 0.0}}})
     assert patched.status_code == 200, patched.text
     assert patched.json()["effective"]["fusion"]["weights"] == {"dense": 1.0, "bm25": 0.0}
     dense_only = recall(alice, query, explain=True)
     assert all(row["bm25_rank"] is None for row in dense_only["explain"])
 
-    lexical_only = alice.patch("/v1/settings", json={"fusion": {"weights": {"dense": 0.0, "bm25": 1.0}}})
+    lexical_only = ops.patch("/v1/settings", json={"fusion": {"weights": {"dense": 0.0, "bm25": 1.0}}})
     assert lexical_only.status_code == 200
     bm25_only = recall(alice, query, explain=True)
     assert all(row["dense_rank"] is None for row in bm25_only["explain"])
@@ -435,9 +451,9 @@ def test_settings_patch_changes_results_live(alice):
                       ({"diversity": {"mmr_lambda": 2}}, "less than or equal to 1"),
                       ({"fusion": {"weights": {"dense": 0, "bm25": 0}}}, "at least one must be > 0"),
                       ({"fusion": {"kay": 3}}, "allowed here: k, weights")):
-        response = alice.patch("/v1/settings", json=bad)
+        response = ops.patch("/v1/settings", json=bad)
         assert response.status_code == 422 and says in response.json()["detail"], response.text
-    reset = alice.delete("/v1/settings")
+    reset = ops.delete("/v1/settings")
     assert reset.status_code == 200 and reset.json()["overrides"] == {}
     assert ids(recall(alice, query)) == ids(before)
 
@@ -446,7 +462,7 @@ def test_settings_patch_changes_results_live(alice):
 
 
 @ray_test
-def test_generation_swap_during_requests_loses_none(served, alice):
+def test_generation_swap_during_requests_loses_none(served, alice, ops):
     """Compaction publishes a new generation (the ingest pipeline) while a loop of
     requests runs; every request answers 200, and the replicas end on the new one."""
     url, keys, _ = served
@@ -471,7 +487,7 @@ def test_generation_swap_during_requests_loses_none(served, alice):
     worker.start()
     try:
         time.sleep(0.5)
-        compacted = alice.post("/v1/admin/compact")
+        compacted = ops.post("/v1/admin/compact")
         assert compacted.status_code == 200, compacted.text
         report = compacted.json()
         assert report["published"] and report["generation"] == first + 1 and report["folded"] >= 1

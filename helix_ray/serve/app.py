@@ -216,6 +216,21 @@ class HelixAPI:
             token = value.strip() if scheme.lower() == "bearer" else None
         return self.keys.user_for(token)
 
+    def require_admin(self, authorization: Optional[str]) -> None:
+        """Settings and compaction change the server for every user: admin keys only
+        (any caller when the server runs without keys, bound to 127.0.0.1)."""
+        if self.keys is None:
+            return
+        token = None
+        if authorization:
+            scheme, _, value = authorization.partition(" ")
+            token = value.strip() if scheme.lower() == "bearer" else None
+        record = self.keys.record_for(token)
+        if not record.admin:
+            raise Forbidden(f"This API key (user {record.user!r}) cannot change what every user shares (live "
+                            "settings, compaction). Use an admin key: `helix keys create --store DIR --user USER "
+                            "--admin`.")
+
     def user_for(self, authorization: Optional[str], claimed: Optional[str]) -> str:
         user = self.authenticate(authorization)
         if user is None:
@@ -331,7 +346,7 @@ class HelixAPI:
     @api.post("/v1/admin/compact", responses=ERRORS, tags=["admin"],
               summary="Fold the delta into the next generation now (ingest pipeline)")
     async def compact(self, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
-        self.authenticate(authorization)
+        self.require_admin(authorization)
         return await self.writer.compact.remote()
 
     # ---------------------------------------------------------------- settings
@@ -352,7 +367,7 @@ class HelixAPI:
             description="A partial RetrievalConfig, deep-merged into the live overrides. Typical knobs: "
                         "fusion.weights, fusion.k, fusion.top_rank_bonus, diversity.mmr_lambda, rank.type_weights, "
                         "lexical.strong_signal_score / _gap / _skip.")) -> dict[str, Any]:
-        self.authenticate(authorization)
+        self.require_admin(authorization)
         check_settings(self.base, deep_merge(self._overrides.read(), patch))  # 422 before the hop
         await self.writer.patch_settings.remote(patch, self.base)
         return self._settings()
@@ -360,7 +375,7 @@ class HelixAPI:
     @api.delete("/v1/settings", response_model=SettingsResponse, responses=ERRORS, tags=["settings"],
                 summary="Drop the live overrides (back to the deployment's user_config)")
     async def reset_settings(self, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
-        self.authenticate(authorization)
+        self.require_admin(authorization)
         await self.writer.reset_settings.remote()
         return self._settings()
 

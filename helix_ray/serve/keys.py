@@ -12,6 +12,10 @@ other process, even read-only (see ``../shared/FIELD-NOTES.md``). With a plain f
 new or revoked key up on its next request (one ``stat`` per request; the file is
 replaced by rename, under an advisory lock so two concurrent creates do not lose one).
 The file is created with mode 0600.
+
+A key with ``admin`` set may also change what every user shares: the live retrieval
+settings and compaction (``helix keys create --admin``). It still reads and writes only
+its own user's memories.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class KeyRecord:
     sha256: str
     created_at: str
     revoked: bool = False
+    admin: bool = False
 
 
 def _digest(key: str) -> str:
@@ -79,6 +84,10 @@ class KeyStore:
 
     def user_for(self, key: str | None) -> str:
         """The user ``key`` belongs to; :class:`Unauthorized` with the reason otherwise."""
+        return self.record_for(key).user
+
+    def record_for(self, key: str | None) -> KeyRecord:
+        """The record of a valid ``key``; :class:`Unauthorized` with the reason otherwise."""
         if not key:
             raise Unauthorized(
                 "No API key: send 'Authorization: Bearer <key>'. Create a key with "
@@ -92,7 +101,7 @@ class KeyStore:
                 "The API key is not valid for this store (unknown, revoked or mistyped). "
                 "Create one with `helix keys create --store DIR --user USER`."
             )
-        return record.user
+        return record
 
     # ---------------------------------------------------------------- writing
     @contextmanager
@@ -113,7 +122,7 @@ class KeyStore:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def create(self, user: str) -> tuple[str, KeyRecord]:
+    def create(self, user: str, *, admin: bool = False) -> tuple[str, KeyRecord]:
         """A new key for ``user``: (the key, to show once; its stored record)."""
         if not isinstance(user, str) or not user.strip():
             raise InvalidArgument("user", user, "it must be a non-empty user id")
@@ -123,7 +132,8 @@ class KeyStore:
             while key_id in taken:
                 key_id = secrets.token_hex(4)
             key = f"hx_{key_id}_{secrets.token_urlsafe(32)}"
-            record = KeyRecord(key_id, user, _digest(key), dt.datetime.now(dt.timezone.utc).isoformat())
+            record = KeyRecord(key_id, user, _digest(key), dt.datetime.now(dt.timezone.utc).isoformat(),
+                               admin=bool(admin))
             data["keys"].append(record.__dict__)
         self._stat = None
         return key, record
