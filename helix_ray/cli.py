@@ -58,8 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("dataset", choices=("locomo", "beir", "longmemeval"))
     s.add_argument("--data", required=True, help="locomo10.json, a BEIR folder, or a LongMemEval JSON file")
     s.add_argument("--systems", default=",".join(("bm25", "dense", "rrf", "helix")),
-                   help="comma-separated: bm25, dense, rrf, helix, helix-no-graph, helix-mmr, helix-session, "
-                        "helix-no-recency, helix-no-strong-signal, helix-no-dedup, helix-no-doc2query, or 'all'")
+                   help="comma-separated: bm25, dense, rrf, helix, helix-rerank (cross-encoder on), helix-no-graph, "
+                        "helix-mmr, helix-session, helix-no-recency, helix-no-strong-signal, helix-no-dedup, "
+                        "helix-no-doc2query, or 'all'")
     s.add_argument("--split", default="test", help="BEIR qrels split (test, train, dev)")
     s.add_argument("--conversations", help="LoCoMo: 'tune', 'heldout' or comma-separated sample ids (default all)")
     s.add_argument("--workdir", default=".helix/eval-stores", help="where the per-corpus stores are built and reused")

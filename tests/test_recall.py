@@ -353,3 +353,40 @@ def test_golden_pass_count_does_not_regress(atlas_memory):
     assert len(cases) == 25
     passing = sum(found(recall_golden(atlas_memory, case), case) for case in cases)
     assert passing >= GOLDEN_PASSING
+
+
+# --------------------------------------------------------------------------- cross-encoder re-ranking
+
+
+def test_cross_encoder_puts_the_answer_first():
+    from helix_ray.config import RerankConfig
+    from helix_ray.recall import rerank
+
+    texts = ["The gateway pods restart every night at 02:00.",
+             "Dana prefers tabs over spaces in the Go services.",
+             "The gateway listens on port 8443 in production and 8080 in development."]
+    order, scores = rerank.rerank("which port does the gateway listen on in production?", [7, 8, 9], texts,
+                                  RerankConfig(depth=3))
+    assert order[0] == 9 and scores[0] == max(scores) and list(scores) == sorted(scores, reverse=True)
+    # Only the head is read; the tail keeps its order behind it.
+    order, scores = rerank.rerank("which port does the gateway listen on in production?", [7, 8, 9, 4, 5],
+                                  texts[:2], RerankConfig(depth=2))
+    assert sorted(order[:2]) == [7, 8] and order[2:] == [9, 4, 5] and len(scores) == 2
+
+
+def test_rerank_reorders_only_the_head_and_reports_its_time(tenant_memory):
+    from helix_ray.recall.rerank import get_reranker
+
+    query = "why did the Postgres connection pool run out"
+    plain = tenant_memory.recall(query, user="dave", k=5, budget_tokens=4000, now=NOW, explain=True)
+    model = get_reranker()
+    before = model.calls
+    on = tenant_memory.recall(query, user="dave", k=5, budget_tokens=4000, now=NOW, explain=True,
+                              config=config(rerank={"enabled": True, "depth": 5}))
+    assert on.flags["reranked"] == 5 and model.calls - before == 5 and on.timings_ms["rerank"] > 0
+    assert "rerank" not in plain.timings_ms and "reranked" not in plain.flags
+    # depth 5 = k: the same five memories come back, possibly in another order.
+    assert {i.id for i in on.items} == {i.id for i in plain.items}
+    off = tenant_memory.recall(query, user="dave", k=5, budget_tokens=4000, now=NOW, disabled=frozenset({"rerank"}),
+                               config=config(rerank={"enabled": True}))
+    assert "reranked" not in off.flags and [i.id for i in off.items] == [i.id for i in plain.items]

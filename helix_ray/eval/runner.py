@@ -115,12 +115,13 @@ SYSTEMS: dict[str, Ranker] = {
     "helix-no-recency": helix(["recency"]),
     "helix-no-strong-signal": helix(["strong_signal"]),
     "helix-no-dedup": helix(["dedup"]),
+    "helix-rerank": helix(overrides={"rerank": {"enabled": True}}),
 }
 SYSTEMS["helix-no-doc2query"] = helix()
 #: Systems that need stores built differently: their ingest overrides.
 INGEST_VARIANTS: dict[str, dict[str, Any]] = {"helix-no-doc2query": {"doc2query": {"backend": "none"}}}
-DEFAULT_SYSTEMS = ("bm25", "dense", "rrf", "helix", "helix-no-graph", "helix-mmr", "helix-session", "helix-no-recency",
-                   "helix-no-strong-signal", "helix-no-doc2query")
+DEFAULT_SYSTEMS = ("bm25", "dense", "rrf", "helix", "helix-rerank", "helix-no-graph", "helix-mmr", "helix-session",
+                   "helix-no-recency", "helix-no-strong-signal", "helix-no-doc2query")
 
 
 @dataclasses.dataclass

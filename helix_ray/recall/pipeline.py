@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from helix_ray.config import RetrievalConfig
-from helix_ray.recall import dense, diversify, expand, fuse, lexical, pack, rank, scope
+from helix_ray.recall import dense, diversify, expand, fuse, lexical, pack, rank, rerank, scope
 from helix_ray.recall.embed import embed_query
 
 STAGES = ("embed", "route", "bm25", "dense", "fuse", "expand", "rank", "diversify", "pack")
@@ -135,7 +135,7 @@ class Recaller:
         """Recall memories of ``user`` for ``query``, packed into ``budget_tokens``.
 
         ``disabled`` turns stages off for ablations: any of "dense", "bm25", "graph",
-        "mmr", "recency", "strong_signal", "router", "dedup".
+        "mmr", "recency", "strong_signal", "router", "dedup", "rerank".
         """
         started = time.perf_counter()
         plan = self.plan(query, user=user, budget_tokens=budget_tokens, k=k, project=project, types=types,
@@ -298,6 +298,12 @@ class Recaller:
 
         dropped_by: dict[int, str] = {}
         order = [int(i) for i in ranked.order]
+        reranked = cfg.rerank.enabled and "rerank" not in plan.disabled and len(order) > 1
+        if reranked:
+            head = order[: cfg.rerank.depth]
+            order, _ = rerank.rerank(plan.query, order, [gen.text(int(rows[i])) for i in head], cfg.rerank)
+            flags["reranked"] = len(head)
+            lap("rerank")
         if "dedup" not in plan.disabled:
             order, dups = diversify.drop_near_duplicates(order, np.asarray(gen.minhash[np.sort(rows)])[
                 np.argsort(np.argsort(rows))], cfg.diversity.dedup_threshold)
@@ -313,6 +319,9 @@ class Recaller:
             selected = order[:k]
         else:
             relevance = rank.minmax(ranked.scores)
+            if reranked:  # the cross-encoder's order is the relevance MMR trades off
+                relevance = np.zeros(len(rows))
+                relevance[np.array(order)] = 1.0 - np.arange(len(order)) / len(order)
             similarity = vectors @ vectors.T
             seed = diversify.session_first(order, [cols.sessions[int(r)] for r in rows], k) if mode == "session" else []
             selected = diversify.mmr(order, relevance, similarity, cfg.diversity.mmr_lambda, k, picked=seed)
