@@ -126,6 +126,20 @@ def test_top_rank_bonus_ignores_zero_weight_lists():
     assert fused.scores.tolist() == [1 / 61 + 0.05]
 
 
+def test_top_rank_bonus_is_scaled_by_a_list_weight_below_one():
+    # b (weight 0.4) ranks 2 first: its bonus is 0.4 × 0.05; a's rank-2 bonus 0.02 is larger
+    # than 0.4 × 0.02 for row 1 (3rd in b), so the best earned bonus counts once.
+    fused = fuse.rrf({"a": [7, 1], "b": [2, 8, 1]}, weights={"b": 0.4}, top_rank_bonus=True)
+    score = dict(zip(fused.rows.tolist(), fused.scores.tolist()))
+    assert score[2] == pytest.approx(0.4 / 61 + 0.4 * 0.05, abs=1e-15)
+    assert score[1] == pytest.approx(1 / 62 + 0.4 / 63 + 0.02, abs=1e-15)
+    assert score[7] == pytest.approx(1 / 61 + 0.05, abs=1e-15)
+    assert score[8] == pytest.approx(0.4 / 62 + 0.4 * 0.02, abs=1e-15)
+    # A weight above 1 does not scale the bonus up.
+    heavy = fuse.rrf({"a": [5]}, weights={"a": 3.0}, top_rank_bonus=True)
+    assert heavy.scores.tolist() == [pytest.approx(3 / 61 + 0.05, abs=1e-15)]
+
+
 def test_empty_lists():
     fused = fuse.rrf({"a": [], "b": []})
     assert len(fused.rows) == 0 and len(fused.scores) == 0

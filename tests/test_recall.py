@@ -390,3 +390,30 @@ def test_rerank_reorders_only_the_head_and_reports_its_time(tenant_memory):
     off = tenant_memory.recall(query, user="dave", k=5, budget_tokens=4000, now=NOW, disabled=frozenset({"rerank"}),
                                config=config(rerank={"enabled": True}))
     assert "reranked" not in off.flags and [i.id for i in off.items] == [i.id for i in plain.items]
+
+
+# --------------------------------------------------------------------------- adaptive fusion
+
+
+def test_lexical_confidence_follows_the_spread_of_the_top_scores():
+    from helix_ray.recall.pipeline import _lexical_confidence
+
+    def hits(scores):
+        scores = np.asarray(scores, np.float32)
+        return lexical.LexicalHits(np.arange(len(scores)), scores, scores / scores.max(), False)
+
+    assert _lexical_confidence(hits([9.0, 3.0, 2.0, 1.0])) == 1.0  # one hit stands out: full weight
+    assert _lexical_confidence(hits([5.0] * 10)) == 0.25  # flat: the floor
+    assert _lexical_confidence(hits([4.0, 3.8, 3.7, 3.6, 3.5, 3.4, 3.3, 3.2, 3.1, 3.0])) == pytest.approx(0.5)
+    assert _lexical_confidence(hits([4.0])) == 1.0
+
+
+def test_adaptive_fusion_scales_the_bm25_weight_per_query(tenant_memory):
+    from helix_ray.recall.pipeline import _lexical_confidence
+
+    query = "Postgres database"
+    on = tenant_memory.recall(query, user="carol", k=6, explain=True)
+    off = tenant_memory.recall(query, user="carol", k=6, explain=True, config=config(fusion={"adaptive": False}))
+    assert "bm25_weight" not in off.flags and 0.25 <= on.flags["bm25_weight"] <= 1.0
+    lex = tenant_memory.recaller.lexical_leg(tenant_memory.recaller.plan(query, user="carol", k=6))
+    assert on.flags["bm25_weight"] == pytest.approx(_lexical_confidence(lex), abs=1e-4)

@@ -29,20 +29,28 @@ EVAL_BUDGET = 1_000_000  # tokens: retrieval metrics judge the ranking, not the 
 
 def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config: IngestConfig,
               show_progress: bool = False) -> Path:
-    """Build (or reuse) the store of one corpus."""
+    """Build (or reuse) the store of one corpus.
+
+    Memory types are given, not derived: a conversation turn (it has a session) is
+    ``episodic``, a document of a BEIR-style corpus ``semantic``. Ingest's type rules are
+    written for an agent's memories; on a homogeneous corpus they would scatter its
+    documents over the per-type weight rows (an abstract saying "we chose" becomes a
+    decision) and rank them by that accident (measured: docs/quality.md).
+    """
     from pipelines.ingest import ingest
 
+    rows = [{
+        "id": d.id, "text": d.text, "user": corpus_id, "session_id": d.session_id,
+        "created_at": d.created_at or "2020-01-01T00:00:00Z", "type": "episodic" if d.session_id else "semantic",
+        "source": "eval", "metadata": {"speaker": d.speaker} if d.speaker else {},
+    } for d in docs]
     key = hashlib.sha1(json.dumps(
         [ingest_config.model_dump(mode="json"), [(d.id, d.text, d.created_at, d.session_id) for d in docs]]
+        + ([[r["type"] for r in rows]] if any(r["type"] != "episodic" for r in rows) else [])
     ).encode()).hexdigest()[:12]
     store = workdir / f"{corpus_id.replace('/', '_')}-{key}"
     if (store / "CURRENT").exists():
         return store
-    rows = [{
-        "id": d.id, "text": d.text, "user": corpus_id, "session_id": d.session_id,
-        "created_at": d.created_at or "2020-01-01T00:00:00Z", "type": "episodic" if d.session_id else None,
-        "source": "eval", "metadata": {"speaker": d.speaker} if d.speaker else {},
-    } for d in docs]
     source = workdir / f"{store.name}.jsonl"
     source.parent.mkdir(parents=True, exist_ok=True)
     with open(source, "w", encoding="utf-8") as fh:

@@ -2,7 +2,9 @@
 
 score(d) = Σ_i w_i / (k + rank_i(d)), ranks 1-based, k = 60 by default. A list whose
 weight is 0 contributes nothing (and the caller skips its retriever). With the top-rank
-bonus, an item ranked 1st in any list gains +0.05 and one ranked 2nd–3rd +0.02.
+bonus, an item ranked 1st in any list gains +0.05 and one ranked 2nd–3rd +0.02, scaled by
+that list's weight when it is below 1: a list the caller trusts less (adaptive fusion
+down-weights a flat BM25 list) cannot push its top hit over the others at full strength.
 """
 
 from __future__ import annotations
@@ -35,18 +37,21 @@ def rrf(
         raise ValueError(f"Got k={k}; RRF needs k > 0 (60 is the value from Cormack et al. 2009).")
     weights = dict(weights or {})
     scores: dict[int, float] = {}
-    best: dict[int, int] = {}
+    bonus: dict[int, float] = {}
     for name, rows in lists.items():
         w = weights.get(name, 1.0)
         if w == 0:
             continue
+        scale = min(w, 1.0)
         for rank, row in enumerate(rows, start=1):
             row = int(row)
             scores[row] = scores.get(row, 0.0) + w / (k + rank)
-            best[row] = min(best.get(row, rank), rank)
+            if rank <= 3:
+                earned = scale * (TOP1_BONUS if rank == 1 else TOP3_BONUS)
+                bonus[row] = max(bonus.get(row, 0.0), earned)
     if top_rank_bonus:
-        for row, rank in best.items():
-            scores[row] += TOP1_BONUS if rank == 1 else TOP3_BONUS if rank <= 3 else 0.0
+        for row, earned in bonus.items():
+            scores[row] += earned
     order = sorted(scores, key=lambda r: (-scores[r], r))
     fused_rows = np.array(order, dtype=np.int64)
     ranks = {}

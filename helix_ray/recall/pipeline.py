@@ -258,6 +258,7 @@ class Recaller:
             lists["dense"] = dense_hits.rows
         if lex is not None and cfg.fusion.adaptive and "bm25" in lists:
             weights["bm25"] *= _lexical_confidence(lex)
+            flags["bm25_weight"] = round(weights["bm25"], 4)
         fused = fuse.rrf(lists, k=cfg.fusion.k, weights=weights, top_rank_bonus=cfg.fusion.top_rank_bonus)
         pool_rows = fused.rows[: cfg.fusion.pool]
         fused_score = {int(r): float(s) for r, s in zip(fused.rows, fused.scores)}
