@@ -63,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
                         "helix-no-doc2query, or 'all'")
     s.add_argument("--split", default="test", help="BEIR qrels split (test, train, dev)")
     s.add_argument("--conversations", help="LoCoMo: 'tune', 'heldout' or comma-separated sample ids (default all)")
+    s.add_argument("--ks", default="5,10", help="cut-offs for Recall@k / nDCG@k / MRR@k, comma-separated; each system "
+                   "retrieves max(ks) items (BEIR's Recall@100: --ks 5,10,100)")
     s.add_argument("--workdir", default=".helix/eval-stores", help="where the per-corpus stores are built and reused")
     s.add_argument("--json", dest="json_out", help="write the results as JSON to this path")
 
@@ -228,8 +230,15 @@ def _eval(args: argparse.Namespace) -> int:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if systems == ["all"]:
         systems = list(DEFAULT_SYSTEMS)
-    report = evaluate(evalset, systems=systems, workdir=Path(args.workdir))
-    print(format_table(report))
+    try:
+        ks = tuple(sorted({int(k) for k in args.ks.split(",") if k.strip()}))
+    except ValueError:
+        ks = ()
+    if not ks or ks[0] < 1:
+        raise ValueError(f"Got --ks {args.ks!r}; give whole numbers ≥ 1 separated by commas, e.g. 5,10,100.")
+    report = evaluate(evalset, systems=systems, workdir=Path(args.workdir), ks=ks, depth=max(ks))
+    print(format_table(report, metrics=("recall@5", "recall@10", "recall_any@5", "ndcg@10", "mrr@10",
+                                        *[f"recall@{k}" for k in ks if k > 10])))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report.as_dict(), indent=1))
     return 0

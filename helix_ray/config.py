@@ -164,7 +164,7 @@ class FusionConfig(_Strict):
     tune splits (docs/quality.md): CoSQA dev +.011 nDCG@10, LoCoMo and SciFact within
     ±.004; together with the weight-scaled top-rank bonus."""
     pool: int = Field(60, ge=1, le=2000)
-    """Fused candidates passed on to expansion and ranking."""
+    """Fused candidates passed on to expansion and ranking (at least the k asked for)."""
 
     @field_validator("weights", mode="before")
     @classmethod

@@ -260,7 +260,7 @@ class Recaller:
             weights["bm25"] *= _lexical_confidence(lex)
             flags["bm25_weight"] = round(weights["bm25"], 4)
         fused = fuse.rrf(lists, k=cfg.fusion.k, weights=weights, top_rank_bonus=cfg.fusion.top_rank_bonus)
-        pool_rows = fused.rows[: cfg.fusion.pool]
+        pool_rows = fused.rows[: max(cfg.fusion.pool, k)]  # asking for k never gets fewer than k candidates
         fused_score = {int(r): float(s) for r, s in zip(fused.rows, fused.scores)}
         list_rank = {name: {int(r): i for i, r in enumerate(rows, start=1)} for name, rows in lists.items()}
         lap("fuse")
