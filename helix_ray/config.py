@@ -266,8 +266,10 @@ class RankConfig(_Strict):
 class RerankConfig(_Strict):
     enabled: bool = False
     """Re-order the head of the ranked list with a cross-encoder (ms-marco MiniLM-L-12,
-    int8, shipped offline). The quality mode: +.05 Recall@10 on LoCoMo (docs/quality.md)
-    for ~5-10 ms per memory re-ranked on one core, so off by default."""
+    int8, shipped offline). A quality mode for conversational memory: +.055 Recall@10 on
+    LoCoMo, but −.04 nDCG@10 on SciFact and −.09 on CoSQA, and ~20 ms per short memory
+    re-ranked on this 2-core host (depth 20: p50 0.41 s per query; SciFact abstracts
+    1.6 s) — far outside the interactive budget, so off by default (docs/quality.md)."""
     depth: int = Field(20, ge=2, le=200)
     """How many of the top-ranked memories the cross-encoder reads."""
     max_tokens: int = Field(256, ge=16, le=512)
