@@ -107,11 +107,12 @@ def ppr(graph, seeds: np.ndarray, seed_weights: np.ndarray, *, damping: float, m
     slot = np.minimum(slot, len(nodes) - 1)
     inside = nodes[order][slot] == reached
     n = len(nodes)
-    adjacency = csr_matrix(
-        (np.asarray(weights[edge_pos[inside]], dtype=np.float64), (owner[inside], order[slot[inside]])), shape=(n, n))
-    degree = np.asarray(adjacency.sum(axis=1)).ravel()
+    source, target = owner[inside], order[slot[inside]]
+    edge_weight = np.asarray(weights[edge_pos[inside]], dtype=np.float64)
+    degree = np.bincount(source, weights=edge_weight, minlength=n).astype(np.float64)  # int64 when empty
     inv = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
-    transition_t = (adjacency.multiply(inv[:, None])).T.tocsr()
+    # Pᵀ built at once from the edge list (one COO→CSR pass; duplicates add up).
+    transition_t = csr_matrix((edge_weight * inv[source], (target, source)), shape=(n, n))
     s = np.zeros(n)
     s[: len(seeds)] = seed_weights / seed_weights.sum()
     p = s.copy()

@@ -93,6 +93,40 @@ def ceiling(index: BM25Index, tokens: list[str]) -> float:
     return total
 
 
+SAMPLE_ROWS = 16_384
+"""Rows in the strided sample that bounds the top-k threshold (see :func:`top_k_rows`)."""
+
+
+def top_k_rows(scores: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` highest positive ``scores``, best first, ties by position.
+
+    Exact, and cheap on a large tenant. The k-th largest score of any subset is a lower
+    bound for the k-th largest of the whole, so the rows scoring at least the k-th best
+    of a strided sample of :data:`SAMPLE_ROWS` hold the whole top-k; they are ~k·n/16k
+    rows instead of every row that matches a query term (half to all of them at 10^6,
+    where a partition over the matches cost 9 ms: docs/benchmarks.md, finding 4).
+    """
+    if k <= 0 or len(scores) == 0:
+        return np.zeros(0, np.int64)
+    threshold = 0.0
+    if len(scores) > 4 * SAMPLE_ROWS:
+        sample = scores[:: len(scores) // SAMPLE_ROWS]
+        if len(sample) >= k:
+            threshold = float(np.partition(sample, len(sample) - k)[len(sample) - k])
+    hit = np.flatnonzero(scores >= threshold) if threshold > 0 else np.flatnonzero(scores > 0)
+    k = min(k, len(hit))
+    if k == 0:
+        return np.zeros(0, np.int64)
+    hit_scores = scores[hit]
+    if k < len(hit):  # the k-th score, then every row above it and the first rows equal to it
+        kth = np.partition(hit_scores, len(hit) - k)[len(hit) - k]
+        above = hit[hit_scores > kth]
+        top = np.concatenate([above, hit[hit_scores == kth][: k - len(above)]])
+    else:
+        top = hit
+    return top[np.lexsort((top, -scores[top]))].astype(np.int64)
+
+
 def search(
     index: BM25Index,
     query: str,
@@ -117,15 +151,9 @@ def search(
     scores = np.asarray(index.scores(tokens)[start:end], dtype=np.float32)
     if mask is not None:
         scores = np.where(mask, scores, 0.0)
-    # Select among the matching rows only: a partition over the whole tenant costs ~12 ms
-    # at 10^6 rows, the matching subset is usually far smaller (docs/benchmarks.md).
-    hit = np.flatnonzero(scores > 0)
-    k = min(top_k, len(hit))
-    if k == 0:
+    top = top_k_rows(scores, top_k)
+    if len(top) == 0:
         return empty
-    hit_scores = scores[hit]
-    top = hit[np.argpartition(-hit_scores, k - 1)[:k]] if k < len(hit) else hit
-    top = top[np.lexsort((top, -scores[top]))]
     raw = scores[top]
     normalised = np.minimum(raw / (ceiling(index, tokens) or 1.0), 1.0).astype(np.float32)
     second = float(normalised[1]) if len(normalised) > 1 else 0.0

@@ -380,18 +380,20 @@ def _expand(gen, pool_rows: np.ndarray, fused_score: dict[int, float], start: in
     if mask is not None:
         keep = mask[nodes - start]
         nodes, scores = nodes[keep], scores[keep]
-    seed_set = {int(s) for s in seeds}
-    non_seed = np.array([int(n) not in seed_set for n in nodes], dtype=bool)
+    # Vectorised: at 10^6 the subgraph holds up to max_nodes memories, and Python loops
+    # over them cost as much as PPR itself.
+    non_seed = ~np.isin(nodes, seeds)
     mass = float(scores[non_seed].sum())
     total = float(scores.sum()) or 1.0
     if mass / total > g.max_mass and mass > 0:  # cap the share that non-seed memories carry
         scores = scores.copy()
         scores[non_seed] *= g.max_mass * total / mass
-    score_of = {int(n): float(s) for n, s in zip(nodes, scores)}
-    in_pool = {int(r) for r in pool_rows}
-    fresh = [(s, int(n)) for n, s in zip(nodes, scores) if int(n) not in in_pool and s > 0]
-    fresh.sort(key=lambda t: (-t[0], t[1]))
-    added = [n for _, n in fresh[: g.max_new]]
+    fresh = (scores > 0) & ~np.isin(nodes, pool_rows)
+    fresh_nodes, fresh_scores = nodes[fresh], scores[fresh]
+    added = [int(n) for n in fresh_nodes[np.lexsort((fresh_nodes, -fresh_scores))][: g.max_new]]
+    # Graph proximity is read only for the candidates: the pool and what expansion added.
+    wanted = np.isin(nodes, np.concatenate([pool_rows, np.array(added, dtype=np.int64)]))
+    score_of = {int(n): float(s) for n, s in zip(nodes[wanted], scores[wanted])}
     info = {"method": result.method, "subgraph_nodes": result.subgraph_nodes, "added": len(added)}
     return added, score_of, info
 

@@ -1,0 +1,48 @@
+"""BM25 top-k selection (helix_ray.recall.lexical.top_k_rows) against a naive full sort.
+
+The fast path bounds the k-th best score by a strided sample; it must return exactly what
+sorting every row would, ties (by position) and zero scores included.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from helix_ray.recall import lexical
+
+
+def naive_top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    order = np.lexsort((np.arange(len(scores)), -scores))
+    return np.array([i for i in order if scores[i] > 0][:k], dtype=np.int64)
+
+
+def scores_with_ties(n: int, seed: int, zero_fraction: float) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    # Few distinct values (many ties), some rows not matching at all (score 0).
+    scores = rng.integers(1, 40, size=n).astype(np.float32) / 4
+    scores[rng.random(n) < zero_fraction] = 0.0
+    return scores
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 100, 70_000, 300_001])
+@pytest.mark.parametrize("k", [1, 10, 100])
+@pytest.mark.parametrize("zero_fraction", [0.0, 0.5, 0.999])
+def test_top_k_rows_matches_a_full_sort(n, k, zero_fraction):
+    scores = scores_with_ties(n, seed=n + k, zero_fraction=zero_fraction)
+    np.testing.assert_array_equal(lexical.top_k_rows(scores, k), naive_top_k(scores, k))
+
+
+def test_the_sample_threshold_is_used_and_stays_exact(monkeypatch):
+    """With a tiny sample the threshold is low and many rows pass it; the answer must not change."""
+    monkeypatch.setattr(lexical, "SAMPLE_ROWS", 8)
+    scores = scores_with_ties(5_000, seed=3, zero_fraction=0.3)
+    scores[4_999] = 100.0  # the best row is the last one, outside most strides
+    got = lexical.top_k_rows(scores, 25)
+    np.testing.assert_array_equal(got, naive_top_k(scores, 25))
+    assert got[0] == 4_999
+
+
+def test_no_positive_score_gives_nothing():
+    assert lexical.top_k_rows(np.zeros(100_000, np.float32), 10).tolist() == []
+    assert lexical.top_k_rows(np.ones(10, np.float32), 0).tolist() == []
