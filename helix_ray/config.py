@@ -40,6 +40,18 @@ class EmbedderConfig(_Strict):
     most 512 tokens; shorter cuts are faster)."""
 
 
+class LateInteractionConfig(_Strict):
+    """Token vectors for late interaction (ColBERT MaxSim), encoded at ingest."""
+
+    enabled: bool = True
+    """Encode every memory's tokens with the shipped ColBERT model and store them in the
+    generation (int8, 388 bytes per token: ~14 KB for a 35-token chat turn). Costs about
+    as much ingest time as the sentence embedding; recall reads only the candidates'
+    tokens. Off: recall falls back to cosine alone (docs/quality.md has both)."""
+    max_tokens: int = Field(300, ge=8, le=512)
+    """Word pieces kept per memory (including [CLS], the marker and [SEP])."""
+
+
 # --------------------------------------------------------------------------- ingest
 
 
@@ -91,6 +103,7 @@ class IngestConfig(_Strict):
     dedup: DedupConfig = DedupConfig()
     doc2query: Doc2QueryConfig = Doc2QueryConfig()
     graph: GraphBuildConfig = GraphBuildConfig()
+    late_interaction: LateInteractionConfig = LateInteractionConfig()
     hnsw_connectivity: int = Field(16, ge=4, le=64)
     """HNSW "M": links per node. Higher is better recall and a larger index."""
     hnsw_expansion_add: int = Field(128, ge=16, le=1024)
@@ -209,6 +222,15 @@ class GraphConfig(_Strict):
     tolerance: float = Field(1e-8, gt=0)
 
 
+class LateConfig(_Strict):
+    enabled: bool = True
+    """Score candidates by MaxSim of the query's token vectors against their stored token
+    vectors (when the generation has them) and blend it into the cosine."""
+    weight: float = Field(0.7, ge=0.0, le=1.0)
+    """Cosine used by ranking = (1 − weight) · sentence cosine + weight · MaxSim (both in
+    [-1, 1]). 0 turns the stage into a no-op."""
+
+
 class TypeWeights(_Strict):
     similarity: float = Field(ge=0)
     recency: float = Field(ge=0)
@@ -303,6 +325,7 @@ class RetrievalConfig(_Strict):
     lexical: LexicalConfig = LexicalConfig()
     fusion: FusionConfig = FusionConfig()
     graph: GraphConfig = GraphConfig()
+    late: LateConfig = LateConfig()
     rank: RankConfig = RankConfig()
     rerank: RerankConfig = RerankConfig()
     diversity: DiversityConfig = DiversityConfig()

@@ -7,7 +7,8 @@ Stage order (each stage is a function in :mod:`helix_ray.ingest`):
    ── barrier: MinHash-LSH dedup needs every signature of the tenant ──
 3. exact and near-duplicate removal  (driver; against the previous generation too)
 4. doc2query expansion               ┐
-5. embed (actor pool, batched)       │ Ray Data, streaming, only for memories that are
+5. embed (actor pool, batched):      │ Ray Data, streaming, only for memories that are
+   sentence vector + token vectors   │
 6. quantize: int8 and binary         │ new or changed: old ones keep their vectors
 7. entities, token counts            ┘
    ── barrier: indexes and graph need every row ──
@@ -374,7 +375,8 @@ def _transform(todo: list[dict[str, Any]], config: IngestConfig, runner: str):
     if runner == "local":
         yield from _run_local_batches(
             todo,
-            [stages.Expand(config.doc2query), stages.Embed(config.embedder), stages.quantize,
+            [stages.Expand(config.doc2query), stages.Embed(config.embedder, config.late_interaction),
+             stages.quantize,
              stages.Annotate(config)],
         )
         return
@@ -395,7 +397,7 @@ def _transform(todo: list[dict[str, Any]], config: IngestConfig, runner: str):
         ray.data.from_arrow(blocks)
         .map_batches(stages.Expand, fn_constructor_args=(config.doc2query,), batch_size=BATCH,
                      num_cpus=0.25, compute=pool(size=1))
-        .map_batches(stages.Embed, fn_constructor_args=(config.embedder,), batch_size=BATCH,
+        .map_batches(stages.Embed, fn_constructor_args=(config.embedder, config.late_interaction), batch_size=BATCH,
                      num_cpus=config.embed_actor_cpus, compute=pool(size=config.embed_actors))
         .map_batches(stages.quantize, batch_size=BATCH, num_cpus=0.25)
         .map_batches(stages.Annotate, fn_constructor_args=(config,), batch_size=BATCH, num_cpus=0.25,
@@ -408,8 +410,11 @@ def _collect(batches: list[dict[str, np.ndarray]], n: int, config: IngestConfig)
     from helix_ray.embedder import DIM
 
     if not batches:
+        from helix_ray.token_encoder import empty_tokens
+
+        late = empty_tokens() if config.late_interaction.enabled else None
         return {"vector": np.zeros((0, DIM), np.float32), "expansions": [], "entities": [],
-                "n_tokens": np.zeros(0, np.int32)}
+                "n_tokens": np.zeros(0, np.int32), "late": late}
     seq = np.concatenate([np.asarray(b["seq"], np.int64) for b in batches])
     order = np.argsort(seq, kind="stable")
     if len(seq) != n or not np.array_equal(seq[order], np.arange(n)):
@@ -418,12 +423,18 @@ def _collect(batches: list[dict[str, np.ndarray]], n: int, config: IngestConfig)
     def cat(key: str, dtype=None) -> Any:
         return np.concatenate([np.asarray(b[key], dtype=dtype) for b in batches])[order]
 
+    late = None
+    if "late_codes" in batches[0]:
+        from helix_ray.token_encoder import from_blobs
+
+        late = from_blobs([bytes(x) for x in cat("late_codes", object)], [bytes(x) for x in cat("late_scales", object)])
     return {
         "vector": np.stack(list(cat("vector", np.float32))) if cat("vector", np.float32).ndim == 1
         else cat("vector", np.float32),
         "expansions": [str(x) for x in cat("expansions", object)],
         "entities": [str(x) for x in cat("entities", object)],
         "n_tokens": cat("n_tokens", np.int32),
+        "late": late,
     }
 
 
@@ -479,6 +490,9 @@ def _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, kee
     take = np.array(order, np.int64)
     table = table.take(pa.array(take))
     vectors, minhash = vectors[take], minhash[take]
+    late = _late_tokens(previous, old_index[keep_old] if keep_old else np.zeros(0, np.int64), old_table, new_cols,
+                        config)
+    late = late.take(take) if late is not None else None
     expansions = [expansions[i] for i in order]
     ents = [ents[i] for i in order]
     users = [users[i] for i in order]
@@ -516,6 +530,24 @@ def _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, kee
     data = GenerationData(
         memories=table, vectors=vectors, minhash=minhash, expansions=expansions, graph=graph,
         entities=entities, embedder=config.embedder.name, dim=DIM,
-        extra={"doc2query": config.doc2query.backend, "_dense_indexes": dense_indexes},
+        extra={"doc2query": config.doc2query.backend, "_dense_indexes": dense_indexes}, late=late,
     )
     return data, node_names
+
+
+def _late_tokens(previous, old_rows: np.ndarray, old_table: pa.Table, new_cols: dict[str, Any],
+                 config: IngestConfig):
+    """Token vectors of old rows then new rows (the unsorted concatenation), or None when
+    late interaction is off. Old rows keep the previous generation's tokens; a previous
+    generation built without them has its rows encoded now (once: the next run reuses)."""
+    from helix_ray.token_encoder import PassageTokens, from_blobs, get_token_encoder, to_blobs
+
+    if not config.late_interaction.enabled or new_cols.get("late") is None:
+        return None
+    old = None
+    if len(old_rows) and previous is not None and previous.late is not None:
+        old = previous.late.take(old_rows)
+    elif len(old_rows):
+        encoder = get_token_encoder(config.late_interaction.max_tokens)
+        old = from_blobs(*to_blobs(encoder.encode_passages(old_table.column("text").to_pylist())))
+    return PassageTokens.concat([p for p in (old, new_cols["late"]) if p is not None])

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from helix_ray.config import Doc2QueryConfig, EmbedderConfig, IngestConfig
+from helix_ray.config import Doc2QueryConfig, EmbedderConfig, IngestConfig, LateInteractionConfig
 from helix_ray.ingest import dedup, doc2query, entities
 from helix_ray.ingest.normalize import normalise
 from helix_ray.ingest.sources import read_source
@@ -69,15 +69,29 @@ class Expand:
 
 
 class Embed:
-    """Stage 5: passage embeddings → ``vector`` (float32, dim)."""
+    """Stage 5: passage embeddings → ``vector`` (float32, dim); with ``late`` enabled also
+    each passage's token vectors for late interaction → ``late_codes`` (int8 bytes) and
+    ``late_scales`` (float32 bytes), one pair per row (ragged, so bytes travel in Arrow)."""
 
-    def __init__(self, config: EmbedderConfig):
+    def __init__(self, config: EmbedderConfig, late: LateInteractionConfig | None = None):
         from helix_ray.embedder import get_embedder
 
         self.embedder = get_embedder(config)
+        self.token_encoder = None
+        if late is not None and late.enabled:
+            from helix_ray.token_encoder import get_token_encoder
+
+            self.token_encoder = get_token_encoder(late.max_tokens)
 
     def __call__(self, batch: Batch) -> Batch:
-        batch["vector"] = self.embedder.embed_passages([str(t) for t in batch["text"]])
+        texts = [str(t) for t in batch["text"]]
+        batch["vector"] = self.embedder.embed_passages(texts)
+        if self.token_encoder is not None:
+            from helix_ray.token_encoder import to_blobs
+
+            codes, scales = to_blobs(self.token_encoder.encode_passages(texts))
+            batch["late_codes"] = np.array(codes, dtype=object)
+            batch["late_scales"] = np.array(scales, dtype=object)
         return batch
 
 

@@ -1,5 +1,5 @@
 """The query path, in flow order: embed → scope/route → BM25 ∥ dense → RRF → graph
-expansion → ranking → diversity → packing. Pure Python over a memory-mapped generation;
+expansion → late interaction → ranking → diversity → packing. Pure Python over a memory-mapped generation;
 imports no Ray (the Serve deployments call these same functions).
 """
 
@@ -14,10 +14,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from helix_ray.config import RetrievalConfig
-from helix_ray.recall import dense, diversify, expand, fuse, lexical, pack, rank, rerank, scope
+from helix_ray.recall import dense, diversify, expand, fuse, late, lexical, pack, rank, rerank, scope
 from helix_ray.recall.embed import embed_query
 
-STAGES = ("embed", "route", "bm25", "dense", "fuse", "expand", "rank", "diversify", "pack")
+STAGES = ("embed", "route", "bm25", "dense", "fuse", "expand", "late", "rank", "diversify", "pack")
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,7 @@ class Plan:
     query_vector: np.ndarray
     flags: dict[str, Any]
     timings_ms: dict[str, float]
+    query_tokens: np.ndarray | None = None  # float16 (32, 384) for late interaction, or None
 
     @property
     def skip(self) -> bool:
@@ -96,11 +97,28 @@ class Recaller:
     diversify, pack) — and ``recall`` is exactly their composition.
     """
 
-    def __init__(self, generation, embedder, config: RetrievalConfig | None = None):
+    def __init__(self, generation, embedder, config: RetrievalConfig | None = None, token_encoder=None):
         self.generation = generation
         self.embedder = embedder
         self.config = config or RetrievalConfig()
         self._router: scope.Router | None = None
+        self._token_encoder = token_encoder
+
+    @property
+    def token_encoder(self):
+        """Loaded on first use: only :meth:`plan` encodes query tokens."""
+        if self._token_encoder is None:
+            from helix_ray.token_encoder import get_token_encoder
+
+            self._token_encoder = get_token_encoder()
+        return self._token_encoder
+
+    def _wants_late(self, cfg: RetrievalConfig, disabled: frozenset[str]) -> bool:
+        """Late interaction is on and the generation has token vectors (a replica that
+        holds no generation, such as the Serve Embedder, cannot tell: it encodes)."""
+        if not cfg.late.enabled or cfg.late.weight <= 0 or "late" in disabled:
+            return False
+        return self.generation is None or self.generation.late is not None
 
     @property
     def router(self) -> scope.Router:
@@ -135,7 +153,7 @@ class Recaller:
         """Recall memories of ``user`` for ``query``, packed into ``budget_tokens``.
 
         ``disabled`` turns stages off for ablations: any of "dense", "bm25", "graph",
-        "mmr", "recency", "strong_signal", "router", "dedup", "rerank".
+        "late", "mmr", "recency", "strong_signal", "router", "dedup", "rerank".
         """
         started = time.perf_counter()
         plan = self.plan(query, user=user, budget_tokens=budget_tokens, k=k, project=project, types=types,
@@ -168,8 +186,14 @@ class Recaller:
         timings: dict[str, float] = {}
         flags: dict[str, Any] = {"router_skip": False, "strong_signal_skip": False, "degraded": []}
         clock = time.perf_counter()
+        encoded = query_vector is None
         if query_vector is None:
             query_vector = embed_query(self.embedder, query)
+        query_tokens = None
+        if self._wants_late(cfg, frozenset(disabled)):
+            query_tokens = self.token_encoder.encode_query(query).astype(np.float16)
+            encoded = True
+        if encoded:  # the sentence vector and the token vectors: one query-encoding stage
             timings["embed"] = _ms(clock)
         clock = time.perf_counter()
         if "router" not in disabled:
@@ -184,7 +208,7 @@ class Recaller:
             weights = {"dense": 1.0, "bm25": 0.0}
         now_us = int((now or dt.datetime.now(dt.timezone.utc)).timestamp() * 1_000_000)
         return Plan(query, user, sc, cfg, k, budget_tokens, explain, frozenset(disabled), now_us, weights,
-                    query_vector, flags, timings)
+                    query_vector, flags, timings, query_tokens)
 
     def _has_scope(self, plan: Plan) -> bool:
         return self.generation is not None and plan.user in self.generation.partitions
@@ -278,6 +302,11 @@ class Recaller:
                                 _empty_explain() if plan.explain else None)
         vectors = np.asarray(gen.vectors[np.sort(rows)])[np.argsort(np.argsort(rows))]
         cosine = vectors @ query_vector
+        late_scores = None
+        if plan.query_tokens is not None and self._wants_late(cfg, plan.disabled):
+            late_scores = late.maxsim(plan.query_tokens, gen.late, rows)
+            flags["late"] = int(np.count_nonzero(~np.isnan(late_scores)))
+        lap("late")
         last_access = cols.last_accessed_at[rows].copy()
         if cfg.rank.recency_from_creation:
             last_access = np.where(last_access > 0, last_access, cols.created_at[rows])
@@ -287,7 +316,7 @@ class Recaller:
                 if seen is not None and seen > last_access[i]:
                     last_access[i] = seen
         ranked = rank.rank(
-            types=cols.types[rows], cosine=cosine,
+            types=cols.types[rows], cosine=late.blend(cosine, late_scores, cfg.late.weight),
             fused=np.array([fused_score.get(int(r), 0.0) for r in rows]),
             last_access_us=last_access, salience=cols.salience[rows], confidence=cols.confidence[rows],
             graph=np.array([graph_score.get(int(r), 0.0) for r in rows]),
@@ -352,8 +381,8 @@ class Recaller:
         table = None
         if plan.explain:
             final_position = {p.row: n for n, p in enumerate(packed, start=1)}
-            table = _explain(rows, cols, list_rank, fused_score, graph_score, cosine, ranked, dropped_by,
-                             final_position, set(added))
+            table = _explain(rows, cols, list_rank, fused_score, graph_score, cosine, late_scores, ranked,
+                             dropped_by, final_position, set(added))
         return RecallResult(plan.query, plan.user, result_items, total, budget_tokens, timings, flags, gen.number,
                             table)
 
@@ -402,7 +431,7 @@ def _iso(micros: int) -> str:
     return dt.datetime.fromtimestamp(int(micros) / 1_000_000, tz=dt.timezone.utc).isoformat()
 
 
-_EXPLAIN_COLUMNS = ("id", "origin", "dense_rank", "bm25_rank", "rrf_score", "cosine", "graph_ppr",
+_EXPLAIN_COLUMNS = ("id", "origin", "dense_rank", "bm25_rank", "rrf_score", "cosine", "late_maxsim", "graph_ppr",
                     "similarity", "recency", "salience", "confidence", "graph", "score", "final_position",
                     "dropped_by")
 
@@ -413,7 +442,8 @@ def _empty_explain():
     return pl.DataFrame({c: [] for c in _EXPLAIN_COLUMNS})
 
 
-def _explain(rows, cols, list_rank, fused_score, graph_score, cosine, ranked, dropped_by, final_position, added):
+def _explain(rows, cols, list_rank, fused_score, graph_score, cosine, late_scores, ranked, dropped_by,
+             final_position, added):
     import polars as pl
 
     n = len(rows)
@@ -424,6 +454,8 @@ def _explain(rows, cols, list_rank, fused_score, graph_score, cosine, ranked, dr
         "bm25_rank": [list_rank.get("bm25", {}).get(int(r)) for r in rows],
         "rrf_score": [fused_score.get(int(r), 0.0) for r in rows],
         "cosine": [float(c) for c in cosine],
+        "late_maxsim": [None if late_scores is None or np.isnan(v) else float(v)
+                        for v in (late_scores if late_scores is not None else np.zeros(n))],
         "graph_ppr": [graph_score.get(int(r), 0.0) for r in rows],
         **{s: [float(v) for v in ranked.signals[s]] for s in rank.SIGNALS},
         "score": [float(v) for v in ranked.scores],

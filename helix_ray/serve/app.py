@@ -423,7 +423,7 @@ def build_app(args: ServeArgs) -> Application:
     low, high = args.retriever_replicas
     scaling = {**RETRIEVER_AUTOSCALING, "min_replicas": low, "initial_replicas": low, "max_replicas": high}
     return HelixAPI.options(user_config={"retrieval": args.retrieval}).bind(
-        Embedder.bind(ingest),
+        Embedder.bind(ingest, str(store)),
         DenseANN.options(autoscaling_config=scaling).bind(str(store), ingest, args.watch_interval_s),
         BM25.options(autoscaling_config=scaling).bind(str(store), ingest, args.watch_interval_s),
         Ranker.bind(str(store), ingest, args.watch_interval_s),

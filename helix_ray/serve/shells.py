@@ -20,6 +20,7 @@ and delta version they came from. Never texts, never the generation.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -68,16 +69,33 @@ def _expect(ingest: IngestConfig | None) -> dict[str, Any]:
 
 
 class EmbedderShell:
-    """Checks, embeds and routes a request: ``Recaller.plan``. Needs no generation."""
+    """Checks, embeds and routes a request: ``Recaller.plan``. Needs no generation; given
+    the store, it reads the current manifest (one ``stat`` per request) so it encodes the
+    query's late-interaction tokens only when the generation has passage tokens."""
 
-    def __init__(self, ingest: IngestConfig | None = None):
+    def __init__(self, ingest: IngestConfig | None = None, store: str | Path | None = None):
         from helix_ray.embedder import get_embedder
+        from helix_ray.serve.views import Pointer
 
         self.recaller = Recaller(None, get_embedder((ingest or IngestConfig()).embedder))
+        self._has_late = Pointer(Path(store) / "CURRENT", _generation_has_late) if store is not None else None
 
     @boundary
     def plan(self, query: str, *, user: str, config: RetrievalConfig, **request: Any) -> Plan:
+        if self._has_late is not None and not self._has_late.read():
+            request["disabled"] = frozenset(request.get("disabled", ())) | {"late"}
         return self.recaller.plan(query, user=user, config=config, **request)
+
+
+def _generation_has_late(current: Path) -> bool:
+    from helix_ray.store.generation import current_generation_number, generations_dir
+
+    try:
+        number = current_generation_number(current.parent)
+        manifest = generations_dir(current.parent) / f"{number:06d}" / "manifest.json"
+        return bool(json.loads(manifest.read_text()).get("late")) if number is not None else False
+    except (OSError, ValueError):
+        return True  # unknown: encode, the Ranker decides
 
 
 class _StoreShell:

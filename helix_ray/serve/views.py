@@ -109,7 +109,7 @@ class GenerationView:
         if role in ("bm25", "all"):
             _ = gen.bm25
         if role in ("ranker", "all"):
-            _ = self.columns, gen.minhash, gen.graph, gen._texts
+            _ = self.columns, gen.minhash, gen.graph, gen._texts, gen.late
 
 
 # ----------------------------------------------------------------------------- recallers
@@ -134,6 +134,7 @@ class ShellRecaller(Recaller):
         self.generation = generation
         self.embedder = None
         self._router = None
+        self._token_encoder = None
         self.config = config or RetrievalConfig()
         self._base = base
         self.hidden_rows = hidden_rows
@@ -251,6 +252,9 @@ class JoinedGeneration:
             signatures = np.repeat(own[:, None], width, axis=1)
         self.minhash = _Joined(gen.minhash, signatures, delta)
         self.graph = _JoinedGraph(gen.graph)
+        # Delta rows (ids ≥ DELTA_BASE) have no stored tokens: late.maxsim gives them NaN
+        # and ranking uses their cosine until compaction encodes them.
+        self.late = gen.late
 
     @property
     def size(self) -> int:

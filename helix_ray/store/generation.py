@@ -16,6 +16,9 @@ A store folder holds ``helix.duckdb`` (see :mod:`helix_ray.store.db`) and
 ``graph/{indptr,indices,weights,types}.npy``   CSR adjacency over memories then entities
 ``entities.arrow``               entity nodes: node, user, key, df
 ``minhash.npy``                  MinHash signatures (N × num_perm, uint32)
+``late/{tokens,scales,offsets}.npy``  late-interaction token vectors (int8, T × 384),
+                                 a scale per token, and each memory's token range
+                                 (optional: absent when ingest ran without them)
 ================================ ==============================================
 
 Publishing is atomic: files are written into ``generations/.tmp-*``, fsynced, the folder
@@ -68,6 +71,7 @@ class GenerationData:
     embedder: str
     dim: int
     extra: dict[str, Any] = field(default_factory=dict)
+    late: Any = None  # helix_ray.token_encoder.PassageTokens over the same rows, or None
 
 
 @dataclass
@@ -234,6 +238,17 @@ def publish(
         "partitions": parts,
         **data.extra,
     }
+    if data.late is not None:
+        if len(data.late) != n:
+            raise ValueError(f"late-interaction tokens cover {len(data.late)} memories; expected {n}")
+        from helix_ray.token_encoder import DIM as LATE_DIM, NAME as LATE_NAME
+
+        (tmp / "late").mkdir()
+        _save_npy(tmp / "late" / "tokens.npy", np.asarray(data.late.tokens, np.int8))
+        _save_npy(tmp / "late" / "scales.npy", np.asarray(data.late.scales, np.float32))
+        _save_npy(tmp / "late" / "offsets.npy", np.asarray(data.late.offsets, np.int64))
+        done(tmp / "late")
+        manifest["late"] = {"encoder": LATE_NAME, "dim": LATE_DIM, "tokens": int(data.late.offsets[-1])}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
     done(tmp / "manifest.json")
 
@@ -379,6 +394,23 @@ class Generation:
     @cached_property
     def entities(self) -> pa.Table:
         return ipc.open_file(pa.memory_map(str(self.path / "entities.arrow"), "r")).read_all()
+
+    @cached_property
+    def late(self):
+        """The memories' late-interaction token vectors (memory-mapped), or None when
+        this generation was built without them."""
+        from helix_ray.token_encoder import NAME, PassageTokens
+
+        info = self.manifest.get("late")
+        if not info:
+            return None
+        if info.get("encoder") != NAME:
+            raise ManifestMismatch(
+                f"Cannot read the late-interaction tokens of {self.path}: they were encoded with "
+                f"{info.get('encoder')!r}, this Helix encodes queries with {NAME!r}. Re-ingest, or set "
+                "late.enabled: false in the retrieval config.")
+        folder = self.path / "late"
+        return PassageTokens(*(np.load(folder / f"{n}.npy", mmap_mode="r") for n in ("tokens", "scales", "offsets")))
 
     @cached_property
     def bm25(self):

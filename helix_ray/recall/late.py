@@ -1,0 +1,46 @@
+"""Stage 6a: late interaction — MaxSim of the query's token vectors against each
+candidate's stored token vectors (ColBERT, Khattab & Zaharia 2020).
+
+Only the candidates are scored (the fused pool plus graph additions, ~80 memories), so
+the cost does not grow with the store: the passages' tokens were encoded at ingest and
+are read from the generation's memory-mapped files.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from helix_ray.token_encoder import PassageTokens
+
+
+def maxsim(query_tokens: np.ndarray, passages: PassageTokens, rows: np.ndarray) -> np.ndarray:
+    """For each of ``rows``: the mean over query tokens of the best cosine with any of
+    the row's tokens, in [-1, 1]. NaN for a row that has no stored tokens (beyond the
+    passages, e.g. an online write not yet compacted, or an empty passage)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    out = np.full(len(rows), np.nan)
+    known = rows < len(passages)
+    if not known.any():
+        return out
+    block = passages.take(rows[known])
+    lengths = np.diff(block.offsets)
+    nonempty = lengths > 0
+    if not nonempty.any():
+        return out
+    query = np.asarray(query_tokens, dtype=np.float32)
+    sims = query @ block.tokens.astype(np.float32).T  # (query tokens, passage tokens)
+    sims *= block.scales[None, :]
+    best = np.maximum.reduceat(sims, block.offsets[:-1][nonempty], axis=1)  # per query token, per passage
+    scored = np.full(len(block), np.nan)
+    scored[nonempty] = best.mean(axis=0)
+    out[known] = scored
+    return out
+
+
+def blend(cosine: np.ndarray, late: np.ndarray | None, weight: float) -> np.ndarray:
+    """``(1 − weight) · cosine + weight · late``; a row without a late score keeps its
+    cosine (both are cosines to the query, on the same scale)."""
+    if late is None or weight <= 0:
+        return cosine
+    filled = np.where(np.isnan(late), cosine, late)
+    return (1.0 - weight) * cosine + weight * filled
