@@ -118,6 +118,7 @@ SYSTEMS: dict[str, Ranker] = {
     "rrf": _rrf,
     "helix": helix(),
     "helix-no-graph": helix(["graph"]),
+    "helix-no-late": helix(["late"]),
     "helix-mmr": helix(overrides={"diversity": {"mode": "mmr"}}),
     "helix-session": helix(overrides={"diversity": {"mode": "auto"}}),
     "helix-no-recency": helix(["recency"]),
@@ -128,8 +129,8 @@ SYSTEMS: dict[str, Ranker] = {
 SYSTEMS["helix-no-doc2query"] = helix()
 #: Systems that need stores built differently: their ingest overrides.
 INGEST_VARIANTS: dict[str, dict[str, Any]] = {"helix-no-doc2query": {"doc2query": {"backend": "none"}}}
-DEFAULT_SYSTEMS = ("bm25", "dense", "rrf", "helix", "helix-rerank", "helix-no-graph", "helix-mmr", "helix-session",
-                   "helix-no-recency", "helix-no-strong-signal", "helix-no-doc2query")
+DEFAULT_SYSTEMS = ("bm25", "dense", "rrf", "helix", "helix-no-late", "helix-rerank", "helix-no-graph", "helix-mmr",
+                   "helix-session", "helix-no-recency", "helix-no-strong-signal", "helix-no-doc2query")
 
 
 @dataclasses.dataclass

@@ -1,0 +1,191 @@
+"""Late interaction: the token encoder (the real shipped model), MaxSim against a naive
+reference, the token store in a generation, reuse across incremental ingests, and the
+stage inside recall."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from helix_ray.config import IngestConfig, load_config
+from helix_ray.errors import ManifestMismatch
+from helix_ray.memory import Memory
+from helix_ray.recall import late
+from helix_ray.store.generation import Generation
+from helix_ray.token_encoder import (
+    DIM,
+    QUERY_TOKENS,
+    PassageTokens,
+    from_blobs,
+    get_token_encoder,
+    quantize_tokens,
+    to_blobs,
+)
+from pipelines.ingest import ingest
+from tests.helpers import memory, write_jsonl
+
+NATS = "We chose NATS JetStream over Kafka for the event bus because it is one binary."
+CI = "The CI pipeline runs pytest against a real Postgres container."
+
+
+def unit_rows(rng: np.random.Generator, n: int) -> np.ndarray:
+    x = rng.normal(size=(n, DIM)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def naive_maxsim(query: np.ndarray, passages: list[np.ndarray], rows: list[int]) -> list[float]:
+    """Mean over query tokens of the best cosine, one (dequantised) passage at a time."""
+    out = []
+    for r in rows:
+        if r >= len(passages) or len(passages[r]) == 0:
+            out.append(np.nan)
+            continue
+        codes, scales = quantize_tokens(passages[r])
+        tokens = codes.astype(np.float64) * scales[:, None]
+        out.append(float(np.mean([max(q @ t for t in tokens) for q in query.astype(np.float64)])))
+    return out
+
+
+@pytest.mark.parametrize("rows", [[0], [2, 0, 1], [1, 1, 3, 0], [4, 0], [5, 6]])
+def test_maxsim_matches_a_naive_loop(rows):
+    rng = np.random.default_rng(7)
+    passages = [unit_rows(rng, n) for n in (3, 1, 7, 0, 2)]  # passage 3 has no tokens
+    query = unit_rows(rng, QUERY_TOKENS)
+    store = from_blobs(*to_blobs(passages))
+    got = late.maxsim(query, store, np.array(rows))
+    np.testing.assert_allclose(got, naive_maxsim(query, passages, rows), rtol=0, atol=1e-5)
+
+
+def test_blend_keeps_the_cosine_where_there_is_no_late_score():
+    cosine = np.array([0.2, 0.5, 0.9])
+    scores = np.array([0.6, np.nan, 0.1])
+    np.testing.assert_allclose(late.blend(cosine, scores, 0.75), [0.5, 0.5, 0.3])
+    np.testing.assert_array_equal(late.blend(cosine, scores, 0.0), cosine)
+    np.testing.assert_array_equal(late.blend(cosine, None, 0.75), cosine)
+
+
+def test_passage_tokens_take_and_concat():
+    rng = np.random.default_rng(3)
+    a = from_blobs(*to_blobs([unit_rows(rng, n) for n in (2, 0, 3)]))
+    b = from_blobs(*to_blobs([unit_rows(rng, 4)]))
+    both = PassageTokens.concat([a, b])
+    assert len(both) == 4 and both.offsets.tolist() == [0, 2, 2, 5, 9]
+    picked = both.take(np.array([3, 0, 1]))
+    assert picked.offsets.tolist() == [0, 4, 6, 6]
+    np.testing.assert_array_equal(picked.tokens[:4], b.tokens)
+    np.testing.assert_array_equal(picked.tokens[4:6], a.tokens[:2])
+
+
+def test_quantized_tokens_keep_cosines():
+    rng = np.random.default_rng(11)
+    x = unit_rows(rng, 50)
+    codes, scales = quantize_tokens(x)
+    assert codes.dtype == np.int8 and scales.dtype == np.float32
+    np.testing.assert_allclose(codes * scales[:, None], x, atol=np.abs(x).max() / 127)
+
+
+# --------------------------------------------------------------------------- the real model
+
+
+def test_encoder_shapes_and_conventions():
+    enc = get_token_encoder()
+    q = enc.encode_query("why did we choose NATS for the event bus?")
+    assert q.shape == (QUERY_TOKENS, DIM) and q.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, atol=1e-5)
+    tokens = enc.encode_passages([NATS, "!!! ...", ""])
+    # [CLS], the passage marker and [SEP] stay; punctuation-only pieces are dropped.
+    assert [len(t) for t in tokens] == [len(enc._pieces([NATS])[0]) - 1 + 3, 3, 3]
+
+
+def test_encoder_prefers_the_matching_passage_with_pinned_scores():
+    enc = get_token_encoder()
+    store = from_blobs(*to_blobs(enc.encode_passages([NATS, CI])))
+    scores = late.maxsim(enc.encode_query("why did we choose NATS for the event bus?"), store, np.array([0, 1]))
+    assert scores[0] > scores[1] + 0.05
+    # Canonical values of this model on this pair (int8 ONNX; tolerance for onnxruntime builds).
+    np.testing.assert_allclose(scores, [0.8698, 0.7383], atol=0.01)
+
+
+# --------------------------------------------------------------------------- the store
+
+
+def test_ingest_stores_tokens_and_reuses_them(tmp_path):
+    encoder = get_token_encoder()
+    facts = [NATS, CI, "Dana prefers tabs over spaces in the Go services.",
+             "The gateway listens on port 8443 in production."]
+    first = write_jsonl(tmp_path / "a.jsonl", [memory(i, t) for i, t in enumerate(facts[:3])])
+    second = write_jsonl(tmp_path / "b.jsonl", [memory(10, facts[3])])
+    store = tmp_path / "store"
+    before = encoder.calls
+    ingest([first], store, runner="local", show_progress=False)
+    assert encoder.calls - before == 3
+    g1 = Generation.open_current(store)
+    assert g1.manifest["late"]["tokens"] == int(g1.late.offsets[-1]) and len(g1.late) == 3
+    old = {mid: np.array(g1.late.take(np.array([i])).tokens) for i, mid in enumerate(g1.memories.column("id").to_pylist())}
+
+    before = encoder.calls
+    ingest([first, second], store, runner="local", show_progress=False)
+    assert encoder.calls - before == 1, "old memories' tokens must be reused, not encoded again"
+    g2 = Generation.open_current(store)
+    assert len(g2.late) == 4
+    for i, mid in enumerate(g2.memories.column("id").to_pylist()):
+        if mid in old:
+            np.testing.assert_array_equal(g2.late.take(np.array([i])).tokens, old[mid])
+
+
+def test_a_store_built_without_tokens_gets_them_on_the_next_ingest(tmp_path):
+    off = load_config(IngestConfig, overrides={"late_interaction": {"enabled": False}})
+    first = write_jsonl(tmp_path / "a.jsonl", [memory(0, NATS), memory(1, CI)])
+    store = tmp_path / "store"
+    ingest([first], store, config=off, runner="local", show_progress=False)
+    g1 = Generation.open_current(store)
+    assert g1.late is None and "late" not in g1.manifest
+    with Memory(store, record_access=False) as mem:
+        result = mem.recall("why NATS?", user="dana", explain=True)
+    assert "late" not in result.flags and result.explain["late_maxsim"].null_count() == len(result.explain)
+
+    second = write_jsonl(tmp_path / "b.jsonl", [memory(2, "Dana prefers tabs over spaces.")])
+    ingest([first, second], store, runner="local", show_progress=False)
+    g2 = Generation.open_current(store)
+    assert len(g2.late) == 3 and np.all(np.diff(g2.late.offsets) > 0)
+
+
+def test_a_reader_refuses_tokens_of_another_encoder(tmp_path):
+    store = tmp_path / "store"
+    ingest([write_jsonl(tmp_path / "a.jsonl", [memory(0, NATS)])], store, runner="local", show_progress=False)
+    path = Generation.open_current(store).path / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["late"]["encoder"] = "some-other-colbert"
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(ManifestMismatch, match="some-other-colbert"):
+        _ = Generation.open_current(store).late
+
+
+# --------------------------------------------------------------------------- inside recall
+
+
+def test_recall_scores_every_candidate_and_the_stage_can_be_switched_off(tenant_memory):
+    query = "which database did billing move to?"
+    on = tenant_memory.recall(query, user="alice", explain=True)
+    table = on.explain
+    assert on.flags["late"] == len(table) and table["late_maxsim"].null_count() == 0
+    assert "late" in on.timings_ms
+    assert table["late_maxsim"].min() > -1.0 and table["late_maxsim"].max() <= 1.0
+    off = tenant_memory.recall(query, user="alice", explain=True, disabled=frozenset({"late"}))
+    assert "late" not in off.flags and off.explain["late_maxsim"].null_count() == len(off.explain)
+    # Same candidates, other scores: the stage changes ranking only through the blend.
+    assert set(table["id"]) == set(off.explain["id"])
+    assert table.sort("id")["score"].to_list() != off.explain.sort("id")["score"].to_list()
+
+
+def test_late_weight_one_ranks_by_maxsim_alone(tenant_memory):
+    """With late.weight 1 and the similarity blend at 1, similarity is min-max(MaxSim)."""
+    from helix_ray.config import RetrievalConfig
+
+    cfg = load_config(RetrievalConfig, overrides={"late": {"weight": 1.0}, "rank": {"similarity_blend": 1.0}})
+    table = tenant_memory.recall("restart the gateway pods", user="bob", config=cfg, explain=True).explain
+    maxsim = np.array(table["late_maxsim"].to_list())
+    expected = (maxsim - maxsim.min()) / (maxsim.max() - maxsim.min())
+    np.testing.assert_allclose(table["similarity"].to_numpy(), expected, atol=1e-9)
