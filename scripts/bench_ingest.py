@@ -303,6 +303,18 @@ def run_embed_only(texts: list[str], fraction: float = 1.0, sorted_reference: bo
            "embed_s": round(seconds * scale, 3), "estimated": step > 1,
            "per_s": round(n / seconds, 1) if seconds else None, "peak_pss_mib": round(mem.peak_mib, 1),
            "cpu_s": round(mem.cpu_s * scale, 1), "loadavg_1min": [mem.load_start, mem.load_end]}
+    late = IngestConfig().late_interaction
+    if late.enabled:  # the pipeline's second encoder, on the same chunks, timed apart
+        from helix_ray.token_encoder import get_token_encoder
+
+        encoder = get_token_encoder(late.max_tokens)
+        encoder.encode_passages(["warm up the session"])
+        t0 = time.perf_counter()
+        for batch in sample:
+            encoder.encode_passages(batch)
+        late_s = time.perf_counter() - t0
+        out["late_encode_s"] = round(late_s * scale, 3)
+        out["embed_both_s"] = round((seconds + late_s) * scale, 3)
     if sorted_reference:
         flat = sorted((t for b in sample for t in b), key=len)
         t0 = time.perf_counter()
@@ -353,6 +365,8 @@ def bench_one(name: str, source: Path, fmt: str, work: Path, fraction: float = 1
         "ratio_embed_stage_over_embed_only": round(pipe["stages_s"].get("expand_embed_annotate", 0) / base["embed_s"], 3),
         "ratio_cpu_s": round(min(p["cpu_s"] for p in pipes) / min(b["cpu_s"] for b in bases), 3),
         "ratio_per_round": [round(p["total_s"] / b["embed_s"], 3) for p, b in zip(pipes, bases)],
+        "ratio_pipeline_over_both_encoders": round(pipe["total_s"] / base["embed_both_s"], 3)
+        if "embed_both_s" in base else None,
         "store_bytes": sum(p.stat().st_size for p in (work / f"store-{name}").rglob("*") if p.is_file()),
     }
     return out
@@ -383,6 +397,10 @@ def table(results: list[dict[str, Any]]) -> str:
             [f"{r['embed_only']['length_sorted_embed_s']:.1f} ({r['embed_only']['length_sorted_per_s']:.0f}/s)" for r in results])
     row("embed-only model load s", [f"{r['embed_only']['model_load_s']:.1f}" for r in results])
     row("**ratio pipeline / embed-only**", [f"**{r['ratio_pipeline_over_embed_only']:.2f}×**" for r in results])
+    if all(r.get("ratio_pipeline_over_both_encoders") for r in results):
+        row("late-interaction token encoding alone s", [f"{r['embed_only']['late_encode_s']:.1f}" for r in results])
+        row("**ratio pipeline / (sentence embedding + token encoding)**",
+            [f"**{r['ratio_pipeline_over_both_encoders']:.2f}×**" for r in results])
     row("ratio without Ray start", [f"{r['ratio_pipeline_over_embed_only_without_ray_start']:.2f}×" for r in results])
     row("ratio per round (pipeline / embed-only)", [", ".join(f"{x:.2f}×" for x in r["ratio_per_round"]) for r in results])
     row("CPU-s pipeline (driver + Ray) / embed-only",

@@ -259,6 +259,11 @@ def bench_store(source: Path, args: argparse.Namespace, port: int) -> dict[str, 
             return out
 
         result["http"] = asyncio.run(phases())
+        import httpx
+
+        # Per-stage and per-hop p50/p95 as the ingress saw them (all helix phases together).
+        stats = httpx.get(url + "/v1/stats", headers=bodies[0][1], timeout=30).json()
+        result["serve_stats_latency"] = stats.get("latency_ms")
         result["replicas"] = replica_memory(store)
         h1, e1, ip = result["http"]["helix_c1"], result["http"]["echo_c1"], result["in_process"]
         result["ratios"] = {
