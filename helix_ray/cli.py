@@ -5,7 +5,7 @@
     helix stats --store DIR [--json]
     helix eval {locomo,beir,longmemeval} --data PATH [--systems LIST] [--json OUT]
     helix demo [--store DIR]      ingest the shipped sample set and answer a query
-    helix serve --store DIR [--host 127.0.0.1] [--port 8000] [--no-auth]
+    helix serve --store DIR [--host 127.0.0.1] [--port 8000] [--no-auth] [--graph split|compact]
     helix keys create|list|revoke --store DIR [--user USER | KEY_ID]
 """
 
@@ -82,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--no-auth", action="store_true", help="accept requests without an API key (each names its user)")
+    s.add_argument("--graph", choices=("split", "compact"), default="split",
+                   help="split: a deployment per stage (Embedder, BM25, DenseANN, Ranker); compact: one Pipeline "
+                        "deployment runs them all (one hop: faster on a small host, see docs/serve.md)")
     s.add_argument("--ingest-config", help="ingest YAML for online writes and compaction (see configs/ingest.yaml)")
     s.add_argument("--retrieval-config", help="retrieval YAML: the base settings (see configs/retrieval.yaml)")
 
@@ -290,7 +293,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"helix serve: binding {args.host}: the API is reachable from other machines.", file=sys.stderr)
     serve_forever(args.store, host=args.host, port=args.port, auth=not args.no_auth,
-                  ingest_config=args.ingest_config, retrieval=retrieval)
+                  ingest_config=args.ingest_config, retrieval=retrieval, graph=args.graph)
     return 0
 
 

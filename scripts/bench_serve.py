@@ -240,7 +240,7 @@ def bench_store(source: Path, args: argparse.Namespace, port: int) -> dict[str, 
                   for q in queries]
         log("deploying helix and echo")
         clock = time.perf_counter()
-        serve.run(build_app(ServeArgs(store=str(store), retriever_replicas=tuple(args.replicas))),
+        serve.run(build_app(ServeArgs(store=str(store), retriever_replicas=tuple(args.replicas), graph=args.graph)),
                   name="helix", route_prefix="/", logging_config={"enable_access_log": False, "log_level": "WARNING"})
         serve.run(echo_app(), name="echo", route_prefix="/echo",
                   logging_config={"enable_access_log": False, "log_level": "WARNING"})
@@ -309,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replicas", type=int, nargs=2, default=(1, 3), metavar=("MIN", "MAX"),
                     help="DenseANN/BM25 replicas (autoscaling min and max)")
     ap.add_argument("--num-cpus", type=int, default=2, help="logical CPUs of the local Ray")
+    ap.add_argument("--graph", choices=("split", "compact"), default="split", help="ServeArgs.graph of the Helix app")
     ap.add_argument("--port", type=int, default=0, help="HTTP port on 127.0.0.1 (0: a free one)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)

@@ -231,6 +231,26 @@ def test_shells_compose_to_recall_and_serve_the_delta(shells):
     assert "alice-new" not in [i["id"] for i in out["items"]]
 
 
+def test_the_compact_pipeline_shell_answers_like_the_split_graph(shells):
+    """graph="compact" runs the same shells in one replica: same answers, delta included,
+    and a lexically decisive query does not run the dense leg."""
+    from helix_ray.config import RetrievalConfig
+    from helix_ray.serve.shells import PipelineShell
+
+    pipeline = PipelineShell(shells["store"])
+    for query in ("how do I rotate the API keys?", "which database did billing move to?"):
+        *_, split = _local_recall(shells, query)
+        compact = asyncio.run(pipeline.recall(query, user="alice", config=RetrievalConfig(), budget_tokens=400, k=8))
+        assert [i["id"] for i in compact["items"]] == [i["id"] for i in split["items"]]
+    strong = asyncio.run(pipeline.recall(STRONG_ERROR, user="alice", config=RetrievalConfig(), budget_tokens=400, k=8))
+    assert strong["items"][0]["id"] == STRONG_ID and "dense" not in strong["timings_ms"]
+    shells["writer"].add([{"id": "alice-compact", "text": "To rotate the API keys now run keyctl rotate --all."}],
+                         "alice")
+    fresh = asyncio.run(pipeline.recall("how do I rotate the API keys?", user="alice", config=RetrievalConfig(),
+                                        budget_tokens=400, k=8))
+    assert "alice-compact" in [i["id"] for i in fresh["items"]]
+
+
 def test_ranker_drops_a_delete_that_the_legs_missed(shells):
     """The legs ran before the delete; the Ranker, after it, must still not return it."""
     plan, lexical, dense, out = _local_recall(shells, STRONG_ERROR)

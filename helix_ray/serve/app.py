@@ -49,7 +49,7 @@ from helix_ray.serve.api import (
     check_settings,
     request_error_sentence,
 )
-from helix_ray.serve.deployments import BM25, CPUS, RETRIEVER_AUTOSCALING, DenseANN, Embedder, Ranker, Writer
+from helix_ray.serve.deployments import BM25, CPUS, RETRIEVER_AUTOSCALING, DenseANN, Embedder, Pipeline, Ranker, Writer
 from helix_ray.serve.errors import Forbidden, kind_of, message_of, status_of
 from helix_ray.serve.keys import KeyStore
 from helix_ray.serve.views import Pointer
@@ -76,6 +76,10 @@ class ServeArgs(BaseModel):
     watch_interval_s: float = Field(0.5, ge=0.05, le=10.0, description="How often replicas look for a new generation.")
     retriever_replicas: tuple[int, int] = Field((1, 3), description="(min, max) replicas of DenseANN and BM25 "
                                                                      "(autoscaling; the Ranker's max is 2).")
+    graph: Literal["split", "compact"] = Field(
+        "split", description="'split': Embedder → BM25 ∥ DenseANN → Ranker, each its own deployment (scales each "
+                             "stage); 'compact': all of them in one Pipeline deployment, one hop per request "
+                             "(faster on a small host: docs/serve.md).")
 
     @model_validator(mode="after")
     def _check_replicas(self) -> "ServeArgs":
@@ -163,9 +167,11 @@ _WRITE_BODY = {"requestBody": {"required": True, "content": {"application/json":
 class HelixAPI:
     """The ingress: authenticates, checks requests, and calls the graph's handles."""
 
-    def __init__(self, embedder: DeploymentHandle, dense: DeploymentHandle, bm25: DeploymentHandle,
-                 ranker: DeploymentHandle, writer: DeploymentHandle, args: dict[str, Any]):
+    def __init__(self, embedder: Optional[DeploymentHandle], dense: Optional[DeploymentHandle],
+                 bm25: Optional[DeploymentHandle], ranker: Optional[DeploymentHandle], writer: DeploymentHandle,
+                 args: dict[str, Any], pipeline: Optional[DeploymentHandle] = None):
         self.embedder, self.dense, self.bm25, self.ranker, self.writer = embedder, dense, bm25, ranker, writer
+        self.pipeline = pipeline  # the compact graph: one handle for every recall stage
         self.args = ServeArgs.model_validate(args)
         self.store = Path(self.args.store)
         self.keys = KeyStore(self.store) if self.args.auth else None
@@ -257,6 +263,12 @@ class HelixAPI:
         request = dict(budget_tokens=body.budget_tokens, k=k, project=body.project, types=body.types,
                        since=body.since, until=body.until, explain=body.explain)
         hop = time.perf_counter()
+        if self.pipeline is not None:
+            out = await self.pipeline.recall.remote(body.query, user=user, config=config, **request)
+            out["timings_ms"]["call_graph"] = _ms(hop)
+            out["timings_ms"]["ingress"] = _ms(clock)
+            self.latency.add(out["timings_ms"])
+            return out
         # One await for the whole graph: the plan's DeploymentResponse goes straight into
         # both legs (Serve resolves it; the ingress never unpickles the plan), and the
         # legs' responses straight into the Ranker.
@@ -422,12 +434,18 @@ def build_app(args: ServeArgs) -> Application:
     args = args.model_copy(update={"store": str(store)})
     low, high = args.retriever_replicas
     scaling = {**RETRIEVER_AUTOSCALING, "min_replicas": low, "initial_replicas": low, "max_replicas": high}
+    writer = Writer.bind(str(store), ingest, compact_interval_s=args.compact_interval_s,
+                         compact_max_pending=args.compact_max_pending, compact_runner=args.compact_runner)
+    if args.graph == "compact":
+        pipeline = Pipeline.options(autoscaling_config={**scaling, "max_replicas": min(high, 2)}).bind(
+            str(store), ingest, args.watch_interval_s)
+        return HelixAPI.options(user_config={"retrieval": args.retrieval}).bind(
+            None, None, None, None, writer, args.model_dump(), pipeline)
     return HelixAPI.options(user_config={"retrieval": args.retrieval}).bind(
         Embedder.bind(ingest, str(store)),
         DenseANN.options(autoscaling_config=scaling).bind(str(store), ingest, args.watch_interval_s),
         BM25.options(autoscaling_config=scaling).bind(str(store), ingest, args.watch_interval_s),
         Ranker.bind(str(store), ingest, args.watch_interval_s),
-        Writer.bind(str(store), ingest, compact_interval_s=args.compact_interval_s,
-                    compact_max_pending=args.compact_max_pending, compact_runner=args.compact_runner),
+        writer,
         args.model_dump(),
     )

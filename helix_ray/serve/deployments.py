@@ -15,7 +15,7 @@ from ray import serve
 from helix_ray.serve import shells
 
 #: Logical CPUs per replica (all fractional; see the module docstring).
-CPUS = {"ingress": 0.2, "embedder": 0.2, "dense": 0.1, "bm25": 0.1, "ranker": 0.2, "writer": 0.1}
+CPUS = {"ingress": 0.2, "embedder": 0.2, "dense": 0.1, "bm25": 0.1, "ranker": 0.2, "writer": 0.1, "pipeline": 0.4}
 
 RETRIEVER_AUTOSCALING = {
     "min_replicas": 1,
@@ -49,3 +49,9 @@ Ranker = serve.deployment(
 Writer = serve.deployment(
     name="Writer", num_replicas=1, ray_actor_options={"num_cpus": CPUS["writer"]}, max_ongoing_requests=16,
 )(shells.WriterShell)
+
+# The compact graph (``ServeArgs.graph = "compact"``): every recall stage in one replica.
+Pipeline = serve.deployment(
+    name="Pipeline", ray_actor_options={"num_cpus": CPUS["pipeline"]}, max_ongoing_requests=64,
+    autoscaling_config={**RETRIEVER_AUTOSCALING, "max_replicas": 2},
+)(shells.PipelineShell)
