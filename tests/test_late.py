@@ -58,12 +58,16 @@ def test_maxsim_matches_a_naive_loop(rows):
     np.testing.assert_allclose(got, naive_maxsim(query, passages, rows), rtol=0, atol=1e-5)
 
 
-def test_blend_keeps_the_cosine_where_there_is_no_late_score():
-    cosine = np.array([0.2, 0.5, 0.9])
-    scores = np.array([0.6, np.nan, 0.1])
-    np.testing.assert_allclose(late.blend(cosine, scores, 0.75), [0.5, 0.5, 0.3])
+def test_blend_estimates_a_missing_late_score_from_the_pool_offset():
+    cosine = np.array([0.2, 0.5, 0.9, 0.4])
+    scores = np.array([0.6, np.nan, 1.0, 0.6])  # late − cosine: .4, .1, .2 → median .2
+    # Row 1 has no tokens (an online write): its late score is estimated as .5 + .2.
+    np.testing.assert_allclose(late.blend(cosine, scores, 0.75),
+                               [0.25 * 0.2 + 0.75 * 0.6, 0.25 * 0.5 + 0.75 * 0.7, 0.25 * 0.9 + 0.75 * 1.0,
+                                0.25 * 0.4 + 0.75 * 0.6])
     np.testing.assert_array_equal(late.blend(cosine, scores, 0.0), cosine)
     np.testing.assert_array_equal(late.blend(cosine, None, 0.75), cosine)
+    np.testing.assert_array_equal(late.blend(cosine, np.full(4, np.nan), 0.75), cosine)
 
 
 def test_passage_tokens_take_and_concat():

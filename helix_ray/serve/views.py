@@ -253,7 +253,7 @@ class JoinedGeneration:
         self.minhash = _Joined(gen.minhash, signatures, delta)
         self.graph = _JoinedGraph(gen.graph)
         # Delta rows (ids ≥ DELTA_BASE) have no stored tokens: late.maxsim gives them NaN
-        # and ranking uses their cosine until compaction encodes them.
+        # and late.blend estimates theirs from their cosine until compaction encodes them.
         self.late = gen.late
 
     @property
