@@ -373,12 +373,7 @@ def _transform(todo: list[dict[str, Any]], config: IngestConfig, runner: str):
     if not todo:
         return
     if runner == "local":
-        yield from _run_local_batches(
-            todo,
-            [stages.Expand(config.doc2query), stages.Embed(config.embedder, config.late_interaction),
-             stages.quantize,
-             stages.Annotate(config)],
-        )
+        yield from _run_local_batches(todo, [stages.Transform(config)])
         return
     import ray
 
@@ -387,22 +382,14 @@ def _transform(todo: list[dict[str, Any]], config: IngestConfig, runner: str):
         "text": [r["text"] for r in todo],
         "type": [r["type"] for r in todo],
     })
-    pool = ray.data.ActorPoolStrategy
-    # Blocks of BLOCK rows stream through the stages (one block would run each stage over
-    # every row before the next starts, and trip Ray Data's no-progress watchdog on big
-    # inputs). Every stage sees the same BATCH-row batches as the local runner, so both
-    # runners embed identical batches and produce identical vectors.
+    # Blocks of BLOCK rows stream through the stage (one block would hold every row until
+    # the stage ends, and trip Ray Data's no-progress watchdog on big inputs). The actor
+    # sees the same BATCH-row batches as the local runner, so both runners embed identical
+    # batches and produce identical vectors.
     blocks = [table.slice(i, BLOCK) for i in range(0, table.num_rows, BLOCK)]
-    ds = (
-        ray.data.from_arrow(blocks)
-        .map_batches(stages.Expand, fn_constructor_args=(config.doc2query,), batch_size=BATCH,
-                     num_cpus=0.25, compute=pool(size=1))
-        .map_batches(stages.Embed, fn_constructor_args=(config.embedder, config.late_interaction), batch_size=BATCH,
-                     num_cpus=config.embed_actor_cpus, compute=pool(size=config.embed_actors))
-        .map_batches(stages.quantize, batch_size=BATCH, num_cpus=0.25)
-        .map_batches(stages.Annotate, fn_constructor_args=(config,), batch_size=BATCH, num_cpus=0.25,
-                     compute=pool(size=1))
-    )
+    ds = ray.data.from_arrow(blocks).map_batches(
+        stages.Transform, fn_constructor_args=(config,), batch_size=BATCH, num_cpus=config.embed_actor_cpus,
+        compute=ray.data.ActorPoolStrategy(size=config.embed_actors))
     yield from ds.iter_batches(batch_size=None, batch_format="numpy")
 
 

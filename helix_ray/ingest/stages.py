@@ -121,6 +121,23 @@ class Annotate:
         return batch
 
 
+class Transform:
+    """Stages 4–7a in one callable: Expand → Embed → quantize → Annotate on each batch.
+
+    The ingest pipeline runs this as one Ray Data actor stage rather than four: on a
+    small host the stages cannot overlap usefully (embedding takes > 95 % of the work),
+    and every extra stage costs a hand-off of each block through the object store."""
+
+    def __init__(self, config: IngestConfig):
+        self.steps = [Expand(config.doc2query), Embed(config.embedder, config.late_interaction), quantize,
+                      Annotate(config)]
+
+    def __call__(self, batch: Batch) -> Batch:
+        for step in self.steps:
+            batch = step(batch)
+        return batch
+
+
 def minhash(batch: Batch, *, num_perm: int, shingle: int) -> Batch:
     batch["minhash"] = dedup.signatures([str(t) for t in batch["text"]], num_perm=num_perm, shingle=shingle)
     return batch
