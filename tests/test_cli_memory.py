@@ -96,3 +96,15 @@ def test_next_generation_folds_accesses_into_last_accessed_at(tmp_path):
     gen = Generation.open_current(tmp_path / "store")
     row = gen.memories.to_pylist()[gen.columns.id_to_row["m000"]]
     assert row["access_count"] == 2 and row["last_accessed_at"] is not None
+
+
+def test_ha_proxy_refuses_a_cluster_it_does_not_start(tmp_path):
+    """--ha-proxy sets Serve's switch for the Ray this command starts; joining another
+    cluster it cannot, and says where to set it instead (before touching the store)."""
+    import os
+
+    env = dict(os.environ, RAY_ADDRESS="127.0.0.1:6390")
+    done = subprocess.run([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(tmp_path), "--ha-proxy"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2
+    assert "RAY_SERVE_ENABLE_HA_PROXY=1" in done.stderr and "--ha-proxy" in done.stderr
