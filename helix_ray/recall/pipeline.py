@@ -1,6 +1,6 @@
 """The query path, in flow order: embed → scope/route → BM25 ∥ dense → RRF → graph
-expansion → late interaction → ranking → diversity → packing. Pure Python over a memory-mapped generation;
-imports no Ray (the Serve deployments call these same functions).
+expansion → late interaction → ranking → diversity → packing. Pure Python over a
+memory-mapped generation; imports no Ray (the Serve deployments call these same functions).
 """
 
 from __future__ import annotations
