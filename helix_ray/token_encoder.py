@@ -63,6 +63,13 @@ class PassageTokens:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
+    def lookup(self, rows: np.ndarray) -> tuple[np.ndarray, "PassageTokens"]:
+        """(positions in ``rows`` that have a passage here, their tokens in that order):
+        rows beyond these passages are not known (see :class:`JoinedTokens`)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        known = np.flatnonzero(rows < len(self))
+        return known, self.take(rows[known])
+
     def take(self, rows: np.ndarray) -> "PassageTokens":
         """The passages ``rows``, in that order, as a new compact block."""
         rows = np.asarray(rows, dtype=np.int64)

@@ -290,6 +290,38 @@ def test_writer_rebuilds_the_delta_from_its_log_after_a_restart(shells):
     assert list((shells["store"] / "inbox").glob("*.jsonl"))  # the ingest-ready copy, fsynced
 
 
+def test_online_writes_carry_late_interaction_tokens_through_a_restart(shells):
+    """A write is scored by MaxSim like a stored memory: its tokens are encoded by the
+    Writer, logged durably, published in the delta snapshot and read by the Ranker."""
+    from helix_ray.config import RetrievalConfig
+    from helix_ray.recall import late
+    from helix_ray.serve.delta import DeltaSegment, current_delta_version
+    from helix_ray.serve.writer import WriterCore
+    from helix_ray.token_encoder import from_blobs, get_token_encoder, to_blobs
+
+    text = "The staging Kafka cluster was renamed to heron-7 after the quota incident."
+    query = "what is the staging Kafka cluster called now?"
+    writer, store = shells["writer"], shells["store"]
+    writer.add([{"id": "alice-heron", "text": text}], "alice")
+    delta = DeltaSegment.load(store, current_delta_version(store))
+    pos = list(delta.ids).index("alice-heron")
+    encoder = get_token_encoder()
+    q = encoder.encode_query(query)
+    direct = late.maxsim(q, from_blobs(*to_blobs(encoder.encode_passages([text]))), np.array([0]))
+    np.testing.assert_allclose(late.maxsim(q, delta.late, np.array([pos])), direct, atol=0.02)
+
+    writer.core.close()
+    writer.core = WriterCore(store)  # a restarted Writer replica replays its log, tokens included
+    assert writer.core.entries["alice-heron"]["late_codes"] == delta.late_codes[pos]
+    plan = shells["embedder"].plan(query, user="alice", config=RetrievalConfig(), budget_tokens=400, k=8,
+                                   explain=True)
+    lexical, dense = asyncio.run(shells["bm25"].search(plan)), asyncio.run(shells["dense"].search(plan))
+    out = asyncio.run(shells["ranker"].finish(plan, lexical, dense))
+    row = next(r for r in out["explain"] if r["id"] == "alice-heron")
+    assert row["late_maxsim"] == pytest.approx(float(direct[0]), abs=0.02)
+    assert out["items"][0]["id"] == "alice-heron"
+
+
 def test_a_swap_keeps_the_old_generation_for_requests_in_flight(shells):
     """After compaction publishes generation N+1, a request pinned to N (its legs ran
     there) is still finished on N; new requests move to N+1."""

@@ -15,14 +15,15 @@ from helix_ray.token_encoder import PassageTokens
 
 def maxsim(query_tokens: np.ndarray, passages: PassageTokens, rows: np.ndarray) -> np.ndarray:
     """For each of ``rows``: the mean over query tokens of the best cosine with any of
-    the row's tokens, in [-1, 1]. NaN for a row that has no stored tokens (beyond the
-    passages, e.g. an online write not yet compacted, or an empty passage)."""
+    the row's tokens, in [-1, 1]. NaN for a row that has no stored tokens (not among the
+    passages, or an empty passage). ``passages`` is anything with
+    :meth:`PassageTokens.lookup`: the Serve ranker passes the generation's tokens joined
+    with its delta's."""
     rows = np.asarray(rows, dtype=np.int64)
     out = np.full(len(rows), np.nan)
-    known = rows < len(passages)
-    if not known.any():
+    known, block = passages.lookup(rows)
+    if not len(known):
         return out
-    block = passages.take(rows[known])
     lengths = np.diff(block.offsets)
     nonempty = lengths > 0
     if not nonempty.any():
@@ -40,8 +41,9 @@ def maxsim(query_tokens: np.ndarray, passages: PassageTokens, rows: np.ndarray) 
 def blend(cosine: np.ndarray, late: np.ndarray | None, weight: float) -> np.ndarray:
     """``(1 − weight) · cosine + weight · late``.
 
-    A row without a late score (an online write not yet compacted: the delta stores no
-    tokens) gets an estimate on the MaxSim scale: its cosine plus the median of
+    A row without a late score (an online write from a writer configured without token
+    vectors, or a delta snapshot written before they existed) gets an estimate on the
+    MaxSim scale: its cosine plus the median of
     ``late − cosine`` over the rows that have both. MaxSim runs higher than cosine
     (~+.15 on chat turns), so the raw cosine would sink such a row below every stored
     memory it competes with."""

@@ -83,6 +83,9 @@ def delta_schema(dim: int, num_perm: int) -> pa.Schema:
         pa.field("vector", pa.list_(pa.float32(), dim), nullable=False),
         pa.field("minhash", pa.list_(pa.uint32(), num_perm), nullable=False),
         pa.field("folded_into", pa.int64(), nullable=False),  # NOT_FOLDED, or the generation holding it
+        # Late-interaction tokens (token_encoder.to_blobs); null when the writer encodes none.
+        pa.field("late_codes", pa.binary()),
+        pa.field("late_scales", pa.binary()),
     ])
 
 
@@ -176,6 +179,8 @@ class DeltaSegment:
     minhash: np.ndarray  # uint32 (d, num_perm)
     folded_into: np.ndarray  # int64, NOT_FOLDED where no generation holds the entry
     tombstones: dict[str, Tombstone] = field(default_factory=dict)
+    late_codes: list = field(default_factory=list)  # bytes or None per entry
+    late_scales: list = field(default_factory=list)
     stemmer: str | None = "english"
 
     @classmethod
@@ -232,6 +237,9 @@ class DeltaSegment:
             vectors=flat("vector", np.float32, dim), minhash=flat("minhash", np.uint32, num_perm),
             folded_into=table.column("folded_into").to_numpy().astype(np.int64),
             tombstones={t.id: t for t in tombstones},
+            # Snapshots written before token vectors existed have neither column.
+            late_codes=table.column("late_codes").to_pylist() if "late_codes" in table.schema.names else [None] * n,
+            late_scales=table.column("late_scales").to_pylist() if "late_scales" in table.schema.names else [None] * n,
         )
 
     def __len__(self) -> int:
@@ -260,6 +268,13 @@ class DeltaSegment:
             return np.full(len(seq), -1, dtype=np.int64)
         pos = np.minimum(np.searchsorted(self.seq, seq), len(self.seq) - 1)
         return np.where(self.seq[pos] == seq, pos, -1)
+
+    @functools.cached_property
+    def late(self):
+        """The entries' late-interaction tokens (an entry without them: no tokens)."""
+        from helix_ray.token_encoder import from_blobs
+
+        return from_blobs([c or b"" for c in self.late_codes], [s or b"" for s in self.late_scales])
 
     # ---------------------------------------------------------------- search
     def scope_mask(self, scope: Scope, generation: int | None) -> np.ndarray:

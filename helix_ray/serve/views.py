@@ -231,6 +231,27 @@ class JoinedColumns:
         self.documents = _Joined(base.documents, np.full(d, None, dtype=object), delta)
 
 
+class JoinedTokens:
+    """Late-interaction tokens over generation rows and delta entries (ids ≥ DELTA_BASE),
+    with :meth:`helix_ray.token_encoder.PassageTokens.lookup`'s contract."""
+
+    def __init__(self, base: Any, delta: DeltaSegment):
+        self.base, self.delta = base, delta
+
+    def lookup(self, rows: np.ndarray):
+        from helix_ray.token_encoder import PassageTokens
+
+        rows = np.asarray(rows, dtype=np.int64)
+        in_base = np.flatnonzero(rows < len(self.base))
+        at_delta = np.flatnonzero(rows >= DELTA_BASE)
+        found = self.delta.positions(rows[at_delta]) if len(at_delta) else np.zeros(0, np.int64)
+        at_delta, found = at_delta[found >= 0], found[found >= 0]
+        blocks = [self.base.take(rows[in_base])]
+        if len(found):
+            blocks.append(self.delta.late.take(found))
+        return np.concatenate([in_base, at_delta]), PassageTokens.concat(blocks)
+
+
 class JoinedGeneration:
     """The generation-shaped object ``Recaller.finish`` reads, over generation + delta."""
 
@@ -252,9 +273,7 @@ class JoinedGeneration:
             signatures = np.repeat(own[:, None], width, axis=1)
         self.minhash = _Joined(gen.minhash, signatures, delta)
         self.graph = _JoinedGraph(gen.graph)
-        # Delta rows (ids ≥ DELTA_BASE) have no stored tokens: late.maxsim gives them NaN
-        # and late.blend estimates theirs from their cosine until compaction encodes them.
-        self.late = gen.late
+        self.late = JoinedTokens(gen.late, delta) if gen.late is not None else None
 
     @property
     def size(self) -> int:

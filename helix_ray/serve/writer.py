@@ -60,6 +60,8 @@ CREATE TABLE IF NOT EXISTS serve_log (
     record VARCHAR, lexical VARCHAR, n_tokens INTEGER, vector FLOAT[], minhash UINTEGER[],
     written_at TIMESTAMPTZ NOT NULL, folded_into INTEGER
 );
+ALTER TABLE serve_log ADD COLUMN IF NOT EXISTS late_codes BLOB;
+ALTER TABLE serve_log ADD COLUMN IF NOT EXISTS late_scales BLOB;
 """
 SETTINGS_FILE = "serve-settings.json"
 MAX_BATCH = 1000
@@ -113,7 +115,7 @@ class WriterCore:
         self.dim = DIM
         self._lock = threading.RLock()
         self._expand = stages.Expand(self.config.doc2query)
-        self._embed = stages.Embed(self.config.embedder)
+        self._embed = stages.Embed(self.config.embedder, self.config.late_interaction)
         self._annotate = stages.Annotate(self.config)
         self.entries: dict[str, dict[str, Any]] = {}
         self.tombstones: dict[str, Tombstone] = {}
@@ -145,14 +147,15 @@ class WriterCore:
         """Rebuild the delta from ``serve_log`` (after a restart)."""
         current = self.generation or 0
         cur = self.db.con.execute(
-            'SELECT seq, op, id, "user", record, lexical, n_tokens, vector, minhash, folded_into '
-            "FROM serve_log ORDER BY seq")
-        for seq, op, mid, user, record, lexical_text, n_tokens, vector, minhash, folded in cur.fetchall():
+            'SELECT seq, op, id, "user", record, lexical, n_tokens, vector, minhash, folded_into, late_codes, '
+            "late_scales FROM serve_log ORDER BY seq")
+        for seq, op, mid, user, record, lexical_text, n_tokens, vector, minhash, folded, codes, scales \
+                in cur.fetchall():
             if op == "put":
                 self.tombstones.pop(mid, None)
                 row = json.loads(record)
                 self.entries[mid] = self._entry(seq, row, lexical_text, n_tokens, np.asarray(vector, np.float32),
-                                                np.asarray(minhash, np.uint32), folded)
+                                                np.asarray(minhash, np.uint32), folded, codes, scales)
             else:
                 self.entries.pop(mid, None)
                 self.tombstones[mid] = Tombstone(mid, user, folded)
@@ -163,7 +166,8 @@ class WriterCore:
                            if t.applies_below is None or t.applies_below >= current}
 
     def _entry(self, seq: int, row: dict[str, Any], lexical_text: str, n_tokens: int, vector: np.ndarray,
-               minhash: np.ndarray, folded: int | None) -> dict[str, Any]:
+               minhash: np.ndarray, folded: int | None, late_codes: bytes | None = None,
+               late_scales: bytes | None = None) -> dict[str, Any]:
         created = row["created_at"]
         created = dt.datetime.fromisoformat(created) if isinstance(created, str) else created
         return {
@@ -172,7 +176,8 @@ class WriterCore:
             "created_at": _micros(created), "salience": float(row["salience"]),
             "confidence": float(row["confidence"]), "pinned": bool(row["pinned"]), "n_tokens": int(n_tokens),
             "vector": vector, "minhash": minhash, "folded_into": NOT_FOLDED if folded is None else int(folded),
-            "record": row,
+            "record": row, "late_codes": None if late_codes is None else bytes(late_codes),
+            "late_scales": None if late_scales is None else bytes(late_scales),
         }
 
     def _publish(self) -> int:
@@ -309,6 +314,9 @@ class WriterCore:
         vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         num_perm = self._num_perm()
         sigs = signatures([r["text"] for r in rows], num_perm=num_perm, shingle=self.config.dedup.shingle)
+        # Late-interaction tokens, so a fresh write is scored like a stored memory (None: off).
+        late_codes = [bytes(x) for x in batch["late_codes"]] if "late_codes" in batch else [None] * len(rows)
+        late_scales = [bytes(x) for x in batch["late_scales"]] if "late_scales" in batch else [None] * len(rows)
         lexical_texts = []
         for row, expansions in zip(rows, batch["expansions"]):
             queries = json.loads(str(expansions))
@@ -336,13 +344,16 @@ class WriterCore:
             "n_tokens": pa.array([int(x) for x in batch["n_tokens"]], pa.int32()),
             "vector": pa.array([v.tolist() for v in vectors], pa.list_(pa.float32())),
             "minhash": pa.array([s.tolist() for s in sigs], pa.list_(pa.uint32())),
+            "late_codes": pa.array(late_codes, pa.binary()),
+            "late_scales": pa.array(late_scales, pa.binary()),
         })
         self.db.con.begin()
         try:
             self.db.con.register("incoming_serve_log", table)
             self.db.con.execute(
-                'INSERT INTO serve_log SELECT seq, op, id, "user", record, lexical, n_tokens, vector, minhash, '
-                "now(), NULL FROM incoming_serve_log")
+                'INSERT INTO serve_log (seq, op, id, "user", record, lexical, n_tokens, vector, minhash, written_at, '
+                'folded_into, late_codes, late_scales) SELECT seq, op, id, "user", record, lexical, n_tokens, vector, '
+                "minhash, now(), NULL, late_codes, late_scales FROM incoming_serve_log")
             self.db.con.unregister("incoming_serve_log")
             self.db.con.commit()
         except BaseException:
@@ -350,9 +361,11 @@ class WriterCore:
             raise
         self.seq = seqs[-1]
         # 3. the delta, then a snapshot the replicas read
-        for seq, row, lex, n_tokens, vector, sig in zip(seqs, rows, lexical_texts, batch["n_tokens"], vectors, sigs):
+        for seq, row, lex, n_tokens, vector, sig, codes, scales in zip(
+                seqs, rows, lexical_texts, batch["n_tokens"], vectors, sigs, late_codes, late_scales):
             self.tombstones.pop(row["id"], None)
-            self.entries[row["id"]] = self._entry(seq, _json_record(row), lex, int(n_tokens), vector, sig, None)
+            self.entries[row["id"]] = self._entry(seq, _json_record(row), lex, int(n_tokens), vector, sig, None,
+                                                  codes, scales)
         self._publish()
 
     # ---------------------------------------------------------------- compaction
