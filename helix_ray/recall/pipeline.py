@@ -454,8 +454,8 @@ def _explain(rows, cols, list_rank, fused_score, graph_score, cosine, late_score
         "bm25_rank": [list_rank.get("bm25", {}).get(int(r)) for r in rows],
         "rrf_score": [fused_score.get(int(r), 0.0) for r in rows],
         "cosine": [float(c) for c in cosine],
-        "late_maxsim": [None if late_scores is None or np.isnan(v) else float(v)
-                        for v in (late_scores if late_scores is not None else np.zeros(n))],
+        "late_maxsim": [None] * n if late_scores is None else [None if np.isnan(v) else float(v)
+                                                               for v in late_scores],
         "graph_ppr": [graph_score.get(int(r), 0.0) for r in rows],
         **{s: [float(v) for v in ranked.signals[s]] for s in rank.SIGNALS},
         "score": [float(v) for v in ranked.scores],

@@ -263,19 +263,24 @@ class HelixAPI:
         request = dict(budget_tokens=body.budget_tokens, k=k, project=body.project, types=body.types,
                        since=body.since, until=body.until, explain=body.explain)
         hop = time.perf_counter()
-        if self.pipeline is not None:
+        if self.pipeline is not None:  # the compact graph: one hop does every stage
             out = await self.pipeline.recall.remote(body.query, user=user, config=config, **request)
-            out["timings_ms"]["call_graph"] = _ms(hop)
-            out["timings_ms"]["ingress"] = _ms(clock)
-            self.latency.add(out["timings_ms"])
-            return out
-        # One await for the whole graph: the plan's DeploymentResponse goes straight into
-        # both legs (Serve resolves it; the ingress never unpickles the plan), and the
-        # legs' responses straight into the Ranker.
-        plan = self.embedder.plan.remote(body.query, user=user, config=config, **request)
+        else:
+            out = await self._recall_split(body.query, user, config, request)
+        out["timings_ms"]["call_graph"] = _ms(hop)
+        out["timings_ms"]["ingress"] = _ms(clock)
+        self.latency.add(out["timings_ms"])
+        return out
+
+    async def _recall_split(self, query: str, user: str, config: RetrievalConfig,
+                            request: dict[str, Any]) -> dict[str, Any]:
+        """One await for the whole split graph: the plan's DeploymentResponse goes straight
+        into both legs (Serve resolves it; the ingress never unpickles the plan), and the
+        legs' responses straight into the Ranker."""
+        plan = self.embedder.plan.remote(query, user=user, config=config, **request)
         lexical, dense = self.bm25.search.remote(plan), self.dense.search.remote(plan)
         try:
-            out = await self.ranker.finish.remote(plan, lexical, dense)
+            return await self.ranker.finish.remote(plan, lexical, dense)
         except Exception as exc:  # noqa: BLE001
             status = status_of(exc)
             if status is not None and status < 500:
@@ -283,11 +288,7 @@ class HelixAPI:
             # A swap between the two legs' replicas, or a leg replica that failed: run the
             # legs again one by one, so one failing leg degrades the answer instead of failing it.
             log.warning("recall graph failed (%s); answering step by step", kind_of(exc) or type(exc).__name__)
-            out = await self._recall_stepwise(body.query, user, config, request)
-        out["timings_ms"]["call_graph"] = _ms(hop)
-        out["timings_ms"]["ingress"] = _ms(clock)
-        self.latency.add(out["timings_ms"])
-        return out
+            return await self._recall_stepwise(query, user, config, request)
 
     async def _recall_stepwise(self, query: str, user: str, config: RetrievalConfig,
                                request: dict[str, Any]) -> dict[str, Any]:

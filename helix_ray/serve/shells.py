@@ -20,7 +20,6 @@ and delta version they came from. Never texts, never the generation.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -88,13 +87,11 @@ class EmbedderShell:
 
 
 def _generation_has_late(current: Path) -> bool:
-    from helix_ray.store.generation import current_generation_number, generations_dir
+    from helix_ray.store.generation import Generation
 
     try:
-        number = current_generation_number(current.parent)
-        manifest = generations_dir(current.parent) / f"{number:06d}" / "manifest.json"
-        return bool(json.loads(manifest.read_text()).get("late")) if number is not None else False
-    except (OSError, ValueError):
+        return bool(Generation.open_current(current.parent).manifest.get("late"))
+    except (StoreError, OSError):
         return True  # unknown: encode, the Ranker decides
 
 

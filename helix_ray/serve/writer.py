@@ -114,9 +114,7 @@ class WriterCore:
         self.db.con.execute(LOG_DDL)
         self.dim = DIM
         self._lock = threading.RLock()
-        self._expand = stages.Expand(self.config.doc2query)
-        self._embed = stages.Embed(self.config.embedder, self.config.late_interaction)
-        self._annotate = stages.Annotate(self.config)
+        self._transform = stages.Transform(self.config)  # ingest's stages 4–7a, the same for a write
         self.entries: dict[str, dict[str, Any]] = {}
         self.tombstones: dict[str, Tombstone] = {}
         self.version = current_delta_version(self.store)
@@ -309,7 +307,7 @@ class WriterCore:
         rows = list(latest.values())
         batch = {"seq": np.arange(len(rows)), "text": np.array([r["text"] for r in rows], dtype=object),
                  "type": np.array([r["type"] for r in rows], dtype=object)}
-        batch = self._annotate(self._embed(self._expand(batch)))
+        batch = self._transform(batch)
         vectors = np.asarray(batch["vector"], np.float32)
         vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         num_perm = self._num_perm()
