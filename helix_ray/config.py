@@ -104,6 +104,14 @@ class IngestConfig(_Strict):
     doc2query: Doc2QueryConfig = Doc2QueryConfig()
     graph: GraphBuildConfig = GraphBuildConfig()
     late_interaction: LateInteractionConfig = LateInteractionConfig()
+    session_context: float = Field(1.0, ge=0.0, le=4.0)
+    """A conversation turn (an episodic memory with a session) is retrieved with its
+    session's context: its sentence vector is ``unit(v_turn + w · v_previous)``, where
+    ``v_previous`` is the stored vector of the session's previous turn (itself mixed, so
+    the context decays geometrically back through the session). No extra embedding:
+    the previous turn's vector is at hand. A reply such as "Yes, last Sunday with the
+    kids!" then also matches the question its previous turn answers. 0 turns it off.
+    Tuned on LoCoMo's tuning conversations (docs/quality.md)."""
     hnsw_connectivity: int = Field(16, ge=4, le=64)
     """HNSW "M": links per node. Higher is better recall and a larger index."""
     hnsw_expansion_add: int = Field(128, ge=16, le=1024)
@@ -115,8 +123,14 @@ class IngestConfig(_Strict):
     hnsw_threads: int = Field(1, ge=0, le=256)
     """Threads for HNSW insertion. 1 keeps ingest deterministic (usearch's parallel
     insertion order varies run to run); 0 uses every core, ~1.8× faster on 2 cores."""
-    embed_actors: int = Field(1, ge=1, le=64)
-    """Embedding actors in the Ray Data pool (each loads the model once)."""
+    embed_actors: int = Field(2, ge=1, le=64)
+    """Embedding actors in the Ray Data pool (each loads the models once, ~1.4 GB).
+    Set it to the cores the ingest may use, with ``embed_actor_threads`` 1."""
+    embed_actor_threads: int = Field(1, ge=0, le=256)
+    """onnxruntime threads per embedding actor (0: onnxruntime's default, every core).
+    One thread per actor and an actor per core: a multi-threaded session in a Ray Data
+    actor stalls at every operator whenever Ray's own processes take one of its threads'
+    cores, and ran ~20 % slower than in-process (docs/benchmarks.md)."""
     embed_actor_cpus: float = Field(0.5, gt=0.0, le=64)
     """Logical CPUs per embedding actor: fractional, because whole CPUs for the pool
     starve the read tasks on a 2-core machine (FIELD-NOTES, ray#44687)."""

@@ -64,13 +64,13 @@ class FastEmbedder:
     once per process by :func:`get_embedder`.
     """
 
-    def __init__(self, config: EmbedderConfig):
+    def __init__(self, config: EmbedderConfig, threads: int | None = None):
         from fastembed import TextEmbedding
 
         self.name = config.name
         self.dim = DIM
         self.config = config
-        threads = int(os.environ.get("HELIX_EMBED_THREADS", "0")) or None
+        threads = threads or embed_threads()
         if config.name == EMBEDDED_MODEL:
             from fastembed.common.model_description import ModelSource, PoolingType
 
@@ -120,16 +120,23 @@ class FastEmbedder:
 _lock = threading.Lock()
 
 
+def embed_threads() -> int | None:
+    """onnxruntime threads from ``HELIX_EMBED_THREADS`` (None: onnxruntime's default,
+    every core)."""
+    return int(os.environ.get("HELIX_EMBED_THREADS", "0")) or None
+
+
 @functools.lru_cache(maxsize=4)
-def _cached(config_json: str) -> FastEmbedder:
-    return FastEmbedder(EmbedderConfig.model_validate_json(config_json))
+def _cached(config_json: str, threads: int | None) -> FastEmbedder:
+    return FastEmbedder(EmbedderConfig.model_validate_json(config_json), threads)
 
 
-def get_embedder(config: EmbedderConfig | None = None) -> FastEmbedder:
-    """One embedder per process and configuration."""
+def get_embedder(config: EmbedderConfig | None = None, threads: int | None = None) -> FastEmbedder:
+    """One embedder per process, configuration and thread count (``threads`` None or 0:
+    ``HELIX_EMBED_THREADS``, else onnxruntime's default)."""
     config = config or EmbedderConfig()
     with _lock:
-        return _cached(config.model_dump_json())
+        return _cached(config.model_dump_json(), threads or None)
 
 
 def iter_batches(items: list[str], size: int) -> Iterable[list[str]]:

@@ -128,13 +128,15 @@ class TokenEncoder:
     """onnxruntime over the shipped ColBERT backbone; thread-safe, one per process
     (:func:`get_token_encoder`)."""
 
-    def __init__(self, *, max_tokens: int = 300, batch_size: int = 16):
+    def __init__(self, *, max_tokens: int = 300, batch_size: int = 16, threads: int | None = None):
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
+        from helix_ray.embedder import embed_threads
+
         folder = model_dir()
         options = ort.SessionOptions()
-        threads = int(os.environ.get("HELIX_EMBED_THREADS", "0"))
+        threads = threads or embed_threads()
         if threads:
             options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -200,11 +202,11 @@ _lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=2)
-def _cached(max_tokens: int) -> TokenEncoder:
-    return TokenEncoder(max_tokens=max_tokens)
+def _cached(max_tokens: int, threads: int | None) -> TokenEncoder:
+    return TokenEncoder(max_tokens=max_tokens, threads=threads)
 
 
-def get_token_encoder(max_tokens: int = 300) -> TokenEncoder:
-    """One encoder per process (and passage cut)."""
+def get_token_encoder(max_tokens: int = 300, threads: int | None = None) -> TokenEncoder:
+    """One encoder per process, passage cut and thread count (as :func:`get_embedder`)."""
     with _lock:
-        return _cached(max_tokens)
+        return _cached(max_tokens, threads or None)

@@ -11,6 +11,7 @@ Stage order (each stage is a function in :mod:`helix_ray.ingest`):
    sentence vector + token vectors   │
 6. quantize: int8 and binary         │ new or changed: old ones keep their vectors
 7. entities, token counts            ┘
+   (a conversation turn's vector takes in its session's previous turn: session_context)
    ── barrier: indexes and graph need every row ──
 7b. graph edges (mentions, sessions, temporal, semantic kNN)
 8. write and publish the generation  (atomic; the previous one keeps serving on failure)
@@ -53,7 +54,8 @@ from helix_ray.store.generation import (
 log = logging.getLogger(__name__)
 
 BATCH = 256  # rows per transform call (the embedder sorts within it by length)
-BLOCK = 2048  # rows per Ray Data block (a multiple of BATCH)
+BLOCK = 512  # rows per Ray Data block (a multiple of BATCH; small enough to spread over the actors)
+ACTOR_MEMORY = 1536 * 1024**2  # what one embedding actor holds (two models, arenas): told to Ray
 
 
 @dataclasses.dataclass
@@ -241,6 +243,10 @@ def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
     with _timed(report, "expand_embed_annotate"):
         batches = list(_transform(todo, config, runner))
     new_cols = _collect(batches, len(todo), config)
+    if config.session_context > 0:
+        new_cols["vector"] = _session_context(todo, new_cols["vector"], [old_rows[i] for i in keep_old],
+                                              previous, old_index[keep_old] if keep_old else None,
+                                              config.session_context)
 
     # ---- assemble: old rows keep their vectors; sort so each tenant is one range
     with _timed(report, "assemble"):
@@ -387,10 +393,58 @@ def _transform(todo: list[dict[str, Any]], config: IngestConfig, runner: str):
     # sees the same BATCH-row batches as the local runner, so both runners embed identical
     # batches and produce identical vectors.
     blocks = [table.slice(i, BLOCK) for i in range(0, table.num_rows, BLOCK)]
+    actors, memory = _embed_actors(config, len(blocks))
     ds = ray.data.from_arrow(blocks).map_batches(
-        stages.Transform, fn_constructor_args=(config,), batch_size=BATCH, num_cpus=config.embed_actor_cpus,
-        compute=ray.data.ActorPoolStrategy(size=config.embed_actors))
+        stages.Transform, fn_constructor_args=(config, config.embed_actor_threads), batch_size=BATCH,
+        num_cpus=config.embed_actor_cpus, memory=memory, compute=ray.data.ActorPoolStrategy(size=actors))
     yield from ds.iter_batches(batch_size=None, batch_format="numpy")
+
+
+def _session_context(todo: list[dict[str, Any]], vectors: np.ndarray, old_rows: list[dict[str, Any]],
+                     previous: Generation | None, old_positions: np.ndarray | None, weight: float) -> np.ndarray:
+    """``IngestConfig.session_context``: each new conversation turn's vector becomes
+    ``unit(v + weight · v_prev)``, ``v_prev`` the stored vector of the latest earlier
+    turn of its (user, session) — an old row or a new one, in (created_at, arrival) order.
+    Old rows keep their vectors, so a conversation ingested turn by turn is mixed as one
+    ingested at once (when its turns arrive in order)."""
+    def key(row: dict[str, Any]) -> tuple[str, str] | None:
+        if row.get("type") != "episodic" or not row.get("session_id"):
+            return None
+        return str(row["user"]), str(row["session_id"])
+
+    last: dict[tuple[str, str], tuple[Any, np.ndarray]] = {}
+    for i, row in enumerate(old_rows):
+        k = key(row)
+        if k is not None and (k not in last or row["created_at"] >= last[k][0]):
+            last[k] = (row["created_at"], i)
+    if previous is not None and old_positions is not None:
+        last = {k: (t, np.asarray(previous.vectors[old_positions[i]], np.float32)) for k, (t, i) in last.items()}
+    out = np.array(vectors, dtype=np.float32, copy=True)
+    for i in sorted(range(len(todo)), key=lambda i: (todo[i]["created_at"], i)):
+        k = key(todo[i])
+        if k is None:
+            continue
+        seen = last.get(k)
+        if seen is not None and seen[0] <= todo[i]["created_at"]:
+            mixed = out[i] + weight * seen[1]
+            out[i] = mixed / max(float(np.linalg.norm(mixed)), 1e-12)
+        last[k] = (todo[i]["created_at"], out[i])
+    return out
+
+
+def _embed_actors(config: IngestConfig, n_blocks: int) -> tuple[int, int]:
+    """How many embedding actors, and the memory each tells Ray it holds: no more actors
+    than blocks, nor than the cluster's memory fits (one at least, asking for what is
+    there: Ray would otherwise never place it)."""
+    import ray
+
+    room = int(ray.cluster_resources().get("memory", 0))
+    fits = max(1, room // ACTOR_MEMORY)
+    actors = max(1, min(config.embed_actors, n_blocks, fits))
+    if actors < config.embed_actors and actors < n_blocks:
+        log.warning("embed_actors=%d but this Ray's memory (%.1f GiB) fits %d embedding actor(s) of %.1f GiB; "
+                    "running %d", config.embed_actors, room / 1024**3, fits, ACTOR_MEMORY / 1024**3, actors)
+    return actors, min(ACTOR_MEMORY, room)
 
 
 def _collect(batches: list[dict[str, np.ndarray]], n: int, config: IngestConfig) -> dict[str, Any]:

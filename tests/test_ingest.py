@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from helix_ray.config import IngestConfig
 from helix_ray.embedder import get_embedder
 from helix_ray.errors import InvalidArgument, ManifestMismatch
 from helix_ray.store.db import StoreDB
@@ -259,3 +260,56 @@ def test_deleted_memory_leaves_and_comes_back_when_given_again(tmp_path):
     dup = write_jsonl(tmp_path / "c.jsonl", [memory(20, FACTS[0] + " ")])
     assert ingest([dup], store, runner="local").new == 1
     assert not ingest([dup], store, runner="local").published
+
+
+TURNS = ["Caroline: I went to the pottery class on Sunday.",
+         "Melanie: Oh nice, how did it go?",
+         "Caroline: Yes! I made a bowl for my mum.",
+         "Melanie: Will you go again next week?"]
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return v / np.linalg.norm(v)
+
+
+def _vectors(store, ids) -> dict[str, np.ndarray]:
+    gen = Generation.open_current(store)
+    return {i: np.asarray(gen.vectors[gen.columns.id_to_row[i]]) for i in ids}
+
+
+def test_a_conversation_turn_takes_in_its_sessions_previous_turn(tmp_path):
+    """session_context: a turn's vector is unit(v_turn + w · stored v_previous) within its
+    session, in time then arrival order; the first turn, another session's turn and a
+    memory without a session keep their own vector. Ingested turn by turn, each new turn
+    mixes in the stored vector of the one before and old rows are never touched.
+
+    Own vectors come from the same ingest with session_context 0: the int8 model
+    quantizes activations per batch, so only the same batches give the same vectors."""
+    turns = [memory(i, t, type="episodic", session_id="s1", created_at="2025-03-02T10:00:00Z")
+             for i, t in enumerate(TURNS)]
+    other = memory(9, "Caroline: I am off to the lake.", type="episodic", session_id="s2")
+    plain = memory(20, "Billing moved to Postgres in March.", type="semantic", session_id="s1")
+    source = write_jsonl(tmp_path / "all.jsonl", turns + [other, plain])
+    ids_ = [f"m{i:03d}" for i in range(4)] + ["m009", "m020"]
+    ingest([source], tmp_path / "off", runner="local", config=IngestConfig(session_context=0))
+    ingest([source], tmp_path / "on", runner="local")  # the default weight, 1.0
+    own, got = _vectors(tmp_path / "off", ids_), _vectors(tmp_path / "on", ids_)
+    for i in ("m000", "m009", "m020"):  # first of s1, first of s2, not a conversation turn
+        np.testing.assert_allclose(got[i], own[i], atol=1e-6)
+    for i in (1, 2, 3):
+        mixed = own[f"m{i:03d}"] + 1.0 * got[f"m{i - 1:03d}"]
+        np.testing.assert_allclose(got[f"m{i:03d}"], _unit(mixed), atol=1e-5)
+        assert float(got[f"m{i:03d}"] @ own[f"m{i:03d}"]) < 0.97  # the context moved it
+
+    steps = {"on": {}, "off": {}}
+    for i, turn in enumerate(turns):
+        one = write_jsonl(tmp_path / f"t{i}.jsonl", [turn])
+        for name, weight in (("on", 1.0), ("off", 0.0)):
+            ingest([one], tmp_path / f"step-{name}", runner="local", config=IngestConfig(session_context=weight))
+            now = _vectors(tmp_path / f"step-{name}", [f"m{j:03d}" for j in range(i + 1)])
+            for j in range(i):  # old rows keep their vectors
+                np.testing.assert_array_equal(now[f"m{j:03d}"], steps[name][f"m{j:03d}"])
+            steps[name] = now
+        new, pure = steps["on"][f"m{i:03d}"], steps["off"][f"m{i:03d}"]
+        expected = pure if i == 0 else _unit(pure + steps["on"][f"m{i - 1:03d}"])
+        np.testing.assert_allclose(new, expected, atol=1e-5)

@@ -73,15 +73,16 @@ class Embed:
     each passage's token vectors for late interaction → ``late_codes`` (int8 bytes) and
     ``late_scales`` (float32 bytes), one pair per row (ragged, so bytes travel in Arrow)."""
 
-    def __init__(self, config: EmbedderConfig, late: LateInteractionConfig | None = None):
+    def __init__(self, config: EmbedderConfig, late: LateInteractionConfig | None = None,
+                 threads: int | None = None):
         from helix_ray.embedder import get_embedder
 
-        self.embedder = get_embedder(config)
+        self.embedder = get_embedder(config, threads)
         self.token_encoder = None
         if late is not None and late.enabled:
             from helix_ray.token_encoder import get_token_encoder
 
-            self.token_encoder = get_token_encoder(late.max_tokens)
+            self.token_encoder = get_token_encoder(late.max_tokens, threads)
 
     def __call__(self, batch: Batch) -> Batch:
         texts = [str(t) for t in batch["text"]]
@@ -128,8 +129,8 @@ class Transform:
     small host the stages cannot overlap usefully (embedding takes > 95 % of the work),
     and every extra stage costs a hand-off of each block through the object store."""
 
-    def __init__(self, config: IngestConfig):
-        self.steps = [Expand(config.doc2query), Embed(config.embedder, config.late_interaction), quantize,
+    def __init__(self, config: IngestConfig, threads: int | None = None):
+        self.steps = [Expand(config.doc2query), Embed(config.embedder, config.late_interaction, threads), quantize,
                       Annotate(config)]
 
     def __call__(self, batch: Batch) -> Batch:
