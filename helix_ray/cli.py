@@ -5,7 +5,7 @@
     helix stats --store DIR [--json]
     helix eval {locomo,beir,longmemeval} --data PATH [--systems LIST] [--json OUT]
     helix demo [--store DIR]      ingest the shipped sample set and answer a query
-    helix serve --store DIR [--host 127.0.0.1] [--port 8000] [--no-auth] [--graph split|compact] [--ha-proxy]
+    helix serve --store DIR [--host 127.0.0.1] [--port 8000] [--no-auth] [--graph auto|split|compact|inline] [--ha-proxy]
     helix keys create|list|revoke --store DIR [--user USER | KEY_ID]
 """
 
@@ -82,9 +82,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--no-auth", action="store_true", help="accept requests without an API key (each names its user)")
-    s.add_argument("--graph", choices=("split", "compact"), default="split",
-                   help="split: a deployment per stage (Embedder, BM25, DenseANN, Ranker); compact: one Pipeline "
-                        "deployment runs them all (one hop: faster on a small host, see docs/serve.md)")
+    s.add_argument("--graph", choices=("auto", "split", "compact", "inline"), default="auto",
+                   help="split: a deployment per stage (Embedder, BM25, DenseANN, Ranker; scales each across a "
+                        "cluster); compact: one Pipeline deployment runs them all (one hop); inline: the HTTP "
+                        "ingress replicas run them all (no hop: the fastest on one host, see docs/serve.md); "
+                        "auto (default): inline on a Ray this command starts, split on a cluster (RAY_ADDRESS)")
     s.add_argument("--ha-proxy", action="store_true",
                    help="Serve's experimental HAProxy ingress (RAY_SERVE_ENABLE_HA_PROXY=1; 2x faster per request "
                         "here, docs/serve.md); only for a Ray this command starts")
@@ -303,8 +305,11 @@ def _serve(args: argparse.Namespace) -> int:
         os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"  # read by Serve when it starts, in every Ray process
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"helix serve: binding {args.host}: the API is reachable from other machines.", file=sys.stderr)
+    graph = args.graph
+    if graph == "auto":
+        graph = "split" if os.environ.get("RAY_ADDRESS") else "inline"
     serve_forever(args.store, host=args.host, port=args.port, auth=not args.no_auth,
-                  ingest_config=args.ingest_config, retrieval=retrieval, graph=args.graph)
+                  ingest_config=args.ingest_config, retrieval=retrieval, graph=graph)
     return 0
 
 

@@ -8,9 +8,10 @@ For each ``--store`` (served from a hard-linked copy, so the original is never w
 
 1. **in-process**: ``Recaller.recall`` on the same generation, same queries, in this process
    (concurrency 1: the floor the Serve graph adds hops to);
-2. **echo**: a Serve app with the same hops and none of the work — FastAPI ingress →
-   ``Plan`` → two legs passed the plan's response → ``Finish`` — so
-   ``helix / echo`` separates Helix's work from Serve's fixed cost;
+2. **echo**: a Serve app with the same hops as ``--graph`` and none of the work (split:
+   FastAPI ingress → ``Plan`` → two legs passed the plan's response → ``Finish``;
+   compact: ingress → one deployment; inline: the ingress alone, with the same replica
+   count) — so ``helix / echo`` separates Helix's work from Serve's fixed cost;
 3. **helix**: the Helix application (``helix_ray.serve.app.build_app``, API keys on, one
    key per tenant) over HTTP on 127.0.0.1.
 
@@ -100,40 +101,57 @@ def in_process(store: Path, queries: list[dict[str, str]], warmup: int) -> dict[
 # ----------------------------------------------------------------------------- the echo app
 
 
-def echo_app():
-    """Same hops as Helix (ingress → plan → two legs given the plan's response → finish),
-    no work: the fixed cost of the graph on this machine."""
+def echo_app(graph: str = "split", replicas: int = 1):
+    """The Helix graph's hops without its work: the fixed cost of the graph on this machine.
+
+    split: ingress → plan → two legs given the plan's response → finish (four hops);
+    compact: ingress → one ``Whole`` deployment (one hop); inline: the ingress alone, with
+    as many replicas as Helix's inline ingress gets (``replicas``)."""
     from fastapi import FastAPI
     from ray import serve
 
     app = FastAPI()
+    light = {"ray_actor_options": {"num_cpus": 0.05}, "max_ongoing_requests": 64}
 
-    @serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=64)
+    @serve.deployment(**light)
     class Plan:
         def plan(self, query: str, user: str) -> dict:
             return {"query": query, "user": user, "vector": np.zeros(384, np.float32)}
 
-    @serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=64)
+    @serve.deployment(**light)
     class Leg:
         async def search(self, plan: dict) -> dict:
             return {"rows": np.arange(100, dtype=np.int64), "scores": np.zeros(100, np.float32)}
 
-    @serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=64)
+    @serve.deployment(**light)
     class Finish:
         async def finish(self, plan: dict, a: dict, b: dict) -> dict:
             return {"query": plan["query"], "items": [], "n": len(a["rows"]) + len(b["rows"])}
 
+    @serve.deployment(**light)
+    class Whole:
+        async def recall(self, query: str, user: str) -> dict:
+            return {"query": query, "items": [], "n": 200}
+
     @serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=128)
     @serve.ingress(app)
     class Echo:
-        def __init__(self, plan, lexical, dense, finish):
-            self.p, self.l, self.d, self.f = plan, lexical, dense, finish
+        def __init__(self, plan=None, lexical=None, dense=None, finish=None, whole=None):
+            self.p, self.l, self.d, self.f, self.w = plan, lexical, dense, finish, whole
 
         @app.post("/v1/recall")
         async def recall(self, body: dict) -> dict:
+            if self.w is not None:
+                return await self.w.recall.remote(body["query"], body.get("user", ""))
+            if self.p is None:
+                return {"query": body["query"], "items": [], "n": 200}
             plan = self.p.plan.remote(body["query"], body.get("user", ""))
             return await self.f.finish.remote(plan, self.l.search.remote(plan), self.d.search.remote(plan))
 
+    if graph == "inline":
+        return Echo.options(num_replicas=replicas).bind()
+    if graph == "compact":
+        return Echo.bind(whole=Whole.options(num_replicas=replicas).bind())
     return Echo.bind(Plan.bind(), Leg.options(name="LegA").bind(), Leg.options(name="LegB").bind(), Finish.bind())
 
 
@@ -242,7 +260,7 @@ def bench_store(source: Path, args: argparse.Namespace, port: int) -> dict[str, 
         clock = time.perf_counter()
         serve.run(build_app(ServeArgs(store=str(store), retriever_replicas=tuple(args.replicas), graph=args.graph)),
                   name="helix", route_prefix="/", logging_config={"enable_access_log": False, "log_level": "WARNING"})
-        serve.run(echo_app(), name="echo", route_prefix="/echo",
+        serve.run(echo_app(args.graph, args.replicas[0]), name="echo", route_prefix="/echo",
                   logging_config={"enable_access_log": False, "log_level": "WARNING"})
         result["deploy_s"] = round(time.perf_counter() - clock, 1)
         url = f"http://127.0.0.1:{port}"
@@ -309,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replicas", type=int, nargs=2, default=(1, 3), metavar=("MIN", "MAX"),
                     help="DenseANN/BM25 replicas (autoscaling min and max)")
     ap.add_argument("--num-cpus", type=int, default=2, help="logical CPUs of the local Ray")
-    ap.add_argument("--graph", choices=("split", "compact"), default="split", help="ServeArgs.graph of the Helix app")
+    ap.add_argument("--graph", choices=("split", "compact", "inline"), default="split",
+                    help="ServeArgs.graph of the Helix app (the echo app gets the same hops)")
     ap.add_argument("--port", type=int, default=0, help="HTTP port on 127.0.0.1 (0: a free one)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)

@@ -3,8 +3,9 @@ over HTTP on 127.0.0.1.
 
 The first part (no Ray) checks the shells, the delta and the keys directly. The second
 (marked ``ray``) starts one store (the four-tenant set of ``conftest.tenant_records``,
-real model, real DuckDB) and one application per module — starting Ray and Serve costs
-~30 s here — and its tests run in file order; each writes memories with its own ids.
+real model, real DuckDB) and one application per graph shape (split, inline) — starting
+Ray and Serve costs ~30 s here — and its tests run in file order against each; each
+writes memories with its own ids.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """(base URL, {user: key}, store) for the app serving a fresh tenant store."""
+@pytest.fixture(scope="module", params=["split", "inline"])
+def served(request, tmp_path_factory):
+    """(base URL, {user: key}, store) for the app serving a fresh tenant store, once per
+    graph shape: the split graph (a deployment per stage) and the inline one (the ingress
+    runs every stage); every HTTP test below runs against both."""
     import ray
     from ray import serve
 
@@ -51,7 +54,7 @@ def served(tmp_path_factory):
     started = not ray.is_initialized()
     server.start_ray(num_cpus=4)  # a new local Ray (address="local"), never someone else's cluster
     port = _free_port()
-    server.run(store, port=port, compact_interval_s=3600, watch_interval_s=0.25)
+    server.run(store, port=port, compact_interval_s=3600, watch_interval_s=0.25, graph=request.param)
     yield f"http://127.0.0.1:{port}", keys, store
     serve.shutdown()
     if started:
@@ -389,13 +392,17 @@ def test_recall_answers_like_the_in_process_pipeline(served, alice):
 
 
 @ray_test
-def test_recall_returns_order_tokens_timings_and_flags(alice):
+def test_recall_returns_order_tokens_timings_and_flags(alice, request):
     result = recall(alice, STRONG_ERROR, explain=True)
     assert result["user"] == "alice" and ids(result)[0] == STRONG_ID
     assert result["flags"]["strong_signal_skip"] is True
     assert 0 < result["total_tokens"] <= result["budget_tokens"] == 400
-    for stage in ("embed", "route", "bm25", "dense", "fuse", "rank", "pack", "total", "call_graph", "ingress"):
+    for stage in ("embed", "route", "bm25", "fuse", "rank", "pack", "total", "call_graph", "ingress"):
         assert stage in result["timings_ms"], stage
+    # The split graph runs both legs at once; the inline one, like Recaller.recall, does
+    # not start the dense leg once BM25 is decisive.
+    graph = request.node.callspec.params["served"]
+    assert ("dense" in result["timings_ms"]) == (graph == "split"), (graph, result["timings_ms"])
     assert result["explain"] and {"id", "score", "dropped_by"} <= set(result["explain"][0])
     assert all(item["origin"] == "generation" for item in result["items"])
 

@@ -97,12 +97,14 @@ class Recaller:
     diversify, pack) — and ``recall`` is exactly their composition.
     """
 
-    def __init__(self, generation, embedder, config: RetrievalConfig | None = None, token_encoder=None):
+    def __init__(self, generation, embedder, config: RetrievalConfig | None = None, token_encoder=None,
+                 threads: int | None = None):
         self.generation = generation
         self.embedder = embedder
         self.config = config or RetrievalConfig()
         self._router: scope.Router | None = None
         self._token_encoder = token_encoder
+        self._threads = threads  # onnxruntime threads of the query token encoder (None: default)
 
     @property
     def token_encoder(self):
@@ -110,7 +112,7 @@ class Recaller:
         if self._token_encoder is None:
             from helix_ray.token_encoder import get_token_encoder
 
-            self._token_encoder = get_token_encoder()
+            self._token_encoder = get_token_encoder(threads=self._threads)
         return self._token_encoder
 
     def _wants_late(self, cfg: RetrievalConfig, disabled: frozenset[str]) -> bool:

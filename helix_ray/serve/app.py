@@ -52,6 +52,7 @@ from helix_ray.serve.api import (
 from helix_ray.serve.deployments import BM25, CPUS, RETRIEVER_AUTOSCALING, DenseANN, Embedder, Pipeline, Ranker, Writer
 from helix_ray.serve.errors import Forbidden, kind_of, message_of, status_of
 from helix_ray.serve.keys import KeyStore
+from helix_ray.serve.shells import PipelineShell
 from helix_ray.serve.views import Pointer
 from helix_ray.serve.writer import settings_path
 
@@ -76,10 +77,11 @@ class ServeArgs(BaseModel):
     watch_interval_s: float = Field(0.5, ge=0.05, le=10.0, description="How often replicas look for a new generation.")
     retriever_replicas: tuple[int, int] = Field((1, 3), description="(min, max) replicas of DenseANN and BM25 "
                                                                      "(autoscaling; the Ranker's max is 2).")
-    graph: Literal["split", "compact"] = Field(
+    graph: Literal["split", "compact", "inline"] = Field(
         "split", description="'split': Embedder → BM25 ∥ DenseANN → Ranker, each its own deployment (scales each "
-                             "stage); 'compact': all of them in one Pipeline deployment, one hop per request "
-                             "(faster on a small host: docs/serve.md).")
+                             "stage); 'compact': all of them in one Pipeline deployment, one hop per request; "
+                             "'inline': the ingress replicas run every stage themselves, no hop (the fastest on "
+                             "one small host: docs/serve.md).")
 
     @model_validator(mode="after")
     def _check_replicas(self) -> "ServeArgs":
@@ -169,11 +171,15 @@ class HelixAPI:
 
     def __init__(self, embedder: Optional[DeploymentHandle], dense: Optional[DeploymentHandle],
                  bm25: Optional[DeploymentHandle], ranker: Optional[DeploymentHandle], writer: DeploymentHandle,
-                 args: dict[str, Any], pipeline: Optional[DeploymentHandle] = None):
+                 args: dict[str, Any], pipeline: Optional[DeploymentHandle] = None,
+                 ingest: Optional[IngestConfig] = None):
         self.embedder, self.dense, self.bm25, self.ranker, self.writer = embedder, dense, bm25, ranker, writer
         self.pipeline = pipeline  # the compact graph: one handle for every recall stage
         self.args = ServeArgs.model_validate(args)
         self.store = Path(self.args.store)
+        # The inline graph: this replica runs the stages itself (the compact graph's shell).
+        self.local = PipelineShell(self.store, ingest, self.args.watch_interval_s) \
+            if self.args.graph == "inline" else None
         self.keys = KeyStore(self.store) if self.args.auth else None
         self.latency = LatencyWindow()
         self._generation = Pointer(self.store / "CURRENT", _read_int)
@@ -263,7 +269,9 @@ class HelixAPI:
         request = dict(budget_tokens=body.budget_tokens, k=k, project=body.project, types=body.types,
                        since=body.since, until=body.until, explain=body.explain)
         hop = time.perf_counter()
-        if self.pipeline is not None:  # the compact graph: one hop does every stage
+        if self.local is not None:  # the inline graph: no hop
+            out = await self.local.recall(body.query, user=user, config=config, **request)
+        elif self.pipeline is not None:  # the compact graph: one hop does every stage
             out = await self.pipeline.recall.remote(body.query, user=user, config=config, **request)
         else:
             out = await self._recall_split(body.query, user, config, request)
@@ -437,11 +445,15 @@ def build_app(args: ServeArgs) -> Application:
     scaling = {**RETRIEVER_AUTOSCALING, "min_replicas": low, "initial_replicas": low, "max_replicas": high}
     writer = Writer.bind(str(store), ingest, compact_interval_s=args.compact_interval_s,
                          compact_max_pending=args.compact_max_pending, compact_runner=args.compact_runner)
+    pipelines = {**scaling, "max_replicas": min(high, 2)}  # each holds the models and every stage
     if args.graph == "compact":
-        pipeline = Pipeline.options(autoscaling_config={**scaling, "max_replicas": min(high, 2)}).bind(
-            str(store), ingest, args.watch_interval_s)
+        pipeline = Pipeline.options(autoscaling_config=pipelines).bind(str(store), ingest, args.watch_interval_s)
         return HelixAPI.options(user_config={"retrieval": args.retrieval}).bind(
             None, None, None, None, writer, args.model_dump(), pipeline)
+    if args.graph == "inline":
+        return HelixAPI.options(user_config={"retrieval": args.retrieval}, autoscaling_config=pipelines,
+                                ray_actor_options={"num_cpus": CPUS["pipeline"]}).bind(
+            None, None, None, None, writer, args.model_dump(), None, ingest)
     return HelixAPI.options(user_config={"retrieval": args.retrieval}).bind(
         Embedder.bind(ingest, str(store)),
         DenseANN.options(autoscaling_config=scaling).bind(str(store), ingest, args.watch_interval_s),

@@ -77,8 +77,8 @@ def serve_forever(store: str | Path, *, host: str = "127.0.0.1", port: int = 800
     # SIGINT ignored, so set that one explicitly too.
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    print(f"Helix is serving {Path(store).resolve()} on http://{host}:{port} "
-          f"(API keys {'required' if auth else 'OFF'}; OpenAPI at http://{host}:{port}/docs). Ctrl-C stops it.",
+    print(f"Helix is serving {Path(store).resolve()} on http://{host}:{port} ({args.get('graph', 'split')} graph; "
+          f"API keys {'required' if auth else 'OFF'}; OpenAPI at http://{host}:{port}/docs). Ctrl-C stops it.",
           flush=True)
     try:
         while True:

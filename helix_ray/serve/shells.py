@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -67,6 +68,13 @@ def _expect(ingest: IngestConfig | None) -> dict[str, Any]:
     return {"expect_embedder": (ingest or IngestConfig()).embedder.name, "expect_dim": DIM}
 
 
+def query_threads() -> int:
+    """onnxruntime threads per replica for encoding queries (``HELIX_QUERY_THREADS``,
+    default 1). A query is a few dozen tokens: more threads barely shorten it, and their
+    spinning takes the cores other replicas need (docs/serve.md)."""
+    return int(os.environ.get("HELIX_QUERY_THREADS", "1"))
+
+
 class EmbedderShell:
     """Checks, embeds and routes a request: ``Recaller.plan``. Needs no generation; given
     the store, it reads the current manifest (one ``stat`` per request) so it encodes the
@@ -76,7 +84,8 @@ class EmbedderShell:
         from helix_ray.embedder import get_embedder
         from helix_ray.serve.views import Pointer
 
-        self.recaller = Recaller(None, get_embedder((ingest or IngestConfig()).embedder))
+        threads = query_threads()
+        self.recaller = Recaller(None, get_embedder((ingest or IngestConfig()).embedder, threads), threads=threads)
         self._has_late = Pointer(Path(store) / "CURRENT", _generation_has_late) if store is not None else None
 
     @boundary
