@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--systems", default=",".join(("bm25", "dense", "rrf", "helix")),
                    help="comma-separated: bm25, dense, rrf, helix, helix-rerank (cross-encoder on), helix-no-graph, "
                         "helix-mmr, helix-session, helix-no-recency, helix-no-strong-signal, helix-no-dedup, "
-                        "helix-no-doc2query, or 'all'")
+                        "helix-no-doc2query, helix-no-context (turn vectors without their session's context), "
+                        "or 'all'")
     s.add_argument("--split", default="test", help="BEIR qrels split (test, train, dev)")
     s.add_argument("--conversations", help="LoCoMo: 'tune', 'heldout' or comma-separated sample ids (default all)")
     s.add_argument("--ks", default="5,10", help="cut-offs for Recall@k / nDCG@k / MRR@k, comma-separated; each system "

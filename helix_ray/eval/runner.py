@@ -39,6 +39,8 @@ def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config:
     """
     from pipelines.ingest import ingest
 
+    if not any(d.session_id for d in docs):  # no conversation turns: session_context cannot matter
+        ingest_config = ingest_config.model_copy(update={"session_context": 0.0})
     rows = [{
         "id": d.id, "text": d.text, "user": corpus_id, "session_id": d.session_id,
         "created_at": d.created_at or "2020-01-01T00:00:00Z", "type": "episodic" if d.session_id else "semantic",
@@ -127,10 +129,16 @@ SYSTEMS: dict[str, Ranker] = {
     "helix-rerank": helix(overrides={"rerank": {"enabled": True}}),
 }
 SYSTEMS["helix-no-doc2query"] = helix()
-#: Systems that need stores built differently: their ingest overrides.
-INGEST_VARIANTS: dict[str, dict[str, Any]] = {"helix-no-doc2query": {"doc2query": {"backend": "none"}}}
+SYSTEMS["helix-no-context"] = helix()
+#: Systems that need stores built differently: their ingest overrides. The baselines read
+#: plain vectors: a conversation turn's session context is Helix's ingest, not theirs.
+_PLAIN = {"session_context": 0.0}
+INGEST_VARIANTS: dict[str, dict[str, Any]] = {"helix-no-doc2query": {"doc2query": {"backend": "none"}},
+                                              "helix-no-context": _PLAIN, "bm25": _PLAIN, "dense": _PLAIN,
+                                              "rrf": _PLAIN}
 DEFAULT_SYSTEMS = ("bm25", "dense", "rrf", "helix", "helix-no-late", "helix-rerank", "helix-no-graph", "helix-mmr",
-                   "helix-session", "helix-no-recency", "helix-no-strong-signal", "helix-no-doc2query")
+                   "helix-session", "helix-no-recency", "helix-no-strong-signal", "helix-no-doc2query",
+                   "helix-no-context")
 
 
 @dataclasses.dataclass
