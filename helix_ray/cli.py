@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -306,12 +307,17 @@ def _serve(args: argparse.Namespace) -> int:
         os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"  # read by Serve when it starts, in every Ray process
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"helix serve: binding {args.host}: the API is reachable from other machines.", file=sys.stderr)
-    graph = args.graph
-    if graph == "auto":
-        graph = "split" if os.environ.get("RAY_ADDRESS") else "inline"
     serve_forever(args.store, host=args.host, port=args.port, auth=not args.no_auth,
-                  ingest_config=args.ingest_config, retrieval=retrieval, graph=graph)
+                  ingest_config=args.ingest_config, retrieval=retrieval, graph=serve_graph(args.graph))
     return 0
+
+
+def serve_graph(choice: str) -> str:
+    """``--graph auto``: the inline graph (no hop) on a Ray this command starts, the split
+    graph (a deployment per stage, scaled across nodes) on a cluster given by RAY_ADDRESS."""
+    if choice != "auto":
+        return choice
+    return "split" if os.environ.get("RAY_ADDRESS") else "inline"
 
 
 def _keys(args: argparse.Namespace) -> int:

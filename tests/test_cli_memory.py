@@ -108,3 +108,13 @@ def test_ha_proxy_refuses_a_cluster_it_does_not_start(tmp_path):
                           capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 2
     assert "RAY_SERVE_ENABLE_HA_PROXY=1" in done.stderr and "--ha-proxy" in done.stderr
+
+
+def test_serve_graph_auto_is_inline_alone_and_split_on_a_cluster(monkeypatch):
+    from helix_ray.cli import serve_graph
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert serve_graph("auto") == "inline"
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6390")
+    assert serve_graph("auto") == "split"
+    assert [serve_graph(g) for g in ("split", "compact", "inline")] == ["split", "compact", "inline"]
