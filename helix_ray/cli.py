@@ -117,8 +117,6 @@ def main(argv: list[str] | None = None) -> int:
         # hand-off cost, 47x slower on a busy 2-core host (docs/benchmarks.md). Serve
         # replicas get the same from Ray (OMP_NUM_THREADS=1 with fractional CPUs). Must be
         # set before numpy loads; an explicit setting wins.
-        import os
-
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": _demo,
@@ -287,8 +285,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import os
-
     from helix_ray.serve.server import serve_forever
 
     retrieval: dict[str, Any] = {}

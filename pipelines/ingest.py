@@ -6,15 +6,15 @@ Stage order (each stage is a function in :mod:`helix_ray.ingest`):
 2. validate and normalise            ┘ (bad rows → quarantine, with reason and position)
    ── barrier: MinHash-LSH dedup needs every signature of the tenant ──
 3. exact and near-duplicate removal  (driver; against the previous generation too)
-4. doc2query expansion               ┐
-5. embed (actor pool, batched):      │ Ray Data, streaming, only for memories that are
+4. doc2query expansion               ┐ Ray Data, streaming, only for memories that are
+5. embed (actor pool, batched):      │ new or changed: old ones keep their vectors
    sentence vector + token vectors   │
-6. quantize: int8 and binary         │ new or changed: old ones keep their vectors
 7. entities, token counts            ┘
    (a conversation turn's vector takes in its session's previous turn: session_context)
    ── barrier: indexes and graph need every row ──
 7b. graph edges (mentions, sessions, temporal, semantic kNN)
-8. write and publish the generation  (atomic; the previous one keeps serving on failure)
+6. quantize (int8 and binary) and    ┐ atomic; the previous generation keeps serving
+8. write and publish the generation  ┘ on failure; codes made from the final vectors
 
 ``runner="ray"`` runs stages 1–2 and 4–7 on Ray Data (a local Ray it starts, or the
 cluster named by ``RAY_ADDRESS``); ``runner="local"`` runs the same functions in this
@@ -239,7 +239,7 @@ def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
     todo = [dict(fresh[i], seq=k) for k, i in enumerate(keep_new)]
     report.embedded = len(todo)
 
-    # ---- 4–7: expand, embed, quantize, annotate (new or changed memories only)
+    # ---- 4, 5, 7: expand, embed, annotate (new or changed memories only)
     with _timed(report, "expand_embed_annotate"):
         batches = list(_transform(todo, config, runner))
     new_cols = _collect(batches, len(todo), config)
@@ -412,14 +412,15 @@ def _session_context(todo: list[dict[str, Any]], vectors: np.ndarray, old_rows: 
             return None
         return str(row["user"]), str(row["session_id"])
 
-    latest_old: dict[tuple[str, str], tuple[Any, int]] = {}  # session → (time, old row) of its last turn
+    last: dict[tuple[str, str], tuple[Any, np.ndarray]] = {}  # session → (time, vector) of its last turn
     if previous is not None and old_positions is not None:
+        latest_old: dict[tuple[str, str], tuple[Any, int]] = {}
         for i, row in enumerate(old_rows):
             k = key(row)
             if k is not None and (k not in latest_old or row["created_at"] >= latest_old[k][0]):
                 latest_old[k] = (row["created_at"], i)
-    last = {k: (t, np.asarray(previous.vectors[old_positions[i]], np.float32))  # type: ignore[index, union-attr]
-            for k, (t, i) in latest_old.items()}
+        last = {k: (t, np.asarray(previous.vectors[old_positions[i]], np.float32))
+                for k, (t, i) in latest_old.items()}
     out = np.array(vectors, dtype=np.float32, copy=True)
     for i in sorted(range(len(todo)), key=lambda i: (todo[i]["created_at"], i)):
         k = key(todo[i])

@@ -96,16 +96,6 @@ class Embed:
         return batch
 
 
-def quantize(batch: Batch) -> Batch:
-    """Stage 6: int8 (per-vector scale) and 1-bit sign codes."""
-    from helix_ray.store.generation import quantize_int8
-
-    vectors = np.asarray(batch["vector"], dtype=np.float32)
-    batch["int8"] = quantize_int8(vectors)
-    batch["binary"] = np.packbits(vectors > 0, axis=1)
-    return batch
-
-
 class Annotate:
     """Stage 7a: entities, MinHash signatures and token counts per memory."""
 
@@ -123,14 +113,16 @@ class Annotate:
 
 
 class Transform:
-    """Stages 4–7a in one callable: Expand → Embed → quantize → Annotate on each batch.
+    """Stages 4, 5 and 7a in one callable: Expand → Embed → Annotate on each batch.
 
-    The ingest pipeline runs this as one Ray Data actor stage rather than four: on a
+    The ingest pipeline runs this as one Ray Data actor stage rather than three: on a
     small host the stages cannot overlap usefully (embedding takes > 95 % of the work),
-    and every extra stage costs a hand-off of each block through the object store."""
+    and every extra stage costs a hand-off of each block through the object store.
+    Quantization (stage 6) is not here: publishing quantizes the final vectors (after
+    session context has mixed them), so codes made per batch would be stale and unread."""
 
     def __init__(self, config: IngestConfig, threads: int | None = None):
-        self.steps = [Expand(config.doc2query), Embed(config.embedder, config.late_interaction, threads), quantize,
+        self.steps = [Expand(config.doc2query), Embed(config.embedder, config.late_interaction, threads),
                       Annotate(config)]
 
     def __call__(self, batch: Batch) -> Batch:
