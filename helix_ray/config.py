@@ -97,6 +97,17 @@ class GraphBuildConfig(_Strict):
     """...unless it is mentioned at most this many times."""
 
 
+class LexicalIndexConfig(_Strict):
+    """How the BM25 index of a generation analyses text (``recall/lexical.py``'s
+    ``Analyzer``); recorded in the manifest, so queries and online writes match it."""
+
+    stemmer: Literal["english", ""] = "english"
+    """Snowball stemmer language, or "" for none."""
+    split_identifiers: bool = True
+    """Also index the words inside compound identifiers (``parse_config``,
+    ``writeBoolean``): natural-language questions about code then match it lexically."""
+
+
 class IngestConfig(_Strict):
     embedder: EmbedderConfig = EmbedderConfig()
     validation: ValidationConfig = ValidationConfig()
@@ -104,6 +115,7 @@ class IngestConfig(_Strict):
     doc2query: Doc2QueryConfig = Doc2QueryConfig()
     graph: GraphBuildConfig = GraphBuildConfig()
     late_interaction: LateInteractionConfig = LateInteractionConfig()
+    lexical: LexicalIndexConfig = LexicalIndexConfig()
     session_context: float = Field(1.0, ge=0.0, le=4.0)
     """A conversation turn (an episodic memory with a session) is retrieved with its
     session's context: its sentence vector is ``unit(v_turn + w · v_previous)``, where

@@ -41,6 +41,7 @@ from helix_ray.ingest import stages
 from helix_ray.ingest.dedup import find_duplicates
 from helix_ray.ingest.graph import build_graph, edges_table
 from helix_ray.ingest.sources import FORMATS, detect_format
+from helix_ray.recall.lexical import Analyzer
 from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import (
@@ -263,6 +264,8 @@ def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
             dense_indexes=data.extra.pop("_dense_indexes", None),
             hnsw_min_rows=config.hnsw_min_rows,
             hnsw_threads=config.hnsw_threads,
+            bm25_analyzer=Analyzer(stemmer=config.lexical.stemmer or None,
+                                   split_identifiers=config.lexical.split_identifiers),
         )
     report.generation = number
     report.published = True

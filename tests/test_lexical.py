@@ -1,4 +1,5 @@
-"""BM25 top-k selection (helix_ray.recall.lexical.top_k_rows) against a naive full sort.
+"""BM25 top-k selection (helix_ray.recall.lexical.top_k_rows) against a naive full sort,
+and the analyzer that turns text into BM25 terms.
 
 The fast path bounds the k-th best score by a strided sample; it must return exactly what
 sorting every row would, ties (by position) and zero scores included.
@@ -46,3 +47,48 @@ def test_the_sample_threshold_is_used_and_stays_exact(monkeypatch):
 def test_no_positive_score_gives_nothing():
     assert lexical.top_k_rows(np.zeros(100_000, np.float32), 10).tolist() == []
     assert lexical.top_k_rows(np.ones(10, np.float32), 0).tolist() == []
+
+
+@pytest.mark.parametrize("text, parts", [
+    ("def writeBoolean(self, n):", ["write", "Boolean"]),
+    ("raise HTTPServerError from e", ["HTTP", "Server", "Error"]),
+    ("see helix_ray/recall/lexical.py and parse_config_v2", ["helix", "ray", "parse", "config", "v", "2"]),
+    ("_private __dunder__ snake_", []),  # one word each once the underscores go
+    ("plain words, an ACRONYM and Capitalised ones", []),
+])
+def test_identifier_parts(text, parts):
+    assert lexical.identifier_parts(text) == parts
+
+
+CODE_DOCS = [
+    "def writeBoolean(self, n):\n    self.stream.write(TYPE_BOOL_TRUE if n else TYPE_BOOL_FALSE)",
+    "def read_json_file(p):\n    return decoder.decode(open(p).text)",
+    "The boolean flag in the settings page is written by the admin.",
+]
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_a_question_in_words_finds_the_identifier_only_when_split(tmp_path, split):
+    analyzer = lexical.Analyzer(split_identifiers=split)
+    lexical.build_bm25(CODE_DOCS, tmp_path / "bm25", analyzer=analyzer)
+    index = lexical.load_bm25(tmp_path / "bm25")
+    assert index.analyzer == analyzer  # the folder records how it was built
+    hits = lexical.search(index, "python read a json file", start=0, end=3, mask=None, top_k=3,
+                          strong_score=0.85, strong_gap=0.15)
+    if split:
+        assert hits.rows[0] == 1
+    else:
+        assert 1 not in hits.rows.tolist()  # "read_json_file" is one term; the query has no other
+    # The identifier itself stays a term either way: an exact name still matches.
+    exact = lexical.search(index, "writeBoolean", start=0, end=3, mask=None, top_k=3,
+                           strong_score=0.85, strong_gap=0.15)
+    assert exact.rows.tolist()[0] == 0
+
+
+def test_an_index_without_an_analyzer_record_loads_as_it_was_built(tmp_path):
+    """Indexes written before the analyzer record hold only a stemmer name: no splitting."""
+    lexical.build_bm25(CODE_DOCS, tmp_path / "bm25", analyzer=lexical.Analyzer(split_identifiers=False))
+    (tmp_path / "bm25" / lexical.ANALYZER_FILE).unlink()
+    (tmp_path / "bm25" / "helix_stemmer.txt").write_text("english")
+    assert lexical.load_bm25(tmp_path / "bm25").analyzer == lexical.Analyzer("english", split_identifiers=False)
+    assert lexical.Analyzer.from_dict({"stemmer": ""}) == lexical.Analyzer(None, split_identifiers=False)

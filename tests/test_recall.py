@@ -99,7 +99,7 @@ def test_strong_signal_is_measured_against_the_query_ceiling(tmp_path):
     """normalised = raw / Σ_t max_d score(t, d): 1.0 for the memory that holds every
     query term at its best weight, less for one holding only some of them."""
     docs = ["zqx checksum mismatch shard", "checksum failed on upload", "shard rebalancing finished"]
-    lexical.build_bm25(docs, tmp_path / "bm25", stemmer=None)
+    lexical.build_bm25(docs, tmp_path / "bm25", analyzer=lexical.Analyzer(stemmer=None))
     index = lexical.load_bm25(tmp_path / "bm25")
     exact = lexical.search(index, "zqx checksum mismatch shard", start=0, end=3, mask=None, top_k=3,
                            strong_score=0.85, strong_gap=0.15)

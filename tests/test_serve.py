@@ -325,6 +325,25 @@ def test_online_writes_carry_late_interaction_tokens_through_a_restart(shells):
     assert out["items"][0]["id"] == "alice-heron"
 
 
+def test_the_delta_analyses_text_as_its_generation_does(shells):
+    """BM25 over online writes uses the analyzer the generation's manifest records: a
+    question in words meets a compound identifier before compaction, as after it."""
+    from helix_ray.config import RetrievalConfig
+    from helix_ray.recall import lexical
+    from helix_ray.store.generation import Generation
+
+    recorded = Generation.open_current(shells["store"]).manifest["bm25"]
+    assert lexical.Analyzer.from_dict(recorded).split_identifiers
+    shells["writer"].add([{"id": "alice-ident", "text": "Call refreshVaultTokenCache() after rotating signing keys."}],
+                         "alice")
+    plan = shells["embedder"].plan("refresh the vault token cache", user="alice", config=RetrievalConfig(),
+                                   budget_tokens=400, k=8, explain=True)
+    hits = asyncio.run(shells["bm25"].search(plan))
+    out = asyncio.run(shells["ranker"].finish(plan, hits, asyncio.run(shells["dense"].search(plan))))
+    assert next(r for r in out["explain"] if r["id"] == "alice-ident")["bm25_rank"] == 1
+    assert next(i for i in out["items"] if i["id"] == "alice-ident")["origin"] == "delta"
+
+
 def test_a_swap_keeps_the_old_generation_for_requests_in_flight(shells):
     """After compaction publishes generation N+1, a request pinned to N (its legs ran
     there) is still finished on N; new requests move to N+1."""

@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 Ranker = Callable[[Any, EvalQuery, int], list[str]]
 EVAL_BUDGET = 1_000_000  # tokens: retrieval metrics judge the ranking, not the packing
+RUNNER_ONLY = {"embed_actors", "embed_actor_threads", "embed_actor_cpus"}
+"""IngestConfig fields that change how the Ray Data runner schedules work, not what a
+store holds (eval builds stores in-process): left out of a store's cache key."""
 
 
 def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config: IngestConfig,
@@ -46,8 +49,9 @@ def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config:
         "created_at": d.created_at or "2020-01-01T00:00:00Z", "type": "episodic" if d.session_id else "semantic",
         "source": "eval", "metadata": {"speaker": d.speaker} if d.speaker else {},
     } for d in docs]
+    content = ingest_config.model_dump(mode="json", exclude=RUNNER_ONLY)
     key = hashlib.sha1(json.dumps(
-        [ingest_config.model_dump(mode="json"), [(d.id, d.text, d.created_at, d.session_id) for d in docs]]
+        [content, [(d.id, d.text, d.created_at, d.session_id) for d in docs]]
         + ([[r["type"] for r in rows]] if any(r["type"] != "episodic" for r in rows) else [])
     ).encode()).hexdigest()[:12]
     store = workdir / f"{corpus_id.replace('/', '_')}-{key}"

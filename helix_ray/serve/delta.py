@@ -181,7 +181,7 @@ class DeltaSegment:
     tombstones: dict[str, Tombstone] = field(default_factory=dict)
     late_codes: list = field(default_factory=list)  # bytes or None per entry
     late_scales: list = field(default_factory=list)
-    stemmer: str | None = "english"
+    analyzer: lexical.Analyzer = field(default_factory=lexical.Analyzer)
 
     @classmethod
     def empty(cls, dim: int = 384, num_perm: int = 64) -> "DeltaSegment":
@@ -305,7 +305,7 @@ class DeltaSegment:
     def _terms(self) -> tuple[list[Counter], np.ndarray]:
         """Per entry: its tokens' counts (text + expansions, tokenised as the BM25 index
         of a generation is) and its length in tokens."""
-        tokens = _tokens(self.lexical_texts, self.stemmer)
+        tokens = self.analyzer.tokenize(self.lexical_texts, return_ids=False)
         return [Counter(t) for t in tokens], np.array([len(t) for t in tokens], dtype=np.float64)
 
     def lexical_search(self, query: str, scope: Scope, generation: int | None, base: lexical.BM25Index | None,
@@ -320,7 +320,7 @@ class DeltaSegment:
         mask = self.scope_mask(scope, generation)
         if not mask.any():
             return None
-        tokens = _tokens([query], self.stemmer)[0]
+        tokens = self.analyzer.tokenize([query], return_ids=False)[0]
         if not tokens:
             return None
         counts, lengths = self._terms
@@ -360,13 +360,6 @@ class DeltaLexical:
     rows: np.ndarray  # int64 delta row ids, best first
     scores: np.ndarray  # float32 BM25 on the generation's scale
     ceiling: float  # Σ over query tokens of the best score any memory (generation or delta) reaches
-
-
-def _tokens(texts: list[str], stemmer: str | None) -> list[list[str]]:
-    import bm25s
-
-    return bm25s.tokenize(texts, stopwords="en", stemmer=lexical._stemmer(stemmer) if stemmer else None,
-                          return_ids=False, show_progress=False)
 
 
 def _no_lexical_hits() -> lexical.LexicalHits:

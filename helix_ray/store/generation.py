@@ -38,7 +38,7 @@ import uuid
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -46,6 +46,9 @@ import pyarrow.ipc as ipc
 
 from helix_ray.errors import ManifestMismatch, StoreError
 from helix_ray.schema import GENERATION_SCHEMA
+
+if TYPE_CHECKING:
+    from helix_ray.recall.lexical import Analyzer
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +150,7 @@ def publish(
     *,
     hnsw_connectivity: int = 16,
     hnsw_expansion_add: int = 128,
-    bm25_stemmer: str = "english",
+    bm25_analyzer: "Analyzer | None" = None,
     crash_after: str | None = None,
     dense_indexes: dict[str, Any] | None = None,
     hnsw_min_rows: int = 0,
@@ -161,7 +164,9 @@ def publish(
 
     ``crash_after`` names a file after which to raise (tests inject a crash mid-publish).
     """
-    from helix_ray.recall.lexical import build_bm25
+    from helix_ray.recall.lexical import Analyzer, build_bm25
+
+    analyzer = bm25_analyzer or Analyzer()
 
     root = generations_dir(store)
     root.mkdir(parents=True, exist_ok=True)
@@ -208,7 +213,7 @@ def publish(
 
     texts = table.column("text").to_pylist()
     lexical = [t + ("\n" + "\n".join(x) if x else "") for t, x in zip(texts, data.expansions)]
-    build_bm25(lexical, tmp / "bm25", stemmer=bm25_stemmer)
+    build_bm25(lexical, tmp / "bm25", analyzer=analyzer)
     done(tmp / "bm25")
 
     (tmp / "graph").mkdir()
@@ -231,7 +236,7 @@ def publish(
             "entities": data.entities.num_rows,
             "edges": int(len(data.graph.indices) // 2),
         },
-        "bm25": {"stemmer": bm25_stemmer},
+        "bm25": analyzer.to_dict(),
         "hnsw": {"connectivity": hnsw_connectivity, "expansion_add": hnsw_expansion_add, "dtype": "i8",
                  "min_rows": hnsw_min_rows},
         "minhash": {"num_perm": int(data.minhash.shape[1]) if data.minhash.ndim == 2 else 0},
