@@ -7,7 +7,9 @@
 For each ``--store`` (served from a hard-linked copy, so the original is never written):
 
 1. **in-process**: ``Recaller.recall`` on the same generation, same queries, in this process
-   (concurrency 1: the floor the Serve graph adds hops to);
+   (concurrency 1: the floor the Serve graph adds hops to) — before Ray starts (the
+   baseline of the ratios), and again after the HTTP loops with Ray and Serve running idle
+   (their background work shares the two cores: what any process here then gets);
 2. **echo**: a Serve app with the same hops as ``--graph`` and none of the work (split:
    FastAPI ingress → ``Plan`` → two legs passed the plan's response → ``Finish``;
    compact: ingress → one deployment; inline: the ingress alone, with the same replica
@@ -233,75 +235,83 @@ def replica_memory(store: Path) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- main
 
 
-def bench_store(source: Path, args: argparse.Namespace, port: int) -> dict[str, Any]:
+def prepare(source: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """A hard-linked copy of ``source``, its queries, and in-process recall on it — run
+    before Ray starts, so the baseline is the quiet host a notebook user has."""
+    from helix_ray.store.generation import Generation
+
+    work = Path(tempfile.mkdtemp(prefix="helix-bench-serve-"))
+    store = linked_copy(source, work / "store")
+    gen = Generation.open_current(store)
+    log(f"store {source} ({gen.size:,} memories, {len(gen.partitions)} users) → {store}")
+    queries = queries_for(store, args.requests + args.warmup, args.seed)
+    result: dict[str, Any] = {"store": str(source), "memories": gen.size, "users": len(gen.partitions)}
+    log("in-process recall (concurrency 1), before Ray starts")
+    result["in_process"] = in_process(store, queries[args.warmup:], args.warmup)
+    log(f"  {result['in_process']}")
+    return {"work": work, "store": store, "queries": queries, "result": result}
+
+
+def bench_store(prepared: dict[str, Any], args: argparse.Namespace, port: int) -> dict[str, Any]:
     from ray import serve
 
     from helix_ray.serve.app import ServeArgs, build_app
     from helix_ray.serve.keys import KeyStore
-    from helix_ray.store.generation import Generation
 
-    work = Path(tempfile.mkdtemp(prefix="helix-bench-serve-"))
-    try:
-        store = linked_copy(source, work / "store")
-        gen = Generation.open_current(store)
-        size = gen.size
-        log(f"store {source} ({size:,} memories, {len(gen.partitions)} users) → {store}")
-        queries = queries_for(store, args.requests + args.warmup, args.seed)
-        result: dict[str, Any] = {"store": str(source), "memories": size, "users": len(gen.partitions)}
+    store, queries, result = prepared["store"], prepared["queries"], prepared["result"]
+    keys = {u: KeyStore(store).create(u)[0] for u in sorted({q["user"] for q in queries})}
+    bodies = [({"query": q["query"], "budget_tokens": 512}, {"Authorization": f"Bearer {keys[q['user']]}"})
+              for q in queries]
+    log("deploying helix and echo")
+    clock = time.perf_counter()
+    serve.run(build_app(ServeArgs(store=str(store), retriever_replicas=tuple(args.replicas), graph=args.graph)),
+              name="helix", route_prefix="/", logging_config={"enable_access_log": False, "log_level": "WARNING"})
+    serve.run(echo_app(args.graph, args.replicas[0]), name="echo", route_prefix="/echo",
+              logging_config={"enable_access_log": False, "log_level": "WARNING"})
+    result["deploy_s"] = round(time.perf_counter() - clock, 1)
+    url = f"http://127.0.0.1:{port}"
 
-        log("in-process recall (concurrency 1)")
-        result["in_process"] = in_process(store, queries[args.warmup:], args.warmup)
-        log(f"  {result['in_process']}")
+    async def phases() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        await http_phase(url, bodies[: args.warmup], 1, args.max_seconds)
+        await http_phase(url + "/echo", bodies[: args.warmup], 1, args.max_seconds)
+        for c in (1, args.concurrency):
+            for app, base in (("echo", url + "/echo"), ("helix", url)):
+                log(f"{app}: concurrency {c}")
+                out[f"{app}_c{c}"] = await http_phase(base, bodies[args.warmup:], c, args.max_seconds)
+                log(f"  {out[f'{app}_c{c}']}")
+        return out
 
-        keys = {u: KeyStore(store).create(u)[0] for u in sorted({q["user"] for q in queries})}
-        bodies = [({"query": q["query"], "budget_tokens": 512}, {"Authorization": f"Bearer {keys[q['user']]}"})
-                  for q in queries]
-        log("deploying helix and echo")
-        clock = time.perf_counter()
-        serve.run(build_app(ServeArgs(store=str(store), retriever_replicas=tuple(args.replicas), graph=args.graph)),
-                  name="helix", route_prefix="/", logging_config={"enable_access_log": False, "log_level": "WARNING"})
-        serve.run(echo_app(args.graph, args.replicas[0]), name="echo", route_prefix="/echo",
-                  logging_config={"enable_access_log": False, "log_level": "WARNING"})
-        result["deploy_s"] = round(time.perf_counter() - clock, 1)
-        url = f"http://127.0.0.1:{port}"
+    result["http"] = asyncio.run(phases())
+    log("in-process recall again, Ray and Serve running idle")
+    result["in_process_serve_idle"] = in_process(store, queries[args.warmup:], args.warmup)
+    log(f"  {result['in_process_serve_idle']}")
+    import httpx
 
-        async def phases() -> dict[str, Any]:
-            out: dict[str, Any] = {}
-            await http_phase(url, bodies[: args.warmup], 1, args.max_seconds)
-            await http_phase(url + "/echo", bodies[: args.warmup], 1, args.max_seconds)
-            for c in (1, args.concurrency):
-                for app, base in (("echo", url + "/echo"), ("helix", url)):
-                    log(f"{app}: concurrency {c}")
-                    out[f"{app}_c{c}"] = await http_phase(base, bodies[args.warmup:], c, args.max_seconds)
-                    log(f"  {out[f'{app}_c{c}']}")
-            return out
-
-        result["http"] = asyncio.run(phases())
-        import httpx
-
-        # Per-stage and per-hop p50/p95 as the ingress saw them (all helix phases together).
-        stats = httpx.get(url + "/v1/stats", headers=bodies[0][1], timeout=30).json()
-        result["serve_stats_latency"] = stats.get("latency_ms")
-        result["replicas"] = replica_memory(store)
-        h1, e1, ip = result["http"]["helix_c1"], result["http"]["echo_c1"], result["in_process"]
-        result["ratios"] = {
-            "helix_http_over_in_process_p50": round(h1["p50"] / ip["p50"], 2),
-            "helix_http_over_in_process_p95": round(h1["p95"] / ip["p95"], 2),
-            "helix_http_minus_echo_p50_ms": round(h1["p50"] - e1["p50"], 2),
-        }
-        serve.delete("helix")
-        serve.delete("echo")
-        return result
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    # Per-stage and per-hop p50/p95 as the ingress saw them (all helix phases together).
+    stats = httpx.get(url + "/v1/stats", headers=bodies[0][1], timeout=30).json()
+    result["serve_stats_latency"] = stats.get("latency_ms")
+    result["replicas"] = replica_memory(store)
+    h1, e1, ip = result["http"]["helix_c1"], result["http"]["echo_c1"], result["in_process"]
+    idle = result["in_process_serve_idle"]
+    result["ratios"] = {
+        "helix_http_over_in_process_p50": round(h1["p50"] / ip["p50"], 2),
+        "helix_http_over_in_process_p95": round(h1["p95"] / ip["p95"], 2),
+        "helix_http_over_in_process_serve_idle_p50": round(h1["p50"] / idle["p50"], 2),
+        "helix_http_over_in_process_serve_idle_p95": round(h1["p95"] / idle["p95"], 2),
+        "helix_http_minus_echo_p50_ms": round(h1["p50"] - e1["p50"], 2),
+    }
+    serve.delete("helix")
+    serve.delete("echo")
+    return result
 
 
 def table(results: list[dict[str, Any]], concurrency: int) -> str:
     lines = ["| memories | path | conc. | p50 ms | p95 ms | p99 ms | req/s |", "|---:|---|---:|---:|---:|---:|---:|"]
     for r in results:
-        ip = r["in_process"]
-        lines.append(f"| {r['memories']:,} | in-process Recaller.recall | 1 | {ip['p50']} | {ip['p95']} | "
-                     f"{ip['p99']} | {ip['rps']} |")
+        for label, ip in (("before Ray starts", r["in_process"]), ("Serve idle", r["in_process_serve_idle"])):
+            lines.append(f"| {r['memories']:,} | in-process Recaller.recall, {label} | 1 | {ip['p50']} | "
+                         f"{ip['p95']} | {ip['p99']} | {ip['rps']} |")
         for app in ("echo", "helix"):
             for c in (1, concurrency):
                 h = r["http"][f"{app}_c{c}"]
@@ -346,16 +356,19 @@ def main(argv: list[str] | None = None) -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
+    prepared = [prepare(Path(store), args) for store in args.store]
     log(f"starting a local Ray ({args.num_cpus} CPUs) and Serve on 127.0.0.1:{port}")
     start_ray(num_cpus=args.num_cpus)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     results = []
     try:
-        for store in args.store:
-            results.append(bench_store(Path(store), args, port))
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        for p in prepared:
+            results.append(bench_store(p, args, port))
     finally:
         serve.shutdown()
         ray.shutdown()
+        for p in prepared:
+            shutil.rmtree(p["work"], ignore_errors=True)
     print(table(results, args.concurrency))
     print(json.dumps([r["ratios"] for r in results], indent=1))
     if args.json:

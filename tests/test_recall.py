@@ -417,3 +417,24 @@ def test_adaptive_fusion_scales_the_bm25_weight_per_query(tenant_memory):
     assert "bm25_weight" not in off.flags and 0.25 <= on.flags["bm25_weight"] <= 1.0
     lex = tenant_memory.recaller.lexical_leg(tenant_memory.recaller.plan(query, user="carol", k=6))
     assert on.flags["bm25_weight"] == pytest.approx(_lexical_confidence(lex), abs=1e-4)
+
+
+@pytest.mark.parametrize("explain", [False, True])
+def test_as_dict_is_a_plain_copy_of_the_result(tenant_memory, explain):
+    """What the Serve shells send: every field as ``dataclasses.asdict`` gives it, the
+    explain table as rows, and a copy — adding to its flags leaves the result alone."""
+    import dataclasses
+
+    result = tenant_memory.recall("how do we deploy the gateway?", user="alice", explain=explain)
+    out = result.as_dict()
+    reference = {k: v for k, v in dataclasses.asdict(result).items() if k != "explain"}
+    assert {k: v for k, v in out.items() if k != "explain"} == reference
+    if explain:
+        assert out["explain"] == result.explain.to_dicts() and len(out["explain"]) >= len(result.items) > 0
+    else:
+        assert "explain" not in out
+    flags = json.dumps(result.flags, sort_keys=True)
+    out["flags"].setdefault("degraded", []).append("x")
+    out["flags"]["route"]["skip"] = "changed"
+    out["items"][0]["signals"]["cosine"] = -1.0
+    assert json.dumps(result.flags, sort_keys=True) == flags and result.items[0].signals.get("cosine") != -1.0
