@@ -27,21 +27,7 @@ def start_ray(*, num_cpus: int | None = None, quiet: bool = True) -> str:
 
     if ray.is_initialized():
         return "existing"
-    if os.environ.get("RAY_ADDRESS"):
-        return ensure_ray(quiet=quiet)
-    cpus = num_cpus or max(2, os.cpu_count() or 2)
-    root = str(Path(__file__).resolve().parents[2])
-    ray.init(
-        address="local",
-        num_cpus=cpus,
-        include_dashboard=False,
-        log_to_driver=not quiet,
-        logging_level=logging.WARNING if quiet else logging.INFO,
-        object_store_memory=int(os.environ.get("HELIX_OBJECT_STORE_BYTES", 512 * 1024 * 1024)),
-        runtime_env={"env_vars": {"PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}},
-        _node_ip_address="127.0.0.1",
-    )
-    return f"local ({cpus} CPUs)"
+    return ensure_ray(num_cpus=num_cpus, quiet=quiet, loopback=True)
 
 
 def run(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: bool = True,
