@@ -136,6 +136,14 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
                        "the server log has the details.")
 
 
+def _bearer(authorization: Optional[str]) -> Optional[str]:
+    """The token of an ``Authorization: Bearer TOKEN`` header; None for any other."""
+    if not authorization:
+        return None
+    scheme, _, value = authorization.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else None
+
+
 def _ms(since: float) -> float:
     return round((time.perf_counter() - since) * 1000.0, 3)
 
@@ -222,22 +230,14 @@ class HelixAPI:
         """The key's user, or None when the server runs without keys."""
         if self.keys is None:
             return None
-        token = None
-        if authorization:
-            scheme, _, value = authorization.partition(" ")
-            token = value.strip() if scheme.lower() == "bearer" else None
-        return self.keys.user_for(token)
+        return self.keys.user_for(_bearer(authorization))
 
     def require_admin(self, authorization: Optional[str]) -> None:
         """Settings and compaction change the server for every user: admin keys only
         (any caller when the server runs without keys, bound to 127.0.0.1)."""
         if self.keys is None:
             return
-        token = None
-        if authorization:
-            scheme, _, value = authorization.partition(" ")
-            token = value.strip() if scheme.lower() == "bearer" else None
-        record = self.keys.record_for(token)
+        record = self.keys.record_for(_bearer(authorization))
         if not record.admin:
             raise Forbidden(f"This API key (user {record.user!r}) cannot change what every user shares (live "
                             "settings, compaction). Use an admin key: `helix keys create --store DIR --user USER "
