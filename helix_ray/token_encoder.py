@@ -85,6 +85,8 @@ class PassageTokens:
         parts = [p for p in parts if len(p)]
         if not parts:
             return empty_tokens()
+        if len(parts) == 1:  # nothing to join: no copy of what may be gigabytes
+            return parts[0]
         offsets = [np.zeros(1, np.int64)]
         base = 0
         for p in parts:

@@ -244,6 +244,7 @@ def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
     with _timed(report, "expand_embed_annotate"):
         batches = list(_transform(todo, config, runner))
     new_cols = _collect(batches, len(todo), config)
+    del batches  # their token blobs are the largest thing the driver holds (~27 KB a memory)
     if config.session_context > 0:
         new_cols["vector"] = _session_context(todo, new_cols["vector"], [old_rows[i] for i in keep_old],
                                               previous, old_index[keep_old] if keep_old else None,
@@ -540,7 +541,8 @@ def _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, kee
     vectors, minhash = vectors[take], minhash[take]
     late = _late_tokens(previous, old_index[keep_old] if keep_old else np.zeros(0, np.int64), old_table, new_cols,
                         config)
-    late = late.take(take) if late is not None else None
+    if late is not None and not np.array_equal(take, np.arange(len(take))):
+        late = late.take(take)  # the unsorted block is freed here: nothing else holds it
     expansions = [expansions[i] for i in order]
     ents = [ents[i] for i in order]
     users = [users[i] for i in order]
@@ -598,4 +600,5 @@ def _late_tokens(previous, old_rows: np.ndarray, old_table: pa.Table, new_cols: 
     elif len(old_rows):
         encoder = get_token_encoder(config.late_interaction.max_tokens)
         old = from_blobs(*to_blobs(encoder.encode_passages(old_table.column("text").to_pylist())))
-    return PassageTokens.concat([p for p in (old, new_cols["late"]) if p is not None])
+    new = new_cols.pop("late")  # from here on only the assembled block holds the new tokens
+    return PassageTokens.concat([p for p in (old, new) if p is not None])

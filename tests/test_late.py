@@ -80,6 +80,10 @@ def test_passage_tokens_take_and_concat():
     assert picked.offsets.tolist() == [0, 4, 6, 6]
     np.testing.assert_array_equal(picked.tokens[:4], b.tokens)
     np.testing.assert_array_equal(picked.tokens[4:6], a.tokens[:2])
+    # One non-empty part is returned as it is (ingest joins gigabytes of new tokens to
+    # no old ones); none gives an empty block.
+    assert PassageTokens.concat([a, PassageTokens.concat([])]) is a
+    assert len(PassageTokens.concat([])) == 0 and PassageTokens.concat([]).offsets.tolist() == [0]
 
 
 def test_quantized_tokens_keep_cosines():
