@@ -144,6 +144,7 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(store), "--port", str(port),
                              "--ha-proxy"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    seen: dict[str, object] = {}
     try:
         url, deadline, healthy = f"http://127.0.0.1:{port}", time.monotonic() + 240, False
         while not healthy and time.monotonic() < deadline and proc.poll() is None:
@@ -152,15 +153,18 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        assert healthy, f"helix serve never became healthy:\n{proc.stdout.read() if proc.poll() is not None else ''}"
-        answer = httpx.post(f"{url}/v1/recall", json={"query": "how do we deploy the gateway?", "budget_tokens": 300},
-                            headers={"Authorization": f"Bearer {key}"}, timeout=30)
-        assert answer.status_code == 200, answer.text
-        items = answer.json()["items"]
-        assert items and all(i["id"].startswith("alice-") for i in items)
-        assert httpx.post(f"{url}/v1/recall", json={"query": "x", "budget_tokens": 300}, timeout=30).status_code == 401
-        assert any("haproxy" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-                   for pid in _descendants(proc.pid)), "no HAProxy process under helix serve"
+        seen["healthy"] = healthy
+        if healthy:
+            answer = httpx.post(f"{url}/v1/recall", json={"query": "how do we deploy the gateway?",
+                                                           "budget_tokens": 300},
+                                headers={"Authorization": f"Bearer {key}"}, timeout=30)
+            seen["answer"] = (answer.status_code, answer.json() if answer.status_code == 200 else answer.text)
+            seen["keyless"] = httpx.post(f"{url}/v1/recall", json={"query": "x", "budget_tokens": 300},
+                                         timeout=30).status_code
+            until = time.monotonic() + 15
+            while not seen.get("haproxy") and time.monotonic() < until:
+                seen["haproxy"] = any("haproxy" in _cmdline(pid) for pid in _descendants(proc.pid))
+                time.sleep(0.5)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -168,8 +172,21 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()
+    assert seen["healthy"], f"helix serve never became healthy:\n{out}"
+    status, body = seen["answer"]
+    assert status == 200, f"{body}\n{out}"
+    assert body["items"] and all(i["id"].startswith("alice-") for i in body["items"]), body
+    assert seen["keyless"] == 401
+    assert seen["haproxy"], f"no HAProxy process under helix serve:\n{out}"
     assert proc.returncode == 0, out
     assert "stopping Helix" in out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:  # it exited since the listing
+        return ""
 
 
 def _descendants(root: int) -> list[int]:

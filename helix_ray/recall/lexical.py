@@ -1,6 +1,8 @@
 """Stage 3b: BM25 over memory text plus doc2query expansions (bm25s).
 
-The index is built at ingest (:func:`build_bm25`) and memory-mapped at query time.
+The index is built at ingest (:func:`build_bm25`) and memory-mapped at query time; the
+:class:`Analyzer` it was built with (stemmer, identifier splitting) is recorded beside
+it and in the manifest, and every query and the online delta analyse text the same way.
 Scope filters are applied inside the retriever: scores are computed only for the
 tenant's contiguous row range and masked by the other filters before the top-k is
 taken, so a filtered-out memory can never take a slot.
