@@ -181,7 +181,7 @@ class DeltaSegment:
     tombstones: dict[str, Tombstone] = field(default_factory=dict)
     late_codes: list = field(default_factory=list)  # bytes or None per entry
     late_scales: list = field(default_factory=list)
-    analyzer: lexical.Analyzer = field(default_factory=lexical.Analyzer)
+    _terms_by: dict = field(default_factory=dict, repr=False, compare=False)  # per analyzer: see _terms
 
     @classmethod
     def empty(cls, dim: int = 384, num_perm: int = 64) -> "DeltaSegment":
@@ -301,12 +301,15 @@ class DeltaSegment:
         rows, sims = dense.rescore(self.vectors, candidates, query_vector, top_k)
         return dense.DenseHits(DELTA_BASE + self.seq[rows], sims, "delta")
 
-    @functools.cached_property
-    def _terms(self) -> tuple[list[Counter], np.ndarray]:
-        """Per entry: its tokens' counts (text + expansions, tokenised as the BM25 index
-        of a generation is) and its length in tokens."""
-        tokens = self.analyzer.tokenize(self.lexical_texts, return_ids=False)
-        return [Counter(t) for t in tokens], np.array([len(t) for t in tokens], dtype=np.float64)
+    def _terms(self, analyzer: lexical.Analyzer) -> tuple[list[Counter], np.ndarray]:
+        """Per entry: its tokens' counts (text + expansions, analysed as the generation's
+        BM25 index is) and its length in tokens; kept per analyzer, so a swap to a
+        generation built with another one re-analyses the entries."""
+        if analyzer not in self._terms_by:
+            tokens = analyzer.tokenize(self.lexical_texts, return_ids=False)
+            self._terms_by[analyzer] = ([Counter(t) for t in tokens],
+                                        np.array([len(t) for t in tokens], dtype=np.float64))
+        return self._terms_by[analyzer]
 
     def lexical_search(self, query: str, scope: Scope, generation: int | None, base: lexical.BM25Index | None,
                        *, top_k: int) -> "DeltaLexical | None":
@@ -320,10 +323,11 @@ class DeltaSegment:
         mask = self.scope_mask(scope, generation)
         if not mask.any():
             return None
-        tokens = self.analyzer.tokenize([query], return_ids=False)[0]
+        analyzer = base.analyzer if base is not None else lexical.Analyzer()
+        tokens = analyzer.tokenize([query], return_ids=False)[0]
         if not tokens:
             return None
-        counts, lengths = self._terms
+        counts, lengths = self._terms(analyzer)
         retriever = base.retriever if base is not None else None
         k1 = float(getattr(retriever, "k1", 1.5)) if retriever is not None else 1.5
         b = float(getattr(retriever, "b", 0.75)) if retriever is not None else 0.75

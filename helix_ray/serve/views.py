@@ -32,7 +32,6 @@ import pyarrow.compute as pc
 
 from helix_ray.config import RetrievalConfig
 from helix_ray.errors import StoreError
-from helix_ray.recall import lexical
 from helix_ray.recall import scope as scope_mod
 from helix_ray.recall.pipeline import Recaller
 from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, current_delta_version, delta_dir
@@ -84,10 +83,6 @@ class GenerationView:
     @functools.cached_property
     def columns(self):
         return self.generation.columns
-
-    @functools.cached_property
-    def analyzer(self) -> lexical.Analyzer:
-        return lexical.Analyzer.from_dict(self.generation.manifest.get("bm25"))
 
     def rows_of(self, ids: frozenset[str]) -> np.ndarray:
         """Sorted rows of the ids this generation holds (ids it lacks are skipped)."""
@@ -401,7 +396,6 @@ class StoreViews:
         key = (view.number, delta.version, joined)
         rec = self.recallers.get(key)
         if rec is None:
-            delta.analyzer = view.analyzer
             hidden = view.rows_of(delta.hidden_ids(view.number)) if len(delta) or delta.tombstones \
                 else np.zeros(0, np.int64)
             if joined:
