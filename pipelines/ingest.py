@@ -24,6 +24,7 @@ process, for tests and small online batches.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -55,7 +56,7 @@ from helix_ray.store.generation import (
 log = logging.getLogger(__name__)
 
 BATCH = 256  # rows per transform call (the embedder sorts within it by length)
-BLOCK = 512  # rows per Ray Data block (a multiple of BATCH; small enough to spread over the actors)
+BLOCK = 256  # rows per Ray Data block (a multiple of BATCH; blocks are the actors' unit of work)
 ACTOR_MEMORY = 1792 * 1024**2  # what one embedding actor holds (two models, arenas; 1.4 GiB at 100k): told to Ray
 
 
@@ -149,15 +150,25 @@ def ingest(
 
 def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, show_progress: bool,
             crash_after: str | None, report: IngestReport) -> None:
-    if runner == "ray":
-        from helix_ray.runtime import ensure_ray
-        import ray
+    if runner == "local":
+        _stages(items, store, db, config, runner, crash_after, report, None)
+        return
+    from helix_ray.runtime import ensure_ray
+    import ray
 
-        with _timed(report, "ray_start"):
-            ensure_ray()
-        ray.data.DataContext.get_current().enable_progress_bars = show_progress
-        ray.data.DataContext.get_current().execution_options.preserve_order = True
+    with _timed(report, "ray_start"):
+        ensure_ray()
+    ray.data.DataContext.get_current().enable_progress_bars = show_progress
+    ray.data.DataContext.get_current().execution_options.preserve_order = True
+    feed = _TransformFeed(config)
+    try:
+        _stages(items, store, db, config, runner, crash_after, report, feed)
+    finally:
+        feed.close()
 
+
+def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, crash_after: str | None,
+            report: IngestReport, feed: _TransformFeed | None) -> None:
     # ---- 1–2: read, validate, normalise (+ MinHash signatures for stage 3)
     with _timed(report, "read_validate"):
         if runner == "ray":
@@ -203,6 +214,8 @@ def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
             else:
                 report.new += 1
             fresh.append(row)
+        if feed is not None and fresh:
+            feed.start(len(fresh))  # the embedding actors start while dedup runs
         # Same text, other fields changed (a PATCH of type or salience, a re-tagged
         # record): the carried-over row takes the new fields and keeps its embedding.
         retagged = _retagged(previous, same_text)
@@ -242,7 +255,7 @@ def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
 
     # ---- 4, 5, 7: expand, embed, annotate (new or changed memories only)
     with _timed(report, "expand_embed_annotate"):
-        batches = list(_transform(todo, config, runner))
+        batches = list(_transform(todo, config, runner, feed))
     new_cols = _collect(batches, len(todo), config)
     del batches  # their token blobs are the largest thing the driver holds (~27 KB a memory)
     if config.session_context > 0:
@@ -379,29 +392,152 @@ def _has_deletions(previous: Generation | None, kept_index: np.ndarray) -> bool:
     return previous is not None and len(kept_index) != previous.size
 
 
-def _transform(todo: list[dict[str, Any]], config: IngestConfig, runner: str):
+def _transform(todo: list[dict[str, Any]], config: IngestConfig, runner: str, feed: _TransformFeed | None):
     if not todo:
         return
     if runner == "local":
         yield from _run_local_batches(todo, [stages.Transform(config)])
         return
-    import ray
-
-    table = pa.table({
+    assert feed is not None
+    yield from feed.run(pa.table({
         "seq": pa.array([r["seq"] for r in todo], pa.int64()),
         "text": [r["text"] for r in todo],
         "type": [r["type"] for r in todo],
-    })
-    # Blocks of BLOCK rows stream through the stage (one block would hold every row until
-    # the stage ends, and trip Ray Data's no-progress watchdog on big inputs). The actor
-    # sees the same BATCH-row batches as the local runner, so both runners embed identical
-    # batches and produce identical vectors.
-    blocks = [table.slice(i, BLOCK) for i in range(0, table.num_rows, BLOCK)]
-    actors, memory = _embed_actors(config, len(blocks))
-    ds = ray.data.from_arrow(blocks).map_batches(
-        stages.Transform, fn_constructor_args=(config, config.embed_actor_threads), batch_size=BATCH,
-        num_cpus=config.embed_actor_cpus, memory=memory, compute=ray.data.ActorPoolStrategy(size=actors))
-    yield from ds.iter_batches(batch_size=None, batch_format="numpy")
+    }))
+
+
+class _TransformFeed:
+    """Stages 4, 5 and 7a on Ray Data, started before their input exists.
+
+    The embedding actors take seconds to start (a new worker process, Ray Data's and
+    Helix's imports, two models), idle time on a small ingest if they start when their
+    stage begins. So :meth:`start` runs as soon as the driver knows some rows are new:
+    the actors start while the driver deduplicates (stage 3); :meth:`run` then hands the
+    stage the rows to transform, and :meth:`close` ends it, fed or not (nothing left to
+    embed, or an error). Started before read + validate instead, the actors' start-up
+    took the two cores from the read task and saved nothing (docs/benchmarks.md).
+
+    The stage reads its input from a :class:`_Mailbox`: one read task per ``BLOCK``
+    rows there could be (the new rows, counted before dedup drops any), run one at a
+    time, each waiting for the rows and returning its block, or nothing past the last.
+    So every block is exactly a ``BLOCK``-row slice, the actors see the same
+    ``BATCH``-row batches as the local runner, and both runners produce identical
+    vectors (the int8 model quantizes activations per batch). The read tasks ask Ray for
+    no CPU: the actors may hold every core.
+    """
+
+    def __init__(self, config: IngestConfig):
+        self.config = config
+        self.thread = None
+        self.mailbox = None
+        self.batches: list[dict[str, np.ndarray]] = []
+        self.error: BaseException | None = None
+
+    def start(self, max_rows: int) -> None:
+        import threading
+
+        import ray
+
+        config = self.config
+        self.mailbox = ray.remote(num_cpus=0)(_Mailbox).remote()
+        blocks = max(1, -(-max_rows // BLOCK))
+        actors, memory = _embed_actors(config)
+        ds = ray.data.read_datasource(_mailbox_source(self.mailbox, blocks), override_num_blocks=blocks,
+                                      num_cpus=0, concurrency=1) \
+            .map_batches(stages.Transform, fn_constructor_args=(config, config.embed_actor_threads),
+                         batch_size=BATCH, num_cpus=config.embed_actor_cpus, memory=memory,
+                         compute=ray.data.ActorPoolStrategy(size=actors))
+        self.thread = threading.Thread(target=self._drain, args=(ds,), name="helix-transform", daemon=True)
+        self.thread.start()
+
+    def _drain(self, ds) -> None:
+        try:
+            for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+                if len(batch.get("seq", ())):
+                    self.batches.append(batch)
+        except BaseException as exc:  # re-raised in the driver's thread by run()
+            self.error = exc
+
+    def run(self, table: pa.Table) -> list[dict[str, np.ndarray]]:
+        import ray
+
+        # The blocks go to the object store once; the mailbox holds their references.
+        order = _longest_first(table.column("text").to_pylist(), BLOCK, self.config.embedder.batch_size)
+        self._publish([ray.put(table.slice(i, BLOCK)) for i in order])
+        if self.error is not None:
+            raise self.error
+        batches, self.batches = self.batches, []
+        return batches
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self._publish([])
+
+    def _publish(self, refs: list) -> None:
+        # In a list: Ray would resolve references passed as arguments themselves.
+        self.mailbox.publish.remote([refs])
+        self.thread.join()
+        self.thread = None
+
+
+class _Mailbox:
+    """The rows of :class:`_TransformFeed`, as ``BLOCK``-row object references: read task
+    ``k`` waits for them and takes the ``k``-th (a Ray actor, asking for no CPU)."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self.ready = asyncio.Event()
+        self.refs: list = []
+
+    async def publish(self, refs: list) -> None:
+        self.refs = refs[0]
+        self.ready.set()
+
+    async def block(self, k: int) -> list:
+        await self.ready.wait()
+        return self.refs[k:k + 1]
+
+
+def _longest_first(texts: list[str], block: int, model_batch: int) -> list[int]:
+    """The offsets of ``block``-row slices of ``texts``, costliest first: the actors take
+    blocks in this order, so the last ones out are the cheapest and the actors finish
+    close together (longest-processing-time-first). Which rows make a block does not
+    change, so neither do the vectors.
+
+    The cost of a block is what the embedder pads it to: its texts sorted by length, in
+    batches of ``model_batch``, each as long as its longest text (characters stand in
+    for tokens)."""
+    def cost(i: int) -> int:
+        lengths = sorted(len(t) for t in texts[i:i + block])
+        return sum(len(lengths[j:j + model_batch]) * lengths[min(j + model_batch, len(lengths)) - 1]
+                   for j in range(0, len(lengths), model_batch))
+
+    return sorted(range(0, len(texts), block), key=lambda i: (-cost(i), i))
+
+
+def _mailbox_source(mailbox, blocks: int):
+    """A Ray Data datasource of ``blocks`` read tasks, task ``k`` returning the ``k``-th
+    block of ``mailbox`` (ray.data imported here: ``helix --help`` and the local runner
+    never need it)."""
+    from ray.data.block import BlockMetadata
+    from ray.data.datasource import Datasource, ReadTask
+
+    def read(k: int):
+        import ray
+
+        for ref in ray.get(mailbox.block.remote(k)):
+            yield ray.get(ref)
+
+    class MailboxSource(Datasource):
+        def estimate_inmemory_data_size(self) -> int | None:
+            return None
+
+        def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None):
+            meta = BlockMetadata(num_rows=None, size_bytes=None, input_files=None, exec_stats=None)
+            return [ReadTask(functools.partial(read, k), meta) for k in range(blocks)]
+
+    return MailboxSource()
 
 
 def _session_context(todo: list[dict[str, Any]], vectors: np.ndarray, old_rows: list[dict[str, Any]],
@@ -440,16 +576,16 @@ def _session_context(todo: list[dict[str, Any]], vectors: np.ndarray, old_rows: 
     return out
 
 
-def _embed_actors(config: IngestConfig, n_blocks: int) -> tuple[int, int]:
+def _embed_actors(config: IngestConfig) -> tuple[int, int]:
     """How many embedding actors, and the memory each tells Ray it holds: no more actors
-    than blocks, nor than the cluster's memory fits (one at least, asking for what is
-    there: Ray would otherwise never place it)."""
+    than the cluster's memory fits (one at least, asking for what is there: Ray would
+    otherwise never place it)."""
     import ray
 
     room = int(ray.cluster_resources().get("memory", 0))
     fits = max(1, room // ACTOR_MEMORY)
-    actors = max(1, min(config.embed_actors, n_blocks, fits))
-    if actors < config.embed_actors and actors < n_blocks:
+    actors = max(1, min(config.embed_actors, fits))
+    if actors < config.embed_actors:
         log.warning("embed_actors=%d but this Ray's memory (%.1f GiB) fits %d embedding actor(s) of %.1f GiB; "
                     "running %d", config.embed_actors, room / 1024**3, fits, ACTOR_MEMORY / 1024**3, actors)
     return actors, min(ACTOR_MEMORY, room)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
+from helix_ray.config import IngestConfig
 from helix_ray.store.generation import Generation
-from pipelines.ingest import ingest
+from pipelines.ingest import _longest_first, ingest
 from tests.helpers import SAMPLE
 
 pytestmark = pytest.mark.ray
@@ -43,8 +46,34 @@ def test_ray_runner_matches_local_runner(tmp_path, local_ray, monkeypatch):
 
 
 def test_ray_runner_incremental_embeds_only_new(tmp_path, local_ray):
+    # The embedding actors ask for every CPU of this Ray: the stage's read tasks, which
+    # wait for the rows while the actors start, must need none (or they never run).
+    config = IngestConfig(embed_actors=2, embed_actor_cpus=local_ray.cluster_resources()["CPU"] / 2)
     store = tmp_path / "store"
-    first = ingest([SAMPLE / "memories.jsonl"], store, runner="ray", show_progress=False)
-    again = ingest([SAMPLE / "memories.jsonl", SAMPLE / "transcript.jsonl"], store, runner="ray", show_progress=False)
+    reports = []
+
+    def run() -> None:
+        reports.append(ingest([SAMPLE / "memories.jsonl"], store, config=config, show_progress=False))
+        reports.append(ingest([SAMPLE / "memories.jsonl", SAMPLE / "transcript.jsonl"], store, config=config,
+                              show_progress=False))
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=600)
+    assert not worker.is_alive(), "the ingest did not finish in 10 minutes (actors starving the read tasks?)"
+    first, again = reports
     assert again.embedded == 50 and again.unchanged == first.accepted
     assert again.total_memories == first.total_memories + 50
+
+
+def test_blocks_go_to_the_actors_costliest_first():
+    texts = ["a" * n for n in (5, 5, 5, 900, 10, 10, 40, 40, 40, 3)]
+    # blocks of 3 rows, model batches of 2: [0:3] costs 2·5 + 5 = 15, [3:6] 2·10 + 900,
+    # [6:9] 2·40 + 40, [9:10] 3
+    assert _longest_first(texts, 3, 2) == [3, 6, 0, 9]
+    # blocks of 4: [0:4] 2·5 + 2·900 (the 900-char text pads its model batch), [4:8]
+    # 2·10 + 2·40, [8:10] 2·40 (sorted: 3, 40)
+    assert _longest_first(texts, 4, 2) == [0, 4, 8]
+    # reversed, model batches of 4: [0:4] 4·40, [4:8] 4·900, [8:10] 2·5
+    assert _longest_first(texts[::-1], 4, 4) == [4, 0, 8]
+    assert _longest_first([], 3, 2) == []
