@@ -3,7 +3,8 @@
     helix ingest SOURCE... --store DIR [--format auto|jsonl|parquet|markdown|transcript|locomo]
     helix recall QUERY --store DIR --user USER [--budget TOKENS] [--k N] [--explain] [--json]
     helix stats --store DIR [--json]
-    helix eval {locomo,beir,longmemeval} --data PATH [--systems LIST] [--json OUT]
+    helix eval {locomo,beir,longmemeval} --data PATH [--systems LIST] [--adapt-on SPLIT] [--json OUT]
+    helix adapt --store DIR --pairs FILE.jsonl [--ridge R] | --remove      fit the query adapter
     helix demo [--store DIR]      ingest the shipped sample set and answer a query
     helix serve --store DIR [--host 127.0.0.1] [--port 8000] [--no-auth] [--graph auto|split|compact|inline] [--ha-proxy]
     helix keys create|list|revoke --store DIR [--user USER | KEY_ID]
@@ -64,11 +65,23 @@ def _parser() -> argparse.ArgumentParser:
                         "helix-no-doc2query, helix-no-context (turn vectors without their session's context), "
                         "or 'all'")
     s.add_argument("--split", default="test", help="BEIR qrels split (test, train, dev)")
+    s.add_argument("--adapt-on", metavar="SPLIT",
+                   help="BEIR: fit a query adapter on this split's qrels (e.g. dev, train; never the split scored) "
+                        "and run every system through it")
     s.add_argument("--conversations", help="LoCoMo: 'tune', 'heldout' or comma-separated sample ids (default all)")
     s.add_argument("--ks", default="5,10", help="cut-offs for Recall@k / nDCG@k / MRR@k, comma-separated; each system "
                    "retrieves max(ks) items (BEIR's Recall@100: --ks 5,10,100)")
     s.add_argument("--workdir", default=".helix/eval-stores", help="where the per-corpus stores are built and reused")
     s.add_argument("--json", dest="json_out", help="write the results as JSON to this path")
+
+    s = sub.add_parser("adapt", help="fit the store's query adapter from labelled queries (or remove it)")
+    s.add_argument("--store", required=True)
+    s.add_argument("--pairs", help="JSONL, one labelled query a line: {\"query\": ..., \"user\": ..., "
+                                   "\"memory_ids\": [ids it should find]}")
+    s.add_argument("--ridge", type=float, help="shrinkage toward the identity (default: chosen by cross-validation)")
+    s.add_argument("--force", action="store_true", help="save it even if cross-validation shows no gain")
+    s.add_argument("--remove", action="store_true", help="delete the store's adapter (recall uses raw vectors)")
+    s.add_argument("--json", action="store_true")
 
     s = sub.add_parser("compact", help="fold online writes (the inbox and the delta) into the next generation")
     s.add_argument("--store", required=True)
@@ -119,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         # set before numpy loads; an explicit setting wins.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
-        return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": _demo,
+        return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": _demo, "adapt": _adapt,
                 "serve": _serve, "keys": _keys, "compact": _compact}[args.command](args)
     except Exception as exc:  # noqa: BLE001 - the CLI prints a sentence, not a traceback
         from helix_ray.errors import HelixError
@@ -244,11 +257,66 @@ def _eval(args: argparse.Namespace) -> int:
         ks = ()
     if not ks or ks[0] < 1:
         raise ValueError(f"Got --ks {args.ks!r}; give whole numbers ≥ 1 separated by commas, e.g. 5,10,100.")
-    report = evaluate(evalset, systems=systems, workdir=Path(args.workdir), ks=ks, depth=max(ks))
+    adapt_on = None
+    if args.adapt_on:
+        if args.dataset != "beir" or args.adapt_on == args.split:
+            raise ValueError(f"Got --adapt-on {args.adapt_on!r} with {args.dataset} --split {args.split!r}; it takes "
+                             "a BEIR qrels split other than the one scored (e.g. --split test --adapt-on dev).")
+        adapt_on = load_beir(args.data, split=args.adapt_on)
+    report = evaluate(evalset, systems=systems, workdir=Path(args.workdir), ks=ks, depth=max(ks), adapt_on=adapt_on)
+    for corpus, fitted in report.adapters.items():
+        print(f"query adapter for {corpus}: {json.dumps(fitted)}")
     print(format_table(report, metrics=("recall@5", "recall@10", "recall_any@5", "ndcg@10", "mrr@10",
                                         *[f"recall@{k}" for k in ks if k > 10])))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report.as_dict(), indent=1))
+    return 0
+
+
+def _adapt(args: argparse.Namespace) -> int:
+    from helix_ray.embedder import DIM, get_embedder
+    from helix_ray.errors import InvalidArgument
+    from helix_ray.recall import adapter
+    from helix_ray.store.generation import Generation
+
+    path = Path(args.store) / adapter.ADAPTER_FILE
+    if args.remove:
+        existed = path.exists()
+        path.unlink(missing_ok=True)
+        out = {"removed": existed, "path": str(path)}
+        print(json.dumps(out) if args.json else ("removed " if existed else "no adapter at ") + str(path))
+        return 0
+    if not args.pairs:
+        raise InvalidArgument("--pairs", None, "give a JSONL file of labelled queries, or --remove")
+    pairs = []
+    for n, line in enumerate(Path(args.pairs).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            ids = row["memory_ids"]
+            pairs.append({"query": str(row["query"]), "user": str(row["user"]),
+                          "memory_ids": [str(i) for i in (ids if isinstance(ids, list) else [ids])]})
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidArgument(f"{args.pairs} line {n}", line[:120],
+                                  'each line must be a JSON object {"query": str, "user": str, "memory_ids": '
+                                  f"[str, ...]}} ({exc})") from None
+    embedder = get_embedder()
+    generation = Generation.open_current(args.store, expect_embedder=embedder.name, expect_dim=DIM)
+    fitted, report = adapter.fit_pairs(generation, embedder, pairs, ridge=args.ridge)
+    report["saved"] = bool(report["improves"] or args.force)
+    if report["saved"]:
+        report["path"] = str(fitted.save(args.store))
+    if args.json:
+        print(json.dumps(report))
+    else:
+        cv = report["cv_mrr@10"]
+        adapted = cv[f"ridge={report['ridge']:g}"]
+        print(f"{report['pairs']} pairs ({report['skipped']} skipped: ids not in the current generation for that "
+              f"user); ridge {report['ridge']:g}; cross-validated MRR@10 raw {cv['identity']:.4f} → adapted "
+              f"{adapted:.4f}")
+        print(f"saved to {report['path']}" if report["saved"] else
+              "not saved: no gain in cross-validation (use --force to save it anyway)")
     return 0
 
 

@@ -96,7 +96,10 @@ class Memory:
             generation = None
             if current_generation_number(self.store) is not None:
                 generation = Generation.open_current(self.store, expect_embedder=embedder.name, expect_dim=DIM)
-            self._recaller = Recaller(generation, embedder, self.retrieval_config)
+            from helix_ray.recall import adapter
+
+            query_adapter = adapter.load(self.store, expect_embedder=embedder.name, expect_dim=DIM)
+            self._recaller = Recaller(generation, embedder, self.retrieval_config, adapter=query_adapter)
         return self._recaller
 
     def recall(self, query: str, *, user: str, budget_tokens: int | None = None, k: int | None = None,

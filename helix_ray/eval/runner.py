@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 from helix_ray.config import IngestConfig, RetrievalConfig, load_config
 from helix_ray.eval.datasets import EvalQuery, EvalSet
 from helix_ray.eval.metrics import evaluate_ranking, summarise
+from helix_ray.recall import adapter as adapter_mod
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,8 @@ def _dense_rows(recaller, q: EvalQuery):
     from helix_ray.recall.embed import embed_query
 
     vector = embed_query(recaller.embedder, q.text)
+    if recaller.adapter is not None:  # the baseline sees the same query vector as Helix
+        vector = recaller.adapter.apply(vector)
     return dense.search(recaller.generation, q.corpus_id, vector, mask=None, config=recaller.config.dense).rows
 
 
@@ -151,6 +154,7 @@ class EvalReport:
     systems: dict[str, dict[str, Any]]
     queries: int
     seconds: float
+    adapters: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # corpus → fit report
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -166,8 +170,14 @@ def evaluate(
     ks: tuple[int, ...] = (5, 10),
     depth: int = 10,
     show_progress: bool = True,
+    adapt_on: EvalSet | None = None,
 ) -> EvalReport:
-    """Score each system on each query of ``evalset``; ``depth`` items are retrieved."""
+    """Score each system on each query of ``evalset``; ``depth`` items are retrieved.
+
+    ``adapt_on``: labelled queries of a tuning split over the same corpora; a query
+    adapter is fitted on them per corpus (:mod:`helix_ray.recall.adapter`, λ by
+    cross-validation on those pairs alone) and every system's query vector goes through
+    it. The fits are reported in ``EvalReport.adapters``."""
     from helix_ray.embedder import get_embedder
     from helix_ray.recall.pipeline import Recaller
     from helix_ray.store.generation import Generation
@@ -182,11 +192,22 @@ def evaluate(
         by_corpus.setdefault(q.corpus_id, []).append(q)
     variants = {name: load_config(IngestConfig, overrides=INGEST_VARIANTS[name])
                 for name in chosen if name in INGEST_VARIANTS}
+    tuning: dict[str, list[EvalQuery]] = {}
+    for q in (adapt_on.queries if adapt_on is not None else ()):
+        tuning.setdefault(q.corpus_id, []).append(q)
+    adapters: dict[str, dict[str, Any]] = {}
     for n, (corpus_id, queries) in enumerate(sorted(by_corpus.items()), start=1):
         recallers = {}
         for key, cfg in [(None, ingest_config), *variants.items()]:
             store = store_for(corpus_id, evalset.corpora[corpus_id], Path(workdir), cfg)
-            recallers[key] = Recaller(Generation.open_current(store), embedder, retrieval_config or RetrievalConfig())
+            generation = Generation.open_current(store)
+            adapter = None
+            if adapt_on is not None:
+                adapter, fitted = adapter_mod.fit_pairs(generation, embedder, [
+                    {"query": t.text, "user": corpus_id, "memory_ids": sorted(t.gold)}
+                    for t in tuning.get(corpus_id, [])])
+                adapters.setdefault(corpus_id, fitted)
+            recallers[key] = Recaller(generation, embedder, retrieval_config or RetrievalConfig(), adapter=adapter)
         for name, system in chosen.items():
             recaller = recallers.get(name, recallers[None])
             for q in queries:
@@ -195,7 +216,8 @@ def evaluate(
         if show_progress:
             log.info("[%d/%d] %s: %d queries", n, len(by_corpus), corpus_id, len(queries))
     summary = {name: _flatten(summarise(r)) for name, r in rows.items()}
-    return EvalReport(evalset.name, summary, len(evalset.queries), round(time.perf_counter() - started, 1))
+    return EvalReport(evalset.name, summary, len(evalset.queries), round(time.perf_counter() - started, 1),
+                      adapters)
 
 
 def _system(name: str) -> Ranker:

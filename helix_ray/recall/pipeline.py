@@ -1,5 +1,6 @@
-"""The query path, in flow order: embed → scope/route → BM25 ∥ dense → RRF → graph
-expansion → late interaction → ranking → diversity → packing. Pure Python over a
+"""The query path, in flow order: embed → scope/route → (the store's query adapter, if
+any) → BM25 ∥ dense → RRF → graph expansion → late interaction → ranking → diversity →
+packing. Pure Python over a
 memory-mapped generation; imports no Ray (the Serve deployments call these same functions).
 """
 
@@ -112,9 +113,10 @@ class Recaller:
     """
 
     def __init__(self, generation, embedder, config: RetrievalConfig | None = None, token_encoder=None,
-                 threads: int | None = None):
+                 threads: int | None = None, adapter=None):
         self.generation = generation
         self.embedder = embedder
+        self.adapter = adapter  # a QueryAdapter (stage 1b) or None
         self.config = config or RetrievalConfig()
         self._router: scope.Router | None = None
         self._token_encoder = token_encoder
@@ -202,7 +204,7 @@ class Recaller:
         timings: dict[str, float] = {}
         flags: dict[str, Any] = {"router_skip": False, "strong_signal_skip": False, "degraded": []}
         clock = time.perf_counter()
-        encoded = query_vector is None
+        encoded = own_vector = query_vector is None
         if query_vector is None:
             query_vector = embed_query(self.embedder, query)
         query_tokens = None
@@ -219,6 +221,9 @@ class Recaller:
                               "memory_similarity": round(route.memory_similarity, 4)}
             flags["router_skip"] = route.skip
         timings["route"] = _ms(clock)
+        if own_vector and self.adapter is not None:  # after routing: the router's prototypes are raw vectors
+            query_vector = self.adapter.apply(query_vector)
+            flags["query_adapter"] = True
         weights = {name: (0.0 if name in disabled else w) for name, w in cfg.fusion.weights.items()}
         if not any(weights.values()):
             weights = {"dense": 1.0, "bm25": 0.0}

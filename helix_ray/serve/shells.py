@@ -20,6 +20,7 @@ and delta version they came from. Never texts, never the generation.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -32,6 +33,7 @@ import numpy as np
 
 from helix_ray.config import IngestConfig, RetrievalConfig
 from helix_ray.errors import StoreError
+from helix_ray.recall import adapter
 from helix_ray.recall.pipeline import Plan, Recaller
 from helix_ray.serve.errors import ReplicaError, boundary
 from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, merge_dense, merge_lexical
@@ -85,14 +87,26 @@ class EmbedderShell:
         from helix_ray.serve.views import Pointer
 
         threads = query_threads()
-        self.recaller = Recaller(None, get_embedder((ingest or IngestConfig()).embedder, threads), threads=threads)
+        embedder = get_embedder((ingest or IngestConfig()).embedder, threads)
+        self.recaller = Recaller(None, embedder, threads=threads)
         self._has_late = Pointer(Path(store) / "CURRENT", _generation_has_late) if store is not None else None
+        # The store's query adapter, read again when `helix adapt` replaces it.
+        self._adapter = Pointer(Path(store) / adapter.ADAPTER_FILE, functools.partial(
+            _read_adapter, embedder=embedder.name)) if store is not None else None
 
     @boundary
     def plan(self, query: str, *, user: str, config: RetrievalConfig, **request: Any) -> Plan:
+        if self._adapter is not None:
+            self.recaller.adapter = self._adapter.read()
         if self._has_late is not None and not self._has_late.read():
             request["disabled"] = frozenset(request.get("disabled", ())) | {"late"}
         return self.recaller.plan(query, user=user, config=config, **request)
+
+
+def _read_adapter(path: Path, *, embedder: str):
+    from helix_ray.embedder import DIM
+
+    return adapter.load(path.parent, expect_embedder=embedder, expect_dim=DIM)
 
 
 def _generation_has_late(current: Path) -> bool:

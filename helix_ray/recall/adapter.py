@@ -1,0 +1,176 @@
+"""Stage 1b (optional): a learned linear map from query vectors to memory vectors.
+
+A general-purpose encoder puts a question and the memory that answers it further apart
+when they are written differently — a web question and a Python function (CoSQA), a
+vague "where do we parse the config" and the code that does. Given a few hundred
+labelled pairs (a query and the memory it should find), :func:`fit` learns ``W`` such
+that ``unit(q W)`` lands near the memories: ridge regression of the gold memories'
+vectors on the query vectors, shrunk toward the identity (``W = I`` for ``ridge → ∞``):
+
+    W = (QᵀQ + λI)⁻¹ (QᵀD + λI)
+
+It is closed form (no training loop, milliseconds for 384 dimensions), cannot leave
+the embedding space, and costs one 384×384 product per query. ``λ`` is chosen by
+cross-validation on the pairs themselves (:func:`choose_ridge`). The store keeps it
+beside its generations (``query_adapter.npz``); recall applies it to the dense leg,
+ranking and diversity, while the skip-retrieval router keeps the raw vector (its
+prototypes live in the encoder's space). Measured: docs/quality.md, "Query adapter".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from helix_ray.errors import InvalidArgument, StoreError
+
+ADAPTER_FILE = "query_adapter.npz"
+RIDGE_GRID = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueryAdapter:
+    matrix: np.ndarray  # (dim, dim) float32
+    embedder: str
+    ridge: float
+    pairs: int
+    created_at: str = ""
+
+    def apply(self, vector: np.ndarray) -> np.ndarray:
+        """``unit(vector @ W)`` for one vector or a matrix of row vectors."""
+        out = np.asarray(vector, np.float32) @ self.matrix
+        norm = np.linalg.norm(out, axis=-1, keepdims=True)
+        return (out / np.maximum(norm, 1e-12)).astype(np.float32)
+
+    def save(self, store: str | Path) -> Path:
+        """Write ``store/query_adapter.npz`` atomically (temporary file, fsync, rename)."""
+        path = Path(store) / ADAPTER_FILE
+        tmp = path.with_name(f".{ADAPTER_FILE}.{os.getpid()}.tmp")
+        meta = {"embedder": self.embedder, "ridge": self.ridge, "pairs": self.pairs,
+                "created_at": self.created_at or dt.datetime.now(dt.timezone.utc).isoformat()}
+        with open(tmp, "wb") as fh:
+            np.savez(fh, matrix=self.matrix.astype(np.float32), meta=np.array(json.dumps(meta)))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        return path
+
+
+def load(store: str | Path, *, expect_embedder: str, expect_dim: int) -> QueryAdapter | None:
+    """The store's adapter, or None when it has none. Refuses one made for another
+    encoder or dimension (its map would be meaningless here)."""
+    path = Path(store) / ADAPTER_FILE
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path) as data:
+            matrix = np.asarray(data["matrix"], np.float32)
+            meta = json.loads(str(data["meta"]))
+    except (OSError, KeyError, ValueError) as exc:
+        raise StoreError(f"Could not read the query adapter {path}: {exc}. Fit it again with "
+                         "`helix adapt --store DIR --pairs FILE`, or delete the file.") from exc
+    if meta.get("embedder") != expect_embedder or matrix.shape != (expect_dim, expect_dim):
+        raise StoreError(
+            f"The query adapter {path} was fitted for embedder {meta.get('embedder')!r} with "
+            f"{matrix.shape[0]}-d vectors; this store's embedder is {expect_embedder!r} ({expect_dim}-d). "
+            "Fit it again with `helix adapt --store DIR --pairs FILE`, or delete the file."
+        )
+    return QueryAdapter(matrix, meta["embedder"], float(meta["ridge"]), int(meta["pairs"]), meta.get("created_at", ""))
+
+
+def fit(queries: np.ndarray, targets: np.ndarray, ridge: float) -> np.ndarray:
+    """``W`` minimising ``‖Q W − D‖² + λ‖W − I‖²`` (rows: unit query vectors ``Q`` and
+    the unit vectors ``D`` of the memories they should find)."""
+    if ridge <= 0:
+        raise InvalidArgument("ridge", ridge, "it must be > 0 (0 would fit the pairs exactly and nothing else)")
+    q = np.asarray(queries, np.float64)
+    d = np.asarray(targets, np.float64)
+    eye = np.eye(q.shape[1])
+    return np.linalg.solve(q.T @ q + ridge * eye, q.T @ d + ridge * eye).astype(np.float32)
+
+
+def reciprocal_ranks(queries: np.ndarray, gold: Sequence[Sequence[int]], pools: Sequence[np.ndarray],
+                     offsets: Sequence[int], depth: int = 10) -> np.ndarray:
+    """Reciprocal rank of each query's first gold row among its pool of memory vectors
+    (0 past ``depth``): ``pools[i]`` holds rows ``offsets[i]:`` of the generation."""
+    out = np.zeros(len(queries))
+    for i, (q, rows) in enumerate(zip(queries, gold)):
+        scores = pools[i] @ q
+        best = max(scores[r - offsets[i]] for r in rows)
+        rank = int((scores > best).sum()) + 1
+        out[i] = 1.0 / rank if rank <= depth else 0.0
+    return out
+
+
+def choose_ridge(queries: np.ndarray, targets: np.ndarray, gold: Sequence[Sequence[int]],
+                 pools: Sequence[np.ndarray], offsets: Sequence[int], *, folds: int = 5,
+                 grid: Sequence[float] = RIDGE_GRID) -> tuple[float, dict[str, float]]:
+    """The ``λ`` of ``grid`` with the best cross-validated MRR@10 (``folds`` folds of the
+    pairs: fit on the rest, score the held-out queries against their memories), and
+    every score, with ``"identity"`` the MRR@10 of the raw vectors."""
+    n = len(queries)
+    folds = max(2, min(folds, n))
+    fold_of = np.arange(n) % folds
+    scores = {"identity": float(reciprocal_ranks(queries, gold, pools, offsets).mean())}
+    for ridge in grid:
+        rr = np.zeros(n)
+        for f in range(folds):
+            train, held = fold_of != f, np.flatnonzero(fold_of == f)
+            w = fit(queries[train], targets[train], ridge)
+            mapped = queries[held] @ w
+            mapped /= np.maximum(np.linalg.norm(mapped, axis=1, keepdims=True), 1e-12)
+            rr[held] = reciprocal_ranks(mapped, [gold[i] for i in held], [pools[i] for i in held],
+                                        [offsets[i] for i in held])
+        scores[f"ridge={ridge:g}"] = float(rr.mean())
+    best = max(grid, key=lambda r: scores[f"ridge={r:g}"])
+    return best, scores
+
+
+MIN_PAIRS = 20
+
+
+def fit_pairs(generation, embedder, pairs: Sequence[dict], *, ridge: float | None = None,
+              folds: int = 5) -> tuple[QueryAdapter, dict]:
+    """Fit an adapter for ``generation`` from labelled pairs ``{"query", "user",
+    "memory_ids"}`` (the memories the query should find; ids the generation does not hold
+    are skipped and counted). ``ridge`` None: chosen by :func:`choose_ridge`. Returns the
+    adapter and a report: pairs used and skipped, λ, and the cross-validated MRR@10 of the
+    raw and the adapted query vectors (same folds)."""
+    rows = generation.columns.id_to_row
+    used, skipped = [], 0
+    for pair in pairs:
+        user = pair["user"]
+        gold = [rows[m] for m in pair["memory_ids"] if m in rows]
+        span = generation.partitions.get(user)
+        gold = [r for r in gold if span is not None and span[0] <= r < span[1]]
+        if gold:
+            used.append((pair["query"], span, gold))
+        else:
+            skipped += 1
+    if len(used) < MIN_PAIRS:
+        raise InvalidArgument(
+            "pairs", f"{len(used)} usable of {len(pairs)}",
+            f"an adapter needs at least {MIN_PAIRS} pairs whose memory ids the store's current generation "
+            "holds for that user; give more labelled queries")
+    vectors = generation.vectors
+    queries = embedder.embed_queries([q for q, _, _ in used]).astype(np.float32)
+    queries /= np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
+    targets = np.stack([np.asarray(vectors[gold], np.float32).mean(axis=0) for _, _, gold in used])
+    targets /= np.maximum(np.linalg.norm(targets, axis=1, keepdims=True), 1e-12)
+    pools_by_span = {span: np.asarray(vectors[span[0]:span[1]], np.float32) for span in {s for _, s, _ in used}}
+    pools = [pools_by_span[span] for _, span, _ in used]
+    offsets = [span[0] for _, span, _ in used]
+    gold = [g for _, _, g in used]
+    chosen, scores = choose_ridge(queries, targets, gold, pools, offsets, folds=folds,
+                                  grid=RIDGE_GRID if ridge is None else (ridge,))
+    adapter = QueryAdapter(fit(queries, targets, chosen), embedder.name, chosen, len(used))
+    report = {"pairs": len(used), "skipped": skipped, "ridge": chosen,
+              "cv_mrr@10": {k: round(v, 4) for k, v in scores.items()},
+              "improves": scores[f"ridge={chosen:g}"] > scores["identity"]}
+    return adapter, report
