@@ -1,7 +1,7 @@
 """The query path, in flow order: embed → scope/route → (the store's query adapter, if
 any) → BM25 ∥ dense → RRF → graph expansion → late interaction → ranking → diversity →
-packing. Pure Python over a
-memory-mapped generation; imports no Ray (the Serve deployments call these same functions).
+packing. Pure Python over a memory-mapped generation; imports no Ray (the Serve
+deployments call these same functions).
 """
 
 from __future__ import annotations
