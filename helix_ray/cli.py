@@ -312,11 +312,12 @@ def _adapt(args: argparse.Namespace) -> int:
     else:
         cv = report["cv_mrr@10"]
         adapted = cv[f"ridge={report['ridge']:g}"]
-        print(f"{report['pairs']} pairs ({report['skipped']} skipped: ids not in the current generation for that "
-              f"user); ridge {report['ridge']:g}; cross-validated MRR@10 raw {cv['identity']:.4f} → adapted "
-              f"{adapted:.4f}")
+        print(f"{report['queries']} distinct queries from {report['pairs']} pairs ({report['skipped_queries']} "
+              f"without a memory the current generation holds for that user; {report['skipped_ids']} ids skipped); "
+              f"ridge {report['ridge']:g}; cross-validated MRR@10 raw {cv['identity']:.4f} → adapted {adapted:.4f} "
+              f"(gain {report['cv_gain']:+.4f} ± {report['cv_gain_stderr']:.4f})")
         print(f"saved to {report['path']}" if report["saved"] else
-              "not saved: no gain in cross-validation (use --force to save it anyway)")
+              "not saved: the gain is not above twice its standard error (use --force to save it anyway)")
     return 0
 
 

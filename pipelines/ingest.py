@@ -163,8 +163,10 @@ def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
     feed = _TransformFeed(config)
     try:
         _stages(items, store, db, config, runner, crash_after, report, feed)
-    finally:
-        feed.close()
+    except BaseException:
+        feed.abort()
+        raise
+    feed.close()
 
 
 def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, crash_after: str | None,
@@ -413,8 +415,8 @@ class _TransformFeed:
     Helix's imports, two models), idle time on a small ingest if they start when their
     stage begins. So :meth:`start` runs as soon as the driver knows some rows are new:
     the actors start while the driver deduplicates (stage 3); :meth:`run` then hands the
-    stage the rows to transform, and :meth:`close` ends it, fed or not (nothing left to
-    embed, or an error). Started before read + validate instead, the actors' start-up
+    stage the rows to transform, :meth:`close` ends it unfed (dedup left nothing to
+    embed) and :meth:`abort` after an error elsewhere. Started before read + validate instead, the actors' start-up
     took the two cores from the read task and saved nothing (docs/benchmarks.md).
 
     The stage reads its input from a :class:`_Mailbox`: one read task per ``BLOCK``
@@ -441,7 +443,7 @@ class _TransformFeed:
         config = self.config
         self.mailbox = ray.remote(num_cpus=0)(_Mailbox).remote()
         blocks = max(1, -(-max_rows // BLOCK))
-        actors, memory = _embed_actors(config)
+        actors, memory = _embed_actors(config, blocks)
         ds = ray.data.read_datasource(_mailbox_source(self.mailbox, blocks), override_num_blocks=blocks,
                                       num_cpus=0, concurrency=1) \
             .map_batches(stages.Transform, fn_constructor_args=(config, config.embed_actor_threads),
@@ -470,8 +472,21 @@ class _TransformFeed:
         return batches
 
     def close(self) -> None:
+        """End the stage unfed (nothing was left to embed)."""
         if self.thread is not None:
             self._publish([])
+            if self.error is not None:
+                log.warning("the unused transform stage failed: %s", self.error)
+
+    def abort(self) -> None:
+        """End the stage after an error elsewhere, without waiting for the actors to
+        start: the mailbox goes, so every read task fails at once."""
+        if self.thread is not None:
+            import ray
+
+            ray.kill(self.mailbox, no_restart=True)
+            self.thread.join(timeout=60)
+            self.thread = None
 
     def _publish(self, refs: list) -> None:
         # In a list: Ray would resolve references passed as arguments themselves.
@@ -503,7 +518,9 @@ def _longest_first(texts: list[str], block: int, model_batch: int) -> list[int]:
     """The offsets of ``block``-row slices of ``texts``, costliest first: the actors take
     blocks in this order, so the last ones out are the cheapest and the actors finish
     close together (longest-processing-time-first). Which rows make a block does not
-    change, so neither do the vectors.
+    change, so neither do the vectors — provided a short last slice stays last: the
+    actor stage bundles blocks until it has a batch's rows, so a short block sent early
+    would be merged with the next one into other batches.
 
     The cost of a block is what the embedder pads it to: its texts sorted by length, in
     batches of ``model_batch``, each as long as its longest text (characters stand in
@@ -513,7 +530,9 @@ def _longest_first(texts: list[str], block: int, model_batch: int) -> list[int]:
         return sum(len(lengths[j:j + model_batch]) * lengths[min(j + model_batch, len(lengths)) - 1]
                    for j in range(0, len(lengths), model_batch))
 
-    return sorted(range(0, len(texts), block), key=lambda i: (-cost(i), i))
+    starts = list(range(0, len(texts), block))
+    short = [starts.pop()] if len(texts) % block else []
+    return sorted(starts, key=lambda i: (-cost(i), i)) + short
 
 
 def _mailbox_source(mailbox, blocks: int):
@@ -576,16 +595,16 @@ def _session_context(todo: list[dict[str, Any]], vectors: np.ndarray, old_rows: 
     return out
 
 
-def _embed_actors(config: IngestConfig) -> tuple[int, int]:
+def _embed_actors(config: IngestConfig, n_blocks: int) -> tuple[int, int]:
     """How many embedding actors, and the memory each tells Ray it holds: no more actors
-    than the cluster's memory fits (one at least, asking for what is there: Ray would
-    otherwise never place it)."""
+    than blocks, nor than the cluster's memory fits (one at least, asking for what is
+    there: Ray would otherwise never place it)."""
     import ray
 
     room = int(ray.cluster_resources().get("memory", 0))
     fits = max(1, room // ACTOR_MEMORY)
-    actors = max(1, min(config.embed_actors, fits))
-    if actors < config.embed_actors:
+    actors = max(1, min(config.embed_actors, n_blocks, fits))
+    if actors < config.embed_actors and actors < n_blocks:
         log.warning("embed_actors=%d but this Ray's memory (%.1f GiB) fits %d embedding actor(s) of %.1f GiB; "
                     "running %d", config.embed_actors, room / 1024**3, fits, ACTOR_MEMORY / 1024**3, actors)
     return actors, min(ACTOR_MEMORY, room)

@@ -55,11 +55,21 @@ def test_a_large_ridge_keeps_the_identity_and_zero_is_refused():
 def test_choose_ridge_scores_each_candidate_by_cross_validation():
     queries, docs = _rotated_pairs()
     gold = [[i] for i in range(len(docs))]
-    best, scores = adapter.choose_ridge(queries, docs, gold, [docs] * len(docs), [0] * len(docs), folds=3,
-                                        grid=(0.1, 1000.0))
+    best, ranks = adapter.choose_ridge(queries, docs, gold, [docs] * len(docs), [0] * len(docs), folds=3,
+                                       grid=(0.1, 1000.0))
+    scores = {k: v.mean() for k, v in ranks.items()}
     assert set(scores) == {"identity", "ridge=0.1", "ridge=1000"}
     assert best == max((0.1, 1000.0), key=lambda r: scores[f"ridge={r:g}"])
     assert scores[f"ridge={best:g}"] > scores["identity"] + 0.3
+
+
+def test_reciprocal_rank_counts_ties_against_the_gold_row():
+    pool = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], np.float32)
+    query = np.array([[1.0, 0.0]], np.float32)
+    assert adapter.reciprocal_ranks(query, [[1]], [pool], [0])[0] == 0.5  # row 0 ties row 1
+    assert adapter.reciprocal_ranks(query, [[0, 1]], [pool], [0])[0] == 1.0  # both gold
+    # pools start at the user's first row: gold row 11 is the pool's second
+    assert adapter.reciprocal_ranks(query, [[12]], [pool], [10])[0] == 1 / 3
 
 
 def test_saved_adapter_loads_back_and_refuses_another_encoder(tmp_path):
@@ -99,9 +109,15 @@ def test_helix_adapt_fits_saves_and_recall_goes_through_it(atlas_copy, capsys):
     from helix_ray.recall.embed import embed_query
 
     store, pairs = atlas_copy
+    # Every line twice, and one id the store does not hold: the same query counts once
+    # (it must not sit on both sides of a cross-validation fold), the unknown id is skipped.
+    lines = pairs.read_text().splitlines()
+    extra = json.loads(lines[0]) | {"memory_ids": ["no-such-memory"]}
+    pairs.write_text("\n".join(lines + lines + [json.dumps(extra)]) + "\n")
     assert helix(["adapt", "--store", str(store), "--pairs", str(pairs), "--force", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["pairs"] == 25 and report["skipped"] == 0 and report["saved"]
+    assert (report["queries"], report["pairs"], report["skipped_queries"], report["skipped_ids"]) == (25, 51, 0, 1)
+    assert report["saved"] and isinstance(report["improves"], bool)
     assert set(report["cv_mrr@10"]) == {"identity", *(f"ridge={r:g}" for r in adapter.RIDGE_GRID)}
     saved = adapter.load(store, expect_embedder=get_embedder().name, expect_dim=384)
     assert saved is not None and saved.pairs == 25 and saved.ridge == report["ridge"]
@@ -123,6 +139,29 @@ def test_helix_adapt_fits_saves_and_recall_goes_through_it(atlas_copy, capsys):
     np.testing.assert_allclose(plain.query_vector, raw, atol=1e-6)
 
 
+def test_helix_adapt_does_not_save_an_adapter_that_does_not_help(atlas_copy, tmp_path, capsys):
+    store, pairs = atlas_copy
+    # Labels that have nothing to do with the queries: each query "should find" the
+    # memory of another query, rotated by one. No map learns that from the others.
+    rows = [json.loads(line) for line in pairs.read_text().splitlines()]
+    shuffled = tmp_path / "shuffled.jsonl"
+    shuffled.write_text("".join(json.dumps(r | {"memory_ids": rows[(i + 1) % len(rows)]["memory_ids"]}) + "\n"
+                                for i, r in enumerate(rows)))
+    assert helix(["adapt", "--store", str(store), "--pairs", str(shuffled)]) == 0
+    out = capsys.readouterr().out
+    assert "not saved" in out and not (store / adapter.ADAPTER_FILE).exists()
+
+
+def test_eval_adapt_on_a_split_too_small_names_the_corpus(tmp_path):
+    from helix_ray.eval.datasets import load_beir
+    from helix_ray.eval.runner import evaluate
+
+    mini = REPO / "tests" / "fixtures" / "eval" / "mini_beir"
+    with pytest.raises(ValueError, match=r"corpus 'mini_beir' from mini_beir \(1 labelled queries there\).*at least 20"):
+        evaluate(load_beir(mini), systems=["dense"], workdir=tmp_path, adapt_on=load_beir(mini, split="train"),
+                 show_progress=False)
+
+
 def test_helix_adapt_explains_bad_pairs(atlas_copy, tmp_path, capsys):
     store, pairs = atlas_copy
     broken = tmp_path / "broken.jsonl"
@@ -132,7 +171,7 @@ def test_helix_adapt_explains_bad_pairs(atlas_copy, tmp_path, capsys):
     few = tmp_path / "few.jsonl"
     few.write_text("".join(pairs.read_text().splitlines(keepends=True)[:5]))
     assert helix(["adapt", "--store", str(store), "--pairs", str(few)]) == 2
-    assert "5 usable of 5" in (err := capsys.readouterr().err) and "at least 20 pairs" in err
+    assert "5 usable queries of 5 pairs" in (err := capsys.readouterr().err) and "at least 20 distinct" in err
     assert helix(["adapt", "--store", str(store)]) == 2
     assert "--pairs" in capsys.readouterr().err
     assert not (store / adapter.ADAPTER_FILE).exists()
@@ -143,16 +182,25 @@ def test_serve_embedder_picks_the_adapter_up_and_drops_it_without_a_restart(atla
     from helix_ray.embedder import get_embedder
     from helix_ray.serve.shells import EmbedderShell
 
+    from helix_ray.recall.embed import embed_query
+
     store, _ = atlas_copy
     shell = EmbedderShell(store=store)
-    config = RetrievalConfig()
+    query = "how do I rotate the API keys"
+    raw = embed_query(get_embedder(), query)
 
-    def flagged() -> bool:
-        return bool(shell.plan("how do I rotate the API keys", user="dana", config=config).flags.get("query_adapter"))
+    def plan():
+        return shell.plan(query, user="dana", config=RetrievalConfig())
 
-    assert not flagged()
+    assert "query_adapter" not in plan().flags
     dim = get_embedder().dim
-    adapter.QueryAdapter(np.eye(dim, dtype=np.float32), get_embedder().name, 1.0, 20).save(store)
-    assert flagged()
+    matrix = np.eye(dim, dtype=np.float32) + 0.05 * np.random.default_rng(0).normal(size=(dim, dim)).astype(np.float32)
+    saved = adapter.QueryAdapter(matrix, get_embedder().name, 1.0, 20)
+    saved.save(store)
+    adapted = plan()
+    assert adapted.flags.get("query_adapter")
+    np.testing.assert_allclose(adapted.query_vector, saved.apply(raw), atol=1e-5)
     (store / adapter.ADAPTER_FILE).unlink()
-    assert not flagged()
+    plain = plan()
+    assert "query_adapter" not in plain.flags
+    np.testing.assert_allclose(plain.query_vector, raw, atol=1e-6)

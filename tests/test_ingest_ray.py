@@ -46,9 +46,9 @@ def test_ray_runner_matches_local_runner(tmp_path, local_ray, monkeypatch):
 
 
 def test_ray_runner_incremental_embeds_only_new(tmp_path, local_ray):
-    # The embedding actors ask for every CPU of this Ray: the stage's read tasks, which
-    # wait for the rows while the actors start, must need none (or they never run).
-    config = IngestConfig(embed_actors=2, embed_actor_cpus=local_ray.cluster_resources()["CPU"] / 2)
+    # The embedding actor asks for every CPU of this Ray: the stage's read tasks, which
+    # wait for the rows while the actor starts, must need none (or they never run).
+    config = IngestConfig(embed_actors=1, embed_actor_cpus=local_ray.cluster_resources()["CPU"])
     store = tmp_path / "store"
     reports = []
 
@@ -76,4 +76,7 @@ def test_blocks_go_to_the_actors_costliest_first():
     assert _longest_first(texts, 4, 2) == [0, 4, 8]
     # reversed, model batches of 4: [0:4] 4·40, [4:8] 4·900, [8:10] 2·5
     assert _longest_first(texts[::-1], 4, 4) == [4, 0, 8]
+    # a short last block stays last even when it costs the most: sent early, the actor
+    # stage would bundle it with the next block into other batches (other vectors)
+    assert _longest_first(["a"] * 8 + ["a" * 500], 4, 2) == [0, 4, 8]
     assert _longest_first([], 3, 2) == []

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 from helix_ray.config import IngestConfig, RetrievalConfig, load_config
 from helix_ray.eval.datasets import EvalQuery, EvalSet
 from helix_ray.eval.metrics import evaluate_ranking, summarise
+from helix_ray.errors import InvalidArgument
 from helix_ray.recall import adapter as adapter_mod
 
 log = logging.getLogger(__name__)
@@ -177,7 +178,8 @@ def evaluate(
     ``adapt_on``: labelled queries of a tuning split over the same corpora; a query
     adapter is fitted on them per corpus (:mod:`helix_ray.recall.adapter`, λ by
     cross-validation on those pairs alone) and every system's query vector goes through
-    it. The fits are reported in ``EvalReport.adapters``."""
+    it, unless cross-validation shows no gain (then none, as ``helix adapt`` would
+    not save it). The fits are reported in ``EvalReport.adapters``, per store."""
     from helix_ray.embedder import get_embedder
     from helix_ray.recall.pipeline import Recaller
     from helix_ray.store.generation import Generation
@@ -203,10 +205,17 @@ def evaluate(
             generation = Generation.open_current(store)
             adapter = None
             if adapt_on is not None:
-                adapter, fitted = adapter_mod.fit_pairs(generation, embedder, [
-                    {"query": t.text, "user": corpus_id, "memory_ids": sorted(t.gold)}
-                    for t in tuning.get(corpus_id, [])])
-                adapters.setdefault(corpus_id, fitted)
+                labelled = tuning.get(corpus_id, [])
+                try:
+                    adapter, fitted = adapter_mod.fit_pairs(generation, embedder, [
+                        {"query": t.text, "user": corpus_id, "memory_ids": sorted(t.gold)} for t in labelled])
+                except InvalidArgument as exc:
+                    raise ValueError(f"Cannot fit a query adapter for corpus {corpus_id!r} from {adapt_on.name} "
+                                     f"({len(labelled)} labelled queries there): {exc}") from None
+                if not fitted["improves"]:  # as `helix adapt`: no gain in cross-validation, no adapter
+                    adapter = None
+                fitted["used"] = adapter is not None
+                adapters[corpus_id if key is None else f"{corpus_id} (store of {key})"] = fitted
             recallers[key] = Recaller(generation, embedder, retrieval_config or RetrievalConfig(), adapter=adapter)
         for name, system in chosen.items():
             recaller = recallers.get(name, recallers[None])
