@@ -4,7 +4,7 @@
     helix recall QUERY --store DIR --user USER [--budget TOKENS] [--k N] [--explain] [--json]
     helix stats --store DIR [--json]
     helix eval {locomo,beir,longmemeval} --data PATH [--systems LIST] [--adapt-on SPLIT] [--json OUT]
-    helix adapt --store DIR --pairs FILE.jsonl [--ridge R] | --remove      fit the query adapter
+    helix adapt --store DIR (--pairs FILE.jsonl | --from-feedback) [--ridge R] | --remove      fit the query adapter
     helix demo [--store DIR]      ingest the shipped sample set and answer a query
     helix serve --store DIR [--host 127.0.0.1] [--port 8000] [--no-auth] [--graph auto|split|compact|inline] [--ha-proxy]
     helix keys create|list|revoke --store DIR [--user USER | KEY_ID]
@@ -78,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--store", required=True)
     s.add_argument("--pairs", help="JSONL, one labelled query a line: {\"query\": ..., \"user\": ..., "
                                    "\"memory_ids\": [ids it should find]}")
+    s.add_argument("--from-feedback", action="store_true",
+                   help="use the feedback the store recorded (Memory.feedback, POST /v1/feedback) as the pairs")
     s.add_argument("--ridge", type=float, help="shrinkage toward the identity (default: chosen by cross-validation)")
     s.add_argument("--force", action="store_true", help="save it even if cross-validation shows no gain")
     s.add_argument("--remove", action="store_true", help="delete the store's adapter (recall uses raw vectors)")
@@ -286,10 +288,17 @@ def _adapt(args: argparse.Namespace) -> int:
         out = {"removed": existed, "path": str(path)}
         print(json.dumps(out) if args.json else ("removed " if existed else "no adapter at ") + str(path))
         return 0
-    if not args.pairs:
-        raise InvalidArgument("--pairs", None, "give a JSONL file of labelled queries, or --remove")
+    if bool(args.pairs) == bool(args.from_feedback):
+        raise InvalidArgument("--pairs", args.pairs, "give either a JSONL file of labelled queries (--pairs) or "
+                              "--from-feedback, or --remove")
     pairs = []
-    for n, line in enumerate(Path(args.pairs).read_text(encoding="utf-8").splitlines(), start=1):
+    if args.from_feedback:
+        from helix_ray.store.db import StoreDB
+
+        with StoreDB(Path(args.store)) as db:
+            pairs = db.feedback_pairs()
+    for n, line in enumerate(Path(args.pairs).read_text(encoding="utf-8").splitlines() if args.pairs else [],
+                             start=1):
         if not line.strip():
             continue
         try:

@@ -102,6 +102,27 @@ class Memory:
             self._recaller = Recaller(generation, embedder, self.retrieval_config, adapter=query_adapter)
         return self._recaller
 
+    def feedback(self, query: str, *, user: str, memory_ids: Sequence[str] | str) -> int:
+        """Say which recalled memories answered ``query`` for ``user``: labelled queries
+        that ``helix adapt --from-feedback`` fits the store's query adapter on. Returns
+        how many ids were recorded."""
+        from helix_ray.errors import InvalidArgument
+        from helix_ray.recall.adapter import check_feedback
+
+        query, ids = check_feedback(query, memory_ids)
+        if not isinstance(user, str) or not user:
+            raise InvalidArgument("user", user, "give the user who asked (a non-empty string)")
+        with self._db_lock:
+            owners = dict(self.db.con.execute(
+                f'SELECT id, "user" FROM memories WHERE NOT deleted AND id IN ({", ".join("?" * len(ids))})',
+                ids).fetchall())
+            foreign = [m for m in ids if owners.get(m) != user]
+            if foreign:
+                raise InvalidArgument("memory_ids", foreign[:5], f"user {user!r} has no memories with these ids; give "
+                                      "ids from this user's recall results")
+            self.db.add_feedback(user, query, ids)
+        return len(ids)
+
     def recall(self, query: str, *, user: str, budget_tokens: int | None = None, k: int | None = None,
                project: str | None = None, types: Sequence[str] | str | None = None, since: Any = None,
                until: Any = None, explain: bool = False, **options: Any):

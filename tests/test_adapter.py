@@ -139,6 +139,28 @@ def test_helix_adapt_fits_saves_and_recall_goes_through_it(atlas_copy, capsys):
     np.testing.assert_allclose(plain.query_vector, raw, atol=1e-6)
 
 
+def test_feedback_recorded_through_memory_fits_the_adapter(atlas_copy, capsys):
+    from helix_ray.memory import Memory
+
+    store, pairs = atlas_copy
+    rows = [json.loads(line) for line in pairs.read_text().splitlines()]
+    with Memory(store, record_access=False) as mem:
+        for row in rows:
+            assert mem.feedback(row["query"], user=row["user"], memory_ids=row["memory_ids"]) == len(row["memory_ids"])
+        mem.feedback(rows[0]["query"], user=rows[0]["user"], memory_ids=rows[0]["memory_ids"])  # given twice
+        with pytest.raises(InvalidArgument, match="no memories with these ids"):
+            mem.feedback("q", user="dana", memory_ids=["no-such-memory"])
+        with pytest.raises(InvalidArgument, match="non-empty list"):
+            mem.feedback("q", user="dana", memory_ids=[])
+        with pytest.raises(InvalidArgument, match="non-empty string"):
+            mem.feedback(" ", user="dana", memory_ids=rows[0]["memory_ids"])
+    assert helix(["adapt", "--store", str(store), "--from-feedback", "--force", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["queries"], report["pairs"], report["skipped_ids"]) == (25, 25, 0) and report["saved"]
+    assert helix(["adapt", "--store", str(store), "--from-feedback", "--pairs", str(pairs)]) == 2
+    assert "either" in capsys.readouterr().err
+
+
 def test_helix_adapt_does_not_save_an_adapter_that_does_not_help(atlas_copy, tmp_path, capsys):
     store, pairs = atlas_copy
     # Labels that have nothing to do with the queries: each query "should find" the

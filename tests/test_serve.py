@@ -629,6 +629,22 @@ def test_malformed_writes_and_keys_get_4xx_sentences(served, alice):
 
 
 @ray_test
+def test_feedback_is_recorded_for_the_callers_own_memories_only(alice, bob):
+    answer = ids(recall(alice, "how do we rotate database credentials"))[0]
+    given = alice.post("/v1/feedback", json={"query": "how do we rotate database credentials",
+                                              "memory_ids": [answer]})
+    assert given.status_code == 201 and given.json() == {"recorded": 1}, given.text
+    cases = [
+        (bob.post("/v1/feedback", json={"query": "q", "memory_ids": [answer]}), 404, "has no memories with those ids"),
+        (alice.post("/v1/feedback", json={"query": "q", "memory_ids": []}), 422, "memory_ids"),
+        (alice.post("/v1/feedback", json={"query": "   ", "memory_ids": [answer]}), 422, "non-empty string"),
+        (alice.post("/v1/feedback", json={"query": "q", "memory_ids": [answer], "user": "bob"}), 403, "belongs to"),
+    ]
+    for response, status, says in cases:
+        assert response.status_code == status and says in response.json()["detail"], response.text
+
+
+@ray_test
 def test_stats_report_generation_delta_and_latency(alice):
     stats = alice.get("/v1/stats").json()
     assert stats["generation"] >= 1 and stats["generation_counts"]["memories"] > 0

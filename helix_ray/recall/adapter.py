@@ -24,7 +24,7 @@ import datetime as dt
 import json
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -138,6 +138,20 @@ def choose_ridge(queries: np.ndarray, targets: np.ndarray, gold: Sequence[Sequen
 
 
 MIN_PAIRS = 20
+
+
+def check_feedback(query: Any, memory_ids: Any) -> tuple[str, list[str]]:
+    """A feedback record as given by a caller (Python or HTTP): a non-empty query and a
+    non-empty list of memory ids, the memories that answered it."""
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidArgument("query", query, "give the query text the memories answered (a non-empty string)")
+    if isinstance(memory_ids, str):
+        memory_ids = [memory_ids]
+    if (not isinstance(memory_ids, (list, tuple)) or not memory_ids
+            or not all(isinstance(m, str) and m for m in memory_ids)):
+        raise InvalidArgument("memory_ids", memory_ids,
+                              "give the ids of the recalled memories that helped (a non-empty list of strings)")
+    return query.strip(), sorted(set(memory_ids))
 
 
 def fit_pairs(generation, embedder, pairs: Sequence[dict], *, ridge: float | None = None,

@@ -121,6 +121,19 @@ class WriteResponse(BaseModel):
     generation: int | None
 
 
+class FeedbackIn(_Request):
+    """The memories of a recall that answered the query: labelled queries from which
+    ``helix adapt --from-feedback`` fits the store's query adapter."""
+
+    query: str
+    memory_ids: list[str] = Field(min_length=1)
+    user: str | None = Field(None, description="Defaults to the API key's user.")
+
+
+class FeedbackOut(BaseModel):
+    recorded: int
+
+
 class MemoryChanged(BaseModel):
     id: str
     delta_version: int

@@ -37,6 +37,8 @@ from helix_ray.config import IngestConfig, RetrievalConfig, deep_merge, load_con
 from helix_ray.errors import HelixError, InvalidArgument, StoreError
 from helix_ray.recall.scope import make_scope
 from helix_ray.serve.api import (
+    FeedbackIn,
+    FeedbackOut,
     LatencyWindow,
     MemoryBatch,
     MemoryChanged,
@@ -363,6 +365,12 @@ class HelixAPI:
                 summary="Delete a memory: never returned again, also before compaction")
     async def delete_memory(self, memory_id: str, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
         return await self.writer.delete.remote(memory_id, self.authenticate(authorization))
+
+    @api.post("/v1/feedback", status_code=201, response_model=FeedbackOut, responses=ERRORS, tags=["recall"],
+              summary="Say which recalled memories answered a query (labelled queries for the query adapter)")
+    async def feedback(self, body: FeedbackIn, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
+        user = self.user_for(authorization, body.user)
+        return await self.writer.feedback.remote(body.query, body.memory_ids, user)
 
     @api.post("/v1/admin/compact", responses=ERRORS, tags=["admin"],
               summary="Fold the delta into the next generation now (ingest pipeline)")

@@ -327,6 +327,10 @@ class WriterShell:
         return self.core.delete(memory_id, user=user)
 
     @boundary
+    def feedback(self, query: str, memory_ids: list[str], user: str | None) -> dict[str, Any]:
+        return self.core.feedback(query, memory_ids, user=user)
+
+    @boundary
     def compact(self) -> dict[str, Any]:
         return self.core.compact()
 

@@ -281,6 +281,22 @@ class WriterCore:
             self._publish()
             return {"id": memory_id, "deleted": True, "delta_version": self.version}
 
+    def feedback(self, query: Any, memory_ids: Any, *, user: str | None) -> dict[str, Any]:
+        """Record which memories answered ``query`` for ``user`` (labelled queries for
+        ``helix adapt --from-feedback``). Ids must be that user's memories."""
+        from helix_ray.recall.adapter import check_feedback
+
+        query, ids = check_feedback(query, memory_ids)
+        if user is None:
+            raise InvalidArgument("user", None, "feedback must name its user when the server runs without API keys")
+        with self._lock:
+            foreign = [m for m in ids if self.owner(m) != user]
+            if foreign:
+                raise NotFound(f"Got memory_ids {foreign[:5]} in feedback; user {user!r} has no memories with "
+                               "those ids. Give ids from this user's recall results.")
+            self.db.add_feedback(user, query, ids)
+        return {"recorded": len(ids)}
+
     def _validate(self, raw: Any, user: str | None, *, where: str) -> dict[str, Any]:
         from helix_ray.ingest.normalize import Rejected, normalise_one
 

@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS quarantine (
 );
 CREATE TABLE IF NOT EXISTS duplicates (dropped_id VARCHAR, kept_id VARCHAR, jaccard REAL, ingest_run VARCHAR);
 CREATE TABLE IF NOT EXISTS access_log (id VARCHAR, "user" VARCHAR, accessed_at TIMESTAMPTZ);
+CREATE TABLE IF NOT EXISTS feedback ("user" VARCHAR, query VARCHAR, memory_id VARCHAR, given_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS ingest_runs (
     run_id VARCHAR PRIMARY KEY, started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, sources VARCHAR,
     counts VARCHAR, generation INTEGER, status VARCHAR
@@ -172,6 +173,11 @@ class StoreDB:
         })
         self._append("access_log", table)
 
+    def add_feedback(self, user: str, query: str, memory_ids: list[str]) -> None:
+        """``user`` asked ``query`` and these memories were the ones that helped: the
+        labelled queries a query adapter learns from (``helix adapt --from-feedback``)."""
+        self.con.executemany('INSERT INTO feedback VALUES (?, ?, ?, now())', [[user, query, m] for m in memory_ids])
+
     def delete(self, ids: list[str]) -> None:
         self.con.executemany("UPDATE memories SET deleted = TRUE WHERE id = ?", [[i] for i in ids])
 
@@ -214,6 +220,13 @@ class StoreDB:
             "by_type": dict(q("SELECT type, count(*) FROM memories WHERE NOT deleted GROUP BY 1 ORDER BY 1").fetchall()),
             "by_user": dict(q('SELECT "user", count(*) FROM memories WHERE NOT deleted GROUP BY 1 ORDER BY 1').fetchall()),
         }
+
+    def feedback_pairs(self) -> list[dict[str, Any]]:
+        """Every (user, query) given feedback, with the memories named for it, oldest first."""
+        rows = self.con.execute(
+            'SELECT "user", query, list(DISTINCT memory_id ORDER BY memory_id) FROM feedback '
+            'GROUP BY "user", query ORDER BY min(given_at), "user", query').fetchall()
+        return [{"user": u, "query": q, "memory_ids": list(ids)} for u, q, ids in rows]
 
     def quarantine(self, limit: int = 100) -> list[dict[str, Any]]:
         cur = self.con.execute("SELECT source, position, reason, raw FROM quarantine ORDER BY quarantined_at LIMIT ?", [limit])
