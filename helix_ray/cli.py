@@ -79,7 +79,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--pairs", help="JSONL, one labelled query a line: {\"query\": ..., \"user\": ..., "
                                    "\"memory_ids\": [ids it should find]}")
     s.add_argument("--from-feedback", action="store_true",
-                   help="use the feedback the store recorded (Memory.feedback, POST /v1/feedback) as the pairs")
+                   help="use the feedback the store recorded (Memory.feedback, POST /v1/feedback) as the pairs; "
+                        "reads the store's database, so stop a `helix serve` on it first")
+    s.add_argument("--user", dest="users", action="append",
+                   help="with --from-feedback: only this user's feedback (repeat for several; default every user's)")
     s.add_argument("--ridge", type=float, help="shrinkage toward the identity (default: chosen by cross-validation)")
     s.add_argument("--force", action="store_true", help="save it even if cross-validation shows no gain")
     s.add_argument("--remove", action="store_true", help="delete the store's adapter (recall uses raw vectors)")
@@ -184,6 +187,8 @@ def _recall(args: argparse.Namespace) -> int:
     from helix_ray.config import RetrievalConfig, load_config
     from helix_ray.memory import Memory
 
+    if not Path(args.store).exists():  # Memory would create an empty store and find nothing in it
+        raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR`.")
     config = load_config(RetrievalConfig, args.config) if args.config else None
     with Memory(args.store, retrieval=config) as mem:
         result = mem.recall(args.query, user=args.user, budget_tokens=args.budget, k=args.k, project=args.project,
@@ -293,10 +298,14 @@ def _adapt(args: argparse.Namespace) -> int:
                               "--from-feedback, or --remove")
     pairs = []
     if args.from_feedback:
-        from helix_ray.store.db import StoreDB
+        from helix_ray.store.db import DB_FILE, StoreDB
 
-        with StoreDB(Path(args.store)) as db:
-            pairs = db.feedback_pairs()
+        if not (Path(args.store) / DB_FILE).is_file():
+            raise InvalidArgument("--store", args.store, f"it must be a Helix store (a folder with {DB_FILE})")
+        with StoreDB(Path(args.store), read_only=True) as db:
+            pairs = db.feedback_pairs(args.users)
+    elif args.users:
+        raise InvalidArgument("--user", args.users, "it filters --from-feedback; a --pairs file names its users")
     for n, line in enumerate(Path(args.pairs).read_text(encoding="utf-8").splitlines() if args.pairs else [],
                              start=1):
         if not line.strip():

@@ -429,9 +429,12 @@ class _TransformFeed:
     """
 
     def __init__(self, config: IngestConfig):
+        import threading
+
         self.config = config
         self.thread = None
         self.mailbox = None
+        self.stop = threading.Event()
         self.batches: list[dict[str, np.ndarray]] = []
         self.error: BaseException | None = None
 
@@ -455,6 +458,8 @@ class _TransformFeed:
     def _drain(self, ds) -> None:
         try:
             for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+                if self.stop.is_set():
+                    break  # aborted: leaving the iterator shuts the execution down
                 if len(batch.get("seq", ())):
                     self.batches.append(batch)
         except BaseException as exc:  # re-raised in the driver's thread by run()
@@ -484,8 +489,11 @@ class _TransformFeed:
         if self.thread is not None:
             import ray
 
+            self.stop.set()
             ray.kill(self.mailbox, no_restart=True)
             self.thread.join(timeout=60)
+            if self.thread.is_alive():
+                log.warning("the transform stage did not stop within 60 s of an ingest error; it ends with Ray")
             self.thread = None
 
     def _publish(self, refs: list) -> None:

@@ -152,6 +152,8 @@ def test_feedback_recorded_through_memory_fits_the_adapter(atlas_copy, capsys):
             mem.feedback("q", user="dana", memory_ids=["no-such-memory"])
         with pytest.raises(InvalidArgument, match="non-empty list"):
             mem.feedback("q", user="dana", memory_ids=[])
+        with pytest.raises(InvalidArgument, match="at most 100"):
+            mem.feedback("q", user="dana", memory_ids=[f"atlas-{i}" for i in range(101)])
         with pytest.raises(InvalidArgument, match="non-empty string"):
             mem.feedback(" ", user="dana", memory_ids=rows[0]["memory_ids"])
     assert helix(["adapt", "--store", str(store), "--from-feedback", "--force", "--json"]) == 0
@@ -159,6 +161,13 @@ def test_feedback_recorded_through_memory_fits_the_adapter(atlas_copy, capsys):
     assert (report["queries"], report["pairs"], report["skipped_ids"]) == (25, 25, 0) and report["saved"]
     assert helix(["adapt", "--store", str(store), "--from-feedback", "--pairs", str(pairs)]) == 2
     assert "either" in capsys.readouterr().err
+    assert helix(["adapt", "--store", str(store), "--from-feedback", "--user", "nobody"]) == 2
+    assert "0 usable queries of 0 pairs" in capsys.readouterr().err
+    assert helix(["adapt", "--store", str(store), "--pairs", str(pairs), "--user", "dana"]) == 2
+    assert "filters --from-feedback" in capsys.readouterr().err
+    assert helix(["adapt", "--store", str(store.parent / "no-store"), "--from-feedback"]) == 2
+    assert "must be a Helix store" in capsys.readouterr().err
+    assert not (store.parent / "no-store").exists()
 
 
 def test_helix_adapt_does_not_save_an_adapter_that_does_not_help(atlas_copy, tmp_path, capsys):

@@ -58,6 +58,9 @@ def test_cli_errors_are_sentences_not_tracebacks(tmp_path):
     assert bad.returncode == 2 and "budget_tokens=0" in bad.stderr
     missing = helix("stats", "--store", str(tmp_path / "nope"), check=False)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+    # a mistyped store is an error, not an empty store created on the spot
+    missing = helix("recall", "x", "--store", str(tmp_path / "nope"), "--user", "dana", check=False)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr and not (tmp_path / "nope").exists()
 
 
 def test_memory_add_is_durable_and_recallable(tmp_path):

@@ -344,6 +344,24 @@ def test_the_delta_analyses_text_as_its_generation_does(shells):
     assert next(i for i in out["items"] if i["id"] == "alice-ident")["origin"] == "delta"
 
 
+def test_writer_records_feedback_and_a_delete_takes_it_away(shells):
+    from helix_ray.errors import InvalidArgument
+    from helix_ray.serve.errors import NotFound
+
+    writer = shells["writer"]
+    assert writer.core.feedback("how do we rotate keys", ["alice-01", "alice-02"], user="alice") == {"recorded": 2}
+    assert writer.core.db.feedback_pairs() == [
+        {"user": "alice", "query": "how do we rotate keys", "memory_ids": ["alice-01", "alice-02"]}]
+    assert writer.core.db.feedback_pairs(["bob"]) == []
+    with pytest.raises(NotFound, match="no memories with those ids"):
+        writer.core.feedback("q", ["alice-01"], user="bob")  # not bob's
+    with pytest.raises(InvalidArgument, match="at most 100"):
+        writer.core.feedback("q", [f"alice-{i}" for i in range(101)], user="alice")
+    writer.core.delete("alice-01", user="alice")
+    assert writer.core.db.feedback_pairs() == [
+        {"user": "alice", "query": "how do we rotate keys", "memory_ids": ["alice-02"]}]
+
+
 def test_a_swap_keeps_the_old_generation_for_requests_in_flight(shells):
     """After compaction publishes generation N+1, a request pinned to N (its legs ran
     there) is still finished on N; new requests move to N+1."""

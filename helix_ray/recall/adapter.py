@@ -140,17 +140,26 @@ def choose_ridge(queries: np.ndarray, targets: np.ndarray, gold: Sequence[Sequen
 MIN_PAIRS = 20
 
 
+MAX_FEEDBACK_IDS = 100
+MAX_FEEDBACK_QUERY_CHARS = 4000
+
+
 def check_feedback(query: Any, memory_ids: Any) -> tuple[str, list[str]]:
     """A feedback record as given by a caller (Python or HTTP): a non-empty query and a
-    non-empty list of memory ids, the memories that answered it."""
-    if not isinstance(query, str) or not query.strip():
-        raise InvalidArgument("query", query, "give the query text the memories answered (a non-empty string)")
+    non-empty list of memory ids, the memories that answered it (bounded: a recall
+    returns tens of memories, not thousands)."""
+    if not isinstance(query, str) or not query.strip() or len(query) > MAX_FEEDBACK_QUERY_CHARS:
+        raise InvalidArgument("query", query if not isinstance(query, str) else query[:80],
+                              f"give the query text the memories answered (a non-empty string of at most "
+                              f"{MAX_FEEDBACK_QUERY_CHARS} characters)")
     if isinstance(memory_ids, str):
         memory_ids = [memory_ids]
-    if (not isinstance(memory_ids, (list, tuple)) or not memory_ids
+    if (not isinstance(memory_ids, (list, tuple)) or not memory_ids or len(memory_ids) > MAX_FEEDBACK_IDS
             or not all(isinstance(m, str) and m for m in memory_ids)):
-        raise InvalidArgument("memory_ids", memory_ids,
-                              "give the ids of the recalled memories that helped (a non-empty list of strings)")
+        raise InvalidArgument("memory_ids", memory_ids if not isinstance(memory_ids, (list, tuple))
+                              else list(memory_ids)[:5],
+                              f"give the ids of the recalled memories that helped (a non-empty list of at most "
+                              f"{MAX_FEEDBACK_IDS} strings)")
     return query.strip(), sorted(set(memory_ids))
 
 

@@ -125,8 +125,8 @@ class FeedbackIn(_Request):
     """The memories of a recall that answered the query: labelled queries from which
     ``helix adapt --from-feedback`` fits the store's query adapter."""
 
-    query: str
-    memory_ids: list[str] = Field(min_length=1)
+    query: str = Field(max_length=4000)
+    memory_ids: list[str] = Field(min_length=1, max_length=100)
     user: str | None = Field(None, description="Defaults to the API key's user.")
 
 

@@ -176,10 +176,17 @@ class StoreDB:
     def add_feedback(self, user: str, query: str, memory_ids: list[str]) -> None:
         """``user`` asked ``query`` and these memories were the ones that helped: the
         labelled queries a query adapter learns from (``helix adapt --from-feedback``)."""
-        self.con.executemany('INSERT INTO feedback VALUES (?, ?, ?, now())', [[user, query, m] for m in memory_ids])
+        self.con.begin()
+        try:
+            self.con.executemany('INSERT INTO feedback VALUES (?, ?, ?, now())', [[user, query, m] for m in memory_ids])
+            self.con.commit()
+        except BaseException:
+            self.con.rollback()
+            raise
 
     def delete(self, ids: list[str]) -> None:
         self.con.executemany("UPDATE memories SET deleted = TRUE WHERE id = ?", [[i] for i in ids])
+        self.con.executemany("DELETE FROM feedback WHERE memory_id = ?", [[i] for i in ids])
 
     def _append(self, name: str, table: pa.Table) -> None:
         if table.num_rows == 0:
@@ -221,11 +228,24 @@ class StoreDB:
             "by_user": dict(q('SELECT "user", count(*) FROM memories WHERE NOT deleted GROUP BY 1 ORDER BY 1').fetchall()),
         }
 
-    def feedback_pairs(self) -> list[dict[str, Any]]:
-        """Every (user, query) given feedback, with the memories named for it, oldest first."""
-        rows = self.con.execute(
-            'SELECT "user", query, list(DISTINCT memory_id ORDER BY memory_id) FROM feedback '
-            'GROUP BY "user", query ORDER BY min(given_at), "user", query').fetchall()
+    def feedback_pairs(self, users: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Every (user, query) given feedback — of ``users`` only, if given — with the
+        memories named for it, oldest first. A store made before feedback existed, opened
+        read-only, has none."""
+        import duckdb
+
+        where, params = "", []
+        if users is not None:
+            users = sorted(set(users))
+            if not users:
+                return []
+            where, params = f'WHERE "user" IN ({", ".join("?" * len(users))})', users
+        try:
+            rows = self.con.execute(
+                f'SELECT "user", query, list(DISTINCT memory_id ORDER BY memory_id) FROM feedback {where} '
+                'GROUP BY "user", query ORDER BY min(given_at), "user", query', params).fetchall()
+        except duckdb.CatalogException:
+            return []
         return [{"user": u, "query": q, "memory_ids": list(ids)} for u, q, ids in rows]
 
     def quarantine(self, limit: int = 100) -> list[dict[str, Any]]:
