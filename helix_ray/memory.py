@@ -150,8 +150,17 @@ class Memory:
         with self._db_lock:
             counts = self.db.counts()
         counts["generation"] = current_generation_number(self.store)
+        counts["query_adapter"] = self._adapter_summary()
         counts["store"] = str(self.store)
         return counts
+
+    def _adapter_summary(self) -> dict[str, Any] | None:
+        """The store's query adapter as `helix stats` shows it (None: recall uses raw vectors)."""
+        from helix_ray.embedder import DIM
+        from helix_ray.recall import adapter
+
+        found = adapter.load(self.store, expect_embedder=self.ingest_config.embedder.name, expect_dim=DIM)
+        return None if found is None else {"queries": found.pairs, "ridge": found.ridge, "created_at": found.created_at}
 
     def quarantine(self, limit: int = 100) -> list[dict[str, Any]]:
         with self._db_lock:

@@ -159,6 +159,9 @@ def test_feedback_recorded_through_memory_fits_the_adapter(atlas_copy, capsys):
     assert helix(["adapt", "--store", str(store), "--from-feedback", "--force", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["queries"], report["pairs"], report["skipped_ids"]) == (25, 25, 0) and report["saved"]
+    assert helix(["stats", "--store", str(store), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["feedback"] == 25 and stats["query_adapter"]["queries"] == 25
     assert helix(["adapt", "--store", str(store), "--from-feedback", "--pairs", str(pairs)]) == 2
     assert "either" in capsys.readouterr().err
     assert helix(["adapt", "--store", str(store), "--from-feedback", "--user", "nobody"]) == 2

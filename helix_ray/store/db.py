@@ -223,6 +223,7 @@ class StoreDB:
             "entities": q("SELECT count(*) FROM entities").fetchone()[0],
             "edges": q("SELECT count(*) FROM edges").fetchone()[0],
             "accesses": q("SELECT count(*) FROM access_log").fetchone()[0],
+            "feedback": q("SELECT count(DISTINCT (\"user\", query)) FROM feedback").fetchone()[0],
             "ingest_runs": q("SELECT count(*) FROM ingest_runs").fetchone()[0],
             "by_type": dict(q("SELECT type, count(*) FROM memories WHERE NOT deleted GROUP BY 1 ORDER BY 1").fetchall()),
             "by_user": dict(q('SELECT "user", count(*) FROM memories WHERE NOT deleted GROUP BY 1 ORDER BY 1').fetchall()),
