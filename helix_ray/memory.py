@@ -43,6 +43,7 @@ class Memory:
         self.db = StoreDB(self.store)
         self._db_lock = threading.Lock()
         self._recaller = None
+        self._adapter_key: tuple = ()  # the query adapter file's identity when last read
         self._overlay: dict[str, int] = {}  # id → last access (µs) since the generation was built
         self._accesses: queue.Queue = queue.Queue()
         self._closed = threading.Event()
@@ -96,11 +97,22 @@ class Memory:
             generation = None
             if current_generation_number(self.store) is not None:
                 generation = Generation.open_current(self.store, expect_embedder=embedder.name, expect_dim=DIM)
-            from helix_ray.recall import adapter
-
-            query_adapter = adapter.load(self.store, expect_embedder=embedder.name, expect_dim=DIM)
-            self._recaller = Recaller(generation, embedder, self.retrieval_config, adapter=query_adapter)
+            self._recaller = Recaller(generation, embedder, self.retrieval_config)
+            self._adapter_key = ()  # read below
+        self._refresh_adapter()
         return self._recaller
+
+    def _refresh_adapter(self) -> None:
+        """(Re)read the store's query adapter when its file changed (`helix adapt` while
+        this Memory is open): one ``stat`` per recall otherwise."""
+        from helix_ray.embedder import DIM
+        from helix_ray.recall import adapter
+
+        key = adapter.file_key(self.store)
+        if key != self._adapter_key:
+            self._recaller.adapter = adapter.load(self.store, expect_embedder=self._recaller.embedder.name,
+                                                  expect_dim=DIM)
+            self._adapter_key = key
 
     def feedback(self, query: str, *, user: str, memory_ids: Sequence[str] | str) -> int:
         """Say which recalled memories answered ``query`` for ``user``: labelled queries

@@ -131,10 +131,14 @@ def test_helix_adapt_fits_saves_and_recall_goes_through_it(atlas_copy, capsys):
     np.testing.assert_allclose(plan.query_vector, saved.apply(raw), atol=1e-5)
     assert float(plan.query_vector @ raw) < 0.9999  # the map moved it
 
-    assert helix(["adapt", "--store", str(store), "--remove"]) == 0
-    assert not (store / adapter.ADAPTER_FILE).exists()
-    with Memory(store, record_access=False) as mem:
+    with Memory(store, record_access=False) as mem:  # open while the adapter goes and comes back
+        assert mem.recall(query, user="dana").flags.get("query_adapter")
+        assert helix(["adapt", "--store", str(store), "--remove"]) == 0
+        assert not (store / adapter.ADAPTER_FILE).exists()
+        assert "query_adapter" not in mem.recall(query, user="dana").flags
         plain = mem.recaller.plan(query, user="dana")
+        saved.save(store)
+        assert mem.recall(query, user="dana").flags.get("query_adapter")
     assert "query_adapter" not in plain.flags
     np.testing.assert_allclose(plain.query_vector, raw, atol=1e-6)
 

@@ -62,6 +62,16 @@ class QueryAdapter:
         return path
 
 
+def file_key(store: str | Path) -> tuple[int, int, int] | None:
+    """The adapter file's identity (inode, mtime, size), None without one: a reader
+    compares it to know when to load the adapter again (``save`` replaces by rename)."""
+    try:
+        st = os.stat(Path(store) / ADAPTER_FILE)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
 def load(store: str | Path, *, expect_embedder: str, expect_dim: int) -> QueryAdapter | None:
     """The store's adapter, or None when it has none. Refuses one made for another
     encoder or dimension (its map would be meaningless here)."""
