@@ -66,8 +66,9 @@ def _parser() -> argparse.ArgumentParser:
                         "or 'all'")
     s.add_argument("--split", default="test", help="BEIR qrels split (test, train, dev)")
     s.add_argument("--adapt-on", metavar="SPLIT",
-                   help="BEIR: fit a query adapter on this split's qrels (e.g. dev, train; never the split scored) "
-                        "and run every system through it")
+                   help="fit a query adapter on labelled queries never scored and run every system through it: "
+                        "BEIR, a qrels split (dev, train); LoCoMo, 'tune' or comma-separated conversations (one "
+                        "adapter across them)")
     s.add_argument("--conversations", help="LoCoMo: 'tune', 'heldout' or comma-separated sample ids (default all)")
     s.add_argument("--ks", default="5,10", help="cut-offs for Recall@k / nDCG@k / MRR@k, comma-separated; each system "
                    "retrieves max(ks) items (BEIR's Recall@100: --ks 5,10,100)")
@@ -265,10 +266,18 @@ def _eval(args: argparse.Namespace) -> int:
     if not ks or ks[0] < 1:
         raise ValueError(f"Got --ks {args.ks!r}; give whole numbers ≥ 1 separated by commas, e.g. 5,10,100.")
     adapt_on = None
-    if args.adapt_on:
+    if args.adapt_on and args.dataset == "locomo":
+        tune = {"tune": LOCOMO_TUNE}.get(args.adapt_on) or tuple(c.strip() for c in args.adapt_on.split(","))
+        overlap = sorted({q.corpus_id for q in evalset.queries} & set(tune))
+        if overlap:
+            raise ValueError(f"Got --adapt-on {args.adapt_on!r}, which shares conversations {overlap} with the ones "
+                             "scored; fit on other conversations (e.g. --conversations heldout --adapt-on tune).")
+        adapt_on = load_locomo(args.data, conversations=tune)
+    elif args.adapt_on:
         if args.dataset != "beir" or args.adapt_on == args.split:
             raise ValueError(f"Got --adapt-on {args.adapt_on!r} with {args.dataset} --split {args.split!r}; it takes "
-                             "a BEIR qrels split other than the one scored (e.g. --split test --adapt-on dev).")
+                             "a BEIR qrels split other than the one scored (e.g. --split test --adapt-on dev), or "
+                             "LoCoMo conversations other than the ones scored (--adapt-on tune).")
         adapt_on = load_beir(args.data, split=args.adapt_on)
     report = evaluate(evalset, systems=systems, workdir=Path(args.workdir), ks=ks, depth=max(ks), adapt_on=adapt_on)
     for corpus, fitted in report.adapters.items():

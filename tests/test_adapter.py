@@ -63,6 +63,17 @@ def test_choose_ridge_scores_each_candidate_by_cross_validation():
     assert scores[f"ridge={best:g}"] > scores["identity"] + 0.3
 
 
+def test_choose_ridge_can_leave_one_group_out():
+    queries, docs = _rotated_pairs(n=90)
+    gold = [[i] for i in range(len(docs))]
+    groups = [i // 30 for i in range(90)]  # three "stores"
+    _, by_group = adapter.choose_ridge(queries, docs, gold, [docs] * 90, [0] * 90, grid=(1.0,), groups=groups)
+    _, by_fold = adapter.choose_ridge(queries, docs, gold, [docs] * 90, [0] * 90, grid=(1.0,), folds=3)
+    # same number of folds, other partitions: fitted on 60 queries either way, but not the same 60
+    assert not np.array_equal(by_group["ridge=1"], by_fold["ridge=1"])
+    assert by_group["ridge=1"].mean() > by_group["identity"].mean()
+
+
 def test_reciprocal_rank_counts_ties_against_the_gold_row():
     pool = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], np.float32)
     query = np.array([[1.0, 0.0]], np.float32)

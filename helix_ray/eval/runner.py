@@ -175,11 +175,13 @@ def evaluate(
 ) -> EvalReport:
     """Score each system on each query of ``evalset``; ``depth`` items are retrieved.
 
-    ``adapt_on``: labelled queries of a tuning split over the same corpora; a query
-    adapter is fitted on them per corpus (:mod:`helix_ray.recall.adapter`, λ by
-    cross-validation on those pairs alone) and every system's query vector goes through
-    it, unless cross-validation shows no gain (then none, as ``helix adapt`` would
-    not save it). The fits are reported in ``EvalReport.adapters``, per store."""
+    ``adapt_on``: labelled queries of a tuning split. Over the same corpora (BEIR's
+    dev or train qrels), a query adapter is fitted per corpus; over other corpora
+    (LoCoMo's tuning conversations), one adapter is fitted across them and used for
+    every scored corpus (:mod:`helix_ray.recall.adapter`, λ by cross-validation on the
+    tuning queries alone). Every system's query vector goes through it, unless
+    cross-validation shows no gain (then none, as ``helix adapt`` would not save it).
+    The fits are reported in ``EvalReport.adapters``, per store variant."""
     from helix_ray.embedder import get_embedder
     from helix_ray.recall.pipeline import Recaller
     from helix_ray.store.generation import Generation
@@ -197,25 +199,48 @@ def evaluate(
     tuning: dict[str, list[EvalQuery]] = {}
     for q in (adapt_on.queries if adapt_on is not None else ()):
         tuning.setdefault(q.corpus_id, []).append(q)
+    # Tuning queries over the scored corpora: one adapter per corpus. Over other corpora
+    # (LoCoMo's tuning conversations): one adapter fitted across them, used everywhere.
+    pooled = adapt_on is not None and not set(tuning) & set(by_corpus)
     adapters: dict[str, dict[str, Any]] = {}
+    shared: dict[str | None, Any] = {}
+
+    def fit(key: str | None, cfg: IngestConfig, corpus_id: str | None, generation=None):
+        """The adapter a store variant uses (None: none, or no gain in cross-validation,
+        as `helix adapt` would not save it), fitted on ``corpus_id``'s tuning queries or,
+        pooled, on every tuning corpus's."""
+        if pooled:
+            corpora = sorted(tuning)
+            parts = [(Generation.open_current(store_for(c, adapt_on.corpora[c], Path(workdir), cfg)),
+                      [{"query": t.text, "user": c, "memory_ids": sorted(t.gold)} for t in tuning[c]])
+                     for c in corpora]
+            where = f"{len(corpora)} corpora of {adapt_on.name}"
+        else:
+            parts = [(generation, [{"query": t.text, "user": corpus_id, "memory_ids": sorted(t.gold)}
+                                   for t in tuning.get(corpus_id, [])])]
+            where = f"corpus {corpus_id!r} from {adapt_on.name}"
+        try:
+            adapter, fitted = adapter_mod.fit_pairs_across(parts, embedder)
+        except InvalidArgument as exc:
+            raise ValueError(f"Cannot fit a query adapter for {where} "
+                             f"({sum(len(p) for _, p in parts)} labelled queries there): {exc}") from None
+        fitted["used"] = bool(fitted["improves"])
+        label = ("all" if pooled else corpus_id) + ("" if key is None else f" (store of {key})")
+        adapters[label] = fitted
+        return adapter if fitted["used"] else None
+
     for n, (corpus_id, queries) in enumerate(sorted(by_corpus.items()), start=1):
         recallers = {}
         for key, cfg in [(None, ingest_config), *variants.items()]:
             store = store_for(corpus_id, evalset.corpora[corpus_id], Path(workdir), cfg)
             generation = Generation.open_current(store)
             adapter = None
-            if adapt_on is not None:
-                labelled = tuning.get(corpus_id, [])
-                try:
-                    adapter, fitted = adapter_mod.fit_pairs(generation, embedder, [
-                        {"query": t.text, "user": corpus_id, "memory_ids": sorted(t.gold)} for t in labelled])
-                except InvalidArgument as exc:
-                    raise ValueError(f"Cannot fit a query adapter for corpus {corpus_id!r} from {adapt_on.name} "
-                                     f"({len(labelled)} labelled queries there): {exc}") from None
-                if not fitted["improves"]:  # as `helix adapt`: no gain in cross-validation, no adapter
-                    adapter = None
-                fitted["used"] = adapter is not None
-                adapters[corpus_id if key is None else f"{corpus_id} (store of {key})"] = fitted
+            if adapt_on is not None and pooled:
+                if key not in shared:
+                    shared[key] = fit(key, cfg, None)
+                adapter = shared[key]
+            elif adapt_on is not None:
+                adapter = fit(key, cfg, corpus_id, generation)
             recallers[key] = Recaller(generation, embedder, retrieval_config or RetrievalConfig(), adapter=adapter)
         for name, system in chosen.items():
             recaller = recallers.get(name, recallers[None])

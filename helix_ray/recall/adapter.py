@@ -124,14 +124,20 @@ def reciprocal_ranks(queries: np.ndarray, gold: Sequence[Sequence[int]], pools: 
 
 def choose_ridge(queries: np.ndarray, targets: np.ndarray, gold: Sequence[Sequence[int]],
                  pools: Sequence[np.ndarray], offsets: Sequence[int], *, folds: int = 5,
-                 grid: Sequence[float] = RIDGE_GRID) -> tuple[float, dict[str, np.ndarray]]:
+                 grid: Sequence[float] = RIDGE_GRID,
+                 groups: Sequence[int] | None = None) -> tuple[float, dict[str, np.ndarray]]:
     """The ``λ`` of ``grid`` with the best cross-validated MRR@10 (``folds`` folds of the
     queries — distinct queries: merge repeated ones first —, fit on the others, score
     each held-out query against its memories), and each query's reciprocal rank per
-    setting, ``"identity"`` being the raw vectors."""
+    setting, ``"identity"`` being the raw vectors. ``groups``: one fold per group
+    instead (leave-one-store-out: does the map carry to a store it never saw?)."""
     n = len(queries)
-    folds = max(2, min(folds, n))
-    fold_of = np.arange(n) % folds
+    if groups is not None:
+        fold_of = np.unique(np.asarray(groups), return_inverse=True)[1]
+        folds = int(fold_of.max()) + 1
+    else:
+        folds = max(2, min(folds, n))
+        fold_of = np.arange(n) % folds
     ranks = {"identity": reciprocal_ranks(queries, gold, pools, offsets)}
     for ridge in grid:
         rr = np.zeros(n)
@@ -185,41 +191,56 @@ def fit_pairs(generation, embedder, pairs: Sequence[dict], *, ridge: float | Non
     cross-validated MRR@10 of the raw and adapted vectors (same folds), and ``improves``:
     whether the adapted MRR@10 beats the raw one by more than twice the standard error
     of the per-query differences (a margin for having picked the best of several λ)."""
-    rows = generation.columns.id_to_row
-    grouped: dict[tuple[str, str], list[str]] = {}
-    for pair in pairs:
-        grouped.setdefault((str(pair["user"]), str(pair["query"])), []).extend(pair["memory_ids"])
-    used, skipped_pairs, skipped_ids = [], 0, 0
-    for (user, query), ids in grouped.items():
-        span = generation.partitions.get(user)
-        gold = sorted({rows[m] for m in ids if m in rows and span is not None and span[0] <= rows[m] < span[1]})
-        skipped_ids += len(set(ids)) - len(gold)
-        if gold:
-            used.append((query, span, gold))
-        else:
-            skipped_pairs += 1
+    return fit_pairs_across([(generation, pairs)], embedder, ridge=ridge, folds=folds)
+
+
+def fit_pairs_across(parts: Sequence[tuple[Any, Sequence[dict]]], embedder, *, ridge: float | None = None,
+                     folds: int = 5) -> tuple[QueryAdapter, dict]:
+    """:func:`fit_pairs` over several generations built with the same encoder, each
+    with its own labelled pairs (one map for a kind of query across stores, e.g.
+    questions about conversations); each query is scored against its own store, and
+    cross-validation leaves one store out at a time."""
+    used, n_pairs, skipped_pairs, skipped_ids = [], 0, 0, 0
+    part_of: list[int] = []
+    for part, (generation, pairs) in enumerate(parts):
+        n_pairs += len(pairs)
+        rows = generation.columns.id_to_row
+        grouped: dict[tuple[str, str], list[str]] = {}
+        for pair in pairs:
+            grouped.setdefault((str(pair["user"]), str(pair["query"])), []).extend(pair["memory_ids"])
+        for (user, query), ids in grouped.items():
+            span = generation.partitions.get(user)
+            gold = sorted({rows[m] for m in ids if m in rows and span is not None and span[0] <= rows[m] < span[1]})
+            skipped_ids += len(set(ids)) - len(gold)
+            if gold:
+                used.append((generation, query, span, gold))
+                part_of.append(part)
+            else:
+                skipped_pairs += 1
     if len(used) < MIN_PAIRS:
         raise InvalidArgument(
-            "pairs", f"{len(used)} usable queries of {len(pairs)} pairs",
+            "pairs", f"{len(used)} usable queries of {n_pairs} pairs",
             f"an adapter needs at least {MIN_PAIRS} distinct queries whose memory ids the store's current "
             "generation holds for that user; give more labelled queries")
-    vectors = generation.vectors
     # One query per call, as recall embeds it (the int8 model's activations are
     # quantized per batch: a batch of queries would give slightly other vectors).
-    queries = np.stack([embedder.embed_queries([q])[0] for q, _, _ in used]).astype(np.float32)
+    queries = np.stack([embedder.embed_queries([q])[0] for _, q, _, _ in used]).astype(np.float32)
     queries /= np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
-    targets = np.stack([np.asarray(vectors[gold], np.float32).mean(axis=0) for _, _, gold in used])
+    targets = np.stack([np.asarray(g.vectors[gold], np.float32).mean(axis=0) for g, _, _, gold in used])
     targets /= np.maximum(np.linalg.norm(targets, axis=1, keepdims=True), 1e-12)
-    pools_by_span = {span: np.asarray(vectors[span[0]:span[1]], np.float32) for span in {s for _, s, _ in used}}
-    pools = [pools_by_span[span] for _, span, _ in used]
-    offsets = [span[0] for _, span, _ in used]
-    gold = [g for _, _, g in used]
+    pools_by_span = {(id(g), span): np.asarray(g.vectors[span[0]:span[1]], np.float32)
+                     for g, _, span, _ in used}
+    pools = [pools_by_span[(id(g), span)] for g, _, span, _ in used]
+    offsets = [span[0] for _, _, span, _ in used]
+    gold = [g for _, _, _, g in used]
+    # Several stores: leave one store out, so the estimate is for a store the map never saw.
     chosen, ranks = choose_ridge(queries, targets, gold, pools, offsets, folds=folds,
-                                 grid=RIDGE_GRID if ridge is None else (ridge,))
+                                 grid=RIDGE_GRID if ridge is None else (ridge,),
+                                 groups=part_of if len(set(part_of)) > 1 else None)
     gain = ranks[f"ridge={chosen:g}"] - ranks["identity"]
     stderr = float(gain.std(ddof=1) / np.sqrt(len(gain))) if len(gain) > 1 else float("inf")
     adapter = QueryAdapter(fit(queries, targets, chosen), embedder.name, chosen, len(used))
-    report = {"queries": len(used), "pairs": len(pairs), "skipped_queries": skipped_pairs,
+    report = {"queries": len(used), "pairs": n_pairs, "skipped_queries": skipped_pairs,
               "skipped_ids": skipped_ids, "ridge": chosen,
               "cv_mrr@10": {k: round(float(v.mean()), 4) for k, v in ranks.items()},
               "cv_gain": round(float(gain.mean()), 4), "cv_gain_stderr": round(stderr, 4),
