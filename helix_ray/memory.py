@@ -42,8 +42,8 @@ class Memory:
         self.ingest_config = ingest or IngestConfig()
         self.db = StoreDB(self.store)
         self._db_lock = threading.Lock()
-        self._recaller = None
-        self._adapter_key: tuple = ()  # the query adapter file's identity when last read
+        self._recaller: Any = None  # a Recaller, opened by the first recall
+        self._adapter_key: tuple | None = ()  # the query adapter file's identity when last read
         self._overlay: dict[str, int] = {}  # id → last access (µs) since the generation was built
         self._accesses: queue.Queue = queue.Queue()
         self._closed = threading.Event()

@@ -432,8 +432,8 @@ class _TransformFeed:
         import threading
 
         self.config = config
-        self.thread = None
-        self.mailbox = None
+        self.thread: threading.Thread | None = None
+        self.mailbox: Any = None  # a Ray actor handle of _Mailbox
         self.stop = threading.Event()
         self.batches: list[dict[str, np.ndarray]] = []
         self.error: BaseException | None = None
@@ -497,6 +497,7 @@ class _TransformFeed:
             self.thread = None
 
     def _publish(self, refs: list) -> None:
+        assert self.thread is not None
         # In a list: Ray would resolve references passed as arguments themselves.
         self.mailbox.publish.remote([refs])
         self.thread.join()

@@ -209,6 +209,7 @@ def evaluate(
         """The adapter a store variant uses (None: none, or no gain in cross-validation,
         as `helix adapt` would not save it), fitted on ``corpus_id``'s tuning queries or,
         pooled, on every tuning corpus's."""
+        assert adapt_on is not None
         if pooled:
             corpora = sorted(tuning)
             parts = [(Generation.open_current(store_for(c, adapt_on.corpora[c], Path(workdir), cfg)),
@@ -216,6 +217,7 @@ def evaluate(
                      for c in corpora]
             where = f"{len(corpora)} corpora of {adapt_on.name}"
         else:
+            assert corpus_id is not None
             parts = [(generation, [{"query": t.text, "user": corpus_id, "memory_ids": sorted(t.gold)}
                                    for t in tuning.get(corpus_id, [])])]
             where = f"corpus {corpus_id!r} from {adapt_on.name}"
@@ -225,7 +227,7 @@ def evaluate(
             raise ValueError(f"Cannot fit a query adapter for {where} "
                              f"({sum(len(p) for _, p in parts)} labelled queries there): {exc}") from None
         fitted["used"] = bool(fitted["improves"])
-        label = ("all" if pooled else corpus_id) + ("" if key is None else f" (store of {key})")
+        label = ("all" if pooled else str(corpus_id)) + ("" if key is None else f" (store of {key})")
         adapters[label] = fitted
         return adapter if fitted["used"] else None
 

@@ -146,8 +146,9 @@ def choose_ridge(queries: np.ndarray, targets: np.ndarray, gold: Sequence[Sequen
             w = fit(queries[train], targets[train], ridge)
             mapped = queries[held] @ w
             mapped /= np.maximum(np.linalg.norm(mapped, axis=1, keepdims=True), 1e-12)
-            rr[held] = reciprocal_ranks(mapped, [gold[i] for i in held], [pools[i] for i in held],
-                                        [offsets[i] for i in held])
+            picked = [int(i) for i in held]
+            rr[held] = reciprocal_ranks(mapped, [gold[i] for i in picked], [pools[i] for i in picked],
+                                        [offsets[i] for i in picked])
         ranks[f"ridge={ridge:g}"] = rr
     best = max(grid, key=lambda r: ranks[f"ridge={r:g}"].mean())
     return best, ranks
