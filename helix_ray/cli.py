@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
                                    "\"memory_ids\": [ids it should find]}")
     s.add_argument("--from-feedback", action="store_true",
                    help="use the feedback the store recorded (Memory.feedback, POST /v1/feedback) as the pairs; "
-                        "reads the store's database, so stop a `helix serve` on it first")
+                        "reads the store's database: while `helix serve` runs on it, use POST /v1/admin/adapt instead")
     s.add_argument("--user", dest="users", action="append",
                    help="with --from-feedback: only this user's feedback (repeat for several; default every user's)")
     s.add_argument("--ridge", type=float, help="shrinkage toward the identity (default: chosen by cross-validation)")

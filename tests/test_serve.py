@@ -663,6 +663,30 @@ def test_feedback_is_recorded_for_the_callers_own_memories_only(alice, bob):
 
 
 @ray_test
+def test_admin_fits_the_query_adapter_from_feedback_and_replicas_use_it(served, alice, ops):
+    from helix_ray.recall.adapter import ADAPTER_FILE
+
+    _, _, store = served
+    for n in range(20):
+        given = alice.post("/v1/feedback", json={"query": f"what did we decide about topic {n}",
+                                                  "memory_ids": [f"alice-{n % 11:02d}"]})
+        assert given.status_code == 201, given.text
+    refused = alice.post("/v1/admin/adapt", json={"force": True})
+    assert refused.status_code == 403 and "admin key" in refused.json()["detail"]
+    too_few = ops.post("/v1/admin/adapt", json={"users": ["bob"]})
+    assert too_few.status_code == 422 and "at least 20" in too_few.json()["detail"]
+    try:
+        fitted = ops.post("/v1/admin/adapt", json={"users": ["alice"], "force": True})
+        assert fitted.status_code == 200, fitted.text
+        report = fitted.json()
+        assert report["queries"] >= 20 and report["saved"] and (store / ADAPTER_FILE).is_file()
+        assert recall(alice, "what did we decide about topic 3")["flags"].get("query_adapter")
+    finally:
+        (store / ADAPTER_FILE).unlink(missing_ok=True)
+    assert not recall(alice, "what did we decide about topic 3")["flags"].get("query_adapter")
+
+
+@ray_test
 def test_stats_report_generation_delta_and_latency(alice):
     stats = alice.get("/v1/stats").json()
     assert stats["generation"] >= 1 and stats["generation_counts"]["memories"] > 0

@@ -134,6 +134,14 @@ class FeedbackOut(BaseModel):
     recorded: int
 
 
+class AdaptIn(_Request):
+    """Fit the store's query adapter on the recorded feedback (``helix adapt
+    --from-feedback`` without stopping the server)."""
+
+    users: list[str] | None = Field(None, description="Only these users' feedback (default: every user's).")
+    force: bool = Field(False, description="Save the adapter even if cross-validation shows no gain.")
+
+
 class MemoryChanged(BaseModel):
     id: str
     delta_version: int

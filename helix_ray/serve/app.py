@@ -37,6 +37,7 @@ from helix_ray.config import IngestConfig, RetrievalConfig, deep_merge, load_con
 from helix_ray.errors import HelixError, InvalidArgument, StoreError
 from helix_ray.recall.scope import make_scope
 from helix_ray.serve.api import (
+    AdaptIn,
     FeedbackIn,
     FeedbackOut,
     LatencyWindow,
@@ -242,7 +243,7 @@ class HelixAPI:
         record = self.keys.record_for(_bearer(authorization))
         if not record.admin:
             raise Forbidden(f"This API key (user {record.user!r}) cannot change what every user shares (live "
-                            "settings, compaction). Use an admin key: `helix keys create --store DIR --user USER "
+                            "settings, compaction, the query adapter). Use an admin key: `helix keys create --store DIR --user USER "
                             "--admin`.")
 
     def user_for(self, authorization: Optional[str], claimed: Optional[str]) -> str:
@@ -371,6 +372,12 @@ class HelixAPI:
     async def feedback(self, body: FeedbackIn, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
         user = self.user_for(authorization, body.user)
         return await self.writer.feedback.remote(body.query, body.memory_ids, user)
+
+    @api.post("/v1/admin/adapt", responses=ERRORS, tags=["admin"],
+              summary="Fit the query adapter on the recorded feedback; the replicas use it from their next request")
+    async def adapt(self, body: AdaptIn = Body(AdaptIn()), authorization: Optional[str] = Header(None)) -> dict[str, Any]:
+        self.require_admin(authorization)
+        return await self.writer.adapt.remote(body.users, body.force)
 
     @api.post("/v1/admin/compact", responses=ERRORS, tags=["admin"],
               summary="Fold the delta into the next generation now (ingest pipeline)")

@@ -331,6 +331,10 @@ class WriterShell:
         return self.core.feedback(query, memory_ids, user=user)
 
     @boundary
+    def adapt(self, users: list[str] | None, force: bool) -> dict[str, Any]:
+        return self.core.adapt(users=users, force=force)
+
+    @boundary
     def compact(self) -> dict[str, Any]:
         return self.core.compact()
 

@@ -297,6 +297,25 @@ class WriterCore:
             self.db.add_feedback(user, query, ids)
         return {"recorded": len(ids)}
 
+    def adapt(self, *, users: list[str] | None = None, force: bool = False) -> dict[str, Any]:
+        """``helix adapt --from-feedback`` inside the server (this replica holds the
+        database): fit the store's query adapter on the recorded feedback — of ``users``
+        only, if given — and save it when cross-validation shows a gain (or ``force``).
+        The recall replicas pick a saved adapter up with their next request."""
+        from helix_ray.embedder import get_embedder
+        from helix_ray.recall import adapter
+        from helix_ray.store.generation import Generation
+
+        embedder = get_embedder(self.config.embedder)
+        generation = Generation.open_current(self.store, expect_embedder=embedder.name, expect_dim=self.dim)
+        with self._lock:
+            pairs = self.db.feedback_pairs(users)
+        fitted, report = adapter.fit_pairs(generation, embedder, pairs)
+        report["saved"] = bool(report["improves"] or force)
+        if report["saved"]:
+            report["path"] = str(fitted.save(self.store))
+        return report
+
     def _validate(self, raw: Any, user: str | None, *, where: str) -> dict[str, Any]:
         from helix_ray.ingest.normalize import Rejected, normalise_one
 
