@@ -290,10 +290,8 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _adapt(args: argparse.Namespace) -> int:
-    from helix_ray.embedder import DIM, get_embedder
     from helix_ray.errors import InvalidArgument
     from helix_ray.recall import adapter
-    from helix_ray.store.generation import Generation
 
     path = Path(args.store) / adapter.ADAPTER_FILE
     if args.remove:
@@ -328,12 +326,7 @@ def _adapt(args: argparse.Namespace) -> int:
             raise InvalidArgument(f"{args.pairs} line {n}", line[:120],
                                   'each line must be a JSON object {"query": str, "user": str, "memory_ids": '
                                   f"[str, ...]}} ({exc})") from None
-    embedder = get_embedder()
-    generation = Generation.open_current(args.store, expect_embedder=embedder.name, expect_dim=DIM)
-    fitted, report = adapter.fit_pairs(generation, embedder, pairs, ridge=args.ridge)
-    report["saved"] = bool(report["improves"] or args.force)
-    if report["saved"]:
-        report["path"] = str(fitted.save(args.store))
+    report = adapter.fit_store(args.store, pairs, ridge=args.ridge, force=args.force)
     if args.json:
         print(json.dumps(report))
     else:

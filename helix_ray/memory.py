@@ -43,7 +43,9 @@ class Memory:
         self.db = StoreDB(self.store)
         self._db_lock = threading.Lock()
         self._recaller: Any = None  # a Recaller, opened by the first recall
-        self._adapter_key: tuple | None = ()  # the query adapter file's identity when last read
+        from helix_ray.recall import adapter
+
+        self._adapter = adapter.watch(self.store, self.ingest_config.embedder.name)  # re-read when replaced
         self._overlay: dict[str, int] = {}  # id → last access (µs) since the generation was built
         self._accesses: queue.Queue = queue.Queue()
         self._closed = threading.Event()
@@ -98,21 +100,8 @@ class Memory:
             if current_generation_number(self.store) is not None:
                 generation = Generation.open_current(self.store, expect_embedder=embedder.name, expect_dim=DIM)
             self._recaller = Recaller(generation, embedder, self.retrieval_config)
-            self._adapter_key = ()  # read below
-        self._refresh_adapter()
+        self._recaller.adapter = self._adapter.read()  # `helix adapt` while open: the next recall uses it
         return self._recaller
-
-    def _refresh_adapter(self) -> None:
-        """(Re)read the store's query adapter when its file changed (`helix adapt` while
-        this Memory is open): one ``stat`` per recall otherwise."""
-        from helix_ray.embedder import DIM
-        from helix_ray.recall import adapter
-
-        key = adapter.file_key(self.store)
-        if key != self._adapter_key:
-            self._recaller.adapter = adapter.load(self.store, expect_embedder=self._recaller.embedder.name,
-                                                  expect_dim=DIM)
-            self._adapter_key = key
 
     def feedback(self, query: str, *, user: str, memory_ids: Sequence[str] | str) -> int:
         """Say which recalled memories answered ``query`` for ``user``: labelled queries
@@ -125,9 +114,7 @@ class Memory:
         if not isinstance(user, str) or not user:
             raise InvalidArgument("user", user, "give the user who asked (a non-empty string)")
         with self._db_lock:
-            owners = dict(self.db.con.execute(
-                f'SELECT id, "user" FROM memories WHERE NOT deleted AND id IN ({", ".join("?" * len(ids))})',
-                ids).fetchall())
+            owners = self.db.owners(ids)
             foreign = [m for m in ids if owners.get(m) != user]
             if foreign:
                 raise InvalidArgument("memory_ids", foreign[:5], f"user {user!r} has no memories with these ids; give "
@@ -162,17 +149,11 @@ class Memory:
         with self._db_lock:
             counts = self.db.counts()
         counts["generation"] = current_generation_number(self.store)
-        counts["query_adapter"] = self._adapter_summary()
+        found = self._adapter.read()  # None: recall uses raw vectors
+        counts["query_adapter"] = None if found is None else {
+            "queries": found.pairs, "ridge": found.ridge, "created_at": found.created_at}
         counts["store"] = str(self.store)
         return counts
-
-    def _adapter_summary(self) -> dict[str, Any] | None:
-        """The store's query adapter as `helix stats` shows it (None: recall uses raw vectors)."""
-        from helix_ray.embedder import DIM
-        from helix_ray.recall import adapter
-
-        found = adapter.load(self.store, expect_embedder=self.ingest_config.embedder.name, expect_dim=DIM)
-        return None if found is None else {"queries": found.pairs, "ridge": found.ridge, "created_at": found.created_at}
 
     def quarantine(self, limit: int = 100) -> list[dict[str, Any]]:
         with self._db_lock:

@@ -416,8 +416,9 @@ class _TransformFeed:
     stage begins. So :meth:`start` runs as soon as the driver knows some rows are new:
     the actors start while the driver deduplicates (stage 3); :meth:`run` then hands the
     stage the rows to transform, :meth:`close` ends it unfed (dedup left nothing to
-    embed) and :meth:`abort` after an error elsewhere. Started before read + validate instead, the actors' start-up
-    took the two cores from the read task and saved nothing (docs/benchmarks.md).
+    embed) and :meth:`abort` after an error elsewhere. Started before read + validate
+    instead, the actors' start-up took the two cores from the read task and saved nothing
+    (docs/benchmarks.md).
 
     The stage reads its input from a :class:`_Mailbox`: one read task per ``BLOCK``
     rows there could be (the new rows, counted before dedup drops any), run one at a

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from helix_ray.errors import InvalidArgument, StoreError
+from helix_ray.store.pointer import Pointer
 
 ADAPTER_FILE = "query_adapter.npz"
 RIDGE_GRID = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
@@ -62,16 +63,6 @@ class QueryAdapter:
         return path
 
 
-def file_key(store: str | Path) -> tuple[int, int, int] | None:
-    """The adapter file's identity (inode, mtime, size), None without one: a reader
-    compares it to know when to load the adapter again (``save`` replaces by rename)."""
-    try:
-        st = os.stat(Path(store) / ADAPTER_FILE)
-    except FileNotFoundError:
-        return None
-    return st.st_ino, st.st_mtime_ns, st.st_size
-
-
 def load(store: str | Path, *, expect_embedder: str, expect_dim: int) -> QueryAdapter | None:
     """The store's adapter, or None when it has none. Refuses one made for another
     encoder or dimension (its map would be meaningless here)."""
@@ -92,6 +83,14 @@ def load(store: str | Path, *, expect_embedder: str, expect_dim: int) -> QueryAd
             "Fit it again with `helix adapt --store DIR --pairs FILE`, or delete the file."
         )
     return QueryAdapter(matrix, meta["embedder"], float(meta["ridge"]), int(meta["pairs"]), meta.get("created_at", ""))
+
+
+def watch(store: str | Path, embedder: str) -> Pointer:
+    """The store's adapter as a :class:`Pointer`: ``read()`` loads it again only when
+    `helix adapt` replaced or removed the file (one ``stat`` otherwise); None without one."""
+    from helix_ray.embedder import DIM
+
+    return Pointer(Path(store) / ADAPTER_FILE, lambda path: load(path.parent, expect_embedder=embedder, expect_dim=DIM))
 
 
 def fit(queries: np.ndarray, targets: np.ndarray, ridge: float) -> np.ndarray:
@@ -155,8 +154,6 @@ def choose_ridge(queries: np.ndarray, targets: np.ndarray, gold: Sequence[Sequen
 
 
 MIN_PAIRS = 20
-
-
 MAX_FEEDBACK_IDS = 100
 MAX_FEEDBACK_QUERY_CHARS = 4000
 
@@ -193,6 +190,23 @@ def fit_pairs(generation, embedder, pairs: Sequence[dict], *, ridge: float | Non
     whether the adapted MRR@10 beats the raw one by more than twice the standard error
     of the per-query differences (a margin for having picked the best of several λ)."""
     return fit_pairs_across([(generation, pairs)], embedder, ridge=ridge, folds=folds)
+
+
+def fit_store(store: str | Path, pairs: Sequence[dict], *, embedder=None, ridge: float | None = None,
+              force: bool = False) -> dict:
+    """`helix adapt`: fit the adapter of ``store``'s current generation on ``pairs`` and
+    save it there when cross-validation shows a gain (or ``force``). Returns the fit's
+    report with ``saved`` (and ``path``)."""
+    from helix_ray.embedder import DIM, get_embedder
+    from helix_ray.store.generation import Generation
+
+    embedder = embedder or get_embedder()
+    generation = Generation.open_current(Path(store), expect_embedder=embedder.name, expect_dim=DIM)
+    fitted, report = fit_pairs(generation, embedder, pairs, ridge=ridge)
+    report["saved"] = bool(report["improves"] or force)
+    if report["saved"]:
+        report["path"] = str(fitted.save(store))
+    return report
 
 
 def fit_pairs_across(parts: Sequence[tuple[Any, Sequence[dict]]], embedder, *, ridge: float | None = None,

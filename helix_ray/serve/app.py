@@ -56,7 +56,7 @@ from helix_ray.serve.deployments import BM25, CPUS, RETRIEVER_AUTOSCALING, Dense
 from helix_ray.serve.errors import Forbidden, kind_of, message_of, status_of
 from helix_ray.serve.keys import KeyStore
 from helix_ray.serve.shells import PipelineShell
-from helix_ray.serve.views import Pointer
+from helix_ray.store.pointer import Pointer
 from helix_ray.serve.writer import settings_path
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,6 @@ and delta version they came from. Never texts, never the generation.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import threading
@@ -84,15 +83,14 @@ class EmbedderShell:
 
     def __init__(self, ingest: IngestConfig | None = None, store: str | Path | None = None):
         from helix_ray.embedder import get_embedder
-        from helix_ray.serve.views import Pointer
+        from helix_ray.store.pointer import Pointer
 
         threads = query_threads()
         embedder = get_embedder((ingest or IngestConfig()).embedder, threads)
         self.recaller = Recaller(None, embedder, threads=threads)
         self._has_late = Pointer(Path(store) / "CURRENT", _generation_has_late) if store is not None else None
         # The store's query adapter, read again when `helix adapt` replaces it.
-        self._adapter = Pointer(Path(store) / adapter.ADAPTER_FILE, functools.partial(
-            _read_adapter, embedder=embedder.name)) if store is not None else None
+        self._adapter = adapter.watch(store, embedder.name) if store is not None else None
 
     @boundary
     def plan(self, query: str, *, user: str, config: RetrievalConfig, **request: Any) -> Plan:
@@ -101,12 +99,6 @@ class EmbedderShell:
         if self._has_late is not None and not self._has_late.read():
             request["disabled"] = frozenset(request.get("disabled", ())) | {"late"}
         return self.recaller.plan(query, user=user, config=config, **request)
-
-
-def _read_adapter(path: Path, *, embedder: str):
-    from helix_ray.embedder import DIM
-
-    return adapter.load(path.parent, expect_embedder=embedder, expect_dim=DIM)
 
 
 def _generation_has_late(current: Path) -> bool:

@@ -21,10 +21,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,37 +35,9 @@ from helix_ray.recall import scope as scope_mod
 from helix_ray.recall.pipeline import Recaller
 from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, current_delta_version, delta_dir
 from helix_ray.store.generation import Generation, current_generation_number
+from helix_ray.store.pointer import Pointer
 
 log = logging.getLogger(__name__)
-
-
-class Pointer:
-    """A small file read only when it changed: one ``stat`` per call otherwise.
-
-    ``CURRENT`` files are replaced by rename, so a new inode (or mtime) means new
-    contents."""
-
-    def __init__(self, path: Path, parse: Callable[[Path], Any]):
-        self.path = path
-        self.parse = parse
-        self._key: tuple[int, int, int] | None = None
-        self._value: Any = None
-        self.version = 0  # bumped every time the contents are read again
-
-    def read(self) -> Any:
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            if self._key is not None or self.version == 0:
-                self._key, self._value = None, self.parse(self.path)
-                self.version += 1
-            return self._value
-        key = (st.st_ino, st.st_mtime_ns, st.st_size)
-        if key != self._key:
-            self._value = self.parse(self.path)
-            self._key = key
-            self.version += 1
-        return self._value
 
 
 # ----------------------------------------------------------------------------- one generation

@@ -202,8 +202,7 @@ class WriterCore:
             return entry["user"]
         if memory_id in self.tombstones:
             return None
-        row = self.db.con.execute('SELECT "user" FROM memories WHERE id = ? AND NOT deleted', [memory_id]).fetchone()
-        return row[0] if row else None
+        return self.db.owners([memory_id]).get(memory_id)
 
     def _record(self, memory_id: str) -> dict[str, Any] | None:
         entry = self.entries.get(memory_id)
@@ -304,17 +303,10 @@ class WriterCore:
         The recall replicas pick a saved adapter up with their next request."""
         from helix_ray.embedder import get_embedder
         from helix_ray.recall import adapter
-        from helix_ray.store.generation import Generation
 
-        embedder = get_embedder(self.config.embedder)
-        generation = Generation.open_current(self.store, expect_embedder=embedder.name, expect_dim=self.dim)
         with self._lock:
             pairs = self.db.feedback_pairs(users)
-        fitted, report = adapter.fit_pairs(generation, embedder, pairs)
-        report["saved"] = bool(report["improves"] or force)
-        if report["saved"]:
-            report["path"] = str(fitted.save(self.store))
-        return report
+        return adapter.fit_store(self.store, pairs, embedder=get_embedder(self.config.embedder), force=force)
 
     def _validate(self, raw: Any, user: str | None, *, where: str) -> dict[str, Any]:
         from helix_ray.ingest.normalize import Rejected, normalise_one

@@ -229,6 +229,14 @@ class StoreDB:
             "by_user": dict(q('SELECT "user", count(*) FROM memories WHERE NOT deleted GROUP BY 1 ORDER BY 1').fetchall()),
         }
 
+    def owners(self, ids: list[str]) -> dict[str, str]:
+        """id → user of each live (not deleted) memory among ``ids``."""
+        if not ids:
+            return {}
+        return dict(self.con.execute(
+            f'SELECT id, "user" FROM memories WHERE NOT deleted AND id IN ({", ".join("?" * len(ids))})',
+            list(ids)).fetchall())
+
     def feedback_pairs(self, users: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """Every (user, query) given feedback — of ``users`` only, if given — with the
         memories named for it, oldest first. A store made before feedback existed, opened
