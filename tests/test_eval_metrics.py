@@ -12,6 +12,7 @@ from helix_ray.eval.metrics import (
     mean,
     mrr_at_k,
     ndcg_at_k,
+    paired_difference,
     recall_all_at_k,
     recall_any_at_k,
     recall_at_k,
@@ -200,3 +201,50 @@ def test_summarise_errors() -> None:
         summarise([{"category": "1", "recall@5": 1.0}, {"category": "1"}])
     with pytest.raises(ValueError, match="no numeric values"):
         summarise([{"category": "1", "id": "q"}])
+
+
+# ----------------------------------------------------------------------------- paired comparison
+
+
+def test_paired_difference_by_hand_exact_sign_flips() -> None:
+    # d = [1, 0, 1]: of the 8 sign assignments, the four with d0 and d2 of equal sign
+    # reach |mean| = 2/3 (the zero's sign does not matter): p = 4/8.
+    out = paired_difference([1, 0, 1], [0, 0, 0])
+    assert out["n"] == 3
+    assert out["delta"] == pytest.approx(2 / 3)
+    assert out["p"] == pytest.approx(0.5)
+    assert 0.0 <= out["ci95"][0] <= out["delta"] <= out["ci95"][1] <= 1.0
+    # Five wins of 1: only all-plus and all-minus are as extreme, 2 of 32.
+    five = paired_difference([1] * 5, [0] * 5)
+    assert five["p"] == pytest.approx(2 / 32)
+    assert five["ci95"] == [1.0, 1.0]
+
+
+def test_paired_difference_ties_and_symmetry() -> None:
+    same = paired_difference([0.2, 0.5, 1.0], [0.2, 0.5, 1.0])
+    assert same == {"n": 3, "delta": 0.0, "ci95": [0.0, 0.0], "p": 1.0}
+    a, b = [0.9, 0.1, 0.4, 0.7, 0.3], [0.5, 0.3, 0.4, 0.2, 0.1]
+    ab, ba = paired_difference(a, b), paired_difference(b, a)
+    assert ab["delta"] == pytest.approx(-ba["delta"]) == pytest.approx(0.18)
+    assert ab["p"] == pytest.approx(ba["p"])
+    assert ab["ci95"] == pytest.approx([-ba["ci95"][1], -ba["ci95"][0]])
+
+
+def test_paired_difference_sampled_for_many_queries() -> None:
+    # 40 queries, all won by A: the exact p is 2 / 2^40; sampled, it is 1 / (resamples + 1).
+    out = paired_difference([1.0] * 40, [0.0] * 40, resamples=2000)
+    assert out["p"] == pytest.approx(1 / 2001)
+    # A difference that is noise: half the queries +1, half −1.
+    noise = paired_difference([1.0, 0.0] * 20, [0.0, 1.0] * 20, resamples=2000)
+    assert noise["delta"] == 0.0 and noise["p"] > 0.9
+    assert noise["ci95"][0] < 0 < noise["ci95"][1]
+    assert paired_difference([1.0, 0.0] * 20, [0.0, 1.0] * 20, resamples=2000) == noise  # seeded
+
+
+def test_paired_difference_rejects_unpaired_input() -> None:
+    with pytest.raises(ValueError, match="same queries"):
+        paired_difference([1.0, 0.0], [1.0])
+    with pytest.raises(ValueError, match="same queries"):
+        paired_difference([], [])
+    with pytest.raises(ValueError, match="non-finite"):
+        paired_difference([float("nan")], [0.0])

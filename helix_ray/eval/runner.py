@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from helix_ray.config import IngestConfig, RetrievalConfig, load_config
 from helix_ray.eval.datasets import EvalQuery, EvalSet
-from helix_ray.eval.metrics import evaluate_ranking, summarise
+from helix_ray.eval.metrics import evaluate_ranking, paired_difference, summarise
 from helix_ray.errors import InvalidArgument
 from helix_ray.recall import adapter as adapter_mod
 
@@ -144,6 +144,8 @@ _PLAIN = {"session_context": 0.0}
 INGEST_VARIANTS: dict[str, dict[str, Any]] = {"helix-no-doc2query": {"doc2query": {"backend": "none"}},
                                               "helix-no-context": _PLAIN, "bm25": _PLAIN, "dense": _PLAIN,
                                               "rrf": _PLAIN}
+#: Systems that never embed the query: their store variant needs no adapter.
+LEXICAL_ONLY = frozenset({"bm25"})
 DEFAULT_SYSTEMS = ("bm25", "dense", "rrf", "helix", "helix-no-late", "helix-rerank", "helix-no-graph", "helix-mmr",
                    "helix-session", "helix-no-recency", "helix-no-strong-signal", "helix-no-doc2query",
                    "helix-no-context")
@@ -156,6 +158,8 @@ class EvalReport:
     queries: int
     seconds: float
     adapters: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # corpus → fit report
+    #: system → baseline → metric → :func:`~helix_ray.eval.metrics.paired_difference`
+    comparisons: dict[str, dict[str, dict[str, dict[str, Any]]]] = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -237,7 +241,9 @@ def evaluate(
             store = store_for(corpus_id, evalset.corpora[corpus_id], Path(workdir), cfg)
             generation = Generation.open_current(store)
             adapter = None
-            if adapt_on is not None and pooled:
+            if key in LEXICAL_ONLY:  # no query vector to adapt
+                pass
+            elif adapt_on is not None and pooled:
                 if key not in shared:
                     shared[key] = fit(key, cfg, None)
                 adapter = shared[key]
@@ -253,7 +259,32 @@ def evaluate(
             log.info("[%d/%d] %s: %d queries", n, len(by_corpus), corpus_id, len(queries))
     summary = {name: _flatten(summarise(r)) for name, r in rows.items()}
     return EvalReport(evalset.name, summary, len(evalset.queries), round(time.perf_counter() - started, 1),
-                      adapters)
+                      adapters, compare(rows, ks))
+
+
+#: The systems every other one is compared with, query by query.
+BASELINES = ("bm25", "dense", "rrf")
+
+
+def compare(rows: dict[str, list[dict[str, Any]]], ks: Sequence[int] = (10,)) -> dict[str, Any]:
+    """Each non-baseline system against each baseline in ``rows`` (per-query rows in the
+    same query order for every system), on nDCG and Recall at the largest k ≤ 10: the
+    mean difference, its bootstrap 95 % interval and the sign-flip p-value."""
+    k = max([k for k in ks if k <= 10] or [min(ks)])
+    out: dict[str, Any] = {}
+    for name, mine in rows.items():
+        if name in BASELINES:
+            continue
+        for base in (b for b in BASELINES if b in rows):
+            out.setdefault(name, {})[base] = {
+                metric: _rounded(paired_difference([r[metric] for r in mine], [r[metric] for r in rows[base]]))
+                for metric in (f"ndcg@{k}", f"recall@{k}")}
+    return out
+
+
+def _rounded(diff: dict[str, Any]) -> dict[str, Any]:
+    return {"n": diff["n"], "delta": round(diff["delta"], 4), "ci95": [round(v, 4) for v in diff["ci95"]],
+            "p": round(diff["p"], 4)}
 
 
 def _system(name: str) -> Ranker:
@@ -280,6 +311,13 @@ def format_table(report: EvalReport, metrics: Sequence[str] = ("recall@5", "reca
              "system".ljust(width) + "".join(m.rjust(14) for m in present)]
     for name, s in report.systems.items():
         lines.append(name.ljust(width) + "".join(f"{s.get(m, float('nan')):14.4f}" for m in present))
+    if report.comparisons:
+        lines.append("paired differences, query by query (mean, bootstrap 95% interval, sign-flip p):")
+        for name, against in report.comparisons.items():
+            for base, diffs in against.items():
+                cells = [f"{m} {d['delta']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}] "
+                         + ("p<0.001" if d["p"] < 0.001 else f"p={d['p']:.3f}") for m, d in diffs.items()]
+                lines.append(f"  {name} − {base}: " + "; ".join(cells))
     return "\n".join(lines)
 
 
