@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +24,7 @@ def ensure_ray(*, num_cpus: int | None = None, quiet: bool = True, loopback: boo
     if ray.is_initialized():
         return "existing"
     address = os.environ.get("RAY_ADDRESS")
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         ignore_reinit_error=True,
         log_to_driver=not quiet,
         include_dashboard=False,

@@ -177,7 +177,8 @@ def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
             import ray
 
             ds = ray.data.from_items(items).flat_map(
-                _read_validate_sign, fn_kwargs={"config": config}, num_cpus=0.25
+                _read_validate_sign,  # type: ignore[arg-type]  # ray's UDF type does not model fn_kwargs
+                fn_kwargs={"config": config}, num_cpus=0.25,
             )
             out = ds.take_all()
         else:

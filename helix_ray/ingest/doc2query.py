@@ -109,6 +109,7 @@ class LLMExpander:
                 },
             ],
         }
+        assert self.config.llm_base_url  # __init__ refused a config without one
         request = urllib.request.Request(
             self.config.llm_base_url.rstrip("/") + "/chat/completions",
             data=json.dumps(body).encode(),

@@ -100,10 +100,10 @@ def build_graph(
     # Semantic kNN.
     for user, (neighbours, sims) in (knn or {}).items():
         start, end = partitions[user]
-        rows = np.repeat(np.arange(start, end), neighbours.shape[1])
+        row_ids = np.repeat(np.arange(start, end), neighbours.shape[1])
         flat_n, flat_s = neighbours.reshape(-1), sims.reshape(-1)
-        keep = (flat_n >= 0) & (flat_n != rows) & (flat_s >= config.knn_min_similarity)
-        add(rows[keep], flat_n[keep], flat_s[keep], SEMANTIC)
+        keep = (flat_n >= 0) & (flat_n != row_ids) & (flat_s >= config.knn_min_similarity)
+        add(row_ids[keep], flat_n[keep], flat_s[keep], SEMANTIC)
 
     num_nodes = n + len(entity_rows)
     graph = _to_csr(src, dst, wts, typ, num_nodes)

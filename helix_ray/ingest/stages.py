@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -122,7 +122,7 @@ class Transform:
     session context has mixed them), so codes made per batch would be stale and unread."""
 
     def __init__(self, config: IngestConfig, threads: int | None = None):
-        self.steps = [Expand(config.doc2query), Embed(config.embedder, config.late_interaction, threads),
+        self.steps: list[Callable[[Batch], Batch]] = [Expand(config.doc2query), Embed(config.embedder, config.late_interaction, threads),
                       Annotate(config)]
 
     def __call__(self, batch: Batch) -> Batch:

@@ -45,7 +45,8 @@ def drop_near_duplicates(order: list[int], signatures: np.ndarray, threshold: fl
 
 def cap_per_document(order: list[int], documents: list[str | None], limit: int) -> tuple[list[int], list[int]]:
     seen: dict[str, int] = {}
-    kept, dropped = [], []
+    kept: list[int] = []
+    dropped: list[int] = []
     for i in order:
         doc = documents[i]
         if doc is None:

@@ -26,7 +26,7 @@ class Fused:
 
 
 def rrf(
-    lists: Mapping[str, Sequence[int]],
+    lists: Mapping[str, Sequence[int] | np.ndarray],
     *,
     k: int = 60,
     weights: Mapping[str, float] | None = None,

@@ -15,8 +15,12 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import bm25s
 
 
 @functools.lru_cache(maxsize=2)
@@ -100,7 +104,7 @@ def build_bm25(texts: list[str], folder: Path, *, analyzer: Analyzer = Analyzer(
 
 @dataclass
 class BM25Index:
-    retriever: object
+    retriever: bm25s.BM25
     analyzer: Analyzer
 
     def query_tokens(self, query: str) -> list[str]:

@@ -11,7 +11,7 @@ sentence as the Python error.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -201,7 +201,7 @@ def _setting_errors(exc: ValidationError) -> list[str]:
 # ----------------------------------------------------------------------------- errors
 
 
-def request_error_sentence(errors: list[dict[str, Any]]) -> str:
+def request_error_sentence(errors: Sequence[Mapping[str, Any]]) -> str:
     """One sentence for FastAPI's request validation errors (unknown field, wrong JSON
     type, missing field)."""
     parts = []

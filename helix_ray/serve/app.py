@@ -22,14 +22,14 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, cast
 
 from fastapi import Body, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from ray import serve
-from ray.serve import Application
+from ray.serve import Application, Deployment
 from ray.serve.handle import DeploymentHandle
 
 from helix_ray import __version__
@@ -288,6 +288,9 @@ class HelixAPI:
         """One await for the whole split graph: the plan's DeploymentResponse goes straight
         into both legs (Serve resolves it; the ingress never unpickles the plan), and the
         legs' responses straight into the Ranker."""
+        # Only the split graph comes here, and build_app binds all four of its handles.
+        assert self.embedder is not None and self.bm25 is not None
+        assert self.dense is not None and self.ranker is not None
         plan = self.embedder.plan.remote(query, user=user, config=config, **request)
         lexical, dense = self.bm25.search.remote(plan), self.dense.search.remote(plan)
         try:
@@ -305,6 +308,9 @@ class HelixAPI:
                                request: dict[str, Any]) -> dict[str, Any]:
         """The graph with every hop awaited here: legs realigned on one generation when a
         swap put them on different ones, and a failed leg left out (flagged)."""
+        # Only the split graph comes here, and build_app binds all four of its handles.
+        assert self.embedder is not None and self.bm25 is not None
+        assert self.dense is not None and self.ranker is not None
         plan = await self.embedder.plan.remote(query, user=user, config=config, **request)
         legs = await asyncio.gather(self.bm25.search.remote(plan), self.dense.search.remote(plan),
                                     return_exceptions=True)
@@ -461,15 +467,16 @@ def build_app(args: ServeArgs) -> Application:
     writer = Writer.bind(str(store), ingest, compact_interval_s=args.compact_interval_s,
                          compact_max_pending=args.compact_max_pending, compact_runner=args.compact_runner)
     pipelines = {**scaling, "max_replicas": min(high, 2)}  # each holds the models and every stage
+    ingress = cast(Deployment, HelixAPI)  # what @serve.deployment made it; mypy keeps the class type
     if args.graph == "compact":
         pipeline = Pipeline.options(autoscaling_config=pipelines).bind(str(store), ingest, args.watch_interval_s)
-        return HelixAPI.options(user_config={"retrieval": args.retrieval}).bind(
+        return ingress.options(user_config={"retrieval": args.retrieval}).bind(
             None, None, None, None, writer, args.model_dump(), pipeline)
     if args.graph == "inline":
-        return HelixAPI.options(user_config={"retrieval": args.retrieval}, autoscaling_config=pipelines,
-                                ray_actor_options={"num_cpus": CPUS["pipeline"]}).bind(
+        return ingress.options(user_config={"retrieval": args.retrieval}, autoscaling_config=pipelines,
+                               ray_actor_options={"num_cpus": CPUS["pipeline"]}).bind(
             None, None, None, None, writer, args.model_dump(), None, ingest)
-    return HelixAPI.options(user_config={"retrieval": args.retrieval}).bind(
+    return ingress.options(user_config={"retrieval": args.retrieval}).bind(
         Embedder.bind(ingest, str(store)),
         DenseANN.options(autoscaling_config=scaling).bind(str(store), ingest, args.watch_interval_s),
         BM25.options(autoscaling_config=scaling).bind(str(store), ingest, args.watch_interval_s),

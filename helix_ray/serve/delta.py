@@ -46,7 +46,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -341,6 +341,7 @@ class DeltaSegment:
             tf = np.array([c.get(token, 0) for c in counts], dtype=np.float64)
             df_base, max_base = 0, 0.0
             if token in vocab:
+                assert retriever is not None  # vocab is empty without a base index
                 t = vocab[token]
                 lo, hi = int(retriever.scores["indptr"][t]), int(retriever.scores["indptr"][t + 1])
                 df_base = hi - lo
@@ -417,7 +418,7 @@ def drop_rows(hits, hidden: set[int] | frozenset[int]):
                                hits.strong_signal and bool(keep[0]))
 
 
-def entry_columns(records: list[Mapping[str, Any]]) -> dict[str, list[Any]]:
+def entry_columns(records: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
     """Column lists for :func:`delta_schema` from the writer's entry dicts."""
     names = delta_schema(1, 1).names
     return {name: [r[name] for r in records] for name in names}

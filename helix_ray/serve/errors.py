@@ -71,7 +71,7 @@ def boundary(fn: Callable) -> Callable:
     return wrapped
 
 
-def kind_of(exc: BaseException) -> str | None:
+def kind_of(exc: BaseException | None) -> str | None:
     """The class name of the Helix error behind ``exc`` (through Ray's wrapping)."""
     seen = 0
     while exc is not None and seen < 5:

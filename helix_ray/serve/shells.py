@@ -52,7 +52,7 @@ class StaleLegs(StoreError):
 class LegResult:
     """What a retriever leg returns: its hits and where they come from."""
 
-    generation: int | None
+    generation: int
     delta_version: int
     hits: Any  # dense.DenseHits | lexical.LexicalHits | None
     ms: float
@@ -138,6 +138,7 @@ class DenseShell(_StoreShell):
         self._ensure_watching()
         clock = time.perf_counter()
         view = await self.views.generation(generation)
+        assert view is not None  # __init__ refused a store without a generation
         delta = self.views.delta()
         if plan.skip:  # the router decided no memory is needed
             return LegResult(view.number, delta.version, None, 0.0)
@@ -160,6 +161,7 @@ class BM25Shell(_StoreShell):
         self._ensure_watching()
         clock = time.perf_counter()
         view = await self.views.generation(generation)
+        assert view is not None  # __init__ refused a store without a generation
         delta = self.views.delta()
         if plan.skip:
             return LegResult(view.number, delta.version, None, 0.0)
@@ -191,6 +193,7 @@ class RankerShell(_StoreShell):
             raise StaleLegs(f"The legs searched different generations {sorted(numbers)} (a swap in progress); "
                             "the ingress runs them again on the newer one.")
         view = await self.views.generation(numbers.pop() if numbers else None)
+        assert view is not None  # __init__ refused a store without a generation
         delta = self.views.delta()
         recaller = self.views.recaller(view, delta, joined=True)
         hidden = set(int(r) for r in recaller.hidden_rows)

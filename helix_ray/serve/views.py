@@ -265,7 +265,7 @@ class StoreViews:
                  expect_dim: int | None = None, keep_generations: int = 2, keep_recallers: int = 8):
         self.store = Path(store)
         self.role = role
-        self.expect = {"expect_embedder": expect_embedder, "expect_dim": expect_dim}
+        self.expect: dict[str, Any] = {"expect_embedder": expect_embedder, "expect_dim": expect_dim}
         self.keep_generations = keep_generations
         self.keep_recallers = keep_recallers
         self.generations: OrderedDict[int, GenerationView] = OrderedDict()

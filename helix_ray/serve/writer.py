@@ -118,7 +118,9 @@ class WriterCore:
         self.entries: dict[str, dict[str, Any]] = {}
         self.tombstones: dict[str, Tombstone] = {}
         self.version = current_delta_version(self.store)
-        self.seq = int(self.db.con.execute("SELECT coalesce(max(seq), 0) FROM serve_log").fetchone()[0])
+        last = self.db.con.execute("SELECT coalesce(max(seq), 0) FROM serve_log").fetchone()
+        assert last is not None  # an aggregate without GROUP BY returns exactly one row
+        self.seq = int(last[0])
         self.last_compaction: dict[str, Any] | None = None
         #: Entries a compaction left in the delta: a change ingest does not see as one (a
         #: PATCH of fields other than the text keeps the content hash; see docs/serve.md).

@@ -215,16 +215,22 @@ class StoreDB:
 
     def counts(self) -> dict[str, Any]:
         q = self.con.execute
+
+        def one(sql: str) -> Any:
+            row = q(sql).fetchone()
+            assert row is not None  # an aggregate without GROUP BY returns exactly one row
+            return row[0]
+
         return {
-            "memories": q("SELECT count(*) FROM memories WHERE NOT deleted").fetchone()[0],
-            "deleted": q("SELECT count(*) FROM memories WHERE deleted").fetchone()[0],
-            "quarantined": q("SELECT count(*) FROM quarantine").fetchone()[0],
-            "duplicates": q("SELECT count(*) FROM duplicates").fetchone()[0],
-            "entities": q("SELECT count(*) FROM entities").fetchone()[0],
-            "edges": q("SELECT count(*) FROM edges").fetchone()[0],
-            "accesses": q("SELECT count(*) FROM access_log").fetchone()[0],
-            "feedback": q("SELECT count(DISTINCT (\"user\", query)) FROM feedback").fetchone()[0],
-            "ingest_runs": q("SELECT count(*) FROM ingest_runs").fetchone()[0],
+            "memories": one("SELECT count(*) FROM memories WHERE NOT deleted"),
+            "deleted": one("SELECT count(*) FROM memories WHERE deleted"),
+            "quarantined": one("SELECT count(*) FROM quarantine"),
+            "duplicates": one("SELECT count(*) FROM duplicates"),
+            "entities": one("SELECT count(*) FROM entities"),
+            "edges": one("SELECT count(*) FROM edges"),
+            "accesses": one("SELECT count(*) FROM access_log"),
+            "feedback": one("SELECT count(DISTINCT (\"user\", query)) FROM feedback"),
+            "ingest_runs": one("SELECT count(*) FROM ingest_runs"),
             "by_type": dict(q("SELECT type, count(*) FROM memories WHERE NOT deleted GROUP BY 1 ORDER BY 1").fetchall()),
             "by_user": dict(q('SELECT "user", count(*) FROM memories WHERE NOT deleted GROUP BY 1 ORDER BY 1').fetchall()),
         }
