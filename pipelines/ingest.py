@@ -56,6 +56,8 @@ from helix_ray.store.generation import (
 log = logging.getLogger(__name__)
 
 BATCH = 256  # rows per transform call (the embedder sorts within it by length)
+#: The manifest key holding how far into the store's access log a generation has folded.
+ACCESS_WATERMARK = "access_log_folded"
 BLOCK = 256  # rows per Ray Data block (a multiple of BATCH; blocks are the actors' unit of work)
 ACTOR_MEMORY = 1792 * 1024**2  # what one embedding actor holds (two models, arenas; 1.4 GiB at 100k): told to Ray
 
@@ -226,7 +228,7 @@ def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
         report.updated += len(retagged)
         report.retagged = len(retagged)
 
-        old_rows, old_index = _carried_over(previous, db, replaced, retagged)
+        old_rows, old_index, folded = _carried_over(previous, db, replaced, retagged)
         if not fresh and not retagged and (previous is not None or not incoming) \
                 and not _has_deletions(previous, old_index):
             report.total_memories = len(old_index)
@@ -270,6 +272,7 @@ def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
     with _timed(report, "assemble"):
         data, node_names = _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, keep_new,
                                      len(old_rows), db, config)
+    data.extra[ACCESS_WATERMARK] = folded
     report.total_memories = data.memories.num_rows
 
     with _timed(report, "publish"):
@@ -369,17 +372,19 @@ def _same_value(key: str, old: Any, new: Any) -> bool:
 
 
 def _carried_over(previous: Generation | None, db: StoreDB, replaced: set[str],
-                  retagged: dict[str, dict[str, Any]] | None = None) -> tuple[list[dict], np.ndarray]:
+                  retagged: dict[str, dict[str, Any]] | None = None) -> tuple[list[dict], np.ndarray, int]:
     """Rows of the previous generation that stay: not replaced, not deleted since;
-    re-tagged ones with their new field values."""
+    re-tagged ones with their new field values; the access log folded into their
+    ``last_accessed_at`` and ``access_count`` — the part of it the previous generation
+    had not folded — and the log position the new generation has folded up to."""
+    accesses, folded = db.access_summary(previous.manifest.get(ACCESS_WATERMARK, 0) if previous else 0)
     if previous is None:
-        return [], np.zeros(0, np.int64)
+        return [], np.zeros(0, np.int64), folded
     deleted = {i for i, (_, d) in db.known_hashes().items() if d}
     table = previous.memories
     ids = table.column("id").to_pylist()
     index = np.array([i for i, mid in enumerate(ids) if mid not in replaced and mid not in deleted], np.int64)
     rows = table.take(pa.array(index)).to_pylist() if len(index) else []
-    accesses = db.access_summary()
     for row in rows:
         if retagged and row["id"] in retagged:
             row.update(retagged[row["id"]])
@@ -388,7 +393,7 @@ def _carried_over(previous: Generation | None, db: StoreDB, replaced: set[str],
             if row["last_accessed_at"] is None or seen[0] > row["last_accessed_at"]:
                 row["last_accessed_at"] = seen[0]
             row["access_count"] = int(row["access_count"]) + int(seen[1])
-    return rows, index
+    return rows, index, folded
 
 
 def _has_deletions(previous: Generation | None, kept_index: np.ndarray) -> bool:

@@ -100,6 +100,14 @@ def test_next_generation_folds_accesses_into_last_accessed_at(tmp_path):
     gen = Generation.open_current(tmp_path / "store")
     row = gen.memories.to_pylist()[gen.columns.id_to_row["m000"]]
     assert row["access_count"] == 2 and row["last_accessed_at"] is not None
+    # The next generation folds only what the log gained since: two more, not four.
+    with Memory(tmp_path / "store") as mem:
+        mem.add([memory(2, "The gateway's TLS certificate renews monthly.")])
+        mem.recall("gateway port", user="dana", k=1)
+        mem.add([memory(3, "Lee reviews every schema migration.")])
+    gen = Generation.open_current(tmp_path / "store")
+    row = gen.memories.to_pylist()[gen.columns.id_to_row["m000"]]
+    assert row["access_count"] == 3
 
 
 def test_ha_proxy_refuses_a_cluster_it_does_not_start(tmp_path):

@@ -118,6 +118,54 @@ def test_strong_signal_is_measured_against_the_query_ceiling(tmp_path):
     assert 0 not in masked.rows and not masked.strong_signal
 
 
+def test_a_query_term_no_memory_holds_weakens_the_strong_signal(tmp_path):
+    """"event bus" where "bus" is in no memory and "event" in one: that memory reaches the
+    ceiling of the known terms alone, but the query does not name it."""
+    docs = ["zqx checksum mismatch shard", "the event log rotates nightly", "shard rebalancing finished"]
+    lexical.build_bm25(docs, tmp_path / "bm25", analyzer=lexical.Analyzer(stemmer=None))
+    index = lexical.load_bm25(tmp_path / "bm25")
+    args = dict(start=0, end=3, mask=None, top_k=3, strong_score=0.85, strong_gap=0.15)
+    one_known = lexical.search(index, "event bus", **args)
+    assert one_known.rows.tolist() == [1] and one_known.normalised[0] == pytest.approx(1.0)
+    assert not one_known.strong_signal  # 1.0 × 1/2 of the terms known
+    assert lexical.search(index, "event log rotates", **args).strong_signal
+    # Four of five terms known: .956 × .8 < .85.
+    assert not lexical.search(index, "zqx checksum mismatch shard unicorn", **args).strong_signal
+    assert lexical.search(index, "zqx checksum mismatch shard", **args).strong_signal
+
+
+def test_the_ceiling_is_the_tenants_own(tmp_path):
+    """Another tenant's memories do not move this one's strong-signal decision: rows 0–1
+    are one tenant's, 2–3 another's, where "timeout" weighs more (a shorter memory)."""
+    docs = ["gateway timeout after retry budget spent in the upload worker", "nightly backup finished",
+            "timeout", "timeout retry"]
+    lexical.build_bm25(docs, tmp_path / "bm25", analyzer=lexical.Analyzer(stemmer=None))
+    index = lexical.load_bm25(tmp_path / "bm25")
+    tokens = index.query_tokens("gateway timeout")
+    assert lexical.ceiling(index, tokens, 0, 2) < lexical.ceiling(index, tokens)
+    mine = lexical.search(index, "gateway timeout", start=0, end=2, mask=None, top_k=2,
+                          strong_score=0.85, strong_gap=0.15)
+    assert mine.rows.tolist() == [0] and mine.normalised[0] == pytest.approx(1.0) and mine.strong_signal
+    assert mine.scores[0] / lexical.ceiling(index, tokens) < 0.85  # what the shared ceiling gave
+
+
+def test_a_naive_now_is_utc(tenant_memory, monkeypatch):
+    """Recency is computed from ``now``; a naive one means UTC (as every stored time),
+    not the host's local time (set to New York here, so the test can tell)."""
+    import datetime as dt
+    import time
+
+    aware = dt.datetime(2025, 6, 1, 12, tzinfo=dt.timezone.utc)
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        naive = tenant_memory.recaller.plan("deploy", user="alice", now=aware.replace(tzinfo=None)).now_us
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert naive == tenant_memory.recaller.plan("deploy", user="alice", now=aware).now_us == int(aware.timestamp() * 1e6)
+
+
 LOWER_STRONG = {"lexical": {"strong_signal_score": 0.6}}
 
 
@@ -181,7 +229,10 @@ def test_router_keeps_memory_questions(tenant_memory, calls, query):
     assert result.flags["router_skip"] is False
     assert result.flags["route"]["reason"] == "needs memory"
     assert result.items
-    assert calls.dense.n == 1
+    # Retrieval ran: BM25 always, dense unless one of alice's memories holds every term
+    # of the query (the strong signal: "rotate", "api", "keys" in one memory of hers).
+    assert calls.bm25.n == 1
+    assert calls.dense.n == (0 if result.flags["strong_signal_skip"] else 1)
 
 
 def test_per_call_config_can_disable_the_router(tenant_memory):

@@ -64,12 +64,20 @@ def test_query_too_long_reports_its_length_not_its_text():
     assert str(scope.MAX_QUERY_CHARS) in str(info.value)
 
 
+def test_query_with_a_lone_surrogate_is_refused_clearly():
+    with pytest.raises(InvalidArgument, match="lone surrogate") as info:
+        scope.make_scope(**{**OK, "query": "why \ud800 nats"})
+    assert "\\ud800" in str(info.value)  # shown escaped: the message itself stays valid UTF-8
+    str(info.value).encode("utf-8")
+
+
 def test_good_scope_normalises_times_and_types():
     sc = scope.make_scope(**{**OK, "types": "code", "since": "2025-03-01", "until": dt.date(2025, 3, 2),
                              "project": "atlas"})
     assert sc.types == ("code",)
     assert sc.since == dt.datetime(2025, 3, 1, tzinfo=UTC)
-    assert sc.until == dt.datetime(2025, 3, 2, tzinfo=UTC)
+    assert sc.until == dt.datetime(2025, 3, 2, 23, 59, 59, 999_999, tzinfo=UTC)  # a date: the whole day
+    assert scope.make_scope(**{**OK, "until": "2025-03-02"}).until == sc.until
     naive = scope.make_scope(**{**OK, "since": dt.datetime(2025, 3, 1, 12)})
     assert naive.since == dt.datetime(2025, 3, 1, 12, tzinfo=UTC)
     # since == until is a valid (one-instant) window.
@@ -111,6 +119,9 @@ MASK_ROWS = [
         ({"since": "2025-01-15", "until": "2025-03-15"}, [False, True, True, False]),
         ({"until": "2025-04-01T08:30:00Z"}, [True, True, True, True]),
         ({"until": "2025-04-01T08:29:59Z"}, [True, True, True, False]),
+        ({"until": "2025-04-01"}, [True, True, True, True]),  # a date: through the end of that day
+        ({"since": "2025-04-01", "until": "2025-04-01"}, [False, False, False, True]),  # the whole day
+        ({"until": "2025-03-31"}, [True, True, True, False]),
         ({"pinned": True}, [False, True, False, False]),
         ({"project": "atlas", "types": ["code"], "since": "2025-02-01"}, [False, False, False, True]),
     ],
@@ -145,6 +156,12 @@ def route(embedder, query, config=RouterConfig()):
 def test_router_skips_arithmetic(embedder, query):
     decision = route(embedder, query)
     assert decision.skip and decision.reason == "arithmetic expression"
+
+
+@pytest.mark.parametrize("query", ["4222", "0.30", "404", "2025-04-09", "v2.1.0", "port 4222?"])
+def test_router_does_not_take_a_number_for_arithmetic(embedder, query):
+    """A port, a version, a status code or a date is something to look up, not to compute."""
+    assert route(embedder, query).reason != "arithmetic expression"
 
 
 @pytest.mark.parametrize("query", [

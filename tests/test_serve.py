@@ -398,6 +398,31 @@ def test_a_patch_of_fields_only_is_folded_by_compaction(shells):
     assert gen.memories.column("salience")[row].as_py() == pytest.approx(0.9)
 
 
+def test_server_recall_hits_reach_the_access_log_and_the_next_generation(shells):
+    """What the ingress sends after each answer: the Writer logs it, and compaction
+    folds it into last_accessed_at / access_count (recency's input), once."""
+    import datetime as dt
+
+    from helix_ray.store.generation import Generation
+
+    writer = shells["writer"]
+    first = Generation.open_current(shells["store"])
+    base = first.memories.to_pylist()[first.columns.id_to_row["alice-00"]]["access_count"]
+    when = dt.datetime(2025, 6, 1, 12, tzinfo=dt.timezone.utc)
+    micros = int(when.timestamp() * 1_000_000)
+    assert writer.accessed([("alice-00", "alice", micros), ("alice-00", "alice", micros - 10)]) == {"recorded": 2}
+    assert writer.stats()["db"]["accesses"] == 2
+    writer.patch("alice-01", {"salience": 0.8}, "alice")  # something to compact
+    assert writer.compact()["published"]
+    gen = Generation.open_current(shells["store"])
+    row = gen.memories.to_pylist()[gen.columns.id_to_row["alice-00"]]
+    assert row["access_count"] == base + 2 and row["last_accessed_at"] == when
+    writer.patch("alice-01", {"salience": 0.7}, "alice")
+    assert writer.compact()["published"]
+    gen = Generation.open_current(shells["store"])
+    assert gen.memories.to_pylist()[gen.columns.id_to_row["alice-00"]]["access_count"] == base + 2  # not twice
+
+
 # --------------------------------------------------------------------------- read path
 
 
@@ -687,6 +712,19 @@ def test_admin_fits_the_query_adapter_from_feedback_and_replicas_use_it(served, 
 
 
 @ray_test
+def test_recall_counts_its_answers_as_accessed(alice):
+    """As in-process recall does: the answer's memories reach the access log (batched
+    by the ingress, about a second later)."""
+    before = alice.get("/v1/stats").json()["db"]["accesses"]
+    answer = ids(recall(alice, "why did we move billing to Postgres?"))
+    assert answer
+    deadline, now = time.monotonic() + 15, before
+    while time.monotonic() < deadline and now < before + len(answer):
+        time.sleep(0.25)
+        now = alice.get("/v1/stats").json()["db"]["accesses"]
+    assert now >= before + len(answer)
+
+
 def test_stats_report_generation_delta_and_latency(alice):
     stats = alice.get("/v1/stats").json()
     assert stats["generation"] >= 1 and stats["generation_counts"]["memories"] > 0

@@ -108,9 +108,15 @@ class BM25Index:
     analyzer: Analyzer
 
     def query_tokens(self, query: str) -> list[str]:
+        return self.query_terms(query)[0]
+
+    def query_terms(self, query: str) -> tuple[list[str], int]:
+        """The query's analysed terms that the index knows, and how many terms it has in
+        all (a term no memory holds cannot score, but it still says the query asks for
+        something no memory says)."""
         tokens = self.analyzer.tokenize([query], return_ids=False)[0]
         vocab = self.retriever.vocab_dict
-        return [t for t in tokens if t in vocab]
+        return [t for t in tokens if t in vocab], len(tokens)
 
     def scores(self, tokens: list[str]) -> np.ndarray:
         if not tokens:
@@ -139,19 +145,28 @@ class LexicalHits:
     strong_signal: bool
 
 
-def ceiling(index: BM25Index, tokens: list[str]) -> float:
-    """The best score any memory could reach for ``tokens``: Σ over query tokens of the
-    token's highest per-memory score. A memory at 1.0 of it holds every query term at
-    the best weight seen: the query is, lexically, that memory."""
+def ceiling(index: BM25Index, tokens: list[str], start: int = 0, end: int | None = None) -> float:
+    """The best score any memory of rows [start, end) could reach for ``tokens``: Σ over
+    query tokens of the token's highest per-memory score among those rows (one tenant's:
+    another tenant's memories must not move this one's strong-signal decisions). A
+    memory at 1.0 of it holds every query term at the best weight seen: the query is,
+    lexically, that memory."""
     scores = index.retriever.scores
     vocab = index.retriever.vocab_dict
-    data, indptr = scores["data"], scores["indptr"]
+    data, indptr, indices = scores["data"], scores["indptr"], scores["indices"]
+    whole = start <= 0 and (end is None or end >= scores["num_docs"])
     total = 0.0
     for token in tokens:
         t = vocab[token]
         lo, hi = int(indptr[t]), int(indptr[t + 1])
-        if hi > lo:
-            total += float(np.max(data[lo:hi]))
+        if hi <= lo:
+            continue
+        weights = np.asarray(data[lo:hi])
+        if not whole:
+            docs = np.asarray(indices[lo:hi])
+            weights = weights[(docs >= start) & (docs < (scores["num_docs"] if end is None else end))]
+        if len(weights):
+            total += float(np.max(weights))
     return total
 
 
@@ -202,11 +217,14 @@ def search(
 ) -> LexicalHits:
     """Top-k BM25 rows within [start, end) where ``mask`` (length end-start) is true.
 
-    Strong signal: the top hit's normalised score is at least ``strong_score`` and beats
-    the second by at least ``strong_gap`` — the query names one memory exactly (an error
-    string, a path), so fusion with the dense leg has nothing to add.
+    Strong signal: the top hit's normalised score, times the share of the query's terms
+    the index knows, is at least ``strong_score``, and the top hit beats the second by
+    at least ``strong_gap`` — the query names one memory exactly (an error string, a
+    path), so fusion with the dense leg has nothing to add. (Without the share, "event
+    bus" over a store where "bus" appears nowhere and "event" in one memory would name
+    that memory.)
     """
-    tokens = index.query_tokens(query)
+    tokens, n_terms = index.query_terms(query)
     empty = LexicalHits(np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.float32), False)
     if not tokens:
         return empty
@@ -217,7 +235,15 @@ def search(
     if len(top) == 0:
         return empty
     raw = scores[top]
-    normalised = np.minimum(raw / (ceiling(index, tokens) or 1.0), 1.0).astype(np.float32)
-    second = float(normalised[1]) if len(normalised) > 1 else 0.0
-    strong = bool(normalised[0] >= strong_score and normalised[0] - second >= strong_gap)
+    normalised = np.minimum(raw / (ceiling(index, tokens, start, end) or 1.0), 1.0).astype(np.float32)
+    strong = is_strong(normalised, len(tokens) / max(n_terms, 1), strong_score, strong_gap)
     return LexicalHits(rows=top.astype(np.int64) + start, scores=raw, normalised=normalised, strong_signal=strong)
+
+
+def is_strong(normalised: np.ndarray, coverage: float, strong_score: float, strong_gap: float) -> bool:
+    """The strong-signal test of :func:`search` on a list's normalised scores, best
+    first; ``coverage``: the share of the query's terms that some memory holds."""
+    if not len(normalised):
+        return False
+    second = float(normalised[1]) if len(normalised) > 1 else 0.0
+    return bool(normalised[0] * coverage >= strong_score and normalised[0] - second >= strong_gap)

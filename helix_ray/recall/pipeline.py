@@ -227,7 +227,8 @@ class Recaller:
         weights = {name: (0.0 if name in disabled else w) for name, w in cfg.fusion.weights.items()}
         if not any(weights.values()):
             weights = {"dense": 1.0, "bm25": 0.0}
-        now_us = int((now or dt.datetime.now(dt.timezone.utc)).timestamp() * 1_000_000)
+        now = now or dt.datetime.now(dt.timezone.utc)
+        now_us = int((now if now.tzinfo else now.replace(tzinfo=dt.timezone.utc)).timestamp() * 1_000_000)
         return Plan(query, user, sc, cfg, k, budget_tokens, explain, frozenset(disabled), now_us, weights,
                     query_vector, flags, timings, query_tokens)
 

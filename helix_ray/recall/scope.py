@@ -38,19 +38,28 @@ class Scope:
     project_mode: str = "filter"  # "filter" | "prefer" (boost in ranking instead)
 
 
-def _as_time(name: str, value: object) -> dt.datetime | None:
+def _as_time(name: str, value: object, *, end_of_day: bool = False) -> dt.datetime | None:
+    """A time bound as an aware datetime (naive ones are UTC). A date without a time of
+    day is the day's first microsecond, or with ``end_of_day`` (``until``) its last: the
+    window ``since=until=2025-05-21`` is that whole day."""
     if value is None:
         return None
     if isinstance(value, dt.datetime):
         return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
-    if isinstance(value, dt.date):
-        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc)
     if isinstance(value, str):
+        text = value
         try:
-            parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            value = dt.date.fromisoformat(text.strip())
         except ValueError:
-            raise InvalidArgument(name, value, "it must be an ISO-8601 time such as 2025-03-14 or 2025-03-14T10:00:00Z") from None
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+            try:
+                parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+            except ValueError:
+                raise InvalidArgument(name, text, "it must be an ISO-8601 time such as 2025-03-14 or "
+                                      "2025-03-14T10:00:00Z") from None
+            return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+    if isinstance(value, dt.date):
+        day = dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc)
+        return day + dt.timedelta(days=1, microseconds=-1) if end_of_day else day
     raise InvalidArgument(name, value, "it must be an ISO-8601 string or a datetime")
 
 
@@ -72,6 +81,12 @@ def make_scope(
         raise InvalidArgument("query", query, "it must be a non-empty string", "Pass the question to recall for.")
     if len(query) > MAX_QUERY_CHARS:
         raise InvalidArgument("query", f"<{len(query)} characters>", f"it must be at most {MAX_QUERY_CHARS} characters")
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        around = query[max(0, exc.start - 20): exc.end + 20].encode("utf-8", "backslashreplace").decode()
+        raise InvalidArgument("query", around, f"it must be valid Unicode text; character {exc.start} is a lone "
+                              "surrogate", "Decode the text with errors='replace' first.") from None
     if not isinstance(user, str) or not user.strip():
         raise InvalidArgument("user", user, "it must be the tenant's non-empty user id (recall is always per user)")
     if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int) or budget_tokens <= 0:
@@ -87,7 +102,7 @@ def make_scope(
             raise InvalidArgument("types", list(types), f"each must be one of {', '.join(MEMORY_TYPES)}")
     if project_mode not in ("filter", "prefer"):
         raise InvalidArgument("project_mode", project_mode, "it must be 'filter' or 'prefer'")
-    start, end = _as_time("since", since), _as_time("until", until)
+    start, end = _as_time("since", since), _as_time("until", until, end_of_day=True)
     if start and end and start > end:
         raise InvalidArgument("since", since, f"it must not be later than until={until!r}", "Swap them or widen the window.")
     return Scope(user=user, project=project, types=types, since=start, until=end, pinned=pinned,
@@ -156,6 +171,10 @@ MEMORY_EXAMPLES = (
     "which port does the gateway listen on",
 )
 _ARITHMETIC = re.compile(r"^\s*(?:what is|compute|calculate)?\s*[-+*/×÷^().\d\s%=?]+\s*$", re.I)
+#: An operator between two numbers: "2 + 2", "12*7", "(3-1)/2" — not "4222", "0.30" or a
+#: date (dates are removed first, :data:`_DATE`).
+_OPERATION = re.compile(r"[\d)]\s*[-+*/×÷^%]\s*[\d(]")
+_DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
 
 
 @dataclass(frozen=True)
@@ -178,7 +197,7 @@ class Router:
             return Route(False, "router disabled", 0.0, 0.0)
         no_sim = float(query_vector @ self.no_memory)
         mem_sim = float(query_vector @ self.memory)
-        if _ARITHMETIC.match(query) and re.search(r"\d", query):
+        if _ARITHMETIC.match(query) and _OPERATION.search(_DATE.sub(" ", query)):
             return Route(True, "arithmetic expression", no_sim, mem_sim)
         if no_sim >= config.min_similarity and no_sim - mem_sim >= config.margin:
             return Route(True, "closest to the no-memory examples", no_sim, mem_sim)

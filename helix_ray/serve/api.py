@@ -38,7 +38,8 @@ class RecallRequest(_Request):
     types: list[str] | None = Field(None, description="Only these memory types: episodic, semantic, procedural, "
                                                        "decision, code.")
     since: str | None = Field(None, description="ISO-8601 time: only memories created at or after it.")
-    until: str | None = Field(None, description="ISO-8601 time: only memories created at or before it.")
+    until: str | None = Field(None, description="ISO-8601 time: only memories created at or before it (a date "
+                                                "alone, e.g. 2025-03-14, means the end of that day, UTC).")
     k: int | None = Field(None, description="Items selected before packing (1–200; default from the settings).")
     explain: bool = Field(False, description="Return every candidate's ranks, signals and fate.")
 

@@ -114,6 +114,12 @@ api = FastAPI(
 )
 
 
+#: Recall hits are sent to the Writer's access log in batches, this often (seconds), and
+#: at most this many are kept waiting when it cannot be reached.
+ACCESS_FLUSH_S = 1.0
+ACCESS_BUFFER = 100_000
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"detail": message})
 
@@ -200,6 +206,8 @@ class HelixAPI:
         self._base_version = 0
         self._config_key: Any = None
         self._config = check_settings(self.base, {})
+        self._accessed: list[tuple[str, str, int]] = []  # recall hits not yet sent to the Writer
+        self._access_flush: asyncio.Task | None = None
 
     # ---------------------------------------------------------------- settings
     def reconfigure(self, user_config: dict[str, Any]) -> None:
@@ -281,7 +289,30 @@ class HelixAPI:
         out["timings_ms"]["call_graph"] = _ms(hop)
         out["timings_ms"]["ingress"] = _ms(clock)
         self.latency.add(out["timings_ms"])
+        self._note_access(out["items"], user)
         return out
+
+    def _note_access(self, items: list[dict[str, Any]], user: str) -> None:
+        """Count the answer's memories as accessed, as in-process recall does: buffered
+        here and sent to the Writer at most once per :data:`ACCESS_FLUSH_S` (a hop per
+        recall would cost more than some stages)."""
+        if not items:
+            return
+        now_us = int(time.time() * 1_000_000)
+        self._accessed.extend((item["id"], user, now_us) for item in items)
+        del self._accessed[:-ACCESS_BUFFER]  # the Writer unreachable for long: keep the newest
+        if self._access_flush is None or self._access_flush.done():
+            self._access_flush = asyncio.get_running_loop().create_task(self._flush_access())
+
+    async def _flush_access(self) -> None:
+        await asyncio.sleep(ACCESS_FLUSH_S)
+        hits, self._accessed = self._accessed, []
+        try:
+            await self.writer.accessed.remote(hits)
+        except Exception:  # noqa: BLE001 - recency only: keep them for the next flush
+            log.warning("could not record %d recall hits in the access log; retrying with the next batch",
+                        len(hits), exc_info=True)
+            self._accessed[:0] = hits
 
     async def _recall_split(self, query: str, user: str, config: RetrievalConfig,
                             request: dict[str, Any]) -> dict[str, Any]:

@@ -312,14 +312,15 @@ class DeltaSegment:
         return self._terms_by[analyzer]
 
     def lexical_search(self, query: str, scope: Scope, generation: int | None, base: lexical.BM25Index | None,
-                       *, top_k: int) -> "DeltaLexical | None":
+                       *, top_k: int, span: tuple[int, int] | None = None) -> "DeltaLexical | None":
         """BM25 over the entries in scope, scored on the generation's scale.
 
         A tiny index of its own would give IDFs from a handful of documents, and scores
         comparable neither to the generation's nor (normalised by its own ceiling) to
         anything: one entry would look like a perfect match. So each query term gets the
         IDF of the generation and the delta together (``df = df_generation + df_delta``,
-        Lucene's idf, bm25s's k1 and b), and the ceiling is taken over both."""
+        Lucene's idf, bm25s's k1 and b), and the ceiling is taken over both — over the
+        user's own memories: ``span``, their rows in the generation (None: none there)."""
         mask = self.scope_mask(scope, generation)
         if not mask.any():
             return None
@@ -336,35 +337,41 @@ class DeltaSegment:
         avgdl = float(lengths.mean()) if len(lengths) and lengths.mean() > 0 else 1.0
         norm = k1 * (1.0 - b + b * lengths / avgdl)
         scores = np.zeros(len(self), dtype=np.float64)
-        ceiling = 0.0
+        mine = (self.users == scope.user) & self.live(generation)
+        ceiling, known = 0.0, 0
         for token in tokens:
             tf = np.array([c.get(token, 0) for c in counts], dtype=np.float64)
             df_base, max_base = 0, 0.0
             if token in vocab:
-                assert retriever is not None  # vocab is empty without a base index
+                assert base is not None  # vocab is empty without a base index
                 t = vocab[token]
-                lo, hi = int(retriever.scores["indptr"][t]), int(retriever.scores["indptr"][t + 1])
+                lo, hi = int(base.retriever.scores["indptr"][t]), int(base.retriever.scores["indptr"][t + 1])
                 df_base = hi - lo
-                max_base = float(np.max(retriever.scores["data"][lo:hi])) if hi > lo else 0.0
+                if span is not None:
+                    max_base = lexical.ceiling(base, [token], *span)
             df = df_base + int(np.count_nonzero(tf))
             idf = math.log(1.0 + (n_base + len(self) - df + 0.5) / (df + 0.5))
             term = idf * tf / (tf + norm)
             scores += term
-            ceiling += max(max_base, float(term.max()) if len(term) else 0.0)
+            best = max(max_base, float(term[mine].max()) if mine.any() else 0.0)
+            ceiling += best
+            known += best > 0
         scores = np.where(mask, scores, 0.0)
         k = min(top_k, int(np.count_nonzero(scores > 0)))
         if k == 0:
             return None
         top = np.argpartition(-scores, k - 1)[:k]
         top = top[np.lexsort((top, -scores[top]))]
-        return DeltaLexical(DELTA_BASE + self.seq[top], scores[top].astype(np.float32), ceiling)
+        return DeltaLexical(DELTA_BASE + self.seq[top], scores[top].astype(np.float32), ceiling,
+                            known / len(tokens))
 
 
 @dataclass(frozen=True)
 class DeltaLexical:
     rows: np.ndarray  # int64 delta row ids, best first
     scores: np.ndarray  # float32 BM25 on the generation's scale
-    ceiling: float  # Σ over query tokens of the best score any memory (generation or delta) reaches
+    ceiling: float  # Σ over query tokens of the best score any of the user's memories (generation or delta) reaches
+    coverage: float = 1.0  # share of the query's terms some memory of the user holds
 
 
 def _no_lexical_hits() -> lexical.LexicalHits:
@@ -400,9 +407,8 @@ def merge_lexical(base: lexical.LexicalHits | None, extra: DeltaLexical | None, 
     order = np.lexsort((rows, -raw))[:top_k]
     rows, raw = rows[order], raw[order]
     normalised = np.minimum(raw / (extra.ceiling or 1.0), 1.0).astype(np.float32)
-    second = float(normalised[1]) if len(normalised) > 1 else 0.0
-    strong = bool(len(normalised) and normalised[0] >= strong_score and normalised[0] - second >= strong_gap)
-    return lexical.LexicalHits(rows, raw, normalised, strong)
+    return lexical.LexicalHits(rows, raw, normalised,
+                               lexical.is_strong(normalised, extra.coverage, strong_score, strong_gap))
 
 
 def drop_rows(hits, hidden: set[int] | frozenset[int]):

@@ -170,7 +170,7 @@ class BM25Shell(_StoreShell):
             if plan.weights.get("bm25", 0) > 0 and len(delta):
                 lx = plan.config.lexical
                 extra = delta.lexical_search(plan.query, plan.scope, view.number, view.generation.bm25,
-                                             top_k=lx.top_k)
+                                             top_k=lx.top_k, span=view.generation.partitions.get(plan.user))
                 hits = merge_lexical(hits, extra, top_k=lx.top_k, strong_score=lx.strong_signal_score,
                                      strong_gap=lx.strong_signal_gap)
         except Exception as exc:  # noqa: BLE001 - recall goes on with the other leg, flagged
@@ -320,6 +320,10 @@ class WriterShell:
     @boundary
     def delete(self, memory_id: str, user: str | None) -> dict[str, Any]:
         return self.core.delete(memory_id, user=user)
+
+    @boundary
+    def accessed(self, hits: list[tuple[str, str, int]]) -> dict[str, Any]:
+        return self.core.accessed(hits)
 
     @boundary
     def feedback(self, query: str, memory_ids: list[str], user: str | None) -> dict[str, Any]:

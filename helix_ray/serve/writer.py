@@ -282,6 +282,16 @@ class WriterCore:
             self._publish()
             return {"id": memory_id, "deleted": True, "delta_version": self.version}
 
+    def accessed(self, hits: list[tuple[str, str, int]]) -> dict[str, Any]:
+        """Append recall hits ``(memory id, user, epoch µs)`` to the access log (the
+        ingress batches them); the next compaction or ingest folds them into
+        ``last_accessed_at`` and ``access_count``, the recency signal's input."""
+        utc = dt.timezone.utc
+        rows = [(str(i), str(u), dt.datetime.fromtimestamp(int(t) / 1e6, tz=utc)) for i, u, t in hits]
+        with self._lock:
+            self.db.log_access(rows)
+        return {"recorded": len(rows)}
+
     def feedback(self, query: Any, memory_ids: Any, *, user: str | None) -> dict[str, Any]:
         """Record which memories answered ``query`` for ``user`` (labelled queries for
         ``helix adapt --from-feedback``). Ids must be that user's memories."""

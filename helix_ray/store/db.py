@@ -207,11 +207,18 @@ class StoreDB:
         ).fetchall()
         return {i: (h, d) for i, h, d in rows}
 
-    def access_summary(self) -> dict[str, tuple[dt.datetime, int]]:
+    def access_summary(self, after: int = 0) -> tuple[dict[str, tuple[dt.datetime, int]], int]:
+        """Per memory id, its latest access and how many there were, over the access-log
+        rows from position ``after`` on (those a previous generation has not folded
+        yet), and the position the next fold starts from. The log is append-only, so a
+        position (``rowid``) names the same access for good."""
         # Times leave DuckDB as epoch microseconds: its TIMESTAMPTZ → Python path needs pytz.
-        rows = self.con.execute("SELECT id, epoch_us(max(accessed_at)), count(*) FROM access_log GROUP BY id").fetchall()
+        upto = self.con.execute("SELECT coalesce(max(rowid) + 1, 0) FROM access_log").fetchone()
+        end = int(upto[0]) if upto is not None else 0
+        rows = self.con.execute("SELECT id, epoch_us(max(accessed_at)), count(*) FROM access_log "
+                                "WHERE rowid >= ? AND rowid < ? GROUP BY id", [int(after), end]).fetchall()
         utc = dt.timezone.utc
-        return {i: (dt.datetime.fromtimestamp(t / 1e6, tz=utc), c) for i, t, c in rows}
+        return {i: (dt.datetime.fromtimestamp(t / 1e6, tz=utc), c) for i, t, c in rows}, max(end, int(after))
 
     def counts(self) -> dict[str, Any]:
         q = self.con.execute
