@@ -223,11 +223,10 @@ class MemorySampler:
 def embedded_texts(source: Path, fmt: str, store: Path) -> list[str]:
     """The texts the pipeline embedded, in its order: every accepted row (read and
     validated again here) whose id made it into the published generation."""
-    from helix_ray.config import IngestConfig
     from helix_ray.ingest import stages
     from helix_ray.store.generation import Generation
 
-    out = stages.read_and_validate({"path": str(source.resolve()), "format": fmt}, config=IngestConfig())
+    out = stages.read_and_validate({"path": str(source.resolve()), "format": fmt}, config=ingest_config())
     rows = [json.loads(r["payload"]) for r in out if r["ok"]]
     latest: dict[str, str] = {}
     for row in rows:  # a repeated id: the later record wins, as in the pipeline
@@ -236,22 +235,40 @@ def embedded_texts(source: Path, fmt: str, store: Path) -> list[str]:
     return [text for mid, text in latest.items() if mid in kept]
 
 
+#: Ingest settings for every run of this script (``--no-late`` turns late interaction off).
+INGEST_OVERRIDES: dict[str, Any] = {}
+#: ``--warm-ray``: one Ray for every round, started before the first (a notebook's case:
+#: the first round still pays Ray Data's first execution, later ones do not).
+WARM_RAY = False
+
+
+def ingest_config():
+    """The ``IngestConfig`` the pipeline and the baseline both use."""
+    from helix_ray.config import IngestConfig, load_config
+
+    return load_config(IngestConfig, overrides=INGEST_OVERRIDES) if INGEST_OVERRIDES else IngestConfig()
+
+
 def run_pipeline(source: Path, fmt: str, store: Path) -> dict[str, Any]:
     import ray
 
-    from helix_ray.config import IngestConfig
     from pipelines.ingest import ingest
 
-    if ray.is_initialized():
+    if ray.is_initialized() and not WARM_RAY:
         ray.shutdown()
     saved = {k: os.environ.get(k) for k in PIPELINE_ENV}
     os.environ.update(PIPELINE_ENV)  # inherited by the Ray processes the pipeline starts
     try:
+        if WARM_RAY and not ray.is_initialized():  # a notebook's Ray, started before (not timed)
+            from helix_ray.runtime import ensure_ray
+
+            ensure_ray()
         with MemorySampler() as mem:
             t0 = time.perf_counter()
-            report = ingest([source], store, fmt=fmt, runner="ray", config=IngestConfig(), show_progress=False)
+            report = ingest([source], store, fmt=fmt, runner="ray", config=ingest_config(), show_progress=False)
             total = time.perf_counter() - t0
-        ray.shutdown()
+        if not WARM_RAY:
+            ray.shutdown()
     finally:
         for k, v in saved.items():
             if v is None:
@@ -282,11 +299,10 @@ def run_embed_only(texts: list[str], fraction: float = 1.0, sorted_reference: bo
     text estimates the whole. ``sorted_reference`` also times the same sample sorted by
     length as a whole before chunking (the least padding any batching can reach).
     """
-    from helix_ray.config import IngestConfig
     from helix_ray.embedder import get_embedder, iter_batches
     from pipelines.ingest import BATCH
 
-    config = IngestConfig().embedder
+    config = ingest_config().embedder
     t0 = time.perf_counter()
     embedder = get_embedder(config)
     embedder.embed_passages(["warm up the session"])
@@ -307,7 +323,7 @@ def run_embed_only(texts: list[str], fraction: float = 1.0, sorted_reference: bo
            "embed_s": round(seconds * scale, 3), "estimated": step > 1,
            "per_s": round(n / seconds, 1) if seconds else None, "peak_pss_mib": round(mem.peak_mib, 1),
            "cpu_s": round(mem.cpu_s * scale, 1), "loadavg_1min": [mem.load_start, mem.load_end]}
-    late = IngestConfig().late_interaction
+    late = ingest_config().late_interaction
     if late.enabled:  # the pipeline's second encoder, on the same chunks, timed apart
         from helix_ray.token_encoder import get_token_encoder
 
@@ -449,9 +465,19 @@ def main(argv: list[str] | None = None) -> int:
                          "whose embedding took over 30 min failed with ExecutionTimeoutError")
     ap.add_argument("--work", default=None, help="work folder for stores and data (default: a temp dir, removed)")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--warm-ray", action="store_true",
+                    help="start Ray once, before the first round, and keep it for every round (as a notebook does); "
+                         "rounds then leave out Ray's start")
+    ap.add_argument("--no-late", action="store_true",
+                    help="ingest without late-interaction tokens (the pipeline then embeds with one encoder, the "
+                         "embed-only baseline's)")
     args = ap.parse_args(argv)
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if args.no_late:
+        INGEST_OVERRIDES["late_interaction"] = {"enabled": False}
+    global WARM_RAY
+    WARM_RAY = args.warm_ray
     for item in args.pipeline_env:
         key, _, value = item.partition("=")
         PIPELINE_ENV[key] = value
