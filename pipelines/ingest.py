@@ -50,7 +50,9 @@ from helix_ray.store.generation import (
     GenerationData,
     current_generation_number,
     partitions_of,
+    prune,
     publish,
+    set_current,
 )
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,7 @@ class IngestReport:
     total_memories: int = 0
     generation: int | None = None
     published: bool = False
+    pruned: list[int] = dataclasses.field(default_factory=list)  # generation folders deleted after publishing
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     quarantine_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
 
@@ -187,9 +190,22 @@ def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
             out = [r for item in items for r in _read_validate_sign(item, config=config)]
     quarantined = [json.loads(r["payload"]) for r in out if not r["ok"]]
     incoming = [stages.decode_row(r["payload"]) for r in out if r["ok"]]
+    # An id given twice in the input: the later record wins, the earlier is quarantined
+    # whole. An id that is another user's memory: quarantined (ingest never moves a
+    # memory between tenants; the server's writes refuse it the same way).
+    latest: dict[str, dict[str, Any]] = {}
+    for row in incoming:
+        if row["id"] in latest:
+            quarantined.append(_held_back(latest[row["id"]], "duplicate_id", "the same id is given again later in "
+                                          "this ingest; the later record is kept"))
+        latest[row["id"]] = row
+    for memory_id, owner in db.foreign_ids([(r["id"], r["user"]) for r in latest.values()]).items():
+        row = latest.pop(memory_id)
+        quarantined.append(_held_back(row, "id_conflict", f"id {memory_id!r} is a memory of user {owner!r}, not "
+                                      f"{row['user']!r}; give this record another id (or none: one is derived)"))
     report.read = len(out)
     report.quarantined = len(quarantined)
-    report.accepted = len(incoming)
+    report.accepted = len(latest)
     for q in quarantined:
         reason = q["reason"].split(":", 1)[0]
         report.quarantine_reasons[reason] = report.quarantine_reasons.get(reason, 0) + 1
@@ -197,19 +213,17 @@ def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
     # ---- 3: what is new, and dedup against itself and the previous generation
     with _timed(report, "dedup"):
         known = db.known_hashes()
-        latest: dict[str, dict[str, Any]] = {}
-        same_id_links = []
-        for row in incoming:  # a repeated id within the input: the later record wins
-            if row["id"] in latest:
-                same_id_links.append((row["id"], row["id"], 1.0))
-            latest[row["id"]] = row
         previous = _open_previous(store, config)
+        dropped_before = db.dropped_as_duplicates([i for i in latest if i in known])
         fresh, replaced = [], set()
         same_text = []
+        held = _held_by(previous, [r["id"] for r in latest.values() if r["id"] in known])
         for row in latest.values():
             seen = known.get(row["id"])
             if seen is not None and seen[1]:  # deleted, now given again: it comes back
                 seen = None
+            if seen is not None and row["id"] not in held and row["id"] not in dropped_before:
+                seen = None  # restored: recorded by a run whose generation never became current
             if seen is not None and seen[0] == row["content_hash"]:
                 same_text.append(row)
                 continue
@@ -248,7 +262,7 @@ def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
             texts=[r["text"] for r in everything], shingle=config.dedup.shingle,
         )
         drop = {i for i, _, _ in dropped}
-        links = [(everything[i]["id"], everything[j]["id"], s) for i, j, s in dropped] + same_id_links
+        links = [(everything[i]["id"], everything[j]["id"], s) for i, j, s in dropped]
         report.duplicates = len(links)
 
     keep_old = [i for i in range(len(old_rows)) if i not in drop]
@@ -286,9 +300,8 @@ def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
             hnsw_threads=config.hnsw_threads,
             bm25_analyzer=Analyzer(stemmer=config.lexical.stemmer or None,
                                    split_identifiers=config.lexical.split_identifiers),
+            make_current=False,  # after the database has recorded it (below)
         )
-    report.generation = number
-    report.published = True
 
     # ---- the database records what the published generation holds
     with _timed(report, "record"):
@@ -316,6 +329,14 @@ def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
         except BaseException:
             db.con.rollback()
             raise
+    # Readers switch only now: a failure above leaves the previous generation current and
+    # the database as it was (the unused folder is pruned later). A crash between the
+    # commit and this line leaves memories the database knows but the current generation
+    # lacks; the next run embeds them again (see "restored" in the dedup stage).
+    set_current(store, number)
+    report.generation = number
+    report.published = True
+    report.pruned = prune(store, keep=config.keep_generations)
 
 
 def _read_validate_sign(item: dict[str, Any], *, config: IngestConfig) -> list[dict[str, Any]]:
@@ -329,6 +350,21 @@ def _read_validate_sign(item: dict[str, Any], *, config: IngestConfig) -> list[d
         row["minhash"] = sig.tolist()
         out[i] = {"ok": True, "payload": json.dumps(row)}
     return out
+
+
+def _held_by(previous: Generation | None, ids: list[str]) -> set[str]:
+    """Those of ``ids`` that the previous generation holds."""
+    if previous is None or not ids:
+        return set()
+    found = pc.is_in(pa.array(ids, pa.string()), value_set=previous.memories.column("id")).to_pylist()
+    return {i for i, hit in zip(ids, found) if hit}
+
+
+def _held_back(row: dict[str, Any], code: str, sentence: str) -> dict[str, Any]:
+    """A validated record that cannot be stored as given, as a quarantine row (the whole
+    record kept, so nothing is lost)."""
+    return {"source": row.get("source"), "position": f"id {row['id']}", "reason": f"{code}: {sentence}",
+            "raw": json.dumps(row, default=str, ensure_ascii=False, sort_keys=True)}
 
 
 def _open_previous(store: Path, config: IngestConfig) -> Generation | None:

@@ -46,6 +46,30 @@ def test_quarantine_keeps_every_bad_row_with_reason_and_position(tmp_path):
     assert {json.loads(r["raw"])["id"] for r in rows} == {json.loads(line)["id"] for line in bad_lines}
 
 
+def test_an_id_given_twice_keeps_the_later_and_quarantines_the_earlier(tmp_path):
+    source = write_jsonl(tmp_path / "a.jsonl", [memory(0, FACTS[0]), memory(1, FACTS[1]), memory(0, FACTS[2])])
+    report = ingest([source], tmp_path / "store", runner="local")
+    assert (report.read, report.accepted, report.quarantined) == (3, 2, 1)
+    assert report.quarantine_reasons == {"duplicate_id": 1}
+    with StoreDB(tmp_path / "store") as db:
+        (held,) = db.quarantine()
+        assert json.loads(held["raw"])["text"] == FACTS[0]  # the earlier record, whole
+    gen = Generation.open_current(tmp_path / "store")
+    assert gen.memories.column("text")[gen.columns.id_to_row["m000"]].as_py() == FACTS[2]
+
+
+def test_ingest_never_moves_a_memory_to_another_user(tmp_path):
+    store = tmp_path / "store"
+    ingest([write_jsonl(tmp_path / "a.jsonl", [memory(0, FACTS[0], user="alice")])], store, runner="local")
+    report = ingest([write_jsonl(tmp_path / "b.jsonl", [memory(0, FACTS[1], user="bob")])], store, runner="local")
+    assert report.quarantine_reasons == {"id_conflict": 1} and report.accepted == 0
+    with StoreDB(store) as db:
+        assert "user 'alice'" in db.quarantine()[0]["reason"]
+    gen = Generation.open_current(store)
+    row = gen.columns.id_to_row["m000"]
+    assert (gen.memories.column("user")[row].as_py(), gen.memories.column("text")[row].as_py()) == ("alice", FACTS[0])
+
+
 def test_reingesting_bad_rows_does_not_duplicate_quarantine(tmp_path):
     bad = SAMPLE / "bad_records.jsonl"
     good = write_jsonl(tmp_path / "good.jsonl", [memory(0, FACTS[0])])
@@ -186,6 +210,60 @@ def test_crash_mid_publish_leaves_previous_generation_serving(tmp_path):
     retry = ingest([more], store, runner="local")
     assert retry.generation == 2 and retry.total_memories == 6 and retry.embedded == 3
     assert not any(p.name.startswith(".tmp-") for p in generations_dir(store).iterdir())
+
+
+def test_a_failure_recording_the_run_leaves_the_previous_generation_current(tmp_path, monkeypatch):
+    """The database records a generation before readers switch to it: a failure there
+    (here the graph's tables) leaves CURRENT, and the database, as they were."""
+    store = tmp_path / "store"
+    ingest([write_jsonl(tmp_path / "a.jsonl", [memory(i, t) for i, t in enumerate(FACTS[:3])])], store, runner="local")
+    more = write_jsonl(tmp_path / "b.jsonl", [memory(10 + i, t) for i, t in enumerate(FACTS[3:])])
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected failure in replace_graph")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(StoreDB, "replace_graph", broken)
+        with pytest.raises(RuntimeError, match="injected failure"):
+            ingest([more], store, runner="local")
+    assert current_generation_number(store) == 1 and Generation.open_current(store).size == 3
+    with StoreDB(store) as db:
+        assert db.counts()["memories"] == 3
+    retry = ingest([more], store, runner="local")
+    assert (retry.generation, retry.total_memories, retry.embedded) == (3, 6, 3)  # 2: the unused folder
+    with StoreDB(store) as db:
+        assert db.counts()["memories"] == 6 and db.counts()["deleted"] == 0
+
+
+def test_memories_recorded_by_a_run_that_never_became_current_are_restored(tmp_path, monkeypatch):
+    """A crash after the database commit and before CURRENT moves: the next run finds
+    memories the database knows and the current generation lacks, and embeds them."""
+    import pipelines.ingest as pipeline
+
+    store = tmp_path / "store"
+    ingest([write_jsonl(tmp_path / "a.jsonl", [memory(0, FACTS[0])])], store, runner="local")
+    more = write_jsonl(tmp_path / "b.jsonl", [memory(1, FACTS[1])])
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("injected crash before CURRENT moves")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(pipeline, "set_current", crash)
+        with pytest.raises(RuntimeError, match="injected crash"):
+            ingest([more], store, runner="local")
+    assert current_generation_number(store) == 1
+    again = ingest([more], store, runner="local")
+    assert (again.new, again.embedded, again.unchanged, again.total_memories) == (1, 1, 0, 2)
+    assert "m001" in Generation.open_current(store).columns.id_to_row
+
+
+def test_old_generations_are_pruned(tmp_path):
+    store = tmp_path / "store"
+    for i, fact in enumerate(FACTS[:4]):
+        report = ingest([write_jsonl(tmp_path / f"{i}.jsonl", [memory(i, fact)])], store, runner="local")
+    assert report.generation == 4 and report.pruned == [1]
+    assert sorted(p.name for p in generations_dir(store).iterdir()) == ["000002", "000003", "000004"]
+    assert Generation.open_current(store).size == 4
 
 
 def test_reader_refuses_a_mismatched_manifest(tmp_path):

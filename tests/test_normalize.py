@@ -106,6 +106,12 @@ def test_times_are_parsed_to_utc():
         ({"text": "bad \udcff surrogate", "user": "dana"}, "invalid_utf8", "UTF-8"),
         ({"text": "ok", "user": "dana", "pinned": "yes"}, "wrong_type", "'yes'"),
         ({"text": "ok", "user": "dana", "metadata": [1]}, "wrong_type", "metadata"),
+        # Times and counts Python or Arrow cannot hold: a bad record, not a failed ingest.
+        ({"text": "ok", "user": "dana", "created_at": 1e20}, "bad_time", "outside the times"),
+        ({"text": "ok", "user": "dana", "created_at": -1e13}, "bad_time", "outside the times"),
+        ({"text": "ok", "user": "dana", "created_at": "9999-12-31T23:00:00-05:00"}, "bad_time", "outside"),
+        ({"text": "ok", "user": "dana", "last_accessed_at": 1e300}, "bad_time", "last_accessed_at"),
+        ({"text": "ok", "user": "dana", "access_count": 3_000_000_000}, "out_of_range", "3000000000"),
     ],
 )
 def test_each_kind_of_bad_row_is_rejected_with_a_reason(raw, code, words):

@@ -398,6 +398,23 @@ def test_a_patch_of_fields_only_is_folded_by_compaction(shells):
     assert gen.memories.column("salience")[row].as_py() == pytest.approx(0.9)
 
 
+def test_a_write_compaction_drops_as_a_near_duplicate_leaves_the_delta(shells):
+    """Two online writes, the later a near-copy of the earlier: compaction keeps the newer
+    in the generation, and the older must not stay live in the delta beside it."""
+    writer = shells["writer"]
+    text = ("The nightly export job writes parquet files to the analytics bucket under exports slash "
+            "year month day and keeps thirty days of history before deleting the oldest folder")
+    writer.add([{"id": "w-old", "text": text}], "alice")
+    writer.add([{"id": "w-new", "text": text + " automatically"}], "alice")
+    report = writer.compact()
+    assert report["published"] and report["ingest"]["duplicates"] == 1
+    assert (report["folded"], report["kept_in_delta"]) == (2, 0) and writer.core.compactable() == 0
+    for leg in ("bm25", "dense", "ranker"):  # what each replica's watcher does within a second
+        assert asyncio.run(shells[leg].views.refresh())
+    *_, out = _local_recall(shells, "nightly export job parquet analytics bucket")
+    assert "w-new" in [i["id"] for i in out["items"]] and "w-old" not in [i["id"] for i in out["items"]]
+
+
 def test_server_recall_hits_reach_the_access_log_and_the_next_generation(shells):
     """What the ingress sends after each answer: the Writer logs it, and compaction
     folds it into last_accessed_at / access_count (recency's input), once."""

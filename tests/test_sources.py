@@ -45,6 +45,49 @@ def test_transcript_turns_become_episodic_with_speaker():
     assert rows[0]["created_at"].startswith("2025-")
 
 
+def test_markdown_sections_keep_distinct_ids(tmp_path):
+    """Repeated headings, headings that differ only in punctuation or are not ASCII, and
+    an id in the front matter: every section stays its own memory."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "a.md").write_text("---\nuser: dana\nid: fixed\n---\n# Lang\n## Notes\none\n## Notes\ntwo\n"
+                                 "## C++\nthree\n## C\nfour\n## 日本語\nfive\n## 設定\nsix\n", encoding="utf-8")
+    (folder / "title-only.md").write_text("# Just a title\n", encoding="utf-8")
+    rows = list(read_source(folder, "markdown"))
+    good = [r for r in rows if "_reject" not in r]
+    assert [r["text"].split("\n")[-1] for r in good] == ["one", "two", "three", "four", "five", "six"]
+    assert len({r["id"] for r in good}) == 6 and not any(r["id"] == "fixed" for r in good)
+    assert [r for r in rows if "_reject" in r][0]["_code"] == "empty_text"  # the title-only file, said so
+    assert rows == list(read_source(folder, "markdown"))  # the same ids on every read
+
+
+def test_malformed_metadata_is_quarantined_not_raised(tmp_path):
+    from helix_ray.config import ValidationConfig
+    from helix_ray.ingest.normalize import normalise
+
+    transcript = tmp_path / "chat.jsonl"
+    transcript.write_text('{"session_id": "s", "speaker": "dana", "text": "hi", "metadata": "abc"}\n'
+                          '{"session_id": "s", "speaker": "lee", "text": "hello"}\n')
+    notes = tmp_path / "n.md"
+    notes.write_text("---\nuser: dana\nmetadata: hello\n---\n## A\nbody\n")
+    raws = list(read_source(transcript, "transcript")) + list(read_source(notes, "markdown"))
+    rows, quarantined = normalise(raws, ValidationConfig(default_user="dana"),
+                                  default_time=__import__("datetime").datetime(2025, 1, 1))
+    assert [r["text"] for r in rows] == ["lee: hello"]
+    assert sorted(q["reason"].split(":")[0] for q in quarantined) == ["wrong_type", "wrong_type"]
+    assert any("body" in q["raw"] for q in quarantined)  # the whole file kept
+
+
+def test_a_jsonl_file_whose_first_line_is_an_array_is_read_line_by_line(tmp_path):
+    path = tmp_path / "odd.jsonl"
+    path.write_text('[1, 2]\n{"text": "ok", "user": "u"}\n')
+    rows = list(read_source(path, "jsonl"))
+    assert rows[0]["_code"] == "wrong_type" and rows[1]["text"] == "ok"
+    array = tmp_path / "many.json"
+    array.write_text('[{"text": "a", "user": "u"}, {"text": "b", "user": "u"}]')
+    assert [r["text"] for r in read_source(array, "jsonl")] == ["a", "b"]
+
+
 def test_bad_lines_are_tagged_not_raised(tmp_path):
     path = tmp_path / "mixed.jsonl"
     path.write_bytes(b'{"text": "ok", "user": "u"}\n{not json}\n{"text": "caf\xe9", "user": "u"}\n[1, 2]\n')

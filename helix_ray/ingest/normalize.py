@@ -119,7 +119,25 @@ class Rejected(Exception):
         self.code = code
 
 
+MAX_ACCESS_COUNT = 2**31 - 1
+
+
 def _parse_time(value: Any, field: str) -> dt.datetime:
+    """An aware UTC time, or :class:`Rejected` (never another error: a time Python or
+    Arrow cannot hold is a bad record, not a failed ingest)."""
+    try:
+        parsed = _read_time(value, field)
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=dt.timezone.utc)
+        parsed = parsed.astimezone(dt.timezone.utc)
+        parsed.timestamp()
+    except (OverflowError, OSError, ValueError):
+        raise Rejected("bad_time", f"{field}={value!r} is outside the times a memory can hold (years 1–9999, "
+                       "epoch seconds or milliseconds)") from None
+    return parsed
+
+
+def _read_time(value: Any, field: str) -> dt.datetime:
     if isinstance(value, dt.datetime):
         parsed = value
     elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
@@ -136,9 +154,7 @@ def _parse_time(value: Any, field: str) -> dt.datetime:
             ) from None
     else:
         raise Rejected("bad_time", f"{field} must be an ISO-8601 string or epoch seconds, got {type(value).__name__}")
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.timezone.utc)
-    return parsed.astimezone(dt.timezone.utc)
+    return parsed
 
 
 def _optional_str(row: dict[str, Any], field: str) -> str | None:
@@ -207,6 +223,8 @@ def normalise_one(raw: dict[str, Any], config: ValidationConfig, *, default_time
     access_count = raw.get("access_count", 0) or 0
     if isinstance(access_count, bool) or not isinstance(access_count, int) or access_count < 0:
         raise Rejected("wrong_type", f"access_count must be a whole number >= 0, got {access_count!r}")
+    if access_count > MAX_ACCESS_COUNT:
+        raise Rejected("out_of_range", f"access_count={access_count} is above {MAX_ACCESS_COUNT} (a 32-bit count)")
     salience = _unit_float(raw, "salience")
     confidence = _unit_float(raw, "confidence")
     created_at = _parse_time(raw["created_at"], "created_at") if raw.get("created_at") is not None else default_time

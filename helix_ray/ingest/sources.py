@@ -20,6 +20,7 @@ Formats:
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -97,10 +98,18 @@ def read_source(path: str | Path, fmt: str = "auto") -> Iterator[RawRecord]:
 
 
 def read_jsonl(path: Path) -> Iterator[RawRecord]:
-    """One JSON object per line; a JSON array file is accepted too."""
-    text_head = path.open("rb").read(64).lstrip()
-    if text_head.startswith(b"["):
-        rows = json.loads(path.read_bytes().decode("utf-8", errors="surrogateescape"))
+    """One JSON object per line; a ``.json`` file holding one JSON array is accepted too."""
+    with path.open("rb") as fh:
+        text_head = fh.read(64).lstrip()
+    if text_head.startswith(b"[") and path.suffix.lower() == ".json":
+        try:
+            rows = json.loads(path.read_bytes().decode("utf-8", errors="surrogateescape"))
+        except json.JSONDecodeError as exc:
+            raise InvalidArgument("source", str(path), f"a .json source must hold one JSON array of records; it does "
+                                  f"not parse ({exc.msg} at line {exc.lineno}, column {exc.colno})",
+                                  "Fix the file, or write one record per line as .jsonl.") from None
+        if not isinstance(rows, list):
+            rows = [rows]
         for i, row in enumerate(rows):
             yield _tag(row, path, f"item {i}")
         return
@@ -154,8 +163,13 @@ def read_markdown(path: Path) -> Iterator[RawRecord]:
             except yaml.YAMLError as exc:
                 yield _bad(file, "front matter", "bad_json", f"front matter is not valid YAML ({exc})", match.group(1))
                 continue
-            if isinstance(loaded, dict):
-                defaults = {k: (v.isoformat() if isinstance(v, (dt.date, dt.datetime)) else v) for k, v in loaded.items()}
+            if not isinstance(loaded, dict) or not isinstance(loaded.get("metadata", {}), dict):
+                yield _bad(file, "front matter", "wrong_type", "front matter must be a YAML mapping (key: value), "
+                           "and its metadata, if any, a mapping too", text)
+                continue
+            # An id names one memory: it cannot be every section's default.
+            defaults = {k: (v.isoformat() if isinstance(v, (dt.date, dt.datetime)) else v) for k, v in loaded.items()
+                        if k != "id"}
             text = text[match.end():]
         title_match = re.search(r"^#\s+(.+?)\s*$", text, re.M)
         title = title_match.group(1) if title_match else file.stem
@@ -169,18 +183,33 @@ def read_markdown(path: Path) -> Iterator[RawRecord]:
             end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
             pieces.append((head.group(1), text[head.end():end].strip()))
         rel = file.name if not path.is_dir() else str(file.relative_to(path))
+        if not pieces:
+            yield _bad(file, "file", "empty_text", "the file has no text outside its title: nothing to remember "
+                       "(write the memory under the title or under ## headings)", text[:200])
+        taken: dict[str, int] = {}
         for heading, body in pieces:
-            slug = re.sub(r"[^a-z0-9]+", "-", heading.lower()).strip("-")[:60]
+            slug = _slug(heading)
+            taken[slug] = taken.get(slug, 0) + 1
+            if taken[slug] > 1:  # a heading repeated in the file, or one with no ASCII letters
+                slug = f"{slug}-{taken[slug]}"
             record = dict(defaults)
             record.setdefault("source", f"markdown:{rel}")
             record["text"] = f"{title} — {heading}\n{body}" if heading != title else body
             if not body:
                 record["text"] = ""
-            record.setdefault("metadata", {})
-            record["metadata"] = {**record["metadata"], "file": rel, "section": heading}
-            if "id" not in defaults:
-                record["id"] = f"md:{rel}#{slug}"
+            record["metadata"] = {**(record.get("metadata") or {}), "file": rel, "section": heading}
+            record["id"] = f"md:{rel}#{slug}"
             yield _tag(record, file, f"section '{heading}'")
+
+
+def _slug(heading: str) -> str:
+    """A section's id part: lower-case ASCII words joined by '-', and, when that loses
+    characters (C++ and C, a heading in Japanese), a short hash of the heading so two
+    headings that differ keep different ids."""
+    slug = re.sub(r"[^a-z0-9]+", "-", heading.lower()).strip("-")[:60]
+    if re.sub(r"[^a-z0-9]+", "", heading.lower()) != re.sub(r"[\W_]+", "", heading.lower()):
+        slug = f"{slug}-{hashlib.sha1(heading.encode('utf-8')).hexdigest()[:8]}".lstrip("-")
+    return slug
 
 
 def read_transcript(path: Path) -> Iterator[RawRecord]:
@@ -198,9 +227,16 @@ def read_transcript(path: Path) -> Iterator[RawRecord]:
             row["created_at"] = row.pop("timestamp")
         row.setdefault("type", "episodic")
         row.setdefault("source", "transcript")
-        meta = dict(row.get("metadata") or {})
-        meta.update({k: v for k, v in (("speaker", speaker), ("role", role)) if v})
-        row["metadata"] = meta
+        meta = row.get("metadata") or {}
+        if isinstance(meta, str):
+            try:
+                meta = json.loads(meta)
+            except json.JSONDecodeError:
+                pass
+        if not isinstance(meta, dict):  # normalise quarantines it, saying why
+            yield row
+            continue
+        row["metadata"] = {**meta, **{k: v for k, v in (("speaker", speaker), ("role", role)) if v}}
         yield row
 
 

@@ -477,6 +477,7 @@ class WriterCore:
         ids = [e["id"] for e in pending]
         where = pc.index_in(pa.array(ids, pa.string()), value_set=table.column("id")).to_pylist()
         known = self.db.known_hashes()
+        dropped = self.db.dropped_as_duplicates([e["id"] for e, row in zip(pending, where) if row is None])
         from helix_ray.schema import content_hash
 
         folded = []
@@ -489,7 +490,7 @@ class WriterCore:
                     abs(table.column("confidence")[row].as_py() - record["confidence"]) < 1e-6
             else:  # not in the generation: folded only if ingest dropped it as a duplicate
                 seen = known.get(entry["id"])
-                same = bool(seen and seen[1] and seen[0] == content_hash(record["text"], ""))
+                same = bool(seen and (seen[1] or entry["id"] in dropped) and seen[0] == content_hash(record["text"], ""))
             if same:
                 entry["folded_into"] = number
                 folded.append(entry["seq"])

@@ -242,6 +242,28 @@ class StoreDB:
             "by_user": dict(q('SELECT "user", count(*) FROM memories WHERE NOT deleted GROUP BY 1 ORDER BY 1').fetchall()),
         }
 
+    def dropped_as_duplicates(self, ids: list[str]) -> set[str]:
+        """Those of ``ids`` that an ingest dropped as a duplicate of another memory."""
+        if not ids:
+            return set()
+        rows = self.con.execute(f"SELECT DISTINCT dropped_id FROM duplicates WHERE dropped_id IN "
+                                f"({', '.join('?' * len(ids))})", list(ids)).fetchall()
+        return {r[0] for r in rows}
+
+    def foreign_ids(self, pairs: list[tuple[str, str]]) -> dict[str, str]:
+        """Of ``(id, user)`` pairs, the ids that name a live memory of *another* user,
+        with that user."""
+        if not pairs:
+            return {}
+        table = pa.table({"id": [p[0] for p in pairs], "user": [p[1] for p in pairs]})
+        self.con.register("incoming_owners", table)
+        try:
+            return dict(self.con.execute(
+                'SELECT m.id, m."user" FROM memories m JOIN incoming_owners i ON m.id = i.id '
+                'WHERE NOT m.deleted AND m."user" <> i."user"').fetchall())
+        finally:
+            self.con.unregister("incoming_owners")
+
     def owners(self, ids: list[str]) -> dict[str, str]:
         """id → user of each live (not deleted) memory among ``ids``."""
         if not ids:

@@ -155,8 +155,11 @@ def publish(
     dense_indexes: dict[str, Any] | None = None,
     hnsw_min_rows: int = 0,
     hnsw_threads: int = 1,
+    make_current: bool = True,
 ) -> int:
     """Write ``data`` as the next generation and make it current; return its number.
+    ``make_current=False`` leaves ``CURRENT`` alone: the caller records the generation
+    elsewhere first (ingest: in the database) and then calls :func:`set_current`.
 
     ``dense_indexes`` are per-tenant HNSW indexes already built over these rows (ingest
     builds them for the semantic kNN edges); other tenants with at least
@@ -265,13 +268,22 @@ def publish(
     final = root / f"{number:06d}"
     os.rename(tmp, final)
     _fsync(root)
+    if make_current:
+        set_current(store, number)
+    log.info("wrote generation %d (%d memories)%s", number, n, "" if make_current else "; not current yet")
+    return number
+
+
+def set_current(store: Path, number: int) -> None:
+    """Point ``CURRENT`` at generation ``number`` atomically (write, fsync, rename)."""
+    if not (generations_dir(store) / f"{number:06d}" / "manifest.json").is_file():
+        raise StoreError(f"Generation {number} of {store} is not there; CURRENT stays at "
+                         f"{current_generation_number(store)}.")
     pointer_tmp = store / f".CURRENT.{uuid.uuid4().hex[:8]}"
     pointer_tmp.write_text(f"{number}\n")
     _fsync(pointer_tmp)
     os.replace(pointer_tmp, store / "CURRENT")
     _fsync(store)
-    log.info("published generation %d (%d memories)", number, n)
-    return number
 
 
 def build_hnsw(int8: np.ndarray, first_key: int, dim: int, *, connectivity: int, expansion_add: int,
