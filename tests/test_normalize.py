@@ -89,6 +89,8 @@ def test_times_are_parsed_to_utc():
         2025, 3, 14, 10, 22, tzinfo=dt.timezone.utc)
     assert one(text="x", created_at=1_700_000_000)["created_at"].year == 2023
     assert one(text="x", created_at="2025-03-14T12:00:00+02:00")["created_at"].hour == 10
+    # A date alone (a Parquet date32 column) is that day's start in UTC.
+    assert one(text="x", created_at=dt.date(2025, 3, 14))["created_at"] == dt.datetime(2025, 3, 14, tzinfo=dt.timezone.utc)
 
 
 @pytest.mark.parametrize(

@@ -140,6 +140,8 @@ def _parse_time(value: Any, field: str) -> dt.datetime:
 def _read_time(value: Any, field: str) -> dt.datetime:
     if isinstance(value, dt.datetime):
         parsed = value
+    elif isinstance(value, dt.date):  # a Parquet date32 column: the day's start, UTC
+        parsed = dt.datetime(value.year, value.month, value.day)
     elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         # Epoch seconds (milliseconds when too large to be seconds).
         seconds = value / 1000.0 if value > 1e11 else value
