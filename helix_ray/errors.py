@@ -7,12 +7,24 @@ class HelixError(Exception):
     """Base class for every error Helix raises on purpose."""
 
 
+#: Longest echo of a received value in an error message (a 60 MB text is not sent back).
+MAX_ECHO_CHARS = 200
+
+
+def short_repr(value: object) -> str:
+    """``repr(value)``, cut to :data:`MAX_ECHO_CHARS` with the full length said."""
+    text = repr(value)
+    if len(text) <= MAX_ECHO_CHARS:
+        return text
+    return f"{text[:MAX_ECHO_CHARS]}… ({len(text)} characters in all)"
+
+
 class InvalidArgument(HelixError, ValueError):
     """A caller passed a value outside what is allowed."""
 
     def __init__(self, name: str, received: object, allowed: str, fix: str | None = None):
         self.name, self.received, self.allowed, self.fix = name, received, allowed, fix
-        message = f"Got {name}={received!r}; {allowed}."
+        message = f"Got {name}={short_repr(received)}; {allowed}."
         if fix:
             message += f" {fix}"
         super().__init__(message)

@@ -591,6 +591,11 @@ def test_settings_patch_changes_results_live(alice, ops):
                       ({"fusion": {"kay": 3}}, "allowed here: k, weights")):
         response = ops.patch("/v1/settings", json=bad)
         assert response.status_code == 422 and says in response.json()["detail"], response.text
+    # One weight of one type's row: the rest of the table keeps its values.
+    defaults = ops.get("/v1/settings").json()["effective"]["rank"]["type_weights"]["decision"]
+    one = ops.patch("/v1/settings", json={"rank": {"type_weights": {"decision": {"graph": 0.3}}}})
+    assert one.status_code == 200, one.text
+    assert one.json()["effective"]["rank"]["type_weights"]["decision"] == {**defaults, "graph": 0.3}
     reset = ops.delete("/v1/settings")
     assert reset.status_code == 200 and reset.json()["overrides"] == {}
     assert ids(recall(alice, query)) == ids(before)
@@ -683,9 +688,32 @@ def test_malformed_writes_and_keys_get_4xx_sentences(served, alice):
         (httpx.post(url + "/v1/recall", json={"query": "x", "budget_tokens": 10},
                     headers={"Authorization": "Bearer hx_00000000_wrongwrongwrongwrongwrong"}), 401, "not valid"),
         (httpx.get(url + "/v1/stats", headers={"Authorization": "Basic abc"}), 401, "No API key"),
+        (alice.post("/v1/memories", json={"text": "x", "id": "   "}), 422, "Got id='   '"),
+        # A plain list names the bad record by its index, as {"memories": [...]} does.
+        (alice.post("/v1/memories", json=[{"text": "a"}, {"text": "b", "colour": "red"}]), 422,
+         "unknown field '1.colour'"),
+        (alice.post("/v1/recall", content=b'{"query": "x", "budget_tokens": 10}',
+                    headers={"content-type": "text/plain"}), 422, "Content-Type: application/json"),
+        (alice.post("/v1/memories", content=b" " * (33 * 1024 * 1024), headers={"content-type": "application/json"}),
+         413, "the limit is 33,554,432"),
     ]
     for response, status, says in cases:
         assert response.status_code == status and says in response.json()["detail"], response.text
+    # A rejected 50,000-character text is not echoed back whole.
+    long = alice.post("/v1/memories", json={"text": "x" * 50_000})
+    assert long.status_code == 422 and "characters in all" in long.json()["detail"] and len(long.content) < 2_000
+
+
+@ray_test
+def test_an_id_with_a_slash_can_be_patched_and_deleted(alice):
+    """Markdown notes in subfolders get ids like md:notes/ops.md#rotate."""
+    memory_id = "md:notes/ops.md#rotate"
+    assert alice.post("/v1/memories", json={"id": memory_id, "text": "Rotate the ops keys monthly."}).status_code == 201
+    path = "/v1/memories/" + memory_id.replace("#", "%23")
+    patched = alice.patch(path, json={"pinned": True})
+    assert patched.status_code == 200 and patched.json()["id"] == memory_id, patched.text
+    assert alice.delete(path).status_code == 200
+    assert alice.delete(path).status_code == 404
 
 
 @ray_test
@@ -729,23 +757,30 @@ def test_admin_fits_the_query_adapter_from_feedback_and_replicas_use_it(served, 
 
 
 @ray_test
-def test_recall_counts_its_answers_as_accessed(alice):
+def test_recall_counts_its_answers_as_accessed(alice, ops):
     """As in-process recall does: the answer's memories reach the access log (batched
     by the ingress, about a second later)."""
-    before = alice.get("/v1/stats").json()["db"]["accesses"]
+    before = ops.get("/v1/stats").json()["db"]["accesses"]
     answer = ids(recall(alice, "why did we move billing to Postgres?"))
     assert answer
     deadline, now = time.monotonic() + 15, before
     while time.monotonic() < deadline and now < before + len(answer):
         time.sleep(0.25)
-        now = alice.get("/v1/stats").json()["db"]["accesses"]
+        now = ops.get("/v1/stats").json()["db"]["accesses"]
     assert now >= before + len(answer)
 
 
-def test_stats_report_generation_delta_and_latency(alice):
-    stats = alice.get("/v1/stats").json()
+def test_stats_report_generation_delta_and_latency(alice, bob, ops):
+    stats = ops.get("/v1/stats").json()  # an admin key: the whole store
     assert stats["generation"] >= 1 and stats["generation_counts"]["memories"] > 0
     assert {"version", "entries", "pending", "tombstones"} <= set(stats["delta"])
-    assert set(stats["db"]["user_memories"]) == {"alice"}  # a key sees its own user's count only
+    assert {"alice", "bob"} <= set(stats["db"]["user_memories"])
+    # A user's key sees its own counts, and writes not yet compacted, and nothing of others.
+    mine = alice.get("/v1/stats").json()
+    assert set(mine["user_memories"]) == {"alice"} and "db" not in mine and "generation_counts" not in mine
+    before = bob.get("/v1/stats").json()["pending_writes"]
+    assert bob.post("/v1/memories", json={"text": "Bob keeps the staging VPN config in vault."}).status_code == 201
+    assert bob.get("/v1/stats").json()["pending_writes"] == before + 1
+    stats = mine
     for stage in ("embed", "bm25", "dense", "fuse", "rank", "pack", "ingress"):
         assert stats["latency_ms"][stage]["p95"] >= stats["latency_ms"][stage]["p50"] >= 0

@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from helix_ray.config import RetrievalConfig, deep_merge
-from helix_ray.errors import InvalidArgument
+from helix_ray.errors import InvalidArgument, short_repr
 
 
 class _Request(BaseModel):
@@ -85,7 +85,7 @@ class MemoryIn(_Request):
     by the ingest rules; a missing ``id`` is a stable hash of user and text."""
 
     text: str
-    id: str | None = None
+    id: str | None = Field(None, min_length=1, pattern=r"\S", description="Any non-blank string; '/' is fine.")
     user: str | None = Field(None, description="Defaults to the API key's user.")
     type: str | None = None
     project: str | None = None
@@ -175,8 +175,8 @@ class SettingsResponse(BaseModel):
 def check_settings(base: dict[str, Any], overrides: dict[str, Any]) -> RetrievalConfig:
     """The effective config for ``base`` ← ``overrides``; :class:`InvalidArgument`
     naming each bad key, what it got and what is allowed."""
-    try:
-        return RetrievalConfig.model_validate(deep_merge(base, overrides))
+    try:  # onto the defaults: a patch may name one weight of one type's row
+        return RetrievalConfig.model_validate(deep_merge(deep_merge(RetrievalConfig().model_dump(), base), overrides))
     except ValidationError as exc:
         raise InvalidArgument("settings", overrides, "; ".join(_setting_errors(exc)),
                               "GET /v1/settings lists every key and its current value.") from None
@@ -195,7 +195,7 @@ def _setting_errors(exc: ValidationError) -> list[str]:
             allowed = ", ".join(model.model_fields) if hasattr(model, "model_fields") else "see GET /v1/settings"
             out.append(f"{path} is not a setting (allowed here: {allowed})")
         else:
-            out.append(f"{path}={err.get('input')!r}: {err['msg']}")
+            out.append(f"{path}={short_repr(err.get('input'))}: {err['msg']}")
     return out
 
 
@@ -220,9 +220,11 @@ def request_error_sentence(errors: Sequence[Mapping[str, Any]]) -> str:
             parts.append(f"The field {where!r} is required")
         elif kind == "json_invalid":
             parts.append("The request body is not valid JSON")
+        elif isinstance(err.get("input"), (bytes, bytearray)):  # FastAPI did not parse it: not sent as JSON
+            parts.append("The request body must be JSON, sent with the header Content-Type: application/json")
         else:
-            parts.append(f"Got {where}={err.get('input')!r}; {err.get('msg', 'invalid value')}")
-    return "; ".join(parts) + "."
+            parts.append(f"Got {where}={short_repr(err.get('input'))}; {err.get('msg', 'invalid value')}")
+    return "; ".join(p.rstrip(".") for p in parts) + "."
 
 
 # ----------------------------------------------------------------------------- stats

@@ -27,7 +27,7 @@ from typing import Any, Literal, Optional, cast
 from fastapi import Body, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 from ray import serve
 from ray.serve import Application, Deployment
 from ray.serve.handle import DeploymentHandle
@@ -120,6 +120,20 @@ ACCESS_FLUSH_S = 1.0
 ACCESS_BUFFER = 100_000
 
 
+#: Largest request body the ingress reads (a batch of 1,000 memories of 20k characters is
+#: ~20 MB); larger ones get a 413 before they are parsed.
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+@api.middleware("http")
+async def _body_limit(request: Request, call_next):
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
+        return _error(413, f"Got a request body of {int(size):,} bytes; the limit is {MAX_BODY_BYTES:,}. Send "
+                           "large imports in batches of fewer memories, or ingest files with `helix ingest`.")
+    return await call_next(request)
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"detail": message})
 
@@ -173,6 +187,7 @@ def _read_int(path: Path) -> Optional[int]:
 
 
 _MEMORY_SCHEMA = MemoryIn.model_json_schema()
+_MEMORY_LIST = TypeAdapter(list[MemoryIn])
 _WRITE_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {"anyOf": [
     _MEMORY_SCHEMA,
     {"type": "object", "title": "MemoryBatch", "required": ["memories"], "additionalProperties": False,
@@ -372,8 +387,8 @@ class HelixAPI:
         except ValueError:
             raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": "invalid JSON"}]) from None
         try:
-            if isinstance(payload, list):
-                items = [MemoryIn.model_validate(x) for x in payload]
+            if isinstance(payload, list):  # each bad record located by its index, as in {"memories": [...]}
+                items = _MEMORY_LIST.validate_python(payload)
             elif isinstance(payload, dict) and "memories" in payload:
                 items = MemoryBatch.model_validate(payload).memories
             else:
@@ -386,7 +401,7 @@ class HelixAPI:
                                   "API keys (--no-auth)")
         return await self.writer.add.remote(records, user)
 
-    @api.patch("/v1/memories/{memory_id}", response_model=MemoryChanged, responses={**ERRORS, 404: {
+    @api.patch("/v1/memories/{memory_id:path}", response_model=MemoryChanged, responses={**ERRORS, 404: {
         "model": ErrorOut, "description": "No such memory for this user."}}, tags=["memories"],
                summary="Change fields of a memory (a new version replaces it at once)")
     async def patch_memory(self, memory_id: str, body: MemoryPatch,
@@ -398,7 +413,7 @@ class HelixAPI:
                                   + ", ".join(MemoryPatch.model_fields))
         return await self.writer.patch.remote(memory_id, fields, user)
 
-    @api.delete("/v1/memories/{memory_id}", response_model=MemoryChanged, responses={**ERRORS, 404: {
+    @api.delete("/v1/memories/{memory_id:path}", response_model=MemoryChanged, responses={**ERRORS, 404: {
         "model": ErrorOut, "description": "No such memory for this user."}}, tags=["memories"],
                 summary="Delete a memory: never returned again, also before compaction")
     async def delete_memory(self, memory_id: str, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
@@ -465,12 +480,16 @@ class HelixAPI:
     async def stats(self, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
         user = self.authenticate(authorization)
         generation = self._generation.read()
+        if self.keys is not None and not self.keys.record_for(_bearer(authorization)).admin:
+            # A user's key sees its own counts only: nothing about the other tenants.
+            mine = await self.writer.user_stats.remote(user)
+            return {"generation": generation, "user": user, **mine, "latency_ms": self.latency.summary(),
+                    "requests_seen_by_this_ingress": self.latency.requests}
         manifest = _read_json(self.store / "generations" / f"{generation:06d}" / "manifest.json") \
             if generation is not None else {}
         writer = await self.writer.stats.remote()
         db = dict(writer["db"])
-        by_user = db.pop("by_user", {})
-        db["user_memories"] = by_user if user is None else {user: by_user.get(user, 0)}
+        db["user_memories"] = db.pop("by_user", {})
         return {
             "generation": generation,
             "generation_counts": manifest.get("counts", {}),

@@ -342,6 +342,10 @@ class WriterShell:
         return self.core.stats()
 
     @boundary
+    def user_stats(self, user: str) -> dict[str, Any]:
+        return self.core.user_stats(user)
+
+    @boundary
     def patch_settings(self, patch: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
         return self.core.patch_settings(patch, base)
 

@@ -526,6 +526,17 @@ class WriterCore:
                 "last_compaction": self.last_compaction,
             }
 
+    def user_stats(self, user: str) -> dict[str, Any]:
+        """What a user's own key may see: that user's memories in the database and the
+        writes (adds, patches, deletes) not yet folded into a generation."""
+        with self._lock:
+            row = self.db.con.execute('SELECT count(*) FROM memories WHERE NOT deleted AND "user" = ?',
+                                      [user]).fetchone()
+            pending = sum(1 for e in self.entries.values()
+                          if e["folded_into"] == NOT_FOLDED and e["record"].get("user") == user)
+            deletes = sum(1 for t in self.tombstones.values() if t.applies_below is None and t.user == user)
+            return {"user_memories": {user: int(row[0]) if row else 0}, "pending_writes": pending + deletes}
+
     def close(self) -> None:
         with self._lock:
             self.db.close()
