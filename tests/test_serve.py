@@ -688,6 +688,10 @@ def test_malformed_writes_and_keys_get_4xx_sentences(served, alice):
         (httpx.post(url + "/v1/recall", json={"query": "x", "budget_tokens": 10},
                     headers={"Authorization": "Bearer hx_00000000_wrongwrongwrongwrongwrong"}), 401, "not valid"),
         (httpx.get(url + "/v1/stats", headers={"Authorization": "Basic abc"}), 401, "No API key"),
+        # The key is checked before the body: an unknown caller learns nothing from a 422.
+        (httpx.post(url + "/v1/recall", json={"colour": 1}), 401, "No API key"),
+        (httpx.post(url + "/v1/memories", content=b"{not json", headers={"content-type": "application/json"}), 401,
+         "No API key"),
         (alice.post("/v1/memories", json={"text": "x", "id": "   "}), 422, "Got id='   '"),
         # A plain list names the bad record by its index, as {"memories": [...]} does.
         (alice.post("/v1/memories", json=[{"text": "a"}, {"text": "b", "colour": "red"}]), 422,

@@ -134,6 +134,23 @@ async def _body_limit(request: Request, call_next):
     return await call_next(request)
 
 
+@api.middleware("http")
+async def _key_first(request: Request, call_next):
+    """A request without a valid key gets its 401 before anything about its body (a 422
+    would answer an unknown caller). The handlers still read the key's user and rights.
+    The key store is the one this replica's :class:`HelixAPI` registered (Serve ships
+    the ingress class by value, so it cannot share a global of this module with us)."""
+    from helix_ray.serve import keys as keys_module
+
+    keys = keys_module.SERVING["store"]
+    if keys is not None and request.url.path.startswith("/v1/"):
+        try:
+            keys.record_for(_bearer(request.headers.get("authorization")))
+        except HelixError as exc:
+            return _error(status_of(exc) or 401, message_of(exc))
+    return await call_next(request)
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"detail": message})
 
@@ -213,6 +230,9 @@ class HelixAPI:
         self.local = PipelineShell(self.store, ingest, self.args.watch_interval_s) \
             if self.args.graph == "inline" else None
         self.keys = KeyStore(self.store) if self.args.auth else None
+        from helix_ray.serve import keys as keys_module
+
+        keys_module.SERVING["store"] = self.keys  # for the key-first middleware
         self.latency = LatencyWindow()
         self._generation = Pointer(self.store / "CURRENT", _read_int)
         self._delta = Pointer(self.store / "delta" / "CURRENT", _read_int)

@@ -55,6 +55,11 @@ def _digest(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
+#: The key store of the ingress replica running in this process (None: no keys), read
+#: by the HTTP middleware that checks keys before bodies (helix_ray/serve/app.py).
+SERVING: dict[str, "KeyStore | None"] = {"store": None}
+
+
 class KeyStore:
     """The keys of one store folder."""
 
