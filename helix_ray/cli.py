@@ -179,7 +179,8 @@ def _format_report(report) -> str:
     if report.quarantine_reasons:
         lines.append("  quarantine: " + ", ".join(f"{k} ×{v}" for k, v in report.quarantine_reasons.items()))
     state = "published" if report.published else "unchanged (nothing new)"
-    lines.append(f"generation {report.generation}: {state}, {report.total_memories} memories")
+    lines.append(f"generation {report.generation}: {state}, {report.total_memories} "
+                 f"memor{'y' if report.total_memories == 1 else 'ies'}")
     lines.append("  seconds: " + ", ".join(f"{k} {v}" for k, v in report.seconds.items()))
     return "\n".join(lines)
 

@@ -363,8 +363,9 @@ def _held_by(previous: Generation | None, ids: list[str]) -> set[str]:
 def _held_back(row: dict[str, Any], code: str, sentence: str) -> dict[str, Any]:
     """A validated record that cannot be stored as given, as a quarantine row (the whole
     record kept, so nothing is lost)."""
+    record = {k: v for k, v in row.items() if k not in ("minhash", "content_hash")}
     return {"source": row.get("source"), "position": f"id {row['id']}", "reason": f"{code}: {sentence}",
-            "raw": json.dumps(row, default=str, ensure_ascii=False, sort_keys=True)}
+            "raw": json.dumps(record, default=str, ensure_ascii=False, sort_keys=True)}
 
 
 def _open_previous(store: Path, config: IngestConfig) -> Generation | None:
