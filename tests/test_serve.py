@@ -683,6 +683,7 @@ def test_malformed_writes_and_keys_get_4xx_sentences(served, alice):
          "not valid JSON"),
         (alice.patch("/v1/memories/alice-01", json={"colour": "red"}), 422, "unknown field 'colour'"),
         (alice.patch("/v1/memories/alice-01", json={}), 422, "at least one field"),
+        (alice.patch("/v1/memories/alice-01", json={"pinned": "yes"}), 422, "Got pinned='yes'"),
         (alice.delete("/v1/memories/no-such-id"), 404, "no such memory"),
         (httpx.post(url + "/v1/recall", json={"query": "x", "budget_tokens": 10}), 401, "No API key"),
         (httpx.post(url + "/v1/recall", json={"query": "x", "budget_tokens": 10},
@@ -716,7 +717,8 @@ def test_an_id_with_a_slash_can_be_patched_and_deleted(alice):
     path = "/v1/memories/" + memory_id.replace("#", "%23")
     patched = alice.patch(path, json={"pinned": True})
     assert patched.status_code == 200 and patched.json()["id"] == memory_id, patched.text
-    assert alice.delete(path).status_code == 200
+    deleted = alice.delete(path)
+    assert deleted.status_code == 200 and deleted.json()["deleted"] and deleted.json()["generation"] >= 1
     assert alice.delete(path).status_code == 404
 
 

@@ -14,7 +14,7 @@ from collections import deque
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from helix_ray.config import RetrievalConfig, deep_merge
 from helix_ray.errors import InvalidArgument, short_repr
@@ -93,7 +93,7 @@ class MemoryIn(_Request):
     created_at: str | None = Field(None, description="ISO-8601; defaults to now.")
     salience: float | None = None
     confidence: float | None = None
-    pinned: bool | None = None
+    pinned: StrictBool | None = None  # true or false, as ingest requires; not "yes"
     source: str | None = None
     metadata: dict[str, Any] | None = None
 
@@ -111,7 +111,7 @@ class MemoryPatch(_Request):
     session_id: str | None = None
     salience: float | None = None
     confidence: float | None = None
-    pinned: bool | None = None
+    pinned: StrictBool | None = None  # true or false, as ingest requires; not "yes"
     source: str | None = None
     metadata: dict[str, Any] | None = None
 

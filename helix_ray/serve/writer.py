@@ -280,7 +280,7 @@ class WriterCore:
             self.entries.pop(memory_id, None)
             self.tombstones[memory_id] = Tombstone(memory_id, owner, None)
             self._publish()
-            return {"id": memory_id, "deleted": True, "delta_version": self.version}
+            return {"id": memory_id, "deleted": True, "delta_version": self.version, "generation": self.generation}
 
     def accessed(self, hits: list[tuple[str, str, int]]) -> dict[str, Any]:
         """Append recall hits ``(memory id, user, epoch µs)`` to the access log (the
