@@ -136,9 +136,9 @@ class IngestConfig(_Strict):
     """Threads for HNSW insertion. 1 keeps ingest deterministic (usearch's parallel
     insertion order varies run to run); 0 uses every core, ~1.8× faster on 2 cores."""
     keep_generations: int = Field(3, ge=2, le=1000)
-    """Generation folders kept after a publish: the current one and the newest others
-    (a serving replica may still be on the previous one for a moment); older ones are
-    deleted. Each is a full copy of the store's indexes."""
+    """Generation folders kept after a publish: the current one and those current before
+    it (a serving replica may still be on the previous one for a moment); older ones,
+    and folders of runs that failed, are deleted. Each is a full copy of the indexes."""
     embed_actors: int = Field(2, ge=1, le=64)
     """Embedding actors in the Ray Data pool (each loads the models once, ~1.4 GB).
     Set it to the cores the ingest may use, with ``embed_actor_threads`` 1."""

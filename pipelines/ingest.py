@@ -49,6 +49,7 @@ from helix_ray.store.generation import (
     Generation,
     GenerationData,
     current_generation_number,
+    generations_dir,
     partitions_of,
     prune,
     publish,
@@ -140,6 +141,7 @@ def ingest(
     own = db is None
     db = db or StoreDB(store)
     try:
+        roll_forward(store, db)
         report.run_id = run_id = db.start_run([i["path"] for i in items])
         try:
             _ingest(items, store, db, config, runner, show_progress, crash_after, report)
@@ -242,7 +244,8 @@ def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
         report.updated += len(retagged)
         report.retagged = len(retagged)
 
-        old_rows, old_index, folded = _carried_over(previous, db, replaced, retagged)
+        old_rows, old_index, folded, accesses = _carried_over(previous, db, replaced, retagged)
+        _fold_accesses(fresh, accesses)
         if not fresh and not retagged and (previous is not None or not incoming) \
                 and not _has_deletions(previous, old_index):
             report.total_memories = len(old_index)
@@ -325,14 +328,15 @@ def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
             db.add_quarantine(quarantined, report.run_id)
             db.replace_graph(data.entities.select(["user", "key", "df"]),
                              edges_table(data.graph, node_names), number)
+            db.record_generation(number, report.run_id)
             db.con.commit()
         except BaseException:
             db.con.rollback()
             raise
     # Readers switch only now: a failure above leaves the previous generation current and
-    # the database as it was (the unused folder is pruned later). A crash between the
-    # commit and this line leaves memories the database knows but the current generation
-    # lacks; the next run embeds them again (see "restored" in the dedup stage).
+    # the database as it was (the unused folder is pruned later). After a crash between
+    # the commit and this line, the next run makes the recorded generation current first
+    # (:func:`roll_forward`).
     set_current(store, number)
     report.generation = number
     report.published = True
@@ -350,6 +354,24 @@ def _read_validate_sign(item: dict[str, Any], *, config: IngestConfig) -> list[d
         row["minhash"] = sig.tolist()
         out[i] = {"ok": True, "payload": json.dumps(row)}
     return out
+
+
+def roll_forward(store: Path, db: StoreDB) -> int | None:
+    """Make current the newest generation the database has recorded, when a crash came
+    between recording it and flipping ``CURRENT`` (its folder was written and fsynced
+    before the record). Returns the generation it moved to, or None."""
+    recorded = db.recorded_generation()
+    current = current_generation_number(store) or 0
+    if recorded is None or recorded <= current:
+        return None
+    if not (generations_dir(store) / f"{recorded:06d}" / "manifest.json").is_file():
+        log.warning("the database records generation %d of %s but its folder is gone; %d stays current",
+                    recorded, store, current)
+        return None
+    set_current(store, recorded)
+    log.warning("made generation %d of %s current: an earlier ingest recorded it and stopped before "
+                "switching to it", recorded, store)
+    return recorded
 
 
 def _held_by(previous: Generation | None, ids: list[str]) -> set[str]:
@@ -409,14 +431,17 @@ def _same_value(key: str, old: Any, new: Any) -> bool:
 
 
 def _carried_over(previous: Generation | None, db: StoreDB, replaced: set[str],
-                  retagged: dict[str, dict[str, Any]] | None = None) -> tuple[list[dict], np.ndarray, int]:
+                  retagged: dict[str, dict[str, Any]] | None = None
+                  ) -> tuple[list[dict], np.ndarray, int, dict[str, tuple[Any, int]]]:
     """Rows of the previous generation that stay: not replaced, not deleted since;
     re-tagged ones with their new field values; the access log folded into their
     ``last_accessed_at`` and ``access_count`` — the part of it the previous generation
-    had not folded — and the log position the new generation has folded up to."""
+    had not folded — and the log position the new generation has folded up to, with
+    that part of the log per id (for the rows that are not carried over: see
+    :func:`_fold_accesses`)."""
     accesses, folded = db.access_summary(previous.manifest.get(ACCESS_WATERMARK, 0) if previous else 0)
     if previous is None:
-        return [], np.zeros(0, np.int64), folded
+        return [], np.zeros(0, np.int64), folded, accesses
     deleted = {i for i, (_, d) in db.known_hashes().items() if d}
     table = previous.memories
     ids = table.column("id").to_pylist()
@@ -425,12 +450,20 @@ def _carried_over(previous: Generation | None, db: StoreDB, replaced: set[str],
     for row in rows:
         if retagged and row["id"] in retagged:
             row.update(retagged[row["id"]])
+    _fold_accesses(rows, accesses)
+    return rows, index, folded, accesses
+
+
+def _fold_accesses(rows: list[dict[str, Any]], accesses: dict[str, tuple[Any, int]]) -> None:
+    """Recall hits of the access log into ``last_accessed_at`` / ``access_count``: for
+    carried-over rows and for new versions of a memory alike (a memory recalled and
+    then edited keeps its hits)."""
+    for row in rows:
         seen = accesses.get(row["id"])
-        if seen is not None:  # fold recall hits into the next generation
-            if row["last_accessed_at"] is None or seen[0] > row["last_accessed_at"]:
+        if seen is not None:
+            if row.get("last_accessed_at") is None or seen[0] > row["last_accessed_at"]:
                 row["last_accessed_at"] = seen[0]
-            row["access_count"] = int(row["access_count"]) + int(seen[1])
-    return rows, index, folded
+            row["access_count"] = int(row.get("access_count") or 0) + int(seen[1])
 
 
 def _has_deletions(previous: Generation | None, kept_index: np.ndarray) -> bool:

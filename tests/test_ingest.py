@@ -235,14 +235,15 @@ def test_a_failure_recording_the_run_leaves_the_previous_generation_current(tmp_
         assert db.counts()["memories"] == 6 and db.counts()["deleted"] == 0
 
 
-def test_memories_recorded_by_a_run_that_never_became_current_are_restored(tmp_path, monkeypatch):
-    """A crash after the database commit and before CURRENT moves: the next run finds
-    memories the database knows and the current generation lacks, and embeds them."""
+def test_a_generation_recorded_but_never_made_current_is_rolled_forward(tmp_path, monkeypatch):
+    """A crash after the database commit and before CURRENT moves: the next run makes
+    the recorded generation current first, so a new memory and a changed text both
+    arrive, and nothing is embedded twice."""
     import pipelines.ingest as pipeline
 
     store = tmp_path / "store"
     ingest([write_jsonl(tmp_path / "a.jsonl", [memory(0, FACTS[0])])], store, runner="local")
-    more = write_jsonl(tmp_path / "b.jsonl", [memory(1, FACTS[1])])
+    more = write_jsonl(tmp_path / "b.jsonl", [memory(0, FACTS[2]), memory(1, FACTS[1])])  # m000's text changes
 
     def crash(*args, **kwargs):
         raise RuntimeError("injected crash before CURRENT moves")
@@ -253,8 +254,10 @@ def test_memories_recorded_by_a_run_that_never_became_current_are_restored(tmp_p
             ingest([more], store, runner="local")
     assert current_generation_number(store) == 1
     again = ingest([more], store, runner="local")
-    assert (again.new, again.embedded, again.unchanged, again.total_memories) == (1, 1, 0, 2)
-    assert "m001" in Generation.open_current(store).columns.id_to_row
+    assert current_generation_number(store) == 2 and again.embedded == 0 and again.unchanged == 2
+    gen = Generation.open_current(store)
+    assert gen.memories.column("text")[gen.columns.id_to_row["m000"]].as_py() == FACTS[2]
+    assert "m001" in gen.columns.id_to_row
 
 
 def test_old_generations_are_pruned(tmp_path):
@@ -264,6 +267,19 @@ def test_old_generations_are_pruned(tmp_path):
     assert report.generation == 4 and report.pruned == [1]
     assert sorted(p.name for p in generations_dir(store).iterdir()) == ["000002", "000003", "000004"]
     assert Generation.open_current(store).size == 4
+
+
+def test_pruning_keeps_the_generations_that_were_current_not_abandoned_folders(tmp_path):
+    """Two runs that failed after writing their folders (5, 6) must not push generation
+    3, current before 4, out of the kept ones."""
+    store = tmp_path / "store"
+    for i, fact in enumerate(FACTS[:4]):
+        ingest([write_jsonl(tmp_path / f"{i}.jsonl", [memory(i, fact)])], store, runner="local")
+    for abandoned in (5, 6):
+        (generations_dir(store) / f"{abandoned:06d}").mkdir()
+    report = ingest([write_jsonl(tmp_path / "5.jsonl", [memory(5, FACTS[4])])], store, runner="local")
+    assert report.generation == 7 and sorted(report.pruned) == [2, 5, 6]
+    assert sorted(p.name for p in generations_dir(store).iterdir()) == ["000003", "000004", "000007"]
 
 
 def test_reader_refuses_a_mismatched_manifest(tmp_path):

@@ -147,6 +147,12 @@ def test_the_ceiling_is_the_tenants_own(tmp_path):
                           strong_score=0.85, strong_gap=0.15)
     assert mine.rows.tolist() == [0] and mine.normalised[0] == pytest.approx(1.0) and mine.strong_signal
     assert mine.scores[0] / lexical.ceiling(index, tokens) < 0.85  # what the shared ceiling gave
+    # A word only other tenants hold does not count as known: asked of rows 1–2 ("nightly
+    # backup finished", "timeout"), "timeout retry" has one word of theirs, "retry" is not.
+    other = lexical.search(index, "timeout retry", start=1, end=3, mask=None, top_k=2,
+                           strong_score=0.85, strong_gap=0.15)
+    assert other.rows.tolist() == [2] and other.normalised[0] == pytest.approx(1.0)
+    assert not other.strong_signal  # 1.0 × ½ of the terms known to this tenant
 
 
 def test_a_naive_now_is_utc(tenant_memory, monkeypatch):

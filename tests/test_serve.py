@@ -205,6 +205,9 @@ def shells(tenant_store, tmp_path):
     writer.core.close()
 
 
+from helix_ray.serve.delta import DELTA_BASE as DELTA_BASE_ROWS  # noqa: E402 - the delta's row ids start here
+
+
 def _local_recall(parts, query: str, user: str = "alice", **config):
     from helix_ray.config import RetrievalConfig
 
@@ -396,6 +399,17 @@ def test_a_patch_of_fields_only_is_folded_by_compaction(shells):
     row = gen.columns.id_to_row["alice-00"]
     assert gen.memories.column("pinned")[row].as_py() is True
     assert gen.memories.column("salience")[row].as_py() == pytest.approx(0.9)
+
+
+def test_the_delta_strong_signal_weighs_the_query_terms_the_user_holds(shells):
+    """A write only in the delta: the query naming it exactly is a strong signal; the same
+    query with a word no memory holds is not (the delta merge uses the same coverage rule
+    as the generation's BM25 leg)."""
+    shells["writer"].add([{"id": "alice-zq", "text": "zqxv flux capacitor calibration"}], "alice")
+    _, exact, _, _ = _local_recall(shells, "zqxv flux capacitor calibration")
+    assert exact.hits.rows[0] >= DELTA_BASE_ROWS and exact.hits.strong_signal
+    _, unknown, _, _ = _local_recall(shells, "zqxv flux capacitor calibration wombat")
+    assert unknown.hits.rows[0] == exact.hits.rows[0] and not unknown.hits.strong_signal
 
 
 def test_a_write_compaction_drops_as_a_near_duplicate_leaves_the_delta(shells):
@@ -701,6 +715,8 @@ def test_malformed_writes_and_keys_get_4xx_sentences(served, alice):
                     headers={"content-type": "text/plain"}), 422, "Content-Type: application/json"),
         (alice.post("/v1/memories", content=b" " * (33 * 1024 * 1024), headers={"content-type": "application/json"}),
          413, "the limit is 33,554,432"),
+        (alice.post("/v1/memories", content=iter([b'{"text": ', b'"streamed"}']),
+                    headers={"content-type": "application/json"}), 411, "without Content-Length"),
     ]
     for response, status, says in cases:
         assert response.status_code == status and says in response.json()["detail"], response.text
@@ -776,6 +792,7 @@ def test_recall_counts_its_answers_as_accessed(alice, ops):
     assert now >= before + len(answer)
 
 
+@ray_test
 def test_stats_report_generation_delta_and_latency(alice, bob, ops):
     stats = ops.get("/v1/stats").json()  # an admin key: the whole store
     assert stats["generation"] >= 1 and stats["generation_counts"]["memories"] > 0

@@ -51,12 +51,15 @@ def test_markdown_sections_keep_distinct_ids(tmp_path):
     folder = tmp_path / "notes"
     folder.mkdir()
     (folder / "a.md").write_text("---\nuser: dana\nid: fixed\n---\n# Lang\n## Notes\none\n## Notes\ntwo\n"
-                                 "## C++\nthree\n## C\nfour\n## 日本語\nfive\n## 設定\nsix\n", encoding="utf-8")
+                                 "## C++\nthree\n## C\nfour\n## 日本語\nfive\n## 設定\nsix\n## Notes\nseven\n"
+                                 "## Notes-2\neight\n", encoding="utf-8")
     (folder / "title-only.md").write_text("# Just a title\n", encoding="utf-8")
     rows = list(read_source(folder, "markdown"))
     good = [r for r in rows if "_reject" not in r]
-    assert [r["text"].split("\n")[-1] for r in good] == ["one", "two", "three", "four", "five", "six"]
-    assert len({r["id"] for r in good}) == 6 and not any(r["id"] == "fixed" for r in good)
+    assert [r["text"].split("\n")[-1] for r in good] == ["one", "two", "three", "four", "five", "six", "seven",
+                                                         "eight"]
+    assert len({r["id"] for r in good}) == 8 and not any(r["id"] == "fixed" for r in good)
+    assert good[0]["id"] == "md:a.md#notes" and good[2]["id"] == "md:a.md#c"
     assert [r for r in rows if "_reject" in r][0]["_code"] == "empty_text"  # the title-only file, said so
     assert rows == list(read_source(folder, "markdown"))  # the same ids on every read
 

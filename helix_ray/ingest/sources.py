@@ -186,12 +186,10 @@ def read_markdown(path: Path) -> Iterator[RawRecord]:
         if not pieces:
             yield _bad(file, "file", "empty_text", "the file has no text outside its title: nothing to remember "
                        "(write the memory under the title or under ## headings)", text[:200])
-        taken: dict[str, int] = {}
+        taken: set[str] = set()
         for heading, body in pieces:
-            slug = _slug(heading)
-            taken[slug] = taken.get(slug, 0) + 1
-            if taken[slug] > 1:  # a heading repeated in the file, or one with no ASCII letters
-                slug = f"{slug}-{taken[slug]}"
+            slug = _slug(heading, taken)
+            taken.add(slug)
             record = dict(defaults)
             record.setdefault("source", f"markdown:{rel}")
             record["text"] = f"{title} — {heading}\n{body}" if heading != title else body
@@ -202,13 +200,20 @@ def read_markdown(path: Path) -> Iterator[RawRecord]:
             yield _tag(record, file, f"section '{heading}'")
 
 
-def _slug(heading: str) -> str:
-    """A section's id part: lower-case ASCII words joined by '-', and, when that loses
-    characters (C++ and C, a heading in Japanese), a short hash of the heading so two
-    headings that differ keep different ids."""
-    slug = re.sub(r"[^a-z0-9]+", "-", heading.lower()).strip("-")[:60]
-    if re.sub(r"[^a-z0-9]+", "", heading.lower()) != re.sub(r"[\W_]+", "", heading.lower()):
-        slug = f"{slug}-{hashlib.sha1(heading.encode('utf-8')).hexdigest()[:8]}".lstrip("-")
+def _slug(heading: str, taken: set[str]) -> str:
+    """A section's id part, unique among ``taken`` (the file's earlier sections):
+    lower-case ASCII words joined by '-' (``rollback-prod``); when that is empty (a
+    heading in Japanese) or already taken (a repeated heading, or C++ after C), a short
+    hash of the heading is added, so the id does not depend on the sections before it;
+    a heading repeated word for word gets -2, -3… on top."""
+    base = re.sub(r"[^a-z0-9]+", "-", heading.lower()).strip("-")[:60]
+    if base and base not in taken:
+        return base
+    hashed = "-".join(p for p in (base, hashlib.sha1(heading.encode("utf-8")).hexdigest()[:8]) if p)
+    slug, n = hashed, 1
+    while slug in taken:
+        n += 1
+        slug = f"{hashed}-{n}"
     return slug
 
 

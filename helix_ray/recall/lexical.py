@@ -151,23 +151,26 @@ def ceiling(index: BM25Index, tokens: list[str], start: int = 0, end: int | None
     another tenant's memories must not move this one's strong-signal decisions). A
     memory at 1.0 of it holds every query term at the best weight seen: the query is,
     lexically, that memory."""
+    return float(sum(term_maxima(index, tokens, start, end)))
+
+
+def term_maxima(index: BM25Index, tokens: list[str], start: int = 0, end: int | None = None) -> list[float]:
+    """Per token, its highest per-memory score among rows [start, end); 0 for a token no
+    memory there holds."""
     scores = index.retriever.scores
     vocab = index.retriever.vocab_dict
     data, indptr, indices = scores["data"], scores["indptr"], scores["indices"]
     whole = start <= 0 and (end is None or end >= scores["num_docs"])
-    total = 0.0
+    out = []
     for token in tokens:
         t = vocab[token]
         lo, hi = int(indptr[t]), int(indptr[t + 1])
-        if hi <= lo:
-            continue
         weights = np.asarray(data[lo:hi])
-        if not whole:
+        if not whole and hi > lo:
             docs = np.asarray(indices[lo:hi])
             weights = weights[(docs >= start) & (docs < (scores["num_docs"] if end is None else end))]
-        if len(weights):
-            total += float(np.max(weights))
-    return total
+        out.append(float(np.max(weights)) if len(weights) else 0.0)
+    return out
 
 
 SAMPLE_ROWS = 16_384
@@ -235,8 +238,9 @@ def search(
     if len(top) == 0:
         return empty
     raw = scores[top]
-    normalised = np.minimum(raw / (ceiling(index, tokens, start, end) or 1.0), 1.0).astype(np.float32)
-    strong = is_strong(normalised, len(tokens) / max(n_terms, 1), strong_score, strong_gap)
+    maxima = term_maxima(index, tokens, start, end)  # the tenant's own: other tenants' words do not count
+    normalised = np.minimum(raw / (sum(maxima) or 1.0), 1.0).astype(np.float32)
+    strong = is_strong(normalised, sum(m > 0 for m in maxima) / max(n_terms, 1), strong_score, strong_gap)
     return LexicalHits(rows=top.astype(np.int64) + start, scores=raw, normalised=normalised, strong_signal=strong)
 
 

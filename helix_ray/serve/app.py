@@ -131,6 +131,10 @@ async def _body_limit(request: Request, call_next):
     if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
         return _error(413, f"Got a request body of {int(size):,} bytes; the limit is {MAX_BODY_BYTES:,}. Send "
                            "large imports in batches of fewer memories, or ingest files with `helix ingest`.")
+    if size is None and "chunked" in request.headers.get("transfer-encoding", "").lower():
+        # Its size is unknown until read: ask for a length rather than read an unbounded body.
+        return _error(411, "Got a chunked request body without Content-Length; send the body with a "
+                           f"Content-Length header (at most {MAX_BODY_BYTES:,} bytes).")
     return await call_next(request)
 
 

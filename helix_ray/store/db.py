@@ -43,6 +43,7 @@ CREATE TABLE IF NOT EXISTS quarantine (
 CREATE TABLE IF NOT EXISTS duplicates (dropped_id VARCHAR, kept_id VARCHAR, jaccard REAL, ingest_run VARCHAR);
 CREATE TABLE IF NOT EXISTS access_log (id VARCHAR, "user" VARCHAR, accessed_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS feedback ("user" VARCHAR, query VARCHAR, memory_id VARCHAR, given_at TIMESTAMPTZ);
+CREATE TABLE IF NOT EXISTS recorded_generations (generation INTEGER, ingest_run VARCHAR);
 CREATE TABLE IF NOT EXISTS ingest_runs (
     run_id VARCHAR PRIMARY KEY, started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, sources VARCHAR,
     counts VARCHAR, generation INTEGER, status VARCHAR
@@ -242,12 +243,26 @@ class StoreDB:
             "by_user": dict(q('SELECT "user", count(*) FROM memories WHERE NOT deleted GROUP BY 1 ORDER BY 1').fetchall()),
         }
 
+    def record_generation(self, number: int, run_id: str) -> None:
+        """Inside the transaction that records what generation ``number`` holds: the
+        database now describes it (see :meth:`recorded_generation`)."""
+        self.con.execute("INSERT INTO recorded_generations VALUES (?, ?)", [int(number), run_id])
+
+    def recorded_generation(self) -> int | None:
+        """The newest generation the database describes (None: none yet)."""
+        row = self.con.execute("SELECT max(generation) FROM recorded_generations").fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
     def dropped_as_duplicates(self, ids: list[str]) -> set[str]:
         """Those of ``ids`` that an ingest dropped as a duplicate of another memory."""
         if not ids:
             return set()
-        rows = self.con.execute(f"SELECT DISTINCT dropped_id FROM duplicates WHERE dropped_id IN "
-                                f"({', '.join('?' * len(ids))})", list(ids)).fetchall()
+        self.con.register("asked_ids", pa.table({"id": list(ids)}))
+        try:
+            rows = self.con.execute("SELECT DISTINCT d.dropped_id FROM duplicates d JOIN asked_ids a "
+                                    "ON d.dropped_id = a.id").fetchall()
+        finally:
+            self.con.unregister("asked_ids")
         return {r[0] for r in rows}
 
     def foreign_ids(self, pairs: list[tuple[str, str]]) -> dict[str, str]:

@@ -307,10 +307,22 @@ def quantize_int8(vectors: np.ndarray) -> np.ndarray:
 
 
 def prune(store: Path, keep: int = 2) -> list[int]:
-    """Delete all but the newest ``keep`` generations (never the current one)."""
+    """Delete every generation folder but the current one and the ``keep − 1`` that were
+    current before it (followed through each manifest's ``parent``): older ones, and
+    folders of runs that never became current."""
     current = current_generation_number(store)
+    if current is None:
+        return []
+    kept: list[int] = []
+    number = current
+    while number and len(kept) < keep:
+        kept.append(number)
+        try:
+            number = json.loads((generations_dir(store) / f"{number:06d}" / "manifest.json").read_text()).get("parent")
+        except (OSError, ValueError):
+            break
     numbers = sorted(int(p.name) for p in generations_dir(store).iterdir() if p.name.isdigit())
-    doomed = [g for g in numbers[:-keep] if g != current]
+    doomed = [g for g in numbers if g not in kept]
     for g in doomed:
         shutil.rmtree(generations_dir(store) / f"{g:06d}", ignore_errors=True)
     return doomed
