@@ -412,6 +412,38 @@ def test_the_delta_strong_signal_weighs_the_query_terms_the_user_holds(shells):
     assert unknown.hits.rows[0] == exact.hits.rows[0] and not unknown.hits.strong_signal
 
 
+def test_served_recency_moves_with_the_writers_recent_hits(shells):
+    """The Writer publishes the hits not yet folded (delta/ACCESSES.json); the Ranker
+    reads them, so a memory just recalled ranks with fresh recency before compaction, and
+    a Writer restarted on the same store publishes them again."""
+    from helix_ray.config import RetrievalConfig
+    from helix_ray.serve import shells as sh
+
+    def recency_of(memory_id: str) -> float:
+        plan = shells["embedder"].plan("deploy the gateway", user="alice", config=RetrievalConfig(),
+                                       budget_tokens=2000, k=20, explain=True)
+        lexical, dense = asyncio.run(shells["bm25"].search(plan)), asyncio.run(shells["dense"].search(plan))
+        explain = asyncio.run(shells["ranker"].finish(plan, lexical, dense))["explain"]
+        return {row["id"]: row["recency"] for row in explain}[memory_id]
+
+    plan = shells["embedder"].plan("deploy the gateway", user="alice", config=RetrievalConfig(), budget_tokens=2000,
+                                   k=20, explain=True)
+    lexical, dense = asyncio.run(shells["bm25"].search(plan)), asyncio.run(shells["dense"].search(plan))
+    candidate = asyncio.run(shells["ranker"].finish(plan, lexical, dense))["explain"][-1]["id"]
+    before = recency_of(candidate)
+    shells["writer"].accessed([(candidate, "alice", int(time.time() * 1_000_000))])
+    assert recency_of(candidate) > max(before, 0.99)
+    shells["writer"]._stop.set()
+    shells["writer"].core.close()
+    (shells["store"] / "delta" / "ACCESSES.json").unlink()
+    restarted = sh.WriterShell(shells["store"], compact_interval_s=3600)
+    try:
+        assert json.loads((shells["store"] / "delta" / "ACCESSES.json").read_text())[candidate] > 0
+    finally:
+        restarted._stop.set()
+        restarted.core.close()
+
+
 def test_a_write_compaction_drops_as_a_near_duplicate_leaves_the_delta(shells):
     """Two online writes, the later a near-copy of the earlier: compaction keeps the newer
     in the generation, and the older must not stay live in the delta beside it."""

@@ -10,7 +10,7 @@ import dataclasses
 import datetime as dt
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -19,6 +19,13 @@ from helix_ray.recall import dense, diversify, expand, fuse, late, lexical, pack
 from helix_ray.recall.embed import embed_query
 
 STAGES = ("embed", "route", "bm25", "dense", "fuse", "expand", "late", "rank", "diversify", "pack")
+
+
+class AccessOverlay(Protocol):
+    """Last accesses newer than the generation's, by row (a dict, or the Serve Ranker's
+    lookup over the Writer's recent hits): epoch µs, or None."""
+
+    def get(self, row: int, /) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -164,7 +171,7 @@ class Recaller:
         project_mode: str = "filter",
         explain: bool = False,
         now: dt.datetime | None = None,
-        last_access_overlay: Mapping[int, int] | None = None,
+        last_access_overlay: AccessOverlay | None = None,
         disabled: frozenset[str] = frozenset(),
         config: RetrievalConfig | None = None,
     ) -> RecallResult:
@@ -264,7 +271,7 @@ class Recaller:
 
     # ------------------------------------------------------------------ stages 4–8
     def finish(self, plan: Plan, lex: lexical.LexicalHits | None, dense_hits: dense.DenseHits | None, *,
-               last_access_overlay: Mapping[int, int] | None = None, started: float | None = None,
+               last_access_overlay: AccessOverlay | None = None, started: float | None = None,
                leg_timings_ms: Mapping[str, float] | None = None) -> RecallResult:
         """Fuse the legs' lists, expand, rank, diversify and pack."""
         cfg, gen, cols = plan.config, self.generation, self.columns

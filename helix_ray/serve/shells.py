@@ -20,6 +20,7 @@ and delta version they came from. Never texts, never the generation.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import threading
@@ -37,6 +38,7 @@ from helix_ray.recall.pipeline import Plan, Recaller
 from helix_ray.serve.errors import ReplicaError, boundary
 from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, merge_dense, merge_lexical
 from helix_ray.serve.views import StoreViews
+from helix_ray.store.pointer import Pointer
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +184,13 @@ class BM25Shell(_StoreShell):
 class RankerShell(_StoreShell):
     role = "ranker"
 
+    def __init__(self, store: str | Path, ingest: IngestConfig | None = None,
+                 watch_interval_s: float = WATCH_INTERVAL_S):
+        super().__init__(store, ingest, watch_interval_s)
+        from helix_ray.serve.writer import accesses_path
+
+        self._accesses = Pointer(accesses_path(Path(store)), _read_accesses)
+
     @boundary
     async def finish(self, plan: Plan, lexical: LegResult | None, dense: LegResult | None) -> dict[str, Any]:
         """Fuse, expand, rank, diversify and pack over the generation the legs used and
@@ -202,11 +211,13 @@ class RankerShell(_StoreShell):
             timings["bm25"] = lexical.ms
         if dense is not None:
             timings["dense"] = dense.ms
+        accessed = self._accesses.read()
         result = recaller.finish(
             plan,
             _visible(lexical.hits if lexical else None, hidden, delta, view.number),
             _visible(dense.hits if dense else None, hidden, delta, view.number),
             leg_timings_ms=timings,
+            last_access_overlay=_AccessOverlay(recaller.columns.ids, accessed) if accessed else None,
         )
         out = result.as_dict()
         out["delta_version"] = delta.version
@@ -251,6 +262,30 @@ class PipelineShell:
         out = await self.ranker.finish(plan, lexical, dense)
         out["flags"].setdefault("degraded", []).append(f"legs realigned on generation {newer} during a swap")
         return out
+
+
+def _read_accesses(path: Path) -> dict[str, int] | None:
+    try:
+        return {str(k): int(v) for k, v in json.loads(path.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+class _AccessOverlay:
+    """Row → last access (epoch µs) of the Writer's recent hits, looked up only for the
+    candidate rows the ranking asks about (the hits may be many)."""
+
+    def __init__(self, ids: Any, accessed: dict[str, int]):
+        self.ids, self.accessed = ids, accessed
+
+    def __bool__(self) -> bool:
+        return bool(self.accessed)
+
+    def get(self, row: int) -> int | None:
+        try:
+            return self.accessed.get(str(self.ids[row]))
+        except (IndexError, KeyError):
+            return None
 
 
 def _visible(hits: Any, hidden: set[int], delta: DeltaSegment, generation: int) -> Any:

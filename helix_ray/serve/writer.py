@@ -70,6 +70,11 @@ PATCHABLE = ("text", "type", "project", "session_id", "salience", "confidence", 
 _RECORD_FIELDS = [f.name for f in MEMORY_SCHEMA]
 
 
+def accesses_path(store: Path) -> Path:
+    """Recall hits the current generation has not folded yet: ``{memory id: epoch µs}``."""
+    return Path(store) / "delta" / "ACCESSES.json"
+
+
 def settings_path(store: Path) -> Path:
     return Path(store) / SETTINGS_FILE
 
@@ -127,6 +132,8 @@ class WriterCore:
         self.unfoldable: set[int] = set()
         self._replay()
         self._publish()
+        self.recent_accesses: dict[str, int] = {}  # id → last access (epoch µs) not yet in a generation
+        self._load_recent_accesses()
 
     # ---------------------------------------------------------------- state
     @property
@@ -285,12 +292,34 @@ class WriterCore:
     def accessed(self, hits: list[tuple[str, str, int]]) -> dict[str, Any]:
         """Append recall hits ``(memory id, user, epoch µs)`` to the access log (the
         ingress batches them); the next compaction or ingest folds them into
-        ``last_accessed_at`` and ``access_count``, the recency signal's input."""
+        ``last_accessed_at`` and ``access_count``, the recency signal's input. Until
+        then the replicas read them from ``delta/ACCESSES.json`` (the latest per id), so
+        recency moves for served recalls as it does for an open ``Memory``."""
         utc = dt.timezone.utc
         rows = [(str(i), str(u), dt.datetime.fromtimestamp(int(t) / 1e6, tz=utc)) for i, u, t in hits]
         with self._lock:
             self.db.log_access(rows)
+            for memory_id, _, micros in hits:
+                if int(micros) > self.recent_accesses.get(str(memory_id), 0):
+                    self.recent_accesses[str(memory_id)] = int(micros)
+            self._publish_accesses()
         return {"recorded": len(rows)}
+
+    def _load_recent_accesses(self) -> None:
+        """After a start or a compaction: the log's hits the current generation has not
+        folded (its manifest says how far it did)."""
+        from helix_ray.store.generation import Generation
+        from pipelines.ingest import ACCESS_WATERMARK
+
+        after = 0
+        if self.generation is not None:
+            after = int(Generation.open_current(self.store).manifest.get(ACCESS_WATERMARK, 0))
+        summary, _ = self.db.access_summary(after)
+        self.recent_accesses = {i: int(t.timestamp() * 1_000_000) for i, (t, _) in summary.items()}
+        self._publish_accesses()
+
+    def _publish_accesses(self) -> None:
+        _atomic_write(accesses_path(self.store), json.dumps(self.recent_accesses, separators=(",", ":")))
 
     def feedback(self, query: Any, memory_ids: Any, *, user: str | None) -> dict[str, Any]:
         """Record which memories answered ``query`` for ``user`` (labelled queries for
@@ -458,6 +487,7 @@ class WriterCore:
                                    if t.applies_below is None or t.applies_below >= number}
                 self.db.con.execute("DELETE FROM serve_log WHERE folded_into IS NOT NULL AND folded_into < ?", [number])
                 self._publish()
+                self._load_recent_accesses()  # what the new generation folded leaves the file
             self.unfoldable |= {e["seq"] for e in pending if e["folded_into"] == NOT_FOLDED}
             done = inbox / "folded"  # the log in DuckDB keeps what is still pending
             done.mkdir(exist_ok=True)
