@@ -433,6 +433,14 @@ def test_served_recency_moves_with_the_writers_recent_hits(shells):
     before = recency_of(candidate)
     shells["writer"].accessed([(candidate, "alice", int(time.time() * 1_000_000))])
     assert recency_of(candidate) > max(before, 0.99)
+    # Bounded: past MAX_RECENT_ACCESSES ids, the newest stay (the log keeps every hit).
+    from helix_ray.serve import writer as writer_module
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(writer_module, "MAX_RECENT_ACCESSES", 2)
+        shells["writer"].accessed([("old-hit", "alice", 1), ("newer-hit", "alice", 2)])
+    published = json.loads((shells["store"] / "delta" / "ACCESSES.json").read_text())
+    assert set(published) == {candidate, "newer-hit"}
     shells["writer"]._stop.set()
     shells["writer"].core.close()
     (shells["store"] / "delta" / "ACCESSES.json").unlink()

@@ -70,6 +70,12 @@ PATCHABLE = ("text", "type", "project", "session_id", "salience", "confidence", 
 _RECORD_FIELDS = [f.name for f in MEMORY_SCHEMA]
 
 
+#: Recent hits the replicas read before compaction folds them: the newest this many ids
+#: (a few MB of JSON); older ones reach recency at the next compaction (the access log
+#: keeps them all).
+MAX_RECENT_ACCESSES = 50_000
+
+
 def accesses_path(store: Path) -> Path:
     """Recall hits the current generation has not folded yet: ``{memory id: epoch µs}``."""
     return Path(store) / "delta" / "ACCESSES.json"
@@ -319,6 +325,9 @@ class WriterCore:
         self._publish_accesses()
 
     def _publish_accesses(self) -> None:
+        if len(self.recent_accesses) > MAX_RECENT_ACCESSES:  # the newest ones; the log keeps every hit
+            newest = sorted(self.recent_accesses.items(), key=lambda kv: kv[1])[-MAX_RECENT_ACCESSES:]
+            self.recent_accesses = dict(newest)
         _atomic_write(accesses_path(self.store), json.dumps(self.recent_accesses, separators=(",", ":")))
 
     def feedback(self, query: Any, memory_ids: Any, *, user: str | None) -> dict[str, Any]:
