@@ -626,6 +626,11 @@ def test_settings_patch_changes_results_live(alice, ops):
 
     refused = alice.patch("/v1/settings", json={"fusion": {"weights": {"bm25": 0.0}}})
     assert refused.status_code == 403 and "--admin" in refused.json()["detail"], refused.text
+    # Rights before the body: a user's key gets 403, not a 422 about a patch it may not send.
+    assert alice.patch("/v1/settings", content=b"[not json", headers={"content-type": "application/json"}
+                       ).status_code == 403
+    assert alice.post("/v1/admin/adapt", content=b"[not json", headers={"content-type": "application/json"}
+                      ).status_code == 403
     assert alice.post("/v1/admin/compact").status_code == 403
     patched = ops.patch("/v1/settings", json={"fusion": {"weights": {"bm25": 0.0}}})
     assert patched.status_code == 200, patched.text

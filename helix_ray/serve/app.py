@@ -149,10 +149,22 @@ async def _key_first(request: Request, call_next):
     keys = keys_module.SERVING["store"]
     if keys is not None and request.url.path.startswith("/v1/"):
         try:
-            keys.record_for(_bearer(request.headers.get("authorization")))
+            record = keys.record_for(_bearer(request.headers.get("authorization")))
         except HelixError as exc:
             return _error(status_of(exc) or 401, message_of(exc))
+        if not record.admin and _admin_only(request.method, request.url.path):
+            return _error(403, _not_admin(record.user))
     return await call_next(request)
+
+
+def _admin_only(method: str, path: str) -> bool:
+    """What changes the server for every user: live settings, compaction, the adapter."""
+    return path.startswith("/v1/admin/") or (path.rstrip("/") == "/v1/settings" and method in ("PATCH", "DELETE"))
+
+
+def _not_admin(user: str) -> str:
+    return (f"This API key (user {user!r}) cannot change what every user shares (live settings, compaction, the "
+            "query adapter). Use an admin key: `helix keys create --store DIR --user USER --admin`.")
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -289,9 +301,7 @@ class HelixAPI:
             return
         record = self.keys.record_for(_bearer(authorization))
         if not record.admin:
-            raise Forbidden(f"This API key (user {record.user!r}) cannot change what every user shares (live "
-                            "settings, compaction, the query adapter). Use an admin key: `helix keys create --store DIR --user USER "
-                            "--admin`.")
+            raise Forbidden(_not_admin(record.user))
 
     def user_for(self, authorization: Optional[str], claimed: Optional[str]) -> str:
         user = self.authenticate(authorization)
