@@ -126,11 +126,12 @@ class Memory:
                project: str | None = None, types: Sequence[str] | str | None = None, since: Any = None,
                until: Any = None, explain: bool = False, **options: Any):
         """Recall ``user``'s memories for ``query``; see :meth:`Recaller.recall`."""
+        from helix_ray.recall.pipeline import IdAccessOverlay
+
         recaller = self.recaller
         overlay = None
         if self._overlay and recaller.columns is not None:
-            rows = recaller.columns.id_to_row
-            overlay = {rows[i]: t for i, t in self._overlay.items() if i in rows}
+            overlay = IdAccessOverlay(recaller.columns.ids, self._overlay)
         result = recaller.recall(query, user=user, budget_tokens=budget_tokens, k=k, project=project, types=types,
                                  since=since, until=until, explain=explain, last_access_overlay=overlay, **options)
         if self._writer is not None and result.items:

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from helix_ray.config import IngestConfig
-from helix_ray.errors import InvalidArgument
+from helix_ray.errors import InvalidArgument, StoreError
 from helix_ray.ingest import stages
 from helix_ray.ingest.dedup import find_duplicates
 from helix_ray.ingest.graph import build_graph, edges_table
@@ -46,10 +46,10 @@ from helix_ray.recall.lexical import Analyzer
 from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import (
+    ACCESS_WATERMARK,
     Generation,
     GenerationData,
     current_generation_number,
-    generations_dir,
     partitions_of,
     prune,
     publish,
@@ -59,8 +59,6 @@ from helix_ray.store.generation import (
 log = logging.getLogger(__name__)
 
 BATCH = 256  # rows per transform call (the embedder sorts within it by length)
-#: The manifest key holding how far into the store's access log a generation has folded.
-ACCESS_WATERMARK = "access_log_folded"
 BLOCK = 256  # rows per Ray Data block (a multiple of BATCH; blocks are the actors' unit of work)
 ACTOR_MEMORY = 1792 * 1024**2  # what one embedding actor holds (two models, arenas; 1.4 GiB at 100k): told to Ray
 
@@ -364,11 +362,11 @@ def roll_forward(store: Path, db: StoreDB) -> int | None:
     current = current_generation_number(store) or 0
     if recorded is None or recorded <= current:
         return None
-    if not (generations_dir(store) / f"{recorded:06d}" / "manifest.json").is_file():
-        log.warning("the database records generation %d of %s but its folder is gone; %d stays current",
-                    recorded, store, current)
+    try:
+        set_current(store, recorded)
+    except StoreError as exc:  # its folder is gone
+        log.warning("the database records generation %d of %s, but: %s", recorded, store, exc)
         return None
-    set_current(store, recorded)
     log.warning("made generation %d of %s current: an earlier ingest recorded it and stopped before "
                 "switching to it", recorded, store)
     return recorded

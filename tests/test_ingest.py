@@ -212,6 +212,18 @@ def test_crash_mid_publish_leaves_previous_generation_serving(tmp_path):
     assert not any(p.name.startswith(".tmp-") for p in generations_dir(store).iterdir())
 
 
+def _ingest_failing_at(owner, attribute: str, sources, store, monkeypatch) -> None:
+    """An ingest of ``sources`` during which ``owner.attribute`` raises, as a crash there
+    would; the error must reach the caller."""
+    def fail(*args, **kwargs):
+        raise RuntimeError(f"injected failure in {attribute}")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(owner, attribute, fail)
+        with pytest.raises(RuntimeError, match=f"injected failure in {attribute}"):
+            ingest(sources, store, runner="local")
+
+
 def test_a_failure_recording_the_run_leaves_the_previous_generation_current(tmp_path, monkeypatch):
     """The database records a generation before readers switch to it: a failure there
     (here the graph's tables) leaves CURRENT, and the database, as they were."""
@@ -219,13 +231,7 @@ def test_a_failure_recording_the_run_leaves_the_previous_generation_current(tmp_
     ingest([write_jsonl(tmp_path / "a.jsonl", [memory(i, t) for i, t in enumerate(FACTS[:3])])], store, runner="local")
     more = write_jsonl(tmp_path / "b.jsonl", [memory(10 + i, t) for i, t in enumerate(FACTS[3:])])
 
-    def broken(*args, **kwargs):
-        raise RuntimeError("injected failure in replace_graph")
-
-    with monkeypatch.context() as patch:
-        patch.setattr(StoreDB, "replace_graph", broken)
-        with pytest.raises(RuntimeError, match="injected failure"):
-            ingest([more], store, runner="local")
+    _ingest_failing_at(StoreDB, "replace_graph", [more], store, monkeypatch)
     assert current_generation_number(store) == 1 and Generation.open_current(store).size == 3
     with StoreDB(store) as db:
         assert db.counts()["memories"] == 3
@@ -245,13 +251,7 @@ def test_a_generation_recorded_but_never_made_current_is_rolled_forward(tmp_path
     ingest([write_jsonl(tmp_path / "a.jsonl", [memory(0, FACTS[0])])], store, runner="local")
     more = write_jsonl(tmp_path / "b.jsonl", [memory(0, FACTS[2]), memory(1, FACTS[1])])  # m000's text changes
 
-    def crash(*args, **kwargs):
-        raise RuntimeError("injected crash before CURRENT moves")
-
-    with monkeypatch.context() as patch:
-        patch.setattr(pipeline, "set_current", crash)
-        with pytest.raises(RuntimeError, match="injected crash"):
-            ingest([more], store, runner="local")
+    _ingest_failing_at(pipeline, "set_current", [more], store, monkeypatch)  # the crash before CURRENT moves
     assert current_generation_number(store) == 1
     again = ingest([more], store, runner="local")
     assert current_generation_number(store) == 2 and again.embedded == 0 and again.unchanged == 2

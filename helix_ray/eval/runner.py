@@ -241,14 +241,13 @@ def evaluate(
             store = store_for(corpus_id, evalset.corpora[corpus_id], Path(workdir), cfg)
             generation = Generation.open_current(store)
             adapter = None
-            if key in LEXICAL_ONLY:  # no query vector to adapt
-                pass
-            elif adapt_on is not None and pooled:
-                if key not in shared:
-                    shared[key] = fit(key, cfg, None)
-                adapter = shared[key]
-            elif adapt_on is not None:
-                adapter = fit(key, cfg, corpus_id, generation)
+            if adapt_on is not None and key not in LEXICAL_ONLY:  # a lexical system has no query vector
+                if pooled:
+                    if key not in shared:
+                        shared[key] = fit(key, cfg, None)
+                    adapter = shared[key]
+                else:
+                    adapter = fit(key, cfg, corpus_id, generation)
             recallers[key] = Recaller(generation, embedder, retrieval_config or RetrievalConfig(), adapter=adapter)
         for name, system in chosen.items():
             recaller = recallers.get(name, recallers[None])

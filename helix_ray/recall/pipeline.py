@@ -22,10 +22,27 @@ STAGES = ("embed", "route", "bm25", "dense", "fuse", "expand", "late", "rank", "
 
 
 class AccessOverlay(Protocol):
-    """Last accesses newer than the generation's, by row (a dict, or the Serve Ranker's
-    lookup over the Writer's recent hits): epoch µs, or None."""
+    """Last accesses newer than the generation's, by row: epoch µs, or None."""
 
     def get(self, row: int, /) -> int | None: ...
+
+
+class IdAccessOverlay:
+    """An :class:`AccessOverlay` over last accesses kept by memory id (an open
+    ``Memory``'s own recalls, the Serve Writer's recent hits): looked up only for the
+    candidate rows the ranking asks about, however many ids it holds."""
+
+    def __init__(self, ids: Any, accessed: Mapping[str, int]):
+        self.ids, self.accessed = ids, accessed  # ids: row → memory id (the columns' ids)
+
+    def __bool__(self) -> bool:
+        return bool(self.accessed)
+
+    def get(self, row: int, /) -> int | None:
+        try:
+            return self.accessed.get(str(self.ids[row]))
+        except (IndexError, KeyError):
+            return None
 
 
 @dataclass(frozen=True)

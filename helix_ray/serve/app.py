@@ -512,12 +512,12 @@ class HelixAPI:
     @api.get("/v1/stats", responses=ERRORS, tags=["admin"],
              summary="Generation, counts, delta size, p50/p95 per stage over recent requests")
     async def stats(self, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
-        user = self.authenticate(authorization)
+        record = self.keys.record_for(_bearer(authorization)) if self.keys is not None else None
         generation = self._generation.read()
-        if self.keys is not None and not self.keys.record_for(_bearer(authorization)).admin:
+        if record is not None and not record.admin:
             # A user's key sees its own counts only: nothing about the other tenants.
-            mine = await self.writer.user_stats.remote(user)
-            return {"generation": generation, "user": user, **mine, "latency_ms": self.latency.summary(),
+            mine = await self.writer.user_stats.remote(record.user)
+            return {"generation": generation, "user": record.user, **mine, "latency_ms": self.latency.summary(),
                     "requests_seen_by_this_ingress": self.latency.requests}
         manifest = _read_json(self.store / "generations" / f"{generation:06d}" / "manifest.json") \
             if generation is not None else {}

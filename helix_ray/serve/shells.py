@@ -34,7 +34,7 @@ import numpy as np
 from helix_ray.config import IngestConfig, RetrievalConfig
 from helix_ray.errors import StoreError
 from helix_ray.recall import adapter
-from helix_ray.recall.pipeline import Plan, Recaller
+from helix_ray.recall.pipeline import IdAccessOverlay, Plan, Recaller
 from helix_ray.serve.errors import ReplicaError, boundary
 from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, merge_dense, merge_lexical
 from helix_ray.serve.views import StoreViews
@@ -217,7 +217,7 @@ class RankerShell(_StoreShell):
             _visible(lexical.hits if lexical else None, hidden, delta, view.number),
             _visible(dense.hits if dense else None, hidden, delta, view.number),
             leg_timings_ms=timings,
-            last_access_overlay=_AccessOverlay(recaller.columns.ids, accessed) if accessed else None,
+            last_access_overlay=IdAccessOverlay(recaller.columns.ids, accessed) if accessed else None,
         )
         out = result.as_dict()
         out["delta_version"] = delta.version
@@ -269,23 +269,6 @@ def _read_accesses(path: Path) -> dict[str, int] | None:
         return {str(k): int(v) for k, v in json.loads(path.read_text()).items()}
     except (OSError, ValueError, AttributeError):
         return None
-
-
-class _AccessOverlay:
-    """Row → last access (epoch µs) of the Writer's recent hits, looked up only for the
-    candidate rows the ranking asks about (the hits may be many)."""
-
-    def __init__(self, ids: Any, accessed: dict[str, int]):
-        self.ids, self.accessed = ids, accessed
-
-    def __bool__(self) -> bool:
-        return bool(self.accessed)
-
-    def get(self, row: int) -> int | None:
-        try:
-            return self.accessed.get(str(self.ids[row]))
-        except (IndexError, KeyError):
-            return None
 
 
 def _visible(hits: Any, hidden: set[int], delta: DeltaSegment, generation: int) -> Any:

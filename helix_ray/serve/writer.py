@@ -314,8 +314,7 @@ class WriterCore:
     def _load_recent_accesses(self) -> None:
         """After a start or a compaction: the log's hits the current generation has not
         folded (its manifest says how far it did)."""
-        from helix_ray.store.generation import Generation
-        from pipelines.ingest import ACCESS_WATERMARK
+        from helix_ray.store.generation import ACCESS_WATERMARK, Generation
 
         after = 0
         if self.generation is not None:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 
@@ -103,32 +104,23 @@ class StoreDB:
     def upsert_memories(self, table: pa.Table, run_id: str) -> None:
         if table.num_rows == 0:
             return
-        self.con.register("incoming", table)
-        try:
+        with self._registered("incoming", table):
             self.con.execute(
                 f"INSERT OR REPLACE INTO memories SELECT {MEMORY_COLUMNS}, FALSE, ? FROM incoming", [run_id]
             )
-        finally:
-            self.con.unregister("incoming")
 
     def upsert_expansions(self, ids: list[str], queries: list[list[str]], backend: str) -> None:
         if not ids:
             return
         table = pa.table({"id": ids, "backend": [backend] * len(ids), "queries": queries})
-        self.con.register("incoming_x", table)
-        try:
+        with self._registered("incoming_x", table):
             self.con.execute("INSERT OR REPLACE INTO expansions SELECT * FROM incoming_x")
-        finally:
-            self.con.unregister("incoming_x")
 
     def expansions_for(self, ids: list[str]) -> dict[str, list[str]]:
         if not ids:
             return {}
-        self.con.register("wanted", pa.table({"id": ids}))
-        try:
+        with self._registered("wanted", pa.table({"id": ids})):
             rows = self.con.execute("SELECT e.id, e.queries FROM expansions e JOIN wanted USING (id)").fetchall()
-        finally:
-            self.con.unregister("wanted")
         return {i: list(q or []) for i, q in rows}
 
     def add_quarantine(self, rows: list[dict[str, Any]], run_id: str) -> None:
@@ -142,14 +134,11 @@ class StoreDB:
                               ("reason", pa.string()), ("raw", pa.string())]),
         )
         # Re-ingesting the same bad file must not pile up copies of the same rejection.
-        self.con.register("incoming_q", table)
-        try:
+        with self._registered("incoming_q", table):
             self.con.execute(
                 "INSERT INTO quarantine SELECT * FROM incoming_q i WHERE NOT EXISTS (SELECT 1 FROM quarantine q "
                 "WHERE q.source = i.source AND q.position = i.position AND q.reason = i.reason AND q.raw = i.raw)"
             )
-        finally:
-            self.con.unregister("incoming_q")
 
     def add_duplicates(self, links: list[tuple[str, str, float]], run_id: str) -> None:
         if not links:
@@ -193,9 +182,15 @@ class StoreDB:
         if table.num_rows == 0:
             return
         view = f"incoming_{name}"
+        with self._registered(view, table):
+            self.con.execute(f"INSERT INTO {name} SELECT * FROM {view}")
+
+    @contextmanager
+    def _registered(self, view: str, table: pa.Table) -> Iterator[None]:
+        """``table`` queryable as ``view`` for the block's duration."""
         self.con.register(view, table)
         try:
-            self.con.execute(f"INSERT INTO {name} SELECT * FROM {view}")
+            yield
         finally:
             self.con.unregister(view)
 
@@ -257,12 +252,9 @@ class StoreDB:
         """Those of ``ids`` that an ingest dropped as a duplicate of another memory."""
         if not ids:
             return set()
-        self.con.register("asked_ids", pa.table({"id": list(ids)}))
-        try:
+        with self._registered("asked_ids", pa.table({"id": list(ids)})):
             rows = self.con.execute("SELECT DISTINCT d.dropped_id FROM duplicates d JOIN asked_ids a "
                                     "ON d.dropped_id = a.id").fetchall()
-        finally:
-            self.con.unregister("asked_ids")
         return {r[0] for r in rows}
 
     def foreign_ids(self, pairs: list[tuple[str, str]]) -> dict[str, str]:
@@ -271,13 +263,10 @@ class StoreDB:
         if not pairs:
             return {}
         table = pa.table({"id": [p[0] for p in pairs], "user": [p[1] for p in pairs]})
-        self.con.register("incoming_owners", table)
-        try:
+        with self._registered("incoming_owners", table):
             return dict(self.con.execute(
                 'SELECT m.id, m."user" FROM memories m JOIN incoming_owners i ON m.id = i.id '
                 'WHERE NOT m.deleted AND m."user" <> i."user"').fetchall())
-        finally:
-            self.con.unregister("incoming_owners")
 
     def owners(self, ids: list[str]) -> dict[str, str]:
         """id → user of each live (not deleted) memory among ``ids``."""

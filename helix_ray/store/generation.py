@@ -144,6 +144,11 @@ def current_generation_number(store: Path) -> int | None:
     return int(pointer.read_text().strip())
 
 
+#: The manifest key holding how far into the store's access log (``rowid``) a generation
+#: has folded recall hits into ``last_accessed_at`` / ``access_count``.
+ACCESS_WATERMARK = "access_log_folded"
+
+
 def publish(
     store: Path,
     data: GenerationData,
