@@ -19,7 +19,9 @@ For each ``--store`` (served from a hard-linked copy, so the original is never w
 
 HTTP loops are bounded by ``--requests`` and ``--max-seconds`` per phase, at concurrency 1
 (one keep-alive client) and ``--concurrency`` (asyncio workers sharing a connection
-pool). Queries come from ``scripts/bench_recall.py``'s ``make_queries`` (identifiers,
+pool), with ``--client`` aiohttp (default) or httpx; ``--settle-s`` first runs each
+phase's load unmeasured, so autoscaling (``--replicas 1 2``, what ``helix serve`` runs)
+has followed it, and each phase reports the replicas running at its end. Queries come from ``scripts/bench_recall.py``'s ``make_queries`` (identifiers,
 paraphrases, vague; users weighted by tenant size). After the loops the script reads
 ``/proc/<pid>/smaps`` of every replica and reports its RSS and PSS, in total and for the
 mappings of the generation's files alone (what several replicas share through the page
@@ -160,33 +162,70 @@ def echo_app(graph: str = "split", replicas: int = 1):
 # ----------------------------------------------------------------------------- HTTP loops
 
 
-async def http_phase(url: str, bodies: list[tuple[dict, dict]], concurrency: int, max_seconds: float) -> dict[str, Any]:
+async def http_phase(url: str, bodies: list[tuple[dict, dict]], concurrency: int, max_seconds: float,
+                     client: str = "aiohttp") -> dict[str, Any]:
     """``bodies`` are (json, headers); each worker takes the next until all are sent or
-    time is up. Returns latency percentiles (ms), throughput and error count."""
-    import httpx
+    time is up. Returns latency percentiles (ms), throughput and error count. Each
+    request's time includes reading and decoding the JSON answer, as a caller would.
 
+    ``client``: ``aiohttp`` (Ray Serve's own dependency) or ``httpx``. The client runs in
+    this process, on the same two cores, and its time per request is part of every
+    figure: httpx costs ~1 ms more per request than aiohttp here (docs/serve.md)."""
     times: list[float] = []
     errors: dict[int, int] = {}
     next_index = 0
     deadline = time.monotonic() + max_seconds
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
-        async def worker() -> None:
-            nonlocal next_index
-            while next_index < len(bodies) and time.monotonic() < deadline:
-                body, headers = bodies[next_index]
-                next_index += 1
-                clock = time.perf_counter()
-                response = await client.post("/v1/recall", json=body, headers=headers)
-                times.append((time.perf_counter() - clock) * 1000)
-                if response.status_code != 200:
-                    errors[response.status_code] = errors.get(response.status_code, 0) + 1
 
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall = time.perf_counter() - started
-    return {"concurrency": concurrency, "n": len(times), **pct(times), "rps": round(len(times) / wall, 1),
-            "errors": errors}
+    async def loop(post) -> None:
+        nonlocal next_index
+        while next_index < len(bodies) and time.monotonic() < deadline:
+            body, headers = bodies[next_index]
+            next_index += 1
+            clock = time.perf_counter()
+            status = await post(body, headers)
+            times.append((time.perf_counter() - clock) * 1000)
+            if status != 200:
+                errors[status] = errors.get(status, 0) + 1
+
+    started = time.perf_counter()
+    if client == "httpx":
+        import httpx
+
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as session:
+            async def post_httpx(body: dict, headers: dict) -> int:
+                response = await session.post("/v1/recall", json=body, headers=headers)
+                response.json()
+                return response.status_code
+
+            started = time.perf_counter()
+            await asyncio.gather(*(loop(post_httpx) for _ in range(concurrency)))
+    else:
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=concurrency)
+        async with aiohttp.ClientSession(connector=connector,
+                                         timeout=aiohttp.ClientTimeout(total=60)) as session:
+            async def post_aiohttp(body: dict, headers: dict) -> int:
+                async with session.post(url + "/v1/recall", json=body, headers=headers) as response:
+                    await response.json()
+                    return response.status
+
+            started = time.perf_counter()
+            await asyncio.gather(*(loop(post_aiohttp) for _ in range(concurrency)))
+    wall = time.perf_counter() - started
+    return {"concurrency": concurrency, "client": client, "n": len(times), **pct(times),
+            "rps": round(len(times) / wall, 1), "errors": errors}
+
+
+def running_replicas(app: str) -> dict[str, int]:
+    """Replicas RUNNING per deployment of ``app`` (autoscaling moves them between phases)."""
+    from ray import serve
+
+    status = serve.status().applications.get(app)
+    if status is None:
+        return {}
+    return {name: d.replica_states.get("RUNNING", 0) for name, d in status.deployments.items()}
 
 
 # ----------------------------------------------------------------------------- memory
@@ -273,12 +312,15 @@ def bench_store(prepared: dict[str, Any], args: argparse.Namespace, port: int) -
 
     async def phases() -> dict[str, Any]:
         out: dict[str, Any] = {}
-        await http_phase(url, bodies[: args.warmup], 1, args.max_seconds)
-        await http_phase(url + "/echo", bodies[: args.warmup], 1, args.max_seconds)
+        await http_phase(url, bodies[: args.warmup], 1, args.max_seconds, args.client)
+        await http_phase(url + "/echo", bodies[: args.warmup], 1, args.max_seconds, args.client)
         for c in (1, args.concurrency):
             for app, base in (("echo", url + "/echo"), ("helix", url)):
+                if args.settle_s > 0:  # the same load, unmeasured, until autoscaling has followed it
+                    await http_phase(base, bodies * 1000, c, args.settle_s, args.client)
                 log(f"{app}: concurrency {c}")
-                out[f"{app}_c{c}"] = await http_phase(base, bodies[args.warmup:], c, args.max_seconds)
+                out[f"{app}_c{c}"] = await http_phase(base, bodies[args.warmup:], c, args.max_seconds, args.client)
+                out[f"{app}_c{c}"]["replicas"] = running_replicas(app)
                 log(f"  {out[f'{app}_c{c}']}")
         return out
 
@@ -315,8 +357,9 @@ def table(results: list[dict[str, Any]], concurrency: int) -> str:
         for app in ("echo", "helix"):
             for c in (1, concurrency):
                 h = r["http"][f"{app}_c{c}"]
-                lines.append(f"| {r['memories']:,} | HTTP {app} | {c} | {h['p50']} | {h['p95']} | {h['p99']} | "
-                             f"{h['rps']} |")
+                replicas = ", ".join(f"{name} {n}" for name, n in h.get("replicas", {}).items()) or "?"
+                lines.append(f"| {r['memories']:,} | HTTP {app} ({h.get('client', 'httpx')}; {replicas}) "
+                             f"| {c} | {h['p50']} | {h['p95']} | {h['p99']} | {h['rps']} |")
     lines.append("")
     lines.append("| memories | replica | RSS MiB | PSS MiB | generation files RSS | generation files PSS |")
     lines.append("|---:|---|---:|---:|---:|---:|")
@@ -339,6 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-cpus", type=int, default=2, help="logical CPUs of the local Ray")
     ap.add_argument("--graph", choices=("split", "compact", "inline"), default="split",
                     help="ServeArgs.graph of the Helix app (the echo app gets the same hops)")
+    ap.add_argument("--client", choices=("aiohttp", "httpx"), default="aiohttp",
+                    help="the HTTP client of the loops (in this process; its cost is in every figure)")
+    ap.add_argument("--settle-s", type=float, default=0.0,
+                    help="before each measured phase, the same load unmeasured for this long (autoscaling "
+                         "follows it: with --replicas 1 2 a concurrency-8 phase then runs on two replicas)")
     ap.add_argument("--port", type=int, default=0, help="HTTP port on 127.0.0.1 (0: a free one)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)

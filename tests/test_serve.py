@@ -86,7 +86,14 @@ def bob(served):
 def recall(client, query: str, **extra) -> dict:
     response = client.post("/v1/recall", json={"query": query, "budget_tokens": 400, "k": 8, **extra})
     assert response.status_code == 200, response.text
-    return response.json()
+    from helix_ray.serve.api import RecallResponse
+
+    # The ingress sends the pipeline's dict without FastAPI's response validation: every
+    # answer is held to the documented schema here instead: its types, and no key the
+    # schema does not name (the response model used to drop those silently).
+    answer = response.json()
+    assert RecallResponse.model_validate(answer, strict=True).model_dump(exclude_unset=True) == answer
+    return answer
 
 
 def ids(result: dict) -> list[str]:
@@ -120,6 +127,41 @@ def test_merge_lexical_normalises_by_the_shared_ceiling():
     np.testing.assert_allclose(merged.normalised, [0.75, 0.5625, 0.375])
     assert merged.strong_signal is False
     assert merge_lexical(base, None, top_k=10, strong_score=0.85, strong_gap=0.15) is base
+
+
+def test_query_encoder_widens_only_when_the_replica_is_alone():
+    """plan(alone=True) encodes with the two-thread encoder, plan(alone=False) with the
+    one-thread one; both give the same vector (the same model)."""
+    from helix_ray.config import RetrievalConfig
+    from helix_ray.serve.shells import EmbedderShell
+
+    shell = EmbedderShell()
+    assert shell._encoders[True] is not shell._encoders[False]
+    config = RetrievalConfig()
+    query = "why did we pin uvicorn after the keep-alive bug"
+    wide = shell.plan(query, user="alice", config=config, budget_tokens=300, alone=True)
+    assert shell.recaller.embedder is shell._encoders[True]
+    narrow = shell.plan(query, user="alice", config=config, budget_tokens=300)
+    assert shell.recaller.embedder is shell._encoders[False]
+    np.testing.assert_allclose(wide.query_vector, narrow.query_vector, atol=1e-5)
+
+
+def test_host_idle_sees_another_busy_process():
+    """/proc/loadavg counts runnable threads: a process spinning on a core makes the
+    host not idle for the second encoder thread."""
+    import subprocess
+    import sys
+
+    from helix_ray.serve.shells import host_idle
+
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 20\nwhile time.time() < end: pass"])
+    try:
+        time.sleep(0.5)
+        busy = [host_idle() for _ in range(200)]
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert sum(busy) < 20, f"host_idle() said idle {sum(busy)} times of 200 while another process spun"
 
 
 def test_replica_errors_survive_pickling():

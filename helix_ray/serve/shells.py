@@ -72,34 +72,62 @@ def _expect(ingest: IngestConfig | None) -> dict[str, Any]:
 
 
 def query_threads() -> int:
-    """onnxruntime threads per replica for encoding queries (``HELIX_QUERY_THREADS``,
-    default 1). A query is a few dozen tokens: more threads barely shorten it, and their
-    spinning takes the cores other replicas need (docs/serve.md)."""
+    """onnxruntime threads per replica for encoding queries while other requests wait in
+    it (``HELIX_QUERY_THREADS``, default 1). A query is a few dozen tokens: more threads
+    barely shorten it, and their spinning takes the cores other replicas need (docs/serve.md)."""
     return int(os.environ.get("HELIX_QUERY_THREADS", "1"))
+
+
+def query_threads_alone() -> int:
+    """onnxruntime threads for a query a replica runs with no other request in it
+    (``HELIX_QUERY_THREADS_ALONE``, default 2, as in-process recall on this 2-core host):
+    at low load the second core is idle, and a second spinning thread encodes a query
+    in ~2.4 ms instead of ~3.1 (docs/serve.md). 0 or the busy count: one encoder only."""
+    return int(os.environ.get("HELIX_QUERY_THREADS_ALONE", "2"))
+
+
+def host_idle() -> bool:
+    """True when no thread of this host is runnable but the caller's: the fourth field of
+    ``/proc/loadavg`` counts the runnable threads right now (Linux; elsewhere False). A
+    read costs ~10 µs. Another replica working, a client encoding, an onnxruntime thread
+    spinning: each is a runnable thread, and a second encoder thread would wait for it."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            running = int(f.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    return running <= 1
 
 
 class EmbedderShell:
     """Checks, embeds and routes a request: ``Recaller.plan``. Needs no generation; given
     the store, it reads the current manifest (one ``stat`` per request) so it encodes the
-    query's late-interaction tokens only when the generation has passage tokens."""
+    query's late-interaction tokens only when the generation has passage tokens.
+
+    It holds two query encoders when ``query_threads_alone()`` differs from
+    ``query_threads()``: ``plan(..., alone=True)`` — the caller knows no other request is
+    in its replica — encodes with the wider one."""
 
     def __init__(self, ingest: IngestConfig | None = None, store: str | Path | None = None):
         from helix_ray.embedder import get_embedder
-        from helix_ray.store.pointer import Pointer
 
-        threads = query_threads()
-        embedder = get_embedder((ingest or IngestConfig()).embedder, threads)
+        config = (ingest or IngestConfig()).embedder
+        threads, alone = query_threads(), query_threads_alone()
+        embedder = get_embedder(config, threads)
+        self._encoders = {False: embedder, True: get_embedder(config, alone) if alone and alone != threads
+                          else embedder}
         self.recaller = Recaller(None, embedder, threads=threads)
         self._has_late = Pointer(Path(store) / "CURRENT", _generation_has_late) if store is not None else None
         # The store's query adapter, read again when `helix adapt` replaces it.
         self._adapter = adapter.watch(store, embedder.name) if store is not None else None
 
     @boundary
-    def plan(self, query: str, *, user: str, config: RetrievalConfig, **request: Any) -> Plan:
+    def plan(self, query: str, *, user: str, config: RetrievalConfig, alone: bool = False, **request: Any) -> Plan:
         if self._adapter is not None:
             self.recaller.adapter = self._adapter.read()
         if self._has_late is not None and not self._has_late.read():
             request["disabled"] = frozenset(request.get("disabled", ())) | {"late"}
+        self.recaller.embedder = self._encoders[alone]  # plan() runs through without yielding
         return self.recaller.plan(query, user=user, config=config, **request)
 
 
@@ -243,10 +271,21 @@ class PipelineShell:
         self.bm25 = BM25Shell(store, ingest, watch_interval_s)
         self.dense = DenseShell(store, ingest, watch_interval_s)
         self.ranker = RankerShell(store, ingest, watch_interval_s)
+        self._inflight = 0  # requests inside this replica's recall (they interleave at the legs' awaits)
 
     @boundary
     async def recall(self, query: str, *, user: str, config: RetrievalConfig, **request: Any) -> dict[str, Any]:
-        plan = self.embedder.plan(query, user=user, config=config, **request)
+        self._inflight += 1
+        try:
+            return await self._recall(query, user=user, config=config, **request)
+        finally:
+            self._inflight -= 1
+
+    async def _recall(self, query: str, *, user: str, config: RetrievalConfig, **request: Any) -> dict[str, Any]:
+        # Alone in the replica, and no other thread of the host running: the wider query
+        # encoder (the other core is idle).
+        alone = self._inflight == 1 and host_idle()
+        plan = self.embedder.plan(query, user=user, config=config, alone=alone, **request)
         lexical = await self.bm25.search(plan)
         strong = lexical.hits is not None and Recaller.strong(plan, lexical.hits)
         dense = None if strong else await self.dense.search(plan, lexical.generation)
