@@ -195,7 +195,8 @@ async def http_phase(url: str, bodies: list[tuple[dict, dict]], concurrency: int
         async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as session:
             async def post_httpx(body: dict, headers: dict) -> int:
                 response = await session.post("/v1/recall", json=body, headers=headers)
-                response.json()
+                if response.status_code == 200:
+                    response.json()
                 return response.status_code
 
             started = time.perf_counter()
@@ -208,7 +209,10 @@ async def http_phase(url: str, bodies: list[tuple[dict, dict]], concurrency: int
                                          timeout=aiohttp.ClientTimeout(total=60)) as session:
             async def post_aiohttp(body: dict, headers: dict) -> int:
                 async with session.post(url + "/v1/recall", json=body, headers=headers) as response:
-                    await response.json()
+                    if response.status == 200:
+                        await response.json()
+                    else:
+                        await response.read()
                     return response.status
 
             started = time.perf_counter()

@@ -129,18 +129,20 @@ def test_merge_lexical_normalises_by_the_shared_ceiling():
     assert merge_lexical(base, None, top_k=10, strong_score=0.85, strong_gap=0.15) is base
 
 
-def test_query_encoder_widens_only_when_the_replica_is_alone():
-    """plan(alone=True) encodes with the two-thread encoder, plan(alone=False) with the
-    one-thread one; both give the same vector (the same model)."""
+def test_query_encoder_widens_only_when_the_replica_is_alone(monkeypatch):
+    """plan(alone=True) encodes with the two-thread encoder (built then), plan(alone=False)
+    with the one-thread one; both give the same vector (the same model)."""
     from helix_ray.config import RetrievalConfig
     from helix_ray.serve.shells import EmbedderShell
 
+    monkeypatch.setenv("HELIX_QUERY_THREADS", "1")
+    monkeypatch.setenv("HELIX_QUERY_THREADS_ALONE", "2")
     shell = EmbedderShell()
-    assert shell._encoders[True] is not shell._encoders[False]
+    assert True not in shell._encoders  # the split graph never asks for it: never loaded there
     config = RetrievalConfig()
     query = "why did we pin uvicorn after the keep-alive bug"
     wide = shell.plan(query, user="alice", config=config, budget_tokens=300, alone=True)
-    assert shell.recaller.embedder is shell._encoders[True]
+    assert shell.recaller.embedder is shell._encoders[True] is not shell._encoders[False]
     narrow = shell.plan(query, user="alice", config=config, budget_tokens=300)
     assert shell.recaller.embedder is shell._encoders[False]
     np.testing.assert_allclose(wide.query_vector, narrow.query_vector, atol=1e-5)
@@ -804,6 +806,9 @@ def test_malformed_writes_and_keys_get_4xx_sentences(served, alice):
          413, "the limit is 33,554,432"),
         (alice.post("/v1/memories", content=iter([b'{"text": ', b'"streamed"}']),
                     headers={"content-type": "application/json"}), 411, "without Content-Length"),
+        # No key and an oversized body: the 401 comes first, as for any other body.
+        (httpx.post(url + "/v1/memories", content=b" " * (33 * 1024 * 1024),
+                    headers={"content-type": "application/json"}), 401, "No API key"),
     ]
     for response, status, says in cases:
         assert response.status_code == status and says in response.json()["detail"], response.text

@@ -130,9 +130,9 @@ class _Gate:
     (each of Starlette's ``@app.middleware("http")`` layers costs a task group and a
     response stream per request):
 
-    - a body over :data:`MAX_BODY_BYTES` gets its 413, a chunked one without a length 411;
-    - a request without a valid key gets its 401 (a 422 about its body would answer an
-      unknown caller), and a user's key on an admin route its 403.
+    - first, a request without a valid key gets its 401 (a 422, 413 or 411 about its body
+      would answer an unknown caller), and a user's key on an admin route its 403;
+    - then a body over :data:`MAX_BODY_BYTES` gets its 413, a chunked one without a length 411.
 
     The handlers still read the key's user and rights. The key store is the one this
     replica's :class:`HelixAPI` registered (Serve ships the ingress class by value, so it
@@ -156,14 +156,6 @@ def _refusal(scope: dict[str, Any]) -> Optional[JSONResponse]:
     from helix_ray.serve import keys as keys_module
 
     headers = Headers(scope=scope)
-    size = headers.get("content-length")
-    if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
-        return _error(413, f"Got a request body of {int(size):,} bytes; the limit is {MAX_BODY_BYTES:,}. Send "
-                           "large imports in batches of fewer memories, or ingest files with `helix ingest`.")
-    if size is None and "chunked" in headers.get("transfer-encoding", "").lower():
-        # Its size is unknown until read: ask for a length rather than read an unbounded body.
-        return _error(411, "Got a chunked request body without Content-Length; send the body with a "
-                           f"Content-Length header (at most {MAX_BODY_BYTES:,} bytes).")
     keys = keys_module.SERVING["store"]
     path = scope["path"]
     if keys is not None and path.startswith("/v1/"):
@@ -173,6 +165,14 @@ def _refusal(scope: dict[str, Any]) -> Optional[JSONResponse]:
             return _error(status_of(exc) or 401, message_of(exc))
         if not record.admin and _admin_only(scope["method"], path):
             return _error(403, _not_admin(record.user))
+    size = headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
+        return _error(413, f"Got a request body of {int(size):,} bytes; the limit is {MAX_BODY_BYTES:,}. Send "
+                           "large imports in batches of fewer memories, or ingest files with `helix ingest`.")
+    if size is None and "chunked" in headers.get("transfer-encoding", "").lower():
+        # Its size is unknown until read: ask for a length rather than read an unbounded body.
+        return _error(411, "Got a chunked request body without Content-Length; send the body with a "
+                           f"Content-Length header (at most {MAX_BODY_BYTES:,} bytes).")
     return None
 
 
@@ -364,7 +364,11 @@ class HelixAPI:
         # Sent as built: the pipeline's dict already has RecallResponse's shape (the HTTP
         # tests validate every answer against it), and FastAPI's validation and encoding
         # of the response model cost ~0.3 ms per answer, a tenth of the HTTP overhead.
-        return JSONResponse(out)
+        try:
+            return JSONResponse(out)
+        except (TypeError, ValueError):  # a NaN or a numpy scalar slipped in: the response model copes
+            log.warning("recall answer not plain JSON; sent through the response model", exc_info=True)
+            return JSONResponse(RecallResponse.model_validate(out).model_dump(mode="json"))
 
     def _note_access(self, items: list[dict[str, Any]], user: str) -> None:
         """Count the answer's memories as accessed, as in-process recall does: buffered

@@ -114,8 +114,8 @@ class EmbedderShell:
         config = (ingest or IngestConfig()).embedder
         threads, alone = query_threads(), query_threads_alone()
         embedder = get_embedder(config, threads)
-        self._encoders = {False: embedder, True: get_embedder(config, alone) if alone and alone != threads
-                          else embedder}
+        self._encoders = {False: embedder}  # the wider one is built by the first plan(alone=True)
+        self._wide = (config, alone) if alone and alone != threads else None
         self.recaller = Recaller(None, embedder, threads=threads)
         self._has_late = Pointer(Path(store) / "CURRENT", _generation_has_late) if store is not None else None
         # The store's query adapter, read again when `helix adapt` replaces it.
@@ -127,7 +127,14 @@ class EmbedderShell:
             self.recaller.adapter = self._adapter.read()
         if self._has_late is not None and not self._has_late.read():
             request["disabled"] = frozenset(request.get("disabled", ())) | {"late"}
-        self.recaller.embedder = self._encoders[alone]  # plan() runs through without yielding
+        wide = alone and self._wide is not None
+        if wide and True not in self._encoders:
+            from helix_ray.embedder import get_embedder
+
+            self._encoders[True] = get_embedder(*self._wide)
+        # The inline graph's plan() runs on the event loop without yielding; the split
+        # graph's Embedder may run plans in a thread pool, but it never passes alone=True.
+        self.recaller.embedder = self._encoders[wide]
         return self.recaller.plan(query, user=user, config=config, **request)
 
 
