@@ -128,7 +128,7 @@ class EmbedderShell:
         if self._has_late is not None and not self._has_late.read():
             request["disabled"] = frozenset(request.get("disabled", ())) | {"late"}
         wide = alone and self._wide is not None
-        if wide and True not in self._encoders:
+        if wide and self._wide is not None and True not in self._encoders:
             from helix_ray.embedder import get_embedder
 
             self._encoders[True] = get_embedder(*self._wide)
