@@ -129,6 +129,23 @@ def test_merge_lexical_normalises_by_the_shared_ceiling():
     assert merge_lexical(base, None, top_k=10, strong_score=0.85, strong_gap=0.15) is base
 
 
+def test_a_recall_answer_that_is_not_plain_json_is_still_sent():
+    """A NaN score or a numpy scalar would make JSONResponse raise (a 500): the answer goes
+    through the response model instead, NaN written as null."""
+    from helix_ray.serve.app import recall_response
+
+    item = {"id": "a", "text": "t", "type": "fact", "rank": 1, "score": float("nan"), "n_tokens": 3,
+            "truncated": False, "created_at": "2026-01-01T00:00:00+00:00", "session_id": None, "project": None,
+            "signals": {"similarity": float("nan")}, "origin": "generation"}
+    out = {"query": "q", "user": "u", "items": [item], "total_tokens": 3, "budget_tokens": 5, "timings_ms": {},
+           "flags": {}, "generation": np.int64(3), "delta_version": 0}
+    sent = json.loads(recall_response(out).body)
+    assert sent["items"][0]["score"] is None and sent["items"][0]["signals"] == {"similarity": None}
+    assert sent["generation"] == 3
+    plain = json.loads(recall_response({**out, "items": [], "generation": 3}).body)
+    assert plain["generation"] == 3 and plain["items"] == []
+
+
 def test_query_encoder_widens_only_when_the_replica_is_alone(monkeypatch):
     """plan(alone=True) encodes with the two-thread encoder (built then), plan(alone=False)
     with the one-thread one; both give the same vector (the same model)."""
