@@ -104,9 +104,9 @@ class EmbedderShell:
     the store, it reads the current manifest (one ``stat`` per request) so it encodes the
     query's late-interaction tokens only when the generation has passage tokens.
 
-    It holds two query encoders when ``query_threads_alone()`` differs from
-    ``query_threads()``: ``plan(..., alone=True)`` — the caller knows no other request is
-    in its replica — encodes with the wider one."""
+    When ``query_threads_alone()`` differs from ``query_threads()`` (``widens``), a
+    ``plan(..., alone=True)`` — the caller knows no other request is in its replica —
+    encodes with a second, wider encoder, built on the first such call."""
 
     def __init__(self, ingest: IngestConfig | None = None, store: str | Path | None = None):
         from helix_ray.embedder import get_embedder
@@ -116,6 +116,7 @@ class EmbedderShell:
         embedder = get_embedder(config, threads)
         self._encoders = {False: embedder}  # the wider one is built by the first plan(alone=True)
         self._wide = (config, alone) if alone and alone != threads else None
+        self.widens = self._wide is not None
         self.recaller = Recaller(None, embedder, threads=threads)
         self._has_late = Pointer(Path(store) / "CURRENT", _generation_has_late) if store is not None else None
         # The store's query adapter, read again when `helix adapt` replaces it.
@@ -127,14 +128,13 @@ class EmbedderShell:
             self.recaller.adapter = self._adapter.read()
         if self._has_late is not None and not self._has_late.read():
             request["disabled"] = frozenset(request.get("disabled", ())) | {"late"}
-        wide = alone and self._wide is not None
-        if wide and self._wide is not None and True not in self._encoders:
+        if alone and self._wide is not None and True not in self._encoders:
             from helix_ray.embedder import get_embedder
 
             self._encoders[True] = get_embedder(*self._wide)
         # The inline graph's plan() runs on the event loop without yielding; the split
         # graph's Embedder may run plans in a thread pool, but it never passes alone=True.
-        self.recaller.embedder = self._encoders[wide]
+        self.recaller.embedder = self._encoders.get(alone, self._encoders[False])
         return self.recaller.plan(query, user=user, config=config, **request)
 
 
@@ -291,7 +291,7 @@ class PipelineShell:
     async def _recall(self, query: str, *, user: str, config: RetrievalConfig, **request: Any) -> dict[str, Any]:
         # Alone in the replica, and no other thread of the host running: the wider query
         # encoder (the other core is idle).
-        alone = self._inflight == 1 and host_idle()
+        alone = self._inflight == 1 and self.embedder.widens and host_idle()
         plan = self.embedder.plan(query, user=user, config=config, alone=alone, **request)
         lexical = await self.bm25.search(plan)
         strong = lexical.hits is not None and Recaller.strong(plan, lexical.hits)
