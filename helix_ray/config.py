@@ -17,7 +17,9 @@ T = TypeVar("T", bound="_Strict")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # No knob means anything as NaN or infinity: a NaN weight would pass every ``ge``
+    # bound (comparisons with NaN are false) and make every score NaN.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- embedder

@@ -34,3 +34,13 @@ def test_type_weight_table_needs_every_type():
                                                   "confidence": 0, "graph": 0}}}}
     with pytest.raises(InvalidArgument, match="missing"):
         load_config(RetrievalConfig, overrides=bad)
+
+
+@pytest.mark.parametrize("overrides, where", [
+    ({"fusion": {"weights": {"bm25": float("nan")}}}, "fusion.weights.bm25"),
+    ({"rank": {"type_weights": {"code": {"graph": float("nan")}}}}, "rank.type_weights.code.graph"),
+    ({"rank": {"recency_half_life_days": float("inf")}}, "rank.recency_half_life_days"),  # inf > 0
+])
+def test_nan_and_infinity_are_refused(overrides, where):
+    with pytest.raises(InvalidArgument, match=rf"{where}: Input should be a finite number"):
+        load_config(RetrievalConfig, overrides=overrides)

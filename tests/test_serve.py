@@ -711,6 +711,10 @@ def test_settings_patch_changes_results_live(alice, ops):
                       ({"fusion": {"kay": 3}}, "allowed here: k, weights")):
         response = ops.patch("/v1/settings", json=bad)
         assert response.status_code == 422 and says in response.json()["detail"], response.text
+    # Python's JSON parser (the server's) reads NaN and Infinity; no setting takes them.
+    for raw in (b'{"fusion": {"weights": {"bm25": NaN}}}', b'{"diversity": {"mmr_lambda": Infinity}}'):
+        response = ops.patch("/v1/settings", content=raw, headers={"content-type": "application/json"})
+        assert response.status_code == 422 and "finite number" in response.json()["detail"], response.text
     # One weight of one type's row: the rest of the table keeps its values.
     defaults = ops.get("/v1/settings").json()["effective"]["rank"]["type_weights"]["decision"]
     one = ops.patch("/v1/settings", json={"rank": {"type_weights": {"decision": {"graph": 0.3}}}})
