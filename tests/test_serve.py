@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import threading
 import time
@@ -163,6 +164,25 @@ def test_query_encoder_widens_only_when_the_replica_is_alone(monkeypatch):
     narrow = shell.plan(query, user="alice", config=config, budget_tokens=300)
     assert shell.recaller.embedder is shell._encoders[False]
     np.testing.assert_allclose(wide.query_vector, narrow.query_vector, atol=1e-5)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux CPU affinity and two cores")
+def test_query_encoder_never_widens_past_the_cores_it_may_use(monkeypatch):
+    """Pinned to one core (a container's cpuset, `taskset -c 0`), a second spinning
+    encoder thread could only wait for the first: no wide encoder."""
+    from helix_ray.serve.shells import EmbedderShell, usable_cores
+
+    monkeypatch.setenv("HELIX_QUERY_THREADS", "1")
+    monkeypatch.setenv("HELIX_QUERY_THREADS_ALONE", "2")
+    cores = os.sched_getaffinity(0)
+    assert EmbedderShell().widens
+    os.sched_setaffinity(0, {min(cores)})
+    try:
+        assert usable_cores() == 1
+        assert not EmbedderShell().widens
+    finally:
+        os.sched_setaffinity(0, cores)
 
 
 def test_host_idle_sees_another_busy_process():

@@ -82,8 +82,26 @@ def query_threads_alone() -> int:
     """onnxruntime threads for a query a replica runs with no other request in it
     (``HELIX_QUERY_THREADS_ALONE``, default 2, as in-process recall on this 2-core host):
     at low load the second core is idle, and a second spinning thread encodes a query
-    in ~2.4 ms instead of ~3.1 (docs/serve.md). 0 or the busy count: one encoder only."""
+    in ~2.4 ms instead of ~3.1 (docs/serve.md). 0 or the busy count: one encoder only;
+    never more than :func:`usable_cores`."""
     return int(os.environ.get("HELIX_QUERY_THREADS_ALONE", "2"))
+
+
+def usable_cores() -> int:
+    """Cores this process may run on: its CPU affinity, capped by a cgroup v2 CPU quota
+    (``/sys/fs/cgroup/cpu.max``, a container's limit) when there is one."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
 
 
 def host_idle() -> bool:
@@ -112,7 +130,7 @@ class EmbedderShell:
         from helix_ray.embedder import get_embedder
 
         config = (ingest or IngestConfig()).embedder
-        threads, alone = query_threads(), query_threads_alone()
+        threads, alone = query_threads(), min(query_threads_alone(), usable_cores())
         embedder = get_embedder(config, threads)
         self._encoders = {False: embedder}  # the wider one is built by the first plan(alone=True)
         self._wide = (config, alone) if alone and alone != threads else None
