@@ -99,7 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--query", default="why did we choose NATS for the event bus?")
     s.add_argument("--runner", default="ray", choices=("ray", "local"))
     s = sub.add_parser("serve", help="serve a store over HTTP (Ray Serve) on 127.0.0.1")
-    s.add_argument("--store", required=True, help="store folder with a published generation")
+    s.add_argument("--store", required=True,
+                   help="store folder; a new one starts empty and takes memories through POST /v1/memories")
     s.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--no-auth", action="store_true", help="accept requests without an API key (each names its user)")
@@ -190,7 +191,7 @@ def _recall(args: argparse.Namespace) -> int:
     from helix_ray.memory import Memory
 
     if not Path(args.store).exists():  # Memory would create an empty store and find nothing in it
-        raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR`.")
+        raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR` or `helix serve --store DIR`.")
     config = load_config(RetrievalConfig, args.config) if args.config else None
     with Memory(args.store, retrieval=config) as mem:
         result = mem.recall(args.query, user=args.user, budget_tokens=args.budget, k=args.k, project=args.project,

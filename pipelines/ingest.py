@@ -153,6 +153,37 @@ def ingest(
     return report
 
 
+def initialise(store: str | Path, *, config: IngestConfig | None = None, db: StoreDB | None = None) -> int:
+    """The store's current generation; for a store that has none yet, first publish an
+    empty one (no memories, every index file in place), so a server can serve the store
+    and take online writes before anything was ingested. Like :func:`ingest`, this
+    opens the store's DuckDB file unless ``db`` (its open writer) is given."""
+    config = config or IngestConfig()
+    store = Path(store)
+    number = current_generation_number(store)
+    if number is not None:
+        return number
+    own = db is None
+    db = db or StoreDB(store)
+    try:
+        roll_forward(store, db)
+        if current_generation_number(store) is None:
+            report = IngestReport()
+            report.run_id = db.start_run([])
+            try:
+                _stages([], store, db, config, "local", None, report, None, empty_ok=True)
+            except BaseException:
+                db.finish_run(report.run_id, report.as_dict(), None, "failed")
+                raise
+            db.finish_run(report.run_id, report.as_dict(), report.generation, "published")
+    finally:
+        if own:
+            db.close()
+    number = current_generation_number(store)
+    assert number is not None  # published above, or by another writer's roll-forward
+    return number
+
+
 def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, show_progress: bool,
             crash_after: str | None, report: IngestReport) -> None:
     if runner == "local":
@@ -175,7 +206,7 @@ def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
 
 
 def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, crash_after: str | None,
-            report: IngestReport, feed: _TransformFeed | None) -> None:
+            report: IngestReport, feed: _TransformFeed | None, *, empty_ok: bool = False) -> None:
     # ---- 1–2: read, validate, normalise (+ MinHash signatures for stage 3)
     with _timed(report, "read_validate"):
         if runner == "ray":
@@ -244,7 +275,7 @@ def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
 
         old_rows, old_index, folded, accesses = _carried_over(previous, db, replaced, retagged)
         _fold_accesses(fresh, accesses)
-        if not fresh and not retagged and (previous is not None or not incoming) \
+        if not fresh and not retagged and (previous is not None or not (incoming or empty_ok)) \
                 and not _has_deletions(previous, old_index):
             report.total_memories = len(old_index)
             report.generation = current_generation_number(store)

@@ -377,6 +377,49 @@ def test_writer_rebuilds_the_delta_from_its_log_after_a_restart(shells):
     assert list((shells["store"] / "inbox").glob("*.jsonl"))  # the ingest-ready copy, fsynced
 
 
+def test_a_new_store_is_served_empty_filled_online_and_compacted(tmp_path):
+    """A store nothing was ingested into starts with an empty generation (what
+    ``build_app`` publishes): recall answers nothing, a write is recalled from the delta,
+    compaction folds it into generation 2, and deleting the only memory compacts into an
+    empty generation 3 (bm25s cannot index zero documents; the store writes an empty index)."""
+    from helix_ray.serve import shells as sh
+    from helix_ray.store.generation import Generation
+    from pipelines.ingest import initialise
+
+    store = tmp_path / "new-store"
+    assert initialise(store) == 1 and initialise(store) == 1  # the second call finds it
+    assert Generation.open_current(store).size == 0
+    writer = sh.WriterShell(store, compact_interval_s=3600)
+    try:
+        parts = {"embedder": sh.EmbedderShell(), "bm25": sh.BM25Shell(store), "dense": sh.DenseShell(store),
+                 "ranker": sh.RankerShell(store), "writer": writer}
+        query = "why did we pin uvicorn?"
+        *_, out = _local_recall(parts, query)
+        assert out["items"] == [] and out["generation"] == 1
+        writer.add([{"id": "alice-uvicorn", "text": "We pinned uvicorn to 0.30 after the keep-alive bug."}], "alice")
+        *_, out = _local_recall(parts, query)
+        assert [(i["id"], i["origin"]) for i in out["items"]] == [("alice-uvicorn", "delta")]
+        assert not out["flags"]["degraded"]
+        report = writer.compact()
+        assert report["published"] and report["generation"] == 2 and report["folded"] == 1, report
+        for shell in ("bm25", "dense", "ranker"):  # what each replica's CURRENT watcher does
+            assert asyncio.run(parts[shell].views.refresh())
+        *_, out = _local_recall(parts, query)
+        assert [(i["id"], i["origin"]) for i in out["items"]] == [("alice-uvicorn", "generation")]
+        assert out["generation"] == 2
+        writer.delete("alice-uvicorn", "alice")
+        report = writer.compact()
+        assert report["published"] and report["generation"] == 3, report
+        assert Generation.open_current(store).size == 0
+        for shell in ("bm25", "dense", "ranker"):
+            assert asyncio.run(parts[shell].views.refresh())
+        *_, out = _local_recall(parts, query)
+        assert out["items"] == [] and out["generation"] == 3
+    finally:
+        writer._stop.set()
+        writer.core.close()
+
+
 def test_online_writes_carry_late_interaction_tokens_through_a_restart(shells):
     """A write is scored by MaxSim like a stored memory: its tokens are encoded by the
     Writer, logged durably, published in the delta snapshot and read by the Ranker."""

@@ -97,7 +97,13 @@ def build_bm25(texts: list[str], folder: Path, *, analyzer: Analyzer = Analyzer(
     import bm25s
 
     retriever = bm25s.BM25()
-    retriever.index(analyzer.tokenize(texts), show_progress=False)
+    if texts:
+        retriever.index(analyzer.tokenize(texts), show_progress=False)
+    else:  # bm25s cannot index nothing (an empty store, or every memory deleted): no terms, no docs
+        retriever.scores = {"data": np.zeros(0, np.float32), "indices": np.zeros(0, np.int32),
+                            "indptr": np.zeros(1, np.int32), "num_docs": 0}
+        retriever.vocab_dict = {}
+        retriever.nonoccurrence_array = None
     retriever.save(str(folder))
     (folder / ANALYZER_FILE).write_text(json.dumps(analyzer.to_dict()))
 

@@ -575,11 +575,14 @@ def build_app(args: ServeArgs) -> Application:
     if not isinstance(args, ServeArgs):
         args = ServeArgs.model_validate(args)
     store = Path(args.store).expanduser().resolve()
-    if not (store / "CURRENT").is_file():
-        raise StoreError(f"Store {store} has no published generation yet (no CURRENT file). "
-                         "Run `helix ingest SOURCE --store DIR` before serving it.")
     check_settings(args.retrieval, {})
     ingest = load_config(IngestConfig, args.ingest_config) if args.ingest_config else IngestConfig()
+    if not (store / "CURRENT").is_file():
+        # A new (or never ingested) store: publish an empty first generation, so the
+        # server starts and online writes fill it (the delta, then compaction).
+        from pipelines.ingest import initialise
+
+        initialise(store, config=ingest)
     args = args.model_copy(update={"store": str(store)})
     low, high = args.retriever_replicas
     scaling = {**RETRIEVER_AUTOSCALING, "min_replicas": low, "initial_replicas": low, "max_replicas": high}

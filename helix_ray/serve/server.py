@@ -53,6 +53,8 @@ def serve_forever(store: str | Path, *, host: str = "127.0.0.1", port: int = 800
     import ray
     from ray import serve
 
+    from helix_ray.serve.keys import KeyStore
+
     def stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
@@ -66,6 +68,9 @@ def serve_forever(store: str | Path, *, host: str = "127.0.0.1", port: int = 800
     print(f"Helix is serving {Path(store).resolve()} on http://{host}:{port} ({args.get('graph', 'split')} graph; "
           f"API keys {'required' if auth else 'OFF'}; OpenAPI at http://{host}:{port}/docs). Ctrl-C stops it.",
           flush=True)
+    if auth and not any(not r.revoked for r in KeyStore(store).records()):
+        print(f"No API key exists for this store yet: every request gets a 401 until you create one with "
+              f"`helix keys create --store {store} --user USER` (the server sees it at once).", flush=True)
     try:
         while True:
             time.sleep(3600)

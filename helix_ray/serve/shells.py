@@ -173,8 +173,8 @@ class _StoreShell:
         self.views = StoreViews(store, role=self.role, **_expect(ingest))
         if self.views.latest is None:
             raise StoreError(
-                f"Store {store} has no published generation yet (no CURRENT file). "
-                "Run `helix ingest SOURCE --store DIR` before `helix serve`."
+                f"Store {store} has no published generation (no CURRENT file). Start the application with "
+                "`helix serve` or `build_app` (they publish an empty one for a new store), or run `helix ingest`."
             )
         self.watch_interval_s = watch_interval_s
         self._watcher: asyncio.Task | None = None
