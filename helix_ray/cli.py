@@ -394,7 +394,7 @@ def _serve(args: argparse.Namespace) -> int:
         os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"  # read by Serve when it starts, in every Ray process
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"helix serve: binding {args.host}: the API is reachable from other machines.", file=sys.stderr)
-    serve_forever(args.store, host=args.host, port=args.port, auth=not args.no_auth,
+    serve_forever(args.store, host=args.host, port=args.port, auth=not args.no_auth, create=True,
                   ingest_config=args.ingest_config, retrieval=retrieval, graph=serve_graph(args.graph))
     return 0
 

@@ -17,8 +17,9 @@ T = TypeVar("T", bound="_Strict")
 
 
 class _Strict(BaseModel):
-    # No knob means anything as NaN or infinity: a NaN weight would pass every ``ge``
-    # bound (comparisons with NaN are false) and make every score NaN.
+    # No knob means anything as NaN or infinity: a NaN fusion weight passed the weights'
+    # own check (``w < 0`` is false for NaN) and made every score NaN; infinity passes
+    # a ``ge``/``gt`` bound.
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 

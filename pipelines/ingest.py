@@ -168,6 +168,12 @@ def initialise(store: str | Path, *, config: IngestConfig | None = None, db: Sto
     try:
         roll_forward(store, db)
         if current_generation_number(store) is None:
+            recorded, held = db.recorded_generation(), db.counts()["memories"]
+            if recorded is not None or held:
+                raise StoreError(
+                    f"Store {store} has no current generation, but its database records generation {recorded} and "
+                    f"{held} memories: its generation files are missing. An empty generation would hide them; "
+                    "restore the store's generations/ folder, or ingest the sources again into a new store.")
             report = IngestReport()
             report.run_id = db.start_run([])
             try:

@@ -420,6 +420,45 @@ def test_a_new_store_is_served_empty_filled_online_and_compacted(tmp_path):
         writer.core.close()
 
 
+def test_build_app_starts_a_new_store_only_when_asked(tmp_path):
+    """``create`` (what `helix serve` sets) starts a new or empty folder as a store; without
+    it, or on a folder holding other files, build_app refuses and writes nothing."""
+    from helix_ray.errors import StoreError
+    from helix_ray.serve.app import ServeArgs, build_app
+
+    new = tmp_path / "new"
+    with pytest.raises(StoreError, match="helix ingest"):
+        build_app(ServeArgs(store=str(new)))
+    assert not new.exists()
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("not a store")
+    with pytest.raises(StoreError, match="no Helix store in it"):
+        build_app(ServeArgs(store=str(other), create=True))
+    assert [p.name for p in other.iterdir()] == ["todo.txt"]
+    build_app(ServeArgs(store=str(new), create=True))
+    assert (new / "CURRENT").read_text().strip() == "1"
+
+
+def test_initialise_refuses_a_store_whose_generations_are_missing(tmp_path):
+    """A database that records memories, with the generation files gone: an empty
+    generation would hide them (and pruning would delete what is left)."""
+    import shutil
+
+    from helix_ray.errors import StoreError
+    from pipelines.ingest import ingest, initialise
+
+    source = tmp_path / "two.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in tenant_records()[:2]))
+    store = tmp_path / "store"
+    assert ingest([source], store, runner="local", show_progress=False).published
+    (store / "CURRENT").unlink()
+    shutil.rmtree(store / "generations")
+    with pytest.raises(StoreError, match="generation files are missing"):
+        initialise(store)
+    assert not (store / "CURRENT").exists()
+
+
 def test_online_writes_carry_late_interaction_tokens_through_a_restart(shells):
     """A write is scored by MaxSim like a stored memory: its tokens are encoded by the
     Writer, logged durably, published in the delta snapshot and read by the Ranker."""

@@ -26,7 +26,7 @@ def new_server(tmp_path_factory):
     started = not ray.is_initialized()
     server.start_ray(num_cpus=4)
     port = _free_port()
-    server.run(store, port=port, compact_interval_s=3600, watch_interval_s=0.25, graph="inline")
+    server.run(store, port=port, compact_interval_s=3600, watch_interval_s=0.25, graph="inline", create=True)
     yield f"http://127.0.0.1:{port}", store
     serve.shutdown()
     if started:

@@ -65,9 +65,12 @@ log = logging.getLogger(__name__)
 class ServeArgs(BaseModel):
     """Arguments of :func:`build_app` (``args:`` in ``configs/serve.yaml``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    store: str = Field(description="The store folder (with a published generation).")
+    store: str = Field(description="The store folder (with a published generation, unless `create`).")
+    create: bool = Field(False, description="A store folder that does not exist yet (or is empty) starts with an "
+                                            "empty generation that online writes fill; `helix serve` sets it. Off, "
+                                            "a store must have been ingested into first.")
     auth: bool = Field(True, description="Require 'Authorization: Bearer <key>' (keys: `helix keys create`).")
     retrieval: dict[str, Any] = Field(default_factory=dict,
                                       description="RetrievalConfig overrides used until PATCH /v1/settings changes "
@@ -578,10 +581,17 @@ def build_app(args: ServeArgs) -> Application:
     check_settings(args.retrieval, {})
     ingest = load_config(IngestConfig, args.ingest_config) if args.ingest_config else IngestConfig()
     if not (store / "CURRENT").is_file():
-        # A new (or never ingested) store: publish an empty first generation, so the
-        # server starts and online writes fill it (the delta, then compaction).
+        if not args.create:
+            raise StoreError(f"Store {store} has no published generation yet (no CURRENT file). Run `helix ingest "
+                             "SOURCE --store DIR` first, or set `create: true` to start a new store empty.")
+        if store.exists() and any(store.iterdir()):
+            raise StoreError(f"{store} is a folder with files but no Helix store in it (no CURRENT file); give "
+                             "a new or empty folder to start a store in, or the folder of an existing store.")
+        # A new store: an empty first generation, so the server starts and online
+        # writes fill it (the delta, then compaction).
         from pipelines.ingest import initialise
 
+        log.warning("Starting a new, empty Helix store in %s", store)
         initialise(store, config=ingest)
     args = args.model_copy(update={"store": str(store)})
     low, high = args.retriever_replicas

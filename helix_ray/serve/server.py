@@ -37,7 +37,8 @@ def run(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: b
 
     from helix_ray.serve.app import ServeArgs, build_app
 
-    app = build_app(ServeArgs(store=str(store), auth=auth, **args))  # checks the store before starting Ray
+    # Checks the store before starting Ray (and with create=True starts a new one).
+    app = build_app(ServeArgs(store=str(store), auth=auth, **args))
     how = start_ray(quiet=quiet)
     serve.start(http_options={"host": host, "port": port})
     # Per-request access logs in every replica cost more than some hops; warnings only.
@@ -68,8 +69,12 @@ def serve_forever(store: str | Path, *, host: str = "127.0.0.1", port: int = 800
     print(f"Helix is serving {Path(store).resolve()} on http://{host}:{port} ({args.get('graph', 'split')} graph; "
           f"API keys {'required' if auth else 'OFF'}; OpenAPI at http://{host}:{port}/docs). Ctrl-C stops it.",
           flush=True)
-    if auth and not any(not r.revoked for r in KeyStore(store).records()):
-        print(f"No API key exists for this store yet: every request gets a 401 until you create one with "
+    try:
+        keyless = auth and not any(not r.revoked for r in KeyStore(store).records())
+    except (OSError, ValueError, TypeError):  # an unreadable keys.json: the requests say so
+        keyless = False
+    if keyless:
+        print(f"No API key exists for this store yet: requests (but /healthz) get a 401 until you create one with "
               f"`helix keys create --store {store} --user USER` (the server sees it at once).", flush=True)
     try:
         while True:

@@ -89,7 +89,9 @@ def query_threads_alone() -> int:
 
 def usable_cores() -> int:
     """Cores this process may run on: its CPU affinity, capped by a cgroup v2 CPU quota
-    (``/sys/fs/cgroup/cpu.max``, a container's limit) when there is one."""
+    (``/sys/fs/cgroup/cpu.max``, a container's limit) when there is one, rounded down (a
+    spinning thread on a 1.5-CPU quota is throttled). Only the namespace root's quota is
+    read, not a limit set on a nested cgroup."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
@@ -98,7 +100,7 @@ def usable_cores() -> int:
         with open("/sys/fs/cgroup/cpu.max") as f:
             quota, period = f.read().split()[:2]
         if quota != "max":
-            cores = min(cores, max(1, -(-int(quota) // int(period))))
+            cores = min(cores, max(1, int(quota) // int(period)))
     except (OSError, ValueError):
         pass
     return cores
@@ -130,10 +132,11 @@ class EmbedderShell:
         from helix_ray.embedder import get_embedder
 
         config = (ingest or IngestConfig()).embedder
-        threads, alone = query_threads(), min(query_threads_alone(), usable_cores())
+        cores = usable_cores()
+        threads, alone = min(query_threads(), cores), min(query_threads_alone(), cores)
         embedder = get_embedder(config, threads)
         self._encoders = {False: embedder}  # the wider one is built by the first plan(alone=True)
-        self._wide = (config, alone) if alone and alone != threads else None
+        self._wide = (config, alone) if alone > threads else None
         self.widens = self._wide is not None
         self.recaller = Recaller(None, embedder, threads=threads)
         self._has_late = Pointer(Path(store) / "CURRENT", _generation_has_late) if store is not None else None
