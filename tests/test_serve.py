@@ -181,6 +181,9 @@ def test_query_encoder_never_widens_past_the_cores_it_may_use(monkeypatch):
     try:
         assert usable_cores() == 1
         assert not EmbedderShell().widens
+        monkeypatch.setenv("HELIX_QUERY_THREADS", "2")  # the busy-time encoder is capped too
+        narrow = EmbedderShell()
+        assert not narrow.widens and narrow.recaller._threads == 1
     finally:
         os.sched_setaffinity(0, cores)
 
