@@ -191,7 +191,8 @@ def _recall(args: argparse.Namespace) -> int:
     from helix_ray.memory import Memory
 
     if not Path(args.store).exists():  # Memory would create an empty store and find nothing in it
-        raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR` or `helix serve --store DIR`.")
+        raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR` "
+                                "or `helix serve --store DIR`.")
     config = load_config(RetrievalConfig, args.config) if args.config else None
     with Memory(args.store, retrieval=config) as mem:
         result = mem.recall(args.query, user=args.user, budget_tokens=args.budget, k=args.k, project=args.project,

@@ -136,21 +136,36 @@ def ingest(
         raise InvalidArgument("sources", [], "give at least one file or folder to ingest")
 
     report = IngestReport()
+    with _writer(store, db) as db, _recorded_run(db, report, [i["path"] for i in items]):
+        _ingest(items, store, db, config, runner, show_progress, crash_after, report)
+    return report
+
+
+@contextmanager
+def _writer(store: Path, db: StoreDB | None) -> Iterator[StoreDB]:
+    """The store's writer (``db``, or the DuckDB file opened here and closed after),
+    with a generation a crash left recorded but not current made current first."""
     own = db is None
     db = db or StoreDB(store)
     try:
         roll_forward(store, db)
-        report.run_id = run_id = db.start_run([i["path"] for i in items])
-        try:
-            _ingest(items, store, db, config, runner, show_progress, crash_after, report)
-        except BaseException:
-            db.finish_run(run_id, report.as_dict(), None, "failed")
-            raise
-        db.finish_run(run_id, report.as_dict(), report.generation, "published" if report.published else "unchanged")
+        yield db
     finally:
         if own:
             db.close()
-    return report
+
+
+@contextmanager
+def _recorded_run(db: StoreDB, report: IngestReport, sources: list[str]) -> Iterator[None]:
+    """One row of the store's ``ingest_runs`` around the block: failed if it raises,
+    else published or unchanged as ``report`` says."""
+    report.run_id = run_id = db.start_run(sources)
+    try:
+        yield
+    except BaseException:
+        db.finish_run(run_id, report.as_dict(), None, "failed")
+        raise
+    db.finish_run(run_id, report.as_dict(), report.generation, "published" if report.published else "unchanged")
 
 
 def initialise(store: str | Path, *, config: IngestConfig | None = None, db: StoreDB | None = None) -> int:
@@ -163,11 +178,8 @@ def initialise(store: str | Path, *, config: IngestConfig | None = None, db: Sto
     number = current_generation_number(store)
     if number is not None:
         return number
-    own = db is None
-    db = db or StoreDB(store)
-    try:
-        roll_forward(store, db)
-        if current_generation_number(store) is None:
+    with _writer(store, db) as db:
+        if current_generation_number(store) is None:  # the roll-forward found none either
             recorded, held = db.recorded_generation(), db.counts()["memories"]
             if recorded is not None or held:
                 raise StoreError(
@@ -175,16 +187,8 @@ def initialise(store: str | Path, *, config: IngestConfig | None = None, db: Sto
                     f"{held} memories: its generation files are missing. An empty generation would hide them; "
                     "restore the store's generations/ folder, or ingest the sources again into a new store.")
             report = IngestReport()
-            report.run_id = db.start_run([])
-            try:
+            with _recorded_run(db, report, []):
                 _stages([], store, db, config, "local", None, report, None, empty_ok=True)
-            except BaseException:
-                db.finish_run(report.run_id, report.as_dict(), None, "failed")
-                raise
-            db.finish_run(report.run_id, report.as_dict(), report.generation, "published")
-    finally:
-        if own:
-            db.close()
     number = current_generation_number(store)
     assert number is not None  # published above, or by another writer's roll-forward
     return number

@@ -177,7 +177,8 @@ class _StoreShell:
         if self.views.latest is None:
             raise StoreError(
                 f"Store {store} has no published generation (no CURRENT file). Start the application with "
-                "`helix serve` or `build_app` (they publish an empty one for a new store), or run `helix ingest`."
+                "`helix serve` (or `build_app` with `create`), which publishes an empty one for a new store, "
+                "or run `helix ingest`."
             )
         self.watch_interval_s = watch_interval_s
         self._watcher: asyncio.Task | None = None
