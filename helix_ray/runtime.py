@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -54,3 +55,71 @@ def ensure_ray(*, num_cpus: int | None = None, quiet: bool = True, loopback: boo
         **kwargs,
     )
     return f"local ({cpus} CPUs)"
+
+
+def usable_cores() -> int:
+    """Cores this process may run on: its CPU affinity, capped by the tightest CPU quota
+    of its cgroup and every ancestor (:func:`cgroup_cpu_quota`: a container's limit, or one
+    set on a nested group), rounded down (a spinning thread on a 1.5-CPU quota is throttled)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    if quota is not None:
+        cores = min(cores, max(1, int(quota)))
+    return cores
+
+
+def cgroup_cpu_quota(root: str | Path = "/sys/fs/cgroup", membership: str | Path = "/proc/self/cgroup") -> float | None:
+    """The tightest CPU quota, in cores, of this process's cgroup and its ancestors, or
+    None when none is set (or this is not Linux). cgroup v2: ``cpu.max`` ("max 100000" or
+    "150000 100000") in each folder from the process's group up to the root; cgroup v1:
+    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1: none) under the ``cpu`` controller's
+    mount. A group path that is not visible (another cgroup namespace) is read from the
+    mount's root."""
+    root = Path(root)
+    try:
+        lines = Path(membership).read_text().splitlines()
+    except OSError:
+        return None
+    found: list[float] = []
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, group = rest.partition(":")
+        if hierarchy == "0" and not controllers:  # v2
+            folders, read = [root / "unified", root], _cpu_max
+        elif "cpu" in controllers.split(","):  # v1
+            folders, read = [root / controllers, root / "cpu", root / "cpu,cpuacct"], _cfs_quota
+        else:
+            continue
+        mount = next((f for f in folders if f.is_dir()), None)
+        if mount is not None:
+            here = mount / group.strip("/")
+            if not here.is_dir():
+                here = mount
+            while True:
+                quota = read(here)
+                if quota is not None:
+                    found.append(quota)
+                if here == mount:
+                    break
+                here = here.parent
+    return min(found) if found else None
+
+
+def _cpu_max(folder: Path) -> float | None:
+    try:
+        quota, period = (folder / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def _cfs_quota(folder: Path) -> float | None:
+    try:
+        quota = int((folder / "cpu.cfs_quota_us").read_text())
+        period = int((folder / "cpu.cfs_period_us").read_text())
+        return None if quota < 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None

@@ -12,6 +12,9 @@ setup: API keys, the same queries), then runs one concurrency-1 HTTP loop and re
 - the HTTP p50 / p95 and the replicas' per-stage p50 (``GET /v1/stats``);
 - CPU seconds per request of every process on the host during the loop, and of each
   replica thread (``/proc/<pid>/task``);
+- with ``--idle-s N``, the CPU every process takes while the application waits for
+  requests, over N seconds (Ray's and Serve's background work, which a request shares
+  the two cores with);
 - with ``--py-spy DIR``, a raw py-spy profile of every replica during the loop (py-spy
   slows the replicas: read its proportions, not its times).
 
@@ -93,6 +96,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--max-seconds", type=float, default=60.0)
     ap.add_argument("--port", type=int, default=8123)
+    ap.add_argument("--idle-s", type=float, default=0.0, help="also measure N seconds of idle CPU per process")
     ap.add_argument("--py-spy", default=None, metavar="DIR", help="also record each replica with py-spy into DIR")
     args = ap.parse_args()
 
@@ -121,6 +125,16 @@ def main() -> int:
         url = f"http://127.0.0.1:{args.port}"
         asyncio.run(bs.http_phase(url, bodies[: args.warmup], 1, args.max_seconds))
         replicas = [p for p, (name, _) in processes().items() if name.startswith("ray::ServeReplica:helix:HelixAPI")]
+        if args.idle_s:
+            idle_before = processes()
+            time.sleep(args.idle_s)
+            idle_after = processes()
+            idle = sorted(((idle_after[p][1] - idle_before.get(p, ("", 0.0))[1], idle_after[p][0])
+                           for p in idle_after), reverse=True)
+            total = sum(s for s, _ in idle)
+            print(f"idle for {args.idle_s:.0f} s: {100 * total / args.idle_s:.1f} % of one core in all")
+            for seconds, name in idle[:10]:
+                print(f"  {100 * seconds / args.idle_s:5.1f} %  {name}")
         if args.py_spy:
             Path(args.py_spy).mkdir(parents=True, exist_ok=True)
             for pid in replicas:

@@ -166,12 +166,44 @@ def test_query_encoder_widens_only_when_the_replica_is_alone(monkeypatch):
     np.testing.assert_allclose(wide.query_vector, narrow.query_vector, atol=1e-5)
 
 
+def test_cpu_quota_is_the_tightest_of_the_group_and_its_ancestors(tmp_path):
+    """cgroup v2 and v1 layouts as the kernel writes them: a quota on a parent group
+    binds a child without one; a group path from another namespace falls back to the
+    mount's root; no quota anywhere is None."""
+    from helix_ray.runtime import cgroup_cpu_quota
+
+    def tree(name: str, files: dict[str, str], membership: str) -> tuple[Path, Path]:
+        root = tmp_path / name
+        for rel, text in files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text)
+        (tmp_path / f"{name}.cgroup").write_text(membership)
+        return root, tmp_path / f"{name}.cgroup"
+
+    v2 = tree("v2", {"a/cpu.max": "150000 100000\n", "a/b/cpu.max": "max 100000\n"}, "0::/a/b\n")
+    assert cgroup_cpu_quota(*v2) == 1.5
+    tighter = tree("v2t", {"a/cpu.max": "300000 100000\n", "a/b/cpu.max": "100000 100000\n"}, "0::/a/b\n")
+    assert cgroup_cpu_quota(*tighter) == 1.0
+    hidden = tree("ns", {"cpu.max": "50000 100000\n"}, "0::/docker/abc\n")
+    assert cgroup_cpu_quota(*hidden) == 0.5
+    hybrid = tree("hy", {"unified/g/cpu.max": "250000 100000\n", "memory/g/x": ""}, "4:memory:/g\n0::/g\n")
+    assert cgroup_cpu_quota(*hybrid) == 2.5
+    v1 = tree("v1", {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+                     "cpu,cpuacct/g/cpu.cfs_quota_us": "150000\n", "cpu,cpuacct/g/cpu.cfs_period_us": "100000\n"},
+              "5:cpu,cpuacct:/g\n1:name=systemd:/\n")
+    assert cgroup_cpu_quota(*v1) == 1.5
+    unlimited = tree("none", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, "3:cpu:/\n")
+    assert cgroup_cpu_quota(*unlimited) is None
+    assert cgroup_cpu_quota(tmp_path / "v2", tmp_path / "missing") is None
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs Linux CPU affinity and two cores")
 def test_query_encoder_never_widens_past_the_cores_it_may_use(monkeypatch):
     """Pinned to one core (a container's cpuset, `taskset -c 0`), a second spinning
     encoder thread could only wait for the first: no wide encoder."""
-    from helix_ray.serve.shells import EmbedderShell, usable_cores
+    from helix_ray.runtime import usable_cores
+    from helix_ray.serve.shells import EmbedderShell
 
     monkeypatch.setenv("HELIX_QUERY_THREADS", "1")
     monkeypatch.setenv("HELIX_QUERY_THREADS_ALONE", "2")

@@ -35,6 +35,7 @@ from helix_ray.config import IngestConfig, RetrievalConfig
 from helix_ray.errors import StoreError
 from helix_ray.recall import adapter
 from helix_ray.recall.pipeline import IdAccessOverlay, Plan, Recaller
+from helix_ray.runtime import usable_cores
 from helix_ray.serve.errors import ReplicaError, boundary
 from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, merge_dense, merge_lexical
 from helix_ray.serve.views import StoreViews
@@ -85,25 +86,6 @@ def query_threads_alone() -> int:
     in ~2.4 ms instead of ~3.1 (docs/serve.md). 0 or the busy count: one encoder only;
     never more than :func:`usable_cores`."""
     return int(os.environ.get("HELIX_QUERY_THREADS_ALONE", "2"))
-
-
-def usable_cores() -> int:
-    """Cores this process may run on: its CPU affinity, capped by a cgroup v2 CPU quota
-    (``/sys/fs/cgroup/cpu.max``, a container's limit) when there is one, rounded down (a
-    spinning thread on a 1.5-CPU quota is throttled). Only the namespace root's quota is
-    read, not a limit set on a nested cgroup."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cores = os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(1, int(quota) // int(period)))
-    except (OSError, ValueError):
-        pass
-    return cores
 
 
 def host_idle() -> bool:
