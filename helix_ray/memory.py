@@ -92,14 +92,17 @@ class Memory:
     def recaller(self):
         if self._recaller is None:
             from helix_ray.embedder import DIM, get_embedder
-            from helix_ray.recall.pipeline import Recaller
+            from helix_ray.recall.pipeline import Recaller, encoder_threads
             from helix_ray.store.generation import Generation, current_generation_number
 
-            embedder = get_embedder(self.ingest_config.embedder)
             generation = None
             if current_generation_number(self.store) is not None:
-                generation = Generation.open_current(self.store, expect_embedder=embedder.name, expect_dim=DIM)
-            self._recaller = Recaller(generation, embedder, self.retrieval_config)
+                generation = Generation.open_current(self.store, expect_embedder=self.ingest_config.embedder.name,
+                                                     expect_dim=DIM)
+            # One onnxruntime thread per query encoder when the two run side by side.
+            threads = encoder_threads(generation, self.retrieval_config)
+            embedder = get_embedder(self.ingest_config.embedder, threads)
+            self._recaller = Recaller(generation, embedder, self.retrieval_config, threads=threads)
         self._recaller.adapter = self._adapter.read()  # `helix adapt` while open: the next recall uses it
         return self._recaller
 

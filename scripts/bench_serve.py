@@ -86,10 +86,12 @@ def queries_for(store: Path, count: int, seed: int) -> list[dict[str, str]]:
 
 def in_process(store: Path, queries: list[dict[str, str]], warmup: int) -> dict[str, Any]:
     from helix_ray.embedder import get_embedder
-    from helix_ray.recall.pipeline import Recaller
+    from helix_ray.recall.pipeline import Recaller, encoder_threads
     from helix_ray.store.generation import Generation
 
-    recaller = Recaller(Generation.open_current(store), get_embedder())
+    generation = Generation.open_current(store)
+    threads = encoder_threads(generation)  # as helix_ray.Memory: one each when the two encoders overlap
+    recaller = Recaller(generation, get_embedder(threads=threads), threads=threads)
     for q in queries[:warmup]:
         recaller.recall(q["query"], user=q["user"], budget_tokens=512)
     times = []

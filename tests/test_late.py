@@ -197,3 +197,90 @@ def test_late_weight_one_ranks_by_maxsim_alone(tenant_memory):
     maxsim = np.array(table["late_maxsim"].to_list())
     expected = (maxsim - maxsim.min()) / (maxsim.max() - maxsim.min())
     np.testing.assert_allclose(table["similarity"].to_numpy(), expected, atol=1e-9)
+
+
+def test_overlapped_query_tokens_give_the_same_answer_as_inline_ones(tenant_memory):
+    """With a second core the query's tokens are encoded on another thread while the
+    sentence vector and the legs run; the answer must not change, only when they are
+    computed. The plan carries the running encoding until the late stage waits for it,
+    and a plan sent across a hop (pickled) carries the tokens themselves."""
+    import pickle
+
+    recaller = tenant_memory.recaller
+    query = "which database did billing move to?"
+    original = recaller._overlap_tokens
+    recaller._overlap_tokens = False
+    inline_plan = recaller.plan(query, user="alice")
+    assert inline_plan.pending_tokens is None and inline_plan.query_tokens is not None
+    inline = recaller.recall(query, user="alice", explain=True)
+    recaller._overlap_tokens = True
+    try:
+        plan = recaller.plan(query, user="alice")
+        assert plan.pending_tokens is not None and plan.query_tokens is None
+        sent = pickle.loads(pickle.dumps(plan))
+        assert sent.pending_tokens is None and plan.pending_tokens is None
+        np.testing.assert_array_equal(sent.query_tokens, inline_plan.query_tokens)
+        assert "embed_tokens" in sent.timings_ms
+        overlapped = recaller.recall(query, user="alice", explain=True)
+    finally:
+        recaller._overlap_tokens = original
+    assert [i.id for i in overlapped.items] == [i.id for i in inline.items]
+    assert overlapped.explain.sort("id")["score"].to_list() == inline.explain.sort("id")["score"].to_list()
+    assert overlapped.flags["late"] == inline.flags["late"] > 0
+    assert overlapped.timings_ms["embed_tokens"] > 0 and "embed_tokens" not in inline.timings_ms
+
+
+def test_recall_runs_blas_on_one_thread_and_gives_the_caller_its_setting_back(tenant_memory):
+    """Inside recall numpy's BLAS has one thread (its idle workers would spin on the
+    core the token encoder needs); after it, the caller's setting is back, also when
+    the calls nest and when another thread recalls meanwhile."""
+    import threading
+
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from helix_ray.recall import pipeline
+
+    def blas_threads() -> set[int]:
+        return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
+    seen: list[set[int]] = []
+    original = pipeline.late.maxsim
+
+    def watched(*args, **kwargs):
+        seen.append(blas_threads())
+        return original(*args, **kwargs)
+
+    with threadpool_limits(limits=2, user_api="blas"):  # the caller's own setting, whatever the host
+        assert blas_threads() == {2}
+        pipeline.late.maxsim = watched  # observes the setting inside the late stage, changes nothing
+        try:
+            tenant_memory.recall("which database did billing move to?", user="alice")
+        finally:
+            pipeline.late.maxsim = original
+        assert seen == [{1}] and blas_threads() == {2}
+        with pipeline._blas_on_caller:
+            with pipeline._blas_on_caller:
+                assert blas_threads() == {1}
+            assert blas_threads() == {1}
+        assert blas_threads() == {2}
+        worker = threading.Thread(target=tenant_memory.recall, args=("restart the gateway pods",),
+                                  kwargs={"user": "bob"})
+        worker.start()
+        worker.join(30)
+        assert blas_threads() == {2}
+
+
+def test_memory_encodes_the_query_on_one_thread_per_encoder_when_tokens_overlap(tenant_memory):
+    from helix_ray.config import RetrievalConfig
+    from helix_ray.recall.pipeline import encoder_threads
+    from helix_ray.runtime import usable_cores
+
+    generation = tenant_memory.recaller.generation
+    assert generation.late is not None
+    if usable_cores() > 1:
+        assert encoder_threads(generation) == 1 and tenant_memory.recaller._threads == 1
+        assert tenant_memory.recaller._overlap_tokens
+    else:
+        assert encoder_threads(generation) is None
+    off = load_config(RetrievalConfig, overrides={"late": {"enabled": False}})
+    assert encoder_threads(generation, off) is None and encoder_threads(None) is None

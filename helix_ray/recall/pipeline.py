@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
@@ -117,14 +120,115 @@ class Plan:
     flags: dict[str, Any]
     timings_ms: dict[str, float]
     query_tokens: np.ndarray | None = None  # float16 (32, 384) for late interaction, or None
+    # The query's token encoding while it still runs on another core (see Recaller.plan):
+    # (tokens, encoder ms). Read the tokens through tokens(), which waits for it.
+    pending_tokens: Future | None = field(default=None, repr=False, compare=False)
 
     @property
     def skip(self) -> bool:
         return bool(self.flags.get("router_skip"))
 
+    def tokens(self) -> np.ndarray | None:
+        """The query's late-interaction tokens, waiting for an overlapped encoding (its
+        time goes into ``timings_ms``: ``embed_tokens`` the encoder's, ``wait_tokens``
+        what the caller still waited for it)."""
+        if self.pending_tokens is not None:
+            clock = time.perf_counter()
+            self.query_tokens, encoded_ms = self.pending_tokens.result()
+            self.pending_tokens = None
+            self.timings_ms["embed_tokens"] = encoded_ms
+            self.timings_ms["wait_tokens"] = _ms(clock)
+        return self.query_tokens
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a Serve hop) with its tokens, never a running encoding."""
+        self.tokens()
+        return dict(self.__dict__)
+
 
 def _ms(since: float) -> float:
     return round((time.perf_counter() - since) * 1000.0, 3)
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+class _BlasOnCaller:
+    """While a recall runs, numpy's and scipy's BLAS compute on the calling thread
+    alone. The query path's products are small (MMR, MaxSim, a few hundred rows), and an
+    idle OpenBLAS worker spins for a while after each call on the other core: the very
+    core the query's token encoder runs on. Measured in-process on a LoCoMo store (2
+    cores): recall p50 19 ms with BLAS threads, 13 ms without (docs/benchmarks.md).
+
+    The outermost recall of a thread sets the limit and restores the caller's setting on
+    the way out (~10 µs). OpenBLAS's thread count is the process's: threadpoolctl lets
+    the first thread that sets it keep control while it lives, and ignores the others,
+    so recalls on other threads run with whatever setting that thread left (a Serve
+    replica or a notebook recalls on one thread)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._controller: Any = None
+
+    def __enter__(self) -> None:
+        depth = getattr(self._local, "depth", 0)
+        if depth == 0:
+            if self._controller is None:
+                from threadpoolctl import ThreadpoolController
+
+                self._controller = ThreadpoolController()  # numpy and scipy are loaded by now
+            self._local.limiter = self._controller.limit(limits=1, user_api="blas")
+        self._local.depth = depth + 1
+
+    def __exit__(self, *exc: Any) -> None:
+        self._local.depth -= 1
+        if self._local.depth == 0:
+            self._local.limiter.restore_original_limits()
+            self._local.limiter = None
+
+
+_blas_on_caller = _BlasOnCaller()
+
+
+def _one_blas_thread(method: Any) -> Any:
+    """Run ``method`` inside :data:`_blas_on_caller`."""
+
+    @functools.wraps(method)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with _blas_on_caller:
+            return method(*args, **kwargs)
+
+    return wrapped
+
+
+def encoder_threads(generation: Any, config: RetrievalConfig | None = None) -> int | None:
+    """onnxruntime threads for an in-process recaller's two query encoders: one each
+    when the query's tokens will be encoded alongside its sentence vector (a generation
+    with token vectors, late interaction on, a second core), so the two do not spin
+    against each other; otherwise None, onnxruntime's default (every core)."""
+    from helix_ray.runtime import usable_cores
+
+    cfg = config or RetrievalConfig()
+    late_on = cfg.late.enabled and cfg.late.weight > 0 and generation is not None and generation.late is not None
+    return 1 if late_on and usable_cores() > 1 else None
+
+
+def _token_pool() -> ThreadPoolExecutor:
+    """The threads that encode queries' late-interaction tokens alongside the rest of
+    their recall (one per core beyond the caller's; created on first use)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            from helix_ray.runtime import usable_cores
+
+            _pool = ThreadPoolExecutor(max(1, usable_cores() - 1), thread_name_prefix="helix-query-tokens")
+        return _pool
+
+
+def _encode_tokens(encoder: Any, query: str) -> tuple[np.ndarray, float]:
+    clock = time.perf_counter()
+    return encoder.encode_query(query).astype(np.float16), _ms(clock)
 
 
 class Recaller:
@@ -145,6 +249,11 @@ class Recaller:
         self._router: scope.Router | None = None
         self._token_encoder = token_encoder
         self._threads = threads  # onnxruntime threads of the query token encoder (None: default)
+        # Encode a query's tokens on another thread while the sentence vector and the legs
+        # run here: only with a second core to run it on.
+        from helix_ray.runtime import usable_cores
+
+        self._overlap_tokens = usable_cores() > 1
 
     @property
     def token_encoder(self):
@@ -173,6 +282,7 @@ class Recaller:
     def columns(self):
         return self.generation.columns if self.generation is not None else None
 
+    @_one_blas_thread
     def recall(
         self,
         query: str,
@@ -214,6 +324,7 @@ class Recaller:
                            leg_timings_ms=legs)
 
     # ------------------------------------------------------------------ stages 1–2
+    @_one_blas_thread
     def plan(self, query: str, *, user: str, budget_tokens: int | None = None, k: int | None = None,
              project: str | None = None, types: Sequence[str] | str | None = None, since: Any = None,
              until: Any = None, pinned: bool | None = None, project_mode: str = "filter", explain: bool = False,
@@ -228,14 +339,19 @@ class Recaller:
         timings: dict[str, float] = {}
         flags: dict[str, Any] = {"router_skip": False, "strong_signal_skip": False, "degraded": []}
         clock = time.perf_counter()
+        query_tokens = pending = None
+        if self._wants_late(cfg, frozenset(disabled)):
+            # The token encoder (~2x the sentence encoder's time: 32 positions) is needed
+            # only at the late-interaction stage: on a second core it runs alongside the
+            # sentence embedding and the legs instead of before them.
+            if self._overlap_tokens:
+                pending = _token_pool().submit(_encode_tokens, self.token_encoder, query)
+            else:
+                query_tokens = self.token_encoder.encode_query(query).astype(np.float16)
         encoded = own_vector = query_vector is None
         if query_vector is None:
             query_vector = embed_query(self.embedder, query)
-        query_tokens = None
-        if self._wants_late(cfg, frozenset(disabled)):
-            query_tokens = self.token_encoder.encode_query(query).astype(np.float16)
-            encoded = True
-        if encoded:  # the sentence vector and the token vectors: one query-encoding stage
+        if encoded or query_tokens is not None:  # the query-encoding stage (tokens: unless overlapped)
             timings["embed"] = _ms(clock)
         clock = time.perf_counter()
         if "router" not in disabled:
@@ -253,8 +369,11 @@ class Recaller:
             weights = {"dense": 1.0, "bm25": 0.0}
         now = now or dt.datetime.now(dt.timezone.utc)
         now_us = int((now if now.tzinfo else now.replace(tzinfo=dt.timezone.utc)).timestamp() * 1_000_000)
+        if pending is not None and flags["router_skip"]:
+            pending.cancel()  # no stage will read them
+            pending = None
         return Plan(query, user, sc, cfg, k, budget_tokens, explain, frozenset(disabled), now_us, weights,
-                    query_vector, flags, timings, query_tokens)
+                    query_vector, flags, timings, query_tokens, pending)
 
     def _has_scope(self, plan: Plan) -> bool:
         return self.generation is not None and plan.user in self.generation.partitions
@@ -273,6 +392,7 @@ class Recaller:
         return lexical.search(self.generation.bm25, plan.query, start=start, end=end, mask=self._mask(plan),
                               top_k=lx.top_k, strong_score=lx.strong_signal_score, strong_gap=lx.strong_signal_gap)
 
+    @_one_blas_thread
     def dense_leg(self, plan: Plan) -> dense.DenseHits | None:
         """Dense top-k inside the scope; None when its list weight is 0."""
         if plan.weights.get("dense", 0) <= 0 or not self._has_scope(plan):
@@ -287,6 +407,7 @@ class Recaller:
                     and "strong_signal" not in plan.disabled)
 
     # ------------------------------------------------------------------ stages 4–8
+    @_one_blas_thread
     def finish(self, plan: Plan, lex: lexical.LexicalHits | None, dense_hits: dense.DenseHits | None, *,
                last_access_overlay: AccessOverlay | None = None, started: float | None = None,
                leg_timings_ms: Mapping[str, float] | None = None) -> RecallResult:
@@ -349,9 +470,12 @@ class Recaller:
         vectors = np.asarray(gen.vectors[np.sort(rows)])[np.argsort(np.argsort(rows))]
         cosine = vectors @ query_vector
         late_scores = None
-        if plan.query_tokens is not None and self._wants_late(cfg, plan.disabled):
-            late_scores = late.maxsim(plan.query_tokens, gen.late, rows)
+        query_tokens = plan.tokens() if self._wants_late(cfg, plan.disabled) else None
+        if query_tokens is not None:
+            late_scores = late.maxsim(query_tokens, gen.late, rows)
             flags["late"] = int(np.count_nonzero(~np.isnan(late_scores)))
+            timings.update((name, plan.timings_ms[name]) for name in ("embed_tokens", "wait_tokens")
+                           if name in plan.timings_ms)
         lap("late")
         last_access = cols.last_accessed_at[rows].copy()
         if cfg.rank.recency_from_creation:
