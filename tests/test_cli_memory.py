@@ -176,6 +176,10 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
             while not seen.get("haproxy") and time.monotonic() < until:
                 seen["haproxy"] = any("haproxy" in _cmdline(pid) for pid in _descendants(proc.pid))
                 time.sleep(0.5)
+            # Serve's controller drains a stopping ingress replica for this long (its own
+            # default, 30 s, made every Ctrl-C wait ~32 s).
+            seen["drain"] = {_environ(pid).get("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S")
+                             for pid in _descendants(proc.pid) if "ServeController" in _cmdline(pid)}
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -189,8 +193,17 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     assert body["items"] and all(i["id"].startswith("alice-") for i in body["items"]), body
     assert seen["keyless"] == 401
     assert seen["haproxy"], f"no HAProxy process under helix serve:\n{out}"
+    assert seen["drain"] == {"2.0"}, seen["drain"]
     assert proc.returncode == 0, out
     assert "stopping Helix" in out
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        pairs = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    except OSError:  # it exited since the listing
+        return {}
+    return dict(p.split("=", 1) for p in pairs if "=" in p)
 
 
 def _cmdline(pid: int) -> str:

@@ -149,21 +149,27 @@ def test_a_recall_answer_that_is_not_plain_json_is_still_sent():
 
 def test_query_encoder_widens_only_when_the_replica_is_alone(monkeypatch):
     """plan(alone=True) encodes with the two-thread encoder (built then), plan(alone=False)
-    with the one-thread one; both give the same vector (the same model)."""
-    from helix_ray.config import RetrievalConfig
+    with the one-thread one; both give the same vector (the same model). When the plan
+    encodes the query's tokens on the second core, the sentence encoder stays narrow."""
+    from helix_ray.config import RetrievalConfig, load_config
+    from helix_ray.runtime import usable_cores
     from helix_ray.serve.shells import EmbedderShell
 
     monkeypatch.setenv("HELIX_QUERY_THREADS", "1")
     monkeypatch.setenv("HELIX_QUERY_THREADS_ALONE", "2")
     shell = EmbedderShell()
     assert True not in shell._encoders  # the split graph never asks for it: never loaded there
-    config = RetrievalConfig()
+    config = load_config(RetrievalConfig, overrides={"late": {"enabled": False}})  # a store without tokens
     query = "why did we pin uvicorn after the keep-alive bug"
     wide = shell.plan(query, user="alice", config=config, budget_tokens=300, alone=True)
     assert shell.recaller.embedder is shell._encoders[True] is not shell._encoders[False]
     narrow = shell.plan(query, user="alice", config=config, budget_tokens=300)
     assert shell.recaller.embedder is shell._encoders[False]
     np.testing.assert_allclose(wide.query_vector, narrow.query_vector, atol=1e-5)
+    if usable_cores() > 1:
+        with_tokens = shell.plan(query, user="alice", config=RetrievalConfig(), budget_tokens=300, alone=True)
+        assert shell.recaller.embedder is shell._encoders[False]
+        assert with_tokens.pending_tokens is not None and with_tokens.tokens() is not None
 
 
 def test_cpu_quota_is_the_tightest_of_the_group_and_its_ancestors(tmp_path):

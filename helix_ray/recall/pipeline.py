@@ -271,6 +271,10 @@ class Recaller:
             return False
         return self.generation is None or self.generation.late is not None
 
+    def overlaps_tokens(self, cfg: RetrievalConfig, disabled: frozenset[str] = frozenset()) -> bool:
+        """Whether :meth:`plan` encodes the query's tokens on another thread."""
+        return self._overlap_tokens and self._wants_late(cfg, disabled)
+
     @property
     def router(self) -> scope.Router:
         """Built on first use: only :meth:`plan` routes (retriever replicas never do)."""

@@ -14,6 +14,10 @@ log = logging.getLogger(__name__)
 
 APP_NAME = "helix"
 
+#: Seconds a stopping ingress replica keeps answering with Serve's HAProxy ingress on a
+#: Ray that :func:`start_ray` starts (Serve's default: 30).
+HA_PROXY_DRAIN_S = 2.0
+
 
 def start_ray(*, num_cpus: int | None = None, quiet: bool = True) -> str:
     """Join ``RAY_ADDRESS`` when set; otherwise start a new local Ray bound to 127.0.0.1.
@@ -27,6 +31,12 @@ def start_ray(*, num_cpus: int | None = None, quiet: bool = True) -> str:
 
     if ray.is_initialized():
         return "existing"
+    if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" and not os.environ.get("RAY_ADDRESS"):
+        # In this mode Serve drains a stopping ingress replica for at least 30 s, for an
+        # external load balancer to notice; on a Ray of our own the only balancer is Serve's
+        # HAProxy on this host, told at once. Ctrl-C stopped `helix serve --ha-proxy` after
+        # ~32 s, ~7 s with this (the default proxy's time). An explicit setting wins.
+        os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", str(HA_PROXY_DRAIN_S))
     return ensure_ray(num_cpus=num_cpus, quiet=quiet, loopback=True)
 
 

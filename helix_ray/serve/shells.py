@@ -131,6 +131,9 @@ class EmbedderShell:
             self.recaller.adapter = self._adapter.read()
         if self._has_late is not None and not self._has_late.read():
             request["disabled"] = frozenset(request.get("disabled", ())) | {"late"}
+        # The second core goes to the query's token encoder when the plan runs one beside
+        # the sentence vector; a wider sentence encoder would spin against it (docs/serve.md).
+        alone = alone and not self.recaller.overlaps_tokens(config, frozenset(request.get("disabled", ())))
         if alone and self._wide is not None and True not in self._encoders:
             from helix_ray.embedder import get_embedder
 
