@@ -167,9 +167,14 @@ def test_query_encoder_widens_only_when_the_replica_is_alone(monkeypatch):
     assert shell.recaller.embedder is shell._encoders[False]
     np.testing.assert_allclose(wide.query_vector, narrow.query_vector, atol=1e-5)
     if usable_cores() > 1:
-        with_tokens = shell.plan(query, user="alice", config=RetrievalConfig(), budget_tokens=300, alone=True)
+        with_tokens = shell.plan(query, user="alice", config=RetrievalConfig(), budget_tokens=300, alone=True,
+                                 resolve=False)  # as the inline graph calls it
         assert shell.recaller.embedder is shell._encoders[False]
         assert with_tokens.pending_tokens is not None and with_tokens.tokens() is not None
+        # The Embedder deployment's plans cross a hop: they carry their tokens, resolved here.
+        sent = shell.plan(query, user="alice", config=RetrievalConfig(), budget_tokens=300)
+        assert sent.pending_tokens is None and "embed_tokens" in sent.timings_ms
+        np.testing.assert_array_equal(sent.query_tokens, with_tokens.query_tokens)
 
 
 def test_cpu_quota_is_the_tightest_of_the_group_and_its_ancestors(tmp_path):

@@ -132,13 +132,21 @@ class Plan:
         """The query's late-interaction tokens, waiting for an overlapped encoding (its
         time goes into ``timings_ms``: ``embed_tokens`` the encoder's, ``wait_tokens``
         what the caller still waited for it)."""
-        if self.pending_tokens is not None:
+        pending = self.pending_tokens
+        if pending is not None:
             clock = time.perf_counter()
-            self.query_tokens, encoded_ms = self.pending_tokens.result()
+            self.query_tokens, encoded_ms = pending.result()
             self.pending_tokens = None
             self.timings_ms["embed_tokens"] = encoded_ms
             self.timings_ms["wait_tokens"] = _ms(clock)
         return self.query_tokens
+
+    def drop_tokens(self) -> None:
+        """No stage will read the tokens: cancel an encoding not started yet, so it does
+        not take the second core (or the pool's queue) from the next query."""
+        pending, self.pending_tokens = self.pending_tokens, None
+        if pending is not None:
+            pending.cancel()
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (a Serve hop) with its tokens, never a running encoding."""
@@ -162,10 +170,10 @@ class _BlasOnCaller:
     cores): recall p50 19 ms with BLAS threads, 13 ms without (docs/benchmarks.md).
 
     The outermost recall of a thread sets the limit and restores the caller's setting on
-    the way out (~10 µs). OpenBLAS's thread count is the process's: threadpoolctl lets
-    the first thread that sets it keep control while it lives, and ignores the others,
-    so recalls on other threads run with whatever setting that thread left (a Serve
-    replica or a notebook recalls on one thread)."""
+    the way out (~10 µs). OpenBLAS's thread count is the process's, so threadpoolctl lets
+    one thread at a time control it: while a recall on one thread holds the limit, a
+    recall starting on another runs with that limit (one thread) but cannot set or
+    restore it; the control is released when the first one ends."""
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -178,14 +186,16 @@ class _BlasOnCaller:
                 from threadpoolctl import ThreadpoolController
 
                 self._controller = ThreadpoolController()  # numpy and scipy are loaded by now
-            self._local.limiter = self._controller.limit(limits=1, user_api="blas")
+            limiter = self._controller.limit(limits=1, user_api="blas")
+            limiter.__enter__()  # threadpoolctl's ownership count: released by __exit__
+            self._local.limiter = limiter
         self._local.depth = depth + 1
 
     def __exit__(self, *exc: Any) -> None:
         self._local.depth -= 1
         if self._local.depth == 0:
-            self._local.limiter.restore_original_limits()
-            self._local.limiter = None
+            limiter, self._local.limiter = self._local.limiter, None
+            limiter.__exit__(None, None, None)  # restores the limits, then gives up the control
 
 
 _blas_on_caller = _BlasOnCaller()
@@ -203,15 +213,17 @@ def _one_blas_thread(method: Any) -> Any:
 
 
 def encoder_threads(generation: Any, config: RetrievalConfig | None = None) -> int | None:
-    """onnxruntime threads for an in-process recaller's two query encoders: one each
-    when the query's tokens will be encoded alongside its sentence vector (a generation
-    with token vectors, late interaction on, a second core), so the two do not spin
-    against each other; otherwise None, onnxruntime's default (every core)."""
+    """onnxruntime threads for an in-process recaller's two query encoders: half the
+    cores each when the query's tokens will be encoded alongside its sentence vector (a
+    generation with token vectors, late interaction on, two cores or more), so the two do
+    not spin against each other (measured on 2 cores: one each); otherwise None,
+    onnxruntime's default (every core)."""
     from helix_ray.runtime import usable_cores
 
     cfg = config or RetrievalConfig()
     late_on = cfg.late.enabled and cfg.late.weight > 0 and generation is not None and generation.late is not None
-    return 1 if late_on and usable_cores() > 1 else None
+    cores = usable_cores()
+    return cores // 2 if late_on and cores > 1 else None
 
 
 def _token_pool() -> ThreadPoolExecutor:
@@ -240,6 +252,8 @@ class Recaller:
     diversify, pack) — and ``recall`` is exactly their composition.
     """
 
+    _overlap_tokens = False  # set by __init__ (subclasses that skip it never overlap)
+
     def __init__(self, generation, embedder, config: RetrievalConfig | None = None, token_encoder=None,
                  threads: int | None = None, adapter=None):
         self.generation = generation
@@ -250,10 +264,11 @@ class Recaller:
         self._token_encoder = token_encoder
         self._threads = threads  # onnxruntime threads of the query token encoder (None: default)
         # Encode a query's tokens on another thread while the sentence vector and the legs
-        # run here: only with a second core to run it on.
+        # run here: only when the two encoders' threads fit in the cores together (with
+        # onnxruntime's default, every core each, overlapping was slower: docs/benchmarks.md).
         from helix_ray.runtime import usable_cores
 
-        self._overlap_tokens = usable_cores() > 1
+        self._overlap_tokens = threads is not None and 2 * threads <= usable_cores()
 
     @property
     def token_encoder(self):
@@ -317,15 +332,18 @@ class Recaller:
                          now=now, disabled=disabled, config=config)
         lex = dense_hits = None
         legs: dict[str, float] = {}
-        if not plan.skip and self._has_scope(plan):
-            clock = time.perf_counter()
-            lex = self.lexical_leg(plan)
-            legs["bm25"] = _ms(clock)
-            clock = time.perf_counter()
-            dense_hits = None if self.strong(plan, lex) else self.dense_leg(plan)
-            legs["dense"] = _ms(clock)
-        return self.finish(plan, lex, dense_hits, last_access_overlay=last_access_overlay, started=started,
-                           leg_timings_ms=legs)
+        try:
+            if not plan.skip and self._has_scope(plan):
+                clock = time.perf_counter()
+                lex = self.lexical_leg(plan)
+                legs["bm25"] = _ms(clock)
+                clock = time.perf_counter()
+                dense_hits = None if self.strong(plan, lex) else self.dense_leg(plan)
+                legs["dense"] = _ms(clock)
+            return self.finish(plan, lex, dense_hits, last_access_overlay=last_access_overlay, started=started,
+                               leg_timings_ms=legs)
+        finally:
+            plan.drop_tokens()  # a leg or finish that raised, or returned before the late stage
 
     # ------------------------------------------------------------------ stages 1–2
     @_one_blas_thread
@@ -344,7 +362,8 @@ class Recaller:
         flags: dict[str, Any] = {"router_skip": False, "strong_signal_skip": False, "degraded": []}
         clock = time.perf_counter()
         query_tokens = pending = None
-        if self._wants_late(cfg, frozenset(disabled)):
+        has_memories = self.generation is None or user in self.generation.partitions  # else nothing to re-score
+        if has_memories and self._wants_late(cfg, frozenset(disabled)):
             # The token encoder (~2x the sentence encoder's time: 32 positions) is needed
             # only at the late-interaction stage: on a second core it runs alongside the
             # sentence embedding and the legs instead of before them.
@@ -373,11 +392,11 @@ class Recaller:
             weights = {"dense": 1.0, "bm25": 0.0}
         now = now or dt.datetime.now(dt.timezone.utc)
         now_us = int((now if now.tzinfo else now.replace(tzinfo=dt.timezone.utc)).timestamp() * 1_000_000)
-        if pending is not None and flags["router_skip"]:
-            pending.cancel()  # no stage will read them
-            pending = None
-        return Plan(query, user, sc, cfg, k, budget_tokens, explain, frozenset(disabled), now_us, weights,
+        plan = Plan(query, user, sc, cfg, k, budget_tokens, explain, frozenset(disabled), now_us, weights,
                     query_vector, flags, timings, query_tokens, pending)
+        if plan.skip:
+            plan.drop_tokens()  # no stage will read them
+        return plan
 
     def _has_scope(self, plan: Plan) -> bool:
         return self.generation is not None and plan.user in self.generation.partitions
@@ -422,6 +441,7 @@ class Recaller:
         flags = dict(plan.flags)
         budget_tokens, k, query_vector = plan.budget_tokens, plan.k, plan.query_vector
         if plan.skip or not self._has_scope(plan):
+            plan.drop_tokens()
             if gen is not None and not plan.skip:
                 flags["empty_scope"] = "no memories for this user"
             timings["total"] = _ms(started)
@@ -468,6 +488,7 @@ class Recaller:
 
         rows = np.concatenate([pool_rows, np.array(added, dtype=np.int64)]).astype(np.int64)
         if len(rows) == 0:
+            plan.drop_tokens()
             timings["total"] = _ms(started)
             return RecallResult(plan.query, plan.user, [], 0, budget_tokens, timings, flags, gen.number,
                                 _empty_explain() if plan.explain else None)

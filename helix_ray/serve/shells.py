@@ -126,7 +126,11 @@ class EmbedderShell:
         self._adapter = adapter.watch(store, embedder.name) if store is not None else None
 
     @boundary
-    def plan(self, query: str, *, user: str, config: RetrievalConfig, alone: bool = False, **request: Any) -> Plan:
+    def plan(self, query: str, *, user: str, config: RetrievalConfig, alone: bool = False, resolve: bool = True,
+             **request: Any) -> Plan:
+        """``resolve``: wait here for tokens encoded on the second core (the Embedder
+        deployment's plan crosses a hop; an error is this replica's). The compact and
+        inline graphs pass False and wait at the late stage."""
         if self._adapter is not None:
             self.recaller.adapter = self._adapter.read()
         if self._has_late is not None and not self._has_late.read():
@@ -141,7 +145,10 @@ class EmbedderShell:
         # The inline graph's plan() runs on the event loop without yielding; the split
         # graph's Embedder may run plans in a thread pool, but it never passes alone=True.
         self.recaller.embedder = self._encoders.get(alone, self._encoders[False])
-        return self.recaller.plan(query, user=user, config=config, **request)
+        plan = self.recaller.plan(query, user=user, config=config, **request)
+        if resolve:
+            plan.tokens()
+        return plan
 
 
 def _generation_has_late(current: Path) -> bool:
@@ -299,7 +306,13 @@ class PipelineShell:
         # Alone in the replica, and no other thread of the host running: the wider query
         # encoder (the other core is idle).
         alone = self._inflight == 1 and self.embedder.widens and host_idle()
-        plan = self.embedder.plan(query, user=user, config=config, alone=alone, **request)
+        plan = self.embedder.plan(query, user=user, config=config, alone=alone, resolve=False, **request)
+        try:
+            return await self._legs_and_finish(plan)
+        finally:
+            plan.drop_tokens()  # a stage that raised or answered before the late stage
+
+    async def _legs_and_finish(self, plan: Plan) -> dict[str, Any]:
         lexical = await self.bm25.search(plan)
         strong = lexical.hits is not None and Recaller.strong(plan, lexical.hits)
         dense = None if strong else await self.dense.search(plan, lexical.generation)
