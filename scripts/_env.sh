@@ -20,6 +20,7 @@ fi
 EXTRAS="${1:-}"
 STAMP=".venv/.helix-installed${EXTRAS}"
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+  echo "Installing Helix and its pinned dependencies into .venv (a minute or two the first time)..." >&2
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/python -m pip install -q -e ".${EXTRAS}" 2>&1 | grep -v -E "^(WARNING: Location|  |$)" || true
   .venv/bin/python -c "import helix_ray, ray, fastembed, usearch, bm25s, duckdb" \
