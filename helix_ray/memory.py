@@ -99,7 +99,7 @@ class Memory:
             if current_generation_number(self.store) is not None:
                 generation = Generation.open_current(self.store, expect_embedder=self.ingest_config.embedder.name,
                                                      expect_dim=DIM)
-            # One onnxruntime thread per query encoder when the two run side by side.
+            # Half the cores per query encoder when the two run side by side.
             threads = encoder_threads(generation, self.retrieval_config)
             embedder = get_embedder(self.ingest_config.embedder, threads)
             self._recaller = Recaller(generation, embedder, self.retrieval_config, threads=threads)

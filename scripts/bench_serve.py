@@ -90,7 +90,7 @@ def in_process(store: Path, queries: list[dict[str, str]], warmup: int) -> dict[
     from helix_ray.store.generation import Generation
 
     generation = Generation.open_current(store)
-    threads = encoder_threads(generation)  # as helix_ray.Memory: one each when the two encoders overlap
+    threads = encoder_threads(generation)  # as helix_ray.Memory: half the cores each when the encoders overlap
     recaller = Recaller(generation, get_embedder(threads=threads), threads=threads)
     for q in queries[:warmup]:
         recaller.recall(q["query"], user=q["user"], budget_tokens=512)

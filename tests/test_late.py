@@ -233,10 +233,7 @@ def test_overlapped_query_tokens_give_the_same_answer_as_inline_ones(tenant_memo
 def test_recall_runs_blas_on_one_thread_and_gives_the_caller_its_setting_back(tenant_memory):
     """Inside recall numpy's BLAS has one thread (its idle workers would spin on the
     core the token encoder needs); after it, the caller's setting is back, also when
-    the calls nest, and the recall gives up threadpoolctl's control so that another
-    thread can set limits afterwards."""
-    import threading
-
+    the calls nest."""
     from threadpoolctl import threadpool_info, threadpool_limits
 
     from helix_ray.recall import pipeline
@@ -264,7 +261,56 @@ def test_recall_runs_blas_on_one_thread_and_gives_the_caller_its_setting_back(te
                 assert blas_threads() == {1}
             assert blas_threads() == {1}
         assert blas_threads() == {2}
-    # After the recalls, this thread holds no control: a limit set on another thread works.
+
+
+def test_overlapping_recalls_on_two_threads_leave_the_blas_setting_as_they_found_it():
+    """Recall A sets the limit; recall B starts on another thread while A runs, runs
+    under it, and ends after A. B must not restore the limit it found (one thread) as
+    if it were the caller's setting: afterwards BLAS has the threads it had before, and
+    no thread keeps threadpoolctl's control (a limit set on a new thread works)."""
+    import threading
+
+    from threadpoolctl import ThreadpoolController, threadpool_info, threadpool_limits
+
+    from helix_ray.recall.pipeline import _blas_on_caller
+
+    def blas_threads() -> set[int]:
+        return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
+    np.ones((64, 64)) @ np.ones((64, 64))  # numpy's BLAS loaded
+
+    def set_two() -> None:  # on a thread that then ends: the setting stays, nobody holds control
+        ThreadpoolController().limit(limits=2, user_api="blas")
+
+    setter = threading.Thread(target=set_two)
+    setter.start()
+    setter.join(30)
+    assert blas_threads() == {2}
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, set[int]] = {}
+
+    def recall_a() -> None:
+        with _blas_on_caller:
+            a_in.set()
+            assert b_in.wait(30)
+            seen["a"] = blas_threads()
+        a_out.set()
+
+    def recall_b() -> None:
+        assert a_in.wait(30)
+        with _blas_on_caller:
+            b_in.set()
+            assert a_out.wait(30)
+            seen["b"] = blas_threads()  # A's limit is gone: B runs with the caller's setting
+
+    threads = [threading.Thread(target=recall_a), threading.Thread(target=recall_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    assert seen == {"a": {1}, "b": {2}}
+    assert blas_threads() == {2}
     done: list[set[int]] = []
 
     def other() -> None:
@@ -274,10 +320,10 @@ def test_recall_runs_blas_on_one_thread_and_gives_the_caller_its_setting_back(te
     worker = threading.Thread(target=other)
     worker.start()
     worker.join(30)
-    assert not worker.is_alive() and done == [{1}]
+    assert not worker.is_alive() and done == [{1}] and blas_threads() == {2}
 
 
-def test_memory_encodes_the_query_on_one_thread_per_encoder_when_tokens_overlap(tenant_memory):
+def test_memory_splits_the_cores_between_the_two_query_encoders_when_tokens_overlap(tenant_memory):
     from helix_ray.config import RetrievalConfig
     from helix_ray.recall.pipeline import encoder_threads
     from helix_ray.runtime import usable_cores
@@ -318,6 +364,12 @@ def test_tokens_are_not_encoded_for_nothing(tenant_memory):
         assert pending is not None and not pending.running()  # queued behind the blockers
         plan.drop_tokens()
         assert pending.cancelled() and plan.pending_tokens is None and plan.tokens() is None
+        # A plan whose finish finds no candidate (no leg ran) drops its queued encoding.
+        empty = recaller.plan("which database did billing move to?", user="alice")
+        queued = empty.pending_tokens
+        assert queued is not None and not queued.running()
+        assert recaller.finish(empty, None, None).items == []
+        assert queued.cancelled()
     finally:
         recaller._overlap_tokens = original
         release.set()

@@ -169,33 +169,43 @@ class _BlasOnCaller:
     core the query's token encoder runs on. Measured in-process on a LoCoMo store (2
     cores): recall p50 19 ms with BLAS threads, 13 ms without (docs/benchmarks.md).
 
-    The outermost recall of a thread sets the limit and restores the caller's setting on
-    the way out (~10 µs). OpenBLAS's thread count is the process's, so threadpoolctl lets
-    one thread at a time control it: while a recall on one thread holds the limit, a
-    recall starting on another runs with that limit (one thread) but cannot set or
-    restore it; the control is released when the first one ends."""
+    OpenBLAS's thread count is the process's. The recall that enters when no other holds
+    the limit sets it (~10 µs) and, when it leaves, restores the caller's setting and gives
+    up threadpoolctl's control; a recall that starts on another thread meanwhile runs
+    under that limit and never sets or restores anything (a restore from it would put
+    back the limit itself, for good)."""
 
     def __init__(self) -> None:
-        self._local = threading.local()
+        self._local = threading.local()  # this thread's nesting depth
+        self._lock = threading.Lock()
+        self._owner: threading.Thread | None = None  # the thread whose recall set the limit
+        self._limiter: Any = None
         self._controller: Any = None
 
     def __enter__(self) -> None:
         depth = getattr(self._local, "depth", 0)
-        if depth == 0:
+        self._local.depth = depth + 1
+        if depth:
+            return
+        with self._lock:
+            if self._owner is not None:
+                return
             if self._controller is None:
                 from threadpoolctl import ThreadpoolController
 
                 self._controller = ThreadpoolController()  # numpy and scipy are loaded by now
             limiter = self._controller.limit(limits=1, user_api="blas")
             limiter.__enter__()  # threadpoolctl's ownership count: released by __exit__
-            self._local.limiter = limiter
-        self._local.depth = depth + 1
+            self._owner, self._limiter = threading.current_thread(), limiter
 
     def __exit__(self, *exc: Any) -> None:
         self._local.depth -= 1
-        if self._local.depth == 0:
-            limiter, self._local.limiter = self._local.limiter, None
-            limiter.__exit__(None, None, None)  # restores the limits, then gives up the control
+        if self._local.depth:
+            return
+        with self._lock:
+            if self._owner is threading.current_thread():
+                limiter, self._limiter, self._owner = self._limiter, None, None
+                limiter.__exit__(None, None, None)  # restores the limits, then gives up the control
 
 
 _blas_on_caller = _BlasOnCaller()
@@ -268,7 +278,7 @@ class Recaller:
         # onnxruntime's default, every core each, overlapping was slower: docs/benchmarks.md).
         from helix_ray.runtime import usable_cores
 
-        self._overlap_tokens = threads is not None and 2 * threads <= usable_cores()
+        self._overlap_tokens = bool(threads) and 2 * (threads or 0) <= usable_cores()
 
     @property
     def token_encoder(self):
@@ -371,29 +381,34 @@ class Recaller:
                 pending = _token_pool().submit(_encode_tokens, self.token_encoder, query)
             else:
                 query_tokens = self.token_encoder.encode_query(query).astype(np.float16)
-        encoded = own_vector = query_vector is None
-        if query_vector is None:
-            query_vector = embed_query(self.embedder, query)
-        if encoded or query_tokens is not None:  # the query-encoding stage (tokens: unless overlapped)
-            timings["embed"] = _ms(clock)
-        clock = time.perf_counter()
-        if "router" not in disabled:
-            route = self.router.route(query, query_vector, cfg.router)
-            flags["route"] = {"skip": route.skip, "reason": route.reason,
-                              "no_memory_similarity": round(route.no_memory_similarity, 4),
-                              "memory_similarity": round(route.memory_similarity, 4)}
-            flags["router_skip"] = route.skip
-        timings["route"] = _ms(clock)
-        if own_vector and self.adapter is not None:  # after routing: the router's prototypes are raw vectors
-            query_vector = self.adapter.apply(query_vector)
-            flags["query_adapter"] = True
-        weights = {name: (0.0 if name in disabled else w) for name, w in cfg.fusion.weights.items()}
-        if not any(weights.values()):
-            weights = {"dense": 1.0, "bm25": 0.0}
-        now = now or dt.datetime.now(dt.timezone.utc)
-        now_us = int((now if now.tzinfo else now.replace(tzinfo=dt.timezone.utc)).timestamp() * 1_000_000)
-        plan = Plan(query, user, sc, cfg, k, budget_tokens, explain, frozenset(disabled), now_us, weights,
-                    query_vector, flags, timings, query_tokens, pending)
+        try:
+            encoded = own_vector = query_vector is None
+            if query_vector is None:
+                query_vector = embed_query(self.embedder, query)
+            if encoded or query_tokens is not None:  # the query-encoding stage (tokens: unless overlapped)
+                timings["embed"] = _ms(clock)
+            clock = time.perf_counter()
+            if "router" not in disabled:
+                route = self.router.route(query, query_vector, cfg.router)
+                flags["route"] = {"skip": route.skip, "reason": route.reason,
+                                  "no_memory_similarity": round(route.no_memory_similarity, 4),
+                                  "memory_similarity": round(route.memory_similarity, 4)}
+                flags["router_skip"] = route.skip
+            timings["route"] = _ms(clock)
+            if own_vector and self.adapter is not None:  # after routing: the router's prototypes are raw vectors
+                query_vector = self.adapter.apply(query_vector)
+                flags["query_adapter"] = True
+            weights = {name: (0.0 if name in disabled else w) for name, w in cfg.fusion.weights.items()}
+            if not any(weights.values()):
+                weights = {"dense": 1.0, "bm25": 0.0}
+            now = now or dt.datetime.now(dt.timezone.utc)
+            now_us = int((now if now.tzinfo else now.replace(tzinfo=dt.timezone.utc)).timestamp() * 1_000_000)
+            plan = Plan(query, user, sc, cfg, k, budget_tokens, explain, frozenset(disabled), now_us, weights,
+                        query_vector, flags, timings, query_tokens, pending)
+        except BaseException:
+            if pending is not None:
+                pending.cancel()  # the plan is never built: nothing will wait for them
+            raise
         if plan.skip:
             plan.drop_tokens()  # no stage will read them
         return plan
