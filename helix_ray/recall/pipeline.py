@@ -158,10 +158,6 @@ def _ms(since: float) -> float:
     return round((time.perf_counter() - since) * 1000.0, 3)
 
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
 class _BlasOnCaller:
     """While a recall runs, numpy's and scipy's BLAS compute on the calling thread
     alone. The query path's products are small (MMR, MaxSim, a few hundred rows), and an
@@ -230,10 +226,18 @@ def encoder_threads(generation: Any, config: RetrievalConfig | None = None) -> i
     onnxruntime's default (every core)."""
     from helix_ray.runtime import usable_cores
 
-    cfg = config or RetrievalConfig()
-    late_on = cfg.late.enabled and cfg.late.weight > 0 and generation is not None and generation.late is not None
+    late_on = _late_on(config or RetrievalConfig()) and generation is not None and generation.late is not None
     cores = usable_cores()
     return cores // 2 if late_on and cores > 1 else None
+
+
+def _late_on(cfg: RetrievalConfig, disabled: frozenset[str] = frozenset()) -> bool:
+    """The late-interaction stage is switched on (whether the generation has tokens aside)."""
+    return cfg.late.enabled and cfg.late.weight > 0 and "late" not in disabled
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 
 def _token_pool() -> ThreadPoolExecutor:
@@ -292,9 +296,7 @@ class Recaller:
     def _wants_late(self, cfg: RetrievalConfig, disabled: frozenset[str]) -> bool:
         """Late interaction is on and the generation has token vectors (a replica that
         holds no generation, such as the Serve Embedder, cannot tell: it encodes)."""
-        if not cfg.late.enabled or cfg.late.weight <= 0 or "late" in disabled:
-            return False
-        return self.generation is None or self.generation.late is not None
+        return _late_on(cfg, disabled) and (self.generation is None or self.generation.late is not None)
 
     def overlaps_tokens(self, cfg: RetrievalConfig, disabled: frozenset[str] = frozenset()) -> bool:
         """Whether :meth:`plan` encodes the query's tokens on another thread."""
