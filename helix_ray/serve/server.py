@@ -8,7 +8,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,9 @@ def start_ray(*, num_cpus: int | None = None, quiet: bool = True) -> str:
 
 
 def run(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: bool = True,
-        quiet: bool = True, **args: Any):
-    """Deploy the application and return its ingress handle (does not block)."""
+        quiet: bool = True, on_ray: Callable[[], None] | None = None, **args: Any):
+    """Deploy the application and return its ingress handle (does not block).
+    ``on_ray`` is called once Ray is up, before Serve starts."""
     from ray import serve
 
     from helix_ray.serve.app import ServeArgs, build_app
@@ -50,6 +51,8 @@ def run(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: b
     # Checks the store before starting Ray (and with create=True starts a new one).
     app = build_app(ServeArgs(store=str(store), auth=auth, **args))
     how = start_ray(quiet=quiet)
+    if on_ray is not None:
+        on_ray()
     serve.start(http_options={"host": host, "port": port})
     # Per-request access logs in every replica cost more than some hops; warnings only.
     handle = serve.run(app, name=APP_NAME, route_prefix="/",
@@ -62,38 +65,59 @@ def serve_forever(store: str | Path, *, host: str = "127.0.0.1", port: int = 800
                   **args: Any) -> None:
     """``helix serve``: run until Ctrl-C, then take the application down."""
     import ray
-    from ray import serve
 
     from helix_ray.serve.keys import KeyStore
 
     def stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
+    def take_signals() -> None:
+        # Ctrl-C and `kill PID` both take the application down: set before anything
+        # starts, and again once ray.init has put in its own SIGTERM handler (which exits
+        # without stopping what we started). A shell that starts us in the background
+        # hands us SIGINT ignored, so that one is set explicitly too.
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+
     started_here = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
-    run(store, host=host, port=port, auth=auth, **args)
-    # Ctrl-C and `kill PID` both take the application down. Set after ray.init, which
-    # installs its own SIGTERM handler; a shell that starts us in the background hands us
-    # SIGINT ignored, so set that one explicitly too.
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    print(f"Helix is serving {Path(store).resolve()} on http://{host}:{port} ({args.get('graph', 'split')} graph; "
-          f"API keys {'required' if auth else 'OFF'}; OpenAPI at http://{host}:{port}/docs). Ctrl-C stops it.",
-          flush=True)
+    take_signals()
     try:
-        keyless = auth and not any(not r.revoked for r in KeyStore(store).records())
-    except (OSError, ValueError, TypeError):  # an unreadable keys.json: the requests say so
-        keyless = False
-    if keyless:
-        print(f"No API key exists for this store yet: requests (but /healthz) get a 401 until you create one with "
-              f"`helix keys create --store {store} --user USER` (the server sees it at once).", flush=True)
-    try:
+        run(store, host=host, port=port, auth=auth, on_ray=take_signals, **args)
+        print(f"Helix is serving {Path(store).resolve()} on http://{host}:{port} ({args.get('graph', 'split')} "
+              f"graph; API keys {'required' if auth else 'OFF'}; OpenAPI at http://{host}:{port}/docs). Ctrl-C "
+              "stops it.", flush=True)
+        try:
+            keyless = auth and not any(not r.revoked for r in KeyStore(store).records())
+        except (OSError, ValueError, TypeError):  # an unreadable keys.json: the requests say so
+            keyless = False
+        if keyless:
+            print(f"No API key exists for this store yet: requests (but /healthz) get a 401 until you create one "
+                  f"with `helix keys create --store {store} --user USER` (the server sees it at once).", flush=True)
         while True:
             time.sleep(3600)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a signal, while starting or serving
+        print("stopping Helix...", flush=True)
+    except SystemExit as exc:  # ray.init's own SIGTERM handler, while Ray was starting
+        if exc.code != signal.SIGTERM:
+            raise
         print("stopping Helix...", flush=True)
     finally:
-        if started_here:
-            serve.shutdown()
-            ray.shutdown()
-        else:  # a shared cluster: remove only our application
+        _take_down(started_here)
+
+
+def _take_down(started_here: bool) -> None:
+    """Stop what ``helix serve`` started: Serve and Ray when it started Ray, else only
+    its application (a shared cluster)."""
+    import ray
+    from ray import serve
+
+    if not ray.is_initialized():
+        return
+    if started_here:
+        serve.shutdown()
+        ray.shutdown()
+    else:
+        try:
             serve.delete(APP_NAME)
+        except Exception:  # noqa: BLE001 - never deployed: nothing of ours to remove
+            log.warning("could not delete the application %r", APP_NAME, exc_info=True)
