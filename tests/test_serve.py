@@ -537,6 +537,117 @@ def test_online_writes_carry_late_interaction_tokens_through_a_restart(shells):
     assert out["items"][0]["id"] == "alice-heron"
 
 
+def _segment_files(store) -> dict[str, tuple[int, int]]:
+    return {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in (store / "delta").glob("seg-*.arrow")}
+
+
+def test_a_write_publishes_only_its_own_entries_and_replicas_parse_only_those(shells):
+    """The delta is a manifest over immutable segment files: a write adds one file of its
+    own entries and leaves every earlier file as it was; a replica parses only the new
+    file and joins it with what it holds, to the same snapshot a fresh read gives."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    from helix_ray.serve.delta import DeltaSegment, current_delta_version
+
+    writer, store, views = shells["writer"], shells["store"], shells["bm25"].views
+    texts = ["The canary fleet runs in eu-west-3.", "Billing exports land in the ledger bucket.",
+             "Rotate the signing keys every ninety days."]
+    reads = views.segments.reads
+    before: dict[str, tuple[int, int]] = {}
+    for n, text in enumerate(texts):
+        writer.add([{"id": f"alice-seg{n}", "text": text}], "alice")
+        files = _segment_files(store)
+        new = sorted(set(files) - set(before))
+        assert len(new) == 1, new
+        assert {name: files[name] for name in before} == before  # nothing written earlier was rewritten
+        with pa.memory_map(str(store / "delta" / new[0])) as source:
+            assert ipc.open_file(source).read_all().column("id").to_pylist() == [f"alice-seg{n}"]
+        before = files
+        held = views.delta()
+        assert views.segments.reads == reads + n + 1  # the new file only
+        fresh = DeltaSegment.load(store, current_delta_version(store))
+        assert held.version == fresh.version and list(held.ids) == list(fresh.ids) == [
+            f"alice-seg{i}" for i in range(n + 1)]
+        np.testing.assert_array_equal(held.vectors, fresh.vectors)
+        assert held.late_codes == fresh.late_codes and held.lexical_texts == fresh.lexical_texts
+    *_, out = _local_recall(shells, "where does the canary fleet run?")
+    assert out["items"][0]["id"] == "alice-seg0" and out["items"][0]["origin"] == "delta"
+    # BM25 over the joined segments' postings scores as one table of the same entries does.
+    from helix_ray.recall import lexical
+    from helix_ray.recall.scope import make_scope
+
+    tables = []
+    for name in held.segments:
+        with pa.memory_map(str(store / "delta" / name)) as source:
+            tables.append(ipc.open_file(source).read_all())
+    whole = DeltaSegment.from_table(held.version, pa.concat_tables(tables), held.tombstones.values())
+    base = views.generations[views.latest].generation.bm25
+    for query in ("the canary fleet and the signing keys", "ledger bucket exports", "keys keys every"):
+        scope = make_scope(query=query, user="alice", budget_tokens=400, k=8)
+        a = held.lexical_search(query, scope, views.latest, base, top_k=10, span=None)
+        b = whole.lexical_search(query, scope, views.latest, base, top_k=10, span=None)
+        assert a is not None and b is not None and len(a.rows) >= 1
+        np.testing.assert_array_equal(a.rows, b.rows)
+        np.testing.assert_allclose(a.scores, b.scores, rtol=1e-6)
+        assert (a.ceiling, a.coverage) == pytest.approx((b.ceiling, b.coverage))
+    assert isinstance(base, lexical.BM25Index)
+
+
+def test_small_segments_merge_and_dead_entries_leave_the_files(shells, monkeypatch):
+    """Small segments are merged once enough pile up; an entry replaced by a PATCH or
+    deleted is dead in the manifest at once and gone from the files at the next rewrite;
+    a store whose files hold more dead entries than live ones is rewritten whole."""
+    from helix_ray.serve import writer as writer_module
+    from helix_ray.serve.delta import DeltaSegment, current_delta_version
+
+    monkeypatch.setattr(writer_module, "MERGE_SMALL_AT", 3)
+    monkeypatch.setattr(writer_module, "SMALL_SEGMENT", 2)
+    writer, store = shells["writer"], shells["store"]
+    for n in range(3):
+        writer.add([{"id": f"alice-m{n}", "text": f"Merge drill {n}: the on-call rota moves to team {n}."}], "alice")
+    core = writer.core
+    assert len(core.segments) == 1 and sorted(core.segments[0][1].tolist()) == sorted(
+        core.entries[f"alice-m{n}"]["seq"] for n in range(3))
+    # On disk: the files some kept snapshot lists (a lagging replica may still read one), no more.
+    kept = [json.loads(f.read_text()) for f in (store / "delta").glob("*.json") if f.stem.isdigit()]
+    assert len(kept) == 4 and set(_segment_files(store)) == {n for m in kept for n in m["segments"]}
+    dead = {core.entries["alice-m0"]["seq"], core.entries["alice-m1"]["seq"]}
+    writer.patch("alice-m0", {"text": "Merge drill 0: the on-call rota moved to the platform team."}, "alice")
+    writer.delete("alice-m1", "alice")
+    manifest = json.loads((store / "delta" / f"{current_delta_version(store):010d}.json").read_text())
+    assert set(manifest["dead"]) == dead
+    snapshot = DeltaSegment.load(store, current_delta_version(store))
+    assert sorted(snapshot.ids.tolist()) == ["alice-m0", "alice-m2"] and "alice-m1" in snapshot.tombstones
+    assert snapshot.texts[snapshot.ids.tolist().index("alice-m0")].endswith("the platform team.")
+    # Two dead rows against two live ones: one more delete tips it, and the files are rewritten.
+    writer.delete("alice-m2", "alice")
+    assert len(core.segments) == 1 and core.segments[0][1].tolist() == [core.entries["alice-m0"]["seq"]]
+    manifest = json.loads((store / "delta" / f"{current_delta_version(store):010d}.json").read_text())
+    assert manifest["dead"] == [] and manifest["segments"] == [core.segments[0][0]]
+
+
+def test_a_format_1_delta_snapshot_is_still_read(shells):
+    """A store written before segments (one whole table per snapshot) still serves."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    from helix_ray.serve.delta import DeltaSegment, delta_dir
+
+    writer, store = shells["writer"], shells["store"]
+    writer.add([{"id": "alice-v1", "text": "The old snapshot format held every entry in one file."}], "alice")
+    name = writer.core.segments[0][0]
+    with pa.memory_map(str(delta_dir(store) / name)) as source:
+        table = ipc.open_file(source).read_all()
+    meta = {"format": "helix-delta", "format_version": 1, "version": 99, "tombstones": [["alice-03", "alice", None]]}
+    table = table.replace_schema_metadata({"helix_delta": json.dumps(meta)})
+    with pa.OSFile(str(delta_dir(store) / "0000000099.arrow"), "wb") as sink, ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    old = DeltaSegment.load(store, 99)
+    assert old.ids.tolist() == ["alice-v1"] and set(old.tombstones) == {"alice-03"}
+    assert old.late.take(np.array([0])).tokens.shape[0] > 0
+
+
 def test_the_delta_analyses_text_as_its_generation_does(shells):
     """BM25 over online writes uses the analyzer the generation's manifest records: a
     question in words meets a compound identifier before compaction, as after it."""

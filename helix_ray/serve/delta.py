@@ -3,19 +3,26 @@
 A write accepted by the server is durable in DuckDB and the store's ``inbox/`` before
 it is answered, but the published generation is immutable: rebuilding it for every write
 would cost seconds. So the single writer keeps the memories written since the last
-compaction — and the ids deleted since then — in a small *delta segment*, and publishes
-it as a snapshot file every time it changes:
+compaction — and the ids deleted since then — in a small *delta*, and publishes a new
+snapshot of it every time it changes. A snapshot is a small manifest over immutable
+segment files, so a write costs a file of its own entries, not a copy of every pending one:
 
 ================================ ==============================================
 ``delta/CURRENT``                the live snapshot's version (atomically replaced)
-``delta/<NNNNNNNNNN>.arrow``     :data:`DELTA_SCHEMA` rows (one per live entry, with its
-                                 float32 vector and MinHash signature); the schema
-                                 metadata carries the tombstones
+``delta/<NNNNNNNNNN>.json``      snapshot ``N``: its segment files, the entries of those
+                                 segments it no longer holds (``dead``: replaced, deleted,
+                                 dropped after compaction), the entries a generation
+                                 folded (``folded``) and the tombstones
+``delta/seg-<seq>-<tag>.arrow``  :data:`delta_schema` rows, written once and never changed
+                                 (one per write batch; small ones merged as they pile up)
 ================================ ==============================================
 
 Every replica checks ``delta/CURRENT`` on each request (one ``stat``) and reloads the
 snapshot when it changed, so a write is searchable by the next request that arrives
-after its 201, and a delete hides the memory from the next request after its 200.
+after its 201, and a delete hides the memory from the next request after its 200. A
+replica parses each segment file once (:class:`SegmentCache`): a new snapshot costs it
+the new segments and a join of arrays it already holds. Format 1 (one whole table per
+snapshot, ``<NNNNNNNNNN>.arrow``) is still read.
 
 **Row ids.** A delta entry takes part in recall under the row id ``DELTA_BASE + seq``
 (``seq`` is the entry's position in the writer's log, never reused): far above any
@@ -61,8 +68,13 @@ from helix_ray.recall.scope import Scope
 DELTA_BASE = 1 << 40
 DELTA_DIR = "delta"
 FORMAT = "helix-delta"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # a manifest over segment files; 1: one whole table per snapshot (still read)
 NOT_FOLDED = -1
+#: Segments holding fewer live entries than this are "small"; once there are
+#: :data:`MERGE_SMALL_AT` of them the writer merges them into one (a write then costs a
+#: file of its own entries, and a snapshot lists a few dozen files, not one per write).
+SMALL_SEGMENT = 64
+MERGE_SMALL_AT = 16
 
 
 def delta_schema(dim: int, num_perm: int) -> pa.Schema:
@@ -126,21 +138,43 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_snapshot(store: Path, version: int, table: pa.Table, tombstones: Iterable[Tombstone],
-                   *, keep: int = 4) -> Path:
-    """Write snapshot ``version`` and make it current (write, fsync, rename, flip
-    ``CURRENT``). Older snapshots beyond the newest ``keep`` are removed: a replica
-    that still maps one keeps its pages (POSIX unlink semantics)."""
+def _write_arrow(path: Path, table: pa.Table) -> None:
+    """``table`` as an Arrow IPC file at ``path``: written aside, fsynced, renamed in."""
+    tmp = path.with_name(f".tmp-{uuid.uuid4().hex[:12]}.arrow")
+    with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    _fsync_path(tmp)
+    os.replace(tmp, path)
+
+
+def write_segment(store: Path, table: pa.Table) -> str:
+    """A new immutable segment file of :func:`delta_schema` rows; returns its name. It
+    is not part of any snapshot until a manifest lists it (:func:`publish_manifest`)."""
+    folder = delta_dir(store)
+    folder.mkdir(parents=True, exist_ok=True)
+    first = int(table.column("seq")[0].as_py()) if table.num_rows else 0
+    name = f"seg-{first:012d}-{uuid.uuid4().hex[:8]}.arrow"
+    _write_arrow(folder / name, table)
+    return name
+
+
+def publish_manifest(store: Path, version: int, segments: Sequence[str], *, dead: Iterable[int] = (),
+                     folded: Mapping[int, int] | None = None, tombstones: Iterable[Tombstone] = (),
+                     keep: int = 4) -> Path:
+    """Make snapshot ``version`` current: its manifest (written, fsynced, renamed), then
+    ``CURRENT``. Snapshots beyond the newest ``keep`` are removed, and the segment files
+    none of the kept ones lists: a replica that still maps one keeps its pages (POSIX
+    unlink semantics), and one that lags further re-reads ``CURRENT``."""
     folder = delta_dir(store)
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "version": version,
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+            "segments": list(segments), "dead": sorted(int(s) for s in dead),
+            "folded": sorted([int(s), int(g)] for s, g in (folded or {}).items()),
             "tombstones": [[t.id, t.user, t.applies_below] for t in tombstones]}
-    table = table.replace_schema_metadata({"helix_delta": json.dumps(meta)})
-    final = folder / f"{version:010d}.arrow"
-    tmp = folder / f".tmp-{uuid.uuid4().hex[:12]}.arrow"
-    with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
+    final = folder / f"{version:010d}.json"
+    tmp = folder / f".tmp-{uuid.uuid4().hex[:12]}.json"
+    tmp.write_text(json.dumps(meta, separators=(",", ":")))
     _fsync_path(tmp)
     os.replace(tmp, final)
     pointer = folder / f".CURRENT.{uuid.uuid4().hex[:8]}"
@@ -148,10 +182,27 @@ def write_snapshot(store: Path, version: int, table: pa.Table, tombstones: Itera
     _fsync_path(pointer)
     os.replace(pointer, folder / "CURRENT")
     _fsync_path(folder)
-    snapshots = sorted(p for p in folder.glob("*.arrow") if p.stem.isdigit())
-    for old in snapshots[:-keep]:
-        old.unlink(missing_ok=True)
+    _prune(folder, keep)
     return final
+
+
+def _prune(folder: Path, keep: int) -> None:
+    snapshots = sorted((p for p in folder.iterdir() if p.stem.isdigit() and p.suffix in (".json", ".arrow")),
+                       key=lambda p: int(p.stem))
+    versions = sorted({int(p.stem) for p in snapshots})
+    kept = set(versions[-keep:])
+    for old in snapshots:
+        if int(old.stem) not in kept:
+            old.unlink(missing_ok=True)
+    listed: set[str] = set()
+    for version in kept:
+        try:
+            listed.update(json.loads((folder / f"{version:010d}.json").read_text()).get("segments", []))
+        except FileNotFoundError:  # a format-1 snapshot lists none
+            pass
+    for segment in folder.glob("seg-*.arrow"):
+        if segment.name not in listed:
+            segment.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -181,33 +232,103 @@ class DeltaSegment:
     tombstones: dict[str, Tombstone] = field(default_factory=dict)
     late_codes: list = field(default_factory=list)  # bytes or None per entry
     late_scales: list = field(default_factory=list)
+    segments: tuple[str, ...] = ()  # the segment files this snapshot was joined from (format 2)
     _terms_by: dict = field(default_factory=dict, repr=False, compare=False)  # per analyzer: see _terms
+    # (segments, their concatenated rows this snapshot holds in its order, concatenated row →
+    # position here or -1, each segment's first concatenated row): BM25 reuses each
+    # segment's postings instead of analysing every entry again
+    _joined_from: tuple | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def empty(cls, dim: int = 384, num_perm: int = 64) -> "DeltaSegment":
         return cls.from_table(0, delta_schema(dim, num_perm).empty_table(), [])
 
     @classmethod
-    def load(cls, store: Path, version: int) -> "DeltaSegment":
+    def load(cls, store: Path, version: int, cache: "SegmentCache | None" = None) -> "DeltaSegment":
+        """Snapshot ``version`` of ``store``'s delta; ``cache`` keeps the segment files
+        already parsed by this process (a replica's :class:`SegmentCache`)."""
         if version == 0:
             return cls.empty()
-        path = delta_dir(store) / f"{version:010d}.arrow"
+        folder = delta_dir(store)
+        path = folder / f"{version:010d}.json"
         try:
-            with pa.memory_map(str(path), "r") as source:
-                table = ipc.open_file(source).read_all()
+            meta = json.loads(path.read_text())
         except FileNotFoundError:
+            if (folder / f"{version:010d}.arrow").exists():
+                return cls._load_whole(folder / f"{version:010d}.arrow", version)
             raise StoreError(
                 f"Delta snapshot {path} is missing (pruned while this replica lagged); "
                 "the next request reads the current one."
             ) from None
+        _check_format(meta, path)
+        cache = cache if cache is not None else SegmentCache()
+        try:
+            parts = [cache.get(folder, name) for name in meta["segments"]]
+        except FileNotFoundError as exc:
+            raise StoreError(f"Delta segment {exc.filename} of snapshot {version} is missing (pruned while this "
+                             "replica lagged); the next request reads the current snapshot.") from None
+        return cls.join(version, parts, names=meta["segments"], dead=meta.get("dead", ()),
+                        folded=dict(meta.get("folded", [])),
+                        tombstones=[Tombstone(i, u, b) for i, u, b in meta.get("tombstones", [])])
+
+    @classmethod
+    def _load_whole(cls, path: Path, version: int) -> "DeltaSegment":
+        """A format-1 snapshot: one table of every entry, the tombstones in its metadata."""
+        with pa.memory_map(str(path), "r") as source:
+            table = ipc.open_file(source).read_all()
         meta = json.loads((table.schema.metadata or {}).get(b"helix_delta", b"{}"))
-        if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
-            raise StoreError(
-                f"Cannot read delta snapshot {path}: found format {meta.get('format')!r} version "
-                f"{meta.get('format_version')!r}; this Helix reads {FORMAT!r} version {FORMAT_VERSION}."
-            )
+        _check_format(meta, path)
         tombstones = [Tombstone(i, u, b) for i, u, b in meta.get("tombstones", [])]
         return cls.from_table(version, table, tombstones)
+
+    @classmethod
+    def join(cls, version: int, parts: Sequence["DeltaSegment"], *, names: Sequence[str] = (),
+             dead: Iterable[int] = (), folded: Mapping[int, int] | None = None,
+             tombstones: Iterable[Tombstone] = ()) -> "DeltaSegment":
+        """One snapshot over segment ``parts``: their rows but the ``dead`` seqs, in seq
+        order, ``folded`` ({seq: generation}) applied. Copies arrays of a few KB per
+        entry; the token blobs and analysed texts are shared with the parts."""
+        tombstones = list(tombstones)
+        if not parts:
+            return cls.empty().with_tombstones(version, tombstones, tuple(names))
+        seq = np.concatenate([p.seq for p in parts])
+        dead_seqs = np.fromiter((int(s) for s in dead), dtype=np.int64)
+        held = np.flatnonzero(~np.isin(seq, dead_seqs)) if len(dead_seqs) else np.arange(len(seq))
+        order = held[np.argsort(seq[held], kind="stable")]
+
+        def cat(name: str) -> np.ndarray:
+            return np.concatenate([getattr(p, name) for p in parts])[order]
+
+        def joined(name: str) -> list:
+            values = [v for p in parts for v in getattr(p, name)]
+            return [values[i] for i in order]
+
+        inverse = np.full(len(seq), -1, dtype=np.int64)  # concatenated row → position here (-1: dropped)
+        inverse[order] = np.arange(len(order))
+        offsets = np.cumsum([0] + [len(p) for p in parts[:-1]]).astype(np.int64)
+        folded_into = np.full(len(order), NOT_FOLDED, dtype=np.int64)
+        ordered_seq = seq[order]
+        for s, generation in (folded or {}).items():
+            at = int(np.searchsorted(ordered_seq, int(s)))
+            if at < len(ordered_seq) and ordered_seq[at] == int(s):
+                folded_into[at] = int(generation)
+        return cls(
+            version=version, seq=ordered_seq, ids=cat("ids"), users=cat("users"), texts=joined("texts"),
+            lexical_texts=joined("lexical_texts"), types=cat("types"), projects=cat("projects"),
+            sessions=cat("sessions"), created_at=cat("created_at"), salience=cat("salience"),
+            confidence=cat("confidence"), pinned=cat("pinned"), n_tokens=cat("n_tokens"), vectors=cat("vectors"),
+            minhash=cat("minhash"), folded_into=folded_into, tombstones={t.id: t for t in tombstones},
+            late_codes=joined("late_codes"), late_scales=joined("late_scales"), segments=tuple(names),
+            _joined_from=(tuple(parts), order, inverse, offsets),
+        )
+
+    def with_tombstones(self, version: int, tombstones: Iterable[Tombstone], names: tuple[str, ...] = ()) \
+            -> "DeltaSegment":
+        """This (empty) snapshot as ``version``, with ``tombstones``."""
+        from dataclasses import replace
+
+        return replace(self, version=version, tombstones={t.id: t for t in tombstones}, segments=names,
+                       _terms_by={})
 
     @classmethod
     def from_table(cls, version: int, table: pa.Table, tombstones: Iterable[Tombstone]) -> "DeltaSegment":
@@ -270,11 +391,10 @@ class DeltaSegment:
         return np.where(self.seq[pos] == seq, pos, -1)
 
     @functools.cached_property
-    def late(self):
-        """The entries' late-interaction tokens (an entry without them: no tokens)."""
-        from helix_ray.token_encoder import from_blobs
-
-        return from_blobs([c or b"" for c in self.late_codes], [s or b"" for s in self.late_scales])
+    def late(self) -> "DeltaTokens":
+        """The entries' late-interaction tokens (an entry without them: no tokens),
+        decoded for the rows a query scores only."""
+        return DeltaTokens(self.late_codes, self.late_scales)
 
     # ---------------------------------------------------------------- search
     def scope_mask(self, scope: Scope, generation: int | None) -> np.ndarray:
@@ -301,15 +421,48 @@ class DeltaSegment:
         rows, sims = dense.rescore(self.vectors, candidates, query_vector, top_k)
         return dense.DenseHits(DELTA_BASE + self.seq[rows], sims, "delta")
 
-    def _terms(self, analyzer: lexical.Analyzer) -> tuple[list[Counter], np.ndarray]:
-        """Per entry: its tokens' counts (text + expansions, analysed as the generation's
-        BM25 index is) and its length in tokens; kept per analyzer, so a swap to a
-        generation built with another one re-analyses the entries."""
+    def _analysed(self, analyzer: lexical.Analyzer) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray]:
+        """This object's own entries (text + expansions) analysed as the generation's BM25
+        index is: postings ``token → (positions, counts)`` and each entry's length in
+        tokens. Kept per analyzer (a swap to a generation built with another one analyses
+        again); a segment's are made once per process and shared by every snapshot."""
         if analyzer not in self._terms_by:
-            tokens = analyzer.tokenize(self.lexical_texts, return_ids=False)
-            self._terms_by[analyzer] = ([Counter(t) for t in tokens],
-                                        np.array([len(t) for t in tokens], dtype=np.float64))
+            tokens = analyzer.tokenize(self.lexical_texts, return_ids=False) if self.lexical_texts else []
+            postings: dict[str, tuple[list[int], list[int]]] = {}
+            for i, entry in enumerate(tokens):
+                for token, n in Counter(entry).items():
+                    at, tf = postings.setdefault(token, ([], []))
+                    at.append(i)
+                    tf.append(n)
+            self._terms_by[analyzer] = (
+                {t: (np.array(at, np.int64), np.array(tf, np.float64)) for t, (at, tf) in postings.items()},
+                np.array([len(t) for t in tokens], dtype=np.float64))
         return self._terms_by[analyzer]
+
+    def _lengths(self, analyzer: lexical.Analyzer) -> np.ndarray:
+        if self._joined_from is None:
+            return self._analysed(analyzer)[1]
+        key = ("lengths", analyzer)
+        if key not in self._terms_by:
+            parts, order, _, _ = self._joined_from
+            self._terms_by[key] = np.concatenate([p._analysed(analyzer)[1] for p in parts])[order]
+        return self._terms_by[key]
+
+    def _postings(self, analyzer: lexical.Analyzer, token: str) -> tuple[np.ndarray, np.ndarray]:
+        """(positions in this snapshot of the entries holding ``token``, its count in each):
+        the segments' postings mapped through the join, entries the snapshot dropped left out."""
+        if self._joined_from is None:
+            return self._analysed(analyzer)[0].get(token, _NO_POSTINGS)
+        parts, _, inverse, offsets = self._joined_from
+        at, tf = [], []
+        for part, offset in zip(parts, offsets):
+            found = part._analysed(analyzer)[0].get(token)
+            if found is not None:
+                positions = inverse[offset + found[0]]
+                held = positions >= 0
+                at.append(positions[held])
+                tf.append(found[1][held])
+        return (np.concatenate(at), np.concatenate(tf)) if at else _NO_POSTINGS
 
     def lexical_search(self, query: str, scope: Scope, generation: int | None, base: lexical.BM25Index | None,
                        *, top_k: int, span: tuple[int, int] | None = None) -> "DeltaLexical | None":
@@ -328,7 +481,7 @@ class DeltaSegment:
         tokens = analyzer.tokenize([query], return_ids=False)[0]
         if not tokens:
             return None
-        counts, lengths = self._terms(analyzer)
+        lengths = self._lengths(analyzer)
         retriever = base.retriever if base is not None else None
         k1 = float(getattr(retriever, "k1", 1.5)) if retriever is not None else 1.5
         b = float(getattr(retriever, "b", 0.75)) if retriever is not None else 0.75
@@ -340,7 +493,7 @@ class DeltaSegment:
         mine = (self.users == scope.user) & self.live(generation)
         ceiling, known = 0.0, 0
         for token in tokens:
-            tf = np.array([c.get(token, 0) for c in counts], dtype=np.float64)
+            at, tf = self._postings(analyzer, token)  # only the entries holding it: a posting list
             df_base, max_base = 0, 0.0
             if token in vocab:
                 assert base is not None  # vocab is empty without a base index
@@ -349,11 +502,12 @@ class DeltaSegment:
                 df_base = hi - lo
                 if span is not None:
                     max_base = lexical.ceiling(base, [token], *span)
-            df = df_base + int(np.count_nonzero(tf))
+            df = df_base + len(at)
             idf = math.log(1.0 + (n_base + len(self) - df + 0.5) / (df + 0.5))
-            term = idf * tf / (tf + norm)
-            scores += term
-            best = max(max_base, float(term[mine].max()) if mine.any() else 0.0)
+            term = idf * tf / (tf + norm[at])
+            scores[at] += term
+            held = term[mine[at]]
+            best = max(max_base, float(held.max()) if len(held) else 0.0)
             ceiling += best
             known += best > 0
         scores = np.where(mask, scores, 0.0)
@@ -372,6 +526,64 @@ class DeltaLexical:
     scores: np.ndarray  # float32 BM25 on the generation's scale
     ceiling: float  # Σ over query tokens of the best score any of the user's memories (generation or delta) reaches
     coverage: float = 1.0  # share of the query's terms some memory of the user holds
+
+
+class DeltaTokens:
+    """The delta entries' late-interaction tokens with
+    :meth:`helix_ray.token_encoder.PassageTokens.lookup`'s contract, decoded from their
+    blobs for the rows asked for only: a new snapshot never joins every entry's tokens."""
+
+    def __init__(self, codes: Sequence[bytes | None], scales: Sequence[bytes | None]):
+        self.codes, self.scales = codes, scales
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def take(self, rows: np.ndarray):
+        from helix_ray.token_encoder import from_blobs
+
+        rows = np.asarray(rows, dtype=np.int64)
+        return from_blobs([self.codes[r] or b"" for r in rows], [self.scales[r] or b"" for r in rows])
+
+    def lookup(self, rows: np.ndarray):
+        rows = np.asarray(rows, dtype=np.int64)
+        known = np.flatnonzero((rows >= 0) & (rows < len(self)))
+        return known, self.take(rows[known])
+
+
+class SegmentCache:
+    """The delta segment files one process has parsed, by name (they never change)."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, DeltaSegment] = {}
+        self.reads = 0  # files parsed so far (a test's and a benchmark's view of the reuse)
+
+    def get(self, folder: Path, name: str) -> DeltaSegment:
+        part = self.parts.get(name)
+        if part is None:
+            with pa.memory_map(str(folder / name), "r") as source:
+                table = ipc.open_file(source).read_all()
+            part = DeltaSegment.from_table(0, table, [])
+            self.parts[name] = part
+            self.reads += 1
+        return part
+
+    def retain(self, names: Iterable[str]) -> None:
+        """Forget every segment but ``names`` (those of the snapshots still held)."""
+        keep = set(names)
+        for name in [n for n in self.parts if n not in keep]:
+            del self.parts[name]
+
+
+def _check_format(meta: Mapping[str, Any], path: Path) -> None:
+    if meta.get("format") != FORMAT or meta.get("format_version") not in (1, FORMAT_VERSION):
+        raise StoreError(
+            f"Cannot read delta snapshot {path}: found format {meta.get('format')!r} version "
+            f"{meta.get('format_version')!r}; this Helix reads {FORMAT!r} versions 1 and {FORMAT_VERSION}."
+        )
+
+
+_NO_POSTINGS = (np.zeros(0, np.int64), np.zeros(0, np.float64))
 
 
 def _no_lexical_hits() -> lexical.LexicalHits:

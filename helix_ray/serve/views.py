@@ -33,7 +33,7 @@ from helix_ray.config import RetrievalConfig
 from helix_ray.errors import StoreError
 from helix_ray.recall import scope as scope_mod
 from helix_ray.recall.pipeline import Recaller
-from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, current_delta_version, delta_dir
+from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, SegmentCache, current_delta_version, delta_dir
 from helix_ray.store.generation import Generation, current_generation_number
 from helix_ray.store.pointer import Pointer
 
@@ -215,7 +215,7 @@ class JoinedTokens:
         at_delta, found = at_delta[found >= 0], found[found >= 0]
         blocks = [self.base.take(rows[in_base])]
         if len(found):
-            blocks.append(self.delta.late.take(found))
+            blocks.append(self.delta.late.take(found))  # decodes those entries' blobs only
         return np.concatenate([in_base, at_delta]), PassageTokens.concat(blocks)
 
 
@@ -270,6 +270,7 @@ class StoreViews:
         self.keep_recallers = keep_recallers
         self.generations: OrderedDict[int, GenerationView] = OrderedDict()
         self.deltas: OrderedDict[int, DeltaSegment] = OrderedDict()
+        self.segments = SegmentCache()  # delta segment files parsed once, shared by the snapshots held
         self.recallers: OrderedDict[tuple[int, int, bool], ShellRecaller] = OrderedDict()
         self._loading: dict[int, asyncio.Future] = {}
         self._gen_pointer = Pointer(self.store / "CURRENT", _read_int)
@@ -350,7 +351,7 @@ class StoreViews:
             if seg is not None:
                 return seg
             try:
-                seg = DeltaSegment.load(self.store, version)
+                seg = DeltaSegment.load(self.store, version, self.segments)
             except StoreError:  # replaced and pruned between reading CURRENT and the file
                 if attempt == 2:
                     raise
@@ -359,6 +360,7 @@ class StoreViews:
             self.deltas[version] = seg
             while len(self.deltas) > 4:
                 self.deltas.popitem(last=False)
+            self.segments.retain(name for held in self.deltas.values() for name in held.segments)
             return seg
         raise AssertionError("unreachable")
 

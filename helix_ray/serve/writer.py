@@ -43,12 +43,15 @@ from helix_ray.config import IngestConfig, deep_merge
 from helix_ray.errors import InvalidArgument
 from helix_ray.schema import MEMORY_SCHEMA
 from helix_ray.serve.delta import (
+    MERGE_SMALL_AT,
     NOT_FOLDED,
+    SMALL_SEGMENT,
     Tombstone,
     current_delta_version,
     delta_schema,
     entry_columns,
-    write_snapshot,
+    publish_manifest,
+    write_segment,
 )
 from helix_ray.serve.errors import Conflict, Forbidden, NotFound
 
@@ -136,8 +139,10 @@ class WriterCore:
         #: Entries a compaction left in the delta: a change ingest does not see as one (a
         #: PATCH of fields other than the text keeps the content hash; see docs/serve.md).
         self.unfoldable: set[int] = set()
+        #: The segment files of the live snapshot, each with the seqs it holds.
+        self.segments: list[tuple[str, np.ndarray]] = []
         self._replay()
-        self._publish()
+        self._publish()  # one segment of every live entry: the files of before are not trusted
         self.recent_accesses: dict[str, int] = {}  # id → last access (epoch µs) not yet in a generation
         self._load_recent_accesses()
 
@@ -193,12 +198,13 @@ class WriterCore:
             "late_scales": None if late_scales is None else bytes(late_scales),
         }
 
-    def _publish(self) -> int:
-        """Write the delta as a new snapshot; return its version."""
-        ordered = sorted(self.entries.values(), key=lambda e: e["seq"])
+    def _segment(self, entries: list[dict[str, Any]]) -> tuple[str, np.ndarray]:
+        """A new segment file of ``entries``, in seq order."""
+        ordered = sorted(entries, key=lambda e: e["seq"])
         num_perm = ordered[0]["minhash"].shape[0] if ordered else self._num_perm()
         schema = delta_schema(self.dim, num_perm)
         cols = entry_columns(ordered)
+        cols["folded_into"] = [NOT_FOLDED] * len(ordered)  # the manifest says what is folded
         cols["vector"] = pa.FixedSizeListArray.from_arrays(
             pa.array(np.concatenate([e["vector"] for e in ordered]) if ordered else np.zeros(0, np.float32),
                      pa.float32()), self.dim)
@@ -206,8 +212,36 @@ class WriterCore:
             pa.array(np.concatenate([e["minhash"] for e in ordered]) if ordered else np.zeros(0, np.uint32),
                      pa.uint32()), num_perm)
         table = pa.table({name: cols[name] for name in schema.names}, schema=schema)
+        return write_segment(self.store, table), np.array([e["seq"] for e in ordered], dtype=np.int64)
+
+    def _publish(self, added: list[dict[str, Any]] | None = None) -> int:
+        """Publish a new snapshot; return its version. ``added``: the entries this change
+        wrote, which go to a segment of their own; None rewrites every live entry into
+        one segment (a start, or a snapshot mostly made of entries it no longer holds).
+        Small segments are merged once :data:`MERGE_SMALL_AT` of them pile up, so a write
+        costs a file of its own entries plus, now and then, one of a few hundred."""
+        by_seq = {e["seq"]: e for e in self.entries.values()}
+        live = np.fromiter(by_seq, dtype=np.int64, count=len(by_seq))
+        segments = [(name, seqs) for name, seqs in self.segments if np.isin(seqs, live).any()]
+        listed = sum(len(seqs) for _, seqs in segments)
+        if added is None or listed - (len(live) - len(added)) > max(len(live), SMALL_SEGMENT):
+            # a start, or more rows of the files are dead than alive: rewrite the live ones
+            segments = [self._segment(list(by_seq.values()))] if len(live) else []
+        else:
+            if added:
+                segments.append(self._segment(added))
+            small = [s for s in segments if int(np.isin(s[1], live).sum()) < SMALL_SEGMENT]
+            if len(small) >= MERGE_SMALL_AT:
+                merged = self._segment([by_seq[int(q)] for _, seqs in small for q in seqs if int(q) in by_seq])
+                names = {name for name, _ in small}
+                segments = [s for s in segments if s[0] not in names] + [merged]
+        listed_seqs = np.concatenate([seqs for _, seqs in segments]) if segments else np.zeros(0, np.int64)
+        dead = listed_seqs[~np.isin(listed_seqs, live)]
+        folded = {e["seq"]: e["folded_into"] for e in by_seq.values() if e["folded_into"] != NOT_FOLDED}
         self.version += 1
-        write_snapshot(self.store, self.version, table, self.tombstones.values())
+        publish_manifest(self.store, self.version, [name for name, _ in segments], dead=dead.tolist(),
+                         folded=folded, tombstones=self.tombstones.values())
+        self.segments = segments
         return self.version
 
     def owner(self, memory_id: str) -> str | None:
@@ -292,7 +326,7 @@ class WriterCore:
                 raise
             self.entries.pop(memory_id, None)
             self.tombstones[memory_id] = Tombstone(memory_id, owner, None)
-            self._publish()
+            self._publish([])
             return {"id": memory_id, "deleted": True, "delta_version": self.version, "generation": self.generation}
 
     def accessed(self, hits: list[tuple[str, str, int]]) -> dict[str, Any]:
@@ -435,12 +469,14 @@ class WriterCore:
             raise
         self.seq = seqs[-1]
         # 3. the delta, then a snapshot the replicas read
+        added = []
         for seq, row, lex, n_tokens, vector, sig, codes, scales in zip(
                 seqs, rows, lexical_texts, batch["n_tokens"], vectors, sigs, late_codes, late_scales):
             self.tombstones.pop(row["id"], None)
             self.entries[row["id"]] = self._entry(seq, _json_record(row), lex, int(n_tokens), vector, sig, None,
                                                   codes, scales)
-        self._publish()
+            added.append(self.entries[row["id"]])
+        self._publish(added)
 
     # ---------------------------------------------------------------- compaction
     def pending(self) -> int:
@@ -494,7 +530,7 @@ class WriterCore:
                 self.tombstones = {i: t for i, t in self.tombstones.items()
                                    if t.applies_below is None or t.applies_below >= number}
                 self.db.con.execute("DELETE FROM serve_log WHERE folded_into IS NOT NULL AND folded_into < ?", [number])
-                self._publish()
+                self._publish([])
                 self._load_recent_accesses()  # what the new generation folded leaves the file
             self.unfoldable |= {e["seq"] for e in pending if e["folded_into"] == NOT_FOLDED}
             done = inbox / "folded"  # the log in DuckDB keeps what is still pending

@@ -1,0 +1,126 @@
+#!/usr/bin/env python
+"""Online writes as the delta grows: what one write costs the Writer, and what its new
+snapshot costs a replica.
+
+    .venv/bin/python scripts/bench_writes.py --sizes 0,500,1000,2000 --writes 30 \\
+        [--tree /path/to/another/checkout]
+
+On a new, empty store (``pipelines.ingest.initialise``) in a temporary folder, in one
+process, no Ray: the delta is filled to each of ``--sizes`` pending entries with batch
+writes, then ``--writes`` single-memory writes go through
+:class:`helix_ray.serve.writer.WriterCore` (what ``POST /v1/memories`` runs). For each
+write it measures the whole ``add`` (validation, doc2query, both encoders, DuckDB,
+inbox, snapshot), the snapshot publication alone, the bytes written under ``delta/``,
+and then what a replica does on its next request: read the new snapshot (with the
+segment files it already parsed kept, as :class:`StoreViews` keeps them) and run the
+first BM25 search over it. Prints p50 / p95 per size. ``--tree`` imports Helix from
+another checkout (a worktree of an older commit) to compare in the same session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+WORDS = ("gateway deploy config retry cache token index shard replica kafka postgres latency budget "
+         "rollout canary schema migration alert pager quota bucket ledger vault").split()
+
+
+def text(rng: np.random.Generator, n: int) -> str:
+    return f"note {n}: " + " ".join(rng.choice(WORDS, 40))
+
+
+def files(folder: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in folder.iterdir()} if folder.exists() else {}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="0,500,1000,2000", help="pending entries before each round of writes")
+    ap.add_argument("--writes", type=int, default=30, help="single-memory writes measured per size")
+    ap.add_argument("--batch", type=int, default=250, help="memories per write when filling the delta")
+    ap.add_argument("--tree", default=str(Path(__file__).resolve().parent.parent),
+                    help="the Helix checkout to import (default: this one)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    sys.path.insert(0, args.tree)
+
+    from helix_ray.recall.scope import make_scope
+    from helix_ray.serve import delta as delta_mod
+    from helix_ray.serve.writer import WriterCore
+    from pipelines.ingest import initialise
+
+    store = Path(tempfile.mkdtemp(prefix="helix-bench-writes-")) / "store"
+    initialise(store)
+    core = WriterCore(store)
+    cache = delta_mod.SegmentCache() if hasattr(delta_mod, "SegmentCache") else None  # older trees: none
+
+    def replica_load(version: int):
+        return delta_mod.DeltaSegment.load(store, version, cache) if cache is not None \
+            else delta_mod.DeltaSegment.load(store, version)
+
+    publish_ms: list[float] = []
+    publish = core._publish
+
+    def timed_publish(*a, **k):
+        clock = time.perf_counter()
+        try:
+            return publish(*a, **k)
+        finally:
+            publish_ms.append((time.perf_counter() - clock) * 1000)
+
+    core._publish = timed_publish  # type: ignore[method-assign]
+    rng = np.random.default_rng(0)
+    scope = make_scope(query="retry the kafka gateway", user="u1", budget_tokens=500, k=10)
+    written, results = 0, []
+    print(f"Helix from {args.tree}; store {store}", flush=True)
+    for size in [int(s) for s in args.sizes.split(",")]:
+        while written < size:
+            n = min(args.batch, size - written)
+            core.add([{"text": text(rng, written + i), "user": f"u{(written + i) % 5}"} for i in range(n)], user=None)
+            written += n
+        replica_load(delta_mod.current_delta_version(store))  # the replica is up to date before the round
+        add, load, lexical, wrote = [], [], [], []
+        publish_ms.clear()
+        for _ in range(args.writes):
+            before = files(store / "delta")
+            clock = time.perf_counter()
+            core.add([{"text": text(rng, written), "user": f"u{written % 5}"}], user=None)
+            add.append((time.perf_counter() - clock) * 1000)
+            written += 1
+            after = files(store / "delta")
+            wrote.append(sum(size for name, size in after.items() if before.get(name) != size))
+            clock = time.perf_counter()
+            snapshot = replica_load(delta_mod.current_delta_version(store))
+            load.append((time.perf_counter() - clock) * 1000)
+            clock = time.perf_counter()
+            snapshot.lexical_search("retry the kafka gateway", scope, 1, None, top_k=50)
+            lexical.append((time.perf_counter() - clock) * 1000)
+
+        def pct(values: list[float]) -> dict[str, float]:
+            return {"p50": round(float(np.percentile(values, 50)), 2), "p95": round(float(np.percentile(values, 95)), 2)}
+
+        row = {"pending": size, "add_ms": pct(add), "publish_ms": pct(publish_ms), "replica_load_ms": pct(load),
+               "first_bm25_ms": pct(lexical), "kb_written_p50": round(float(np.median(wrote)) / 1024, 1)}
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    print("| pending | add p50 / p95 ms | publish p50 / p95 ms | KB written per write | replica load p50 / p95 ms "
+          "| first BM25 p50 / p95 ms |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        print(f"| {r['pending']:,} | {r['add_ms']['p50']} / {r['add_ms']['p95']} | {r['publish_ms']['p50']} / "
+              f"{r['publish_ms']['p95']} | {r['kb_written_p50']:,} | {r['replica_load_ms']['p50']} / "
+              f"{r['replica_load_ms']['p95']} | {r['first_bm25_ms']['p50']} / {r['first_bm25_ms']['p95']} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
