@@ -15,7 +15,11 @@ For each ``--store`` (served from a hard-linked copy, so the original is never w
    compact: ingress → one deployment; inline: the ingress alone, with the same replica
    count) — so ``helix / echo`` separates Helix's work from Serve's fixed cost;
 3. **helix**: the Helix application (``helix_ray.serve.app.build_app``, API keys on, one
-   key per tenant) over HTTP on 127.0.0.1.
+   key per tenant) over HTTP on 127.0.0.1;
+4. **paired** (``--paired-rounds N``, after the concurrency-1 phases): in-process and HTTP
+   recall on the same queries in alternating blocks, so the ratio of the two is taken
+   minutes apart at most, not across the whole run (the baseline of step 1 drifts with
+   the host: 8.4–12.5 ms p50 in four runs of one hour).
 
 HTTP loops are bounded by ``--requests`` and ``--max-seconds`` per phase, at concurrency 1
 (one keep-alive client) and ``--concurrency`` (asyncio workers sharing a connection
@@ -84,14 +88,18 @@ def queries_for(store: Path, count: int, seed: int) -> list[dict[str, str]]:
     return make_queries(store, count, seed)
 
 
-def in_process(store: Path, queries: list[dict[str, str]], warmup: int) -> dict[str, Any]:
+def recaller_for(store: Path):
     from helix_ray.embedder import get_embedder
     from helix_ray.recall.pipeline import Recaller, encoder_threads
     from helix_ray.store.generation import Generation
 
     generation = Generation.open_current(store)
     threads = encoder_threads(generation)  # as helix_ray.Memory: half the cores each when the encoders overlap
-    recaller = Recaller(generation, get_embedder(threads=threads), threads=threads)
+    return Recaller(generation, get_embedder(threads=threads), threads=threads)
+
+
+def in_process(store: Path, queries: list[dict[str, str]], warmup: int, recaller: Any = None) -> dict[str, Any]:
+    recaller = recaller if recaller is not None else recaller_for(store)
     for q in queries[:warmup]:
         recaller.recall(q["query"], user=q["user"], budget_tokens=512)
     times = []
@@ -102,6 +110,32 @@ def in_process(store: Path, queries: list[dict[str, str]], warmup: int) -> dict[
         times.append((time.perf_counter() - clock) * 1000)
     wall = time.perf_counter() - started
     return {"n": len(times), **pct(times), "rps": round(len(times) / wall, 1)}
+
+
+async def paired_rounds(store: Path, url: str, queries: list[dict[str, str]], bodies: list[tuple[dict, dict]],
+                        rounds: int, warmup: int, client: str) -> dict[str, Any]:
+    """In-process recall and HTTP recall at concurrency 1 on the same queries, in
+    alternating blocks (in-process first in even rounds, HTTP first in odd ones), Serve
+    running and idle during the in-process block: the host's drift between the blocks is
+    minutes shorter than between the phases above, and the order cancels out. Returns
+    each round's two p50 / p95 and their ratios, and the median ratio over rounds."""
+    recaller = recaller_for(store)
+    in_process(store, queries[:warmup], warmup, recaller)  # warm-up only: the model and pages in this process
+    out = []
+    for r in range(rounds):
+        blocks: dict[str, dict[str, Any]] = {}
+        for kind in (("in_process", "http") if r % 2 == 0 else ("http", "in_process")):
+            if kind == "in_process":
+                blocks[kind] = in_process(store, queries, 0, recaller)
+            else:
+                blocks[kind] = await http_phase(url, bodies, 1, 600.0, client)
+        h, ip = blocks["http"], blocks["in_process"]
+        out.append({"round": r, "in_process": {k: ip[k] for k in ("p50", "p95")}, "http": {k: h[k] for k in ("p50", "p95")},
+                    "ratio_p50": round(h["p50"] / ip["p50"], 2), "ratio_p95": round(h["p95"] / ip["p95"], 2)})
+        log(f"  paired round {r}: {out[-1]}")
+    return {"rounds": out,
+            "median_ratio_p50": round(float(np.median([o["ratio_p50"] for o in out])), 2),
+            "median_ratio_p95": round(float(np.median([o["ratio_p95"] for o in out])), 2)}
 
 
 # ----------------------------------------------------------------------------- the echo app
@@ -328,6 +362,11 @@ def bench_store(prepared: dict[str, Any], args: argparse.Namespace, port: int) -
                 out[f"{app}_c{c}"] = await http_phase(base, bodies[args.warmup:], c, args.max_seconds, args.client)
                 out[f"{app}_c{c}"]["replicas"] = running_replicas(app)
                 log(f"  {out[f'{app}_c{c}']}")
+            if c == 1 and args.paired_rounds:  # before the concurrency-8 load scales the replicas up
+                log(f"paired rounds: in-process and HTTP (concurrency 1) alternated, {args.paired_rounds} rounds")
+                result["paired"] = await paired_rounds(store, url, queries[args.warmup:], bodies[args.warmup:],
+                                                       args.paired_rounds, args.warmup, args.client)
+                result["paired"]["replicas"] = running_replicas("helix")
         return out
 
     result["http"] = asyncio.run(phases())
@@ -349,6 +388,9 @@ def bench_store(prepared: dict[str, Any], args: argparse.Namespace, port: int) -
         "helix_http_over_in_process_serve_idle_p95": round(h1["p95"] / idle["p95"], 2),
         "helix_http_minus_echo_p50_ms": round(h1["p50"] - e1["p50"], 2),
     }
+    if "paired" in result:
+        result["ratios"]["paired_median_p50"] = result["paired"]["median_ratio_p50"]
+        result["ratios"]["paired_median_p95"] = result["paired"]["median_ratio_p95"]
     serve.delete("helix")
     serve.delete("echo")
     return result
@@ -366,6 +408,17 @@ def table(results: list[dict[str, Any]], concurrency: int) -> str:
                 replicas = ", ".join(f"{name} {n}" for name, n in h.get("replicas", {}).items()) or "?"
                 lines.append(f"| {r['memories']:,} | HTTP {app} ({h.get('client', 'httpx')}; {replicas}) "
                              f"| {c} | {h['p50']} | {h['p95']} | {h['p99']} | {h['rps']} |")
+    paired = [r for r in results if "paired" in r]
+    if paired:
+        lines.append("")
+        lines.append("| memories | paired round | in-process p50 / p95 ms | HTTP p50 / p95 ms | HTTP / in-process p50 / p95 |")
+        lines.append("|---:|---:|---:|---:|---:|")
+        for r in paired:
+            for o in r["paired"]["rounds"]:
+                lines.append(f"| {r['memories']:,} | {o['round']} | {o['in_process']['p50']} / {o['in_process']['p95']} "
+                             f"| {o['http']['p50']} / {o['http']['p95']} | {o['ratio_p50']} / {o['ratio_p95']} |")
+            lines.append(f"| {r['memories']:,} | median | | | **{r['paired']['median_ratio_p50']} / "
+                         f"{r['paired']['median_ratio_p95']}** |")
     lines.append("")
     lines.append("| memories | replica | RSS MiB | PSS MiB | generation files RSS | generation files PSS |")
     lines.append("|---:|---|---:|---:|---:|---:|")
@@ -393,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle-s", type=float, default=0.0,
                     help="before each measured phase, the same load unmeasured for this long (autoscaling "
                          "follows it: with --replicas 1 2 a concurrency-8 phase then runs on two replicas)")
+    ap.add_argument("--paired-rounds", type=int, default=0,
+                    help="after the phases, this many rounds of in-process and HTTP concurrency-1 recall on the "
+                         "same queries, alternated (the ratio with the host's drift paired out)")
     ap.add_argument("--port", type=int, default=0, help="HTTP port on 127.0.0.1 (0: a free one)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
