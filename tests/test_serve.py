@@ -627,6 +627,33 @@ def test_small_segments_merge_and_dead_entries_leave_the_files(shells, monkeypat
     assert manifest["dead"] == [] and manifest["segments"] == [core.segments[0][0]]
 
 
+def test_a_write_whose_publish_failed_is_in_the_next_snapshot(shells, monkeypatch):
+    """A write is committed to DuckDB before its snapshot is published; when publishing
+    fails (a full disk), the caller gets the error, and the next publish carries the
+    write all the same: no later snapshot leaves a live entry out."""
+    from helix_ray.serve import writer as writer_module
+    from helix_ray.serve.delta import DeltaSegment, current_delta_version
+
+    real, calls = writer_module.publish_manifest, []
+
+    def full_disk_once(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(writer_module, "publish_manifest", full_disk_once)
+    writer, store = shells["writer"], shells["store"]
+    with pytest.raises(OSError):
+        writer.add([{"id": "alice-unpublished", "text": "The disk filled up while this note was published."}],
+                   "alice")
+    writer.add([{"id": "alice-after", "text": "The next write published fine."}], "alice")
+    snapshot = DeltaSegment.load(store, current_delta_version(store))
+    assert sorted(snapshot.ids.tolist()) == ["alice-after", "alice-unpublished"] and len(calls) == 2
+    *_, out = _local_recall(shells, "what happened when the disk filled up?")
+    assert "alice-unpublished" in [i["id"] for i in out["items"]]
+
+
 def test_a_format_1_delta_snapshot_is_still_read(shells):
     """A store written before segments (one whole table per snapshot) still serves."""
     import pyarrow as pa

@@ -186,23 +186,40 @@ def publish_manifest(store: Path, version: int, segments: Sequence[str], *, dead
     return final
 
 
+#: Segment lists of the manifests this process has read while pruning, by path: a
+#: manifest never changes once written, so each is parsed once, not on every publish.
+_LISTED: dict[Path, list[str]] = {}
+#: A temporary file older than this (seconds) is left over from a writer that crashed.
+_STALE_TMP_S = 300.0
+
+
 def _prune(folder: Path, keep: int) -> None:
     snapshots = sorted((p for p in folder.iterdir() if p.stem.isdigit() and p.suffix in (".json", ".arrow")),
                        key=lambda p: int(p.stem))
-    versions = sorted({int(p.stem) for p in snapshots})
-    kept = set(versions[-keep:])
+    kept = set(sorted({int(p.stem) for p in snapshots})[-keep:])
     for old in snapshots:
         if int(old.stem) not in kept:
             old.unlink(missing_ok=True)
+            _LISTED.pop(old, None)
     listed: set[str] = set()
     for version in kept:
-        try:
-            listed.update(json.loads((folder / f"{version:010d}.json").read_text()).get("segments", []))
-        except FileNotFoundError:  # a format-1 snapshot lists none
-            pass
-    for segment in folder.glob("seg-*.arrow"):
-        if segment.name not in listed:
-            segment.unlink(missing_ok=True)
+        path = folder / f"{version:010d}.json"
+        if path not in _LISTED:
+            try:
+                _LISTED[path] = json.loads(path.read_text()).get("segments", [])
+            except FileNotFoundError:  # a format-1 snapshot lists none
+                _LISTED[path] = []
+        listed.update(_LISTED[path])
+    now = dt.datetime.now().timestamp()
+    for path in folder.iterdir():
+        if path.name.startswith("seg-") and path.name not in listed:
+            path.unlink(missing_ok=True)
+        elif path.name.startswith((".tmp-", ".CURRENT.")):
+            try:
+                if now - path.stat().st_mtime > _STALE_TMP_S:
+                    path.unlink(missing_ok=True)
+            except FileNotFoundError:
+                pass
 
 
 # ----------------------------------------------------------------------------- reading
@@ -233,7 +250,7 @@ class DeltaSegment:
     late_codes: list = field(default_factory=list)  # bytes or None per entry
     late_scales: list = field(default_factory=list)
     segments: tuple[str, ...] = ()  # the segment files this snapshot was joined from (format 2)
-    _terms_by: dict = field(default_factory=dict, repr=False, compare=False)  # per analyzer: see _terms
+    _terms_by: dict = field(default_factory=dict, repr=False, compare=False)  # per analyzer: see _analysed
     # (segments, their concatenated rows this snapshot holds in its order, concatenated row →
     # position here or -1, each segment's first concatenated row): BM25 reuses each
     # segment's postings instead of analysing every entry again
@@ -263,7 +280,7 @@ class DeltaSegment:
         _check_format(meta, path)
         cache = cache if cache is not None else SegmentCache()
         try:
-            parts = [cache.get(folder, name) for name in meta["segments"]]
+            parts = cache.get_many(folder, meta["segments"])
         except FileNotFoundError as exc:
             raise StoreError(f"Delta segment {exc.filename} of snapshot {version} is missing (pruned while this "
                              "replica lagged); the next request reads the current snapshot.") from None
@@ -558,15 +575,22 @@ class SegmentCache:
         self.parts: dict[str, DeltaSegment] = {}
         self.reads = 0  # files parsed so far (a test's and a benchmark's view of the reuse)
 
-    def get(self, folder: Path, name: str) -> DeltaSegment:
-        part = self.parts.get(name)
-        if part is None:
-            with pa.memory_map(str(folder / name), "r") as source:
-                table = ipc.open_file(source).read_all()
-            part = DeltaSegment.from_table(0, table, [])
-            self.parts[name] = part
-            self.reads += 1
-        return part
+    def get_many(self, folder: Path, names: Sequence[str]) -> list[DeltaSegment]:
+        """The segments ``names``, in that order. Every file not parsed yet is opened
+        before any is parsed: once open, the Writer pruning it (four snapshots later)
+        cannot take it away, however long the parsing of the others takes."""
+        opened: dict[str, Any] = {}
+        try:
+            for name in dict.fromkeys(names):
+                if name not in self.parts:
+                    opened[name] = pa.memory_map(str(folder / name), "r")
+            for name, source in opened.items():
+                self.parts[name] = DeltaSegment.from_table(0, ipc.open_file(source).read_all(), [])
+                self.reads += 1
+        finally:
+            for source in opened.values():
+                source.close()
+        return [self.parts[name] for name in names]
 
     def retain(self, names: Iterable[str]) -> None:
         """Forget every segment but ``names`` (those of the snapshots still held)."""

@@ -142,7 +142,7 @@ class WriterCore:
         #: The segment files of the live snapshot, each with the seqs it holds.
         self.segments: list[tuple[str, np.ndarray]] = []
         self._replay()
-        self._publish()  # one segment of every live entry: the files of before are not trusted
+        self._publish(rewrite=True)  # one segment of every live entry: the files of before are not trusted
         self.recent_accesses: dict[str, int] = {}  # id → last access (epoch µs) not yet in a generation
         self._load_recent_accesses()
 
@@ -214,26 +214,31 @@ class WriterCore:
         table = pa.table({name: cols[name] for name in schema.names}, schema=schema)
         return write_segment(self.store, table), np.array([e["seq"] for e in ordered], dtype=np.int64)
 
-    def _publish(self, added: list[dict[str, Any]] | None = None) -> int:
-        """Publish a new snapshot; return its version. ``added``: the entries this change
-        wrote, which go to a segment of their own; None rewrites every live entry into
-        one segment (a start, or a snapshot mostly made of entries it no longer holds).
-        Small segments are merged once :data:`MERGE_SMALL_AT` of them pile up, so a write
-        costs a file of its own entries plus, now and then, one of a few hundred."""
+    def _publish(self, rewrite: bool = False) -> int:
+        """Publish a new snapshot of the live entries; return its version.
+
+        The live entries no listed segment holds (what this change wrote, and anything an
+        earlier publish that failed left out) go to a new segment of their own. Small
+        segments are merged once :data:`MERGE_SMALL_AT` of them pile up, so a write costs a
+        file of its own entries plus, now and then, one of a few hundred. ``rewrite`` (a
+        start), or files holding more dead entries than live ones, put every live entry
+        in one new segment."""
         by_seq = {e["seq"]: e for e in self.entries.values()}
         live = np.fromiter(by_seq, dtype=np.int64, count=len(by_seq))
-        segments = [(name, seqs) for name, seqs in self.segments if np.isin(seqs, live).any()]
+        segments, held = self._live_segments(live)
         listed = sum(len(seqs) for _, seqs in segments)
-        if added is None or listed - (len(live) - len(added)) > max(len(live), SMALL_SEGMENT):
-            # a start, or more rows of the files are dead than alive: rewrite the live ones
+        if rewrite or listed - int(held.sum()) > max(len(live), SMALL_SEGMENT):
             segments = [self._segment(list(by_seq.values()))] if len(live) else []
         else:
-            if added:
-                segments.append(self._segment(added))
-            small = [s for s in segments if int(np.isin(s[1], live).sum()) < SMALL_SEGMENT]
+            covered = np.concatenate([seqs for _, seqs in segments]) if segments else np.zeros(0, np.int64)
+            missing = live[~np.isin(live, covered)]
+            if len(missing):
+                segments.append(self._segment([by_seq[int(q)] for q in missing]))
+                held = np.append(held, len(missing))
+            small = [s for s, n in zip(segments, held) if n < SMALL_SEGMENT]
             if len(small) >= MERGE_SMALL_AT:
-                merged = self._segment([by_seq[int(q)] for _, seqs in small for q in seqs if int(q) in by_seq])
                 names = {name for name, _ in small}
+                merged = self._segment([by_seq[int(q)] for _, seqs in small for q in seqs if int(q) in by_seq])
                 segments = [s for s in segments if s[0] not in names] + [merged]
         listed_seqs = np.concatenate([seqs for _, seqs in segments]) if segments else np.zeros(0, np.int64)
         dead = listed_seqs[~np.isin(listed_seqs, live)]
@@ -243,6 +248,17 @@ class WriterCore:
                          folded=folded, tombstones=self.tombstones.values())
         self.segments = segments
         return self.version
+
+    def _live_segments(self, live: np.ndarray) -> tuple[list[tuple[str, np.ndarray]], np.ndarray]:
+        """The listed segments that still hold a live entry, and how many each holds (one
+        ``isin`` over every listed seq, not one per segment)."""
+        if not self.segments:
+            return [], np.zeros(0, np.int64)
+        listed = np.concatenate([seqs for _, seqs in self.segments])
+        owner = np.repeat(np.arange(len(self.segments)), [len(seqs) for _, seqs in self.segments])
+        held = np.bincount(owner[np.isin(listed, live)], minlength=len(self.segments))
+        keep = np.flatnonzero(held > 0)
+        return [self.segments[i] for i in keep], held[keep]
 
     def owner(self, memory_id: str) -> str | None:
         """The user a live memory belongs to, or None if there is no such memory."""
@@ -326,7 +342,7 @@ class WriterCore:
                 raise
             self.entries.pop(memory_id, None)
             self.tombstones[memory_id] = Tombstone(memory_id, owner, None)
-            self._publish([])
+            self._publish()
             return {"id": memory_id, "deleted": True, "delta_version": self.version, "generation": self.generation}
 
     def accessed(self, hits: list[tuple[str, str, int]]) -> dict[str, Any]:
@@ -469,14 +485,12 @@ class WriterCore:
             raise
         self.seq = seqs[-1]
         # 3. the delta, then a snapshot the replicas read
-        added = []
         for seq, row, lex, n_tokens, vector, sig, codes, scales in zip(
                 seqs, rows, lexical_texts, batch["n_tokens"], vectors, sigs, late_codes, late_scales):
             self.tombstones.pop(row["id"], None)
             self.entries[row["id"]] = self._entry(seq, _json_record(row), lex, int(n_tokens), vector, sig, None,
                                                   codes, scales)
-            added.append(self.entries[row["id"]])
-        self._publish(added)
+        self._publish()
 
     # ---------------------------------------------------------------- compaction
     def pending(self) -> int:
@@ -530,7 +544,7 @@ class WriterCore:
                 self.tombstones = {i: t for i, t in self.tombstones.items()
                                    if t.applies_below is None or t.applies_below >= number}
                 self.db.con.execute("DELETE FROM serve_log WHERE folded_into IS NOT NULL AND folded_into < ?", [number])
-                self._publish([])
+                self._publish()
                 self._load_recent_accesses()  # what the new generation folded leaves the file
             self.unfoldable |= {e["seq"] for e in pending if e["folded_into"] == NOT_FOLDED}
             done = inbox / "folded"  # the log in DuckDB keeps what is still pending
