@@ -187,7 +187,7 @@ def evaluate(
     cross-validation shows no gain (then none, as ``helix adapt`` would not save it).
     The fits are reported in ``EvalReport.adapters``, per store variant."""
     from helix_ray.embedder import get_embedder
-    from helix_ray.recall.pipeline import Recaller
+    from helix_ray.recall.pipeline import Recaller, encoder_threads
     from helix_ray.store.generation import Generation
 
     started = time.perf_counter()
@@ -248,7 +248,12 @@ def evaluate(
                     adapter = shared[key]
                 else:
                     adapter = fit(key, cfg, corpus_id, generation)
-            recallers[key] = Recaller(generation, embedder, retrieval_config or RetrievalConfig(), adapter=adapter)
+            # Queries encoded as helix_ray.Memory encodes them (the token encoding beside the
+            # sentence vector, half the cores each, on a store with token vectors); the
+            # adapter fits above batch-encode with every core.
+            threads = encoder_threads(generation, retrieval_config)
+            recallers[key] = Recaller(generation, get_embedder(ingest_config.embedder, threads),
+                                      retrieval_config or RetrievalConfig(), adapter=adapter, threads=threads)
         for name, system in chosen.items():
             recaller = recallers.get(name, recallers[None])
             for q in queries:
