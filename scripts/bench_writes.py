@@ -15,6 +15,11 @@ and then what a replica does on its next request: read the new snapshot (with th
 segment files it already parsed kept, as :class:`StoreViews` keeps them) and run the
 first BM25 search over it. Prints p50 / p95 per size. ``--tree`` imports Helix from
 another checkout (a worktree of an older commit) to compare in the same session.
+
+``--accesses N,...`` measures the recall hits the same way: the Writer's access record
+filled to each number of distinct memory ids (batches of 1,000), then ``--writes``
+flushes of 100 new hits (what an ingress sends once a second under load): the Writer's
+``accessed`` and a replica's next read of the access file.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +53,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=250, help="memories per write when filling the delta")
     ap.add_argument("--tree", default=str(Path(__file__).resolve().parent.parent),
                     help="the Helix checkout to import (default: this one)")
+    ap.add_argument("--accesses", default="", help="distinct accessed ids before each round of hit flushes "
+                                                     "(e.g. 0,10000,50000; empty: skip)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     sys.path.insert(0, args.tree)
@@ -117,9 +125,48 @@ def main() -> int:
         print(f"| {r['pending']:,} | {r['add_ms']['p50']} / {r['add_ms']['p95']} | {r['publish_ms']['p50']} / "
               f"{r['publish_ms']['p95']} | {r['kb_written_p50']:,} | {r['replica_load_ms']['p50']} / "
               f"{r['replica_load_ms']['p95']} | {r['first_bm25_ms']['p50']} / {r['first_bm25_ms']['p95']} |")
+    hits = [access_round(core, store, int(n), args.writes) for n in args.accesses.split(",") if n]
+    for row in hits:
+        print(json.dumps(row), flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results, "accesses": hits}, indent=1))
     return 0
+
+
+def access_round(core: Any, store: Path, distinct: int, flushes: int) -> dict[str, Any]:
+    """The access record filled to ``distinct`` ids, then ``flushes`` batches of 100 new
+    hits: the Writer's ``accessed`` and a replica's next read, p50 / p95 ms."""
+    from helix_ray.serve import shells, writer
+
+    if hasattr(writer, "AccessTail"):
+        tail = writer.AccessTail(writer.accesses_path(store))
+        read = tail.read
+    else:  # an older tree: the replica re-read the whole file when it changed
+        from helix_ray.store.pointer import Pointer
+
+        read = Pointer(writer.accesses_path(store), shells._read_accesses).read
+    now = int(time.time() * 1_000_000)
+    have = len(core.recent_accesses)
+    while have < distinct:
+        n = min(1000, distinct - have)
+        core.accessed([(f"hit-{have + i}", "u1", now + have + i) for i in range(n)])
+        have += n
+    read()
+    accessed, reads = [], []
+    for f in range(flushes):
+        batch = [(f"hit-{i % max(distinct, 1)}", "u1", now + distinct + f * 100 + i) for i in range(100)]
+        clock = time.perf_counter()
+        core.accessed(batch)
+        accessed.append((time.perf_counter() - clock) * 1000)
+        clock = time.perf_counter()
+        read()
+        reads.append((time.perf_counter() - clock) * 1000)
+
+    def pct(values: list[float]) -> dict[str, float]:
+        return {"p50": round(float(np.percentile(values, 50)), 2), "p95": round(float(np.percentile(values, 95)), 2)}
+
+    return {"distinct_accessed": distinct, "writer_accessed_ms": pct(accessed), "replica_read_ms": pct(reads),
+            "file_kb": round(writer.accesses_path(store).stat().st_size / 1024, 1)}
 
 
 if __name__ == "__main__":

@@ -759,8 +759,45 @@ def test_the_delta_strong_signal_weighs_the_query_terms_the_user_holds(shells):
     assert unknown.hits.rows[0] == exact.hits.rows[0] and not unknown.hits.strong_signal
 
 
+def test_replicas_read_only_the_hits_appended_since_they_last_looked(tmp_path, monkeypatch):
+    """Recall hits are appended a batch per line; a replica's AccessTail parses only the
+    new complete lines (a line still being written waits), starts over when the Writer
+    rewrote the file (a new file by rename), and agrees with a whole read throughout."""
+    from helix_ray.serve import writer as writer_module
+    from helix_ray.serve.writer import AccessTail, accesses_path, read_accesses
+    from pipelines.ingest import initialise
+
+    store = tmp_path / "store"
+    initialise(store)
+    core = writer_module.WriterCore(store)
+    try:
+        tail = AccessTail(accesses_path(store))
+        assert tail.read() == {}
+        core.accessed([("a", "alice", 10), ("b", "alice", 20)])
+        assert tail.read() == {"a": 10, "b": 20}
+        offset = tail._offset
+        core.accessed([("a", "alice", 30), ("b", "alice", 5)])  # b's older hit changes nothing
+        assert accesses_path(store).stat().st_size > offset  # appended, not rewritten
+        assert tail.read() == {"a": 30, "b": 20} == read_accesses(store)
+        with open(accesses_path(store), "a") as fh:  # a line the Writer is still writing
+            fh.write('{"c": 4')
+        assert "c" not in tail.read()
+        with open(accesses_path(store), "a") as fh:
+            fh.write('0}\n')
+        assert tail.read()["c"] == 40
+        held = tail.read()
+        monkeypatch.setattr(writer_module, "ACCESSES_REWRITE_BYTES", 1)  # the next batch rewrites the file
+        core.accessed([("d", "alice", 50)])
+        assert accesses_path(store).read_text().count("\n") == 1
+        # The rewrite is the Writer's own record (c came from the hand-written lines above).
+        assert tail.read() == {"a": 30, "b": 20, "d": 50} == read_accesses(store)
+        assert held == {"a": 30, "b": 20, "c": 40}  # a request holding the dict of before still sees it whole
+    finally:
+        core.close()
+
+
 def test_served_recency_moves_with_the_writers_recent_hits(shells):
-    """The Writer publishes the hits not yet folded (delta/ACCESSES.json); the Ranker
+    """The Writer publishes the hits not yet folded (delta/ACCESSES.jsonl); the Ranker
     reads them, so a memory just recalled ranks with fresh recency before compaction, and
     a Writer restarted on the same store publishes them again."""
     from helix_ray.config import RetrievalConfig
@@ -786,14 +823,13 @@ def test_served_recency_moves_with_the_writers_recent_hits(shells):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(writer_module, "MAX_RECENT_ACCESSES", 2)
         shells["writer"].accessed([("old-hit", "alice", 1), ("newer-hit", "alice", 2)])
-    published = json.loads((shells["store"] / "delta" / "ACCESSES.json").read_text())
-    assert set(published) == {candidate, "newer-hit"}
+    assert set(writer_module.read_accesses(shells["store"])) == {candidate, "newer-hit"}
     shells["writer"]._stop.set()
     shells["writer"].core.close()
-    (shells["store"] / "delta" / "ACCESSES.json").unlink()
+    writer_module.accesses_path(shells["store"]).unlink()
     restarted = sh.WriterShell(shells["store"], compact_interval_s=3600)
     try:
-        assert json.loads((shells["store"] / "delta" / "ACCESSES.json").read_text())[candidate] > 0
+        assert writer_module.read_accesses(shells["store"])[candidate] > 0
     finally:
         restarted._stop.set()
         restarted.core.close()

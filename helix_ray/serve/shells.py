@@ -20,7 +20,6 @@ and delta version they came from. Never texts, never the generation.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import threading
@@ -236,9 +235,9 @@ class RankerShell(_StoreShell):
     def __init__(self, store: str | Path, ingest: IngestConfig | None = None,
                  watch_interval_s: float = WATCH_INTERVAL_S):
         super().__init__(store, ingest, watch_interval_s)
-        from helix_ray.serve.writer import accesses_path
+        from helix_ray.serve.writer import AccessTail, accesses_path
 
-        self._accesses = Pointer(accesses_path(Path(store)), _read_accesses)
+        self._accesses = AccessTail(accesses_path(Path(store)))
 
     @boundary
     async def finish(self, plan: Plan, lexical: LegResult | None, dense: LegResult | None) -> dict[str, Any]:
@@ -328,13 +327,6 @@ class PipelineShell:
         out = await self.ranker.finish(plan, lexical, dense)
         out["flags"].setdefault("degraded", []).append(f"legs realigned on generation {newer} during a swap")
         return out
-
-
-def _read_accesses(path: Path) -> dict[str, int] | None:
-    try:
-        return {str(k): int(v) for k, v in json.loads(path.read_text()).items()}
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def _visible(hits: Any, hidden: set[int], delta: DeltaSegment, generation: int) -> Any:

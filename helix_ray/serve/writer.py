@@ -79,9 +79,76 @@ _RECORD_FIELDS = [f.name for f in MEMORY_SCHEMA]
 MAX_RECENT_ACCESSES = 50_000
 
 
+#: Past this size the access file is rewritten as one line of the latest hit per id.
+ACCESSES_REWRITE_BYTES = 8 * 1024 * 1024
+
+
 def accesses_path(store: Path) -> Path:
-    """Recall hits the current generation has not folded yet: ``{memory id: epoch µs}``."""
-    return Path(store) / "delta" / "ACCESSES.json"
+    """Recall hits the current generation has not folded yet, as JSON lines of
+    ``{memory id: epoch µs}``: appended a batch per line, so a replica reads only what
+    was added since it last looked (:class:`AccessTail`); rewritten whole (a new file,
+    by rename) after a start or a compaction, or once it grows past
+    :data:`ACCESSES_REWRITE_BYTES`. The latest time per id wins."""
+    return Path(store) / "delta" / "ACCESSES.jsonl"
+
+
+def merge_accesses(into: dict[str, int], lines: bytes) -> dict[str, int]:
+    """``into`` with the hits of complete JSON lines ``lines`` (the latest per id); a
+    line that does not parse (a writer that crashed mid-line) is skipped."""
+    for line in lines.splitlines():
+        try:
+            batch = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(batch, dict):
+            continue
+        for memory_id, micros in batch.items():
+            if isinstance(micros, int) and micros > into.get(memory_id, 0):
+                into[memory_id] = micros
+    return into
+
+
+def read_accesses(store: Path) -> dict[str, int]:
+    """The whole access file of ``store``, as the replicas see it."""
+    try:
+        return merge_accesses({}, accesses_path(store).read_bytes())
+    except FileNotFoundError:
+        return {}
+
+
+class AccessTail:
+    """A replica's view of the access file: each :meth:`read` costs one ``stat`` when
+    nothing changed, and the appended lines only when the Writer added some (a whole
+    new file after a rewrite). The dict it returns is replaced, never changed, once a
+    rewrite shows (a request may still hold the one before)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._inode: int | None = None
+        self._offset = 0
+        self.accessed: dict[str, int] = {}
+
+    def read(self) -> dict[str, int]:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._inode, self._offset, self.accessed = None, 0, {}
+            return self.accessed
+        if st.st_ino == self._inode and st.st_size == self._offset:
+            return self.accessed
+        try:
+            with open(self.path, "rb") as fh:
+                st = os.fstat(fh.fileno())  # the file opened, should it have been replaced since the stat
+                if st.st_ino != self._inode or st.st_size < self._offset:
+                    self._inode, self._offset, self.accessed = st.st_ino, 0, {}
+                fh.seek(self._offset)
+                chunk = fh.read(st.st_size - self._offset)
+        except FileNotFoundError:
+            return self.accessed
+        complete = chunk.rfind(b"\n") + 1  # a line still being written is read next time
+        merge_accesses(self.accessed, chunk[:complete])
+        self._offset += complete
+        return self.accessed
 
 
 def settings_path(store: Path) -> Path:
@@ -349,16 +416,17 @@ class WriterCore:
         """Append recall hits ``(memory id, user, epoch µs)`` to the access log (the
         ingress batches them); the next compaction or ingest folds them into
         ``last_accessed_at`` and ``access_count``, the recency signal's input. Until
-        then the replicas read them from ``delta/ACCESSES.json`` (the latest per id), so
+        then the replicas read them from :func:`accesses_path` (the latest per id), so
         recency moves for served recalls as it does for an open ``Memory``."""
         utc = dt.timezone.utc
         rows = [(str(i), str(u), dt.datetime.fromtimestamp(int(t) / 1e6, tz=utc)) for i, u, t in hits]
         with self._lock:
             self.db.log_access(rows)
+            fresh: dict[str, int] = {}
             for memory_id, _, micros in hits:
                 if int(micros) > self.recent_accesses.get(str(memory_id), 0):
-                    self.recent_accesses[str(memory_id)] = int(micros)
-            self._publish_accesses()
+                    self.recent_accesses[str(memory_id)] = fresh[str(memory_id)] = int(micros)
+            self._publish_accesses(fresh)
         return {"recorded": len(rows)}
 
     def _load_recent_accesses(self) -> None:
@@ -373,11 +441,26 @@ class WriterCore:
         self.recent_accesses = {i: int(t.timestamp() * 1_000_000) for i, (t, _) in summary.items()}
         self._publish_accesses()
 
-    def _publish_accesses(self) -> None:
+    def _publish_accesses(self, fresh: dict[str, int] | None = None) -> None:
+        """Append ``fresh`` hits as one line; None (a start, a compaction), too many ids
+        or too big a file: rewrite the file as one line of every recent hit."""
+        path = accesses_path(self.store)
+        if fresh is not None and len(self.recent_accesses) <= MAX_RECENT_ACCESSES:
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                size = None
+            if size is not None and size < ACCESSES_REWRITE_BYTES:
+                if fresh:
+                    with open(path, "a", encoding="utf-8") as fh:
+                        fh.write(json.dumps(fresh, separators=(",", ":")) + "\n")
+                return
         if len(self.recent_accesses) > MAX_RECENT_ACCESSES:  # the newest ones; the log keeps every hit
             newest = sorted(self.recent_accesses.items(), key=lambda kv: kv[1])[-MAX_RECENT_ACCESSES:]
             self.recent_accesses = dict(newest)
-        _atomic_write(accesses_path(self.store), json.dumps(self.recent_accesses, separators=(",", ":")))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, json.dumps(self.recent_accesses, separators=(",", ":")) + "\n")
+        (path.parent / "ACCESSES.json").unlink(missing_ok=True)  # the one-object file of earlier versions
 
     def feedback(self, query: Any, memory_ids: Any, *, user: str | None) -> dict[str, Any]:
         """Record which memories answered ``query`` for ``user`` (labelled queries for
