@@ -213,19 +213,28 @@ def _recall(args: argparse.Namespace) -> int:
 
 
 def _format_result(result) -> str:
-    if result.flags.get("router_skip"):
-        return f"(no recall: {result.flags['route']['reason']})"
-    if not result.items:
+    return _format_answer(result.as_dict())
+
+
+def _format_answer(answer: dict[str, Any], took_ms: list[float] | None = None) -> str:
+    """A recall answer — ``RecallResult.as_dict()``, or a ``POST /v1/recall`` body, which
+    has its shape — for a terminal; ``took_ms``: the HTTP round trips (first, last)."""
+    flags = answer.get("flags", {})
+    if flags.get("router_skip"):
+        return f"(no recall: {flags['route']['reason']})"
+    if not answer["items"]:
         return "(no memories matched)"
     lines = []
-    for n, item in enumerate(result.items, start=1):
-        cut = " [cut]" if item.truncated else ""
-        lines.append(f"[{n}] {item.id} · {item.type} · rank {item.rank} · score {item.score:.3f} · "
-                     f"{item.n_tokens} tok{cut}")
-        lines.append("    " + item.text.replace("\n", "\n    "))
-    timing = ", ".join(f"{k} {v:.1f}" for k, v in result.timings_ms.items())
-    lines.append(f"-- {len(result.items)} items, {result.total_tokens}/{result.budget_tokens} tokens, "
-                 f"generation {result.generation}; ms: {timing}")
+    for n, item in enumerate(answer["items"], start=1):
+        cut = " [cut]" if item["truncated"] else ""
+        lines.append(f"[{n}] {item['id']} · {item['type']} · rank {item['rank']} · score {item['score']:.3f} · "
+                     f"{item['n_tokens']} tok{cut}")
+        lines.append("    " + item["text"].replace("\n", "\n    "))
+    timing = ", ".join(f"{k} {v:.1f}" for k, v in answer["timings_ms"].items())
+    where = "ms" if took_ms is None else (f"HTTP round trip {took_ms[-1]:.1f} ms ({took_ms[0]:.0f} ms for the "
+                                          "replica's first request); in the replica, ms")
+    lines.append(f"-- {len(answer['items'])} items, {answer['total_tokens']}/{answer['budget_tokens']} tokens, "
+                 f"generation {answer['generation']}; {where}: {timing}")
     return "\n".join(lines)
 
 
@@ -419,26 +428,6 @@ def _demo_over_http(store: Path, query: str, ours: bool) -> int:
         keys.revoke(record.key_id)
         _take_down(ours)
     return 0
-
-
-def _format_answer(answer: dict[str, Any], took_ms: list[float]) -> str:
-    """A ``POST /v1/recall`` answer, as :func:`_format_result` prints a RecallResult."""
-    flags = answer.get("flags", {})
-    if flags.get("router_skip"):
-        return f"(no recall: {flags.get('route', {}).get('reason')})"
-    if not answer["items"]:
-        return "(no memories matched)"
-    lines = []
-    for n, item in enumerate(answer["items"], start=1):
-        cut = " [cut]" if item["truncated"] else ""
-        lines.append(f"[{n}] {item['id']} · {item['type']} · rank {item['rank']} · score {item['score']:.3f} · "
-                     f"{item['n_tokens']} tok{cut}")
-        lines.append("    " + item["text"].replace("\n", "\n    "))
-    timing = ", ".join(f"{k} {v:.1f}" for k, v in answer["timings_ms"].items())
-    lines.append(f"-- {len(answer['items'])} items, {answer['total_tokens']}/{answer['budget_tokens']} tokens, "
-                 f"generation {answer['generation']}; HTTP round trip {took_ms[-1]:.1f} ms ({took_ms[0]:.0f} ms "
-                 f"for the replica's first request); in the replica, ms: {timing}")
-    return "\n".join(lines)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -382,7 +382,7 @@ class Recaller:
             if self._overlap_tokens:
                 pending = _token_pool().submit(_encode_tokens, self.token_encoder, query)
             else:
-                query_tokens = self.token_encoder.encode_query(query).astype(np.float16)
+                query_tokens, _ = _encode_tokens(self.token_encoder, query)
         try:
             encoded = own_vector = query_vector is None
             if query_vector is None:

@@ -95,10 +95,8 @@ def serve_forever(store: str | Path, *, host: str = "127.0.0.1", port: int = 800
                   f"with `helix keys create --store {store} --user USER` (the server sees it at once).", flush=True)
         while True:
             time.sleep(3600)
-    except KeyboardInterrupt:  # a signal, while starting or serving
-        print("stopping Helix...", flush=True)
-    except SystemExit as exc:  # ray.init's own SIGTERM handler, while Ray was starting
-        if exc.code != signal.SIGTERM:
+    except (KeyboardInterrupt, SystemExit) as exc:  # a signal while starting or serving (SystemExit: ray.init's
+        if isinstance(exc, SystemExit) and exc.code != signal.SIGTERM:  # own SIGTERM handler, as Ray started)
             raise
         print("stopping Helix...", flush=True)
     finally:
