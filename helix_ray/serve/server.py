@@ -57,8 +57,26 @@ def run(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: b
     # Per-request access logs in every replica cost more than some hops; warnings only.
     handle = serve.run(app, name=APP_NAME, route_prefix="/",
                        logging_config={"enable_access_log": not quiet, "log_level": "WARNING" if quiet else "INFO"})
+    host, port = serving_address(host, port)
     log.info("Helix serving %s on http://%s:%d (Ray: %s)", store, host, port, how)
     return handle
+
+
+def serving_address(host: str, port: int) -> tuple[str, int]:
+    """Where this Ray's Serve answers HTTP: ``host``/``port`` as asked, unless Serve was
+    already running on the cluster, started with other HTTP options: Serve keeps the first
+    ones and only logs that it ignores the new ones, so a joined cluster may answer
+    elsewhere than ``--port`` says (measured: `serve deploy` of configs/serve.yaml on port
+    8012, then `helix serve --port 8011`, answered on 8012 only)."""
+    try:
+        from ray.serve.context import _get_global_client  # no public getter in Ray 2.60
+
+        client = _get_global_client()
+        if client is None:
+            return host, port
+        return str(client.http_config.host), int(client.http_config.port)
+    except Exception:  # noqa: BLE001 - Serve not started here: what was asked
+        return host, port
 
 
 def serve_forever(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: bool = True,
@@ -83,6 +101,10 @@ def serve_forever(store: str | Path, *, host: str = "127.0.0.1", port: int = 800
     take_signals()
     try:
         run(store, host=host, port=port, auth=auth, on_ray=take_signals, **args)
+        asked, (host, port) = (host, port), serving_address(host, port)
+        if (host, port) != asked:
+            print(f"Serve was already running on this cluster with HTTP on {host}:{port}; it keeps those options, "
+                  f"so Helix answers there, not on {asked[0]}:{asked[1]}.", flush=True)
         print(f"Helix is serving {Path(store).resolve()} on http://{host}:{port} ({args.get('graph', 'split')} "
               f"graph; API keys {'required' if auth else 'OFF'}; OpenAPI at http://{host}:{port}/docs). Ctrl-C "
               "stops it.", flush=True)
