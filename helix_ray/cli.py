@@ -410,9 +410,9 @@ def _demo_over_http(store: Path, query: str, ours: bool) -> int:
     keys = KeyStore(store)
     key, record = keys.create("dana")
     try:
-        print(f"\n== serve {store} on http://127.0.0.1:{port} (Ray Serve, inline graph; `helix serve` runs the same)")
         run(store, host="127.0.0.1", port=port, graph="inline")
         host, port = serving_address("127.0.0.1", port)  # a cluster's Serve may run already, on its own port
+        print(f"\n== serve {store} on http://{host}:{port} (Ray Serve, inline graph; `helix serve` runs the same)")
         url = f"http://{host}:{port}/v1/recall"
         body = {"query": query, "budget_tokens": 400, "k": 6}
         print(f"== POST {url} {json.dumps(body)} (user dana's API key)")

@@ -2,14 +2,20 @@
 cluster tests and the scaling benchmark.
 
 Each node is one ``ray start --block`` process (its own temp folder and ports, bound to
-127.0.0.1); :meth:`LocalCluster.stop` sends each a SIGTERM, which drains the node and
-stops every process it started. Never ``ray stop``: it kills every Ray process on the
-host, other users' included (../shared/FIELD-NOTES.md).
+127.0.0.1). The cluster checks an auth token of its own (a file in its folder, never
+``~/.ray``), which :meth:`LocalCluster.env` hands to processes that join it.
+:meth:`LocalCluster.stop` sends each node a SIGTERM, which stops every process it
+started; a node also gets a SIGTERM when the process that started it dies. Never ``ray
+stop``: it kills every Ray process on the host, other users' included
+(../shared/FIELD-NOTES.md).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -20,8 +26,6 @@ import time
 from pathlib import Path
 from typing import IO
 
-from helix_ray.runtime import auth_token_at_hand
-
 STARTED = "Ray runtime started."
 
 
@@ -29,6 +33,13 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _term_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent dies (Linux), so a node that a
+    killed test or benchmark started still drains and stops what it started."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 class LocalCluster:
@@ -44,7 +55,7 @@ class LocalCluster:
             raise ValueError(f"a cluster needs at least one node and one CPU per node (got nodes={nodes}, cpus={cpus})")
         # Ray's socket paths live under each node's temp folder and may not exceed 107
         # bytes: a pytest tmp_path is too deep. None: a new short folder under /tmp,
-        # removed by stop() (logs and all).
+        # removed by stop() unless a node failed to start (its log is there).
         self._own_folder = folder is None
         self.folder = Path(tempfile.mkdtemp(prefix="helix-ray-") if folder is None else folder).resolve()
         self.nodes, self.cpus, self.dashboard = nodes, cpus, dashboard
@@ -53,11 +64,15 @@ class LocalCluster:
         self.dashboard_port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
+        self.token_path = self.folder / "auth_token"
         self._procs: list[tuple[subprocess.Popen, IO[str]]] = []
 
     def env(self, **extra: str) -> dict[str, str]:
-        """This process's environment pointed at the cluster (``RAY_ADDRESS``)."""
-        return {**os.environ, "RAY_ADDRESS": self.address, **extra}
+        """This process's environment pointed at the cluster: ``RAY_ADDRESS`` and the
+        cluster's token file (``RAY_AUTH_TOKEN_PATH``). Helix's commands then send the
+        token by themselves; Ray's own CLIs also need ``RAY_AUTH_MODE=token``."""
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+        return {**env, "RAY_ADDRESS": self.address, "RAY_AUTH_TOKEN_PATH": str(self.token_path), **extra}
 
     def _command(self, index: int) -> list[str]:
         ray = str(Path(sys.executable).with_name("ray"))
@@ -65,58 +80,66 @@ class LocalCluster:
             ray, "start", "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={self.cpus}",
             f"--memory={self.memory_bytes}", f"--object-store-memory={self.object_store_bytes}",
             f"--temp-dir={self.folder / f'node{index}'}", "--disable-usage-stats",
-            # Two nodes of one host must not share the agents' fixed default ports.
+            # Nodes of one host must not share the agents' fixed default ports, nor a
+            # worker port range (0/0: any free port, as ray.cluster_utils does).
             f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
-            f"--runtime-env-agent-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}", "--min-worker-port=0", "--max-worker-port=0",
         ]
         if index == 0:
             command += ["--head", f"--port={self.port}", f"--ray-client-server-port={free_port()}"]
-            command += ([f"--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}"]
+            command += (["--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}"]
                         if self.dashboard else ["--include-dashboard=false"])
         else:
             command += [f"--address={self.address}"]
         return command
 
     def _start_node(self, index: int, timeout_s: float) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        if index > 0 and "RAY_AUTH_MODE" not in env and auth_token_at_hand():
-            # A node joining a cluster started with token auth (the default for local
-            # clusters since Ray 2.59) must send the token; one started without ignores it.
-            env["RAY_AUTH_MODE"] = "token"
-        self.folder.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token_path))
+        # A test cluster has no load balancer to tell: no 30 s drain on SIGTERM.
+        env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
         log_path = self.folder / f"node{index}.log"
         log = open(log_path, "w")
         proc = subprocess.Popen(self._command(index), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_term_with_parent)
         self._procs.append((proc, log))
         deadline = time.monotonic() + timeout_s
         while STARTED not in log_path.read_text(errors="replace"):
             if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log_path.read_text(errors="replace")[-2000:]
-                self.stop()
-                raise RuntimeError(f"ray start for node {index} did not come up ({'exited ' + str(proc.returncode) if proc.returncode is not None else f'{timeout_s:.0f} s'}); "
-                                   f"its log ({log_path}) ends:\n{tail}")
+                how = f"exited {proc.returncode}" if proc.returncode is not None else f"not up after {timeout_s:.0f} s"
+                raise RuntimeError(f"ray start for node {index} {how}; its log ({log_path}) ends:\n"
+                                   + log_path.read_text(errors="replace")[-2000:])
             time.sleep(0.2)
 
     def start(self, timeout_s: float = 120.0) -> "LocalCluster":
-        for index in range(self.nodes):
-            self._start_node(index, timeout_s)
+        """Start the nodes, head first; on any failure stop those already started."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.token_path.write_text(secrets.token_hex(32))
+        try:
+            for index in range(self.nodes):
+                self._start_node(index, timeout_s)
+        except BaseException:
+            self.stop(keep_folder=True)
+            raise
         return self
 
-    def stop(self, timeout_s: float = 60.0) -> None:
-        """SIGTERM each node, workers first (a node drains, then stops what it started);
-        SIGKILL its process group if it has not exited after ``timeout_s``."""
+    def stop(self, timeout_s: float = 60.0, keep_folder: bool = False) -> None:
+        """SIGTERM each node, workers first (a node stops what it started); SIGKILL its
+        process group if it has not exited after ``timeout_s``."""
         for proc, log in reversed(self._procs):
-            if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout_s)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(10)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # what it left behind in its session, if anything
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
             log.close()
         self._procs.clear()
-        if self._own_folder:
+        if self._own_folder and not keep_folder:
             shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self) -> "LocalCluster":

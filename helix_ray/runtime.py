@@ -34,19 +34,23 @@ def ensure_ray(*, num_cpus: int | None = None, quiet: bool = True, loopback: boo
         logging_level=logging.WARNING if quiet else logging.INFO,
     )
     if address:
-        sent = send_auth_token() or os.environ.get("RAY_AUTH_MODE") == "token"
-        refused = _refused(address)  # Ray would retry a port nobody listens on for many minutes
+        sent = send_auth_token(address)
+        problem = _unreachable(address)  # Ray would retry a port nobody listens on for many minutes
         try:
-            if refused:
-                raise ConnectionError(f"nothing accepts connections there: {refused}")
+            if problem:
+                raise ConnectionError(problem)
             ray.init(address=address, **kwargs)
-        except ConnectionError as exc:
+        except (ConnectionError, ray.exceptions.AuthenticationError) as exc:
             from helix_ray.errors import ClusterUnreachable
 
-            hint = ("" if refused else
-                    "; this process sent the auth token found on this machine, which must be the cluster's own"
-                    if sent else "; a cluster started with token auth also needs its token here "
-                    "(~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)")
+            if problem:
+                hint = ""
+            elif sent:
+                hint = "; this process sent the Ray auth token found on this machine, which must be the cluster's own"
+            else:
+                hint = ("; a cluster started with token auth also needs its token here (~/.ray/auth_token, "
+                        "RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH) and, for a cluster on another machine, "
+                        "RAY_AUTH_MODE=token exported")
             raise ClusterUnreachable(
                 f"Could not join the Ray cluster at RAY_ADDRESS={address!r} ({exc}). Check that it runs there "
                 f"(`ray status --address {address}`) and that this machine reaches its port{hint}. Unset "
@@ -75,53 +79,83 @@ def ensure_ray(*, num_cpus: int | None = None, quiet: bool = True, loopback: boo
     return f"local ({cpus} CPUs)"
 
 
-def _refused(address: str, timeout_s: float = 5.0) -> str | None:
-    """Why nothing accepts a TCP connection at a ``host:port`` (or ``ray://host:port``)
-    address, or None when something does or the address has no port (``auto``). For a
-    port nobody listens on, ``ray.init`` retried for more than 8 minutes here (Ray 2.60)
-    before giving up; this answers in milliseconds."""
-    import socket
-
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``host:port`` (or ``ray://host:port``, ``[v6]:port``) of a ``RAY_ADDRESS``; None
+    for forms without a port (``auto``)."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not port.isdigit():
         return None
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
+    """Why a ``RAY_ADDRESS`` cannot be a cluster, or None when something accepts a TCP
+    connection at its port (or it has none to try, ``auto``). For a port nobody listens
+    on, ``ray.init`` retried for more than 8 minutes here (Ray 2.60) before giving up;
+    this answers in milliseconds."""
+    import socket
+
+    scheme = address.partition("://")[0] if "://" in address else None
+    if scheme not in (None, "ray"):
+        return (f"it is a {scheme}:// URL, not a cluster address: RAY_ADDRESS is the head's GCS host:port (its "
+                "`ray start --port`, 6379 by default), not the dashboard's URL")
+    target = _host_port(address)
+    if target is None:
+        return None
     try:
-        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout_s):
+        with socket.create_connection(target, timeout=timeout_s):
             return None
+    except socket.gaierror as exc:
+        return f"cannot resolve the host {target[0]!r}: {exc}"
     except OSError as exc:
-        return str(exc)
+        return f"nothing accepts connections there: {exc}"
 
 
-def send_auth_token(home: str | Path | None = None) -> bool:
-    """Make this driver send Ray's auth token when joining a cluster, if one is at hand.
+def on_this_machine(address: str) -> bool:
+    """Whether a ``RAY_ADDRESS`` names a cluster on this machine: ``auto``, a loopback
+    host, or a name or address of one of this machine's network interfaces."""
+    import ipaddress
+    import socket
 
-    Since Ray 2.59 a cluster started with ``ray start`` checks a token (written to
-    ``~/.ray/auth_token``), but a process that joins it sends the token only when
-    ``RAY_AUTH_MODE=token`` is set: without it, joining retried for ~20 s and failed with
-    a bare "Failed to connect to Ray cluster" (measured on 2.60). A token sent to a cluster
-    started without auth is ignored (measured too), so this sets ``RAY_AUTH_MODE=token``
-    when it is unset and a token exists (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or
-    the default file). An explicit ``RAY_AUTH_MODE`` always wins. Returns whether it set it.
-
-    Ray reads the variable into its C++ config when ``ray`` is first imported, so once it
-    is imported the config is read again (``Config.initialize``, as Ray's own auth tests
-    do; nothing of Ray runs in this process before ``ray.init``).
-    """
-    if os.environ.get("RAY_AUTH_MODE") or not auth_token_at_hand(home):
+    target = _host_port(address)
+    if target is None:
+        return address.strip() in ("", "auto", "local")
+    try:
+        ips = {str(info[4][0]).split("%")[0] for info in socket.getaddrinfo(target[0], None)}
+    except OSError:
         return False
-    os.environ["RAY_AUTH_MODE"] = "token"
-    if "ray._raylet" in sys.modules:
-        from ray._raylet import Config  # type: ignore[attr-defined]  # private: no public way to re-read it
+    if ips and all(ipaddress.ip_address(ip).is_loopback for ip in ips):
+        return True
+    import psutil
 
-        Config.initialize("")
-    return True
+    own = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+    return bool(ips) and ips <= own
 
 
-def auth_token_at_hand(home: str | Path | None = None) -> bool:
-    """Whether Ray would find an auth token here: ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``
-    or ``~/.ray/auth_token``."""
-    default = Path(home or Path.home()) / ".ray" / "auth_token"
-    return bool(os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or default.is_file())
+def send_auth_token(address: str) -> bool:
+    """Make this driver send Ray's auth token when it joins a cluster on this machine;
+    return whether it sends one.
+
+    Since Ray 2.59 a local cluster started with ``ray start`` checks a token, but a driver
+    sends it only in token mode. Ray turns that on by itself (when ``RAY_AUTH_MODE`` is
+    unset and a token exists) only for a cluster it finds on its own (``address="auto"``),
+    never for an explicit address such as ``RAY_ADDRESS``: joining a local cluster then
+    retried for ~20 s and failed with a bare "Failed to connect" (measured on 2.60).
+    Helix applies Ray's own rule (``maybe_enable_token_auth_if_token_available``: token
+    mode, and Ray's config read again) to an explicit address too, but only one on this
+    machine (:func:`on_this_machine`): the token grants full control of the cluster that
+    made it, and is not sent to another host unless ``RAY_AUTH_MODE=token`` says so. A
+    token sent to a cluster without auth is ignored (measured). An explicit
+    ``RAY_AUTH_MODE`` always wins.
+    """
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None or not on_this_machine(address):
+        return (mode or "").lower() == "token"
+    from ray._private.authentication.authentication_token_setup import (  # private: Ray's own rule, no public API
+        maybe_enable_token_auth_if_token_available,
+    )
+
+    return bool(maybe_enable_token_auth_if_token_available(warn_if_disabled=False))
 
 
 def usable_cores() -> int:

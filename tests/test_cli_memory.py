@@ -289,27 +289,33 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def test_joining_a_cluster_sends_the_auth_token_found_here(tmp_path):
-    """A `ray start` cluster checks a token since Ray 2.59; Ray sends it only with
-    RAY_AUTH_MODE=token. Helix sets that when a token is at hand and the mode is unset.
-    (In a child process: it also re-reads Ray's config, which must not leak into this one.)"""
-    probe = ("import os, ray\nfrom helix_ray.runtime import send_auth_token\n"
-             "print(send_auth_token(), os.environ.get('RAY_AUTH_MODE'))")
+def test_joining_a_cluster_on_this_machine_sends_the_auth_token_found_here(tmp_path):
+    """A `ray start` cluster checks a token since Ray 2.59; Ray sends it to an explicit
+    address only with RAY_AUTH_MODE=token. Helix turns that on when the mode is unset, a
+    token is at hand and the cluster is on this machine; never for another host. (In a
+    child process: it also re-reads Ray's config, which must not leak into this one.)"""
+    probe = ("import os, sys, ray\nfrom helix_ray.runtime import send_auth_token\n"
+             "print(send_auth_token(sys.argv[1]), os.environ.get('RAY_AUTH_MODE'), "
+             "'sends' if ray._raylet.get_authentication_mode() == ray._raylet.AuthenticationMode.TOKEN else 'quiet')")
 
-    def run(**extra: str) -> str:
+    def run(address: str = "127.0.0.1:6390", **extra: str) -> str:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")}
-        done = subprocess.run([sys.executable, "-c", probe], env={**env, "HOME": str(tmp_path), **extra},
+        done = subprocess.run([sys.executable, "-c", probe, address], env={**env, "HOME": str(tmp_path), **extra},
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
-        return done.stdout.strip()
+        return done.stdout.strip().splitlines()[-1]
 
-    assert run() == "False None"  # no token anywhere: nothing to send
+    off, on = "quiet", "sends"  # what Ray's own config says after it
+    assert run() == f"False None {off}"  # no token anywhere: nothing to send
     (tmp_path / ".ray").mkdir()
     (tmp_path / ".ray" / "auth_token").write_text("t" * 64)
-    assert run() == "True token"  # the default file
-    assert run(RAY_AUTH_MODE="disabled") == "False disabled"  # an explicit choice wins
+    assert run() == f"True token {on}"  # the default file, a loopback address
+    assert run("localhost:6390") == f"True token {on}"
+    assert run("192.0.2.77:6379") == f"False None {off}"  # another host: only when told
+    assert run(RAY_AUTH_MODE="disabled") == f"False disabled {off}"  # an explicit choice wins
+    assert run("192.0.2.77:6379", RAY_AUTH_MODE="token") == f"True token {on}"
     (tmp_path / ".ray" / "auth_token").unlink()
-    assert run(RAY_AUTH_TOKEN="t" * 64) == "True token"
+    assert run(RAY_AUTH_TOKEN="t" * 64) == f"True token {on}"
 
 
 def test_joining_where_nothing_listens_fails_at_once_with_a_sentence(tmp_path):
@@ -329,3 +335,25 @@ def test_joining_where_nothing_listens_fails_at_once_with_a_sentence(tmp_path):
         f"connections there: [Errno 111] Connection refused). Check that it runs there (`ray status --address "
         f"127.0.0.1:{port}`) and that this machine reaches its port. Unset RAY_ADDRESS to start a new local Ray "
         "instead.")
+
+
+def test_a_ray_address_that_cannot_be_a_cluster_is_named_before_joining():
+    """What `_unreachable` tells a user before Ray would retry for minutes, and which
+    addresses count as this machine (the auth token is sent to no other)."""
+    import socket
+
+    from helix_ray.runtime import _unreachable, on_this_machine
+
+    assert "not a cluster address" in _unreachable("http://127.0.0.1:8265")  # the dashboard's URL
+    assert _unreachable("nosuchhost.invalid:6379").startswith("cannot resolve the host 'nosuchhost.invalid'")
+    assert _unreachable("auto") is None  # nothing to try: Ray looks for a local cluster itself
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        assert _unreachable(f"127.0.0.1:{listening.getsockname()[1]}") is None
+    assert all(on_this_machine(a) for a in ("127.0.0.1:6379", "localhost:6379", "[::1]:6379", "auto"))
+    import psutil
+
+    own = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET]
+    assert own and all(on_this_machine(f"{ip}:6379") for ip in own)  # this machine's interfaces
+    assert not any(on_this_machine(a) for a in ("192.0.2.77:6379", "nosuchhost.invalid:6379"))
