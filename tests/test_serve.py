@@ -104,6 +104,27 @@ def ids(result: dict) -> list[str]:
 # --------------------------------------------------------------------------- pieces, no Ray
 
 
+@pytest.mark.parametrize("name, graph", [("serve", "split"), ("serve-inline", "inline")])
+def test_shipped_serve_configs_name_only_their_graphs_deployments(name, graph, tenant_store):
+    """Serve refuses a whole config whose `deployments` names one its graph lacks
+    ("Deployment 'Embedder' does not exist"): each shipped config builds, with its own
+    graph, into deployments that include every name it lists (no Ray needed to build)."""
+    import yaml
+    from ray.serve._private.build_app import build_app as serve_build
+
+    from helix_ray.serve.app import ServeArgs, build_app
+    from tests.helpers import REPO
+
+    config = yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())
+    (app,) = config["applications"]
+    args = ServeArgs(**{**app["args"], "store": str(tenant_store[0])})
+    assert args.graph == graph and config["http_options"]["host"] == "127.0.0.1"
+    built = {d.name for d in serve_build(build_app(args), name=app["name"]).deployments}
+    listed = {d["name"] for d in app["deployments"]}
+    assert listed <= built, f"{name}.yaml names {sorted(listed - built)}, not in the {graph} graph {sorted(built)}"
+    assert {"HelixAPI", "Writer"} <= listed
+
+
 def test_merge_dense_orders_by_cosine_and_keeps_top_k():
     from helix_ray.recall.dense import DenseHits
     from helix_ray.serve.delta import DELTA_BASE, merge_dense
