@@ -30,7 +30,10 @@ paraphrases, vague; users weighted by tenant size). After the loops the script r
 ``/proc/<pid>/smaps`` of every replica and reports its RSS and PSS, in total and for the
 mappings of the generation's files alone (what several replicas share through the page
 cache). Ray is started here, locally, with ``--num-cpus`` logical CPUs, and stopped at
-the end (never ``ray stop``).
+the end (never ``ray stop``). With ``--cluster-nodes N`` it is instead a multi-node Ray of
+N ``ray start`` nodes on this machine (``--num-cpus`` each, ``helix_ray.local_cluster``),
+which this process joins as ``helix serve`` does with ``RAY_ADDRESS``; each phase then
+also reports its replicas per node.
 """
 
 from __future__ import annotations
@@ -268,6 +271,24 @@ def running_replicas(app: str) -> dict[str, int]:
     return {name: d.replica_states.get("RUNNING", 0) for name, d in status.deployments.items()}
 
 
+def replicas_per_node(app: str, dashboard: str) -> dict[str, list[int]]:
+    """Live replicas of each deployment of ``app`` per node (head first): where Serve
+    placed them on a multi-node cluster (Ray's state API, served by the dashboard)."""
+    import ray
+    from ray.util.state import list_actors
+
+    nodes = sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: "node:__internal_head__" not in n["Resources"])
+    index = {n["NodeID"]: i for i, n in enumerate(nodes)}
+    out: dict[str, list[int]] = {}
+    prefix = f"ServeReplica:{app}:"
+    for actor in list_actors(address=dashboard, filters=[("state", "=", "ALIVE")], limit=10_000):
+        if actor.class_name.startswith(prefix):
+            counts = out.setdefault(actor.class_name[len(prefix):], [0] * len(nodes))
+            if actor.node_id in index:
+                counts[index[actor.node_id]] += 1
+    return dict(sorted(out.items()))
+
+
 # ----------------------------------------------------------------------------- memory
 
 
@@ -361,6 +382,8 @@ def bench_store(prepared: dict[str, Any], args: argparse.Namespace, port: int) -
                 log(f"{app}: concurrency {c}")
                 out[f"{app}_c{c}"] = await http_phase(base, bodies[args.warmup:], c, args.max_seconds, args.client)
                 out[f"{app}_c{c}"]["replicas"] = running_replicas(app)
+                if args.dashboard:
+                    out[f"{app}_c{c}"]["per_node"] = replicas_per_node(app, args.dashboard)
                 log(f"  {out[f'{app}_c{c}']}")
             if c == 1 and args.paired_rounds:  # before the concurrency-8 load scales the replicas up
                 log(f"paired rounds: in-process and HTTP (concurrency 1) alternated, {args.paired_rounds} rounds")
@@ -406,6 +429,9 @@ def table(results: list[dict[str, Any]], concurrency: int) -> str:
             for c in (1, concurrency):
                 h = r["http"][f"{app}_c{c}"]
                 replicas = ", ".join(f"{name} {n}" for name, n in h.get("replicas", {}).items()) or "?"
+                if "per_node" in h:  # replicas per node, head first
+                    replicas += "; per node " + ", ".join(f"{name} {'+'.join(map(str, n))}"
+                                                         for name, n in h["per_node"].items())
                 lines.append(f"| {r['memories']:,} | HTTP {app} ({h.get('client', 'httpx')}; {replicas}) "
                              f"| {c} | {h['p50']} | {h['p95']} | {h['p99']} | {h['rps']} |")
     paired = [r for r in results if "paired" in r]
@@ -450,9 +476,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="after the phases, this many rounds of in-process and HTTP concurrency-1 recall on the "
                          "same queries, alternated (the ratio with the host's drift paired out)")
     ap.add_argument("--port", type=int, default=0, help="HTTP port on 127.0.0.1 (0: a free one)")
+    ap.add_argument("--cluster-nodes", type=int, default=0,
+                    help="serve on a multi-node Ray of this many `ray start` nodes on this machine, --num-cpus "
+                         "logical CPUs each (helix_ray.local_cluster; 0: one local Ray, as helix serve starts)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    args.dashboard = None  # a multi-node cluster's dashboard (replicas per node)
 
     import socket
 
@@ -467,18 +497,35 @@ def main(argv: list[str] | None = None) -> int:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
     prepared = [prepare(Path(store), args) for store in args.store]
-    log(f"starting a local Ray ({args.num_cpus} CPUs) and Serve on 127.0.0.1:{port}")
-    start_ray(num_cpus=args.num_cpus)
+    cluster = None
     results = []
     try:
+        if args.cluster_nodes:
+            from helix_ray.local_cluster import LocalCluster
+
+            log(f"starting a {args.cluster_nodes}-node Ray with `ray start` ({args.num_cpus} CPUs each)")
+            clock = time.perf_counter()
+            cluster = LocalCluster(nodes=args.cluster_nodes, cpus=args.num_cpus).start()
+            os.environ.update(cluster.env())  # RAY_ADDRESS and its token file: joined as helix serve joins
+            args.dashboard = cluster.dashboard_url
+            log(f"  up in {time.perf_counter() - clock:.1f} s at {cluster.address}; joining it and starting "
+                f"Serve on 127.0.0.1:{port}")
+        else:
+            log(f"starting a local Ray ({args.num_cpus} CPUs) and Serve on 127.0.0.1:{port}")
+        start_ray(num_cpus=args.num_cpus)
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         for p in prepared:
             results.append(bench_store(p, args, port))
     finally:
-        serve.shutdown()
-        ray.shutdown()
-        for p in prepared:
-            shutil.rmtree(p["work"], ignore_errors=True)
+        try:
+            if ray.is_initialized():
+                serve.shutdown()
+                ray.shutdown()
+        finally:
+            if cluster is not None:
+                cluster.stop()
+            for p in prepared:
+                shutil.rmtree(p["work"], ignore_errors=True)
     print(table(results, args.concurrency))
     print(json.dumps([r["ratios"] for r in results], indent=1))
     if args.json:
