@@ -45,6 +45,24 @@ def test_transcript_turns_become_episodic_with_speaker():
     assert rows[0]["created_at"].startswith("2025-")
 
 
+def test_a_markdown_folder_names_the_data_files_it_does_not_read(tmp_path):
+    """A folder source reads its .md files; a .jsonl or .parquet beside them is not
+    dropped in silence: it lands in quarantine saying how to ingest it."""
+    from pipelines.ingest import ingest
+
+    folder = tmp_path / "project"
+    (folder / "deep").mkdir(parents=True)
+    (folder / "note.md").write_text("---\nuser: dana\n---\n# Atlas\n## Queue\nWe use NATS.\n", encoding="utf-8")
+    write_jsonl(folder / "deep" / "more.jsonl", [{"text": "a memory in a file the folder does not read"}])
+    (folder / "image.png").write_bytes(b"\x89PNG")  # not memories: not named
+    report = ingest([folder], tmp_path / "store", runner="local", show_progress=False)
+    assert report.published and report.total_memories == 1
+    assert report.quarantined == 1 and report.quarantine_reasons == {"not_read": 1}
+    (row,) = [r for r in read_source(folder) if "_reject" in r]
+    assert row["_source"] == str(folder / "deep" / "more.jsonl")
+    assert "reads only its Markdown (.md) files" in row["_reject"] and "pass it as a source of its own" in row["_reject"]
+
+
 def test_markdown_sections_keep_distinct_ids(tmp_path):
     """Repeated headings, headings that differ only in punctuation or are not ASCII, and
     an id in the front matter: every section stays its own memory."""

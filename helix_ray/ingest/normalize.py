@@ -112,7 +112,8 @@ class Rejected(Exception):
     """A record that cannot be ingested. The quarantine reason reads
     ``"<code>: <sentence>"``; the code (``missing_text``, ``empty_text``, ``wrong_type``,
     ``unknown_type``, ``out_of_range``, ``bad_time``, ``too_long``, ``invalid_utf8``,
-    ``bad_json``, ``missing_user``) lets a report count them."""
+    ``bad_json``, ``missing_user``; ``not_read``: a data file inside a Markdown folder
+    source) lets a report count them."""
 
     def __init__(self, code: str, sentence: str):
         super().__init__(f"{code}: {sentence}")

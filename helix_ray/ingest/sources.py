@@ -29,6 +29,8 @@ from typing import Any, Iterator
 from helix_ray.errors import InvalidArgument
 
 FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo")
+#: Files that hold memories in a format other than Markdown.
+DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 RawRecord = dict[str, Any]
 
 
@@ -146,6 +148,10 @@ def read_markdown(path: Path) -> Iterator[RawRecord]:
     """Each ``##`` section of each file is one memory; text before the first ``##``
     (below a ``#`` title) is one memory too when it has content."""
     files = sorted(path.rglob("*.md")) if path.is_dir() else [path]
+    if path.is_dir():  # memories a folder holds but a folder source does not read: said, not dropped
+        for other in sorted(f for f in path.rglob("*") if f.suffix.lower() in DATA_SUFFIXES and f.is_file()):
+            yield _bad(other, "file", "not_read", f"a folder source reads only its Markdown (.md) files, not this "
+                       f"{other.suffix} file: pass it as a source of its own (helix ingest {other} ...)", "")
     for file in files:
         raw = file.read_bytes()
         try:
