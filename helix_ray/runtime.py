@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +89,12 @@ def _host_port(address: str) -> tuple[str, int] | None:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
-    """Why a ``RAY_ADDRESS`` cannot be a cluster, or None when something accepts a TCP
-    connection at its port (or it has none to try, ``auto``). For a port nobody listens
-    on, ``ray.init`` retried for more than 8 minutes here (Ray 2.60) before giving up;
-    this answers in milliseconds."""
+def _unreachable(address: str, wait_s: float = 20.0) -> str | None:
+    """Why a ``RAY_ADDRESS`` cannot be a cluster, or None once something accepts a TCP
+    connection at its port (or it has none to try, ``auto``). A refused or unanswered
+    port is tried again for ``wait_s`` (a head started in the background a moment ago
+    opens its port after ~5 s); for a port nobody listens on, ``ray.init`` itself retried
+    for more than 8 minutes here (Ray 2.60) before giving up."""
     import socket
 
     scheme = address.partition("://")[0] if "://" in address else None
@@ -102,13 +104,17 @@ def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
     target = _host_port(address)
     if target is None:
         return None
-    try:
-        with socket.create_connection(target, timeout=timeout_s):
-            return None
-    except socket.gaierror as exc:
-        return f"cannot resolve the host {target[0]!r}: {exc}"
-    except OSError as exc:
-        return f"nothing accepts connections there: {exc}"
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with socket.create_connection(target, timeout=2.0):
+                return None
+        except socket.gaierror as exc:
+            return f"cannot resolve the host {target[0]!r}: {exc}"
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                return f"nothing accepted connections there for {wait_s:.0f} s: {exc}"
+        time.sleep(0.5)
 
 
 def on_this_machine(address: str) -> bool:

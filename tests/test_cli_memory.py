@@ -318,9 +318,9 @@ def test_joining_a_cluster_on_this_machine_sends_the_auth_token_found_here(tmp_p
     assert run(RAY_AUTH_TOKEN="t" * 64) == f"True token {on}"
 
 
-def test_joining_where_nothing_listens_fails_at_once_with_a_sentence(tmp_path):
-    """Ray itself retries such an address for more than 8 minutes; Helix checks the port
-    first and says what to do."""
+def test_joining_where_nothing_listens_fails_in_seconds_with_a_sentence(tmp_path):
+    """Ray itself retries such an address for more than 8 minutes; Helix waits 20 s for
+    the port (a head just started), then says what to do."""
     import socket
 
     with socket.socket() as sock:
@@ -331,8 +331,8 @@ def test_joining_where_nothing_listens_fails_at_once_with_a_sentence(tmp_path):
                            "--store", str(tmp_path / "store")], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 2, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1] == (
-        f"helix ingest: Could not join the Ray cluster at RAY_ADDRESS='127.0.0.1:{port}' (nothing accepts "
-        f"connections there: [Errno 111] Connection refused). Check that it runs there (`ray status --address "
+        f"helix ingest: Could not join the Ray cluster at RAY_ADDRESS='127.0.0.1:{port}' (nothing accepted "
+        f"connections there for 20 s: [Errno 111] Connection refused). Check that it runs there (`ray status --address "
         f"127.0.0.1:{port}`) and that this machine reaches its port. Unset RAY_ADDRESS to start a new local Ray "
         "instead.")
 
@@ -341,6 +341,7 @@ def test_a_ray_address_that_cannot_be_a_cluster_is_named_before_joining():
     """What `_unreachable` tells a user before Ray would retry for minutes, and which
     addresses count as this machine (the auth token is sent to no other)."""
     import socket
+    import threading
 
     from helix_ray.runtime import _unreachable, on_this_machine
 
@@ -349,8 +350,15 @@ def test_a_ray_address_that_cannot_be_a_cluster_is_named_before_joining():
     assert _unreachable("auto") is None  # nothing to try: Ray looks for a local cluster itself
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))
-        listening.listen()
-        assert _unreachable(f"127.0.0.1:{listening.getsockname()[1]}") is None
+        port = listening.getsockname()[1]
+        # A head started a moment ago: its port opens after the first tries.
+        opener = threading.Timer(1.5, listening.listen)
+        opener.start()
+        try:
+            assert _unreachable(f"127.0.0.1:{port}", wait_s=15) is None
+        finally:
+            opener.join()
+    assert _unreachable(f"127.0.0.1:{port}", wait_s=1).startswith("nothing accepted connections there for 1 s")
     assert all(on_this_machine(a) for a in ("127.0.0.1:6379", "localhost:6379", "[::1]:6379", "auto"))
     import psutil
 
