@@ -74,7 +74,8 @@ def ingested(cluster, tmp_path_factory):
                            "--store", str(store), "--no-progress"],
                           env=cluster.env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return store, KeyStore(store).create("dana")[0]
+    keys = KeyStore(store)
+    return store, keys.create("dana")[0], keys.create("dana", admin=True)[0]
 
 
 @pytest.fixture(scope="module")
@@ -117,10 +118,13 @@ def test_the_batch_ingest_runs_on_the_cluster(cluster, ingested, tmp_path):
     assert len(expected) == 203
 
 
-def test_configs_serve_yaml_deploys_onto_the_cluster(ingested, deployed):
-    """The split graph from the config file recalls, and a write through it is recalled."""
-    with httpx.Client(base_url=f"http://127.0.0.1:{deployed}", headers={"Authorization": f"Bearer {ingested[1]}"},
-                      timeout=60) as dana:
+def test_configs_serve_yaml_deploys_onto_the_cluster(cluster, ingested, deployed):
+    """The split graph from the config file (its replicas wherever Serve placed them on the
+    two nodes) recalls; a write through it is recalled; a compaction by the Writer
+    publishes generation 2, and every replica the request crosses then serves from it."""
+    url = f"http://127.0.0.1:{deployed}"
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ingested[1]}"}, timeout=60) as dana, \
+            httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ingested[2]}"}, timeout=120) as ops:
         assert BROKER in ids(recall(dana, QUERY))[:3]
         written = dana.post("/v1/memories", json={"id": "dana-cluster", "text": "The cluster drill moved to Fridays."})
         assert written.status_code == 201, written.text
@@ -129,6 +133,17 @@ def test_configs_serve_yaml_deploys_onto_the_cluster(ingested, deployed):
             found = ids(recall(dana, "when is the cluster drill?"))
             time.sleep(0.05)
         assert "dana-cluster" in found
+
+        compacted = ops.post("/v1/admin/compact")
+        assert compacted.status_code == 200, compacted.text
+        assert compacted.json()["generation"] == 2 and compacted.json()["folded"] == 1
+        deadline, answer = time.monotonic() + 20, recall(dana, "when is the cluster drill?")
+        while answer["generation"] != 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            answer = recall(dana, "when is the cluster drill?")
+        drill = next(i for i in answer["items"] if i["id"] == "dana-cluster")
+        assert answer["generation"] == 2 and drill["origin"] == "generation"
+        assert BROKER in ids(recall(dana, QUERY))[:3]
 
 
 def _read_until(proc: subprocess.Popen, marker: str, timeout_s: float) -> str:
@@ -169,7 +184,7 @@ def test_helix_serve_joins_the_cluster_and_leaves_it_running(cluster, ingested, 
     """`helix serve` with RAY_ADDRESS replaces the application of the same name, says
     where it answers (Serve keeps the HTTP port it was started with, not --port), and on
     SIGTERM removes its application: the cluster and its Serve stay up."""
-    store, key = ingested
+    store, key, _ = ingested
     asked = _free_port()
     served = subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(store),
                                "--port", str(asked)], env=cluster.env(), stdout=subprocess.PIPE,
