@@ -476,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="after the phases, this many rounds of in-process and HTTP concurrency-1 recall on the "
                          "same queries, alternated (the ratio with the host's drift paired out)")
     ap.add_argument("--port", type=int, default=0, help="HTTP port on 127.0.0.1 (0: a free one)")
+    ap.add_argument("--proxy-location", choices=("EveryNode", "HeadOnly"), default=None,
+                    help="Serve's HTTP proxies (default: Serve's own, EveryNode): with --cluster-nodes, "
+                         "HeadOnly keeps one proxy for the cluster")
     ap.add_argument("--cluster-nodes", type=int, default=0,
                     help="serve on a multi-node Ray of this many `ray start` nodes on this machine, --num-cpus "
                          "logical CPUs each (helix_ray.local_cluster; 0: one local Ray, as helix serve starts)")
@@ -513,7 +516,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             log(f"starting a local Ray ({args.num_cpus} CPUs) and Serve on 127.0.0.1:{port}")
         start_ray(num_cpus=args.num_cpus)
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.start(http_options={"host": "127.0.0.1", "port": port},
+                    **({"proxy_location": args.proxy_location} if args.proxy_location else {}))
         for p in prepared:
             results.append(bench_store(p, args, port))
     finally:
