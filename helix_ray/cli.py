@@ -398,15 +398,13 @@ def _demo_over_http(store: Path, query: str, ours: bool) -> int:
     (127.0.0.1, a free port, the inline graph), a key for user dana, one
     ``POST /v1/recall`` — the request an agent or ``curl`` sends — then the key is
     revoked and what the demo started taken down (``ours``: the local Ray too)."""
-    import socket
     import urllib.request
 
+    from helix_ray.runtime import free_port
     from helix_ray.serve.keys import KeyStore
     from helix_ray.serve.server import _take_down, run, serving_address
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     keys = KeyStore(store)
     key, record = keys.create("dana")
     try:

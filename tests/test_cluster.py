@@ -146,9 +146,10 @@ def test_configs_serve_yaml_deploys_onto_the_cluster(cluster, ingested, deployed
         assert BROKER in ids(recall(dana, QUERY))[:3]
 
 
-def _read_until(proc: subprocess.Popen, marker: str, timeout_s: float) -> str:
+def _read_until(proc: subprocess.Popen, marker: str, timeout_s: float) -> tuple[str, queue.Queue]:
     """What ``proc`` printed up to the line starting with ``marker`` (or its exit, or the
-    deadline); a thread keeps reading after, so the pipe never fills."""
+    deadline), and the queue a thread keeps filling with the rest (None at the end), so
+    the pipe never fills."""
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
@@ -169,12 +170,11 @@ def _read_until(proc: subprocess.Popen, marker: str, timeout_s: float) -> str:
         seen.append(line)
         if line.startswith(marker):
             break
-    proc._helix_lines = lines  # type: ignore[attr-defined]  # the rest, read after it stops
-    return "".join(seen)
+    return "".join(seen), lines
 
 
-def _rest(proc: subprocess.Popen) -> str:
-    out, lines = [], proc._helix_lines  # type: ignore[attr-defined]
+def _rest(lines: queue.Queue) -> str:
+    out = []
     while (line := lines.get(timeout=30)) is not None:
         out.append(line)
     return "".join(out)
@@ -190,7 +190,7 @@ def test_helix_serve_joins_the_cluster_and_leaves_it_running(cluster, ingested, 
                                "--port", str(asked)], env=cluster.env(), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     try:
-        printed = _read_until(served, "Helix is serving", timeout_s=300)
+        printed, lines = _read_until(served, "Helix is serving", timeout_s=300)
         assert f"Helix is serving {store} on http://127.0.0.1:{deployed} (split graph" in printed, printed[-3000:]
         assert f"not on 127.0.0.1:{asked}" in printed
         with httpx.Client(base_url=f"http://127.0.0.1:{deployed}", headers={"Authorization": f"Bearer {key}"},
@@ -200,7 +200,7 @@ def test_helix_serve_joins_the_cluster_and_leaves_it_running(cluster, ingested, 
     finally:
         served.send_signal(signal.SIGTERM)
         served.wait(timeout=120)
-    rest = _rest(served)
+    rest = _rest(lines)
     assert served.returncode == 0, rest[-3000:]
     assert "stopping Helix" in rest
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import threading
 import time
 
@@ -27,9 +26,9 @@ ray_test = pytest.mark.ray
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from helix_ray.runtime import free_port
+
+    return free_port()
 
 
 @pytest.fixture(scope="module", params=["split", "inline"])
