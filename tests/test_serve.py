@@ -1262,3 +1262,52 @@ def test_stats_report_generation_delta_and_latency(alice, bob, ops):
     stats = mine
     for stage in ("embed", "bm25", "dense", "fuse", "rank", "pack", "ingress"):
         assert stats["latency_ms"][stage]["p95"] >= stats["latency_ms"][stage]["p50"] >= 0
+
+
+def _kill_replicas(deployment: str) -> list[str]:
+    """Kill every live replica of one of the app's deployments, as a crash would (Serve's
+    controller notices and starts new ones); returns the killed actors' names."""
+    import ray
+
+    from helix_ray.serve.server import APP_NAME
+
+    prefix = f"SERVE_REPLICA::{APP_NAME}#{deployment}#"
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
+    for name in names:
+        ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+    return names
+
+
+def test_killed_replicas_come_back_and_lose_no_acknowledged_write(served, alice):
+    """Last in the file: it kills replicas. A write acknowledged before the Writer died is
+    replayed by the new one from DuckDB; a write sent while it is down waits for it;
+    recall never waits for a dead retriever leg longer than ``leg_timeout_s`` (it answers
+    without the leg, flagged); a request sent while the ingress is down is answered by its
+    successor."""
+    pending = alice.get("/v1/stats").json()["pending_writes"]
+    assert alice.post("/v1/memories", json={"id": "alice-crash-1", "text": "The crash drill code word is "
+                                            "tangerine-walrus."}).status_code == 201
+    split = bool(_kill_replicas("DenseANN"))  # only the split graph has retriever deployments
+    assert _kill_replicas("Writer")
+
+    if split:  # a leg with no live replica: answered without it, not after its restart (~9 s here)
+        clock = time.perf_counter()
+        out = recall(alice, "tangerine-walrus crash drill code word")
+        assert time.perf_counter() - clock < 2.0 + 2.0, "recall waited for the DenseANN replica's restart"
+        assert any(flag.startswith("dense leg failed") for flag in out["flags"]["degraded"]), out["flags"]
+        assert ids(out)[0] == "alice-crash-1"  # BM25 alone finds it
+    assert alice.post("/v1/memories", json={"id": "alice-crash-2", "text": "After the crash the drill code word "
+                                            "is lemon-heron."}).status_code == 201
+    # The new Writer holds both: the first from its log, the second as written.
+    assert alice.get("/v1/stats").json()["pending_writes"] == pending + 2
+    deadline = time.time() + 60
+    while True:  # until the new DenseANN replica answers
+        out = recall(alice, "what is the crash drill code word?")
+        if not out["flags"].get("degraded") or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert not out["flags"].get("degraded") and {"alice-crash-1", "alice-crash-2"} <= set(ids(out)), out
+
+    assert _kill_replicas("HelixAPI")
+    out = recall(alice, "the code word after the crash")  # held by Serve until the new ingress is up
+    assert ids(out)[0] == "alice-crash-2" and not out["flags"].get("degraded")

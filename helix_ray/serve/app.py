@@ -88,6 +88,10 @@ class ServeArgs(BaseModel):
                              "stage); 'compact': all of them in one Pipeline deployment, one hop per request; "
                              "'inline': the ingress replicas run every stage themselves, no hop (the fastest on "
                              "one small host: docs/serve.md).")
+    leg_timeout_s: float = Field(
+        2.0, gt=0, le=60, description="Split graph: how long a recall waits for a retriever leg (BM25, DenseANN) "
+                                      "before answering without it, flagged in `flags.degraded` — e.g. while Serve "
+                                      "restarts a failed replica (~9 s here), instead of waiting for it.")
 
     @model_validator(mode="after")
     def _check_replicas(self) -> "ServeArgs":
@@ -236,6 +240,11 @@ def _bearer(authorization: Optional[str]) -> Optional[str]:
         return None
     scheme, _, value = authorization.partition(" ")
     return value.strip() if scheme.lower() == "bearer" else None
+
+
+def _failure(exc: BaseException, timeout_s: float) -> str:
+    """How a leg failed, for ``flags.degraded``."""
+    return f"no answer within {timeout_s:g} s" if isinstance(exc, TimeoutError) else type(exc).__name__
 
 
 def _ms(since: float) -> float:
@@ -411,8 +420,16 @@ class HelixAPI:
         assert self.dense is not None and self.ranker is not None
         plan = self.embedder.plan.remote(query, user=user, config=config, **request)
         lexical, dense = self.bm25.search.remote(plan), self.dense.search.remote(plan)
+        finish = self.ranker.finish.remote(plan, lexical, dense)
         try:
-            return await self.ranker.finish.remote(plan, lexical, dense)
+            # A leg with no live replica (one died; Serve is starting another) holds the
+            # Ranker's call until the new one is up, without an error: bounded here.
+            async with asyncio.timeout(self.args.leg_timeout_s):
+                return await finish
+        except TimeoutError:
+            finish.cancel()  # best effort: the legs it waits for are not cancelled by this
+            log.warning("recall graph took over %g s; answering with the legs that answered", self.args.leg_timeout_s)
+            return await self._recall_stepwise(query, user, config, request, inflight=(plan, lexical, dense))
         except Exception as exc:  # noqa: BLE001
             status = status_of(exc)
             if status is not None and status < 500:
@@ -422,17 +439,23 @@ class HelixAPI:
             log.warning("recall graph failed (%s); answering step by step", kind_of(exc) or type(exc).__name__)
             return await self._recall_stepwise(query, user, config, request)
 
-    async def _recall_stepwise(self, query: str, user: str, config: RetrievalConfig,
-                               request: dict[str, Any]) -> dict[str, Any]:
+    async def _recall_stepwise(self, query: str, user: str, config: RetrievalConfig, request: dict[str, Any],
+                               inflight: tuple[Any, Any, Any] | None = None) -> dict[str, Any]:
         """The graph with every hop awaited here: legs realigned on one generation when a
-        swap put them on different ones, and a failed leg left out (flagged)."""
+        swap put them on different ones, and a failed leg, or one that does not answer
+        within ``leg_timeout_s``, left out (flagged). ``inflight``: the (plan, bm25,
+        dense) calls of a graph that ran out of time, reused, not sent again: a leg that
+        has not answered by now is left out."""
         # Only the split graph comes here, and build_app binds all four of its handles.
         assert self.embedder is not None and self.bm25 is not None
         assert self.dense is not None and self.ranker is not None
-        plan = await self.embedder.plan.remote(query, user=user, config=config, **request)
-        legs = await asyncio.gather(self.bm25.search.remote(plan), self.dense.search.remote(plan),
-                                    return_exceptions=True)
-        degraded = [f"{name} leg failed ({type(r).__name__}); answered without it"
+        if inflight is None:
+            plan = await self.embedder.plan.remote(query, user=user, config=config, **request)
+            calls, wait_s = (self.bm25.search.remote(plan), self.dense.search.remote(plan)), self.args.leg_timeout_s
+        else:  # the legs have had leg_timeout_s already; a moment's grace for one just finishing
+            plan, calls, wait_s = await inflight[0], inflight[1:], min(0.2, self.args.leg_timeout_s)
+        legs = await asyncio.gather(*(self._leg(call, wait_s) for call in calls), return_exceptions=True)
+        degraded = [f"{name} leg failed ({_failure(r, self.args.leg_timeout_s)}); answered without it"
                     for name, r in zip(("bm25", "dense"), legs) if isinstance(r, BaseException)]
         lexical, dense = (None if isinstance(r, BaseException) else r for r in legs)
         if lexical is None and dense is None and not plan.skip:
@@ -447,6 +470,16 @@ class HelixAPI:
         out = await self.ranker.finish.remote(plan, lexical, dense)
         out["flags"].setdefault("degraded", []).extend(degraded)
         return out
+
+    @staticmethod
+    async def _leg(response: Any, wait_s: float) -> Any:
+        """A leg's DeploymentResponse, awaited for at most ``wait_s``."""
+        try:
+            async with asyncio.timeout(wait_s):
+                return await response
+        except TimeoutError:
+            response.cancel()
+            raise
 
     # ---------------------------------------------------------------- writes
     @api.post("/v1/memories", status_code=201, response_model=WriteResponse, responses=ERRORS, tags=["memories"],
