@@ -97,7 +97,10 @@ class LocalCluster:
         log = open(log_path, "w")
         proc = subprocess.Popen(self._command(index), stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, preexec_fn=_term_with_parent)
-        self._procs.append((proc, log))
+        if index < len(self._procs):  # a node started again in its place (restart_node)
+            self._procs[index] = (proc, log)
+        else:
+            self._procs.append((proc, log))
         deadline = time.monotonic() + timeout_s
         while STARTED not in log_path.read_text(errors="replace"):
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -136,6 +139,37 @@ class LocalCluster:
         self._procs.clear()
         if self._own_folder and not keep_folder:
             shutil.rmtree(self.folder, ignore_errors=True)
+
+    def kill_node(self, index: int) -> int:
+        """SIGKILL a worker node and every process it started (raylet, agents, the replicas
+        and tasks on it), as a host that fails would: no drain, no word to the GCS, which
+        finds out by its health checks. Returns how many processes were killed."""
+        import psutil
+
+        if not 0 < index < len(self._procs):
+            raise ValueError(f"kill_node takes a worker node's index, 1 to {len(self._procs) - 1} (got {index}); "
+                             "the head holds the GCS, and losing it loses the cluster")
+        proc, log = self._procs[index]
+        try:
+            top = psutil.Process(proc.pid)
+            victims = [top, *top.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            victims = []
+        for victim in victims:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                victim.kill()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what started after the snapshot, in its session
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        log.close()
+        return len(victims)
+
+    def restart_node(self, index: int, timeout_s: float = 120.0) -> None:
+        """Start worker node ``index`` again (after :meth:`kill_node`): a new node joins."""
+        if not 0 < index < len(self._procs) or self._procs[index][0].poll() is None:
+            raise ValueError(f"node {index} is not a stopped worker node of this cluster")
+        self._start_node(index, timeout_s)
 
     def __enter__(self) -> "LocalCluster":
         return self.start()

@@ -11,10 +11,12 @@ Helix's processes get ``RAY_ADDRESS`` and the cluster's token file but not
 
 from __future__ import annotations
 
+import json
 import queue
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -40,13 +42,38 @@ def cluster():
         yield running
 
 
-def _cluster_nodes(cluster) -> int:
-    """Alive nodes, asked by a separate driver that joins as Helix does."""
-    probe = subprocess.run([sys.executable, "-c", "import ray\nfrom helix_ray.runtime import ensure_ray\nensure_ray()\n"
-                            "print(sum(n['Alive'] for n in ray.nodes()))"],
+def _probe(cluster, code: str) -> str:
+    """The last line ``code`` prints, run by a separate driver that joins as Helix does."""
+    probe = subprocess.run([sys.executable, "-c", "import ray\nfrom helix_ray.runtime import ensure_ray\n"
+                            "ensure_ray()\n" + textwrap.dedent(code)],
                            env=cluster.env(), capture_output=True, text=True, timeout=120)
     assert probe.returncode == 0, probe.stderr[-3000:]
-    return int(probe.stdout.strip().splitlines()[-1])
+    return probe.stdout.strip().splitlines()[-1]
+
+
+def _cluster_nodes(cluster) -> int:
+    """Alive nodes."""
+    return int(_probe(cluster, "print(sum(n['Alive'] for n in ray.nodes()))"))
+
+
+PLACEMENT = """
+    import json
+    from ray.util.state import list_actors
+    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
+    out = {}
+    for actor in list_actors(filters=[("state", "=", "ALIVE")], limit=1000):
+        if (actor.name or "").startswith("SERVE_REPLICA::"):
+            out.setdefault(actor.name.split("#")[1], []).append("head" if actor.node_id == head else "worker")
+    print(json.dumps(out))
+"""
+
+
+def _placement(cluster) -> dict[str, list[str]]:
+    """Per deployment, the node of each replica (head or worker), from Ray's state API.
+    Printed: which replicas a node loss takes varies from run to run."""
+    placed = json.loads(_probe(cluster, PLACEMENT))
+    print("replicas by node:", placed)
+    return placed
 
 
 def _serve_cli(cluster, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -144,6 +171,44 @@ def test_configs_serve_yaml_deploys_onto_the_cluster(cluster, ingested, deployed
         drill = next(i for i in answer["items"] if i["id"] == "dana-cluster")
         assert answer["generation"] == 2 and drill["origin"] == "generation"
         assert BROKER in ids(recall(dana, QUERY))[:3]
+
+
+def test_a_lost_node_loses_no_acknowledged_write(cluster, ingested, deployed):
+    """The worker node fails (SIGKILL of its raylet, agents and every replica on it; the
+    GCS notices by its health checks): Serve starts the lost replicas again on the head,
+    recall answers again, a write acknowledged before the loss is still pending in the
+    Writer and recalled, and writes go on. Then the node rejoins, for the tests below."""
+    url = f"http://127.0.0.1:{deployed}"
+    query = "what is the node-loss drill word?"
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ingested[1]}"}, timeout=120) as dana:
+        pending = dana.get("/v1/stats").json()["pending_writes"]
+        written = dana.post("/v1/memories", json={"id": "dana-node-loss", "text": "The node-loss drill word is "
+                                                  "copper-finch."})
+        assert written.status_code == 201, written.text
+        placed = _placement(cluster)
+        assert cluster.kill_node(1) >= 3  # ray start, its raylet, its agents (and the replicas placed there)
+        # Until Serve has replaced what ran there, a request may wait (a stage with no
+        # replica), be answered without a leg (flags.degraded) or fail; then it must not.
+        deadline, answers = time.monotonic() + 180, []
+        while time.monotonic() < deadline:
+            response = dana.post("/v1/recall", json={"query": query, "budget_tokens": 400, "k": 8})
+            answers.append(response.status_code)
+            if response.status_code == 200 and not response.json()["flags"].get("degraded"):
+                break
+            time.sleep(0.5)
+        try:
+            out = recall(dana, query)
+            assert not out["flags"].get("degraded") and ids(out)[0] == "dana-node-loss", (answers, out["flags"])
+            assert dana.post("/v1/memories", json={"id": "dana-node-loss-2", "text": "After the node loss the "
+                                                   "word is silver-owl."}).status_code == 201
+            assert dana.get("/v1/stats").json()["pending_writes"] == pending + 2, placed
+            deadline = time.monotonic() + 60  # the GCS marks the node dead after its health checks fail
+            while _cluster_nodes(cluster) != 1 and time.monotonic() < deadline:
+                time.sleep(2)
+            assert _cluster_nodes(cluster) == 1
+        finally:
+            cluster.restart_node(1)  # the tests below run on two nodes
+    assert _cluster_nodes(cluster) == 2
 
 
 def _read_until(proc: subprocess.Popen, marker: str, timeout_s: float) -> tuple[str, queue.Queue]:

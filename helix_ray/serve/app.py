@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Literal, Optional, cast
+from typing import Any, Literal, Optional, Sequence, cast
 
 from fastapi import Body, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
@@ -89,9 +89,10 @@ class ServeArgs(BaseModel):
                              "'inline': the ingress replicas run every stage themselves, no hop (the fastest on "
                              "one small host: docs/serve.md).")
     leg_timeout_s: float = Field(
-        2.0, gt=0, le=60, description="Split graph: how long a recall waits for a retriever leg (BM25, DenseANN) "
-                                      "before answering without it, flagged in `flags.degraded` — e.g. while Serve "
-                                      "restarts a failed replica (~9 s here), instead of waiting for it.")
+        2.0, gt=0, le=60, description="Split graph: how long a recall waits for its graph before answering "
+                                      "with the retriever legs (BM25, DenseANN) that have answered, a missing one "
+                                      "flagged in `flags.degraded` — e.g. while Serve replaces a failed replica "
+                                      "(seconds), instead of waiting for it.")
 
     @model_validator(mode="after")
     def _check_replicas(self) -> "ServeArgs":
@@ -242,9 +243,19 @@ def _bearer(authorization: Optional[str]) -> Optional[str]:
     return value.strip() if scheme.lower() == "bearer" else None
 
 
+#: After the graph's ``leg_timeout_s``: the legs' grace when the plan was in by then
+#: (seconds), and how long the plan may take to come back for that to hold.
+LEG_GRACE_S = 0.2
+LATE_PLAN_S = 0.05
+
+
+class LegTimedOut(Exception):
+    """A retriever leg that did not answer within ``leg_timeout_s``."""
+
+
 def _failure(exc: BaseException, timeout_s: float) -> str:
     """How a leg failed, for ``flags.degraded``."""
-    return f"no answer within {timeout_s:g} s" if isinstance(exc, TimeoutError) else type(exc).__name__
+    return f"no answer within {timeout_s:g} s" if isinstance(exc, LegTimedOut) else type(exc).__name__
 
 
 def _ms(since: float) -> float:
@@ -421,16 +432,15 @@ class HelixAPI:
         plan = self.embedder.plan.remote(query, user=user, config=config, **request)
         lexical, dense = self.bm25.search.remote(plan), self.dense.search.remote(plan)
         finish = self.ranker.finish.remote(plan, lexical, dense)
+        # A leg with no live replica (it died; Serve is starting another) does not fail:
+        # its call waits in Serve's router, and the Ranker's call on it. Bounded here.
+        timer = asyncio.timeout(self.args.leg_timeout_s)
         try:
-            # A leg with no live replica (one died; Serve is starting another) holds the
-            # Ranker's call until the new one is up, without an error: bounded here.
-            async with asyncio.timeout(self.args.leg_timeout_s):
+            async with timer:
                 return await finish
-        except TimeoutError:
-            finish.cancel()  # best effort: the legs it waits for are not cancelled by this
-            log.warning("recall graph took over %g s; answering with the legs that answered", self.args.leg_timeout_s)
-            return await self._recall_stepwise(query, user, config, request, inflight=(plan, lexical, dense))
         except Exception as exc:  # noqa: BLE001
+            if isinstance(exc, TimeoutError) and timer.expired():
+                return await self._recall_late(query, user, config, request, plan, lexical, dense, finish)
             status = status_of(exc)
             if status is not None and status < 500:
                 raise  # the caller's mistake, said by the replica that found it
@@ -439,22 +449,50 @@ class HelixAPI:
             log.warning("recall graph failed (%s); answering step by step", kind_of(exc) or type(exc).__name__)
             return await self._recall_stepwise(query, user, config, request)
 
-    async def _recall_stepwise(self, query: str, user: str, config: RetrievalConfig, request: dict[str, Any],
-                               inflight: tuple[Any, Any, Any] | None = None) -> dict[str, Any]:
+    async def _recall_late(self, query: str, user: str, config: RetrievalConfig, request: dict[str, Any],
+                           plan: Any, lexical: Any, dense: Any, finish: Any) -> dict[str, Any]:
+        """The graph did not answer within ``leg_timeout_s``: its calls are reused, not sent
+        again. The legs get a moment's grace (the full ``leg_timeout_s`` if the plan itself
+        was late); if both then answer, the Ranker is slow, not gone, and its call is
+        awaited; otherwise it is cancelled and the legs that answered are ranked."""
+        clock = time.perf_counter()
+        try:
+            planned = await plan
+        except Exception as exc:  # noqa: BLE001
+            status = status_of(exc)
+            if status is not None and status < 500:
+                raise
+            return await self._recall_stepwise(query, user, config, request)
+        late_plan = time.perf_counter() - clock > LATE_PLAN_S
+        wait_s = self.args.leg_timeout_s if late_plan else min(LEG_GRACE_S, self.args.leg_timeout_s)
+        legs = await asyncio.gather(self._leg(lexical, wait_s), self._leg(dense, wait_s), return_exceptions=True)
+        if not any(isinstance(leg, BaseException) for leg in legs):
+            try:
+                return await finish
+            except Exception as exc:  # noqa: BLE001 - e.g. the legs straddled a swap: ranked here
+                status = status_of(exc)
+                if status is not None and status < 500:
+                    raise
+        finish.cancel()  # best effort; it does not cancel the calls it was given
+        log.warning("recall graph took over %g s; answering with the legs that answered", self.args.leg_timeout_s)
+        return await self._finish_legs(planned, legs)
+
+    async def _recall_stepwise(self, query: str, user: str, config: RetrievalConfig,
+                               request: dict[str, Any]) -> dict[str, Any]:
         """The graph with every hop awaited here: legs realigned on one generation when a
         swap put them on different ones, and a failed leg, or one that does not answer
-        within ``leg_timeout_s``, left out (flagged). ``inflight``: the (plan, bm25,
-        dense) calls of a graph that ran out of time, reused, not sent again: a leg that
-        has not answered by now is left out."""
+        within ``leg_timeout_s``, left out (flagged)."""
         # Only the split graph comes here, and build_app binds all four of its handles.
-        assert self.embedder is not None and self.bm25 is not None
-        assert self.dense is not None and self.ranker is not None
-        if inflight is None:
-            plan = await self.embedder.plan.remote(query, user=user, config=config, **request)
-            calls, wait_s = (self.bm25.search.remote(plan), self.dense.search.remote(plan)), self.args.leg_timeout_s
-        else:  # the legs have had leg_timeout_s already; a moment's grace for one just finishing
-            plan, calls, wait_s = await inflight[0], inflight[1:], min(0.2, self.args.leg_timeout_s)
-        legs = await asyncio.gather(*(self._leg(call, wait_s) for call in calls), return_exceptions=True)
+        assert self.embedder is not None and self.bm25 is not None and self.dense is not None
+        plan = await self.embedder.plan.remote(query, user=user, config=config, **request)
+        legs = await asyncio.gather(self._leg(self.bm25.search.remote(plan), self.args.leg_timeout_s),
+                                    self._leg(self.dense.search.remote(plan), self.args.leg_timeout_s),
+                                    return_exceptions=True)
+        return await self._finish_legs(plan, legs)
+
+    async def _finish_legs(self, plan: Any, legs: Sequence[Any]) -> dict[str, Any]:
+        """The Ranker over the legs that answered (a failed one is flagged and left out)."""
+        assert self.bm25 is not None and self.dense is not None and self.ranker is not None
         degraded = [f"{name} leg failed ({_failure(r, self.args.leg_timeout_s)}); answered without it"
                     for name, r in zip(("bm25", "dense"), legs) if isinstance(r, BaseException)]
         lexical, dense = (None if isinstance(r, BaseException) else r for r in legs)
@@ -473,13 +511,17 @@ class HelixAPI:
 
     @staticmethod
     async def _leg(response: Any, wait_s: float) -> Any:
-        """A leg's DeploymentResponse, awaited for at most ``wait_s``."""
+        """A leg's DeploymentResponse, awaited for at most ``wait_s`` (then cancelled:
+        :class:`LegTimedOut`)."""
+        timer = asyncio.timeout(wait_s)
         try:
-            async with asyncio.timeout(wait_s):
+            async with timer:
                 return await response
         except TimeoutError:
+            if not timer.expired():
+                raise  # the leg's own error, not this wait
             response.cancel()
-            raise
+            raise LegTimedOut() from None
 
     # ---------------------------------------------------------------- writes
     @api.post("/v1/memories", status_code=201, response_model=WriteResponse, responses=ERRORS, tags=["memories"],
