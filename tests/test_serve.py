@@ -377,7 +377,8 @@ def _split_ingress(plan_s=0.0, bm25_s=0.0, dense_s=0.0, rank_s=0.0, timeout_s=0.
     from helix_ray.serve.app import HelixAPI, ServeArgs
 
     leg = types.SimpleNamespace(generation=1)
-    server = types.SimpleNamespace(args=ServeArgs(store="unused", graph="split", leg_timeout_s=timeout_s))
+    server = types.SimpleNamespace(args=ServeArgs(store="unused", graph="split", leg_timeout_s=timeout_s),
+                                   _legs_missing=set())
     for name in ("_recall_split", "_recall_late", "_recall_stepwise", "_finish_legs", "_leg"):
         method = getattr(HelixAPI.func_or_class, name)
         setattr(server, name, method if name == "_leg" else types.MethodType(method, server))  # _leg: static
@@ -406,10 +407,27 @@ def test_a_leg_that_never_answers_is_left_out_after_the_timeout():
     out, took = _recall_split(server)
     assert 0.2 <= took < 0.2 + 0.2 + 0.15
     assert out["legs"] == [True, False]
-    assert out["flags"]["degraded"] == ["dense leg failed (no answer within 0.2 s); answered without it"]
+    assert out["flags"]["degraded"] == ["dense leg failed (no answer within 0.4 s); answered without it"]
     first, last = server.ranker.finish.calls
     assert first.cancelled and not last.cancelled
     assert [len(server.embedder.plan.calls), len(server.bm25.search.calls)] == [1, 1]
+
+
+def test_while_a_leg_is_missing_recall_waits_less_for_it():
+    """After a leg ran out of time, the next recalls give the graph 0.25 s, not the whole
+    ``leg_timeout_s``, until the leg answers again; then the full bound is back."""
+    server = _split_ingress(dense_s=float("inf"), timeout_s=2.0)
+    out, took = _recall_split(server)
+    assert took >= 2.0 and out["flags"]["degraded"] and server._legs_missing == {"dense"}
+    out, took = _recall_split(server)
+    assert took < 0.25 + 0.2 + 0.15
+    assert out["flags"]["degraded"] == ["dense leg failed (no answer within 0.45 s); answered without it"]
+    server.dense.search.delay = 0.0  # Serve has replaced the replica
+    out, _ = _recall_split(server)
+    assert not out["flags"].get("degraded") and server._legs_missing == set()
+    server.dense.search.delay = 0.3  # slow, not gone: no longer cut short at 0.25 s
+    out, took = _recall_split(server)
+    assert took >= 0.3 and not out["flags"].get("degraded")
 
 
 @pytest.mark.parametrize("slow", ["plan", "rank", "legs"])

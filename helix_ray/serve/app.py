@@ -247,6 +247,8 @@ def _bearer(authorization: Optional[str]) -> Optional[str]:
 #: (seconds), and how long the plan may take to come back for that to hold.
 LEG_GRACE_S = 0.2
 LATE_PLAN_S = 0.05
+#: The graph's bound (seconds) while a leg that ran out of time has not answered since.
+MISSING_LEG_TIMEOUT_S = 0.25
 
 
 class LegTimedOut(Exception):
@@ -255,7 +257,7 @@ class LegTimedOut(Exception):
 
 def _failure(exc: BaseException, timeout_s: float) -> str:
     """How a leg failed, for ``flags.degraded``."""
-    return f"no answer within {timeout_s:g} s" if isinstance(exc, LegTimedOut) else type(exc).__name__
+    return f"no answer within {timeout_s:.2g} s" if isinstance(exc, LegTimedOut) else type(exc).__name__
 
 
 def _ms(since: float) -> float:
@@ -317,6 +319,7 @@ class HelixAPI:
         self._config = check_settings(self.base, {})
         self._accessed: list[tuple[str, str, int]] = []  # recall hits not yet sent to the Writer
         self._access_flush: asyncio.Task | None = None
+        self._legs_missing: set[str] = set()  # split graph: legs that ran out of time and have not answered since
 
     # ---------------------------------------------------------------- settings
     def reconfigure(self, user_config: dict[str, Any]) -> None:
@@ -433,14 +436,20 @@ class HelixAPI:
         lexical, dense = self.bm25.search.remote(plan), self.dense.search.remote(plan)
         finish = self.ranker.finish.remote(plan, lexical, dense)
         # A leg with no live replica (it died; Serve is starting another) does not fail:
-        # its call waits in Serve's router, and the Ranker's call on it. Bounded here.
-        timer = asyncio.timeout(self.args.leg_timeout_s)
+        # its call waits in Serve's router, and the Ranker's call on it. Bounded here;
+        # while a leg is missing, more tightly (each recall of an agent's turn would
+        # otherwise wait the whole bound until Serve has replaced the replica).
+        bound = self.args.leg_timeout_s if not self._legs_missing else min(self.args.leg_timeout_s,
+                                                                            MISSING_LEG_TIMEOUT_S)
+        timer = asyncio.timeout(bound)
         try:
             async with timer:
-                return await finish
+                out = await finish
+            self._legs_missing.clear()
+            return out
         except Exception as exc:  # noqa: BLE001
             if isinstance(exc, TimeoutError) and timer.expired():
-                return await self._recall_late(query, user, config, request, plan, lexical, dense, finish)
+                return await self._recall_late(query, user, config, request, plan, lexical, dense, finish, bound)
             status = status_of(exc)
             if status is not None and status < 500:
                 raise  # the caller's mistake, said by the replica that found it
@@ -450,11 +459,12 @@ class HelixAPI:
             return await self._recall_stepwise(query, user, config, request)
 
     async def _recall_late(self, query: str, user: str, config: RetrievalConfig, request: dict[str, Any],
-                           plan: Any, lexical: Any, dense: Any, finish: Any) -> dict[str, Any]:
-        """The graph did not answer within ``leg_timeout_s``: its calls are reused, not sent
-        again. The legs get a moment's grace (the full ``leg_timeout_s`` if the plan itself
-        was late); if both then answer, the Ranker is slow, not gone, and its call is
-        awaited; otherwise it is cancelled and the legs that answered are ranked."""
+                           plan: Any, lexical: Any, dense: Any, finish: Any, bound: float) -> dict[str, Any]:
+        """The graph did not answer within ``bound`` seconds (``leg_timeout_s``, or less
+        while a leg is missing): its calls are reused, not sent again. The legs get a
+        moment's grace (the full ``leg_timeout_s`` if the plan itself was late); if both
+        then answer, the Ranker is slow, not gone, and its call is awaited; otherwise it
+        is cancelled and the legs that answered are ranked."""
         clock = time.perf_counter()
         try:
             planned = await plan
@@ -466,6 +476,11 @@ class HelixAPI:
         late_plan = time.perf_counter() - clock > LATE_PLAN_S
         wait_s = self.args.leg_timeout_s if late_plan else min(LEG_GRACE_S, self.args.leg_timeout_s)
         legs = await asyncio.gather(self._leg(lexical, wait_s), self._leg(dense, wait_s), return_exceptions=True)
+        for name, leg in zip(("bm25", "dense"), legs):
+            if isinstance(leg, LegTimedOut):
+                self._legs_missing.add(name)
+            else:
+                self._legs_missing.discard(name)
         if not any(isinstance(leg, BaseException) for leg in legs):
             try:
                 return await finish
@@ -475,7 +490,7 @@ class HelixAPI:
                     raise
         finish.cancel()  # best effort; it does not cancel the calls it was given
         log.warning("recall graph took over %g s; answering with the legs that answered", self.args.leg_timeout_s)
-        return await self._finish_legs(planned, legs)
+        return await self._finish_legs(planned, legs, bound + wait_s)
 
     async def _recall_stepwise(self, query: str, user: str, config: RetrievalConfig,
                                request: dict[str, Any]) -> dict[str, Any]:
@@ -488,12 +503,12 @@ class HelixAPI:
         legs = await asyncio.gather(self._leg(self.bm25.search.remote(plan), self.args.leg_timeout_s),
                                     self._leg(self.dense.search.remote(plan), self.args.leg_timeout_s),
                                     return_exceptions=True)
-        return await self._finish_legs(plan, legs)
+        return await self._finish_legs(plan, legs, self.args.leg_timeout_s)
 
-    async def _finish_legs(self, plan: Any, legs: Sequence[Any]) -> dict[str, Any]:
+    async def _finish_legs(self, plan: Any, legs: Sequence[Any], waited_s: float) -> dict[str, Any]:
         """The Ranker over the legs that answered (a failed one is flagged and left out)."""
         assert self.bm25 is not None and self.dense is not None and self.ranker is not None
-        degraded = [f"{name} leg failed ({_failure(r, self.args.leg_timeout_s)}); answered without it"
+        degraded = [f"{name} leg failed ({_failure(r, waited_s)}); answered without it"
                     for name, r in zip(("bm25", "dense"), legs) if isinstance(r, BaseException)]
         lexical, dense = (None if isinstance(r, BaseException) else r for r in legs)
         if lexical is None and dense is None and not plan.skip:
