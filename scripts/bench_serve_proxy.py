@@ -25,7 +25,7 @@ import time
 ANSWER = {"items": [{"id": f"m{i}", "text": "x" * 400, "score": 0.5} for i in range(10)]}
 
 
-def one_run(requests: int) -> dict:
+def one_run(requests: int, method: str) -> dict:
     """In a fresh process (its environment set by the parent): Ray, the echo app, the loop."""
     import ray
     from fastapi import FastAPI
@@ -45,18 +45,23 @@ def one_run(requests: int) -> dict:
         async def recall(self, body: dict) -> dict:
             return ANSWER
 
+        @app.get("/v1/recall")
+        async def recall_get(self, query: str, user: str) -> dict:  # no body: no call back for it
+            return ANSWER
+
     serve.run(Echo.bind(), name="echo", route_prefix="/",
               logging_config={"enable_access_log": False, "log_level": "WARNING"})
 
     async def loop() -> list[float]:
         import aiohttp
 
-        times = []
+        times, url = [], f"http://127.0.0.1:{port}/v1/recall"
         async with aiohttp.ClientSession() as session:
             for i in range(requests + 50):
                 clock = time.perf_counter()
-                async with session.post(f"http://127.0.0.1:{port}/v1/recall",
-                                        json={"query": f"query {i}", "user": "u"}) as response:
+                fields = {"query": f"query {i}", "user": "u"}
+                async with (session.post(url, json=fields) if method == "post"
+                            else session.get(url, params=fields)) as response:
                     await response.json()
                 if i >= 50:
                     times.append((time.perf_counter() - clock) * 1000)
@@ -77,21 +82,25 @@ def main() -> None:
                         help='"K=V[,K=V...]" for one setting; "" for Serve\'s defaults (repeat)')
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--method", choices=["post", "get"], default="post",
+                        help="post: a JSON body, as Helix's recall; get: the same fields as query parameters "
+                             "(no request body for the replica to fetch from the proxy)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(one_run(args.requests)), flush=True)
+        print(json.dumps(one_run(args.requests, args.method)), flush=True)
         return
     settings = args.env if args.env is not None else [""]
     for round_ in range(args.rounds):
         for setting in settings:
             extra = dict(part.split("=", 1) for part in setting.split(",") if part)
-            done = subprocess.run([sys.executable, __file__, "--child", "--requests", str(args.requests)],
+            done = subprocess.run([sys.executable, __file__, "--child", "--requests", str(args.requests),
+                                   "--method", args.method],
                                   env={**os.environ, **extra}, capture_output=True, text=True, timeout=600)
             if done.returncode != 0:
                 raise SystemExit(f"run with {extra or 'defaults'} failed:\n{done.stderr[-3000:]}")
             figures = json.loads(done.stdout.strip().splitlines()[-1])
-            print(json.dumps({"round": round_, "env": extra, **figures}), flush=True)
+            print(json.dumps({"round": round_, "method": args.method, "env": extra, **figures}), flush=True)
 
 
 if __name__ == "__main__":
