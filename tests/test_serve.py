@@ -1408,7 +1408,8 @@ def test_killed_replicas_come_back_and_lose_no_acknowledged_write(served, alice)
     if killed:  # a leg with no live replica: answered without it, not once Serve has replaced it
         clock = time.perf_counter()
         out = recall(alice, "tangerine-walrus crash drill code word")
-        assert time.perf_counter() - clock < 2.0 + 2.0, "recall waited for the DenseANN replica's successor"
+        # 2.2 s nominal (leg_timeout_s and the grace); the successor takes ~9 s here
+        assert time.perf_counter() - clock < 5.0, "recall waited for the DenseANN replica's successor"
         # Serve notices a dead replica at its next health check (every ~10 s, jittered)
         # and then starts one: unless a successor exists already, the leg was left out.
         successors = set(_replica_names("DenseANN")) - set(killed)

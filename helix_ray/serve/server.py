@@ -37,7 +37,48 @@ def start_ray(*, num_cpus: int | None = None, quiet: bool = True) -> str:
         # HAProxy on this host, told at once. Ctrl-C stopped `helix serve --ha-proxy` after
         # ~32 s, ~7 s with this (the default proxy's time). An explicit setting wins.
         os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", str(HA_PROXY_DRAIN_S))
+        own_haproxy()
     return ensure_ray(num_cpus=num_cpus, quiet=quiet, loopback=True)
+
+
+#: Serve's HAProxy settings (Ray 2.60) that :func:`own_haproxy` sets: its files, and the
+#: two ports it listens on besides the application's.
+HAPROXY_FILES = {"RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
+                 "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
+                 "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock"}
+HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+
+
+def own_haproxy() -> str:
+    """Give the HAProxy of a Ray that Helix starts its own ports and a private folder.
+
+    Serve's HAProxy ingress listens for its stats page and Prometheus metrics on fixed
+    ports (8404, 9101) of every interface, and keeps its files — an admin socket of mode
+    666 at admin level among them — under ``/tmp/haproxy-serve``. A second HAProxy Serve
+    on the host then fails to start (measured: a second ``helix serve --ha-proxy`` died
+    with "cannot bind socket ... 0.0.0.0:9101"), and any local user could command this
+    one. Here: free ports, and the files in a new folder only this user may enter (mode
+    0700; Ray adds a folder per node inside), removed at exit. A setting already in the
+    environment wins. Returns the folder. The two ports still listen on every interface
+    (Ray's template binds ``*``): docs/serve.md says so.
+    """
+    import atexit
+    import shutil
+    import tempfile
+
+    from helix_ray.runtime import free_port
+
+    folder = tempfile.mkdtemp(prefix="helix-haproxy-")
+    if len(folder) + len("/") + 56 + len("/metrics.sock") > 107:  # a unix socket's path, with Ray's node id
+        os.rmdir(folder)
+        folder = tempfile.mkdtemp(prefix="helix-haproxy-", dir="/tmp")
+    atexit.register(shutil.rmtree, folder, True)
+    for name, file in HAPROXY_FILES.items():
+        os.environ.setdefault(name, os.path.join(folder, file))
+    os.environ.setdefault("RAY_SERVE_HAPROXY_SERVER_STATE_BASE", folder)
+    for name in HAPROXY_PORTS:
+        os.environ.setdefault(name, str(free_port()))
+    return folder
 
 
 def run(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: bool = True,
