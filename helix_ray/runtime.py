@@ -89,6 +89,30 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def spare_port(host: str = "0.0.0.0", attempts: int = 200) -> int:
+    """A free TCP port below the kernel's ephemeral range, for a listener that starts a
+    while later: a port from :func:`free_port` is in that range, where any process
+    binding port 0 in the meantime — Ray starts dozens — may take it first (measured: a
+    HAProxy stats port picked that way was taken before HAProxy bound it)."""
+    import random
+    import socket
+
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    # The system's randomness, not the module's: two servers starting at once must not draw alike.
+    candidates = random.SystemRandom().sample(range(10_000, max(low, 10_001)), k=min(attempts, max(low - 10_000, 1)))
+    for port in candidates:
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free TCP port found in 10000-{low - 1} on {host} after {attempts} tries")
+
+
 def _host_port(address: str) -> tuple[str, int] | None:
     """``host:port`` (or ``ray://host:port``, ``[v6]:port``) of a ``RAY_ADDRESS``; None
     for forms without a port (``auto``)."""

@@ -112,6 +112,49 @@ def test_next_generation_folds_accesses_into_last_accessed_at(tmp_path):
     assert row["access_count"] == 3
 
 
+def test_helix_serve_refuses_a_port_in_use(tmp_path):
+    """A port something listens on is refused before Ray starts. Serve's proxy binds with
+    SO_REUSEPORT: a second `helix serve` on the port of a first one used to start
+    "serving" too, and requests went to either store."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(tmp_path / "s"),
+                               "--port", str(port)], capture_output=True, text=True, timeout=120,
+                              env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"Got --port={port}; something already listens on 127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr and "Ray" not in done.stdout
+
+
+def test_own_haproxy_gives_free_ports_and_a_private_folder_unless_told(monkeypatch):
+    """What `helix serve --ha-proxy` sets before its Ray starts: a private folder (mode
+    0700, socket paths short enough for Ray's per-node folder inside) and two free ports;
+    a setting already in the environment is kept."""
+    from helix_ray.serve import server
+
+    for name in [*server.HAPROXY_FILES, *server.HAPROXY_PORTS, "RAY_SERVE_HAPROXY_SERVER_STATE_BASE"]:
+        monkeypatch.setenv(name, "")  # recorded, so that what own_haproxy sets is undone after the test
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_METRICS_PORT", "19101")
+    folder = Path(server.own_haproxy())
+    try:
+        assert folder.is_dir() and folder.stat().st_mode & 0o777 == 0o700
+        for name, file in server.HAPROXY_FILES.items():
+            assert os.environ[name] == str(folder / file)
+            assert len(str(folder / ("x" * 56) / file)) <= 107  # Ray puts a node id folder in between
+        assert os.environ["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"] == str(folder)
+        assert os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] == "19101"
+        # Below the ephemeral range, where Ray's own processes' binds to port 0 cannot take it first
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        assert 10_000 <= int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]) < ephemeral
+    finally:
+        folder.rmdir()
+
+
 def test_ha_proxy_refuses_a_cluster_it_does_not_start(tmp_path):
     """--ha-proxy sets Serve's switch for the Ray this command starts; joining another
     cluster it cannot, and says where to set it instead (before touching the store)."""
@@ -226,6 +269,10 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     stats_ports = {e["RAY_SERVE_HAPROXY_STATS_PORT"] for e in environs}
     metrics_ports = {e["RAY_SERVE_HAPROXY_METRICS_PORT"] for e in environs}
     assert len(stats_ports) == len(metrics_ports) == 2 and not {"8404", "9101"} & (stats_ports | metrics_ports)
+    # Serve's own proxy, HAProxy's fallback, bound 8500 with SO_REUSEPORT in both: a
+    # request to the first could be answered by the second's store (seen: a 401).
+    assert len({e["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"] for e in environs}) == 2
+    assert {e["SERVE_SOCKET_REUSE_PORT_ENABLED"] for e in environs} == {"0"}
     assert len(seen["folders"]) == 2 and set(seen["folders"].values()) == {"0o700"}, seen["folders"]
     assert not any(Path(folder).exists() for folder in seen["folders"])  # removed when it stopped
     assert seen["drain"] == {"2.0"}, seen["drain"]

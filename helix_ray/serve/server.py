@@ -31,6 +31,12 @@ def start_ray(*, num_cpus: int | None = None, quiet: bool = True) -> str:
 
     if ray.is_initialized():
         return "existing"
+    if not os.environ.get("RAY_ADDRESS"):
+        # Serve's proxy binds its port with SO_REUSEPORT, for several proxies of one
+        # cluster on one host. On a Ray of one node it let a second `helix serve` on a
+        # port in use start "serving" too, and the kernel split the requests between the
+        # two stores (measured: ten writes, five in each). Off: the second one fails.
+        os.environ.setdefault("SERVE_SOCKET_REUSE_PORT_ENABLED", "0")
     if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" and not os.environ.get("RAY_ADDRESS"):
         # In this mode Serve drains a stopping ingress replica for at least 30 s, for an
         # external load balancer to notice; on a Ray of our own the only balancer is Serve's
@@ -46,7 +52,24 @@ def start_ray(*, num_cpus: int | None = None, quiet: bool = True) -> str:
 HAPROXY_FILES = {"RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
                  "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
                  "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock"}
-HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT",
+                 # Serve's own proxy still runs beside HAProxy, as its fallback, on 8500/9500
+                 "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port that something already listens on, before starting Ray."""
+    import socket
+
+    from helix_ray.errors import InvalidArgument
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is no listener
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise InvalidArgument("--port", port, f"something already listens on {host}:{port} ({exc.strerror})",
+                                  "Stop it, or give another --port (another `helix serve`, perhaps).") from None
 
 
 def own_haproxy() -> str:
@@ -57,7 +80,8 @@ def own_haproxy() -> str:
     666 at admin level among them — under ``/tmp/haproxy-serve``. A second HAProxy Serve
     on the host then fails to start (measured: a second ``helix serve --ha-proxy`` died
     with "cannot bind socket ... 0.0.0.0:9101"), and any local user could command this
-    one. Here: free ports, and the files in a new folder only this user may enter (mode
+    one. Here: free ports (below the ephemeral range: Ray's own processes bind dozens of
+    random ports while it starts), and the files in a new folder only this user may enter (mode
     0700; Ray adds a folder per node inside), removed at exit. A setting already in the
     environment wins. Returns the folder. The two ports still listen on every interface
     (Ray's template binds ``*``): docs/serve.md says so.
@@ -66,7 +90,7 @@ def own_haproxy() -> str:
     import shutil
     import tempfile
 
-    from helix_ray.runtime import free_port
+    from helix_ray.runtime import spare_port
 
     folder = tempfile.mkdtemp(prefix="helix-haproxy-")
     if len(folder) + len("/") + 56 + len("/metrics.sock") > 107:  # a unix socket's path, with Ray's node id
@@ -77,7 +101,7 @@ def own_haproxy() -> str:
         os.environ.setdefault(name, os.path.join(folder, file))
     os.environ.setdefault("RAY_SERVE_HAPROXY_SERVER_STATE_BASE", folder)
     for name in HAPROXY_PORTS:
-        os.environ.setdefault(name, str(free_port()))
+        os.environ.setdefault(name, str(spare_port()))  # HAProxy binds them on every interface
     return folder
 
 
@@ -91,6 +115,10 @@ def run(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: b
 
     # Checks the store before starting Ray (and with create=True starts a new one).
     app = build_app(ServeArgs(store=str(store), auth=auth, **args))
+    import ray
+
+    if not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):
+        check_port_free(host, port)  # a Ray of our own: its Serve must not share a port
     how = start_ray(quiet=quiet)
     if on_ray is not None:
         on_ray()
