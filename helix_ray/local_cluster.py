@@ -91,6 +91,9 @@ class LocalCluster:
     def _start_node(self, index: int, timeout_s: float) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
         env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token_path))
+        # The nodes' Serve proxies share the host's HTTP port: SO_REUSEPORT on, whatever
+        # this process set for a one-node Ray of its own (serve.server.start_ray).
+        env["SERVE_SOCKET_REUSE_PORT_ENABLED"] = "1"
         # A test cluster has no load balancer to tell: no 30 s drain on SIGTERM.
         env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
         log_path = self.folder / f"node{index}.log"

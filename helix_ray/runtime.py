@@ -92,8 +92,7 @@ def free_port() -> int:
 def spare_port(host: str = "0.0.0.0", attempts: int = 200) -> int:
     """A free TCP port below the kernel's ephemeral range, for a listener that starts a
     while later: a port from :func:`free_port` is in that range, where any process
-    binding port 0 in the meantime — Ray starts dozens — may take it first (measured: a
-    HAProxy stats port picked that way was taken before HAProxy bound it)."""
+    binding port 0 in the meantime — Ray starts dozens — may take it first."""
     import random
     import socket
 
