@@ -47,8 +47,8 @@ def start_ray(*, num_cpus: int | None = None, quiet: bool = True) -> str:
     return ensure_ray(num_cpus=num_cpus, quiet=quiet, loopback=True)
 
 
-#: Serve's HAProxy settings (Ray 2.60) that :func:`own_haproxy` sets: its files, and the
-#: two ports it listens on besides the application's.
+#: Serve's HAProxy settings (Ray 2.60) that :func:`own_haproxy` sets: its files, the two
+#: ports HAProxy listens on besides the application's, and the fallback proxy's two.
 HAPROXY_FILES = {"RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
                  "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
                  "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock"}
@@ -101,7 +101,7 @@ def own_haproxy() -> str:
         os.environ.setdefault(name, os.path.join(folder, file))
     os.environ.setdefault("RAY_SERVE_HAPROXY_SERVER_STATE_BASE", folder)
     for name in HAPROXY_PORTS:
-        os.environ.setdefault(name, str(spare_port()))  # HAProxy binds them on every interface
+        os.environ.setdefault(name, str(spare_port()))  # free on every interface: HAProxy binds its two on all
     return folder
 
 
