@@ -125,6 +125,13 @@ class Memory:
             self.db.add_feedback(user, query, ids)
         return len(ids)
 
+    def feedback_pairs(self, users: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """The labelled queries given so far (of ``users`` only, if given), oldest first:
+        what :func:`helix_ray.recall.adapter.fit_pairs` takes. Use this, not ``self.db``:
+        the access-log thread shares the DuckDB connection, which refuses a second caller."""
+        with self._db_lock:
+            return self.db.feedback_pairs(users)
+
     def recall(self, query: str, *, user: str, budget_tokens: int | None = None, k: int | None = None,
                project: str | None = None, types: Sequence[str] | str | None = None, since: Any = None,
                until: Any = None, explain: bool = False, **options: Any):

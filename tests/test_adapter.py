@@ -171,6 +171,8 @@ def test_feedback_recorded_through_memory_fits_the_adapter(atlas_copy, capsys):
             mem.feedback("q", user="dana", memory_ids=[f"atlas-{i}" for i in range(101)])
         with pytest.raises(InvalidArgument, match="non-empty string"):
             mem.feedback(" ", user="dana", memory_ids=rows[0]["memory_ids"])
+        # Through the Memory's lock: its access-log thread shares the DuckDB connection.
+        assert len(mem.feedback_pairs()) == 25 and mem.feedback_pairs(["nobody"]) == []
     assert helix(["adapt", "--store", str(store), "--from-feedback", "--force", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["queries"], report["pairs"], report["skipped_ids"]) == (25, 25, 0) and report["saved"]
