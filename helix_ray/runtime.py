@@ -89,25 +89,34 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def bind_error(host: str, port: int) -> OSError | None:
+    """Why a TCP listener could not bind ``host:port`` now (something listens there), or
+    None. With ``SO_REUSEADDR``, as servers bind: connections in TIME_WAIT are no listener."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc
+    return None
+
+
 def spare_port(host: str = "0.0.0.0", attempts: int = 200) -> int:
     """A free TCP port below the kernel's ephemeral range, for a listener that starts a
     while later: a port from :func:`free_port` is in that range, where any process
     binding port 0 in the meantime — Ray starts dozens — may take it first."""
     import random
-    import socket
 
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
+    ports = range(10_000, max(low, 10_001))
     # The system's randomness, not the module's: two servers starting at once must not draw alike.
-    candidates = random.SystemRandom().sample(range(10_000, max(low, 10_001)), k=min(attempts, max(low - 10_000, 1)))
-    for port in candidates:
-        with socket.socket() as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
+    for port in random.SystemRandom().sample(ports, min(attempts, len(ports))):
+        if bind_error(host, port) is None:
             return port
     raise OSError(f"no free TCP port found in 10000-{low - 1} on {host} after {attempts} tries")
 

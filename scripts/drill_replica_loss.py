@@ -53,16 +53,12 @@ def main() -> None:
     server.run(store, port=port, compact_interval_s=3600, graph=args.graph,
                retriever_replicas=(args.replicas, args.replicas))
 
-    def replicas() -> list[str]:
-        prefix = f"SERVE_REPLICA::{server.APP_NAME}#{args.deployment}#"
-        return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
-
     body = {"query": "what is the deploy process?", "budget_tokens": 400, "k": 8}
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"},
                       timeout=60) as client:
         for _ in range(20):
             client.post("/v1/recall", json=body)
-        before = replicas()
+        before = server.replica_names(args.deployment)
         ray.kill(ray.get_actor(before[0], namespace="serve"), no_restart=True)
         start, seen = time.monotonic(), []
         while time.monotonic() - start < args.seconds:
@@ -81,7 +77,7 @@ def main() -> None:
                       "killed": before[0], "requests": len(seen), "statuses": statuses,
                       "slowest": sorted(seen, key=lambda s: -s[2])[:3],
                       "not_clean": [s for s in seen if s[1] != 200 or s[3]][:5],
-                      "replaced": sorted(set(replicas()) - set(before))}, default=str))
+                      "replaced": sorted(set(server.replica_names(args.deployment)) - set(before))}, default=str))
     serve.shutdown()
     ray.shutdown()
     shutil.rmtree(work, ignore_errors=True)

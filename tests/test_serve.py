@@ -1372,22 +1372,14 @@ def test_stats_report_generation_delta_and_latency(alice, bob, ops):
         assert stats["latency_ms"][stage]["p95"] >= stats["latency_ms"][stage]["p50"] >= 0
 
 
-def _replica_names(deployment: str) -> list[str]:
-    """The actor names of a deployment's replicas (live or starting)."""
-    import ray
-
-    from helix_ray.serve.server import APP_NAME
-
-    prefix = f"SERVE_REPLICA::{APP_NAME}#{deployment}#"
-    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
-
-
 def _kill_replicas(deployment: str) -> list[str]:
     """Kill every live replica of one of the app's deployments, as a crash would (Serve's
     controller notices and starts new ones); returns the killed actors' names."""
     import ray
 
-    names = _replica_names(deployment)
+    from helix_ray.serve.server import replica_names
+
+    names = replica_names(deployment)
     for name in names:
         ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
     return names
@@ -1412,7 +1404,9 @@ def test_killed_replicas_come_back_and_lose_no_acknowledged_write(served, alice)
         assert time.perf_counter() - clock < 5.0, "recall waited for the DenseANN replica's successor"
         # Serve notices a dead replica at its next health check (every ~10 s, jittered)
         # and then starts one: unless a successor exists already, the leg was left out.
-        successors = set(_replica_names("DenseANN")) - set(killed)
+        from helix_ray.serve.server import replica_names
+
+        successors = set(replica_names("DenseANN")) - set(killed)
         if not successors:
             assert any(flag.startswith("dense leg failed") for flag in out["flags"]["degraded"]), out["flags"]
         assert ids(out)[0] == "alice-crash-1"  # BM25 alone finds it

@@ -31,20 +31,38 @@ def start_ray(*, num_cpus: int | None = None, quiet: bool = True) -> str:
 
     if ray.is_initialized():
         return "existing"
-    if not os.environ.get("RAY_ADDRESS"):
+    if starts_own_ray():
         # Serve's proxy binds its port with SO_REUSEPORT, for several proxies of one
         # cluster on one host. On a Ray of one node it let a second `helix serve` on a
         # port in use start "serving" too, and the kernel split the requests between the
         # two stores (measured: ten writes, five in each). Off: the second one fails.
         os.environ.setdefault("SERVE_SOCKET_REUSE_PORT_ENABLED", "0")
-    if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" and not os.environ.get("RAY_ADDRESS"):
-        # In this mode Serve drains a stopping ingress replica for at least 30 s, for an
-        # external load balancer to notice; on a Ray of our own the only balancer is Serve's
-        # HAProxy on this host, told at once. Ctrl-C stopped `helix serve --ha-proxy` after
-        # ~32 s, ~7 s with this (the default proxy's time). An explicit setting wins.
-        os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", str(HA_PROXY_DRAIN_S))
-        own_haproxy()
+        if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+            # In this mode Serve drains a stopping ingress replica for at least 30 s, for an
+            # external load balancer to notice; on a Ray of our own the only balancer is
+            # Serve's HAProxy on this host, told at once. Ctrl-C stopped `helix serve
+            # --ha-proxy` after ~32 s, ~7 s with this (the default proxy's time). An
+            # explicit setting wins.
+            os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", str(HA_PROXY_DRAIN_S))
+            own_haproxy()
     return ensure_ray(num_cpus=num_cpus, quiet=quiet, loopback=True)
+
+
+def starts_own_ray() -> bool:
+    """Whether :func:`start_ray` would start a new local Ray (not join ``RAY_ADDRESS``,
+    not reuse the one this process runs): the Ray whose Serve settings Helix chooses."""
+    import ray
+
+    return not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
+
+
+def replica_names(deployment: str, app: str = APP_NAME) -> list[str]:
+    """The actor names of a deployment's replicas, live or starting (a driver of the
+    cluster asks)."""
+    import ray
+
+    prefix = f"SERVE_REPLICA::{app}#{deployment}#"
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
 
 
 #: Serve's HAProxy settings (Ray 2.60) that :func:`own_haproxy` sets: its files, the two
@@ -59,17 +77,13 @@ HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT
 
 def check_port_free(host: str, port: int) -> None:
     """Refuse a port that something already listens on, before starting Ray."""
-    import socket
-
     from helix_ray.errors import InvalidArgument
+    from helix_ray.runtime import bind_error
 
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is no listener
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise InvalidArgument("--port", port, f"something already listens on {host}:{port} ({exc.strerror})",
-                                  "Stop it, or give another --port (another `helix serve`, perhaps).") from None
+    exc = bind_error(host, port)
+    if exc is not None:
+        raise InvalidArgument("--port", port, f"something already listens on {host}:{port} ({exc.strerror})",
+                              "Stop it, or give another --port (another `helix serve`, perhaps).")
 
 
 def own_haproxy() -> str:
@@ -115,9 +129,7 @@ def run(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: b
 
     # Checks the store before starting Ray (and with create=True starts a new one).
     app = build_app(ServeArgs(store=str(store), auth=auth, **args))
-    import ray
-
-    if not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):
+    if starts_own_ray():
         check_port_free(host, port)  # a Ray of our own: its Serve must not share a port
     how = start_ray(quiet=quiet)
     if on_ray is not None:
