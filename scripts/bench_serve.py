@@ -271,24 +271,6 @@ def running_replicas(app: str) -> dict[str, int]:
     return {name: d.replica_states.get("RUNNING", 0) for name, d in status.deployments.items()}
 
 
-def replicas_per_node(app: str, dashboard: str) -> dict[str, list[int]]:
-    """Live replicas of each deployment of ``app`` per node (head first): where Serve
-    placed them on a multi-node cluster (Ray's state API, served by the dashboard)."""
-    import ray
-    from ray.util.state import list_actors
-
-    nodes = sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: "node:__internal_head__" not in n["Resources"])
-    index = {n["NodeID"]: i for i, n in enumerate(nodes)}
-    out: dict[str, list[int]] = {}
-    prefix = f"ServeReplica:{app}:"
-    for actor in list_actors(address=dashboard, filters=[("state", "=", "ALIVE")], limit=10_000):
-        if actor.class_name.startswith(prefix):
-            counts = out.setdefault(actor.class_name[len(prefix):], [0] * len(nodes))
-            if actor.node_id in index:
-                counts[index[actor.node_id]] += 1
-    return dict(sorted(out.items()))
-
-
 # ----------------------------------------------------------------------------- memory
 
 
@@ -383,6 +365,8 @@ def bench_store(prepared: dict[str, Any], args: argparse.Namespace, port: int) -
                 out[f"{app}_c{c}"] = await http_phase(base, bodies[args.warmup:], c, args.max_seconds, args.client)
                 out[f"{app}_c{c}"]["replicas"] = running_replicas(app)
                 if args.dashboard:
+                    from helix_ray.serve.server import replicas_per_node
+
                     out[f"{app}_c{c}"]["per_node"] = replicas_per_node(app, args.dashboard)
                 log(f"  {out[f'{app}_c{c}']}")
             if c == 1 and args.paired_rounds:  # before the concurrency-8 load scales the replicas up

@@ -56,23 +56,13 @@ def _cluster_nodes(cluster) -> int:
     return int(_probe(cluster, "print(sum(n['Alive'] for n in ray.nodes()))"))
 
 
-PLACEMENT = """
-    import json
-    from ray.util.state import list_actors
-    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
-    out = {}
-    for actor in list_actors(filters=[("state", "=", "ALIVE")], limit=1000):
-        if (actor.name or "").startswith("SERVE_REPLICA::"):
-            out.setdefault(actor.name.split("#")[1], []).append("head" if actor.node_id == head else "worker")
-    print(json.dumps(out))
-"""
-
-
-def _placement(cluster) -> dict[str, list[str]]:
-    """Per deployment, the node of each replica (head or worker), from Ray's state API.
-    Printed: which replicas a node loss takes varies from run to run."""
-    placed = json.loads(_probe(cluster, PLACEMENT))
-    print("replicas by node:", placed)
+def _placement(cluster) -> dict[str, list[int]]:
+    """Per deployment, its replicas on the head and on the worker node
+    (``serve.server.replicas_per_node``, asked by a driver that joins). Printed: which
+    replicas a node loss takes varies from run to run."""
+    placed = json.loads(_probe(cluster, "import json\nfrom helix_ray.serve.server import replicas_per_node\n"
+                                        "print(json.dumps(replicas_per_node()))"))
+    print("replicas per node (head, worker):", placed)
     return placed
 
 

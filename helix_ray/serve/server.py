@@ -56,6 +56,25 @@ def starts_own_ray() -> bool:
     return not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
 
 
+def replicas_per_node(app: str = APP_NAME, dashboard: str | None = None) -> dict[str, list[int]]:
+    """Live replicas of each deployment of ``app`` per node, head first: where Serve
+    placed them on a multi-node cluster (Ray's state API, served by the dashboard at
+    ``dashboard``; None: that of the cluster this driver joined)."""
+    import ray
+    from ray.util.state import list_actors
+
+    nodes = sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: "node:__internal_head__" not in n["Resources"])
+    index = {n["NodeID"]: i for i, n in enumerate(nodes)}
+    out: dict[str, list[int]] = {}
+    prefix = f"ServeReplica:{app}:"
+    for actor in list_actors(address=dashboard, filters=[("state", "=", "ALIVE")], limit=10_000):
+        if actor.class_name.startswith(prefix):
+            counts = out.setdefault(actor.class_name[len(prefix):], [0] * len(nodes))
+            if actor.node_id in index:
+                counts[index[actor.node_id]] += 1
+    return dict(sorted(out.items()))
+
+
 def replica_names(deployment: str, app: str = APP_NAME) -> list[str]:
     """The actor names of a deployment's replicas, live or starting (a driver of the
     cluster asks)."""
