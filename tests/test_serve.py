@@ -980,6 +980,18 @@ def test_a_write_compaction_drops_as_a_near_duplicate_leaves_the_delta(shells):
     assert "w-new" in [i["id"] for i in out["items"]] and "w-old" not in [i["id"] for i in out["items"]]
 
 
+def test_the_writer_records_accesses_after_any_read_of_its_database(shells):
+    """DuckDB 2.0 refuses to register a table on a connection whose last result was left
+    unfinished (``fetchone()`` leaves one): a user's GET /v1/stats, or a PATCH, then made
+    every access-log flush fail until the next write."""
+    writer = shells["writer"]
+    assert writer.user_stats("alice")["user_memories"]["alice"] > 0
+    assert writer.accessed([("alice-00", "alice", 1_750_000_000_000_000)]) == {"recorded": 1}
+    writer.patch("alice-01", {"salience": 0.9}, "alice")  # reads the record from the database first
+    assert writer.accessed([("alice-01", "alice", 1_750_000_000_000_001)]) == {"recorded": 1}
+    assert writer.core.db.row("SELECT count(*) FROM access_log WHERE id IN ('alice-00', 'alice-01')") == (2,)
+
+
 def test_server_recall_hits_reach_the_access_log_and_the_next_generation(shells):
     """What the ingress sends after each answer: the Writer logs it, and compaction
     folds it into last_accessed_at / access_count (recency's input), once."""

@@ -199,7 +199,7 @@ class WriterCore:
         self.entries: dict[str, dict[str, Any]] = {}
         self.tombstones: dict[str, Tombstone] = {}
         self.version = current_delta_version(self.store)
-        last = self.db.con.execute("SELECT coalesce(max(seq), 0) FROM serve_log").fetchone()
+        last = self.db.row("SELECT coalesce(max(seq), 0) FROM serve_log")
         assert last is not None  # an aggregate without GROUP BY returns exactly one row
         self.seq = int(last[0])
         self.last_compaction: dict[str, Any] | None = None
@@ -342,11 +342,10 @@ class WriterCore:
             return dict(entry["record"])
         if memory_id in self.tombstones:
             return None
-        cur = self.db.con.execute(
+        row = self.db.row(
             'SELECT id, text, type, "user", project, session_id, epoch_us(created_at), epoch_us(last_accessed_at), '
             "access_count, salience, confidence, pinned, source, metadata FROM memories WHERE id = ? AND NOT deleted",
             [memory_id])
-        row = cur.fetchone()
         if row is None:
             return None
         record = dict(zip(_RECORD_FIELDS, row))
@@ -701,8 +700,7 @@ class WriterCore:
         """What a user's own key may see: that user's memories in the database and the
         writes (adds, patches, deletes) not yet folded into a generation."""
         with self._lock:
-            row = self.db.con.execute('SELECT count(*) FROM memories WHERE NOT deleted AND "user" = ?',
-                                      [user]).fetchone()
+            row = self.db.row('SELECT count(*) FROM memories WHERE NOT deleted AND "user" = ?', [user])
             pending = sum(1 for e in self.entries.values()
                           if e["folded_into"] == NOT_FOLDED and e["record"].get("user") == user)
             deletes = sum(1 for t in self.tombstones.values() if t.applies_below is None and t.user == user)

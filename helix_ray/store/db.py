@@ -195,6 +195,13 @@ class StoreDB:
             self.con.unregister(view)
 
     # ---------------------------------------------------------------- reads
+    def row(self, sql: str, params: list[Any] | None = None) -> tuple[Any, ...] | None:
+        """The first row of a query (None: no row), its result read to the end. DuckDB 2.0
+        refuses to register an Arrow table (:meth:`_append`) on a connection whose last
+        result was left unfinished, as ``fetchone()`` leaves even a one-row result."""
+        rows = self.con.execute(sql, params or []).fetchall()
+        return rows[0] if rows else None
+
     def known_hashes(self) -> dict[str, tuple[str, bool]]:
         """id → (content_hash, deleted) for every memory the store has seen. A memory
         dropped as a duplicate of another is not "deleted": ingesting it again is no news."""
@@ -209,7 +216,7 @@ class StoreDB:
         yet), and the position the next fold starts from. The log is append-only, so a
         position (``rowid``) names the same access for good."""
         # Times leave DuckDB as epoch microseconds: its TIMESTAMPTZ → Python path needs pytz.
-        upto = self.con.execute("SELECT coalesce(max(rowid) + 1, 0) FROM access_log").fetchone()
+        upto = self.row("SELECT coalesce(max(rowid) + 1, 0) FROM access_log")
         end = int(upto[0]) if upto is not None else 0
         rows = self.con.execute("SELECT id, epoch_us(max(accessed_at)), count(*) FROM access_log "
                                 "WHERE rowid >= ? AND rowid < ? GROUP BY id", [int(after), end]).fetchall()
@@ -220,7 +227,7 @@ class StoreDB:
         q = self.con.execute
 
         def one(sql: str) -> Any:
-            row = q(sql).fetchone()
+            row = self.row(sql)
             assert row is not None  # an aggregate without GROUP BY returns exactly one row
             return row[0]
 
@@ -245,7 +252,7 @@ class StoreDB:
 
     def recorded_generation(self) -> int | None:
         """The newest generation the database describes (None: none yet)."""
-        row = self.con.execute("SELECT max(generation) FROM recorded_generations").fetchone()
+        row = self.row("SELECT max(generation) FROM recorded_generations")
         return None if row is None or row[0] is None else int(row[0])
 
     def dropped_as_duplicates(self, ids: list[str]) -> set[str]:
