@@ -63,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--systems", default=",".join(("bm25", "dense", "rrf", "helix")),
                    help="comma-separated: bm25, dense, rrf, helix, helix-rerank (cross-encoder on), helix-no-graph, "
                         "helix-mmr, helix-session, helix-no-recency, helix-no-strong-signal, helix-no-dedup, "
-                        "helix-no-doc2query, helix-no-context (turn vectors without their session's context), "
+                        "helix-no-doc2query, helix-no-context (turn vectors without their session's context), helix-no-vector "
+                        "(what Serve answers while its Embedder is down: BM25 through the later stages), "
                         "or 'all'")
     s.add_argument("--split", default="test", help="BEIR qrels split (test, train, dev)")
     s.add_argument("--adapt-on", metavar="SPLIT",

@@ -338,7 +338,10 @@ def test_without_keys_each_request_names_its_user(tmp_path):
 class _Call:
     """Stands in for a DeploymentResponse: started at once, awaitable more than once,
     cancellable; a call given other calls as arguments waits for them first, as Serve
-    resolves a DeploymentResponse passed to another handle call."""
+    resolves a DeploymentResponse passed to another handle call. As in Serve, a wait on a
+    call that is cancelled (say by a timeout) cancels the call, and its arguments' calls:
+    a later await of it raises CancelledError (Serve's ``asyncio.wrap_future`` over the
+    call's routing future, Ray 2.60)."""
 
     def __init__(self, stage: "_Stage", args: tuple):
         async def run():
@@ -347,13 +350,17 @@ class _Call:
             return stage.result(*values)
 
         self.task = asyncio.ensure_future(run())
-        self.cancelled = False
+        self._cancel_called = False
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel_called or self.task.cancelled()
 
     def __await__(self):
-        return asyncio.shield(self.task).__await__()
+        return self.task.__await__()
 
     def cancel(self):
-        self.cancelled = True
+        self._cancel_called = True
         self.task.cancel()
 
 
@@ -377,16 +384,18 @@ def _split_ingress(plan_s=0.0, bm25_s=0.0, dense_s=0.0, rank_s=0.0, timeout_s=0.
     from helix_ray.serve.app import HelixAPI, ServeArgs
 
     leg = types.SimpleNamespace(generation=1)
+    from helix_ray.recall.pipeline import Recaller
+
     server = types.SimpleNamespace(args=ServeArgs(store="unused", graph="split", leg_timeout_s=timeout_s),
-                                   _legs_missing=set())
-    for name in ("_recall_split", "_recall_late", "_recall_stepwise", "_finish_legs", "_leg"):
+                                   _legs_missing=set(), _vectorless=Recaller(None, None))
+    for name in ("_recall_split", "_recall_late", "_recall_stepwise", "_recall_unplanned", "_finish_legs", "_leg"):
         method = getattr(HelixAPI.func_or_class, name)
         setattr(server, name, method if name == "_leg" else types.MethodType(method, server))  # _leg: static
     server.embedder = types.SimpleNamespace(plan=_Stage(plan_s, lambda *a: types.SimpleNamespace(skip=False)))
     server.bm25 = types.SimpleNamespace(search=_Stage(bm25_s, lambda *a: leg))
     server.dense = types.SimpleNamespace(search=_Stage(dense_s, lambda *a: leg))
     server.ranker = types.SimpleNamespace(finish=_Stage(rank_s, lambda plan, lexical, dense: {
-        "flags": {}, "legs": [lexical is not None, dense is not None]}))
+        "flags": {}, "legs": [lexical is not None, dense is not None], "plan": plan}))
     return server
 
 
@@ -396,7 +405,7 @@ def _recall_split(server) -> tuple[dict, float]:
         out = await server._recall_split("q", "alice", None, {})
         return out, time.perf_counter() - clock
 
-    return asyncio.run(go())
+    return asyncio.run(asyncio.wait_for(go(), 30))  # a recall that waits for ever fails, not hangs
 
 
 def test_a_leg_that_never_answers_is_left_out_after_the_timeout():
@@ -428,6 +437,50 @@ def test_while_a_leg_is_missing_recall_waits_less_for_it():
     server.dense.search.delay = 0.3  # slow, not gone: no longer cut short at 0.25 s
     out, took = _recall_split(server)
     assert took >= 0.3 and not out["flags"].get("degraded")
+
+
+def test_without_an_embedder_bm25_answers_on_a_plan_made_without_a_vector():
+    """An Embedder with no live replica never gives its plan: after twice the bound the
+    held calls are cancelled and BM25 alone answers, on a plan the ingress made without a
+    query vector (dense, late interaction and router off, similarity from the fused rank
+    alone), flagged. While the
+    Embedder is missing the next recalls wait 0.25 s twice; once it answers, all is as before."""
+    server = _split_ingress(plan_s=float("inf"), timeout_s=1.0)
+    out, took = _recall_split(server)
+    assert 2.0 <= took < 2.0 + 0.15
+    assert out["legs"] == [True, False]
+    assert out["flags"]["degraded"] == ["embedder failed (no answer within 2 s); answered by BM25 alone, "
+                                        "without the query vector"]
+    plan = out["plan"]
+    assert {"dense", "late", "router"} <= plan.disabled and plan.weights["dense"] == 0
+    assert plan.config.rank.similarity_blend == 0  # the fused rank alone: there is no cosine
+    assert plan.weights["bm25"] > 0 and not plan.query_vector.any() and plan.query == "q" and plan.user == "alice"
+    for stage in (server.embedder.plan, server.dense.search):
+        assert [call.cancelled for call in stage.calls] == [True]
+    assert [call.cancelled for call in server.bm25.search.calls] == [True, False]  # the held one, then a new one
+    assert [call.cancelled for call in server.ranker.finish.calls] == [True, False]
+    assert server._legs_missing == {"embedder"}
+
+    out, took = _recall_split(server)
+    assert 0.5 <= took < 0.5 + 0.15 and out["flags"]["degraded"][0].startswith("embedder failed (no answer within 0.5 s)")
+    server.embedder.plan.delay = 0.0  # Serve has replaced the replica
+    out, _ = _recall_split(server)
+    assert out["legs"] == [True, True] and not out["flags"].get("degraded") and server._legs_missing == set()
+
+
+def test_an_embedder_that_fails_is_answered_by_bm25_too():
+    """An Embedder that raises (a server error, not the caller's) is not waited for again:
+    the graph is sent once step by step, then BM25 answers on a plan made without a vector."""
+    def broken(*args):
+        raise RuntimeError("onnxruntime: out of memory")
+
+    server = _split_ingress()
+    server.embedder.plan.result = broken
+    out, took = _recall_split(server)
+    assert out["legs"] == [True, False] and took < 0.15
+    assert out["flags"]["degraded"] == ["embedder failed (RuntimeError); answered by BM25 alone, "
+                                        "without the query vector"]
+    assert len(server.embedder.plan.calls) == 2 and server._legs_missing == set()
 
 
 @pytest.mark.parametrize("slow", ["plan", "rank", "legs"])
@@ -532,6 +585,30 @@ def test_ranker_flags_a_failed_leg_and_refuses_mixed_generations(shells):
     with pytest.raises(ReplicaError) as caught:  # the ingress answers it by re-running the legs
         asyncio.run(shells["ranker"].finish(plan, replace(lexical, generation=lexical.generation + 1), dense))
     assert kind_of(caught.value) == "StaleLegs" and status_of(caught.value) == 503
+
+
+def test_a_plan_without_a_vector_is_ranked_on_bm25_alone(shells):
+    """What the ingress sends while the Embedder is down: the Ranker ranks the BM25 leg
+    (generation and delta) by its rank (no cosine), finite scores, no dense list."""
+    import math
+
+    from helix_ray.config import RetrievalConfig
+    from helix_ray.recall.pipeline import Recaller
+
+    shells["writer"].add([{"id": "alice-vectorless", "text": "The vectorless drill password is quartz-otter."}],
+                         "alice")
+    plan = Recaller(None, None).plan_without_vector("quartz-otter drill password", user="alice",
+                                                    config=RetrievalConfig(), budget_tokens=400, k=8)
+    lexical = asyncio.run(shells["bm25"].search(plan))
+    out = asyncio.run(shells["ranker"].finish(plan, lexical, None))
+    assert out["items"][0]["id"] == "alice-vectorless" and out["items"][0]["origin"] == "delta"
+    assert "dense" not in out["timings_ms"] and "late" not in out["flags"]
+    assert all(math.isfinite(item["score"]) for item in out["items"])
+    *_, full = _local_recall(shells, STRONG_ERROR)  # a generation memory, found by its words
+    plan = Recaller(None, None).plan_without_vector(STRONG_ERROR, user="alice", config=RetrievalConfig(),
+                                                    budget_tokens=400, k=8)
+    out = asyncio.run(shells["ranker"].finish(plan, asyncio.run(shells["bm25"].search(plan)), None))
+    assert out["items"][0]["id"] == full["items"][0]["id"] == STRONG_ID
 
 
 def test_writer_rebuilds_the_delta_from_its_log_after_a_restart(shells):
@@ -1401,8 +1478,11 @@ def test_killed_replicas_come_back_and_lose_no_acknowledged_write(served, alice)
     """Last in the file: it kills replicas. A write acknowledged before the Writer died is
     replayed by the new one from DuckDB; a write sent while it is down waits for it;
     recall never waits for a dead retriever leg longer than ``leg_timeout_s`` (it answers
-    without the leg, flagged); a request sent while the ingress is down is answered by its
+    without the leg, flagged), nor for a dead Embedder longer than twice that (BM25 alone
+    answers, flagged); a request sent while the ingress is down is answered by its
     successor."""
+    from helix_ray.serve.server import replica_names
+
     pending = alice.get("/v1/stats").json()["pending_writes"]
     assert alice.post("/v1/memories", json={"id": "alice-crash-1", "text": "The crash drill code word is "
                                             "tangerine-walrus."}).status_code == 201
@@ -1416,8 +1496,6 @@ def test_killed_replicas_come_back_and_lose_no_acknowledged_write(served, alice)
         assert time.perf_counter() - clock < 5.0, "recall waited for the DenseANN replica's successor"
         # Serve notices a dead replica at its next health check (every ~10 s, jittered)
         # and then starts one: unless a successor exists already, the leg was left out.
-        from helix_ray.serve.server import replica_names
-
         successors = set(replica_names("DenseANN")) - set(killed)
         if not successors:
             assert any(flag.startswith("dense leg failed") for flag in out["flags"]["degraded"]), out["flags"]
@@ -1433,6 +1511,21 @@ def test_killed_replicas_come_back_and_lose_no_acknowledged_write(served, alice)
             break
         time.sleep(0.5)
     assert not out["flags"].get("degraded") and {"alice-crash-1", "alice-crash-2"} <= set(ids(out)), out
+
+    killed = _kill_replicas("Embedder")  # the split graph's: without its plan, BM25 alone on one made by the ingress
+    if killed:
+        clock = time.perf_counter()
+        out = recall(alice, "lemon-heron drill code word")
+        # 4 s nominal (twice leg_timeout_s)
+        assert time.perf_counter() - clock < 7.0, "recall waited for the Embedder replica's successor"
+        if not set(replica_names("Embedder")) - set(killed):
+            assert any(flag.startswith("embedder failed") for flag in out["flags"]["degraded"]), out["flags"]
+        assert ids(out)[0] == "alice-crash-2"
+        deadline = time.time() + 60
+        while out["flags"].get("degraded") and time.time() < deadline:  # until the new Embedder answers
+            time.sleep(0.5)
+            out = recall(alice, "what is the crash drill code word after the crash?")
+        assert not out["flags"].get("degraded") and ids(out)[0] == "alice-crash-2", out
 
     assert _kill_replicas("HelixAPI")
     out = recall(alice, "the code word after the crash")  # held by Serve until the new ingress is up

@@ -122,6 +122,14 @@ def helix(disabled: Iterable[str] = (), overrides: dict[str, Any] | None = None)
     return run
 
 
+def _no_vector(recaller, q: EvalQuery, k: int) -> list[str]:
+    """What a Serve recall answers while the Embedder is down: BM25 alone through
+    fusion, expansion, ranking and packing (:meth:`Recaller.plan_without_vector`)."""
+    plan = recaller.plan_without_vector(q.text, user=q.corpus_id, budget_tokens=EVAL_BUDGET, k=k)
+    result = recaller.finish(plan, recaller.lexical_leg(plan), None)
+    return [item.id for item in sorted(result.items, key=lambda item: item.rank)]
+
+
 SYSTEMS: dict[str, Ranker] = {
     "bm25": _bm25,
     "dense": _dense,
@@ -135,6 +143,7 @@ SYSTEMS: dict[str, Ranker] = {
     "helix-no-strong-signal": helix(["strong_signal"]),
     "helix-no-dedup": helix(["dedup"]),
     "helix-rerank": helix(overrides={"rerank": {"enabled": True}}),
+    "helix-no-vector": _no_vector,
 }
 SYSTEMS["helix-no-doc2query"] = helix()
 SYSTEMS["helix-no-context"] = helix()

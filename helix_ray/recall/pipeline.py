@@ -415,6 +415,22 @@ class Recaller:
             plan.drop_tokens()  # no stage will read them
         return plan
 
+    #: The stages a plan without a query vector leaves out: those that read the vector.
+    NO_VECTOR = frozenset({"dense", "late", "router"})
+
+    def plan_without_vector(self, query: str, *, user: str, config: RetrievalConfig | None = None,
+                            disabled: frozenset[str] = frozenset(), **request: Any) -> Plan:
+        """A plan for the lexical leg alone, for when no query vector can be had (the Serve
+        Embedder has no live replica): checked as :meth:`plan` does, with the dense leg,
+        late interaction and the router off, and the similarity signal made of the fused
+        (BM25) rank alone (``similarity_blend`` 0: there is no cosine); needs no model."""
+        from helix_ray.embedder import DIM
+
+        cfg = config or self.config
+        cfg = cfg.model_copy(update={"rank": cfg.rank.model_copy(update={"similarity_blend": 0.0})})
+        return self.plan(query, user=user, config=cfg, disabled=frozenset(disabled) | self.NO_VECTOR,
+                         query_vector=np.zeros(DIM, dtype=np.float32), **request)
+
     def _has_scope(self, plan: Plan) -> bool:
         return self.generation is not None and plan.user in self.generation.partitions
 

@@ -70,8 +70,9 @@ class RecallResponse(BaseModel):
     budget_tokens: int
     timings_ms: dict[str, float] = Field(description="Per stage (embed, route, bm25, dense, fuse, expand, rank, "
                                                      "diversify, pack, total) and per hop (call_*), milliseconds.")
-    flags: dict[str, Any] = Field(description="router_skip, strong_signal_skip, degraded legs, route, graph, "
-                                              "diversity mode.")
+    flags: dict[str, Any] = Field(description="router_skip, strong_signal_skip, route, graph, diversity mode, and "
+                                              "`degraded`: sentences naming what the answer was made without (a "
+                                              "retriever leg or the Embedder that did not answer in time).")
     generation: int | None
     delta_version: int
     explain: list[dict[str, Any]] | None = None

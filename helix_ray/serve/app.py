@@ -35,6 +35,7 @@ from ray.serve.handle import DeploymentHandle
 from helix_ray import __version__
 from helix_ray.config import IngestConfig, RetrievalConfig, deep_merge, load_config
 from helix_ray.errors import HelixError, InvalidArgument, StoreError
+from helix_ray.recall.pipeline import Recaller
 from helix_ray.recall.scope import make_scope
 from helix_ray.serve.api import (
     AdaptIn,
@@ -92,7 +93,8 @@ class ServeArgs(BaseModel):
         2.0, gt=0, le=60, description="Split graph: how long a recall waits for its graph before answering "
                                       "with the retriever legs (BM25, DenseANN) that have answered, a missing one "
                                       "flagged in `flags.degraded` — e.g. while Serve replaces a failed replica "
-                                      "(seconds), instead of waiting for it.")
+                                      "(seconds), instead of waiting for it. An Embedder with no answer after twice "
+                                      "this: BM25 alone answers, on a plan made without the query vector, flagged.")
 
     @model_validator(mode="after")
     def _check_replicas(self) -> "ServeArgs":
@@ -255,6 +257,29 @@ class LegTimedOut(Exception):
     """A retriever leg that did not answer within ``leg_timeout_s``."""
 
 
+class CallCancelled(Exception):
+    """A handle call cancelled under this request, not by it: a failure like any other."""
+
+
+async def _settle(call: "asyncio.Future[Any]", wait_s: Optional[float]) -> Any:
+    """The result of ``call`` (a task over a handle call) within ``wait_s`` seconds
+    (None: no bound), else :class:`LegTimedOut` with the call left running, to be waited
+    for again. Never cancels it, unless this request itself is cancelled: a
+    ``DeploymentResponse`` awaited under a timeout that expires while Serve is still
+    routing it (no live replica) is cancelled for good, and a later await raises
+    ``CancelledError`` (Ray 2.60 wraps its routing future with ``asyncio.wrap_future``)."""
+    try:
+        done, _ = await asyncio.wait({call}, timeout=wait_s)
+    except asyncio.CancelledError:
+        call.cancel()
+        raise
+    if not done:
+        raise LegTimedOut()
+    if call.cancelled():
+        raise CallCancelled("the call was cancelled")
+    return call.result()
+
+
 def _failure(exc: BaseException, timeout_s: float) -> str:
     """How a leg failed, for ``flags.degraded``."""
     return f"no answer within {timeout_s:.2g} s" if isinstance(exc, LegTimedOut) else type(exc).__name__
@@ -319,7 +344,10 @@ class HelixAPI:
         self._config = check_settings(self.base, {})
         self._accessed: list[tuple[str, str, int]] = []  # recall hits not yet sent to the Writer
         self._access_flush: asyncio.Task | None = None
-        self._legs_missing: set[str] = set()  # split graph: legs that ran out of time and have not answered since
+        # The split graph: stages that ran out of time and have not answered since (the
+        # legs, or "embedder"), and the plan this ingress makes itself while the Embedder is.
+        self._legs_missing: set[str] = set()
+        self._vectorless = Recaller(None, None)
 
     # ---------------------------------------------------------------- settings
     def reconfigure(self, user_config: dict[str, Any]) -> None:
@@ -441,15 +469,15 @@ class HelixAPI:
         # otherwise wait the whole bound until Serve has replaced the replica).
         bound = self.args.leg_timeout_s if not self._legs_missing else min(self.args.leg_timeout_s,
                                                                             MISSING_LEG_TIMEOUT_S)
-        timer = asyncio.timeout(bound)
+        finishing = asyncio.ensure_future(finish)
         try:
-            async with timer:
-                out = await finish
+            out = await _settle(finishing, bound)
             self._legs_missing.clear()
             return out
+        except LegTimedOut:
+            return await self._recall_late(query, user, config, request, (plan, lexical, dense, finish), finishing,
+                                           bound)
         except Exception as exc:  # noqa: BLE001
-            if isinstance(exc, TimeoutError) and timer.expired():
-                return await self._recall_late(query, user, config, request, plan, lexical, dense, finish, bound)
             status = status_of(exc)
             if status is not None and status < 500:
                 raise  # the caller's mistake, said by the replica that found it
@@ -459,20 +487,36 @@ class HelixAPI:
             return await self._recall_stepwise(query, user, config, request)
 
     async def _recall_late(self, query: str, user: str, config: RetrievalConfig, request: dict[str, Any],
-                           plan: Any, lexical: Any, dense: Any, finish: Any, bound: float) -> dict[str, Any]:
+                           calls: tuple[Any, Any, Any, Any], finishing: "asyncio.Future[Any]",
+                           bound: float) -> dict[str, Any]:
         """The graph did not answer within ``bound`` seconds (``leg_timeout_s``, or less
-        while a leg is missing): its calls are reused, not sent again. The legs get a
-        moment's grace (the full ``leg_timeout_s`` if the plan itself was late); if both
-        then answer, the Ranker is slow, not gone, and its call is awaited; otherwise it
-        is cancelled and the legs that answered are ranked."""
+        while a stage is missing): its calls are reused, not sent again. The plan gets
+        ``bound`` more (past that the Embedder is taken for gone: BM25 alone answers, on
+        a plan made here). The legs get a moment's grace (the full ``leg_timeout_s`` if
+        the plan itself was late); if both then answer, the Ranker is slow, not gone, and
+        its call is awaited; otherwise it is cancelled and the legs that answered are ranked.
+        ``calls``: the graph's plan, lexical, dense and finish calls; ``finishing``: the
+        task awaiting the last."""
+        plan, lexical, dense, finish = calls
+
+        def give_up() -> None:
+            finishing.cancel()
+            for call in calls:
+                call.cancel()  # best effort: a call Serve has sent on runs to its end
+
         clock = time.perf_counter()
         try:
-            planned = await plan
+            planned = await self._leg(plan, bound)
+        except LegTimedOut as exc:
+            give_up()
+            return await self._recall_unplanned(query, user, config, request, _failure(exc, 2 * bound))
         except Exception as exc:  # noqa: BLE001
             status = status_of(exc)
             if status is not None and status < 500:
                 raise
+            give_up()
             return await self._recall_stepwise(query, user, config, request)
+        self._legs_missing.discard("embedder")
         late_plan = time.perf_counter() - clock > LATE_PLAN_S
         wait_s = self.args.leg_timeout_s if late_plan else min(LEG_GRACE_S, self.args.leg_timeout_s)
         legs = await asyncio.gather(self._leg(lexical, wait_s), self._leg(dense, wait_s), return_exceptions=True)
@@ -483,12 +527,12 @@ class HelixAPI:
                 self._legs_missing.discard(name)
         if not any(isinstance(leg, BaseException) for leg in legs):
             try:
-                return await finish
+                return await _settle(finishing, None)
             except Exception as exc:  # noqa: BLE001 - e.g. the legs straddled a swap: ranked here
                 status = status_of(exc)
                 if status is not None and status < 500:
                     raise
-        finish.cancel()  # best effort; it does not cancel the calls it was given
+        give_up()
         log.warning("recall graph took over %g s; answering with the legs that answered", self.args.leg_timeout_s)
         return await self._finish_legs(planned, legs, bound + wait_s)
 
@@ -499,17 +543,43 @@ class HelixAPI:
         within ``leg_timeout_s``, left out (flagged)."""
         # Only the split graph comes here, and build_app binds all four of its handles.
         assert self.embedder is not None and self.bm25 is not None and self.dense is not None
-        plan = await self.embedder.plan.remote(query, user=user, config=config, **request)
+        try:
+            plan = await self._leg(self.embedder.plan.remote(query, user=user, config=config, **request),
+                                   self.args.leg_timeout_s)
+        except Exception as exc:  # noqa: BLE001
+            status = status_of(exc)
+            if status is not None and status < 500:
+                raise  # the caller's mistake
+            return await self._recall_unplanned(query, user, config, request, _failure(exc, self.args.leg_timeout_s))
         legs = await asyncio.gather(self._leg(self.bm25.search.remote(plan), self.args.leg_timeout_s),
                                     self._leg(self.dense.search.remote(plan), self.args.leg_timeout_s),
                                     return_exceptions=True)
         return await self._finish_legs(plan, legs, self.args.leg_timeout_s)
 
-    async def _finish_legs(self, plan: Any, legs: Sequence[Any], waited_s: float) -> dict[str, Any]:
-        """The Ranker over the legs that answered (a failed one is flagged and left out)."""
+    async def _recall_unplanned(self, query: str, user: str, config: RetrievalConfig, request: dict[str, Any],
+                                failure: str) -> dict[str, Any]:
+        """The Embedder gave no plan (``failure``: no answer in time — no live replica,
+        Serve is replacing it — or a server error): BM25 alone, on a plan made here
+        without a query vector (:meth:`Recaller.plan_without_vector`), flagged. Nothing is
+        searched by meaning, but a memory is still found by its words."""
+        assert self.bm25 is not None
+        if failure.startswith("no answer"):
+            self._legs_missing.add("embedder")
+        plan = self._vectorless.plan_without_vector(query, user=user, config=config, **request)
+        try:
+            lexical = await self._leg(self.bm25.search.remote(plan), self.args.leg_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - flagged, then refused by _finish_legs: no leg left
+            lexical = exc
+        note = f"embedder failed ({failure}); answered by BM25 alone, without the query vector"
+        return await self._finish_legs(plan, [lexical, None], self.args.leg_timeout_s, [note])
+
+    async def _finish_legs(self, plan: Any, legs: Sequence[Any], waited_s: float,
+                           degraded: Sequence[str] = ()) -> dict[str, Any]:
+        """The Ranker over the legs that answered (a failed one is flagged and left out;
+        ``None``: not searched)."""
         assert self.bm25 is not None and self.dense is not None and self.ranker is not None
-        degraded = [f"{name} leg failed ({_failure(r, waited_s)}); answered without it"
-                    for name, r in zip(("bm25", "dense"), legs) if isinstance(r, BaseException)]
+        degraded = [*degraded, *(f"{name} leg failed ({_failure(r, waited_s)}); answered without it"
+                                 for name, r in zip(("bm25", "dense"), legs) if isinstance(r, BaseException))]
         lexical, dense = (None if isinstance(r, BaseException) else r for r in legs)
         if lexical is None and dense is None and not plan.skip:
             raise StoreError("Both retriever legs failed; the store cannot be searched right now. Retry shortly.")
@@ -526,17 +596,15 @@ class HelixAPI:
 
     @staticmethod
     async def _leg(response: Any, wait_s: float) -> Any:
-        """A leg's DeploymentResponse, awaited for at most ``wait_s`` (then cancelled:
-        :class:`LegTimedOut`)."""
-        timer = asyncio.timeout(wait_s)
+        """A handle call's DeploymentResponse, awaited for at most ``wait_s`` (then
+        cancelled: :class:`LegTimedOut`)."""
+        call = asyncio.ensure_future(response)
         try:
-            async with timer:
-                return await response
-        except TimeoutError:
-            if not timer.expired():
-                raise  # the leg's own error, not this wait
+            return await _settle(call, wait_s)
+        except LegTimedOut:
+            call.cancel()
             response.cancel()
-            raise LegTimedOut() from None
+            raise
 
     # ---------------------------------------------------------------- writes
     @api.post("/v1/memories", status_code=201, response_model=WriteResponse, responses=ERRORS, tags=["memories"],
