@@ -1,5 +1,6 @@
 """Kill one replica of a Helix deployment while a client recalls in a loop; print what the
-client saw (statuses, slowest answers, degraded ones) until Serve has replaced it.
+client saw (statuses, slowest answers, how many were degraded or failed and until when)
+until Serve has replaced it.
 
     .venv/bin/python scripts/drill_replica_loss.py --graph inline --deployment HelixAPI --replicas 2
 
@@ -70,13 +71,15 @@ def main() -> None:
             except httpx.HTTPError as exc:
                 status, degraded = type(exc).__name__, str(exc)[:120]
             seen.append((round(clock - start, 2), status, round(time.monotonic() - clock, 3), degraded))
+    unclean = [s for s in seen if s[1] != 200 or s[3]]  # an error, or an answer flagged degraded
     statuses: dict = {}
     for _, status, _, _ in seen:
         statuses[status] = statuses.get(status, 0) + 1
     print(json.dumps({"graph": args.graph, "deployment": args.deployment, "replicas_before": len(before),
                       "killed": before[0], "requests": len(seen), "statuses": statuses,
                       "slowest": sorted(seen, key=lambda s: -s[2])[:3],
-                      "not_clean": [s for s in seen if s[1] != 200 or s[3]][:5],
+                      "not_clean": len(unclean), "first_not_clean": unclean[:5],
+                      "last_not_clean_at_s": unclean[-1][0] if unclean else None,
                       "replaced": sorted(set(server.replica_names(args.deployment)) - set(before))}, default=str))
     serve.shutdown()
     ray.shutdown()

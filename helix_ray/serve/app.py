@@ -257,6 +257,16 @@ class LegTimedOut(Exception):
     """A retriever leg that did not answer within ``leg_timeout_s``."""
 
 
+def _drop(call: "asyncio.Future[Any]") -> None:
+    """Cancel a task over a handle call no one will await; if it has ended, its error
+    counts as read (asyncio would log one never retrieved)."""
+    if call.done():
+        if not call.cancelled():
+            call.exception()
+    else:
+        call.cancel()
+
+
 class CallCancelled(Exception):
     """A handle call cancelled under this request, not by it: a failure like any other."""
 
@@ -348,6 +358,7 @@ class HelixAPI:
         # legs, or "embedder"), and the plan this ingress makes itself while the Embedder is.
         self._legs_missing: set[str] = set()
         self._vectorless = Recaller(None, None)
+        self._embedder_probe: asyncio.Future[Any] | None = None  # see _probe_embedder
 
     # ---------------------------------------------------------------- settings
     def reconfigure(self, user_config: dict[str, Any]) -> None:
@@ -491,50 +502,78 @@ class HelixAPI:
                            bound: float) -> dict[str, Any]:
         """The graph did not answer within ``bound`` seconds (``leg_timeout_s``, or less
         while a stage is missing): its calls are reused, not sent again. The plan gets
-        ``bound`` more (past that the Embedder is taken for gone: BM25 alone answers, on
-        a plan made here). The legs get a moment's grace (the full ``leg_timeout_s`` if
-        the plan itself was late); if both then answer, the Ranker is slow, not gone, and
-        its call is awaited; otherwise it is cancelled and the legs that answered are ranked.
-        ``calls``: the graph's plan, lexical, dense and finish calls; ``finishing``: the
-        task awaiting the last."""
+        ``leg_timeout_s`` more (``bound`` more while the Embedder is known missing); past
+        that the Embedder is taken for gone: BM25 alone answers, on a plan made here, and
+        the plan call is left running as the Embedder's probe (:meth:`_probe_embedder`).
+        The legs get a moment's grace (the full ``leg_timeout_s`` if the plan itself was
+        late); if both then answer, the Ranker is slow, not gone, and its call is awaited;
+        otherwise it is cancelled and the legs that answered are ranked. ``calls``: the
+        graph's plan, lexical, dense and finish calls; ``finishing``: the task awaiting
+        the last."""
         plan, lexical, dense, finish = calls
+        planning = asyncio.ensure_future(plan)
+        probing = False
 
         def give_up() -> None:
-            finishing.cancel()
-            for call in calls:
+            _drop(finishing)
+            for call in (lexical, dense, finish):
                 call.cancel()  # best effort: a call Serve has sent on runs to its end
+            if not probing:
+                _drop(planning)
+                plan.cancel()
 
-        clock = time.perf_counter()
         try:
-            planned = await self._leg(plan, bound)
-        except LegTimedOut as exc:
-            give_up()
-            return await self._recall_unplanned(query, user, config, request, _failure(exc, 2 * bound))
-        except Exception as exc:  # noqa: BLE001
-            status = status_of(exc)
-            if status is not None and status < 500:
-                raise
-            give_up()
-            return await self._recall_stepwise(query, user, config, request)
-        self._legs_missing.discard("embedder")
-        late_plan = time.perf_counter() - clock > LATE_PLAN_S
-        wait_s = self.args.leg_timeout_s if late_plan else min(LEG_GRACE_S, self.args.leg_timeout_s)
-        legs = await asyncio.gather(self._leg(lexical, wait_s), self._leg(dense, wait_s), return_exceptions=True)
-        for name, leg in zip(("bm25", "dense"), legs):
-            if isinstance(leg, LegTimedOut):
-                self._legs_missing.add(name)
-            else:
-                self._legs_missing.discard(name)
-        if not any(isinstance(leg, BaseException) for leg in legs):
+            clock = time.perf_counter()
+            plan_wait = bound if "embedder" in self._legs_missing else self.args.leg_timeout_s
             try:
-                return await _settle(finishing, None)
-            except Exception as exc:  # noqa: BLE001 - e.g. the legs straddled a swap: ranked here
+                planned = await _settle(planning, plan_wait)
+            except LegTimedOut as exc:
+                probing = self._probe_embedder(planning)
+                give_up()
+                return await self._recall_unplanned(query, user, config, request, _failure(exc, bound + plan_wait))
+            except Exception as exc:  # noqa: BLE001
                 status = status_of(exc)
                 if status is not None and status < 500:
                     raise
-        give_up()
-        log.warning("recall graph took over %g s; answering with the legs that answered", self.args.leg_timeout_s)
-        return await self._finish_legs(planned, legs, bound + wait_s)
+                give_up()
+                return await self._recall_stepwise(query, user, config, request)
+            self._legs_missing.discard("embedder")
+            late_plan = time.perf_counter() - clock > LATE_PLAN_S
+            wait_s = self.args.leg_timeout_s if late_plan else min(LEG_GRACE_S, self.args.leg_timeout_s)
+            legs = await asyncio.gather(self._leg(lexical, wait_s), self._leg(dense, wait_s), return_exceptions=True)
+            for name, leg in zip(("bm25", "dense"), legs):
+                if isinstance(leg, LegTimedOut):
+                    self._legs_missing.add(name)
+                else:
+                    self._legs_missing.discard(name)
+            if not any(isinstance(leg, BaseException) for leg in legs):
+                try:
+                    return await _settle(finishing, None)
+                except Exception as exc:  # noqa: BLE001 - e.g. the legs straddled a swap: ranked here
+                    status = status_of(exc)
+                    if status is not None and status < 500:
+                        raise
+            give_up()
+            log.warning("recall graph took over %g s; answering with the legs that answered", self.args.leg_timeout_s)
+            return await self._finish_legs(planned, legs, bound + wait_s)
+        except BaseException:  # this request cancelled (its client went away), or refused: its calls are not needed
+            give_up()
+            raise
+
+    def _probe_embedder(self, planning: "asyncio.Future[Any]") -> bool:
+        """Keep a late plan call running (one at a time) while the Embedder is taken for
+        gone: when it answers, however late — Serve routes it to the new replica — the
+        Embedder is back and recalls get their full bound again. False: another probe
+        is out; this call is not needed."""
+        if self._embedder_probe is not None and not self._embedder_probe.done():
+            return False
+        self._embedder_probe = planning
+        planning.add_done_callback(self._probed)
+        return True
+
+    def _probed(self, planning: "asyncio.Future[Any]") -> None:
+        if not planning.cancelled() and planning.exception() is None:
+            self._legs_missing.discard("embedder")
 
     async def _recall_stepwise(self, query: str, user: str, config: RetrievalConfig,
                                request: dict[str, Any]) -> dict[str, Any]:
