@@ -179,13 +179,19 @@ def test_a_lost_node_loses_no_acknowledged_write(cluster, ingested, deployed):
         assert cluster.kill_node(1) >= 3  # ray start, its raylet, its agents (and the replicas placed there)
         # Until Serve has replaced what ran there, a request may wait (a stage with no
         # replica), be answered without a leg (flags.degraded) or fail; then it must not.
-        deadline, answers = time.monotonic() + 180, []
+        lost = time.monotonic()
+        deadline, answers = lost + 180, []
         while time.monotonic() < deadline:
+            sent = time.monotonic()
             response = dana.post("/v1/recall", json={"query": query, "budget_tokens": 400, "k": 8})
-            answers.append(response.status_code)
-            if response.status_code == 200 and not response.json()["flags"].get("degraded"):
+            degraded = response.json()["flags"].get("degraded") if response.status_code == 200 else None
+            # (seconds after the loss it was sent, seconds it took, status, what it was made without)
+            answers.append((round(sent - lost, 2), round(time.monotonic() - sent, 2), response.status_code,
+                            [flag.split(" (")[0] for flag in degraded or ()]))
+            if response.status_code == 200 and not degraded:
                 break
             time.sleep(0.5)
+        print("placement before the loss:", placed, "answers after it:", answers)
         try:
             out = recall(dana, query)
             assert not out["flags"].get("degraded") and ids(out)[0] == "dana-node-loss", (answers, out["flags"])

@@ -26,9 +26,11 @@ ray_test = pytest.mark.ray
 
 
 def _free_port() -> int:
-    from helix_ray.runtime import free_port
+    """A port for a server that binds it after Ray has started (below the ephemeral range,
+    where Ray's processes binding port 0 could take it first)."""
+    from helix_ray.runtime import spare_port
 
-    return free_port()
+    return spare_port()
 
 
 @pytest.fixture(scope="module", params=["split", "inline"])
@@ -486,6 +488,31 @@ def test_without_an_embedder_bm25_answers_on_a_plan_made_without_a_vector():
         out, took = await _timed_recall(server)  # 1 s bound, then 1 s for the plan: it comes at 1.5 s
         assert 1.5 <= took < 1.5 + 0.15
         assert out["legs"] == [True, True] and not out["flags"].get("degraded") and server._legs_missing == set()
+
+    _run(scenario())
+
+
+def test_without_an_embedder_or_bm25_recall_fails_fast_and_says_why():
+    """A node holding both the Embedder and BM25 lost: nothing can search (DenseANN needs
+    the vector). Each recall fails with a 503 sentence naming both, the first after three
+    bounds, the next ones after three of 0.25 s, until a stage answers again."""
+    from helix_ray.errors import StoreError
+
+    server = _split_ingress(plan_s=float("inf"), bm25_s=float("inf"), timeout_s=1.0)
+
+    async def scenario():
+        for expected_s in (3.0, 0.75):
+            clock = time.perf_counter()
+            with pytest.raises(StoreError) as caught:
+                await server._recall_split("q", "alice", None, {})
+            assert expected_s <= time.perf_counter() - clock < expected_s + 0.15
+            assert str(caught.value).startswith("The store cannot be searched right now: the embedder failed (no "
+                                                "answer within ")
+            assert "the bm25 leg (no answer within" in str(caught.value) and "Retry in a few seconds" in str(caught.value)
+            assert server._legs_missing == {"embedder", "bm25"}
+        server.bm25.search.delay = 0.0  # BM25 back, the Embedder not yet
+        out, took = await _timed_recall(server)
+        assert out["legs"] == [True, False] and took < 0.5 + 0.15 and server._legs_missing == {"embedder"}
 
     _run(scenario())
 

@@ -355,7 +355,7 @@ class HelixAPI:
         self._accessed: list[tuple[str, str, int]] = []  # recall hits not yet sent to the Writer
         self._access_flush: asyncio.Task | None = None
         # The split graph: stages that ran out of time and have not answered since (the
-        # legs, or "embedder"), and the plan this ingress makes itself while the Embedder is.
+        # legs, or "embedder"); what makes a plan here while the Embedder is missing.
         self._legs_missing: set[str] = set()
         self._vectorless = Recaller(None, None)
         self._embedder_probe: asyncio.Future[Any] | None = None  # see _probe_embedder
@@ -605,12 +605,19 @@ class HelixAPI:
         if failure.startswith("no answer"):
             self._legs_missing.add("embedder")
         plan = self._vectorless.plan_without_vector(query, user=user, config=config, **request)
+        wait_s = min(self.args.leg_timeout_s, MISSING_LEG_TIMEOUT_S) if "bm25" in self._legs_missing \
+            else self.args.leg_timeout_s
         try:
-            lexical = await self._leg(self.bm25.search.remote(plan), self.args.leg_timeout_s)
-        except Exception as exc:  # noqa: BLE001 - flagged, then refused by _finish_legs: no leg left
-            lexical = exc
+            lexical = await self._leg(self.bm25.search.remote(plan), wait_s)
+            self._legs_missing.discard("bm25")
+        except Exception as exc:  # noqa: BLE001
+            if isinstance(exc, LegTimedOut):
+                self._legs_missing.add("bm25")
+            raise StoreError(f"The store cannot be searched right now: the embedder failed ({failure}) and the bm25 "
+                             f"leg ({_failure(exc, wait_s)}), as while Serve replaces lost replicas. Retry in a few "
+                             "seconds.") from None
         note = f"embedder failed ({failure}); answered by BM25 alone, without the query vector"
-        return await self._finish_legs(plan, [lexical, None], self.args.leg_timeout_s, [note])
+        return await self._finish_legs(plan, [lexical, None], wait_s, [note])
 
     async def _finish_legs(self, plan: Any, legs: Sequence[Any], waited_s: float,
                            degraded: Sequence[str] = ()) -> dict[str, Any]:
@@ -621,7 +628,10 @@ class HelixAPI:
                                  for name, r in zip(("bm25", "dense"), legs) if isinstance(r, BaseException))]
         lexical, dense = (None if isinstance(r, BaseException) else r for r in legs)
         if lexical is None and dense is None and not plan.skip:
-            raise StoreError("Both retriever legs failed; the store cannot be searched right now. Retry shortly.")
+            failed = ", ".join(f"{name} {_failure(r, waited_s)}" for name, r in zip(("bm25", "dense"), legs)
+                               if isinstance(r, BaseException))
+            raise StoreError(f"The store cannot be searched right now: both retriever legs failed ({failed}), as "
+                             "while Serve replaces lost replicas. Retry in a few seconds.")
         if lexical is not None and dense is not None and lexical.generation != dense.generation:
             newer = max(lexical.generation, dense.generation)
             if lexical.generation != newer:
