@@ -401,11 +401,11 @@ def _demo_over_http(store: Path, query: str, ours: bool) -> int:
     revoked and what the demo started taken down (``ours``: the local Ray too)."""
     import urllib.request
 
-    from helix_ray.runtime import free_port
+    from helix_ray.runtime import spare_port
     from helix_ray.serve.keys import KeyStore
     from helix_ray.serve.server import _take_down, run, serving_address
 
-    port = free_port()
+    port = spare_port()  # Serve binds it after Ray has started: not a port Ray's processes may take
     keys = KeyStore(store)
     key, record = keys.create("dana")
     try:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from helix_ray.runtime import free_port
+from helix_ray.runtime import spare_port  # not free_port: each node's processes bind port 0 while the next starts
 
 STARTED = "Ray runtime started."
 
@@ -55,8 +55,8 @@ class LocalCluster:
         self.folder = Path(tempfile.mkdtemp(prefix="helix-ray-") if folder is None else folder).resolve()
         self.nodes, self.cpus, self.dashboard = nodes, cpus, dashboard
         self.memory_bytes, self.object_store_bytes = memory_bytes, object_store_bytes
-        self.port = free_port()
-        self.dashboard_port = free_port()
+        self.port = spare_port()
+        self.dashboard_port = spare_port()
         self.address = f"127.0.0.1:{self.port}"
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.token_path = self.folder / "auth_token"
@@ -77,11 +77,11 @@ class LocalCluster:
             f"--temp-dir={self.folder / f'node{index}'}", "--disable-usage-stats",
             # Nodes of one host must not share the agents' fixed default ports, nor a
             # worker port range (0/0: any free port, as ray.cluster_utils does).
-            f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
-            f"--runtime-env-agent-port={free_port()}", "--min-worker-port=0", "--max-worker-port=0",
+            f"--dashboard-agent-listen-port={spare_port()}", f"--metrics-export-port={spare_port()}",
+            f"--runtime-env-agent-port={spare_port()}", "--min-worker-port=0", "--max-worker-port=0",
         ]
         if index == 0:
-            command += ["--head", f"--port={self.port}", f"--ray-client-server-port={free_port()}"]
+            command += ["--head", f"--port={self.port}", f"--ray-client-server-port={spare_port()}"]
             command += (["--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}"]
                         if self.dashboard else ["--include-dashboard=false"])
         else:

@@ -474,10 +474,10 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from ray import serve
 
-    from helix_ray.runtime import free_port
+    from helix_ray.runtime import spare_port
     from helix_ray.serve.server import start_ray
 
-    port = args.port or free_port()
+    port = args.port or spare_port()
     prepared = [prepare(Path(store), args) for store in args.store]
     cluster = None
     results = []

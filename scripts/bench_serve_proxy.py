@@ -31,10 +31,10 @@ def one_run(requests: int, method: str) -> dict:
     from fastapi import FastAPI
     from ray import serve
 
-    from helix_ray.runtime import free_port
+    from helix_ray.runtime import spare_port
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    port = free_port()
+    port = spare_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     app = FastAPI()
 

@@ -35,7 +35,7 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from helix_ray.runtime import free_port
+    from helix_ray.runtime import spare_port
     from helix_ray.serve import server
     from helix_ray.serve.keys import KeyStore
     from pipelines.ingest import ingest
@@ -50,7 +50,7 @@ def main() -> None:
     assert ingest([source], store, runner="local", show_progress=False).published
     key = KeyStore(store).create("alice")[0]
     server.start_ray(num_cpus=4)
-    port = free_port()
+    port = spare_port()
     server.run(store, port=port, compact_interval_s=3600, graph=args.graph,
                retriever_replicas=(args.replicas, args.replicas))
 

@@ -13,7 +13,7 @@ import pytest
 
 from helix_ray import Memory
 from helix_ray.errors import InvalidArgument
-from helix_ray.runtime import free_port
+from helix_ray.runtime import free_port, spare_port
 from helix_ray.store.db import StoreDB
 from tests.helpers import SAMPLE, memory, write_jsonl
 
@@ -224,7 +224,7 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     store = tmp_path / "store"
     helix("ingest", str(source), "--store", str(store), "--runner", "local", "--no-progress")
     key = helix("keys", "create", "--store", str(store), "--user", "alice").stdout.split()[-1]
-    ports = [free_port(), free_port()]
+    ports = [spare_port(), spare_port()]  # bound after Ray starts: not in the ephemeral range
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     procs = [subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(folder),
                                "--port", str(port), "--ha-proxy"],
@@ -284,7 +284,7 @@ def test_helix_serve_stopped_while_starting_takes_ray_down_cleanly(tmp_path):
     """SIGTERM after Ray is up but before the application is serving (a supervisor giving
     up, a Ctrl-C): `helix serve` stops what it started and exits 0, instead of leaving
     that to Ray's own handler."""
-    port = free_port()
+    port = spare_port()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(tmp_path / "new"),
                              "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
