@@ -394,11 +394,10 @@ def _split_ingress(plan_s=0.0, bm25_s=0.0, dense_s=0.0, rank_s=0.0, timeout_s=0.
     from helix_ray.recall.pipeline import Recaller
 
     server = types.SimpleNamespace(args=ServeArgs(store="unused", graph="split", leg_timeout_s=timeout_s),
-                                   _legs_missing=set(), _vectorless=Recaller(None, None), _embedder_probe=None)
-    for name in ("_recall_split", "_recall_late", "_recall_stepwise", "_recall_unplanned", "_finish_legs", "_leg",
-                 "_probe_embedder", "_probed"):
-        method = getattr(HelixAPI.func_or_class, name)
-        setattr(server, name, method if name == "_leg" else types.MethodType(method, server))  # _leg: static
+                                   _legs_missing=set(), _vectorless=Recaller(None, None), _probes={})
+    for name in ("_recall_split", "_recall_late", "_recall_stepwise", "_recall_unplanned", "_finish_legs", "_stage",
+                 "_probe", "_probed"):
+        setattr(server, name, types.MethodType(getattr(HelixAPI.func_or_class, name), server))
     server.embedder = types.SimpleNamespace(plan=_Stage(plan_s, lambda *a: types.SimpleNamespace(skip=False)))
     server.bm25 = types.SimpleNamespace(search=_Stage(bm25_s, lambda *a: leg))
     server.dense = types.SimpleNamespace(search=_Stage(dense_s, lambda *a: leg))
@@ -495,7 +494,8 @@ def test_without_an_embedder_bm25_answers_on_a_plan_made_without_a_vector():
 def test_without_an_embedder_or_bm25_recall_fails_fast_and_says_why():
     """A node holding both the Embedder and BM25 lost: nothing can search (DenseANN needs
     the vector). Each recall fails with a 503 sentence naming both, the first after three
-    bounds, the next ones after three of 0.25 s, until a stage answers again."""
+    bounds, the next ones after three of 0.25 s, until a stage answers again — also one
+    back but slower than the short bound (its kept call, the probe, answers)."""
     from helix_ray.errors import StoreError
 
     server = _split_ingress(plan_s=float("inf"), bm25_s=float("inf"), timeout_s=1.0)
@@ -510,9 +510,35 @@ def test_without_an_embedder_or_bm25_recall_fails_fast_and_says_why():
                                                 "answer within ")
             assert "the bm25 leg (no answer within" in str(caught.value) and "Retry in a few seconds" in str(caught.value)
             assert server._legs_missing == {"embedder", "bm25"}
-        server.bm25.search.delay = 0.0  # BM25 back, the Embedder not yet
+        # BM25 back but slower than the short bound, the Embedder not yet: the BM25 call
+        # kept from the first recall (its probe) answers, and BM25 gets its full time again.
+        server.bm25.search.delay = 0.3
+        await asyncio.sleep(0.05)
+        assert server._legs_missing == {"embedder"}
         out, took = await _timed_recall(server)
-        assert out["legs"] == [True, False] and took < 0.5 + 0.15 and server._legs_missing == {"embedder"}
+        assert out["legs"] == [True, False] and 0.5 + 0.3 <= took < 0.5 + 0.3 + 0.15
+
+    _run(scenario())
+
+
+def test_a_leg_back_but_slower_than_the_short_bound_is_waited_for_again():
+    """The late call of a missing leg is kept running as its probe (one at a time): a new
+    replica slower than the short bound (0.25 s and the grace) answers it, and the next
+    recalls wait for the leg in full again instead of leaving it out for good."""
+    server = _split_ingress(dense_s=float("inf"), timeout_s=1.0)
+
+    async def scenario():
+        await _timed_recall(server)
+        assert server._legs_missing == {"dense"}
+        assert [call.cancelled for call in server.dense.search.calls] == [False]  # the probe
+        out, took = await _timed_recall(server)
+        assert out["flags"]["degraded"] and took < 0.45 + 0.15
+        assert [call.cancelled for call in server.dense.search.calls] == [False, True]  # one probe at a time
+        server.dense.search.delay = 0.6
+        await asyncio.sleep(0.05)
+        assert server._legs_missing == set()
+        out, took = await _timed_recall(server)
+        assert out["legs"] == [True, True] and not out["flags"].get("degraded") and 0.6 <= took < 0.6 + 0.15
 
     _run(scenario())
 

@@ -358,7 +358,7 @@ class HelixAPI:
         # legs, or "embedder"); what makes a plan here while the Embedder is missing.
         self._legs_missing: set[str] = set()
         self._vectorless = Recaller(None, None)
-        self._embedder_probe: asyncio.Future[Any] | None = None  # see _probe_embedder
+        self._probes: dict[str, asyncio.Future[Any]] = {}  # a late call kept per missing stage: see _probe
 
     # ---------------------------------------------------------------- settings
     def reconfigure(self, user_config: dict[str, Any]) -> None:
@@ -504,7 +504,7 @@ class HelixAPI:
         while a stage is missing): its calls are reused, not sent again. The plan gets
         ``leg_timeout_s`` more (``bound`` more while the Embedder is known missing); past
         that the Embedder is taken for gone: BM25 alone answers, on a plan made here, and
-        the plan call is left running as the Embedder's probe (:meth:`_probe_embedder`).
+        the plan call is left running as the Embedder's probe (:meth:`_probe`).
         The legs get a moment's grace (the full ``leg_timeout_s`` if the plan itself was
         late); if both then answer, the Ranker is slow, not gone, and its call is awaited;
         otherwise it is cancelled and the legs that answered are ranked. ``calls``: the
@@ -512,15 +512,15 @@ class HelixAPI:
         the last."""
         plan, lexical, dense, finish = calls
         planning = asyncio.ensure_future(plan)
-        probing = False
+        kept: list[Any] = []  # calls left running as a stage's probe
 
         def give_up() -> None:
             _drop(finishing)
-            for call in (lexical, dense, finish):
-                call.cancel()  # best effort: a call Serve has sent on runs to its end
-            if not probing:
+            for call in calls:
+                if call not in kept:
+                    call.cancel()  # best effort: a call Serve has sent on runs to its end
+            if plan not in kept:
                 _drop(planning)
-                plan.cancel()
 
         try:
             clock = time.perf_counter()
@@ -528,7 +528,8 @@ class HelixAPI:
             try:
                 planned = await _settle(planning, plan_wait)
             except LegTimedOut as exc:
-                probing = self._probe_embedder(planning)
+                if self._probe("embedder", planning):
+                    kept.append(plan)
                 give_up()
                 return await self._recall_unplanned(query, user, config, request, _failure(exc, bound + plan_wait))
             except Exception as exc:  # noqa: BLE001
@@ -540,12 +541,8 @@ class HelixAPI:
             self._legs_missing.discard("embedder")
             late_plan = time.perf_counter() - clock > LATE_PLAN_S
             wait_s = self.args.leg_timeout_s if late_plan else min(LEG_GRACE_S, self.args.leg_timeout_s)
-            legs = await asyncio.gather(self._leg(lexical, wait_s), self._leg(dense, wait_s), return_exceptions=True)
-            for name, leg in zip(("bm25", "dense"), legs):
-                if isinstance(leg, LegTimedOut):
-                    self._legs_missing.add(name)
-                else:
-                    self._legs_missing.discard(name)
+            legs = await asyncio.gather(self._stage("bm25", lexical, wait_s, kept), self._stage("dense", dense, wait_s, kept),
+                                        return_exceptions=True)
             if not any(isinstance(leg, BaseException) for leg in legs):
                 try:
                     return await _settle(finishing, None)
@@ -560,20 +557,22 @@ class HelixAPI:
             give_up()
             raise
 
-    def _probe_embedder(self, planning: "asyncio.Future[Any]") -> bool:
-        """Keep a late plan call running (one at a time) while the Embedder is taken for
-        gone: when it answers, however late — Serve routes it to the new replica — the
-        Embedder is back and recalls get their full bound again. False: another probe
-        is out; this call is not needed."""
-        if self._embedder_probe is not None and not self._embedder_probe.done():
+    def _probe(self, name: str, call: "asyncio.Future[Any]") -> bool:
+        """Keep a late call to stage ``name`` running (one per stage) while the stage is
+        taken for missing: when it answers, however late — Serve routes it to the new
+        replica — the stage is back and recalls get their full bound again (a stage back
+        but slower than the short bound would otherwise never be waited for). False:
+        another probe is out; this call is not needed."""
+        probe = self._probes.get(name)
+        if probe is not None and not probe.done():
             return False
-        self._embedder_probe = planning
-        planning.add_done_callback(self._probed)
+        self._probes[name] = call
+        call.add_done_callback(lambda done: self._probed(name, done))
         return True
 
-    def _probed(self, planning: "asyncio.Future[Any]") -> None:
-        if not planning.cancelled() and planning.exception() is None:
-            self._legs_missing.discard("embedder")
+    def _probed(self, name: str, call: "asyncio.Future[Any]") -> None:
+        if not call.cancelled() and call.exception() is None:
+            self._legs_missing.discard(name)
 
     async def _recall_stepwise(self, query: str, user: str, config: RetrievalConfig,
                                request: dict[str, Any]) -> dict[str, Any]:
@@ -583,15 +582,15 @@ class HelixAPI:
         # Only the split graph comes here, and build_app binds all four of its handles.
         assert self.embedder is not None and self.bm25 is not None and self.dense is not None
         try:
-            plan = await self._leg(self.embedder.plan.remote(query, user=user, config=config, **request),
-                                   self.args.leg_timeout_s)
+            plan = await self._stage("embedder", self.embedder.plan.remote(query, user=user, config=config, **request),
+                                     self.args.leg_timeout_s)
         except Exception as exc:  # noqa: BLE001
             status = status_of(exc)
             if status is not None and status < 500:
                 raise  # the caller's mistake
             return await self._recall_unplanned(query, user, config, request, _failure(exc, self.args.leg_timeout_s))
-        legs = await asyncio.gather(self._leg(self.bm25.search.remote(plan), self.args.leg_timeout_s),
-                                    self._leg(self.dense.search.remote(plan), self.args.leg_timeout_s),
+        legs = await asyncio.gather(self._stage("bm25", self.bm25.search.remote(plan), self.args.leg_timeout_s),
+                                    self._stage("dense", self.dense.search.remote(plan), self.args.leg_timeout_s),
                                     return_exceptions=True)
         return await self._finish_legs(plan, legs, self.args.leg_timeout_s)
 
@@ -608,11 +607,11 @@ class HelixAPI:
         wait_s = min(self.args.leg_timeout_s, MISSING_LEG_TIMEOUT_S) if "bm25" in self._legs_missing \
             else self.args.leg_timeout_s
         try:
-            lexical = await self._leg(self.bm25.search.remote(plan), wait_s)
-            self._legs_missing.discard("bm25")
+            lexical = await self._stage("bm25", self.bm25.search.remote(plan), wait_s)
         except Exception as exc:  # noqa: BLE001
-            if isinstance(exc, LegTimedOut):
-                self._legs_missing.add("bm25")
+            status = status_of(exc)
+            if status is not None and status < 500:
+                raise  # the caller's mistake, said by the replica that found it
             raise StoreError(f"The store cannot be searched right now: the embedder failed ({failure}) and the bm25 "
                              f"leg ({_failure(exc, wait_s)}), as while Serve replaces lost replicas. Retry in a few "
                              "seconds.") from None
@@ -643,17 +642,27 @@ class HelixAPI:
         out["flags"].setdefault("degraded", []).extend(degraded)
         return out
 
-    @staticmethod
-    async def _leg(response: Any, wait_s: float) -> Any:
-        """A handle call's DeploymentResponse, awaited for at most ``wait_s`` (then
-        cancelled: :class:`LegTimedOut`)."""
+    async def _stage(self, name: str, response: Any, wait_s: float, kept: Optional[list[Any]] = None) -> Any:
+        """A stage's handle call (its DeploymentResponse) awaited for at most ``wait_s``:
+        answered, the stage is not missing; past that it is (:class:`LegTimedOut`), and
+        the call is kept as the stage's probe (listed in ``kept``) or cancelled."""
         call = asyncio.ensure_future(response)
         try:
-            return await _settle(call, wait_s)
+            out = await _settle(call, wait_s)
         except LegTimedOut:
-            call.cancel()
-            response.cancel()
+            self._legs_missing.add(name)
+            if self._probe(name, call):
+                if kept is not None:
+                    kept.append(response)
+            else:
+                call.cancel()
+                response.cancel()
             raise
+        except Exception:
+            self._legs_missing.discard(name)  # it answers, if with an error: not missing
+            raise
+        self._legs_missing.discard(name)
+        return out
 
     # ---------------------------------------------------------------- writes
     @api.post("/v1/memories", status_code=201, response_model=WriteResponse, responses=ERRORS, tags=["memories"],
