@@ -103,22 +103,50 @@ def bind_error(host: str, port: int) -> OSError | None:
     return None
 
 
+#: Ports :func:`spare_port` has handed out in this process: each draw is new, so two
+#: listeners that will bind later (the ports of one ``ray start``) never share one.
+_SPARE_PORTS: set[int] = set()
+
+#: Below this, Ray hands out worker ports by default (``--min-worker-port`` 10002 to
+#: ``--max-worker-port`` 19999): a listener that binds later must not take one of them.
+_RAY_WORKER_PORTS_END = 20_000
+
+
+def spare_ports_range(ip_local_port_range: str) -> range | None:
+    """Where :func:`spare_port` draws, given the kernel's ``ip_local_port_range``
+    ("low high"): between Ray's worker ports and the ephemeral range, or above that
+    range; None when neither leaves at least 1,000 ports."""
+    try:
+        low, high = (int(part) for part in ip_local_port_range.split()[:2])
+    except ValueError:
+        low, high = 32768, 60999
+    for candidates in (range(_RAY_WORKER_PORTS_END, low), range(high + 1, 65536)):
+        if len(candidates) >= 1000:
+            return candidates
+    return None
+
+
 def spare_port(host: str = "0.0.0.0", attempts: int = 200) -> int:
-    """A free TCP port below the kernel's ephemeral range, for a listener that starts a
-    while later: a port from :func:`free_port` is in that range, where any process
-    binding port 0 in the meantime — Ray starts dozens — may take it first."""
+    """A free TCP port for a listener that starts a while later, outside the kernel's
+    ephemeral range: a port from :func:`free_port` is in that range, where any process
+    binding port 0 in the meantime — Ray starts dozens — may take it first. Never one
+    this process has handed out before; :func:`free_port` on a host with no room."""
     import random
 
     try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    ports = range(10_000, max(low, 10_001))
-    # The system's randomness, not the module's: two servers starting at once must not draw alike.
-    for port in random.SystemRandom().sample(ports, min(attempts, len(ports))):
-        if bind_error(host, port) is None:
-            return port
-    raise OSError(f"no free TCP port found in 10000-{low - 1} on {host} after {attempts} tries")
+        ports = spare_ports_range(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text())
+    except OSError:
+        ports = spare_ports_range("")
+    if ports is None:
+        port = free_port()
+    else:
+        # The system's randomness, not the module's: two servers starting at once must not draw alike.
+        draws = (p for p in random.SystemRandom().sample(ports, min(attempts, len(ports))) if p not in _SPARE_PORTS)
+        port = next((p for p in draws if bind_error(host, p) is None), 0)
+        if not port:
+            raise OSError(f"no free TCP port found in {ports.start}-{ports.stop - 1} on {host} after {attempts} tries")
+    _SPARE_PORTS.add(port)
+    return port
 
 
 def _host_port(address: str) -> tuple[str, int] | None:

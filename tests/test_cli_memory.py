@@ -148,11 +148,27 @@ def test_own_haproxy_gives_free_ports_and_a_private_folder_unless_told(monkeypat
             assert len(str(folder / ("x" * 56) / file)) <= 107  # Ray puts a node id folder in between
         assert os.environ["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"] == str(folder)
         assert os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] == "19101"
-        # Below the ephemeral range, where Ray's own processes' binds to port 0 cannot take it first
+        # Between Ray's worker ports and the ephemeral range, where Ray's own processes'
+        # binds to port 0 cannot take it first
         ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-        assert 10_000 <= int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]) < ephemeral
+        assert 20_000 <= int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]) < ephemeral
     finally:
         folder.rmdir()
+
+
+def test_spare_ports_avoid_rays_worker_ports_and_the_ephemeral_range_and_never_repeat():
+    """Ports for listeners that bind after Ray has started: above Ray's worker ports
+    (10002-19999 by default) and below the ephemeral range; above that range when there is
+    no room below; none of either (free_port then) when neither has 1,000; never one this
+    process has drawn before (the ports of one `ray start` must differ)."""
+    from helix_ray.runtime import spare_ports_range
+
+    assert spare_ports_range("32768\t60999\n") == range(20_000, 32768)
+    assert spare_ports_range("10000 40000") == range(40_001, 65_536)
+    assert spare_ports_range("1024 65535") is None
+    assert spare_ports_range("") == range(20_000, 32768)  # unreadable: Linux's default range
+    drawn = [spare_port() for _ in range(300)]
+    assert len(set(drawn)) == len(drawn)
 
 
 def test_ha_proxy_refuses_a_cluster_it_does_not_start(tmp_path):
