@@ -508,7 +508,8 @@ def test_without_an_embedder_or_bm25_recall_fails_fast_and_says_why():
             assert expected_s <= time.perf_counter() - clock < expected_s + 0.15
             assert str(caught.value).startswith("The store cannot be searched right now: the embedder failed (no "
                                                 "answer within ")
-            assert "the bm25 leg (no answer within" in str(caught.value) and "Retry in a few seconds" in str(caught.value)
+            said = str(caught.value)
+            assert "the bm25 leg (no answer within" in said and "Retry in a few seconds" in said
             assert server._legs_missing == {"embedder", "bm25"}
         # BM25 back but slower than the short bound, the Embedder not yet: the BM25 call
         # kept from the first recall (its probe) answers, and BM25 gets its full time again.

@@ -541,8 +541,8 @@ class HelixAPI:
             self._legs_missing.discard("embedder")
             late_plan = time.perf_counter() - clock > LATE_PLAN_S
             wait_s = self.args.leg_timeout_s if late_plan else min(LEG_GRACE_S, self.args.leg_timeout_s)
-            legs = await asyncio.gather(self._stage("bm25", lexical, wait_s, kept), self._stage("dense", dense, wait_s, kept),
-                                        return_exceptions=True)
+            legs = await asyncio.gather(self._stage("bm25", lexical, wait_s, kept),
+                                        self._stage("dense", dense, wait_s, kept), return_exceptions=True)
             if not any(isinstance(leg, BaseException) for leg in legs):
                 try:
                     return await _settle(finishing, None)
