@@ -522,6 +522,21 @@ def test_without_an_embedder_or_bm25_recall_fails_fast_and_says_why():
     _run(scenario())
 
 
+def test_a_503_tells_the_client_when_to_retry():
+    """Refusals for the store's state (503) carry Retry-After, as raised here or in another
+    replica (wrapped by Ray); a caller's mistake does not."""
+    from helix_ray.errors import InvalidArgument, StoreError
+    from helix_ray.serve.app import RETRY_AFTER_S, _helix_error, _unexpected
+    from helix_ray.serve.errors import ReplicaError
+
+    down = asyncio.run(_helix_error(None, StoreError("The store cannot be searched right now: ...")))
+    assert down.status_code == 503 and down.headers["retry-after"] == str(RETRY_AFTER_S)
+    wrapped = asyncio.run(_unexpected(None, ReplicaError("StaleLegs", "The legs searched different generations")))
+    assert wrapped.status_code == 503 and wrapped.headers["retry-after"] == str(RETRY_AFTER_S)
+    wrong = asyncio.run(_helix_error(None, InvalidArgument("k", 0, "it must be at least 1", "Ask for k ≥ 1.")))
+    assert wrong.status_code == 422 and "retry-after" not in wrong.headers
+
+
 def test_a_leg_back_but_slower_than_the_short_bound_is_waited_for_again():
     """The late call of a missing leg is kept running as its probe (one at a time): a new
     replica slower than the short bound (0.25 s and the grace) answers it, and the next

@@ -113,7 +113,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorOut, "description": "No API key, or an unknown one."},
     403: {"model": ErrorOut, "description": "The key belongs to another user."},
     422: {"model": ErrorOut, "description": "A field is unknown, missing or out of range."},
-    503: {"model": ErrorOut, "description": "The store cannot be read right now."},
+    503: {"model": ErrorOut, "description": "The store cannot be read or searched right now (a generation swap, "
+                                           "replicas being replaced); `Retry-After` says when to try again."},
 }
 
 api = FastAPI(
@@ -212,8 +213,14 @@ def recall_response(out: dict[str, Any]) -> Response:
         return Response(RecallResponse.model_validate(out).model_dump_json(), media_type="application/json")
 
 
+#: What a 503 tells a client to wait before it retries (``Retry-After``, seconds): the
+#: store is swapping generations or Serve is replacing replicas.
+RETRY_AFTER_S = 2
+
+
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"detail": message})
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return JSONResponse(status_code=status, content={"detail": message}, headers=headers)
 
 
 @api.exception_handler(RequestValidationError)
