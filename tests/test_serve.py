@@ -396,7 +396,7 @@ def _split_ingress(plan_s=0.0, bm25_s=0.0, dense_s=0.0, rank_s=0.0, timeout_s=0.
     server = types.SimpleNamespace(args=ServeArgs(store="unused", graph="split", leg_timeout_s=timeout_s),
                                    _legs_missing=set(), _vectorless=Recaller(None, None), _probes={})
     for name in ("_recall_split", "_recall_late", "_recall_stepwise", "_recall_unplanned", "_finish_legs", "_stage",
-                 "_probe", "_probed"):
+                 "_bound", "_probe", "_probed"):
         setattr(server, name, types.MethodType(getattr(HelixAPI.func_or_class, name), server))
     server.embedder = types.SimpleNamespace(plan=_Stage(plan_s, lambda *a: types.SimpleNamespace(skip=False)))
     server.bm25 = types.SimpleNamespace(search=_Stage(bm25_s, lambda *a: leg))

@@ -54,7 +54,7 @@ from helix_ray.serve.api import (
     request_error_sentence,
 )
 from helix_ray.serve.deployments import BM25, CPUS, RETRIEVER_AUTOSCALING, DenseANN, Embedder, Pipeline, Ranker, Writer
-from helix_ray.serve.errors import Forbidden, kind_of, message_of, status_of
+from helix_ray.serve.errors import Forbidden, callers_mistake, kind_of, message_of, status_of
 from helix_ray.serve.keys import KeyStore
 from helix_ray.serve.shells import PipelineShell
 from helix_ray.store.pointer import Pointer
@@ -261,7 +261,7 @@ MISSING_LEG_TIMEOUT_S = 0.25
 
 
 class LegTimedOut(Exception):
-    """A retriever leg that did not answer within ``leg_timeout_s``."""
+    """A stage of the split graph (a retriever leg, the Embedder) that did not answer in time."""
 
 
 def _drop(call: "asyncio.Future[Any]") -> None:
@@ -298,7 +298,7 @@ async def _settle(call: "asyncio.Future[Any]", wait_s: Optional[float]) -> Any:
 
 
 def _failure(exc: BaseException, timeout_s: float) -> str:
-    """How a leg failed, for ``flags.degraded``."""
+    """How a stage failed, for ``flags.degraded``."""
     return f"no answer within {timeout_s:.2g} s" if isinstance(exc, LegTimedOut) else type(exc).__name__
 
 
@@ -485,8 +485,7 @@ class HelixAPI:
         # its call waits in Serve's router, and the Ranker's call on it. Bounded here;
         # while a leg is missing, more tightly (each recall of an agent's turn would
         # otherwise wait the whole bound until Serve has replaced the replica).
-        bound = self.args.leg_timeout_s if not self._legs_missing else min(self.args.leg_timeout_s,
-                                                                            MISSING_LEG_TIMEOUT_S)
+        bound = self._bound(bool(self._legs_missing))
         finishing = asyncio.ensure_future(finish)
         try:
             out = await _settle(finishing, bound)
@@ -496,8 +495,7 @@ class HelixAPI:
             return await self._recall_late(query, user, config, request, (plan, lexical, dense, finish), finishing,
                                            bound)
         except Exception as exc:  # noqa: BLE001
-            status = status_of(exc)
-            if status is not None and status < 500:
+            if callers_mistake(exc):
                 raise  # the caller's mistake, said by the replica that found it
             # A swap between the two legs' replicas, or a leg replica that failed: run the
             # legs again one by one, so one failing leg degrades the answer instead of failing it.
@@ -531,7 +529,7 @@ class HelixAPI:
 
         try:
             clock = time.perf_counter()
-            plan_wait = bound if "embedder" in self._legs_missing else self.args.leg_timeout_s
+            plan_wait = self._bound("embedder" in self._legs_missing)
             try:
                 planned = await _settle(planning, plan_wait)
             except LegTimedOut as exc:
@@ -540,8 +538,7 @@ class HelixAPI:
                 give_up()
                 return await self._recall_unplanned(query, user, config, request, _failure(exc, bound + plan_wait))
             except Exception as exc:  # noqa: BLE001
-                status = status_of(exc)
-                if status is not None and status < 500:
+                if callers_mistake(exc):
                     raise
                 give_up()
                 return await self._recall_stepwise(query, user, config, request)
@@ -554,8 +551,7 @@ class HelixAPI:
                 try:
                     return await _settle(finishing, None)
                 except Exception as exc:  # noqa: BLE001 - e.g. the legs straddled a swap: ranked here
-                    status = status_of(exc)
-                    if status is not None and status < 500:
+                    if callers_mistake(exc):
                         raise
             give_up()
             log.warning("recall graph took over %g s; answering with the legs that answered", self.args.leg_timeout_s)
@@ -563,6 +559,11 @@ class HelixAPI:
         except BaseException:  # this request cancelled (its client went away), or refused: its calls are not needed
             give_up()
             raise
+
+    def _bound(self, short: bool) -> float:
+        """How long to wait for a stage: ``leg_timeout_s``, or less (``short``) while it,
+        or for the whole graph any stage, is missing."""
+        return min(self.args.leg_timeout_s, MISSING_LEG_TIMEOUT_S) if short else self.args.leg_timeout_s
 
     def _probe(self, name: str, call: "asyncio.Future[Any]") -> bool:
         """Keep a late call to stage ``name`` running (one per stage) while the stage is
@@ -592,8 +593,7 @@ class HelixAPI:
             plan = await self._stage("embedder", self.embedder.plan.remote(query, user=user, config=config, **request),
                                      self.args.leg_timeout_s)
         except Exception as exc:  # noqa: BLE001
-            status = status_of(exc)
-            if status is not None and status < 500:
+            if callers_mistake(exc):
                 raise  # the caller's mistake
             return await self._recall_unplanned(query, user, config, request, _failure(exc, self.args.leg_timeout_s))
         legs = await asyncio.gather(self._stage("bm25", self.bm25.search.remote(plan), self.args.leg_timeout_s),
@@ -611,13 +611,11 @@ class HelixAPI:
         if failure.startswith("no answer"):
             self._legs_missing.add("embedder")
         plan = self._vectorless.plan_without_vector(query, user=user, config=config, **request)
-        wait_s = min(self.args.leg_timeout_s, MISSING_LEG_TIMEOUT_S) if "bm25" in self._legs_missing \
-            else self.args.leg_timeout_s
+        wait_s = self._bound("bm25" in self._legs_missing)
         try:
             lexical = await self._stage("bm25", self.bm25.search.remote(plan), wait_s)
         except Exception as exc:  # noqa: BLE001
-            status = status_of(exc)
-            if status is not None and status < 500:
+            if callers_mistake(exc):
                 raise  # the caller's mistake, said by the replica that found it
             raise StoreError(f"The store cannot be searched right now: the embedder failed ({failure}) and the bm25 "
                              f"leg ({_failure(exc, wait_s)}), as while Serve replaces lost replicas. Retry in a few "

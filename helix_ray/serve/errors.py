@@ -100,6 +100,13 @@ def status_of(exc: BaseException) -> int | None:
     return None
 
 
+def callers_mistake(exc: BaseException) -> bool:
+    """A 4xx Helix error (the request's own fault, said by whichever replica found it):
+    passed on to the caller, never answered around."""
+    status = status_of(exc)
+    return status is not None and status < 500
+
+
 def message_of(exc: BaseException) -> str:
     """The error's own sentence, without Ray's wrapping and traceback."""
     cause = getattr(exc, "cause", None)

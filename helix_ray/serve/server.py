@@ -113,8 +113,8 @@ def own_haproxy() -> str:
     666 at admin level among them — under ``/tmp/haproxy-serve``. A second HAProxy Serve
     on the host then fails to start (measured: a second ``helix serve --ha-proxy`` died
     with "cannot bind socket ... 0.0.0.0:9101"), and any local user could command this
-    one. Here: free ports (below the ephemeral range: Ray's own processes bind dozens of
-    random ports while it starts), and the files in a new folder only this user may enter (mode
+    one. Here: free ports (:func:`helix_ray.runtime.spare_port`: outside the ephemeral range,
+    where Ray's own processes bind dozens of random ports while it starts), and the files in a new folder only this user may enter (mode
     0700; Ray adds a folder per node inside), removed at exit. A setting already in the
     environment wins. Returns the folder. The two ports still listen on every interface
     (Ray's template binds ``*``): docs/serve.md says so.
