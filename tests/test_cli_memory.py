@@ -130,6 +130,34 @@ def test_helix_serve_refuses_a_port_in_use(tmp_path):
     assert "Traceback" not in done.stderr and "Ray" not in done.stdout
 
 
+def test_a_port_whose_connections_are_still_closing_is_not_called_taken():
+    """Restarting `helix serve` on its port within a minute: the stopped proxy's
+    connections sit in TIME_WAIT, nothing listens, and Serve's proxy (no SO_REUSEADDR)
+    cannot bind yet. It was refused as "something already listens"."""
+    import socket
+
+    from helix_ray.serve.server import check_port_free
+
+    server = socket.socket()  # as Serve's proxy binds: no SO_REUSEADDR
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server closes first: its side of the connection waits in TIME_WAIT
+    time.sleep(0.1)
+    client.close()
+    server.close()
+    with pytest.raises(InvalidArgument, match="nothing listens on .* still closing"):
+        check_port_free("127.0.0.1", port)
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(InvalidArgument, match="something already listens"):
+            check_port_free("127.0.0.1", taken.getsockname()[1])
+
+
 def test_own_haproxy_gives_free_ports_and_a_private_folder_unless_told(monkeypatch):
     """What `helix serve --ha-proxy` sets before its Ray starts: a private folder (mode
     0700, socket paths short enough for Ray's per-node folder inside) and two free ports;

@@ -114,6 +114,11 @@ def test_times_are_parsed_to_utc():
         ({"text": "ok", "user": "dana", "created_at": "9999-12-31T23:00:00-05:00"}, "bad_time", "outside"),
         ({"text": "ok", "user": "dana", "last_accessed_at": 1e300}, "bad_time", "last_accessed_at"),
         ({"text": "ok", "user": "dana", "access_count": 3_000_000_000}, "out_of_range", "3000000000"),
+        # Ids the HTTP API could not name again (PATCH / DELETE): a control character, 100k characters.
+        ({"text": "ok", "user": "dana", "id": "tab\tid\n"}, "bad_id", "U+0009 at position 3"),
+        ({"text": "ok", "user": "dana", "id": "x" * 100_000}, "too_long", "100,000 characters"),
+        ({"text": "ok", "user": "dana", "metadata": {"a": {"a": {"a": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}}}},
+         "too_deep", "more than 32 levels"),
     ],
 )
 def test_each_kind_of_bad_row_is_rejected_with_a_reason(raw, code, words):

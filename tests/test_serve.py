@@ -757,6 +757,38 @@ def test_writer_rebuilds_the_delta_from_its_log_after_a_restart(shells):
     assert list((shells["store"] / "inbox").glob("*.jsonl"))  # the ingest-ready copy, fsynced
 
 
+def test_a_delete_and_a_patch_survive_two_compactions_and_a_restart(shells):
+    """A memory written and deleted between two compactions, and the text a PATCH
+    replaced, stay gone after a restart: the log's older put of each used to outlive the
+    row that replaced it (pruned once a generation held it), and the replay made it live
+    again — and the next compaction published it."""
+    from helix_ray.serve.writer import WriterCore
+    from helix_ray.store.generation import Generation
+
+    writer = shells["writer"]
+    writer.add([{"id": "alice-okapi", "text": "The okapi vault password rotates on Fridays."}], "alice")
+    writer.delete("alice-okapi", "alice")
+    writer.add([{"id": "alice-heron", "text": "The heron queue drains at midnight."}], "alice")
+    writer.patch("alice-heron", {"text": "The heron queue drains at noon."}, "alice")
+    assert writer.compact()["published"]
+    writer.add([{"id": "alice-later", "text": "A later note, so that a second compaction has work."}], "alice")
+    assert writer.compact()["published"]  # prunes the rows the first one folded
+    writer.core.close()
+    writer.core = WriterCore(shells["store"])  # a restarted Writer replica
+    assert "alice-okapi" not in writer.core.entries and "alice-heron" not in writer.core.entries
+    for shell in ("bm25", "dense", "ranker"):
+        asyncio.run(shells[shell].views.refresh())
+    *_, out = _local_recall(shells, "okapi vault password")
+    assert "alice-okapi" not in [i["id"] for i in out["items"]]
+    *_, out = _local_recall(shells, "when does the heron queue drain?")
+    heron = [i for i in out["items"] if i["id"] == "alice-heron"]
+    assert heron and "noon" in heron[0]["text"], out["items"]
+    writer.add([{"id": "alice-third", "text": "A third note, for a third generation."}], "alice")
+    assert writer.compact()["published"]
+    ids = set(Generation.open_current(shells["store"]).memories.column("id").to_pylist())
+    assert "alice-okapi" not in ids and {"alice-heron", "alice-later", "alice-third"} <= ids
+
+
 def test_a_new_store_is_served_empty_filled_online_and_compacted(tmp_path):
     """A store nothing was ingested into starts with an empty generation (what
     ``build_app`` publishes): recall answers nothing, a write is recalled from the delta,
@@ -1376,9 +1408,17 @@ def test_settings_patch_changes_results_live(alice, ops):
     for bad, says in (({"fusion": {"k": 0}}, "greater than or equal to 1"),
                       ({"diversity": {"mmr_lambda": 2}}, "less than or equal to 1"),
                       ({"fusion": {"weights": {"dense": 0, "bm25": 0}}}, "at least one must be > 0"),
-                      ({"fusion": {"kay": 3}}, "allowed here: k, weights")):
+                      ({"fusion": {"kay": 3}}, "allowed here: k, weights"),
+                      # accepted before, and every recall that cut an item to its budget was a 500
+                      ({"pack": {"encoding": "bogus"}}, "cannot load here"),
+                      ({"fusion": {"k": True}}, "valid integer"),  # not 1: JSON types, strictly
+                      ({"lexical": {"strong_signal_skip": "yes"}}, "valid boolean"),
+                      ({"rank": {"type_weights": {"bogus": {"similarity": 1}}}}, "bogus is not a memory type")):
         response = ops.patch("/v1/settings", json=bad)
         assert response.status_code == 422 and says in response.json()["detail"], response.text
+        # It quotes the request's patch, not the live overrides merged into it.
+        assert response.json()["detail"].startswith(f"Got settings={bad!r}"), response.text
+    assert recall(alice, query, budget_tokens=20)["items"]  # an item cut to fit: the encoding still loads
     # Python's JSON parser (the server's) reads NaN and Infinity; no setting takes them.
     for raw in (b'{"fusion": {"weights": {"bm25": NaN}}}', b'{"diversity": {"mmr_lambda": Infinity}}'):
         response = ops.patch("/v1/settings", content=raw, headers={"content-type": "application/json"})
@@ -1464,6 +1504,13 @@ def test_malformed_recall_requests_get_4xx_sentences(alice, body, status, says):
 
 
 @ray_test
+def _nested(levels: int) -> dict:
+    out: dict = {"leaf": 1}
+    for _ in range(levels - 1):
+        out = {"a": out}
+    return out
+
+
 def test_malformed_writes_and_keys_get_4xx_sentences(served, alice):
     url, _, _ = served
     cases = [
@@ -1480,7 +1527,17 @@ def test_malformed_writes_and_keys_get_4xx_sentences(served, alice):
         (httpx.post(url + "/v1/recall", json={"query": "x", "budget_tokens": 10}), 401, "No API key"),
         (httpx.post(url + "/v1/recall", json={"query": "x", "budget_tokens": 10},
                     headers={"Authorization": "Bearer hx_00000000_wrongwrongwrongwrongwrong"}), 401, "not valid"),
-        (httpx.get(url + "/v1/stats", headers={"Authorization": "Basic abc"}), 401, "No API key"),
+        (httpx.get(url + "/v1/stats", headers={"Authorization": "Basic abc"}), 401, "of the scheme 'Basic'"),
+        (httpx.get(url + "/v1/stats", headers={"Authorization": "hx_0000_secret"}), 401, "put 'Bearer ' before it"),
+        # Ids the API could not name again in a PATCH or DELETE are refused.
+        (alice.post("/v1/memories", json={"text": "x", "id": "mid\nline"}), 422, "control character U+000A"),
+        (alice.post("/v1/memories", json={"text": "x", "id": "a" * 600}), 422, "at most 512"),
+        # JSON nested deeper than Python's reader goes was a 500 (RecursionError).
+        (alice.post("/v1/memories", content=b'{"text": "x", "metadata": ' + b'{"a": ' * 1500 + b'1' + b'}' * 1501,
+                    headers={"content-type": "application/json"}), 422, "nested too deep"),
+        (alice.post("/v1/memories", json={"text": "x", "metadata": _nested(40)}), 422, "more than 32 levels"),
+        (alice.post("/v1/memories", json=[{"text": "a", "id": "dup-1"}, {"text": "b", "id": "dup-1"}]), 422,
+         "memories[0] of this batch has that id already"),
         # The key is checked before the body: an unknown caller learns nothing from a 422.
         (httpx.post(url + "/v1/recall", json={"colour": 1}), 401, "No API key"),
         (httpx.post(url + "/v1/memories", content=b"{not json", headers={"content-type": "application/json"}), 401,

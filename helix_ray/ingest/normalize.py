@@ -112,7 +112,7 @@ class Rejected(Exception):
     """A record that cannot be ingested. The quarantine reason reads
     ``"<code>: <sentence>"``; the code (``missing_text``, ``empty_text``, ``wrong_type``,
     ``unknown_type``, ``out_of_range``, ``bad_time``, ``too_long``, ``invalid_utf8``,
-    ``bad_json``, ``missing_user``; ``not_read``: a data file inside a Markdown folder
+    ``bad_json``, ``missing_user``, ``bad_id``, ``too_deep``; ``not_read``: a data file inside a Markdown folder
     source) lets a report count them."""
 
     def __init__(self, code: str, sentence: str):
@@ -121,6 +121,29 @@ class Rejected(Exception):
 
 
 MAX_ACCESS_COUNT = 2**31 - 1
+#: Longest id a memory may bring (a URL path of the HTTP API names it: PATCH, DELETE).
+MAX_ID_CHARS = 512
+MAX_METADATA_DEPTH = 32
+
+
+def _check_id(mem_id: str) -> None:
+    """An id the HTTP API can name again: at most :data:`MAX_ID_CHARS` characters, none a
+    control character (an id of 100,000 characters, or one ending in a newline, was
+    written and could then be neither PATCHed nor DELETEd)."""
+    if len(mem_id) > MAX_ID_CHARS:
+        raise Rejected("too_long", f"id is {len(mem_id):,} characters long; at most {MAX_ID_CHARS}")
+    bad = next((i for i, ch in enumerate(mem_id) if ord(ch) < 32 or 127 <= ord(ch) < 160), None)
+    if bad is not None:
+        raise Rejected("bad_id", f"id holds the control character U+{ord(mem_id[bad]):04X} at position {bad}; "
+                                 "use printable characters")
+
+
+def _depth(value: Any, level: int = 1) -> int:
+    """How deep ``value`` nests (a dict or list is one level), stopping past the limit."""
+    if level > MAX_METADATA_DEPTH or not isinstance(value, (dict, list)):
+        return level - 1 if not isinstance(value, (dict, list)) else level
+    children = value.values() if isinstance(value, dict) else value
+    return max([level, *(_depth(v, level + 1) for v in children)])
 
 
 def _parse_time(value: Any, field: str) -> dt.datetime:
@@ -217,6 +240,8 @@ def normalise_one(raw: dict[str, Any], config: ValidationConfig, *, default_time
             raise Rejected("wrong_type", "metadata is a string but not JSON; give a JSON object") from None
     if not isinstance(metadata, dict):
         raise Rejected("wrong_type", f"metadata must be a JSON object, got {type(metadata).__name__}")
+    if _depth(metadata) > MAX_METADATA_DEPTH:
+        raise Rejected("too_deep", f"metadata nests more than {MAX_METADATA_DEPTH} levels deep; flatten it")
     extra = {k: v for k, v in raw.items() if k not in _KNOWN_KEYS and k not in _INTERNAL_KEYS}
     if extra:  # keys the schema does not name are kept, not dropped
         metadata = {**extra, **metadata}
@@ -250,6 +275,7 @@ def normalise_one(raw: dict[str, Any], config: ValidationConfig, *, default_time
         mem_id = str(raw_id)
     else:
         raise Rejected("wrong_type", f"id must be a string, got {type(raw_id).__name__}")
+    _check_id(mem_id)
     return {
         "id": mem_id,
         "text": text,

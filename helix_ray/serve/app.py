@@ -34,7 +34,7 @@ from ray.serve.handle import DeploymentHandle
 
 from helix_ray import __version__
 from helix_ray.config import IngestConfig, RetrievalConfig, deep_merge, load_config
-from helix_ray.errors import HelixError, InvalidArgument, StoreError
+from helix_ray.errors import HelixError, InvalidArgument, StoreError, short_repr
 from helix_ray.recall.pipeline import Recaller
 from helix_ray.recall.scope import make_scope
 from helix_ray.serve.api import (
@@ -54,7 +54,7 @@ from helix_ray.serve.api import (
     request_error_sentence,
 )
 from helix_ray.serve.deployments import BM25, CPUS, RETRIEVER_AUTOSCALING, DenseANN, Embedder, Pipeline, Ranker, Writer
-from helix_ray.serve.errors import Forbidden, callers_mistake, kind_of, message_of, status_of
+from helix_ray.serve.errors import Forbidden, Unauthorized, callers_mistake, kind_of, message_of, status_of
 from helix_ray.serve.keys import KeyStore
 from helix_ray.serve.shells import PipelineShell
 from helix_ray.store.pointer import Pointer
@@ -245,11 +245,20 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 
 def _bearer(authorization: Optional[str]) -> Optional[str]:
-    """The token of an ``Authorization: Bearer TOKEN`` header; None for any other."""
-    if not authorization:
+    """The token of an ``Authorization: Bearer TOKEN`` header; None without the header;
+    :class:`Unauthorized` saying so for a header of another scheme (it was answered "No
+    API key", which sends a caller that did send one looking in the wrong place)."""
+    if not authorization or not authorization.strip():
         return None
-    scheme, _, value = authorization.partition(" ")
-    return value.strip() if scheme.lower() == "bearer" else None
+    scheme, _, value = authorization.strip().partition(" ")
+    if scheme.lower() == "bearer":
+        return value.strip()
+    if scheme.startswith("hx_"):  # the key itself: not echoed
+        raise Unauthorized("Got an Authorization header holding the key alone; put 'Bearer ' before it: "
+                           "'Authorization: Bearer <key>'.")
+    raise Unauthorized(f"Got an Authorization header of the scheme {short_repr(scheme[:24])}; this server takes "
+                       "its API keys as 'Authorization: Bearer <key>' (create one with `helix keys create --store "
+                       "DIR --user USER`).")
 
 
 #: After the graph's ``leg_timeout_s``: the legs' grace when the plan was in by then
@@ -679,6 +688,10 @@ class HelixAPI:
             payload = await request.json()
         except ValueError:
             raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": "invalid JSON"}]) from None
+        except RecursionError:  # was a 500
+            raise RequestValidationError([{"type": "json_invalid", "loc": ("body",),
+                                           "msg": "JSON nested too deep to read (about 1,000 levels); metadata may "
+                                                  "nest at most 32"}]) from None
         try:
             if isinstance(payload, list):  # each bad record located by its index, as in {"memories": [...]}
                 items = _MEMORY_LIST.validate_python(payload)
@@ -749,7 +762,7 @@ class HelixAPI:
                         "fusion.weights, fusion.k, fusion.top_rank_bonus, diversity.mmr_lambda, rank.type_weights, "
                         "lexical.strong_signal_score / _gap / _skip.")) -> dict[str, Any]:
         self.require_admin(authorization)
-        check_settings(self.base, deep_merge(self._overrides.read(), patch))  # 422 before the hop
+        check_settings(self.base, deep_merge(self._overrides.read(), patch), patch)  # 422 before the hop
         await self.writer.patch_settings.remote(patch, self.base)
         return self._settings()
 

@@ -100,9 +100,29 @@ def check_port_free(host: str, port: int) -> None:
     from helix_ray.runtime import bind_error
 
     exc = bind_error(host, port)
-    if exc is not None:
-        raise InvalidArgument("--port", port, f"something already listens on {host}:{port} ({exc.strerror})",
-                              "Stop it, or give another --port (another `helix serve`, perhaps).")
+    if exc is None:
+        return
+    if not _listens(host, port):
+        # Connections of a server stopped moments ago, in TIME_WAIT for up to a minute;
+        # Serve's proxy binds without SO_REUSEADDR (SERVE_SOCKET_REUSE_PORT_ENABLED=0, see
+        # start_ray), so it could not bind either. It was reported as a listener.
+        raise InvalidArgument("--port", port, f"nothing listens on {host}:{port}, but the connections of the server "
+                              f"that last used it are still closing ({exc.strerror}; up to a minute after it stopped)",
+                              "Wait a minute, or give another --port.")
+    raise InvalidArgument("--port", port, f"something already listens on {host}:{port} ({exc.strerror})",
+                          "Stop it, or give another --port (another `helix serve`, perhaps).")
+
+
+def _listens(host: str, port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((host if host not in ("0.0.0.0", "::") else "127.0.0.1", port), timeout=1.0):
+            return True
+    except ConnectionRefusedError:
+        return False
+    except OSError:
+        return True  # cannot tell: say what bind said
 
 
 def own_haproxy() -> str:

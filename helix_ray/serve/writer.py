@@ -228,9 +228,25 @@ class WriterCore:
             return int((manifest.get("minhash") or {}).get("num_perm") or self.config.dedup.num_perm)
         return self.config.dedup.num_perm
 
+    def _drop_superseded(self, ids: list[str] | None = None) -> None:
+        """Delete the log's unfolded puts that a later row of the same id (a put or a
+        delete) replaced, of ``ids`` (None: every id); in the caller's transaction.
+
+        They are never needed again, and left in place they came back: compaction prunes
+        a folded row once an older generation holds it, and the replay after a restart
+        then found the unfolded put under it — a memory written and deleted between two
+        compactions, or the text a PATCH replaced, was live again (and folded into the
+        next generation)."""
+        where = "" if ids is None else " AND a.id IN (SELECT unnest(?::VARCHAR[]))"
+        self.db.con.execute(
+            "DELETE FROM serve_log AS a WHERE a.op = 'put' AND a.folded_into IS NULL" + where
+            + " AND EXISTS (SELECT 1 FROM serve_log AS b WHERE b.id = a.id AND b.seq > a.seq)",
+            [] if ids is None else [sorted(set(ids))])
+
     def _replay(self) -> None:
         """Rebuild the delta from ``serve_log`` (after a restart)."""
         current = self.generation or 0
+        self._drop_superseded()  # a log written before they were deleted as they were replaced
         cur = self.db.con.execute(
             'SELECT seq, op, id, "user", record, lexical, n_tokens, vector, minhash, folded_into, late_codes, '
             "late_scales FROM serve_log ORDER BY seq")
@@ -365,6 +381,13 @@ class WriterCore:
             raise InvalidArgument("memories", f"<{len(records)} records>", f"a batch holds at most {MAX_BATCH}",
                                   "Split it into several requests.")
         rows = [self._validate(raw, user, where=f"memories[{n}]") for n, raw in enumerate(records)]
+        first: dict[str, int] = {}
+        for n, row in enumerate(rows):  # the last one silently won
+            if first.setdefault(row["id"], n) != n:
+                raise InvalidArgument(f"memories[{n}].id", row["id"],
+                                      f"memories[{first[row['id']]}] of this batch has that id already (an id left "
+                                      "out is derived from user and text: the same text twice)",
+                                      "Give each memory of a batch its own id, or send the later version alone.")
         with self._lock:
             for n, row in enumerate(rows):
                 owner = self.owner(row["id"])
@@ -401,6 +424,7 @@ class WriterCore:
                 self.db.con.execute(
                     "INSERT INTO serve_log (seq, op, id, \"user\", written_at) VALUES (?, 'delete', ?, ?, now())",
                     [self.seq, memory_id, owner])
+                self._drop_superseded([memory_id])
                 self.db.delete([memory_id])  # a generation row: the next generation drops it
                 self.db.con.commit()
             except BaseException:
@@ -561,6 +585,7 @@ class WriterCore:
                 'folded_into, late_codes, late_scales) SELECT seq, op, id, "user", record, lexical, n_tokens, vector, '
                 "minhash, now(), NULL, late_codes, late_scales FROM incoming_serve_log")
             self.db.con.unregister("incoming_serve_log")
+            self._drop_superseded([r["id"] for r in rows])
             self.db.con.commit()
         except BaseException:
             self.db.con.rollback()
@@ -675,7 +700,7 @@ class WriterCore:
             from helix_ray.serve.api import check_settings
 
             merged = deep_merge(read_settings(self.store), patch)
-            check_settings(base, merged)  # raises InvalidArgument, naming the bad key
+            check_settings(base, merged, patch)  # raises InvalidArgument, naming the bad key
             _atomic_write(settings_path(self.store), json.dumps(merged, indent=1, sort_keys=True))
             return merged
 
