@@ -789,6 +789,76 @@ def test_a_delete_and_a_patch_survive_two_compactions_and_a_restart(shells):
     assert "alice-okapi" not in ids and {"alice-heron", "alice-later", "alice-third"} <= ids
 
 
+def test_writes_go_on_while_a_compaction_runs_and_what_they_changed_stays(shells, monkeypatch):
+    """The compaction's pipeline runs outside the writer's lock (it rebuilds every index:
+    minutes at 10^5 memories, and every write used to wait). Paused mid-way here, the
+    writer takes a write, a PATCH and a DELETE of memories it is folding, a DELETE of a
+    generation memory and its stats; after it publishes, each of those still holds —
+    through a second compaction and a restart."""
+    import threading
+
+    import pipelines.ingest as ingest_module
+    from helix_ray.serve.delta import NOT_FOLDED
+    from helix_ray.serve.writer import WriterCore
+    from helix_ray.store.generation import Generation
+
+    writer = shells["writer"]
+    writer.add([{"id": "alice-kite", "text": "The kite service retries three times."},
+                {"id": "alice-moth", "text": "The moth cache expires hourly."}], "alice")
+    running, resume = threading.Event(), threading.Event()
+    real = ingest_module.ingest
+
+    def paused(*args, **kwargs):
+        running.set()
+        assert resume.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ingest_module, "ingest", paused)
+    outcome: dict = {}
+    compaction = threading.Thread(target=lambda: outcome.update(writer.compact()))
+    compaction.start()
+    try:
+        assert running.wait(60)
+        clock = time.perf_counter()
+        writer.add([{"id": "alice-wren", "text": "The wren queue was added during the compaction."}], "alice")
+        writer.patch("alice-kite", {"text": "The kite service retries five times."}, "alice")
+        writer.delete("alice-moth", "alice")
+        writer.delete(STRONG_ID, "alice")  # a generation memory
+        assert writer.core.stats()["delta"]["tombstones"] >= 2
+        assert time.perf_counter() - clock < 30  # answered while the pipeline waits, not after it
+        assert compaction.is_alive()
+    finally:
+        resume.set()
+        compaction.join(120)
+    monkeypatch.setattr(ingest_module, "ingest", real)
+    assert outcome["published"], outcome
+    core = writer.core
+    assert core.entries["alice-wren"]["folded_into"] == NOT_FOLDED  # came after the snapshot: next time
+    assert core.entries["alice-kite"]["folded_into"] == NOT_FOLDED and "five" in core.entries["alice-kite"]["text"]
+    assert "alice-moth" in core.tombstones and "alice-moth" not in core.entries
+
+    def check() -> None:
+        for shell in ("bm25", "dense", "ranker"):
+            asyncio.run(shells[shell].views.refresh())
+        *_, out = _local_recall(shells, "how often does the kite service retry?")
+        kite = [i for i in out["items"] if i["id"] == "alice-kite"]
+        assert kite and "five" in kite[0]["text"], out["items"]
+        *_, out = _local_recall(shells, "when does the moth cache expire?")
+        assert "alice-moth" not in [i["id"] for i in out["items"]]
+        *_, out = _local_recall(shells, STRONG_ERROR)
+        assert STRONG_ID not in [i["id"] for i in out["items"]]
+        *_, out = _local_recall(shells, "the wren queue")
+        assert "alice-wren" in [i["id"] for i in out["items"]]
+
+    check()
+    assert writer.compact()["published"]
+    writer.core.close()
+    writer.core = WriterCore(shells["store"])
+    check()
+    ids = Generation.open_current(shells["store"]).memories.column("id").to_pylist()
+    assert "alice-moth" not in ids and STRONG_ID not in ids and {"alice-wren", "alice-kite"} <= set(ids)
+
+
 def test_a_new_store_is_served_empty_filled_online_and_compacted(tmp_path):
     """A store nothing was ingested into starts with an empty generation (what
     ``build_app`` publishes): recall answers nothing, a write is recalled from the delta,

@@ -195,6 +195,7 @@ class WriterCore:
         self.db.con.execute(LOG_DDL)
         self.dim = DIM
         self._lock = threading.RLock()
+        self._compacting = threading.Lock()
         self._transform = stages.Transform(self.config)  # ingest's stages 4–7a, the same for a write
         self.entries: dict[str, dict[str, Any]] = {}
         self.tombstones: dict[str, Tombstone] = {}
@@ -414,22 +415,33 @@ class WriterCore:
             return {"id": memory_id, "delta_version": self.version, "generation": self.generation}
 
     def delete(self, memory_id: str, *, user: str | None) -> dict[str, Any]:
+        import duckdb  # here: the ingress imports this module for settings_path alone
+
         with self._lock:
             owner = self.owner(memory_id)
             if owner is None or (user is not None and owner != user):
                 raise NotFound(_not_found(memory_id, user))
             self.seq += 1
-            self.db.con.begin()
-            try:
-                self.db.con.execute(
-                    "INSERT INTO serve_log (seq, op, id, \"user\", written_at) VALUES (?, 'delete', ?, ?, now())",
-                    [self.seq, memory_id, owner])
-                self._drop_superseded([memory_id])
-                self.db.delete([memory_id])  # a generation row: the next generation drops it
-                self.db.con.commit()
-            except BaseException:
-                self.db.con.rollback()
-                raise
+            for attempt in range(3):
+                self.db.con.begin()
+                try:
+                    self.db.con.execute(
+                        "INSERT INTO serve_log (seq, op, id, \"user\", written_at) VALUES (?, 'delete', ?, ?, now())",
+                        [self.seq, memory_id, owner])
+                    self._drop_superseded([memory_id])
+                    self.db.delete([memory_id])  # a generation row: the next generation drops it
+                    self.db.con.commit()
+                    break
+                except duckdb.TransactionException:
+                    # A compaction's pipeline committing the same row at this moment (it runs
+                    # outside the lock, on a connection of its own): once it has, again.
+                    self.db.con.rollback()
+                    if attempt == 2:
+                        raise
+                    time.sleep(0.05)
+                except BaseException:
+                    self.db.con.rollback()
+                    raise
             self.entries.pop(memory_id, None)
             self.tombstones[memory_id] = Tombstone(memory_id, owner, None)
             self._publish()
@@ -601,69 +613,90 @@ class WriterCore:
 
     # ---------------------------------------------------------------- compaction
     def pending(self) -> int:
-        return sum(1 for e in self.entries.values() if e["folded_into"] == NOT_FOLDED)
+        with self._lock:  # the compactor thread asks while requests write
+            return sum(1 for e in self.entries.values() if e["folded_into"] == NOT_FOLDED)
 
     def open_tombstones(self) -> int:
         """Deletions no compaction has applied to a generation yet."""
-        return sum(1 for t in self.tombstones.values() if t.applies_below is None)
+        with self._lock:
+            return sum(1 for t in self.tombstones.values() if t.applies_below is None)
 
     def compactable(self) -> int:
         """Pending entries a compaction has not yet tried to fold (see :meth:`compact`)."""
-        return sum(1 for e in self.entries.values()
-                   if e["folded_into"] == NOT_FOLDED and e["seq"] not in self.unfoldable)
+        with self._lock:
+            return sum(1 for e in self.entries.values()
+                       if e["folded_into"] == NOT_FOLDED and e["seq"] not in self.unfoldable)
 
     def compact(self) -> dict[str, Any]:
         """Fold the live delta (and the deletions since the last compaction) into the
-        next generation with the ingest pipeline; return what happened."""
+        next generation with the ingest pipeline; return what happened.
+
+        The pipeline runs on a snapshot, outside the writer's lock: writes, PATCHes,
+        DELETEs, accesses and stats go on while it builds (it rebuilds every index, minutes
+        at 10^5 memories, and every write used to wait for it). What changed meanwhile
+        stays in the delta, over the new generation, until the next compaction."""
         from pipelines.ingest import ingest
         from helix_ray.store.generation import Generation
 
-        with self._lock:
-            started = time.perf_counter()
-            pending = [e for e in self.entries.values() if e["folded_into"] == NOT_FOLDED]
-            open_tombstones = [t for t in self.tombstones.values() if t.applies_below is None]
-            if not pending and not open_tombstones:
-                self.last_compaction = {"published": False, "reason": "nothing to compact",
-                                        "generation": self.generation}
+        with self._compacting:  # one at a time: the background thread, POST /v1/admin/compact
+            with self._lock:
+                started = time.perf_counter()
+                pending = [e for e in self.entries.values() if e["folded_into"] == NOT_FOLDED]
+                open_tombstones = [t for t in self.tombstones.values() if t.applies_below is None]
+                if not pending and not open_tombstones:
+                    self.last_compaction = {"published": False, "reason": "nothing to compact",
+                                            "generation": self.generation}
+                    return self.last_compaction
+                upto = self.seq  # the log rows this compaction folds
+                inbox = self.store / "inbox"
+                inbox.mkdir(parents=True, exist_ok=True)
+                before = sorted(p for p in inbox.glob("*.jsonl"))
+                source = inbox / f"compact-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}.jsonl"
+                with open(source, "w", encoding="utf-8") as fh:
+                    for entry in sorted(pending, key=lambda e: e["seq"]):
+                        fh.write(json.dumps(_ingest_record(entry["record"]), ensure_ascii=False) + "\n")
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            db = self.db.sibling()  # a DuckDB connection is not for two threads at once
+            try:
+                report = ingest([source], self.store, fmt="jsonl", config=self.config, runner=self.compact_runner,
+                                show_progress=False, db=db)
+            finally:
+                db.close()
+            with self._lock:
+                number = report.generation
+                folded = 0
+                if report.published and number is not None:
+                    snapshot = {id(t) for t in open_tombstones}
+                    late = [t.id for t in self.tombstones.values() if t.applies_below is None and id(t) not in snapshot]
+                    if late:  # deleted while it ran: the pipeline may have written the row as live
+                        self.db.delete(late)
+                    folded = self._mark_folded(Generation.open_current(self.store), pending, number)
+                    for t in open_tombstones:
+                        if self.tombstones.get(t.id) is t:  # not written again (or deleted again) since
+                            self.tombstones[t.id] = Tombstone(t.id, t.user, number)
+                    self.db.con.execute("UPDATE serve_log SET folded_into = ? WHERE op = 'delete' "
+                                        "AND folded_into IS NULL AND seq <= ?", [number, upto])
+                    # Entries and tombstones of earlier compactions: every replica has moved on.
+                    self.entries = {i: e for i, e in self.entries.items()
+                                    if e["folded_into"] == NOT_FOLDED or e["folded_into"] >= number}
+                    self.tombstones = {i: t for i, t in self.tombstones.items()
+                                       if t.applies_below is None or t.applies_below >= number}
+                    self.db.con.execute("DELETE FROM serve_log WHERE folded_into IS NOT NULL AND folded_into < ?",
+                                        [number])
+                    self._publish()
+                    self._load_recent_accesses()  # what the new generation folded leaves the file
+                self.unfoldable |= {e["seq"] for e in pending if e["folded_into"] == NOT_FOLDED}
+                done = inbox / "folded"  # the log in DuckDB keeps what is still pending
+                done.mkdir(exist_ok=True)
+                for path in [*before, source]:
+                    shutil.move(str(path), done / path.name)
+                self.last_compaction = {
+                    "published": bool(report.published), "generation": number, "folded": folded,
+                    "kept_in_delta": len(pending) - folded, "deletions": len(open_tombstones),
+                    "seconds": round(time.perf_counter() - started, 3), "ingest": report.as_dict(),
+                }
                 return self.last_compaction
-            inbox = self.store / "inbox"
-            inbox.mkdir(parents=True, exist_ok=True)
-            before = sorted(p for p in inbox.glob("*.jsonl"))
-            source = inbox / f"compact-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}.jsonl"
-            with open(source, "w", encoding="utf-8") as fh:
-                for entry in sorted(pending, key=lambda e: e["seq"]):
-                    fh.write(json.dumps(_ingest_record(entry["record"]), ensure_ascii=False) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            report = ingest([source], self.store, fmt="jsonl", config=self.config, runner=self.compact_runner,
-                            show_progress=False, db=self.db)
-            number = report.generation
-            folded = 0
-            if report.published and number is not None:
-                folded = self._mark_folded(Generation.open_current(self.store), pending, number)
-                for t in open_tombstones:
-                    self.tombstones[t.id] = Tombstone(t.id, t.user, number)
-                self.db.con.execute("UPDATE serve_log SET folded_into = ? WHERE op = 'delete' AND folded_into IS NULL",
-                                    [number])
-                # Entries and tombstones of earlier compactions: every replica has moved on.
-                self.entries = {i: e for i, e in self.entries.items()
-                                if e["folded_into"] == NOT_FOLDED or e["folded_into"] >= number}
-                self.tombstones = {i: t for i, t in self.tombstones.items()
-                                   if t.applies_below is None or t.applies_below >= number}
-                self.db.con.execute("DELETE FROM serve_log WHERE folded_into IS NOT NULL AND folded_into < ?", [number])
-                self._publish()
-                self._load_recent_accesses()  # what the new generation folded leaves the file
-            self.unfoldable |= {e["seq"] for e in pending if e["folded_into"] == NOT_FOLDED}
-            done = inbox / "folded"  # the log in DuckDB keeps what is still pending
-            done.mkdir(exist_ok=True)
-            for path in [*before, source]:
-                shutil.move(str(path), done / path.name)
-            self.last_compaction = {
-                "published": bool(report.published), "generation": number, "folded": folded,
-                "kept_in_delta": len(pending) - folded, "deletions": len(open_tombstones),
-                "seconds": round(time.perf_counter() - started, 3), "ingest": report.as_dict(),
-            }
-            return self.last_compaction
 
     def _mark_folded(self, gen, pending: list[dict[str, Any]], number: int) -> int:
         """Mark the pending entries generation ``number`` holds as they are (same text

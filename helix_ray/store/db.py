@@ -76,6 +76,15 @@ class StoreDB:
         if not read_only:
             self.con.execute(DDL)
 
+    def sibling(self) -> "StoreDB":
+        """Another connection to this database, for another thread (a DuckDB connection
+        serves one thread at a time; its cursors are connections of their own, each with
+        its own transactions). Closing it leaves this one open."""
+        other = object.__new__(StoreDB)
+        other.path = self.path
+        other.con = self.con.cursor()
+        return other
+
     def close(self) -> None:
         self.con.close()
 
