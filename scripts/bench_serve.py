@@ -439,6 +439,23 @@ def table(results: list[dict[str, Any]], concurrency: int) -> str:
     return "\n".join(lines)
 
 
+def shut_down(cluster: Any, work: list[Path]) -> None:
+    """Serve and the Ray this process started or joined (never ``ray stop``), then the
+    ``ray start`` cluster if any, and the scratch folders, whatever fails on the way."""
+    import ray
+    from ray import serve
+
+    try:
+        if ray.is_initialized():
+            serve.shutdown()
+            ray.shutdown()
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        for folder in work:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", action="append", required=True, help="a store to serve (repeat for several sizes)")
@@ -471,7 +488,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.dashboard = None  # a multi-node cluster's dashboard (replicas per node)
 
-    import ray
     from ray import serve
 
     from helix_ray.runtime import spare_port
@@ -500,15 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in prepared:
             results.append(bench_store(p, args, port))
     finally:
-        try:
-            if ray.is_initialized():
-                serve.shutdown()
-                ray.shutdown()
-        finally:
-            if cluster is not None:
-                cluster.stop()
-            for p in prepared:
-                shutil.rmtree(p["work"], ignore_errors=True)
+        shut_down(cluster, [p["work"] for p in prepared])
     print(table(results, args.concurrency))
     print(json.dumps([r["ratios"] for r in results], indent=1))
     if args.json:

@@ -771,6 +771,8 @@ def test_a_delete_and_a_patch_survive_two_compactions_and_a_restart(shells):
     writer.add([{"id": "alice-heron", "text": "The heron queue drains at midnight."}], "alice")
     writer.patch("alice-heron", {"text": "The heron queue drains at noon."}, "alice")
     assert writer.compact()["published"]
+    inbox = shells["store"] / "inbox"  # a file per write was kept for ever; now one per compaction, the newest 50
+    assert not list(inbox.glob("*.jsonl")) and [p.name[:8] for p in (inbox / "folded").glob("*.jsonl")] == ["compact-"]
     writer.add([{"id": "alice-later", "text": "A later note, so that a second compaction has work."}], "alice")
     assert writer.compact()["published"]  # prunes the rows the first one folded
     writer.core.close()

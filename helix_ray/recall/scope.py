@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -25,6 +26,8 @@ from helix_ray.errors import InvalidArgument
 from helix_ray.schema import MEMORY_TYPES
 
 MAX_QUERY_CHARS = 8000
+#: More than any model's context window; a budget past it is a mistake (10**30 was echoed back).
+MAX_BUDGET_TOKENS = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,10 @@ def make_scope(
     """Check a recall request; raise :class:`InvalidArgument` saying what is allowed."""
     if not isinstance(query, str) or not query.strip():
         raise InvalidArgument("query", query, "it must be a non-empty string", "Pass the question to recall for.")
+    if not any(unicodedata.category(ch)[0] in "LNSP" for ch in query[:MAX_QUERY_CHARS]):
+        # NULs, control and zero-width characters only: answered with whatever the model made of them
+        raise InvalidArgument("query", query[:40], "it must hold a letter, digit, symbol or punctuation (it holds "
+                              "only control, format or space characters)", "Pass the question to recall for.")
     if len(query) > MAX_QUERY_CHARS:
         raise InvalidArgument("query", f"<{len(query)} characters>", f"it must be at most {MAX_QUERY_CHARS} characters")
     try:
@@ -89,8 +96,10 @@ def make_scope(
                               "surrogate", "Decode the text with errors='replace' first.") from None
     if not isinstance(user, str) or not user.strip():
         raise InvalidArgument("user", user, "it must be the tenant's non-empty user id (recall is always per user)")
-    if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int) or budget_tokens <= 0:
-        raise InvalidArgument("budget_tokens", budget_tokens, "it must be a whole number of tokens > 0")
+    if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int) \
+            or not 0 < budget_tokens <= MAX_BUDGET_TOKENS:
+        raise InvalidArgument("budget_tokens", budget_tokens,
+                              f"it must be a whole number of tokens > 0 and at most {MAX_BUDGET_TOKENS:,}")
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 200:
         raise InvalidArgument("k", k, "it must be a whole number from 1 to 200")
     if isinstance(types, str):
@@ -98,7 +107,10 @@ def make_scope(
     if types is not None:
         types = tuple(types)
         unknown = [t for t in types if t not in MEMORY_TYPES]
-        if unknown or not types:
+        if not types:
+            raise InvalidArgument("types", [], f"it must name at least one type, each one of {', '.join(MEMORY_TYPES)}",
+                                  "Leave types out to recall every type.")
+        if unknown:
             raise InvalidArgument("types", list(types), f"each must be one of {', '.join(MEMORY_TYPES)}")
     if project_mode not in ("filter", "prefer"):
         raise InvalidArgument("project_mode", project_mode, "it must be 'filter' or 'prefer'")

@@ -68,6 +68,8 @@ ALTER TABLE serve_log ADD COLUMN IF NOT EXISTS late_scales BLOB;
 """
 SETTINGS_FILE = "serve-settings.json"
 MAX_BATCH = 1000
+#: Compaction inputs kept in ``inbox/folded/`` (newest first), for an operator to look at.
+KEEP_FOLDED = 50
 #: Fields a PATCH may change; id and user are the memory's identity.
 PATCHABLE = ("text", "type", "project", "session_id", "salience", "confidence", "pinned", "metadata", "source")
 _RECORD_FIELDS = [f.name for f in MEMORY_SCHEMA]
@@ -687,16 +689,35 @@ class WriterCore:
                     self._publish()
                     self._load_recent_accesses()  # what the new generation folded leaves the file
                 self.unfoldable |= {e["seq"] for e in pending if e["folded_into"] == NOT_FOLDED}
-                done = inbox / "folded"  # the log in DuckDB keeps what is still pending
-                done.mkdir(exist_ok=True)
-                for path in [*before, source]:
-                    shutil.move(str(path), done / path.name)
+                self._retire_inbox(inbox, before, source, published=bool(report.published))
                 self.last_compaction = {
                     "published": bool(report.published), "generation": number, "folded": folded,
                     "kept_in_delta": len(pending) - folded, "deletions": len(open_tombstones),
                     "seconds": round(time.perf_counter() - started, 3), "ingest": report.as_dict(),
                 }
                 return self.last_compaction
+
+    @staticmethod
+    def _retire_inbox(inbox: Path, before: list[Path], source: Path, *, published: bool) -> None:
+        """After a compaction: the inbox files of the writes it covered, and its own input.
+
+        A published generation holds every write those files copied (and DuckDB's
+        ``memories`` table each row), so they are deleted; the compaction's input moves to
+        ``inbox/folded/``, the newest :data:`KEEP_FOLDED` kept. They were all kept before:
+        a file per write, for ever (a 10-minute soak left 2,400 of them, docs/serve.md).
+        Unpublished, every file moves there (the log in DuckDB keeps what is pending)."""
+        done = inbox / "folded"
+        done.mkdir(exist_ok=True)
+        if published:
+            for path in before:
+                path.unlink(missing_ok=True)
+            shutil.move(str(source), done / source.name)
+        else:
+            for path in [*before, source]:
+                shutil.move(str(path), done / path.name)
+        kept = sorted(done.glob("*.jsonl"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+        for old in kept[KEEP_FOLDED:]:
+            old.unlink(missing_ok=True)
 
     def _mark_folded(self, gen, pending: list[dict[str, Any]], number: int) -> int:
         """Mark the pending entries generation ``number`` holds as they are (same text
