@@ -770,9 +770,13 @@ def test_a_delete_and_a_patch_survive_two_compactions_and_a_restart(shells):
     writer.delete("alice-okapi", "alice")
     writer.add([{"id": "alice-heron", "text": "The heron queue drains at midnight."}], "alice")
     writer.patch("alice-heron", {"text": "The heron queue drains at noon."}, "alice")
+    inbox = shells["store"] / "inbox"
+    (inbox / "20260101T000000-deadbeef.jsonl").write_text("{}\n")  # as an ingest that failed leaves Memory.add's
     assert writer.compact()["published"]
-    inbox = shells["store"] / "inbox"  # a file per write was kept for ever; now one per compaction, the newest 50
-    assert not list(inbox.glob("*.jsonl")) and [p.name[:8] for p in (inbox / "folded").glob("*.jsonl")] == ["compact-"]
+    # A served write's copy was kept for ever (a file per write); now deleted once a
+    # generation holds it. The compaction's input, and any other file, go to folded/.
+    assert not list(inbox.glob("*.jsonl"))
+    assert sorted(p.name[:8] for p in (inbox / "folded").glob("*.jsonl")) == ["20260101", "compact-"]
     writer.add([{"id": "alice-later", "text": "A later note, so that a second compaction has work."}], "alice")
     assert writer.compact()["published"]  # prunes the rows the first one folded
     writer.core.close()
@@ -859,6 +863,57 @@ def test_writes_go_on_while_a_compaction_runs_and_what_they_changed_stays(shells
     check()
     ids = Generation.open_current(shells["store"]).memories.column("id").to_pylist()
     assert "alice-moth" not in ids and STRONG_ID not in ids and {"alice-wren", "alice-kite"} <= set(ids)
+
+
+def test_a_delete_made_while_a_compaction_ran_holds_if_the_writer_stops_before_it_ends(shells, monkeypatch):
+    """A DELETE answered while the pipeline ran, of a memory it was folding: the pipeline
+    writes the row as live, and the writer marks it deleted again once the pipeline is
+    done. If the Writer stops in between (here: the pipeline raises after its commit), the
+    restart must mark it: the next compaction would carry the row over, past its
+    tombstone, and serve the memory again."""
+    import threading
+
+    import pipelines.ingest as ingest_module
+    from helix_ray.serve.writer import WriterCore
+    from helix_ray.store.generation import Generation
+
+    writer = shells["writer"]
+    writer.add([{"id": "alice-lynx", "text": "The lynx token leaked; rotate it."}], "alice")
+    running, resume = threading.Event(), threading.Event()
+    real = ingest_module.ingest
+
+    def stops_after_its_commit(*args, **kwargs):
+        running.set()
+        assert resume.wait(60)
+        real(*args, **kwargs)
+        raise RuntimeError("the Writer stopped here")
+
+    monkeypatch.setattr(ingest_module, "ingest", stops_after_its_commit)
+    failed: list[BaseException] = []
+
+    def compact() -> None:
+        try:
+            writer.core.compact()
+        except RuntimeError as exc:
+            failed.append(exc)
+
+    compaction = threading.Thread(target=compact)
+    compaction.start()
+    assert running.wait(60)
+    writer.delete("alice-lynx", "alice")
+    resume.set()
+    compaction.join(120)
+    assert failed and "stopped here" in str(failed[0])
+    monkeypatch.setattr(ingest_module, "ingest", real)
+    writer.core.close()
+    writer.core = WriterCore(shells["store"])  # the restart
+    writer.add([{"id": "alice-next", "text": "Another note, so the next compaction has work."}], "alice")
+    assert writer.compact()["published"]
+    assert "alice-lynx" not in Generation.open_current(shells["store"]).memories.column("id").to_pylist()
+    for shell in ("bm25", "dense", "ranker"):
+        asyncio.run(shells[shell].views.refresh())
+    *_, out = _local_recall(shells, "the lynx token leaked")
+    assert "alice-lynx" not in [i["id"] for i in out["items"]]
 
 
 def test_a_new_store_is_served_empty_filled_online_and_compacted(tmp_path):
@@ -1575,7 +1630,6 @@ def test_malformed_recall_requests_get_4xx_sentences(alice, body, status, says):
     assert response.status_code == status and says in response.json()["detail"], response.text
 
 
-@ray_test
 def _nested(levels: int) -> dict:
     out: dict = {"leaf": 1}
     for _ in range(levels - 1):
@@ -1583,6 +1637,7 @@ def _nested(levels: int) -> dict:
     return out
 
 
+@ray_test
 def test_malformed_writes_and_keys_get_4xx_sentences(served, alice):
     url, _, _ = served
     cases = [

@@ -357,6 +357,10 @@ def _visible(hits: Any, hidden: set[int], delta: DeltaSegment, generation: int) 
                                    bool(hits.strong_signal and keep[0]))
 
 
+#: After a compaction that lost a write-write conflict in DuckDB, the next try (seconds).
+COMPACT_RETRY_S = 5.0
+
+
 class WriterShell:
     """The one writer: :class:`helix_ray.serve.writer.WriterCore` plus a background
     compaction (every ``compact_interval_s`` seconds when anything is pending, or as
@@ -379,11 +383,15 @@ class WriterShell:
             due = time.monotonic() - last >= self.compact_interval_s
             todo = self.core.compactable()
             if todo >= self.compact_max_pending or (due and (todo or self.core.open_tombstones())):
+                soon = False
                 try:
                     self.core.compact()
-                except Exception:  # noqa: BLE001 - the writes stay in the delta; try again later
+                except Exception as exc:  # noqa: BLE001 - the writes stay in the delta; try again later
                     log.exception("background compaction failed; the delta keeps serving the writes")
-                last = time.monotonic()
+                    # A DELETE wrote a row the pipeline was writing (it runs outside the
+                    # writer's lock): not a lasting fault, so again in a few seconds.
+                    soon = type(exc).__name__ == "TransactionException"
+                last = time.monotonic() - (max(0.0, self.compact_interval_s - COMPACT_RETRY_S) if soon else 0.0)
 
     @boundary
     def add(self, records: list[dict[str, Any]], user: str | None) -> dict[str, Any]:

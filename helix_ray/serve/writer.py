@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from helix_ray.config import IngestConfig, deep_merge
-from helix_ray.errors import InvalidArgument
+from helix_ray.errors import InvalidArgument, StoreError
 from helix_ray.schema import MEMORY_SCHEMA
 from helix_ray.serve.delta import (
     MERGE_SMALL_AT,
@@ -68,8 +68,13 @@ ALTER TABLE serve_log ADD COLUMN IF NOT EXISTS late_scales BLOB;
 """
 SETTINGS_FILE = "serve-settings.json"
 MAX_BATCH = 1000
+#: A DELETE meeting a compaction's write of the same row waits and tries again, ~5 s in all.
+DELETE_TRIES = 9
 #: Compaction inputs kept in ``inbox/folded/`` (newest first), for an operator to look at.
 KEEP_FOLDED = 50
+#: Inbox file names: a served write's copy, a compaction's input.
+SERVED_PREFIX = "serve-"
+COMPACTION_PREFIX = "compact-"
 #: Fields a PATCH may change; id and user are the memory's identity.
 PATCHABLE = ("text", "type", "project", "session_id", "salience", "confidence", "pinned", "metadata", "source")
 _RECORD_FIELDS = [f.name for f in MEMORY_SCHEMA]
@@ -268,6 +273,17 @@ class WriterCore:
                         if e["folded_into"] == NOT_FOLDED or e["folded_into"] >= current}
         self.tombstones = {i: t for i, t in self.tombstones.items()
                            if t.applies_below is None or t.applies_below >= current}
+        self._mark_open_deletes()
+
+    def _mark_open_deletes(self) -> None:
+        """Mark the database row of every id whose last word is a delete no compaction
+        has applied yet. Idempotent. A compaction's pipeline, running outside the lock,
+        may have written such a row as live (a DELETE answered while it ran); the repair
+        after it is in memory until then, so a restart or a failed compaction in between
+        relies on this (at start and before each compaction)."""
+        ids = [t.id for t in self.tombstones.values() if t.applies_below is None]
+        if ids:
+            self.db.delete(ids)
 
     def _entry(self, seq: int, row: dict[str, Any], lexical_text: str, n_tokens: int, vector: np.ndarray,
                minhash: np.ndarray, folded: int | None, late_codes: bytes | None = None,
@@ -424,7 +440,7 @@ class WriterCore:
             if owner is None or (user is not None and owner != user):
                 raise NotFound(_not_found(memory_id, user))
             self.seq += 1
-            for attempt in range(3):
+            for attempt in range(DELETE_TRIES):
                 self.db.con.begin()
                 try:
                     self.db.con.execute(
@@ -434,13 +450,15 @@ class WriterCore:
                     self.db.delete([memory_id])  # a generation row: the next generation drops it
                     self.db.con.commit()
                     break
-                except duckdb.TransactionException:
-                    # A compaction's pipeline committing the same row at this moment (it runs
+                except duckdb.TransactionException as exc:
+                    # A compaction's pipeline writing the same row at this moment (it runs
                     # outside the lock, on a connection of its own): once it has, again.
                     self.db.con.rollback()
-                    if attempt == 2:
-                        raise
-                    time.sleep(0.05)
+                    if attempt == DELETE_TRIES - 1:
+                        raise StoreError(f"Could not delete {memory_id!r} now: a compaction is writing that memory "
+                                         f"({str(exc).splitlines()[0][:120]}). Nothing was deleted; retry in a few "
+                                         "seconds.") from None
+                    time.sleep(min(0.05 * 2 ** attempt, 1.0))
                 except BaseException:
                     self.db.con.rollback()
                     raise
@@ -569,7 +587,7 @@ class WriterCore:
         # 1. the inbox file, as Memory.add writes it (ingest-ready records)
         inbox = self.store / "inbox"
         inbox.mkdir(parents=True, exist_ok=True)
-        path = inbox / f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
+        path = inbox / f"{SERVED_PREFIX}{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
         with open(path, "w", encoding="utf-8") as fh:
             for row in rows:
                 fh.write(json.dumps(_ingest_record(row), ensure_ascii=False) + "\n")
@@ -643,6 +661,7 @@ class WriterCore:
         with self._compacting:  # one at a time: the background thread, POST /v1/admin/compact
             with self._lock:
                 started = time.perf_counter()
+                self._mark_open_deletes()
                 pending = [e for e in self.entries.values() if e["folded_into"] == NOT_FOLDED]
                 open_tombstones = [t for t in self.tombstones.values() if t.applies_below is None]
                 if not pending and not open_tombstones:
@@ -653,13 +672,14 @@ class WriterCore:
                 inbox = self.store / "inbox"
                 inbox.mkdir(parents=True, exist_ok=True)
                 before = sorted(p for p in inbox.glob("*.jsonl"))
-                source = inbox / f"compact-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}.jsonl"
+                source = inbox / (f"{COMPACTION_PREFIX}{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-"
+                                  f"{uuid.uuid4().hex[:6]}.jsonl")
                 with open(source, "w", encoding="utf-8") as fh:
                     for entry in sorted(pending, key=lambda e: e["seq"]):
                         fh.write(json.dumps(_ingest_record(entry["record"]), ensure_ascii=False) + "\n")
                     fh.flush()
                     os.fsync(fh.fileno())
-            db = self.db.sibling()  # a DuckDB connection is not for two threads at once
+                db = self.db.sibling()  # a DuckDB connection is not for two threads at once
             try:
                 report = ingest([source], self.store, fmt="jsonl", config=self.config, runner=self.compact_runner,
                                 show_progress=False, db=db)
@@ -669,9 +689,11 @@ class WriterCore:
                 number = report.generation
                 folded = 0
                 if report.published and number is not None:
-                    snapshot = {id(t) for t in open_tombstones}
-                    late = [t.id for t in self.tombstones.values() if t.applies_below is None and id(t) not in snapshot]
-                    if late:  # deleted while it ran: the pipeline may have written the row as live
+                    # Deleted while it ran (also if written again since): the pipeline may
+                    # have written the row as live.
+                    late = [row[0] for row in self.db.con.execute(
+                        "SELECT DISTINCT id FROM serve_log WHERE op = 'delete' AND seq > ?", [upto]).fetchall()]
+                    if late:
                         self.db.delete(late)
                     folded = self._mark_folded(Generation.open_current(self.store), pending, number)
                     for t in open_tombstones:
@@ -701,22 +723,21 @@ class WriterCore:
     def _retire_inbox(inbox: Path, before: list[Path], source: Path, *, published: bool) -> None:
         """After a compaction: the inbox files of the writes it covered, and its own input.
 
-        A published generation holds every write those files copied (and DuckDB's
-        ``memories`` table each row), so they are deleted; the compaction's input moves to
-        ``inbox/folded/``, the newest :data:`KEEP_FOLDED` kept. They were all kept before:
-        a file per write, for ever (a 10-minute soak left 2,400 of them, docs/serve.md).
-        Unpublished, every file moves there (the log in DuckDB keeps what is pending)."""
+        A served write's file (``serve-*``) is a copy of what ``serve_log`` holds until a
+        generation does; once one is published, the files of the writes before the
+        compaction are deleted (they were kept for ever: a file per write, 3,061 after a
+        10-minute soak, docs/serve.md). Any other file (``Memory.add``'s, left by an
+        ingest that failed) and the compaction's input move to ``inbox/folded/``; of the
+        inputs the newest :data:`KEEP_FOLDED` stay."""
         done = inbox / "folded"
         done.mkdir(exist_ok=True)
-        if published:
-            for path in before:
+        for path in [*before, source]:
+            if published and path.name.startswith(SERVED_PREFIX):
                 path.unlink(missing_ok=True)
-            shutil.move(str(source), done / source.name)
-        else:
-            for path in [*before, source]:
+            else:
                 shutil.move(str(path), done / path.name)
-        kept = sorted(done.glob("*.jsonl"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-        for old in kept[KEEP_FOLDED:]:
+        inputs = sorted(done.glob(f"{COMPACTION_PREFIX}*.jsonl"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+        for old in inputs[KEEP_FOLDED:]:
             old.unlink(missing_ok=True)
 
     def _mark_folded(self, gen, pending: list[dict[str, Any]], number: int) -> int:
@@ -786,8 +807,15 @@ class WriterCore:
             return {"user_memories": {user: int(row[0]) if row else 0}, "pending_writes": pending + deletes}
 
     def close(self) -> None:
-        with self._lock:
-            self.db.close()
+        """Close the database, after a compaction that is running (its pipeline uses a
+        cursor of this connection; up to a minute, then closed all the same)."""
+        waited = self._compacting.acquire(timeout=60)
+        try:
+            with self._lock:
+                self.db.close()
+        finally:
+            if waited:
+                self._compacting.release()
 
 
 def _json_record(row: dict[str, Any]) -> dict[str, Any]:
