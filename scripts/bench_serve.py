@@ -274,10 +274,10 @@ def running_replicas(app: str) -> dict[str, int]:
 # ----------------------------------------------------------------------------- memory
 
 
-def replica_memory(store: Path) -> list[dict[str, Any]]:
-    """RSS/PSS (MiB) of every Helix replica, total and for the generation's mapped files."""
-    out = []
-    gen_dir = str(store.resolve() / "generations")
+def replica_processes() -> dict[int, str]:
+    """pid → deployment name of every process of this host that is a replica of an
+    application named ``helix`` (``ray::ServeReplica:helix:Ranker.finish`` → "Ranker")."""
+    out = {}
     for pid_dir in Path("/proc").iterdir():
         if not pid_dir.name.isdigit():
             continue
@@ -285,9 +285,17 @@ def replica_memory(store: Path) -> list[dict[str, Any]]:
             cmd = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "ServeReplica:helix:" not in cmd:
-            continue
-        name = cmd.split("ServeReplica:helix:", 1)[1].split()[0].split(".")[0]  # "Ranker.finish" → "Ranker"
+        if "ServeReplica:helix:" in cmd:
+            out[int(pid_dir.name)] = cmd.split("ServeReplica:helix:", 1)[1].split()[0].split(".")[0]
+    return out
+
+
+def replica_memory(store: Path) -> list[dict[str, Any]]:
+    """RSS/PSS (MiB) of every Helix replica, total and for the generation's mapped files."""
+    out = []
+    gen_dir = str(store.resolve() / "generations")
+    for pid, name in replica_processes().items():
+        pid_dir = Path(f"/proc/{pid}")
         total = {"rss": 0, "pss": 0}
         mapped = {"rss": 0, "pss": 0}
         current = None
@@ -307,7 +315,7 @@ def replica_memory(store: Path) -> list[dict[str, Any]]:
                         mapped[key.lower()] += kb
         except OSError:
             continue
-        out.append({"replica": name, "pid": int(pid_dir.name),
+        out.append({"replica": name, "pid": pid,
                     "rss_mib": round(total["rss"] / 1024, 1), "pss_mib": round(total["pss"] / 1024, 1),
                     "generation_rss_mib": round(mapped["rss"] / 1024, 1),
                     "generation_pss_mib": round(mapped["pss"] / 1024, 1)})

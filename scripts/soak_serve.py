@@ -248,15 +248,14 @@ def replica_pids(store: Path) -> dict[int, str]:
     Helix served on this host has replicas of the same names)."""
     mine = {}
     root = str(store.resolve())
-    for r in bs.replica_memory(store):
-        pid = r["pid"]
+    for pid, name in bs.replica_processes().items():
         try:
             if root in Path(f"/proc/{pid}/maps").read_text():
-                mine[pid] = r["replica"]
+                mine[pid] = name
                 continue
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(root):
-                    mine[pid] = r["replica"]
+                    mine[pid] = name
                     break
         except OSError:
             continue

@@ -306,6 +306,12 @@ async def _settle(call: "asyncio.Future[Any]", wait_s: Optional[float]) -> Any:
     return call.result()
 
 
+def _unsearchable(why: str) -> StoreError:
+    """The 503 of a split graph with no stage left that can search (``why``)."""
+    return StoreError(f"The store cannot be searched right now: {why}, as while Serve replaces lost replicas. "
+                      "Retry in a few seconds.")
+
+
 def _failure(exc: BaseException, timeout_s: float) -> str:
     """How a stage failed, for ``flags.degraded``."""
     return f"no answer within {timeout_s:.2g} s" if isinstance(exc, LegTimedOut) else type(exc).__name__
@@ -626,9 +632,8 @@ class HelixAPI:
         except Exception as exc:  # noqa: BLE001
             if callers_mistake(exc):
                 raise  # the caller's mistake, said by the replica that found it
-            raise StoreError(f"The store cannot be searched right now: the embedder failed ({failure}) and the bm25 "
-                             f"leg ({_failure(exc, wait_s)}), as while Serve replaces lost replicas. Retry in a few "
-                             "seconds.") from None
+            raise _unsearchable(f"the embedder failed ({failure}) and the bm25 leg ({_failure(exc, wait_s)})") \
+                from None
         note = f"embedder failed ({failure}); answered by BM25 alone, without the query vector"
         return await self._finish_legs(plan, [lexical, None], wait_s, [note])
 
@@ -643,8 +648,7 @@ class HelixAPI:
         if lexical is None and dense is None and not plan.skip:
             failed = ", ".join(f"{name} {_failure(r, waited_s)}" for name, r in zip(("bm25", "dense"), legs)
                                if isinstance(r, BaseException))
-            raise StoreError(f"The store cannot be searched right now: both retriever legs failed ({failed}), as "
-                             "while Serve replaces lost replicas. Retry in a few seconds.")
+            raise _unsearchable(f"both retriever legs failed ({failed})")
         if lexical is not None and dense is not None and lexical.generation != dense.generation:
             newer = max(lexical.generation, dense.generation)
             if lexical.generation != newer:

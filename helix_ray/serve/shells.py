@@ -387,10 +387,12 @@ class WriterShell:
                 try:
                     self.core.compact()
                 except Exception as exc:  # noqa: BLE001 - the writes stay in the delta; try again later
+                    import duckdb
+
                     log.exception("background compaction failed; the delta keeps serving the writes")
                     # A DELETE wrote a row the pipeline was writing (it runs outside the
                     # writer's lock): not a lasting fault, so again in a few seconds.
-                    soon = type(exc).__name__ == "TransactionException"
+                    soon = isinstance(exc, duckdb.TransactionException)
                 last = time.monotonic() - (max(0.0, self.compact_interval_s - COMPACT_RETRY_S) if soon else 0.0)
 
     @boundary
