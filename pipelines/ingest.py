@@ -65,7 +65,8 @@ ACTOR_MEMORY = 1792 * 1024**2  # what one embedding actor holds (two models, are
 
 @dataclasses.dataclass
 class IngestReport:
-    """What one ingest run did. ``embedded`` counts passages sent to the embedder."""
+    """What one ingest run did. ``embedded`` counts passages sent to the embedder;
+    ``reused`` those whose vectors came with the run instead (a compaction's writes)."""
 
     run_id: str = ""
     read: int = 0
@@ -77,6 +78,7 @@ class IngestReport:
     updated: int = 0
     retagged: int = 0  # of ``updated``: same text, other fields changed (no re-embedding)
     embedded: int = 0
+    reused: int = 0
     total_memories: int = 0
     generation: int | None = None
     published: bool = False
@@ -114,11 +116,15 @@ def ingest(
     show_progress: bool = True,
     crash_after: str | None = None,
     db: StoreDB | None = None,
+    computed: dict[str, stages.Computed] | None = None,
 ) -> IngestReport:
     """Ingest ``sources`` into ``store`` and publish a new generation if anything changed.
 
     ``db`` is the store's open writer when the caller already holds one (a
     :class:`helix_ray.Memory`); otherwise this run opens the store's DuckDB file itself.
+    ``computed`` (by memory id) holds stage 4–5 outputs made earlier under this
+    ``config`` (the server's, for its online writes): a new memory whose text is the
+    same is not expanded, embedded nor token-encoded again.
     """
     config = config or IngestConfig()
     store = Path(store)
@@ -137,7 +143,7 @@ def ingest(
 
     report = IngestReport()
     with _writer(store, db) as db, _recorded_run(db, report, [i["path"] for i in items]):
-        _ingest(items, store, db, config, runner, show_progress, crash_after, report)
+        _ingest(items, store, db, config, runner, show_progress, crash_after, report, computed or {})
     return report
 
 
@@ -188,16 +194,16 @@ def initialise(store: str | Path, *, config: IngestConfig | None = None, db: Sto
                     "restore the store's generations/ folder, or ingest the sources again into a new store.")
             report = IngestReport()
             with _recorded_run(db, report, []):
-                _stages([], store, db, config, "local", None, report, None, empty_ok=True)
+                _stages([], store, db, config, "local", None, report, None, {}, empty_ok=True)
     number = current_generation_number(store)
     assert number is not None  # published above, or by another writer's roll-forward
     return number
 
 
 def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, show_progress: bool,
-            crash_after: str | None, report: IngestReport) -> None:
+            crash_after: str | None, report: IngestReport, computed: dict[str, stages.Computed]) -> None:
     if runner == "local":
-        _stages(items, store, db, config, runner, crash_after, report, None)
+        _stages(items, store, db, config, runner, crash_after, report, None, computed)
         return
     from helix_ray.runtime import ensure_ray
     import ray
@@ -208,7 +214,7 @@ def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
     ray.data.DataContext.get_current().execution_options.preserve_order = True
     feed = _TransformFeed(config)
     try:
-        _stages(items, store, db, config, runner, crash_after, report, feed)
+        _stages(items, store, db, config, runner, crash_after, report, feed, computed)
     except BaseException:
         feed.abort()
         raise
@@ -216,7 +222,8 @@ def _ingest(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
 
 
 def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, crash_after: str | None,
-            report: IngestReport, feed: _TransformFeed | None, *, empty_ok: bool = False) -> None:
+            report: IngestReport, feed: _TransformFeed | None, computed: dict[str, stages.Computed], *,
+            empty_ok: bool = False) -> None:
     # ---- 1–2: read, validate, normalise (+ MinHash signatures for stage 3)
     with _timed(report, "read_validate"):
         if runner == "ray":
@@ -274,8 +281,9 @@ def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
             else:
                 report.new += 1
             fresh.append(row)
-        if feed is not None and fresh:
-            feed.start(len(fresh))  # the embedding actors start while dedup runs
+        computed = {r["id"]: computed[r["id"]] for r in fresh if _reusable(r, computed, config)}
+        if feed is not None and len(fresh) > len(computed):
+            feed.start(len(fresh) - len(computed))  # the embedding actors start while dedup runs
         # Same text, other fields changed (a PATCH of type or salience, a re-tagged
         # record): the carried-over row takes the new fields and keeps its embedding.
         retagged = _retagged(previous, same_text)
@@ -312,11 +320,15 @@ def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
     dropped_rows = [fresh[i] for i in range(len(fresh)) if len(old_rows) + i in drop]
     dropped_old_ids = [old_rows[i]["id"] for i in range(len(old_rows)) if i in drop]
     todo = [dict(fresh[i], seq=k) for k, i in enumerate(keep_new)]
-    report.embedded = len(todo)
+    reuse = {r["seq"]: computed[r["id"]] for r in todo if r["id"] in computed}
+    report.reused = len(reuse)
+    report.embedded = len(todo) - len(reuse)
 
     # ---- 4, 5, 7: expand, embed, annotate (new or changed memories only)
     with _timed(report, "expand_embed_annotate"):
-        batches = list(_transform(todo, config, runner, feed))
+        batches = list(_transform([r for r in todo if r["seq"] not in reuse], config, runner, feed))
+        if reuse:
+            batches += _run_local_batches([r for r in todo if r["seq"] in reuse], [stages.Reuse(config, reuse)])
     new_cols = _collect(batches, len(todo), config)
     del batches  # their token blobs are the largest thing the driver holds (~27 KB a memory)
     if config.session_context > 0:
@@ -507,6 +519,13 @@ def _fold_accesses(rows: list[dict[str, Any]], accesses: dict[str, tuple[Any, in
 
 def _has_deletions(previous: Generation | None, kept_index: np.ndarray) -> bool:
     return previous is not None and len(kept_index) != previous.size
+
+
+def _reusable(row: dict[str, Any], computed: dict[str, stages.Computed], config: IngestConfig) -> bool:
+    """Whether ``computed`` holds stage 4–5 outputs for ``row``'s text as it is now."""
+    got = computed.get(row["id"])
+    return got is not None and got.text == row["text"] and \
+        (got.late_codes is not None or not config.late_interaction.enabled)
 
 
 def _transform(todo: list[dict[str, Any]], config: IngestConfig, runner: str, feed: _TransformFeed | None):

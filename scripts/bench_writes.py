@@ -16,6 +16,9 @@ segment files it already parsed kept, as :class:`StoreViews` keeps them) and run
 first BM25 search over it. Prints p50 / p95 per size. ``--tree`` imports Helix from
 another checkout (a worktree of an older commit) to compare in the same session.
 
+``--compact`` then folds every pending write into a generation, as ``helix compact``
+and the server's compactor do, and prints its seconds per stage.
+
 ``--accesses N,...`` measures the recall hits the same way: the Writer's access record
 filled to each number of distinct memory ids (batches of 1,000), then ``--writes``
 flushes of 100 new hits (what an ingress sends once a second under load): the Writer's
@@ -55,6 +58,8 @@ def main() -> int:
                     help="the Helix checkout to import (default: this one)")
     ap.add_argument("--accesses", default="", help="distinct accessed ids before each round of hit flushes "
                                                      "(e.g. 0,10000,50000; empty: skip)")
+    ap.add_argument("--compact", action="store_true",
+                    help="at the end, fold every pending write into a generation (helix compact) and time it")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     sys.path.insert(0, args.tree)
@@ -128,8 +133,15 @@ def main() -> int:
     hits = [access_round(core, store, int(n), args.writes) for n in args.accesses.split(",") if n]
     for row in hits:
         print(json.dumps(row), flush=True)
+    compaction = None
+    if args.compact:
+        out = core.compact()
+        compaction = {"folded": out["folded"], "seconds": out["seconds"], "embedded": out["ingest"]["embedded"],
+                      "reused": out["ingest"].get("reused", 0), "stages": out["ingest"]["seconds"]}
+        print(json.dumps({"compaction": compaction}), flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results, "accesses": hits}, indent=1))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results, "accesses": hits,
+                                               "compaction": compaction}, indent=1))
     return 0
 
 

@@ -7,7 +7,9 @@ Stateful ones (the embedder) are callable classes: the model loads once in
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import hashlib
 import json
 from typing import Any, Callable
 
@@ -129,6 +131,46 @@ class Transform:
         for step in self.steps:
             batch = step(batch)
         return batch
+
+
+def fingerprint(config: IngestConfig) -> str:
+    """What stages 4–5 make of a text depends on, as a short hash: outputs stamped with
+    it (a served write's) can stand in for the stages' own under the same config."""
+    parts = {"embedder": config.embedder.model_dump(exclude={"batch_size"}),
+             "doc2query": config.doc2query.model_dump(exclude={"llm_timeout_s"}),
+             "late_interaction": config.late_interaction.model_dump()}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True)
+class Computed:
+    """Stages 4–5's outputs for one memory's text, made earlier (by the server, for an
+    online write): compaction takes them instead of embedding the text again."""
+
+    text: str
+    expansions: str  # a JSON list, as :class:`Expand` makes it
+    vector: np.ndarray
+    late_codes: bytes | None = None
+    late_scales: bytes | None = None
+
+
+class Reuse:
+    """Stages 4 and 5 taken from :class:`Computed` outputs (by the batch's ``seq``),
+    then 7a as :class:`Transform` runs it: the same batch columns, no model."""
+
+    def __init__(self, config: IngestConfig, computed: dict[int, Computed]):
+        self.computed = computed
+        self.late = config.late_interaction.enabled
+        self.annotate = Annotate(config)
+
+    def __call__(self, batch: Batch) -> Batch:
+        got = [self.computed[int(s)] for s in batch["seq"]]
+        batch["expansions"] = np.array([c.expansions for c in got], dtype=object)
+        batch["vector"] = np.stack([np.asarray(c.vector, np.float32) for c in got])
+        if self.late:
+            batch["late_codes"] = np.array([c.late_codes for c in got], dtype=object)
+            batch["late_scales"] = np.array([c.late_scales for c in got], dtype=object)
+        return self.annotate(batch)
 
 
 def minhash(batch: Batch, *, num_perm: int, shingle: int) -> Batch:

@@ -65,6 +65,7 @@ CREATE TABLE IF NOT EXISTS serve_log (
 );
 ALTER TABLE serve_log ADD COLUMN IF NOT EXISTS late_codes BLOB;
 ALTER TABLE serve_log ADD COLUMN IF NOT EXISTS late_scales BLOB;
+ALTER TABLE serve_log ADD COLUMN IF NOT EXISTS computed_by VARCHAR;
 """
 SETTINGS_FILE = "serve-settings.json"
 MAX_BATCH = 1000
@@ -204,6 +205,7 @@ class WriterCore:
         self._lock = threading.RLock()
         self._compacting = threading.Lock()
         self._transform = stages.Transform(self.config)  # ingest's stages 4–7a, the same for a write
+        self._fingerprint = stages.fingerprint(self.config)  # a put's outputs are reused under the same one
         self.entries: dict[str, dict[str, Any]] = {}
         self.tombstones: dict[str, Tombstone] = {}
         self.version = current_delta_version(self.store)
@@ -257,14 +259,14 @@ class WriterCore:
         self._drop_superseded()  # a log written before they were deleted as they were replaced
         cur = self.db.con.execute(
             'SELECT seq, op, id, "user", record, lexical, n_tokens, vector, minhash, folded_into, late_codes, '
-            "late_scales FROM serve_log ORDER BY seq")
-        for seq, op, mid, user, record, lexical_text, n_tokens, vector, minhash, folded, codes, scales \
+            "late_scales, computed_by FROM serve_log ORDER BY seq")
+        for seq, op, mid, user, record, lexical_text, n_tokens, vector, minhash, folded, codes, scales, by \
                 in cur.fetchall():
             if op == "put":
                 self.tombstones.pop(mid, None)
                 row = json.loads(record)
                 self.entries[mid] = self._entry(seq, row, lexical_text, n_tokens, np.asarray(vector, np.float32),
-                                                np.asarray(minhash, np.uint32), folded, codes, scales)
+                                                np.asarray(minhash, np.uint32), folded, codes, scales, by)
             else:
                 self.entries.pop(mid, None)
                 self.tombstones[mid] = Tombstone(mid, user, folded)
@@ -287,7 +289,7 @@ class WriterCore:
 
     def _entry(self, seq: int, row: dict[str, Any], lexical_text: str, n_tokens: int, vector: np.ndarray,
                minhash: np.ndarray, folded: int | None, late_codes: bytes | None = None,
-               late_scales: bytes | None = None) -> dict[str, Any]:
+               late_scales: bytes | None = None, computed_by: str | None = None) -> dict[str, Any]:
         created = row["created_at"]
         created = dt.datetime.fromisoformat(created) if isinstance(created, str) else created
         return {
@@ -297,7 +299,7 @@ class WriterCore:
             "confidence": float(row["confidence"]), "pinned": bool(row["pinned"]), "n_tokens": int(n_tokens),
             "vector": vector, "minhash": minhash, "folded_into": NOT_FOLDED if folded is None else int(folded),
             "record": row, "late_codes": None if late_codes is None else bytes(late_codes),
-            "late_scales": None if late_scales is None else bytes(late_scales),
+            "late_scales": None if late_scales is None else bytes(late_scales), "computed_by": computed_by,
         }
 
     def _segment(self, entries: list[dict[str, Any]]) -> tuple[str, np.ndarray]:
@@ -608,14 +610,15 @@ class WriterCore:
             "minhash": pa.array([s.tolist() for s in sigs], pa.list_(pa.uint32())),
             "late_codes": pa.array(late_codes, pa.binary()),
             "late_scales": pa.array(late_scales, pa.binary()),
+            "computed_by": [self._fingerprint] * len(rows),
         })
         self.db.con.begin()
         try:
             self.db.con.register("incoming_serve_log", table)
             self.db.con.execute(
                 'INSERT INTO serve_log (seq, op, id, "user", record, lexical, n_tokens, vector, minhash, written_at, '
-                'folded_into, late_codes, late_scales) SELECT seq, op, id, "user", record, lexical, n_tokens, vector, '
-                "minhash, now(), NULL, late_codes, late_scales FROM incoming_serve_log")
+                'folded_into, late_codes, late_scales, computed_by) SELECT seq, op, id, "user", record, lexical, '
+                "n_tokens, vector, minhash, now(), NULL, late_codes, late_scales, computed_by FROM incoming_serve_log")
             self.db.con.unregister("incoming_serve_log")
             self._drop_superseded([r["id"] for r in rows])
             self.db.con.commit()
@@ -628,7 +631,7 @@ class WriterCore:
                 seqs, rows, lexical_texts, batch["n_tokens"], vectors, sigs, late_codes, late_scales):
             self.tombstones.pop(row["id"], None)
             self.entries[row["id"]] = self._entry(seq, _json_record(row), lex, int(n_tokens), vector, sig, None,
-                                                  codes, scales)
+                                                  codes, scales, self._fingerprint)
         self._publish()
 
     # ---------------------------------------------------------------- compaction
@@ -682,7 +685,7 @@ class WriterCore:
                 db = self.db.sibling()  # a DuckDB connection is not for two threads at once
             try:
                 report = ingest([source], self.store, fmt="jsonl", config=self.config, runner=self.compact_runner,
-                                show_progress=False, db=db)
+                                show_progress=False, db=db, computed=self._computed(pending))
             finally:
                 db.close()
             with self._lock:
@@ -718,6 +721,23 @@ class WriterCore:
                     "seconds": round(time.perf_counter() - started, 3), "ingest": report.as_dict(),
                 }
                 return self.last_compaction
+
+    def _computed(self, pending: list[dict[str, Any]]) -> dict[str, Any]:
+        """What the writes already computed (their vectors, token vectors and
+        expansions), for compaction to take instead of computing it again: only those
+        made under this writer's ingest config (a log row older than its ``computed_by``, or
+        under another config, is computed again). The expansions are read back from the
+        lexical text: the text, then a query a line (a query holding a newline comes back
+        as two, which index the same lexical text)."""
+        from helix_ray.ingest.stages import Computed
+
+        out = {}
+        for e in pending:
+            text, lexical = e["text"], e["lexical"]
+            if e["computed_by"] == self._fingerprint and lexical.startswith(text):
+                queries = lexical[len(text) + 1:].split("\n") if len(lexical) > len(text) else []
+                out[e["id"]] = Computed(text, json.dumps(queries), e["vector"], e["late_codes"], e["late_scales"])
+        return out
 
     @staticmethod
     def _retire_inbox(inbox: Path, before: list[Path], source: Path, *, published: bool) -> None:
