@@ -327,6 +327,7 @@ def _adapt(args: argparse.Namespace) -> int:
             raise InvalidArgument("--store", args.store, f"it must be a Helix store (a folder with {DB_FILE})")
         with StoreDB(Path(args.store), read_only=True) as db:
             pairs = db.feedback_pairs(args.users)
+        adapter.require_feedback(pairs, args.users, how="Memory.feedback or the server's POST /v1/feedback")
     elif args.users:
         raise InvalidArgument("--user", args.users, "it filters --from-feedback; a --pairs file names its users")
     for n, line in enumerate(Path(args.pairs).read_text(encoding="utf-8").splitlines() if args.pairs else [],

@@ -120,6 +120,10 @@ def test_times_are_parsed_to_utc():
         ({"text": "ok", "user": "dana", "id": "x" * 100_000}, "too_long", "100,000 characters"),
         ({"text": "ok", "user": "dana", "metadata": {"a": functools.reduce(lambda inner, _: [inner], range(32), 1)}},
          "too_deep", "more than 32 levels"),
+        # JSON cannot carry NaN, nor UTF-8 a lone surrogate: both were stored as they came.
+        ({"text": "ok", "user": "dana", "metadata": {"score": float("nan")}}, "not_json", "NaN or Infinity"),
+        ({"text": "ok", "user": "dana", "weight": float("inf")}, "not_json", "NaN or Infinity"),
+        ({"text": "ok", "user": "dana", "metadata": {"who": "\udcff"}}, "invalid_utf8", "metadata"),
     ],
 )
 def test_each_kind_of_bad_row_is_rejected_with_a_reason(raw, code, words):

@@ -69,8 +69,14 @@ def test_query_too_long_reports_its_length_not_its_text():
 def test_query_with_a_lone_surrogate_is_refused_clearly():
     with pytest.raises(InvalidArgument, match="lone surrogate") as info:
         scope.make_scope(**{**OK, "query": "why \ud800 nats"})
-    assert "\\ud800" in str(info.value)  # shown escaped: the message itself stays valid UTF-8
+    assert "'why \\ud800 nats'" in str(info.value)  # shown escaped, once: the message stays valid UTF-8
     str(info.value).encode("utf-8")
+
+
+def test_an_empty_project_is_refused_not_matched_against_nothing():
+    for project in ("", "   "):
+        with pytest.raises(InvalidArgument, match="Leave project out"):
+            scope.make_scope(**{**OK, "project": project})
 
 
 def test_good_scope_normalises_times_and_types():

@@ -112,8 +112,8 @@ class Rejected(Exception):
     """A record that cannot be ingested. The quarantine reason reads
     ``"<code>: <sentence>"``; the code (``missing_text``, ``empty_text``, ``wrong_type``,
     ``unknown_type``, ``out_of_range``, ``bad_time``, ``too_long``, ``invalid_utf8``,
-    ``bad_json``, ``missing_user``, ``bad_id``, ``too_deep``; ``not_read``: a data file inside a Markdown folder
-    source) lets a report count them."""
+    ``bad_json``, ``missing_user``, ``bad_id``, ``too_deep``, ``not_json``; ``not_read``: a
+    data file inside a Markdown folder source) lets a report count them."""
 
     def __init__(self, code: str, sentence: str):
         super().__init__(f"{code}: {sentence}")
@@ -144,6 +144,21 @@ def _depth(value: Any, level: int = 1) -> int:
         return level - 1 if not isinstance(value, (dict, list)) else level
     children = value.values() if isinstance(value, dict) else value
     return max([level, *(_depth(v, level + 1) for v in children)])
+
+
+def _metadata_json(metadata: dict[str, Any]) -> str:
+    """``metadata`` as stored: JSON text (Python's reader takes NaN and Infinity, and
+    lone surrogates, which JSON and UTF-8 cannot carry: they were stored as they came)."""
+    try:
+        text = json.dumps(metadata, sort_keys=True, ensure_ascii=False, default=str, allow_nan=False)
+    except ValueError:
+        raise Rejected("not_json", "metadata holds NaN or Infinity, which JSON cannot carry; use null, a string or "
+                       "a finite number") from None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Rejected("invalid_utf8", "metadata is not valid UTF-8 (it holds lone surrogates)") from None
+    return text
 
 
 def _parse_time(value: Any, field: str) -> dt.datetime:
@@ -290,7 +305,7 @@ def normalise_one(raw: dict[str, Any], config: ValidationConfig, *, default_time
         "confidence": confidence,
         "pinned": pinned,
         "source": source,
-        "metadata": json.dumps(metadata, sort_keys=True, ensure_ascii=False, default=str),
+        "metadata": _metadata_json(metadata),
         "content_hash": content_hash(text, ""),
     }
 

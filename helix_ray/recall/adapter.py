@@ -192,6 +192,18 @@ def fit_pairs(generation, embedder, pairs: Sequence[dict], *, ridge: float | Non
     return fit_pairs_across([(generation, pairs)], embedder, ridge=ridge, folds=folds)
 
 
+def require_feedback(pairs: Sequence[dict], users: Sequence[str] | None, *, how: str) -> None:
+    """Say so, and how to record some, when the store holds no feedback (of ``users``)
+    to fit on: "0 usable queries of 0 pairs" did not."""
+    if pairs:
+        return
+    who = ("user " if len(users or []) == 1 else "users ") + ", ".join(map(repr, users)) if users else "any user"
+    raise InvalidArgument("users", list(users) if users else None,
+                          f"the store records no feedback of {who}, and an adapter is fitted on labelled queries",
+                          f"Record some with {how} (a query and the ids of the memories that answered it), "
+                          "then adapt again.")
+
+
 def fit_store(store: str | Path, pairs: Sequence[dict], *, embedder=None, ridge: float | None = None,
               force: bool = False) -> dict:
     """`helix adapt`: fit the adapter of ``store``'s current generation on ``pairs`` and

@@ -91,7 +91,7 @@ def make_scope(
     try:
         query.encode("utf-8")
     except UnicodeEncodeError as exc:
-        around = query[max(0, exc.start - 20): exc.end + 20].encode("utf-8", "backslashreplace").decode()
+        around = query[max(0, exc.start - 20): exc.end + 20]  # its repr shows the surrogate as one \udxxx
         raise InvalidArgument("query", around, f"it must be valid Unicode text; character {exc.start} is a lone "
                               "surrogate", "Decode the text with errors='replace' first.") from None
     if not isinstance(user, str) or not user.strip():
@@ -112,6 +112,9 @@ def make_scope(
                                   "Leave types out to recall every type.")
         if unknown:
             raise InvalidArgument("types", list(types), f"each must be one of {', '.join(MEMORY_TYPES)}")
+    if project is not None and (not isinstance(project, str) or not project.strip()):
+        raise InvalidArgument("project", project, "it must be a non-empty project name (a memory without a project "
+                              "has none, not an empty one)", "Leave project out to recall across every project.")
     if project_mode not in ("filter", "prefer"):
         raise InvalidArgument("project_mode", project_mode, "it must be 'filter' or 'prefer'")
     start, end = _as_time("since", since), _as_time("until", until, end_of_day=True)

@@ -696,10 +696,11 @@ class HelixAPI:
             raise RequestValidationError([{"type": "json_invalid", "loc": ("body",),
                                            "msg": "JSON nested too deep to read (about 1,000 levels); metadata may "
                                                   "nest at most 32"}]) from None
+        single = not isinstance(payload, list) and not (isinstance(payload, dict) and "memories" in payload)
         try:
             if isinstance(payload, list):  # each bad record located by its index, as in {"memories": [...]}
                 items = _MEMORY_LIST.validate_python(payload)
-            elif isinstance(payload, dict) and "memories" in payload:
+            elif not single:
                 items = MemoryBatch.model_validate(payload).memories
             else:
                 items = [MemoryIn.model_validate(payload)]
@@ -709,7 +710,7 @@ class HelixAPI:
         if user is None and any(not r.get("user") for r in records):
             raise InvalidArgument("user", None, "every memory must name its user when the server runs without "
                                   "API keys (--no-auth)")
-        return await self.writer.add.remote(records, user)
+        return await self.writer.add.remote(records, user, single)
 
     @api.patch("/v1/memories/{memory_id:path}", response_model=MemoryChanged, responses={**ERRORS, 404: {
         "model": ErrorOut, "description": "No such memory for this user."}}, tags=["memories"],

@@ -396,8 +396,8 @@ class WriterShell:
                 last = time.monotonic() - (max(0.0, self.compact_interval_s - COMPACT_RETRY_S) if soon else 0.0)
 
     @boundary
-    def add(self, records: list[dict[str, Any]], user: str | None) -> dict[str, Any]:
-        return self.core.add(records, user=user)
+    def add(self, records: list[dict[str, Any]], user: str | None, single: bool = False) -> dict[str, Any]:
+        return self.core.add(records, user=user, single=single)
 
     @boundary
     def patch(self, memory_id: str, fields: dict[str, Any], user: str | None) -> dict[str, Any]:

@@ -393,15 +393,17 @@ class WriterCore:
         return record
 
     # ---------------------------------------------------------------- writes
-    def add(self, records: list[dict[str, Any]], *, user: str | None) -> dict[str, Any]:
+    def add(self, records: list[dict[str, Any]], *, user: str | None, single: bool = False) -> dict[str, Any]:
         """Validate, embed and durably write ``records`` (each a memory object);
-        ``user`` is the API key's user (None when auth is off: each record names its own)."""
+        ``user`` is the API key's user (None when auth is off: each record names its own).
+        ``single``: the caller sent one object, not a list (its errors name ``memory``)."""
         if not records:
             raise InvalidArgument("memories", [], "give at least one memory")
         if len(records) > MAX_BATCH:
             raise InvalidArgument("memories", f"<{len(records)} records>", f"a batch holds at most {MAX_BATCH}",
                                   "Split it into several requests.")
-        rows = [self._validate(raw, user, where=f"memories[{n}]") for n, raw in enumerate(records)]
+        rows = [self._validate(raw, user, where="memory" if single else f"memories[{n}]")
+                for n, raw in enumerate(records)]
         first: dict[str, int] = {}
         for n, row in enumerate(rows):  # the last one silently won
             if first.setdefault(row["id"], n) != n:
@@ -413,7 +415,7 @@ class WriterCore:
             for n, row in enumerate(rows):
                 owner = self.owner(row["id"])
                 if owner is not None and owner != row["user"]:
-                    raise Conflict(f"Got id={row['id']!r} in memories[{n}]; that id belongs to another user's "
+                    raise Conflict(f"Got id={row['id']!r} in {'the memory' if single else f'memories[{n}]'}; that id belongs to another user's "
                                    "memory. Leave id out (one is derived from user and text) or choose another.")
             self._write(rows)
             return {"ids": [r["id"] for r in rows], "delta_version": self.version, "generation": self.generation}
@@ -545,6 +547,7 @@ class WriterCore:
 
         with self._lock:
             pairs = self.db.feedback_pairs(users)
+        adapter.require_feedback(pairs, users, how="POST /v1/feedback")
         return adapter.fit_store(self.store, pairs, embedder=get_embedder(self.config.embedder), force=force)
 
     def _validate(self, raw: Any, user: str | None, *, where: str) -> dict[str, Any]:
