@@ -310,6 +310,7 @@ def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
         dropped = find_duplicates(
             users, sigs, preference, threshold=config.dedup.threshold,
             texts=[r["text"] for r in everything], shingle=config.dedup.shingle,
+            settled=len(old_rows),  # the previous generation's rows: deduplicated when it was built
         )
         drop = {i for i, _, _ in dropped}
         links = [(everything[i]["id"], everything[j]["id"], s) for i, j, s in dropped]

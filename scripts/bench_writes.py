@@ -58,6 +58,7 @@ def main() -> int:
                     help="the Helix checkout to import (default: this one)")
     ap.add_argument("--accesses", default="", help="distinct accessed ids before each round of hit flushes "
                                                      "(e.g. 0,10000,50000; empty: skip)")
+    ap.add_argument("--store", default=None, help="a store to copy and write into (default: a new, empty one)")
     ap.add_argument("--compact", action="store_true",
                     help="at the end, fold every pending write into a generation (helix compact) and time it")
     ap.add_argument("--json", default=None)
@@ -70,8 +71,15 @@ def main() -> int:
     from pipelines.ingest import initialise
 
     store = Path(tempfile.mkdtemp(prefix="helix-bench-writes-")) / "store"
+    if args.store:
+        import shutil
+
+        shutil.copytree(args.store, store)
     initialise(store)
     core = WriterCore(store)
+    # The store's own users (a write lands among their memories), or five new ones.
+    users = [u for (u,) in core.db.con.execute('SELECT DISTINCT "user" FROM memories ORDER BY 1').fetchall()] \
+        or [f"u{n}" for n in range(5)]
     cache = delta_mod.SegmentCache() if hasattr(delta_mod, "SegmentCache") else None  # older trees: none
 
     def replica_load(version: int):
@@ -96,7 +104,8 @@ def main() -> int:
     for size in [int(s) for s in args.sizes.split(",")]:
         while written < size:
             n = min(args.batch, size - written)
-            core.add([{"text": text(rng, written + i), "user": f"u{(written + i) % 5}"} for i in range(n)], user=None)
+            core.add([{"text": text(rng, written + i), "user": users[(written + i) % len(users)]} for i in range(n)],
+                     user=None)
             written += n
         replica_load(delta_mod.current_delta_version(store))  # the replica is up to date before the round
         add, load, lexical, wrote = [], [], [], []
@@ -104,7 +113,7 @@ def main() -> int:
         for _ in range(args.writes):
             before = files(store / "delta")
             clock = time.perf_counter()
-            core.add([{"text": text(rng, written), "user": f"u{written % 5}"}], user=None)
+            core.add([{"text": text(rng, written), "user": users[written % len(users)]}], user=None)
             add.append((time.perf_counter() - clock) * 1000)
             written += 1
             after = files(store / "delta")

@@ -112,7 +112,7 @@ class Rejected(Exception):
     """A record that cannot be ingested. The quarantine reason reads
     ``"<code>: <sentence>"``; the code (``missing_text``, ``empty_text``, ``wrong_type``,
     ``unknown_type``, ``out_of_range``, ``bad_time``, ``too_long``, ``invalid_utf8``,
-    ``bad_json``, ``missing_user``, ``bad_id``, ``too_deep``, ``not_json``; ``not_read``: a
+    ``bad_json``, ``missing_user``, ``bad_id``, ``too_deep``; ``not_read``: a
     data file inside a Markdown folder source) lets a report count them."""
 
     def __init__(self, code: str, sentence: str):
@@ -147,18 +147,31 @@ def _depth(value: Any, level: int = 1) -> int:
 
 
 def _metadata_json(metadata: dict[str, Any]) -> str:
-    """``metadata`` as stored: JSON text (Python's reader takes NaN and Infinity, and
-    lone surrogates, which JSON and UTF-8 cannot carry: they were stored as they came)."""
+    """``metadata`` as stored: JSON text. NaN and ±Infinity, which JSON cannot carry
+    (Python's reader and writer take them; a float column of a Parquet file holds them
+    for a missing value), become null, as JavaScript's ``JSON.stringify`` writes them;
+    they were stored as they came, text no strict JSON reader takes back. Lone
+    surrogates, which UTF-8 cannot carry, are refused."""
     try:
         text = json.dumps(metadata, sort_keys=True, ensure_ascii=False, default=str, allow_nan=False)
     except ValueError:
-        raise Rejected("not_json", "metadata holds NaN or Infinity, which JSON cannot carry; use null, a string or "
-                       "a finite number") from None
+        text = json.dumps(_finite(metadata), sort_keys=True, ensure_ascii=False, default=str)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise Rejected("invalid_utf8", "metadata is not valid UTF-8 (it holds lone surrogates)") from None
     return text
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN and ±Infinity float inside it replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _parse_time(value: Any, field: str) -> dt.datetime:
@@ -296,7 +309,7 @@ def normalise_one(raw: dict[str, Any], config: ValidationConfig, *, default_time
         "text": text,
         "type": mem_type,
         "user": user,
-        "project": _optional_str(raw, "project"),
+        "project": (_optional_str(raw, "project") or "").strip() or None,  # blank: none (recall refuses "")
         "session_id": session_id,
         "created_at": created_at,
         "last_accessed_at": last_accessed_at,

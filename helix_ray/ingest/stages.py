@@ -145,7 +145,8 @@ def fingerprint(config: IngestConfig) -> str:
 @dataclasses.dataclass(frozen=True)
 class Computed:
     """Stages 4–5's outputs for one memory's text, made earlier (by the server, for an
-    online write): compaction takes them instead of embedding the text again."""
+    online write): compaction takes them instead of embedding the text again
+    (:class:`Reuse`)."""
 
     text: str
     expansions: str  # a JSON list, as :class:`Expand` makes it
@@ -155,17 +156,24 @@ class Computed:
 
 
 class Reuse:
-    """Stages 4 and 5 taken from :class:`Computed` outputs (by the batch's ``seq``),
-    then 7a as :class:`Transform` runs it: the same batch columns, no model."""
+    """Stage 5 taken from :class:`Computed` outputs (by the batch's ``seq``), then 7a as
+    :class:`Transform` runs it: the same batch columns, no model. Stage 4 is taken too
+    when it asked a language model (a request per memory); the offline expander runs
+    again, on this batch: it ranks a memory's words by their rarity within the batch,
+    which a write of one memory could not."""
 
     def __init__(self, config: IngestConfig, computed: dict[int, Computed]):
         self.computed = computed
         self.late = config.late_interaction.enabled
+        self.expand = Expand(config.doc2query) if config.doc2query.backend != "llm" else None
         self.annotate = Annotate(config)
 
     def __call__(self, batch: Batch) -> Batch:
         got = [self.computed[int(s)] for s in batch["seq"]]
-        batch["expansions"] = np.array([c.expansions for c in got], dtype=object)
+        if self.expand is not None:
+            batch = self.expand(batch)
+        else:
+            batch["expansions"] = np.array([c.expansions for c in got], dtype=object)
         batch["vector"] = np.stack([np.asarray(c.vector, np.float32) for c in got])
         if self.late:
             batch["late_codes"] = np.array([c.late_codes for c in got], dtype=object)

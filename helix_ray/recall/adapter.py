@@ -197,6 +197,8 @@ def require_feedback(pairs: Sequence[dict], users: Sequence[str] | None, *, how:
     to fit on: "0 usable queries of 0 pairs" did not."""
     if pairs:
         return
+    if users is not None and not users:
+        raise InvalidArgument("users", [], "it names no user", "Leave users out to fit on every user's feedback.")
     who = ("user " if len(users or []) == 1 else "users ") + ", ".join(map(repr, users)) if users else "any user"
     raise InvalidArgument("users", list(users) if users else None,
                           f"the store records no feedback of {who}, and an adapter is fitted on labelled queries",

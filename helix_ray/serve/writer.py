@@ -415,8 +415,9 @@ class WriterCore:
             for n, row in enumerate(rows):
                 owner = self.owner(row["id"])
                 if owner is not None and owner != row["user"]:
-                    raise Conflict(f"Got id={row['id']!r} in {'the memory' if single else f'memories[{n}]'}; that id belongs to another user's "
-                                   "memory. Leave id out (one is derived from user and text) or choose another.")
+                    where = "the memory" if single else f"memories[{n}]"
+                    raise Conflict(f"Got id={row['id']!r} in {where}; that id belongs to another user's memory. "
+                                   "Leave id out (one is derived from user and text) or choose another.")
             self._write(rows)
             return {"ids": [r["id"] for r in rows], "delta_version": self.version, "generation": self.generation}
 
