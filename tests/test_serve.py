@@ -1532,7 +1532,7 @@ def test_batch_write_and_patch(alice):
 
 
 @ray_test
-def test_deleted_memory_never_comes_back(alice):
+def test_deleted_memory_never_comes_back(alice, bob):
     doomed = {"id": "alice-doomed", "text": "The doomed memory mentions the zebra-quokka protocol."}
     assert alice.post("/v1/memories", json=doomed).status_code == 201
     assert "alice-doomed" in ids(recall(alice, "zebra-quokka protocol"))
@@ -1541,7 +1541,10 @@ def test_deleted_memory_never_comes_back(alice):
     for _ in range(3):
         assert "alice-doomed" not in ids(recall(alice, "zebra-quokka protocol"))
         assert STRONG_ID not in ids(recall(alice, STRONG_ERROR))
-    assert alice.delete("/v1/memories/alice-doomed").status_code == 404
+    again = alice.delete("/v1/memories/alice-doomed")
+    assert again.status_code == 404 and "that memory was deleted" in again.json()["detail"], again.text
+    theirs = bob.delete("/v1/memories/alice-doomed")  # another user learns nothing of it
+    assert theirs.status_code == 404 and "no such memory for user 'bob'" in theirs.json()["detail"], theirs.text
 
 
 # --------------------------------------------------------------------------- settings
@@ -1693,7 +1696,7 @@ def test_malformed_writes_and_keys_get_4xx_sentences(served, alice):
         (alice.post("/v1/memories", json={"text": "x", "mood": "happy"}), 422, "unknown field 'mood'"),
         (alice.post("/v1/memories", json={"memories": []}), 422, "at least one memory"),
         (alice.post("/v1/memories", content=b"{not json", headers={"content-type": "application/json"}), 422,
-         "not valid JSON"),
+         "not valid JSON at character 1 (Expecting property name enclosed in double quotes); check its quotes"),
         (alice.patch("/v1/memories/alice-01", json={"colour": "red"}), 422, "unknown field 'colour'"),
         (alice.patch("/v1/memories/alice-01", json={}), 422, "at least one field"),
         (alice.patch("/v1/memories/alice-01", json={"pinned": "yes"}), 422, "Got pinned='yes'"),
@@ -1726,7 +1729,7 @@ def test_malformed_writes_and_keys_get_4xx_sentences(served, alice):
         (alice.post("/v1/memories", json={"text": "x", "id": "   "}), 422, "Got id='   '"),
         # A plain list names the bad record by its index, as {"memories": [...]} does.
         (alice.post("/v1/memories", json=[{"text": "a"}, {"text": "b", "colour": "red"}]), 422,
-         "unknown field '1.colour'"),
+         "unknown field 'memories[1].colour'"),
         (alice.post("/v1/recall", content=b'{"query": "x", "budget_tokens": 10}',
                     headers={"content-type": "text/plain"}), 422, "Content-Type: application/json"),
         (alice.post("/v1/memories", content=b" " * (33 * 1024 * 1024), headers={"content-type": "application/json"}),

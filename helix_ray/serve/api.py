@@ -226,24 +226,37 @@ def request_error_sentence(errors: Sequence[Mapping[str, Any]]) -> str:
     union_noise = {"list_type", "model_type", "model_attributes_type", "dict_type"}
     meaningful = [e for e in errors if e.get("type") not in union_noise] or errors
     for err in meaningful[:5]:
-        loc = [str(p) for p in err.get("loc", ())
-               if p not in ("body",) and not str(p).startswith(("list[", "MemoryIn"))]
-        where = ".".join(loc) or "the request body"
+        loc = [p for p in err.get("loc", ()) if p != "body" and not str(p).startswith(("list[", "MemoryIn"))]
+        where = _where(loc)
         kind = err.get("type")
         if kind == "extra_forbidden":
             parts.append(f"Got unknown field {where!r}; remove it (the allowed fields are in the OpenAPI schema "
                          "at /docs)")
         elif kind == "missing":
-            parts.append(f"The field {where!r} is required")
+            parts.append(f"The field {where!r} is required; add it (the fields are in the OpenAPI schema at /docs)")
         elif kind == "json_invalid":
-            parts.append("The request body is not valid JSON"
-                         + (f" ({err['msg']})" if err.get("msg") not in (None, "invalid JSON", "JSON decode error")
-                            else ""))
+            at = f" at character {loc[0]}" if loc and isinstance(loc[0], int) else ""
+            why = (err.get("ctx") or {}).get("error") or err.get("msg")
+            parts.append(f"The request body is not valid JSON{at}"
+                         + (f" ({why})" if why not in (None, "invalid JSON", "JSON decode error") else "")
+                         + "; check its quotes, commas and brackets")
         elif isinstance(err.get("input"), (bytes, bytearray)):  # FastAPI did not parse it: not sent as JSON
             parts.append("The request body must be JSON, sent with the header Content-Type: application/json")
         else:
             parts.append(f"Got {where}={short_repr(err.get('input'))}; {err.get('msg', 'invalid value')}")
     return "; ".join(p.rstrip(".") for p in parts) + "."
+
+
+def _where(loc: Sequence[Any]) -> str:
+    """A field's place in the body, as a sentence names it: ``memories[1].text`` (a
+    leading index is a record of a list posted to ``/v1/memories``)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]" if out else f"memories[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "the request body"
 
 
 # ----------------------------------------------------------------------------- stats

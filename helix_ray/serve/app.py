@@ -690,8 +690,10 @@ class HelixAPI:
         user = self.authenticate(authorization)
         try:
             payload = await request.json()
-        except ValueError:
-            raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": "invalid JSON"}]) from None
+        except ValueError as exc:  # JSONDecodeError says where; a UnicodeDecodeError does not
+            at = (getattr(exc, "pos", None),) if getattr(exc, "pos", None) is not None else ()
+            raise RequestValidationError([{"type": "json_invalid", "loc": ("body", *at), "msg": "invalid JSON",
+                                           "ctx": {"error": getattr(exc, "msg", None)}}]) from None
         except RecursionError:  # was a 500
             raise RequestValidationError([{"type": "json_invalid", "loc": ("body",),
                                            "msg": "JSON nested too deep to read (about 1,000 levels); metadata may "

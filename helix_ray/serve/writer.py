@@ -373,6 +373,17 @@ class WriterCore:
             return None
         return self.db.owners([memory_id]).get(memory_id)
 
+    def _not_found(self, memory_id: str, user: str | None) -> str:
+        """The 404's sentence: a memory of this user deleted since the last compaction
+        is said to be (another user's is not)."""
+        gone = self.tombstones.get(memory_id)
+        if gone is not None and (user is None or gone.user == user):
+            return (f"Got id={memory_id!r}; that memory was deleted. A delete is final: to bring it back, "
+                    "POST /v1/memories it again.")
+        who = f" for user {user!r}" if user is not None else ""
+        return (f"Got id={memory_id!r}; there is no such memory{who}. Check the id (ids are returned by "
+                "POST /v1/memories and by recall).")
+
     def _record(self, memory_id: str) -> dict[str, Any] | None:
         entry = self.entries.get(memory_id)
         if entry is not None:
@@ -428,7 +439,7 @@ class WriterCore:
         with self._lock:
             record = self._record(memory_id)
             if record is None or (user is not None and record["user"] != user):
-                raise NotFound(_not_found(memory_id, user))
+                raise NotFound(self._not_found(memory_id, user))
             merged = {k: _iso(record.get(k)) for k in _RECORD_FIELDS if record.get(k) is not None}
             merged.update(fields)
             if "text" in fields and "salience" not in fields:
@@ -443,7 +454,7 @@ class WriterCore:
         with self._lock:
             owner = self.owner(memory_id)
             if owner is None or (user is not None and owner != user):
-                raise NotFound(_not_found(memory_id, user))
+                raise NotFound(self._not_found(memory_id, user))
             self.seq += 1
             for attempt in range(DELETE_TRIES):
                 self.db.con.begin()
@@ -853,12 +864,6 @@ def _ingest_record(row: dict[str, Any]) -> dict[str, Any]:
     if isinstance(out.get("metadata"), str):
         out["metadata"] = json.loads(out["metadata"])
     return out
-
-
-def _not_found(memory_id: str, user: str | None) -> str:
-    who = f" for user {user!r}" if user is not None else ""
-    return (f"Got id={memory_id!r}; there is no such memory{who}. Check the id (ids are returned by "
-            "POST /v1/memories and by recall).")
 
 
 __all__ = ["WriterCore", "read_settings", "settings_path", "PATCHABLE", "MAX_BATCH"]
