@@ -407,3 +407,25 @@ def test_a_conversation_turn_takes_in_its_sessions_previous_turn(tmp_path):
         new, pure = steps["on"][f"m{i:03d}"], steps["off"][f"m{i:03d}"]
         expected = pure if i == 0 else _unit(pure + steps["on"][f"m{i - 1:03d}"])
         np.testing.assert_allclose(new, expected, atol=1e-5)
+
+
+def test_the_fingerprint_of_stages_4_and_5_follows_the_config_and_the_shipped_models(tmp_path, monkeypatch):
+    """A served write's vectors stand in for compaction's own only under the same
+    fingerprint: another config, or a model replaced under the same name, is another."""
+    from helix_ray import embedder, token_encoder
+    from helix_ray.ingest import stages
+
+    base = stages.fingerprint(IngestConfig())
+    assert stages.fingerprint(IngestConfig()) == base
+    assert stages.fingerprint(IngestConfig(embedder={"batch_size": 8})) == base  # the same vectors
+    assert stages.fingerprint(IngestConfig(doc2query={"max_queries": 2})) != base
+    assert stages.fingerprint(IngestConfig(late_interaction={"max_tokens": 64})) != base
+    for name in ("bge_small_en", "colbert"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.onnx").write_bytes(b"x" * 10)
+    monkeypatch.setattr(embedder, "embedded_model_dir", lambda: tmp_path / "bge_small_en")
+    monkeypatch.setattr(token_encoder, "model_dir", lambda: tmp_path / "colbert")
+    ours = stages.fingerprint(IngestConfig())
+    assert ours != base
+    (tmp_path / "bge_small_en" / "model.onnx").write_bytes(b"x" * 11)  # another model, same name
+    assert stages.fingerprint(IngestConfig()) != ours

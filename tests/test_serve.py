@@ -412,6 +412,12 @@ async def _timed_recall(server) -> tuple[dict, float]:
     return out, time.perf_counter() - clock
 
 
+#: How late a timed step may finish on a loaded 2-core host (the event loop, the threads
+#: of the fake stages): a 0.15 s slack failed once under .ci/run, 3.25 s for a 3 s bound.
+#: Each assertion's alternative (the full bound, no bound) lies further out.
+SLACK_S = 0.3
+
+
 def _run(scenario):
     return asyncio.run(asyncio.wait_for(scenario, 30))  # a recall that waits for ever fails, not hangs
 
@@ -426,7 +432,7 @@ def test_a_leg_that_never_answers_is_left_out_after_the_timeout():
     the held Ranker call is cancelled, the plan and the live leg are not sent again."""
     server = _split_ingress(dense_s=float("inf"))
     out, took = _recall_split(server)
-    assert 0.2 <= took < 0.2 + 0.2 + 0.15
+    assert 0.2 <= took < 0.2 + 0.2 + SLACK_S
     assert out["legs"] == [True, False]
     assert out["flags"]["degraded"] == ["dense leg failed (no answer within 0.4 s); answered without it"]
     first, last = server.ranker.finish.calls
@@ -441,7 +447,7 @@ def test_while_a_leg_is_missing_recall_waits_less_for_it():
     out, took = _recall_split(server)
     assert took >= 2.0 and out["flags"]["degraded"] and server._legs_missing == {"dense"}
     out, took = _recall_split(server)
-    assert took < 0.25 + 0.2 + 0.15
+    assert took < 0.25 + 0.2 + SLACK_S
     assert out["flags"]["degraded"] == ["dense leg failed (no answer within 0.45 s); answered without it"]
     server.dense.search.delay = 0.0  # Serve has replaced the replica
     out, _ = _recall_split(server)
@@ -462,7 +468,7 @@ def test_without_an_embedder_bm25_answers_on_a_plan_made_without_a_vector():
 
     async def scenario():
         out, took = await _timed_recall(server)
-        assert 2.0 <= took < 2.0 + 0.15
+        assert 2.0 <= took < 2.0 + SLACK_S
         assert out["legs"] == [True, False]
         assert out["flags"]["degraded"] == ["embedder failed (no answer within 2 s); answered by BM25 alone, "
                                             "without the query vector"]
@@ -477,7 +483,7 @@ def test_without_an_embedder_bm25_answers_on_a_plan_made_without_a_vector():
         assert server._legs_missing == {"embedder"}
 
         out, took = await _timed_recall(server)
-        assert 0.5 <= took < 0.5 + 0.15
+        assert 0.5 <= took < 0.5 + SLACK_S
         assert out["flags"]["degraded"][0].startswith("embedder failed (no answer within 0.5 s)")
         assert [call.cancelled for call in server.embedder.plan.calls] == [False, True]  # one probe at a time
 
@@ -485,7 +491,7 @@ def test_without_an_embedder_bm25_answers_on_a_plan_made_without_a_vector():
         await asyncio.sleep(0.05)
         assert server._legs_missing == set()
         out, took = await _timed_recall(server)  # 1 s bound, then 1 s for the plan: it comes at 1.5 s
-        assert 1.5 <= took < 1.5 + 0.15
+        assert 1.5 <= took < 1.5 + SLACK_S
         assert out["legs"] == [True, True] and not out["flags"].get("degraded") and server._legs_missing == set()
 
     _run(scenario())
@@ -505,7 +511,7 @@ def test_without_an_embedder_or_bm25_recall_fails_fast_and_says_why():
             clock = time.perf_counter()
             with pytest.raises(StoreError) as caught:
                 await server._recall_split("q", "alice", None, {})
-            assert expected_s <= time.perf_counter() - clock < expected_s + 0.15
+            assert expected_s <= time.perf_counter() - clock < expected_s + SLACK_S
             assert str(caught.value).startswith("The store cannot be searched right now: the embedder failed (no "
                                                 "answer within ")
             said = str(caught.value)
@@ -517,7 +523,7 @@ def test_without_an_embedder_or_bm25_recall_fails_fast_and_says_why():
         await asyncio.sleep(0.05)
         assert server._legs_missing == {"embedder"}
         out, took = await _timed_recall(server)
-        assert out["legs"] == [True, False] and 0.5 + 0.3 <= took < 0.5 + 0.3 + 0.15
+        assert out["legs"] == [True, False] and 0.5 + 0.3 <= took < 0.5 + 0.3 + SLACK_S
 
     _run(scenario())
 
@@ -548,13 +554,13 @@ def test_a_leg_back_but_slower_than_the_short_bound_is_waited_for_again():
         assert server._legs_missing == {"dense"}
         assert [call.cancelled for call in server.dense.search.calls] == [False]  # the probe
         out, took = await _timed_recall(server)
-        assert out["flags"]["degraded"] and took < 0.45 + 0.15
+        assert out["flags"]["degraded"] and took < 0.45 + SLACK_S
         assert [call.cancelled for call in server.dense.search.calls] == [False, True]  # one probe at a time
         server.dense.search.delay = 0.6
         await asyncio.sleep(0.05)
         assert server._legs_missing == set()
         out, took = await _timed_recall(server)
-        assert out["legs"] == [True, True] and not out["flags"].get("degraded") and 0.6 <= took < 0.6 + 0.15
+        assert out["legs"] == [True, True] and not out["flags"].get("degraded") and 0.6 <= took < 0.6 + SLACK_S
 
     _run(scenario())
 
@@ -569,7 +575,7 @@ def test_a_missing_leg_does_not_cut_a_slow_plan_short():
         assert server._legs_missing == {"dense"}
         server.embedder.plan.delay = 0.6
         out, took = await _timed_recall(server)
-        assert out["legs"] == [True, False] and 0.6 + 1.0 <= took < 0.6 + 1.0 + 0.15  # the legs' full time again
+        assert out["legs"] == [True, False] and 0.6 + 1.0 <= took < 0.6 + 1.0 + SLACK_S  # the legs' full time again
         assert out["flags"]["degraded"] == ["dense leg failed (no answer within 1.2 s); answered without it"]
         assert server._legs_missing == {"dense"}
 
@@ -607,7 +613,7 @@ def test_an_embedder_that_fails_is_answered_by_bm25_too():
     server = _split_ingress()
     server.embedder.plan.result = broken
     out, took = _recall_split(server)
-    assert out["legs"] == [True, False] and took < 0.15
+    assert out["legs"] == [True, False] and took < SLACK_S
     assert out["flags"]["degraded"] == ["embedder failed (RuntimeError); answered by BM25 alone, "
                                         "without the query vector"]
     assert len(server.embedder.plan.calls) == 2 and server._legs_missing == set()

