@@ -81,11 +81,11 @@ def find_duplicates(
         # pair at J = .85 otherwise happens), the similarity check below decides.
         return MinHashLSH(threshold=max(0.3, threshold - 0.2), num_perm=num_perm)
 
+    if settled >= len(users):
+        return []  # nothing new
     visit: Sequence[int] = range(len(users))
-    if 0 < settled < len(users) and num_perm:
+    if settled and num_perm:
         visit = [*sharing_a_band(users, sigs, settled, make().hashranges), *range(settled, len(users))]
-    elif settled >= len(users):
-        return []
     order = sorted(visit, key=lambda i: preference[i], reverse=True)
     indexes: dict[str, MinHashLSH] = {}
     dropped: list[tuple[int, int, float]] = []

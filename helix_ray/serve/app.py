@@ -691,8 +691,9 @@ class HelixAPI:
         try:
             payload = await request.json()
         except ValueError as exc:  # JSONDecodeError says where; a UnicodeDecodeError does not
-            at = (getattr(exc, "pos", None),) if getattr(exc, "pos", None) is not None else ()
-            raise RequestValidationError([{"type": "json_invalid", "loc": ("body", *at), "msg": "invalid JSON",
+            pos = getattr(exc, "pos", None)
+            raise RequestValidationError([{"type": "json_invalid", "loc": ("body", *([] if pos is None else [pos])),
+                                           "msg": "invalid JSON",
                                            "ctx": {"error": getattr(exc, "msg", None)}}]) from None
         except RecursionError:  # was a 500
             raise RequestValidationError([{"type": "json_invalid", "loc": ("body",),

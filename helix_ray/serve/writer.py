@@ -743,7 +743,8 @@ class WriterCore:
         made under this writer's ingest config (a log row older than its ``computed_by``, or
         under another config, is computed again). The expansions are read back from the
         lexical text: the text, then a query a line (a query holding a newline comes back
-        as two, which index the same lexical text)."""
+        as two, which index the same lexical text); :class:`stages.Reuse` takes them only
+        from an LLM expander (the offline one runs again, on the compaction's batch)."""
         from helix_ray.ingest.stages import Computed
 
         out = {}
