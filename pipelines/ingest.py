@@ -38,11 +38,11 @@ import pyarrow.compute as pc
 
 from helix_ray.config import IngestConfig
 from helix_ray.errors import InvalidArgument, StoreError
-from helix_ray.ingest import stages
+from helix_ray.ingest import carry, stages
 from helix_ray.ingest.dedup import find_duplicates
 from helix_ray.ingest.graph import build_graph, edges_table
 from helix_ray.ingest.sources import FORMATS, detect_format
-from helix_ray.recall.lexical import Analyzer
+from helix_ray.recall.lexical import Analyzer, lexical_text
 from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import (
@@ -353,8 +353,7 @@ def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
             dense_indexes=data.extra.pop("_dense_indexes", None),
             hnsw_min_rows=config.hnsw_min_rows,
             hnsw_threads=config.hnsw_threads,
-            bm25_analyzer=Analyzer(stemmer=config.lexical.stemmer or None,
-                                   split_identifiers=config.lexical.split_identifiers),
+            bm25_analyzer=_analyzer(config),
             make_current=False,  # after the database has recorded it (below)
         )
 
@@ -800,37 +799,31 @@ def _memory_table(rows: list[dict[str, Any]], cols: dict[str, Any] | None) -> pa
     return pa.table({n: data[n] for n in names}, schema=GENERATION_SCHEMA)
 
 
-def exact_knn(block: np.ndarray, k: int, *, offset: int, rows_per_step: int = 2048) -> tuple[np.ndarray, np.ndarray]:
-    """k nearest rows by cosine (unit vectors), computed in row blocks to bound memory."""
-    neighbours = np.empty((len(block), k), np.int64)
-    sims = np.empty((len(block), k), np.float32)
-    for lo in range(0, len(block), rows_per_step):
-        scores = block[lo : lo + rows_per_step] @ block.T
-        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-        part = np.take_along_axis(scores, top, axis=1)
-        order = np.lexsort((top, -part), axis=1)
-        neighbours[lo : lo + rows_per_step] = np.take_along_axis(top, order, axis=1) + offset
-        sims[lo : lo + rows_per_step] = np.take_along_axis(part, order, axis=1)
-    return neighbours, sims
-
-
 def _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, keep_new, n_old, db,
               config: IngestConfig):
+    """The next generation's rows, sorted so that each tenant is one range, with what
+    they carry: the previous generation's rows keep their vectors, and their entities,
+    BM25 terms and nearest neighbours where it holds them (:mod:`helix_ray.ingest.carry`)."""
     from helix_ray.embedder import DIM
-    from helix_ray.ingest import entities as entity_mod
 
     old_table = pa.Table.from_pylist([old_rows[i] for i in keep_old], schema=GENERATION_SCHEMA) if keep_old \
         else GENERATION_SCHEMA.empty_table()
+    previous_rows = old_index[keep_old] if keep_old else np.zeros(0, np.int64)
     new_table = _memory_table(todo, new_cols)
     table = pa.concat_tables([old_table, new_table])
-    old_vectors = np.asarray(previous.vectors[old_index[keep_old]]) if keep_old else np.zeros((0, DIM), np.float32)
+    old_vectors = np.asarray(previous.vectors[previous_rows]) if keep_old else np.zeros((0, DIM), np.float32)
     vectors = np.concatenate([old_vectors, new_cols["vector"]]).astype(np.float32)
     minhash = np.concatenate([sigs[keep_old], sigs[[n_old + i for i in keep_new]]]) if len(sigs) else sigs
-    old_ids = old_table.column("id").to_pylist()
-    old_exp = db.expansions_for(old_ids)
-    expansions = [old_exp.get(i, []) for i in old_ids] + [json.loads(x) for x in new_cols["expansions"]]
-    ents = [entity_mod.extract(t) for t in old_table.column("text").to_pylist()] + \
-        [json.loads(x) for x in new_cols["entities"]]
+    old_texts = old_table.column("text").to_pylist()
+    analyzer = _analyzer(config)
+    new_lexical = [lexical_text(r["text"], json.loads(x)) for r, x in zip(todo, new_cols["expansions"])]
+    old_lexical = None
+    if not carry.terms_carried(previous, analyzer):
+        old_ids = old_table.column("id").to_pylist()
+        old_exp = db.expansions_for(old_ids)
+        old_lexical = [lexical_text(t, old_exp.get(i, [])) for i, t in zip(old_ids, old_texts)]
+    terms = carry.terms(previous, previous_rows, old_lexical, new_lexical, analyzer)
+    ents = carry.mentions(previous, previous_rows, old_texts) + [json.loads(x) for x in new_cols["entities"]]
 
     # Group by tenant, then time, then arrival: a tenant is a contiguous row range.
     users = table.column("user").to_pylist()
@@ -838,35 +831,16 @@ def _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, kee
     order = sorted(range(table.num_rows), key=lambda i: (users[i], created[i], i))
     take = np.array(order, np.int64)
     table = table.take(pa.array(take))
-    vectors, minhash = vectors[take], minhash[take]
-    late = _late_tokens(previous, old_index[keep_old] if keep_old else np.zeros(0, np.int64), old_table, new_cols,
-                        config)
+    vectors, minhash, terms = vectors[take], minhash[take], terms.take(take)
+    previous_row = np.concatenate([previous_rows, np.full(len(todo), -1, np.int64)])[take]
+    late = _late_tokens(previous, previous_rows, old_table, new_cols, config)
     if late is not None and not np.array_equal(take, np.arange(len(take))):
         late = late.take(take)  # the unsorted block is freed here: nothing else holds it
-    expansions = [expansions[i] for i in order]
     ents = [ents[i] for i in order]
     users = [users[i] for i in order]
     parts = {p["user"]: (p["start"], p["end"]) for p in partitions_of(users)}
 
-    # Semantic kNN per tenant, from an HNSW graph over the int8 vectors.
-    from helix_ray.store.generation import build_hnsw, quantize_int8
-
-    knn, dense_indexes = {}, {}
-    if config.graph.knn > 0:
-        int8 = quantize_int8(vectors)
-        for user, (start, end) in parts.items():
-            k = min(config.graph.knn + 1, end - start)
-            if k <= 1:
-                continue
-            if end - start < config.hnsw_min_rows:  # small tenant: exact cosine, blockwise
-                knn[user] = exact_knn(vectors[start:end], k, offset=start)
-                continue
-            index = build_hnsw(int8[start:end], start, DIM, connectivity=config.hnsw_connectivity,
-                               expansion_add=config.hnsw_expansion_add, threads=config.hnsw_threads)
-            dense_indexes[user] = index
-            matches = index.search(int8[start:end], k, threads=0)
-            keys = matches.keys.astype(np.int64)
-            knn[user] = (keys, 1.0 - matches.distances.astype(np.float32))
+    knn, all_knn, dense_indexes, removed = _semantic_knn(vectors, parts, previous, previous_row, config)
     sessions = table.column("session_id").to_pylist()
     metadata_turns = [json.loads(m).get("turn", 0) for m in table.column("metadata").to_pylist()]
     created_sorted = table.column("created_at").cast(pa.int64()).to_numpy()
@@ -878,11 +852,68 @@ def _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, kee
     node_names = table.column("id").to_pylist() + [
         f"{u}|{k}" for u, k in zip(entities.column("user").to_pylist(), entities.column("key").to_pylist())]
     data = GenerationData(
-        memories=table, vectors=vectors, minhash=minhash, expansions=expansions, graph=graph,
+        memories=table, vectors=vectors, minhash=minhash, expansions=None, graph=graph,
         entities=entities, embedder=config.embedder.name, dim=DIM,
-        extra={"doc2query": config.doc2query.backend, "_dense_indexes": dense_indexes}, late=late,
+        extra={"doc2query": config.doc2query.backend, "_dense_indexes": dense_indexes,
+               "carry": {"mentions": carry.MENTIONS_VERSION, "dense_removed": removed}},
+        late=late, terms=terms, mentions=ents, knn=all_knn,
     )
     return data, node_names
+
+
+def _analyzer(config: IngestConfig) -> Analyzer:
+    return Analyzer(stemmer=config.lexical.stemmer or None, split_identifiers=config.lexical.split_identifiers)
+
+
+def _semantic_knn(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previous: Generation | None,
+                  previous_row: np.ndarray, config: IngestConfig):
+    """Each tenant's k nearest memories (the graph's semantic edges), from an HNSW index
+    over its int8 vectors when it is large enough to get one (kept for the dense leg),
+    else exactly. A memory carried over keeps its list unless a neighbour left; it meets
+    only the new memories; an HNSW index is carried too (:func:`carry.dense_index`).
+    Returns the per-tenant lists for the graph, all rows' lists (N, k + 1) to store, the
+    HNSW indexes, and the tombstones each carried index holds."""
+    from helix_ray.embedder import DIM
+    from helix_ray.store.generation import build_hnsw, quantize_int8
+
+    if config.graph.knn <= 0:
+        return {}, None, {}, {}
+    width = config.graph.knn + 1
+    before = carry.previous_knn(previous, width, previous_row)
+    int8 = quantize_int8(vectors)
+    knn, dense_indexes, removed = {}, {}, {}
+    all_n = np.full((len(vectors), width), -1, np.int64)
+    all_s = np.zeros((len(vectors), width), np.float32)
+    for user, (start, end) in parts.items():
+        k = min(width, end - start)
+        search = similarity = None
+        if end - start >= config.hnsw_min_rows:
+            carried = carry.dense_index(previous, user, start, end, int8, previous_row,
+                                        connectivity=config.hnsw_connectivity,
+                                        expansion_add=config.hnsw_expansion_add, threads=config.hnsw_threads)
+            if carried is not None:
+                index, removed[user] = carried
+            else:
+                index = build_hnsw(int8[start:end], start, DIM, connectivity=config.hnsw_connectivity,
+                                   expansion_add=config.hnsw_expansion_add, threads=config.hnsw_threads)
+            dense_indexes[user] = index
+
+            def search(rows: np.ndarray, index=index, k=k) -> tuple[np.ndarray, np.ndarray]:
+                matches = index.search(int8[rows], k, threads=0)
+                return matches.keys.astype(np.int64), 1.0 - matches.distances.astype(np.float32)
+
+            def similarity(rows: np.ndarray, candidates: np.ndarray) -> np.ndarray:  # as usearch's i8 cosine
+                a, b = int8[rows].astype(np.float32), int8[candidates].astype(np.float32)
+                a /= np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+                b /= np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
+                return a @ b.T
+
+        all_n[start:end], all_s[start:end] = carry.tenant_knn(
+            vectors, start, end, k, width, previous=before, previous_row=previous_row, search=search,
+            similarity=similarity)
+        if k > 1:
+            knn[user] = (all_n[start:end, :k], all_s[start:end, :k])
+    return knn, (all_n, all_s), dense_indexes, removed
 
 
 def _late_tokens(previous, old_rows: np.ndarray, old_table: pa.Table, new_cols: dict[str, Any],

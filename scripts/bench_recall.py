@@ -187,6 +187,7 @@ def build_store(n: int, store: Path, *, users: int | None, base_texts: list[str]
     import pipelines.ingest as pi
     from helix_ray.config import IngestConfig
     from helix_ray.embedder import DIM
+    from helix_ray.ingest import carry as carry_mod
     from helix_ray.ingest import dedup, stages
     from helix_ray.ingest import graph as graph_mod
     from helix_ray.ingest.normalize import normalise_one
@@ -250,7 +251,7 @@ def build_store(n: int, store: Path, *, users: int | None, base_texts: list[str]
 
     timer = StepTimer()
     timer.wrap(pi, "_memory_table")
-    timer.wrap(pi, "exact_knn", "exact_knn (small tenants)")
+    timer.wrap(carry_mod, "exact_knn", "exact_knn (small tenants)")
     timer.wrap(pi, "build_graph")
     timer.wrap(graph_mod, "_to_csr", "build_graph: _to_csr")
     timer.wrap(gen_mod, "build_hnsw")

@@ -11,11 +11,12 @@ taken, so a filtered-out memory can never take a slot.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -90,15 +91,88 @@ class Analyzer:
                    split_identifiers=bool(data.get("split_identifiers", False)))
 
 
+def lexical_text(text: str, expansions: Sequence[str]) -> str:
+    """What BM25 indexes for a memory: its text, then its doc2query expansions a line each."""
+    return text + ("\n" + "\n".join(expansions) if expansions else "")
+
+
+@dataclass
+class Terms:
+    """Analysed terms of N documents: ``ids[offsets[i]:offsets[i + 1]]`` are document
+    i's, in order, as indexes into ``vocab`` (what bm25s indexes). A generation keeps
+    them beside its index, so the next one re-analyses only new documents
+    (:mod:`helix_ray.ingest.carry`)."""
+
+    ids: np.ndarray  # int32, flat
+    offsets: np.ndarray  # int64, N + 1
+    vocab: list[str]
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @classmethod
+    def analyse(cls, analyzer: Analyzer, texts: Sequence[str], vocab: Sequence[str] = ()) -> "Terms":
+        """``texts`` analysed, with terms numbered after ``vocab`` (extended by new ones)."""
+        vocab = list(vocab)
+        offsets = np.zeros(len(texts) + 1, np.int64)
+        if not texts:
+            return cls(np.zeros(0, np.int32), offsets, vocab)
+        docs, local = analyzer.tokenize(list(texts))
+        index = {t: i for i, t in enumerate(vocab)}
+        to_vocab = np.empty(len(local), np.int32)
+        for term, i in local.items():
+            to_vocab[i] = index.setdefault(term, len(index))
+            if to_vocab[i] == len(vocab):
+                vocab.append(term)
+        np.cumsum([len(d) for d in docs], out=offsets[1:])
+        flat = np.fromiter(itertools.chain.from_iterable(docs), np.int32, count=int(offsets[-1]))
+        return cls(to_vocab[flat], offsets, vocab)
+
+    def take(self, rows: np.ndarray) -> "Terms":
+        rows = np.asarray(rows, np.int64)
+        starts, lengths = self.offsets[rows], self.offsets[rows + 1] - self.offsets[rows]
+        offsets = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        gather = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
+        return Terms(np.asarray(self.ids)[gather], offsets, self.vocab)
+
+    def then(self, other: "Terms") -> "Terms":
+        """These documents followed by ``other``'s, whose vocabulary extends this one's."""
+        if other.vocab[: len(self.vocab)] != self.vocab:
+            raise ValueError("the second block's vocabulary must extend the first's")
+        return Terms(np.concatenate([self.ids, other.ids]).astype(np.int32),
+                     np.concatenate([self.offsets, other.offsets[1:] + self.offsets[-1]]), other.vocab)
+
+    def compacted(self) -> "Terms":
+        """Only the terms some document holds, renumbered in their present order: the
+        terms of deleted memories alone leave the vocabulary, as from a full rebuild."""
+        ids = np.asarray(self.ids)
+        used = np.bincount(ids, minlength=len(self.vocab)) > 0
+        renumber = (np.cumsum(used) - 1).astype(np.int32)
+        return Terms(renumber[ids], np.asarray(self.offsets), [t for t, u in zip(self.vocab, used) if u])
+
+    def lists(self) -> list[list[int]]:
+        flat, bounds = np.asarray(self.ids).tolist(), np.asarray(self.offsets).tolist()
+        return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 ANALYZER_FILE = "helix_analyzer.json"
+TERMS_FILES = ("helix_terms.npy", "helix_term_offsets.npy")
 
 
-def build_bm25(texts: list[str], folder: Path, *, analyzer: Analyzer = Analyzer()) -> None:
+def build_bm25(texts: list[str] | None, folder: Path, *, analyzer: Analyzer = Analyzer(),
+               terms: Terms | None = None) -> Terms:
+    """Index ``texts`` (or their ``terms``, already analysed by ``analyzer``) into
+    ``folder``, with the terms beside it; returns the terms as saved (numbered as the
+    index's vocabulary)."""
     import bm25s
 
+    if terms is None:
+        terms = Terms.analyse(analyzer, texts or [])
+    terms = terms.compacted()
     retriever = bm25s.BM25()
-    if texts:
-        retriever.index(analyzer.tokenize(texts), show_progress=False)
+    if len(terms):
+        retriever.index((terms.lists(), {t: i for i, t in enumerate(terms.vocab)}), show_progress=False)
     else:  # bm25s cannot index nothing (an empty store, or every memory deleted): no terms, no docs
         retriever.scores = {"data": np.zeros(0, np.float32), "indices": np.zeros(0, np.int32),
                             "indptr": np.zeros(1, np.int32), "num_docs": 0}
@@ -106,6 +180,21 @@ def build_bm25(texts: list[str], folder: Path, *, analyzer: Analyzer = Analyzer(
         retriever.nonoccurrence_array = None
     retriever.save(str(folder))
     (folder / ANALYZER_FILE).write_text(json.dumps(analyzer.to_dict()))
+    for name, array in zip(TERMS_FILES, (terms.ids.astype(np.int32), terms.offsets.astype(np.int64))):
+        with open(folder / name, "wb") as fh:
+            np.save(fh, np.ascontiguousarray(array))
+    return terms
+
+
+def load_terms(folder: Path, vocab_dict: dict[str, int]) -> Terms | None:
+    """The terms saved beside an index (memory-mapped), or None for an index without them."""
+    if not all((folder / name).is_file() for name in TERMS_FILES):
+        return None
+    vocab = [""] * len(vocab_dict)
+    for term, i in vocab_dict.items():
+        vocab[i] = term
+    ids, offsets = (np.load(folder / name, mmap_mode="r") for name in TERMS_FILES)
+    return Terms(ids, offsets, vocab)
 
 
 @dataclass

@@ -12,14 +12,23 @@ A store folder holds ``helix.duckdb`` (see :mod:`helix_ray.store.db`) and
 ``vectors.f32.npy``              float32 embeddings (N × dim), for rescoring
 ``binary.npy``                   sign bits (N × dim/8), for the first-pass scan
 ``dense/p<k>.usearch``           HNSW over int8 vectors, one per tenant partition
-``bm25/``                        bm25s index over text + doc2query expansions
+``bm25/``                        bm25s index over text + doc2query expansions, and
+                                 ``helix_terms.npy`` / ``helix_term_offsets.npy``: each
+                                 row's analysed terms as ids of its vocabulary
 ``graph/{indptr,indices,weights,types}.npy``   CSR adjacency over memories then entities
 ``entities.arrow``               entity nodes: node, user, key, df
 ``minhash.npy``                  MinHash signatures (N × num_perm, uint32)
 ``late/{tokens,scales,offsets}.npy``  late-interaction token vectors (int8, T × 384),
                                  a scale per token, and each memory's token range
                                  (optional: absent when ingest ran without them)
+``mentions.arrow``               the entity keys each row mentions (optional)
+``knn/{neighbours,similarities}.npy``  each row's nearest rows of its tenant, self
+                                 included, −1 padded (optional)
 ================================ ==============================================
+
+The last three are not read by recall: the next ingest takes them for the rows it
+carries over (:mod:`helix_ray.ingest.carry`); the manifest's ``carry`` says how they
+were made.
 
 Publishing is atomic: files are written into ``generations/.tmp-*``, fsynced, the folder
 renamed to its number, then ``CURRENT`` is replaced by rename. A reader that opens
@@ -68,13 +77,16 @@ class GenerationData:
     memories: pa.Table  # GENERATION_SCHEMA, grouped by user
     vectors: np.ndarray  # float32 (N, dim)
     minhash: np.ndarray  # uint32 (N, num_perm)
-    expansions: list[list[str]]  # doc2query, per row
+    expansions: list[list[str]] | None  # doc2query, per row (None when ``terms`` are given)
     graph: "CSRGraph"
     entities: pa.Table  # ENTITY_SCHEMA
     embedder: str
     dim: int
     extra: dict[str, Any] = field(default_factory=dict)
     late: Any = None  # helix_ray.token_encoder.PassageTokens over the same rows, or None
+    terms: Any = None  # helix_ray.recall.lexical.Terms of text + expansions per row, or None
+    mentions: list[list[str]] | None = None  # entity keys per row
+    knn: tuple[np.ndarray, np.ndarray] | None = None  # (N, K) nearest rows, similarities
 
 
 @dataclass
@@ -172,7 +184,7 @@ def publish(
 
     ``crash_after`` names a file after which to raise (tests inject a crash mid-publish).
     """
-    from helix_ray.recall.lexical import Analyzer, build_bm25
+    from helix_ray.recall.lexical import Analyzer, build_bm25, lexical_text
 
     analyzer = bm25_analyzer or Analyzer()
 
@@ -207,10 +219,11 @@ def publish(
     _save_npy(tmp / "minhash.npy", data.minhash.astype(np.uint32)); done(tmp / "minhash.npy")
 
     (tmp / "dense").mkdir()
-    int8 = quantize_int8(vectors)
+    int8 = None
     for part in parts:
         index = (dense_indexes or {}).get(part["user"])
         if index is None and part["end"] - part["start"] >= hnsw_min_rows:
+            int8 = quantize_int8(vectors) if int8 is None else int8
             index = build_hnsw(int8[part["start"]:part["end"]], part["start"], data.dim, threads=hnsw_threads,
                                connectivity=hnsw_connectivity, expansion_add=hnsw_expansion_add)
         if index is None:
@@ -219,10 +232,33 @@ def publish(
         index.save(str(tmp / part["dense"]))
         done(tmp / part["dense"])
 
-    texts = table.column("text").to_pylist()
-    lexical = [t + ("\n" + "\n".join(x) if x else "") for t, x in zip(texts, data.expansions)]
-    build_bm25(lexical, tmp / "bm25", analyzer=analyzer)
+    if data.terms is not None:
+        build_bm25(None, tmp / "bm25", analyzer=analyzer, terms=data.terms)
+    else:
+        if data.expansions is None:
+            raise ValueError("a generation needs the rows' expansions or their BM25 terms")
+        build_bm25([lexical_text(t, x) for t, x in zip(table.column("text").to_pylist(), data.expansions)],
+                   tmp / "bm25", analyzer=analyzer)
     done(tmp / "bm25")
+    carry = {**(data.extra.get("carry") or {}), "terms": analyzer.to_dict()}
+    if data.mentions is not None:
+        if len(data.mentions) != n:
+            raise ValueError(f"mentions cover {len(data.mentions)} memories; expected {n}")
+        _save_arrow(tmp / "mentions.arrow", pa.table({"entities": pa.array(data.mentions, pa.list_(pa.string()))}))
+        done(tmp / "mentions.arrow")
+    else:
+        carry.pop("mentions", None)
+    if data.knn is not None:
+        neighbours, similarities = data.knn
+        if neighbours.shape[0] != n or similarities.shape != neighbours.shape:
+            raise ValueError(f"kNN lists have shapes {neighbours.shape} and {similarities.shape}; expected ({n}, K)")
+        (tmp / "knn").mkdir()
+        _save_npy(tmp / "knn" / "neighbours.npy", neighbours.astype(np.int32))
+        _save_npy(tmp / "knn" / "similarities.npy", similarities.astype(np.float32))
+        done(tmp / "knn")
+        carry["knn"] = int(neighbours.shape[1])
+    else:
+        carry.pop("knn", None)
 
     (tmp / "graph").mkdir()
     for name in ("indptr", "indices", "weights", "types"):
@@ -250,6 +286,7 @@ def publish(
         "minhash": {"num_perm": int(data.minhash.shape[1]) if data.minhash.ndim == 2 else 0},
         "partitions": parts,
         **data.extra,
+        "carry": carry,
     }
     if data.late is not None:
         if len(data.late) != n:
@@ -451,6 +488,33 @@ class Generation:
         from helix_ray.recall.lexical import load_bm25
 
         return load_bm25(self.path / "bm25")
+
+    @cached_property
+    def terms(self):
+        """Each row's BM25 terms (:class:`helix_ray.recall.lexical.Terms`, memory-mapped),
+        or None for a generation written without them."""
+        from helix_ray.recall.lexical import load_terms
+
+        return load_terms(self.path / "bm25", self.bm25.retriever.vocab_dict)
+
+    @cached_property
+    def mentions(self) -> pa.ChunkedArray:
+        """The entity keys each row mentions (a list per row); only when the manifest's
+        ``carry`` names ``mentions``."""
+        return ipc.open_file(pa.memory_map(str(self.path / "mentions.arrow"), "r")).read_all().column("entities")
+
+    @cached_property
+    def knn(self) -> tuple[np.ndarray, np.ndarray]:
+        """(N, K) nearest rows of each row's tenant and their similarities, memory-mapped;
+        only when the manifest's ``carry`` names ``knn``."""
+        return (np.load(self.path / "knn" / "neighbours.npy", mmap_mode="r"),
+                np.load(self.path / "knn" / "similarities.npy", mmap_mode="r"))
+
+    def dense_index_copy(self, user: str):
+        """The tenant's HNSW index loaded into memory (to change and save elsewhere)."""
+        from usearch.index import Index
+
+        return Index.restore(str(self.path / self._partition_files[user]), view=False)
 
     def has_dense_index(self, user: str) -> bool:
         return self._partition_files.get(user) is not None

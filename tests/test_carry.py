@@ -1,0 +1,163 @@
+"""What one generation hands the next (helix_ray/ingest/carry.py): an ingest into a
+store takes the carried-over rows' entities, BM25 terms, nearest neighbours and HNSW
+index from the previous generation, and the result is the one a full rebuild gives."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from helix_ray.config import IngestConfig
+from helix_ray.ingest import entities as entity_mod
+from helix_ray.recall.lexical import Analyzer, Terms, build_bm25, load_bm25
+from helix_ray.store.db import StoreDB
+from helix_ray.store.generation import Generation, quantize_int8
+from pipelines.ingest import ingest
+from tests.helpers import write_jsonl
+
+NAMES = ["Dana", "Lee", "Priya", "Tomas", "Grafana Cloud", "Kafka", "NATS JetStream", "Postgres"]
+IDENTS = ["parse_config", "retryBudget", "GatewayServer", "HELIX_STORE", "rotate_keys", "shardIndex"]
+PATHS = ["services/ingest/worker.py", "deploy/gateway.yaml", "cmd/beacon/main.go", "docs/runbook.md"]
+WORDS = ("latency retry deploy canary rollout schema migration alert pager quota bucket ledger vault cache "
+         "token index shard replica budget timeout cluster node backup restore upgrade patch release").split()
+
+
+def _rows(start: int, count: int, seed: int, *, users=("dana", "lee", "kim"), day: int = 1) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(start, start + count):
+        user = users[i % len(users)] if i % 7 else users[0]
+        text = (f"{rng.choice(NAMES)} changed {rng.choice(IDENTS)} in {rng.choice(PATHS)}: "
+                + " ".join(rng.choice(WORDS, 12)) + f" (note {i})")
+        rows.append({"id": f"m{i:04d}", "text": text, "user": user, "session_id": f"s{i // 6}",
+                     "created_at": f"2025-03-{day + i % 20:02d}T10:{i % 60:02d}:00Z"})
+    return rows
+
+
+CONFIG = IngestConfig(late_interaction={"enabled": False})
+
+
+def _strip_carry(store) -> None:
+    """Make the current generation look like one written before it carried anything."""
+    gen = Generation.open_current(store)
+    manifest = dict(gen.manifest, carry={})
+    (gen.path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _terms_as_text(gen: Generation) -> list[list[str]]:
+    terms = gen.terms
+    return [[terms.vocab[i] for i in terms.ids[a:b]] for a, b in zip(terms.offsets[:-1], terms.offsets[1:])]
+
+
+def _same_knn(a: Generation, b: Generation) -> int:
+    """Asserts both generations hold the same nearest neighbours per row (rows with a
+    near-tie in similarity may order it either way); returns how many rows were compared."""
+    (na, sa), (nb, sb) = a.knn, b.knn
+    np.testing.assert_allclose(sa, sb, atol=1e-5)
+    gaps = np.abs(np.diff(np.asarray(sa), axis=1))
+    clear = (gaps > 1e-5).all(axis=1)
+    np.testing.assert_array_equal(np.asarray(na)[clear], np.asarray(nb)[clear])
+    return int(clear.sum())
+
+
+def test_an_ingest_carries_what_it_can_and_gives_what_a_full_rebuild_gives(tmp_path, monkeypatch):
+    store, control = tmp_path / "store", tmp_path / "control"
+    ingest([write_jsonl(tmp_path / "a.jsonl", _rows(0, 150, seed=1))], store, runner="local", config=CONFIG)
+    first = Generation.open_current(store)
+    assert set(first.manifest["carry"]) >= {"mentions", "terms", "knn"}
+    # Deleted memories that other rows list among their nearest: those rows are searched again.
+    listed = np.asarray(first.knn[0])[:, 1:]
+    victims = [first.memories.column("id")[int(r)].as_py() for r in (listed[0, 0], listed[40, 0])]
+    with StoreDB(store) as db:
+        db.delete(victims)
+    shutil.copytree(store, control)
+    _strip_carry(control)
+
+    changed = _rows(0, 1, seed=99)[0] | {"text": "Lee moved parse_config into deploy/gateway.yaml for the canary"}
+    later = _rows(150, 40, seed=2, users=("dana", "lee", "kim", "ola"), day=5) + [changed]
+    source = write_jsonl(tmp_path / "b.jsonl", later)
+    extracted = []
+    real_extract = entity_mod.extract
+    monkeypatch.setattr(entity_mod, "extract", lambda text: extracted.append(text) or real_extract(text))
+    carried = ingest([source], store, runner="local", config=CONFIG)
+    carried_extracts, extracted[:] = set(extracted), []
+    full = ingest([source], control, runner="local", config=CONFIG)
+    assert carried.published and full.published and carried.total_memories == full.total_memories
+    # Old rows' entities are taken, not extracted again (the rebuild extracts them all).
+    assert carried_extracts == {r["text"] for r in later}
+    assert len(set(extracted)) > len(later) + 140
+
+    a, b = Generation.open_current(store), Generation.open_current(control)
+    assert a.memories.column("id").to_pylist() == b.memories.column("id").to_pylist()
+    assert not set(victims) & set(a.memories.column("id").to_pylist())
+    assert a.mentions.to_pylist() == b.mentions.to_pylist()
+    assert a.entities.equals(b.entities)
+    assert _terms_as_text(a) == _terms_as_text(b)
+    assert sorted(a.bm25.retriever.vocab_dict) == sorted(b.bm25.retriever.vocab_dict)
+    for query in ("parse config canary", "rollout of the gateway", "Grafana Cloud alert pager", "note 170"):
+        tokens = a.bm25.query_tokens(query)
+        assert tokens == b.bm25.query_tokens(query)
+        np.testing.assert_allclose(a.bm25.scores(tokens), b.bm25.scores(tokens), rtol=1e-6)
+    assert _same_knn(a, b) > 0.9 * a.size
+    ga, gb = a.graph, b.graph
+    np.testing.assert_array_equal(ga.indptr, gb.indptr)
+    np.testing.assert_array_equal(ga.indices, gb.indices)
+    np.testing.assert_array_equal(ga.types, gb.types)
+    np.testing.assert_allclose(ga.weights, gb.weights, atol=1e-5)
+
+
+def test_a_carried_hnsw_index_holds_every_row_under_its_new_number(tmp_path):
+    config = IngestConfig(late_interaction={"enabled": False}, hnsw_min_rows=30)  # dana has 38 memories
+    store = tmp_path / "store"
+    ingest([write_jsonl(tmp_path / "a.jsonl", _rows(0, 90, seed=3, day=5))], store, runner="local", config=config)
+    gone = "m0007"  # dana's
+    with StoreDB(store) as db:
+        db.delete([gone])
+    # Older memories sort before dana's existing ones: every one of those is renumbered.
+    earlier = _rows(200, 12, seed=4, users=("dana",), day=1)
+    ingest([write_jsonl(tmp_path / "b.jsonl", earlier)], store, runner="local", config=config)
+    gen = Generation.open_current(store)
+    start, end = gen.partitions["dana"]
+    assert gen.manifest["carry"]["dense_removed"] == {"dana": 1}
+    index = gen.dense_index("dana")
+    assert len(index) == end - start
+    int8 = quantize_int8(np.asarray(gen.vectors))
+    rows = np.arange(start, end)
+    np.testing.assert_array_equal(index.get(rows.astype(np.uint64)), int8[start:end])
+    found = index.search(int8[start:end], 1)
+    assert (found.keys[:, 0] == rows).mean() > 0.95  # each row finds itself
+    assert gone not in gen.memories.column("id").to_pylist()
+
+    # Past MAX_REMOVED_SHARE of tombstones the index is built anew.
+    with StoreDB(store) as db:
+        db.delete(gen.memories.column("id").to_pylist()[start:start + 10])
+    ingest([write_jsonl(tmp_path / "c.jsonl", _rows(300, 3, seed=5, users=("dana",), day=20))], store,
+           runner="local", config=config)
+    rebuilt = Generation.open_current(store)
+    assert rebuilt.manifest["carry"]["dense_removed"] == {}
+    assert len(rebuilt.dense_index("dana")) == rebuilt.partitions["dana"][1] - rebuilt.partitions["dana"][0]
+
+
+DOCS = ["The parse_config helper reads the gateway config.", "Retry budgets keep writeBoolean calls cheap.",
+        "the the the", "", "HTTPServerError at deploy: retry the canary rollout."]
+
+
+@pytest.mark.parametrize("analyzer", [Analyzer(), Analyzer(stemmer=None, split_identifiers=False)])
+def test_terms_taken_and_joined_index_as_the_texts_do(tmp_path, analyzer):
+    whole = Terms.analyse(analyzer, DOCS)
+    head = Terms.analyse(analyzer, DOCS[:2])
+    pieced = head.then(Terms.analyse(analyzer, DOCS[2:], head.vocab)).take(np.array([4, 0, 1, 2, 3]))
+    as_text = lambda t: [[t.vocab[i] for i in t.ids[a:b]] for a, b in zip(t.offsets[:-1], t.offsets[1:])]
+    assert as_text(pieced) == [as_text(whole)[i] for i in (4, 0, 1, 2, 3)]
+    assert as_text(pieced)[3] == [] and as_text(pieced)[4] == []  # stop-words only, and empty
+    build_bm25([DOCS[i] for i in (4, 0, 1, 2, 3)], tmp_path / "texts", analyzer=analyzer)
+    saved = build_bm25(None, tmp_path / "terms", analyzer=analyzer, terms=pieced)
+    assert len(saved.vocab) == len(set(saved.vocab)) == len({t for doc in as_text(whole) for t in doc})
+    x, y = load_bm25(tmp_path / "texts"), load_bm25(tmp_path / "terms")
+    for query in ("parse_config", "retry canary", "budgets cheap", "gateway"):
+        tokens = x.query_tokens(query)
+        assert tokens and tokens == y.query_tokens(query)
+        np.testing.assert_array_equal(x.scores(tokens), y.scores(tokens))
