@@ -8,7 +8,7 @@ they were made):
 
 - ``mentions.arrow``: the entity keys each memory mentions (stage 7a);
 - ``bm25/helix_terms.npy`` + ``helix_term_offsets.npy``: each memory's analysed terms,
-  as ids of the BM25 index's vocabulary, in order (what bm25s indexes);
+  as ids of the BM25 index's vocabulary, in order;
 - ``knn/neighbours.npy`` + ``similarities.npy``: each memory's nearest memories of its
   tenant, self included, before the graph's similarity cut (−1 pads a short list).
 

@@ -16,8 +16,7 @@ semantic   memory ↔ its k nearest memories with cosine ≥ threshold   cosine
 
 from __future__ import annotations
 
-import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from typing import Sequence
 
 import numpy as np
@@ -58,26 +57,8 @@ def build_graph(
             wts.append(w.astype(np.float32)); typ.append(np.full(len(a), t, np.int8))
 
     # Entity nodes: (user, key) with their document frequency inside the tenant.
-    df: Counter[tuple[str, str]] = Counter()
-    for user, keys in zip(users, entity_lists):
-        for key in set(keys):
-            df[(user, key)] += 1
-    tenant_size = {u: end - start for u, (start, end) in partitions.items()}
-    node_of: dict[tuple[str, str], int] = {}
-    entity_rows: list[dict] = []
-    for (user, key), count in sorted(df.items()):
-        limit = max(config.min_entity_df_cap, config.max_entity_df * tenant_size[user])
-        if count < 2 or count > limit:  # a singleton links nothing; a hub links everything
-            continue
-        node_of[(user, key)] = n + len(entity_rows)
-        entity_rows.append({"node": n + len(entity_rows), "user": user, "key": key, "df": count})
-    m_src, m_dst, m_w = [], [], []
-    for row, (user, keys) in enumerate(zip(users, entity_lists)):
-        for key in set(keys):
-            node = node_of.get((user, key))
-            if node is not None:
-                m_src.append(row); m_dst.append(node); m_w.append(1.0 / math.sqrt(df[(user, key)]))
-    add(np.array(m_src), np.array(m_dst), np.array(m_w), MENTION)
+    entity_rows, m_src, m_dst, m_w = _mentions(users, entity_lists, partitions, n, config)
+    add(m_src, m_dst, m_w, MENTION)
 
     # Sessions: a hub node each, and temporal neighbours in session order.
     by_session: dict[tuple[str, str], list[int]] = defaultdict(list)
@@ -109,6 +90,39 @@ def build_graph(
     graph = _to_csr(src, dst, wts, typ, num_nodes)
     entities = pa.Table.from_pylist(entity_rows, schema=ENTITY_SCHEMA)
     return graph, entities
+
+
+def _mentions(users: Sequence[str], entity_lists: Sequence[Sequence[str]],
+              partitions: dict[str, tuple[int, int]], n: int, config: GraphBuildConfig):
+    """The entity nodes, numbered from ``n`` in (user, key) order: the keys a tenant's
+    memories mention at least twice and at most its hub limit. Returns their rows and
+    the mention edges (memory row, entity node, 1 / √df). Vectorised past the one pass
+    that numbers the keys: at 10^5 memories the per-key loops took ~1 s of a compaction."""
+    number: dict[tuple[str, str], int] = {}
+    rows, keys = [], []
+    for row, (user, mentioned) in enumerate(zip(users, entity_lists)):
+        for key in mentioned:
+            rows.append(row)
+            keys.append(number.setdefault((user, key), len(number)))
+    src, key_id = np.asarray(rows, np.int64), np.asarray(keys, np.int64)
+    if len(src):  # a memory mentioning a key twice counts once
+        pairs = np.unique(src * len(number) + key_id)
+        src, key_id = pairs // len(number), pairs % len(number)
+    df = np.bincount(key_id, minlength=len(number))
+    named = list(number)
+    tenant_size = {u: end - start for u, (start, end) in partitions.items()}
+
+    def linked(i: int) -> bool:  # a singleton links nothing; a hub would link everything
+        return 2 <= df[i] <= max(config.min_entity_df_cap, config.max_entity_df * tenant_size[named[i][0]])
+
+    kept = sorted((i for i in range(len(named)) if linked(i)), key=lambda i: named[i])
+    node_of = np.full(len(named), -1, np.int64)
+    node_of[kept] = n + np.arange(len(kept))
+    entity_rows = [{"node": n + j, "user": named[i][0], "key": named[i][1], "df": int(df[i])}
+                   for j, i in enumerate(kept)]
+    keep = node_of[key_id] >= 0
+    src, key_id = src[keep], key_id[keep]
+    return entity_rows, src, node_of[key_id], 1.0 / np.sqrt(df[key_id].astype(np.float64))
 
 
 def _to_csr(src, dst, wts, typ, num_nodes: int) -> CSRGraph:

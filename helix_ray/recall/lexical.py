@@ -99,7 +99,7 @@ def lexical_text(text: str, expansions: Sequence[str]) -> str:
 @dataclass
 class Terms:
     """Analysed terms of N documents: ``ids[offsets[i]:offsets[i + 1]]`` are document
-    i's, in order, as indexes into ``vocab`` (what bm25s indexes). A generation keeps
+    i's, in order, as indexes into ``vocab`` (what the score matrix counts). A generation keeps
     them beside its index, so the next one re-analyses only new documents
     (:mod:`helix_ray.ingest.carry`)."""
 
@@ -151,9 +151,28 @@ class Terms:
         renumber = (np.cumsum(used) - 1).astype(np.int32)
         return Terms(renumber[ids], np.asarray(self.offsets), [t for t, u in zip(self.vocab, used) if u])
 
-    def lists(self) -> list[list[int]]:
-        flat, bounds = np.asarray(self.ids).tolist(), np.asarray(self.offsets).tolist()
-        return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def bm25_matrix(terms: Terms, *, k1: float, b: float) -> dict[str, object]:
+    """The score matrix bm25s's ``index()`` builds (method "lucene", float32), vectorised:
+    one score per (term, document) pair holding it, idf × tf / (tf + k1·(1 − b + b·|d| /
+    avgdl)), with idf = ln(1 + (N − df + 0.5) / (df + 0.5)) (Lucene's BM25); stored by
+    term (CSC), documents ascending. bm25s counts terms a document at a time in Python:
+    ~2 s at 10^5 memories, against ~0.3 s here. ``test_lexical`` compares both."""
+    n_docs, n_vocab = len(terms), len(terms.vocab)
+    lengths = np.diff(np.asarray(terms.offsets))
+    docs = np.repeat(np.arange(n_docs, dtype=np.int64), lengths)
+    pairs, tf = np.unique(np.asarray(terms.ids, np.int64) * n_docs + docs, return_counts=True)
+    term, doc = np.divmod(pairs, n_docs)
+    df = np.bincount(term, minlength=n_vocab)
+    # bm25s: idf rounded to float32, the rest in float64, the product stored as float32
+    idf = np.log(1 + (n_docs - df + 0.5) / (df + 0.5)).astype(np.float32)
+    tf = tf.astype(np.float64)
+    tfc = tf / (k1 * ((1 - b) + b * lengths[doc] / lengths.mean()) + tf)
+    indptr = np.zeros(n_vocab + 1, np.int64)
+    np.cumsum(df, out=indptr[1:])
+    return {"data": (idf[term] * tfc).astype(np.float32), "indices": doc.astype(np.int32), "indptr": indptr,
+            "num_docs": n_docs}
 
 
 ANALYZER_FILE = "helix_analyzer.json"
@@ -172,7 +191,10 @@ def build_bm25(texts: list[str] | None, folder: Path, *, analyzer: Analyzer = An
     terms = terms.compacted()
     retriever = bm25s.BM25()
     if len(terms):
-        retriever.index((terms.lists(), {t: i for i, t in enumerate(terms.vocab)}), show_progress=False)
+        retriever.scores = bm25_matrix(terms, k1=retriever.k1, b=retriever.b)
+        retriever.vocab_dict = {t: i for i, t in enumerate(terms.vocab)}
+        retriever.vocab_dict[""] = len(terms.vocab)  # as bm25s's index() adds it
+        retriever.nonoccurrence_array = None
     else:  # bm25s cannot index nothing (an empty store, or every memory deleted): no terms, no docs
         retriever.scores = {"data": np.zeros(0, np.float32), "indices": np.zeros(0, np.int32),
                             "indptr": np.zeros(1, np.int32), "num_docs": 0}
