@@ -13,6 +13,8 @@ Stage order (each stage is a function in :mod:`helix_ray.ingest`):
    (a conversation turn's vector takes in its session's previous turn: session_context)
    ── barrier: indexes and graph need every row ──
 7b. graph edges (mentions, sessions, temporal, semantic kNN)
+7c. carried over, not recomputed: the previous generation's rows keep their
+    entities, BM25 terms, kNN lists and HNSW entries (:mod:`helix_ray.ingest.carry`)
 6. quantize (int8 and binary) and    ┐ atomic; the previous generation keeps serving
 8. write and publish the generation  ┘ on failure; codes made from the final vectors
 

@@ -137,6 +137,11 @@ def previous_knn(previous: Generation | None, width: int, previous_row: np.ndarr
     return PreviousKnn(neighbours, sims, moved_to(previous.size, previous_row))
 
 
+#: A tenant with more new rows than this (and than a quarter of its rows) is searched
+#: whole: meeting every new row from every old one would cost more.
+MAX_FRESH_TO_MEET = 2048
+
+
 def tenant_knn(vectors: np.ndarray, start: int, end: int, k: int, width: int, *,
                previous: PreviousKnn | None, previous_row: np.ndarray, search=None,
                similarity=None) -> tuple[np.ndarray, np.ndarray]:
@@ -163,8 +168,9 @@ def tenant_knn(vectors: np.ndarray, start: int, end: int, k: int, width: int, *,
     out_s = np.zeros((n, width), np.float32)
     rows = np.arange(start, end)
     before = previous_row[start:end]
-    if previous is None or not (before >= 0).any():
-        searched = rows
+    fresh = rows[before < 0]
+    if previous is None or not (before >= 0).any() or len(fresh) > max(MAX_FRESH_TO_MEET, n // 4):
+        searched = rows  # nothing to carry, or so much new that searching is cheaper
     else:
         old = rows[before >= 0]
         listed = previous.neighbours[before[before >= 0]].astype(np.int64)
@@ -174,12 +180,14 @@ def tenant_knn(vectors: np.ndarray, start: int, end: int, k: int, width: int, *,
         if len(keep):
             kept_n = moved[~lost]
             kept_s = np.asarray(previous.similarities[before[before >= 0]], np.float32)[~lost]
-            fresh = rows[before < 0]
             if len(fresh):
                 for lo in range(0, len(keep), 4096):
                     part = slice(lo, lo + 4096)
                     more_s = similarity(keep[part], fresh).astype(np.float32)
                     more_n = np.broadcast_to(fresh, more_s.shape)
+                    if more_s.shape[1] > k:  # only a row's k best new ones can enter its list
+                        top = np.argpartition(-more_s, k - 1, axis=1)[:, :k]
+                        more_s, more_n = np.take_along_axis(more_s, top, axis=1), fresh[top]
                     kept_n[part], kept_s[part] = _merge_to(kept_n[part], kept_s[part], more_n, more_s, k, width)
             out_n[keep - start], out_s[keep - start] = kept_n, kept_s
     if len(searched):
