@@ -854,11 +854,11 @@ def _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, kee
     node_names = table.column("id").to_pylist() + [
         f"{u}|{k}" for u, k in zip(entities.column("user").to_pylist(), entities.column("key").to_pylist())]
     data = GenerationData(
-        memories=table, vectors=vectors, minhash=minhash, expansions=None, graph=graph,
+        memories=table, vectors=vectors, minhash=minhash, terms=terms, graph=graph,
         entities=entities, embedder=config.embedder.name, dim=DIM,
         extra={"doc2query": config.doc2query.backend, "_dense_indexes": dense_indexes,
                "carry": {"mentions": carry.MENTIONS_VERSION, "dense_removed": removed}},
-        late=late, terms=terms, mentions=ents, knn=all_knn,
+        late=late, mentions=ents, knn=all_knn,
     )
     return data, node_names
 
@@ -873,24 +873,25 @@ def _semantic_knn(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previo
     over its int8 vectors when it is large enough to get one (kept for the dense leg),
     else exactly. A memory carried over keeps its list unless a neighbour left; it meets
     only the new memories; an HNSW index is carried too (:func:`carry.dense_index`).
-    Returns the per-tenant lists for the graph, all rows' lists (N, k + 1) to store, the
-    HNSW indexes, and the tombstones each carried index holds."""
+    Returns the per-tenant lists for the graph, all rows' lists (N, k + 1) to store (None
+    when ``graph.knn`` is 0), the HNSW indexes, and the tombstones each carried index holds."""
     from helix_ray.embedder import DIM
     from helix_ray.store.generation import build_hnsw, quantize_int8
 
-    if config.graph.knn <= 0:
-        return {}, None, {}, {}
-    width = config.graph.knn + 1
-    before = carry.previous_knn(previous, width, previous_row)
-    int8 = quantize_int8(vectors)
+    width = config.graph.knn + 1 if config.graph.knn > 0 else 0  # 0: no semantic edges
+    now = carry.moved_to(previous.size, previous_row) if previous is not None else None
+    before = carry.previous_knn(previous, width, now) if width else None
+    large = [u for u, (start, end) in parts.items() if end - start >= config.hnsw_min_rows]
+    int8 = quantize_int8(vectors) if large else None
     knn, dense_indexes, removed = {}, {}, {}
     all_n = np.full((len(vectors), width), -1, np.int64)
     all_s = np.zeros((len(vectors), width), np.float32)
     for user, (start, end) in parts.items():
         k = min(width, end - start)
         search = similarity = None
-        if end - start >= config.hnsw_min_rows:
-            carried = carry.dense_index(previous, user, start, end, int8, previous_row,
+        if user in large:
+            assert int8 is not None
+            carried = carry.dense_index(previous, user, start, end, int8, previous_row, now,
                                         connectivity=config.hnsw_connectivity,
                                         expansion_add=config.hnsw_expansion_add, threads=config.hnsw_threads)
             if carried is not None:
@@ -910,12 +911,14 @@ def _semantic_knn(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previo
                 b /= np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
                 return a @ b.T
 
+        if not width:
+            continue
         all_n[start:end], all_s[start:end] = carry.tenant_knn(
             vectors, start, end, k, width, previous=before, previous_row=previous_row, search=search,
             similarity=similarity)
         if k > 1:
             knn[user] = (all_n[start:end, :k], all_s[start:end, :k])
-    return knn, (all_n, all_s), dense_indexes, removed
+    return knn, (all_n, all_s) if width else None, dense_indexes, removed
 
 
 def _late_tokens(previous, old_rows: np.ndarray, old_table: pa.Table, new_cols: dict[str, Any],

@@ -127,14 +127,14 @@ class PreviousKnn:
     now: np.ndarray  # (N_prev,) the row each previous row has now, −1 if it left
 
 
-def previous_knn(previous: Generation | None, width: int, previous_row: np.ndarray) -> PreviousKnn | None:
-    """The previous generation's kNN lists if they are ``width`` wide; ``previous_row``
-    gives, per row of the new generation, its row in ``previous`` (−1 for a new one)."""
+def previous_knn(previous: Generation | None, width: int, now: np.ndarray | None) -> PreviousKnn | None:
+    """The previous generation's kNN lists if they are ``width`` wide; ``now`` is
+    :func:`moved_to` of its rows."""
     if _carry(previous, "knn") != width:
         return None
-    assert previous is not None
+    assert previous is not None and now is not None
     neighbours, sims = previous.knn
-    return PreviousKnn(neighbours, sims, moved_to(previous.size, previous_row))
+    return PreviousKnn(neighbours, sims, now)
 
 
 #: A tenant with more new rows than this (and than a quarter of its rows) is searched
@@ -216,18 +216,21 @@ _PARKED = np.uint64(1 << 62)  # renamed keys pass through here, so no two ever c
 
 
 def dense_index(previous: Generation | None, user: str, start: int, end: int, int8: np.ndarray,
-                previous_row: np.ndarray, *, connectivity: int, expansion_add: int, threads: int):
+                previous_row: np.ndarray, now: np.ndarray | None, *, connectivity: int, expansion_add: int,
+                threads: int):
     """The tenant's HNSW index made from the previous generation's: its memories that
     left removed, the others renamed to their rows now, the new ones added. Returns
-    ``(index, removed)`` with the tombstones it holds, or None when there is no index
+    ``(index, removed)`` with the tombstones it holds (``previous_row`` / ``now``: see
+    :func:`moved_to`), or None when there is no index
     to carry, it was built with other parameters, or it would hold too many tombstones."""
     hnsw = (previous.manifest.get("hnsw") or {}) if previous is not None else {}
     if previous is None or not previous.has_dense_index(user) or user not in previous.partitions or \
             (hnsw.get("connectivity"), hnsw.get("expansion_add"), hnsw.get("dtype")) != \
             (connectivity, expansion_add, "i8"):
         return None
+    assert now is not None
     p_start, p_end = previous.partitions[user]
-    now = moved_to(previous.size, previous_row)[p_start:p_end]
+    now = now[p_start:p_end]
     removed = int((now < 0).sum()) + int((_carry(previous, "dense_removed") or {}).get(user, 0))
     if removed > MAX_REMOVED_SHARE * (end - start):
         return None

@@ -152,7 +152,6 @@ class Terms:
         return Terms(renumber[ids], np.asarray(self.offsets), [t for t, u in zip(self.vocab, used) if u])
 
 
-
 def bm25_matrix(terms: Terms, *, k1: float, b: float) -> dict[str, object]:
     """The score matrix bm25s's ``index()`` builds (method "lucene", float32), vectorised:
     one score per (term, document) pair holding it, idf × tf / (tf + k1·(1 − b + b·|d| /
@@ -202,9 +201,8 @@ def build_bm25(texts: list[str] | None, folder: Path, *, analyzer: Analyzer = An
         retriever.nonoccurrence_array = None
     retriever.save(str(folder))
     (folder / ANALYZER_FILE).write_text(json.dumps(analyzer.to_dict()))
-    for name, array in zip(TERMS_FILES, (terms.ids.astype(np.int32), terms.offsets.astype(np.int64))):
-        with open(folder / name, "wb") as fh:
-            np.save(fh, np.ascontiguousarray(array))
+    np.save(folder / TERMS_FILES[0], np.asarray(terms.ids, np.int32))
+    np.save(folder / TERMS_FILES[1], np.asarray(terms.offsets, np.int64))
     return terms
 
 

@@ -77,14 +77,13 @@ class GenerationData:
     memories: pa.Table  # GENERATION_SCHEMA, grouped by user
     vectors: np.ndarray  # float32 (N, dim)
     minhash: np.ndarray  # uint32 (N, num_perm)
-    expansions: list[list[str]] | None  # doc2query, per row (None when ``terms`` are given)
+    terms: Any  # helix_ray.recall.lexical.Terms: each row's text + expansions, analysed
     graph: "CSRGraph"
     entities: pa.Table  # ENTITY_SCHEMA
     embedder: str
     dim: int
     extra: dict[str, Any] = field(default_factory=dict)
     late: Any = None  # helix_ray.token_encoder.PassageTokens over the same rows, or None
-    terms: Any = None  # helix_ray.recall.lexical.Terms of text + expansions per row, or None
     mentions: list[list[str]] | None = None  # entity keys per row
     knn: tuple[np.ndarray, np.ndarray] | None = None  # (N, K) nearest rows, similarities
 
@@ -184,7 +183,7 @@ def publish(
 
     ``crash_after`` names a file after which to raise (tests inject a crash mid-publish).
     """
-    from helix_ray.recall.lexical import Analyzer, build_bm25, lexical_text
+    from helix_ray.recall.lexical import Analyzer, build_bm25
 
     analyzer = bm25_analyzer or Analyzer()
 
@@ -232,13 +231,7 @@ def publish(
         index.save(str(tmp / part["dense"]))
         done(tmp / part["dense"])
 
-    if data.terms is not None:
-        build_bm25(None, tmp / "bm25", analyzer=analyzer, terms=data.terms)
-    else:
-        if data.expansions is None:
-            raise ValueError("a generation needs the rows' expansions or their BM25 terms")
-        build_bm25([lexical_text(t, x) for t, x in zip(table.column("text").to_pylist(), data.expansions)],
-                   tmp / "bm25", analyzer=analyzer)
+    build_bm25(None, tmp / "bm25", analyzer=analyzer, terms=data.terms)
     done(tmp / "bm25")
     carry = {**(data.extra.get("carry") or {}), "terms": analyzer.to_dict()}
     if data.mentions is not None:
