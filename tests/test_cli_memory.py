@@ -160,11 +160,15 @@ def test_a_port_whose_connections_are_still_closing_is_not_called_taken():
 
 def test_own_haproxy_gives_free_ports_and_a_private_folder_unless_told(monkeypatch):
     """What `helix serve --ha-proxy` sets before its Ray starts: a private folder (mode
-    0700, socket paths short enough for Ray's per-node folder inside) and two free ports;
-    a setting already in the environment is kept."""
+    0700, socket paths short enough for Ray's per-node folder inside), two free ports and
+    the HAProxy binary that keeps the stats and metrics listeners on 127.0.0.1 (in that
+    folder); a setting already in the environment is kept."""
+    import shutil
+
     from helix_ray.serve import server
 
-    for name in [*server.HAPROXY_FILES, *server.HAPROXY_PORTS, "RAY_SERVE_HAPROXY_SERVER_STATE_BASE"]:
+    for name in [*server.HAPROXY_FILES, *server.HAPROXY_PORTS, "RAY_SERVE_HAPROXY_SERVER_STATE_BASE",
+                 "RAY_SERVE_HAPROXY_BINARY_PATH"]:
         monkeypatch.setenv(name, "")  # recorded, so that what own_haproxy sets is undone after the test
         monkeypatch.delenv(name)
     monkeypatch.setenv("RAY_SERVE_HAPROXY_METRICS_PORT", "19101")
@@ -180,8 +184,11 @@ def test_own_haproxy_gives_free_ports_and_a_private_folder_unless_told(monkeypat
         # binds to port 0 cannot take it first
         ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
         assert 20_000 <= int(os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]) < ephemeral
+        wrapper = Path(os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"])
+        assert wrapper.parent == folder and wrapper.stat().st_mode & 0o777 == 0o700
+        assert "exec " in wrapper.read_text() and "/haproxy" in wrapper.read_text().split("exec ")[1]
     finally:
-        folder.rmdir()
+        shutil.rmtree(folder)
 
 
 def test_spare_ports_avoid_rays_worker_ports_and_the_ephemeral_range_and_never_repeat():
@@ -258,7 +265,8 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     runs on the same host at the same time: each HAProxy has its own stats and metrics
     ports (Serve's fixed 8404 and 9101 made the second fail to start) and its files in a
     folder only its user may enter (Serve's default: /tmp/haproxy-serve, its admin
-    socket open to every local user), removed when it stops."""
+    socket open to every local user), removed when it stops; its stats page and metrics
+    endpoint listen on 127.0.0.1 only (Serve's template: every interface)."""
     import httpx
 
     from tests.conftest import tenant_records
@@ -293,6 +301,9 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
                              for proc in procs]
                 time.sleep(0.5)
             seen["haproxy"] = [_environ(pids[0]) for pids in haproxies if pids]
+            # Ray's template binds the stats page and the metrics endpoint on every interface.
+            seen["listening"] = {e[name]: _listening(int(e[name])) for e in seen["haproxy"]
+                                 for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")}
             folders = {Path(e.get("RAY_SERVE_HAPROXY_SOCKET_PATH", "/tmp/haproxy-serve/admin.sock")).parent
                        for e in seen["haproxy"]}
             seen["folders"] = {str(f): oct(f.stat().st_mode & 0o777) for f in folders}
@@ -313,6 +324,7 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     stats_ports = {e["RAY_SERVE_HAPROXY_STATS_PORT"] for e in environs}
     metrics_ports = {e["RAY_SERVE_HAPROXY_METRICS_PORT"] for e in environs}
     assert len(stats_ports) == len(metrics_ports) == 2 and not {"8404", "9101"} & (stats_ports | metrics_ports)
+    assert seen["listening"] == {port: {"127.0.0.1"} for port in stats_ports | metrics_ports}, seen["listening"]
     # Serve's own proxy, HAProxy's fallback, bound 8500 with SO_REUSEPORT in both: a
     # request to the first could be answered by the second's store (seen: a 401).
     assert len({e["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"] for e in environs}) == 2
@@ -374,6 +386,23 @@ def _environ(pid: int) -> dict[str, str]:
     except OSError:  # it exited since the listing
         return {}
     return dict(p.split("=", 1) for p in pairs if "=" in p)
+
+
+def _listening(port: int) -> set[str]:
+    """The addresses a TCP socket listens on at ``port`` (IPv4 and IPv6, from /proc/net)."""
+    import ipaddress
+
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                raw = bytes.fromhex(address)
+                # /proc/net prints each 32-bit word of the address in host (little-endian) order
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                found.add(str(ipaddress.ip_address(raw)))
+    return found
 
 
 def _cmdline(pid: int) -> str:

