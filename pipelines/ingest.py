@@ -875,7 +875,8 @@ def _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, kee
         old_exp = db.expansions_for(old_ids)
         old_lexical = [lexical_text(t, old_exp.get(i, [])) for i, t in zip(old_ids, old_texts)]
     terms = carry.terms(previous, previous_rows, old_lexical, new_lexical, analyzer)
-    ents = carry.mentions(previous, previous_rows, old_texts) + [json.loads(x) for x in new_cols["entities"]]
+    ents = pa.concat_arrays([carry.mentions(previous, previous_rows, old_texts),
+                             pa.array([json.loads(x) for x in new_cols["entities"]], carry.MENTIONS_TYPE)])
 
     # Group by tenant, then time, then arrival: a tenant is a contiguous row range.
     users = table.column("user").to_pylist()
@@ -890,7 +891,7 @@ def _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, kee
     late = _late_tokens(previous, previous_rows, old_table, new_cols, config)
     if late is not None and not np.array_equal(take, np.arange(len(take))):
         late = late.take(take)  # the unsorted block is freed here: nothing else holds it
-    ents = [ents[i] for i in order]
+    ents = ents.take(pa.array(take))
     users = [users[i] for i in order]
     parts = {p["user"]: (p["start"], p["end"]) for p in partitions_of(users)}
 

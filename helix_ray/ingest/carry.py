@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from helix_ray.ingest import entities as entity_mod
 
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 #: Bump when :func:`helix_ray.ingest.entities.extract` finds something else in the same
 #: text: a generation's stored mentions are then extracted again.
 MENTIONS_VERSION = 1
+#: A row's entity keys, as ingest holds and ``mentions.arrow`` stores them.
+MENTIONS_TYPE = pa.list_(pa.string())
 
 
 def _carry(previous: Generation | None, key: str) -> Any:
@@ -44,13 +47,14 @@ def _carry(previous: Generation | None, key: str) -> Any:
 # ----------------------------------------------------------------------------- mentions
 
 
-def mentions(previous: Generation | None, old_rows: np.ndarray, old_texts: Sequence[str]) -> list[list[str]]:
+def mentions(previous: Generation | None, old_rows: np.ndarray, old_texts: Sequence[str]) -> pa.Array:
     """Entity keys of the carried-over rows (``old_rows`` of ``previous``, whose texts
-    are ``old_texts``): stored ones when the same extractor made them, else extracted."""
+    are ``old_texts``), a list per row (:data:`MENTIONS_TYPE`): stored ones when the same
+    extractor made them, else extracted."""
     if len(old_rows) and _carry(previous, "mentions") == MENTIONS_VERSION:
         assert previous is not None
-        return previous.mentions.take(np.asarray(old_rows, np.int64)).to_pylist()
-    return [entity_mod.extract(t) for t in old_texts]
+        return previous.mentions.take(np.asarray(old_rows, np.int64)).combine_chunks().cast(MENTIONS_TYPE)
+    return pa.array([entity_mod.extract(t) for t in old_texts], MENTIONS_TYPE)
 
 
 # ----------------------------------------------------------------------------- BM25 terms
