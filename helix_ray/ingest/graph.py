@@ -27,6 +27,7 @@ from helix_ray.store.generation import EDGE_TYPES, ENTITY_SCHEMA, CSRGraph
 
 MENTION, SAME_SESSION, TEMPORAL, SEMANTIC = (EDGE_TYPES.index(t) for t in EDGE_TYPES)
 _PRIORITY = {TEMPORAL: 0, MENTION: 1, SEMANTIC: 2, SAME_SESSION: 3}
+_PRIORITY_OF = np.array([_PRIORITY[t] for t in range(len(EDGE_TYPES))], np.int8)  # edge type → its priority
 
 
 def build_graph(
@@ -148,14 +149,14 @@ def _to_csr(src, dst, wts, typ, num_nodes: int) -> CSRGraph:
     # Symmetrise, then keep one edge per ordered pair: the highest-priority type.
     a, b = np.concatenate([a, b]), np.concatenate([b, a])
     w, t = np.concatenate([w, w]), np.concatenate([t, t])
-    priority = np.vectorize(_PRIORITY.get)(t) if len(t) else t
+    priority = _PRIORITY_OF[t]  # a lookup: np.vectorize(dict.get) took 1.7 s over 22 M edges at 10^6
     order = np.lexsort((priority, b, a))
     a, b, w, t = a[order], b[order], w[order], t[order]
     first = np.ones(len(a), bool)
     first[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
     a, b, w, t = a[first], b[first], w[first], t[first]
     indptr = np.zeros(num_nodes + 1, np.int64)
-    np.add.at(indptr, a + 1, 1)
+    indptr[1:] = np.bincount(a, minlength=num_nodes)
     np.cumsum(indptr, out=indptr)
     return CSRGraph(indptr, b.astype(np.int32), w.astype(np.float32), t.astype(np.int8))
 
