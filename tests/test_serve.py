@@ -1046,6 +1046,30 @@ def test_initialise_refuses_a_store_whose_generations_are_missing(tmp_path):
     assert not (store / "CURRENT").exists()
 
 
+def test_a_writer_says_at_start_when_its_first_compaction_would_encode_every_memorys_tokens(tmp_path, caplog):
+    """A store built without token vectors, served with late interaction on (the
+    default): the first compaction encodes every memory's tokens, minutes on a large
+    store. The Writer says so at start, with the fix; served as built, it says nothing."""
+    import logging
+
+    from helix_ray.config import IngestConfig
+    from helix_ray.serve.writer import WriterCore
+    from pipelines.ingest import ingest
+
+    source = tmp_path / "a.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in tenant_records()[:12]))
+    built = IngestConfig(late_interaction={"enabled": False})
+    ingest([source], tmp_path / "store", config=built, runner="local", show_progress=False)
+    for config, warned in ((built, False), (IngestConfig(), True)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="helix_ray.serve.writer"):
+            core = WriterCore(tmp_path / "store", ingest=config)
+            core.close()
+        said = [r.getMessage() for r in caplog.records if "token vectors" in r.getMessage()]
+        assert bool(said) == warned, said
+    assert "encode the tokens of all 12 memories" in said[0] and "late_interaction: {enabled: false}" in said[0]
+
+
 def test_online_writes_carry_late_interaction_tokens_through_a_restart(shells):
     """A write is scored by MaxSim like a stored memory: its tokens are encoded by the
     Writer, logged durably, published in the delta snapshot and read by the Ranker."""
