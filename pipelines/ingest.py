@@ -42,7 +42,7 @@ from helix_ray.config import IngestConfig
 from helix_ray.errors import InvalidArgument, StoreError
 from helix_ray.ingest import carry, stages
 from helix_ray.ingest.dedup import find_duplicates
-from helix_ray.ingest.graph import build_graph, edges_table
+from helix_ray.ingest.graph import build_graph, edges_table, tenant_codes
 from helix_ray.ingest.sources import FORMATS, detect_format
 from helix_ray.recall.lexical import Analyzer, lexical_text
 from helix_ray.schema import GENERATION_SCHEMA
@@ -881,9 +881,7 @@ def _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, kee
     # Group by tenant, then time, then arrival: a tenant is a contiguous row range.
     users = table.column("user").to_pylist()
     created = table.column("created_at").cast(pa.int64()).to_numpy()
-    tenant_codes = {u: c for c, u in enumerate(sorted(set(users)))}
-    user_code = np.fromiter((tenant_codes[u] for u in users), np.int64, count=len(users))
-    take = np.lexsort((np.arange(len(users)), created, user_code)).astype(np.int64)
+    take = np.lexsort((np.arange(len(users)), created, tenant_codes(users)[1])).astype(np.int64)
     order = take.tolist()
     table = table.take(pa.array(take))
     vectors, minhash, terms = vectors[take], minhash[take], terms.take(take)
@@ -898,7 +896,7 @@ def _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, kee
     knn, all_knn, dense_indexes, removed = _semantic_knn(vectors, parts, previous, previous_row, config)
     sessions = table.column("session_id").to_pylist()
     metadata_turns = _turns(table.column("metadata"))
-    created_sorted = table.column("created_at").cast(pa.int64()).to_numpy()
+    created_sorted = created[take]
     order_keys = [int(c) * 10_000 + int(t or 0) for c, t in zip(created_sorted, metadata_turns)]
     graph, entities = build_graph(
         users=users, sessions=sessions, order_keys=order_keys, entity_lists=ents, knn=knn,

@@ -109,36 +109,42 @@ def _mentions(users: Sequence[str], entity_lists: Sequence[Sequence[str]] | pa.A
         lists = lists.combine_chunks()
     flat = pc.list_flatten(lists)
     src = np.asarray(pc.list_parent_indices(lists), np.int64)
-    tenants = sorted(set(users))
-    tenant_code = {u: i for i, u in enumerate(tenants)}
-    row_tenant = np.fromiter((tenant_code[u] for u in users), np.int64, count=len(users))
+    tenants, row_tenant = tenant_codes(users)
     encoded = pc.dictionary_encode(flat)
     words = encoded.dictionary.to_pylist()
     word = np.asarray(encoded.indices, np.int64)
     # A (tenant, key) pair as one number, then numbered densely in (tenant, key) order.
+    by_rank = np.argsort(np.array(words, dtype=object), kind="stable")  # rank → word
     word_rank = np.empty(len(words), np.int64)
-    word_rank[np.argsort(np.array(words, dtype=object), kind="stable")] = np.arange(len(words))
-    pair = row_tenant[src] * max(len(words), 1) + word_rank[word]
+    word_rank[by_rank] = np.arange(len(words))
+    width = max(len(words), 1)
+    pair = row_tenant[src] * width + word_rank[word]
     pairs, key_id = np.unique(pair, return_inverse=True)
     key_id = key_id.reshape(-1).astype(np.int64)
     if len(src):  # a memory mentioning a key twice counts once
         both = np.unique(src * len(pairs) + key_id)
         src, key_id = both // len(pairs), both % len(pairs)
     df = np.bincount(key_id, minlength=len(pairs))
-    pair_tenant, pair_rank = pairs // max(len(words), 1), pairs % max(len(words), 1)
+    pair_tenant, pair_rank = pairs // width, pairs % width
     size = np.array([partitions[u][1] - partitions[u][0] for u in tenants], np.float64)
     cap = np.maximum(config.min_entity_df_cap, config.max_entity_df * size)[pair_tenant] if len(pairs) else df
     # A singleton links nothing; a hub would link everything.
     kept = np.flatnonzero((df >= 2) & (df <= cap))  # pairs are in (tenant, key) order already
     node_of = np.full(len(pairs), -1, np.int64)
     node_of[kept] = n + np.arange(len(kept))
-    by_rank = np.argsort(word_rank)  # rank → word
     entity_rows = [{"node": n + j, "user": tenants[t], "key": words[by_rank[r]], "df": int(d)}
                    for j, (t, r, d) in enumerate(zip(pair_tenant[kept].tolist(), pair_rank[kept].tolist(),
                                                      df[kept].tolist()))]
     keep = node_of[key_id] >= 0
     src, key_id = src[keep], key_id[keep]
     return entity_rows, src, node_of[key_id], 1.0 / np.sqrt(df[key_id].astype(np.float64))
+
+
+def tenant_codes(users: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    """The tenants in sorted order, and each row's tenant as its position there."""
+    tenants = sorted(set(users))
+    code = {u: i for i, u in enumerate(tenants)}
+    return tenants, np.fromiter((code[u] for u in users), np.int64, count=len(users))
 
 
 def _to_csr(src, dst, wts, typ, num_nodes: int) -> CSRGraph:

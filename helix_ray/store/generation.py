@@ -84,7 +84,7 @@ class GenerationData:
     dim: int
     extra: dict[str, Any] = field(default_factory=dict)
     late: Any = None  # helix_ray.token_encoder.PassageTokens over the same rows, or None
-    mentions: list[list[str]] | pa.Array | None = None  # entity keys per row (list<string> in Arrow)
+    mentions: pa.Array | None = None  # entity keys per row: list<string> (helix_ray.ingest.carry.MENTIONS_TYPE)
     knn: tuple[np.ndarray, np.ndarray] | None = None  # (N, K) nearest rows, similarities
 
 
@@ -237,9 +237,7 @@ def publish(
     if data.mentions is not None:
         if len(data.mentions) != n:
             raise ValueError(f"mentions cover {len(data.mentions)} memories; expected {n}")
-        mentions = data.mentions if isinstance(data.mentions, (pa.Array, pa.ChunkedArray)) \
-            else pa.array(data.mentions, pa.list_(pa.string()))
-        _save_arrow(tmp / "mentions.arrow", pa.table({"entities": mentions}))
+        _save_arrow(tmp / "mentions.arrow", pa.table({"entities": data.mentions}))
         done(tmp / "mentions.arrow")
     else:
         carry.pop("mentions", None)
