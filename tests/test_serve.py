@@ -177,6 +177,8 @@ def test_query_encoder_widens_only_when_the_replica_is_alone(monkeypatch):
     from helix_ray.runtime import usable_cores
     from helix_ray.serve.shells import EmbedderShell
 
+    monkeypatch.delenv("HELIX_QUERY_THREADS_ALONE", raising=False)
+    assert not EmbedderShell().widens  # the default: one encoder, however idle the host
     monkeypatch.setenv("HELIX_QUERY_THREADS", "1")
     monkeypatch.setenv("HELIX_QUERY_THREADS_ALONE", "2")
     shell = EmbedderShell()

@@ -80,11 +80,13 @@ def query_threads() -> int:
 
 def query_threads_alone() -> int:
     """onnxruntime threads for a query a replica runs with no other request in it
-    (``HELIX_QUERY_THREADS_ALONE``, default 2, as in-process recall on this 2-core host):
-    at low load the second core is idle, and a second spinning thread encodes a query
-    in ~2.4 ms instead of ~3.1 (docs/serve.md). 0 or the busy count: one encoder only;
-    never more than :func:`usable_cores`."""
-    return int(os.environ.get("HELIX_QUERY_THREADS_ALONE", "2"))
+    (``HELIX_QUERY_THREADS_ALONE``, default 1: no second encoder). 2 encodes a query
+    ~0.3–0.7 ms faster on an idle core, but onnxruntime's second thread spins for most of
+    the request and after it: measured over three days the served latency did not change
+    beyond this host's spread, while the replica's CPU per request went from ~9 to ~15 ms
+    (docs/serve.md). 0 or the busy count: one encoder only; never more than
+    :func:`usable_cores`."""
+    return int(os.environ.get("HELIX_QUERY_THREADS_ALONE", "1"))
 
 
 def host_idle() -> bool:
