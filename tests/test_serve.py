@@ -634,6 +634,88 @@ def test_a_slow_but_live_graph_is_waited_for_not_degraded_or_sent_twice(slow):
         assert len(stage.calls) == 1 and not stage.calls[0].cancelled
 
 
+def test_recall_hits_reach_the_writer_without_another_recall(monkeypatch):
+    """Hits buffered while a batch is on its way to the Writer, and a batch the Writer did
+    not take, are sent in the next rounds of the same flush task: they used to wait for
+    the next recall (and were lost if none came before the replica stopped)."""
+    import types
+
+    from helix_ray.serve import app as app_module
+
+    flush = app_module.HelixAPI.func_or_class._flush_access
+    # Serve's ingress decorator gives the class's methods a copy of the module's globals.
+    monkeypatch.setitem(flush.__globals__, "ACCESS_FLUSH_S", 0.05)
+    received: list[list[tuple]] = []
+    attempts = []
+
+    async def accessed(hits):
+        attempts.append(list(hits))
+        await asyncio.sleep(0.1)  # on its way: the next recall's hits arrive meanwhile
+        if len(attempts) == 2:
+            raise ConnectionError("Writer replica restarting")
+        received.append(list(hits))
+        return {"recorded": len(hits)}
+
+    server = types.SimpleNamespace(_accessed=[], _access_flush=None,
+                                   writer=types.SimpleNamespace(accessed=types.SimpleNamespace(remote=accessed)))
+    for name in ("_note_access", "_flush_access"):
+        setattr(server, name, types.MethodType(getattr(app_module.HelixAPI.func_or_class, name), server))
+
+    async def scenario():
+        server._note_access([{"id": "a"}, {"id": "b"}], "alice")
+        await asyncio.sleep(0.08)  # the first batch is on its way
+        server._note_access([{"id": "c"}], "alice")  # no task started: one is running
+        await asyncio.wait_for(server._access_flush, 5)
+
+    _run(scenario())
+    assert [[h[0] for h in batch] for batch in attempts] == [["a", "b"], ["c"], ["c"]]
+    assert [[h[0] for h in batch] for batch in received] == [["a", "b"], ["c"]] and server._accessed == []
+
+
+def test_a_cancelled_request_does_not_cancel_the_generation_load_others_wait_for(tenant_store, tmp_path,
+                                                                                  monkeypatch):
+    """Two requests wait for a replica to open a new generation; one is cancelled (its
+    client left, or the ingress gave up on a leg). The other still gets the generation,
+    installed once, opened once: the cancellation used to cancel the shared load, failing
+    every request of the swap that waited for it."""
+    import json
+    import shutil
+
+    from helix_ray.serve.views import StoreViews
+
+    store = tmp_path / "store"
+    shutil.copytree(tenant_store[0], store)
+    views = StoreViews(store, role="ranker")
+    first = views.latest
+    newer = store / "generations" / f"{first + 1:06d}"
+    shutil.copytree(store / "generations" / f"{first:06d}", newer)
+    manifest = json.loads((newer / "manifest.json").read_text())
+    (newer / "manifest.json").write_text(json.dumps({**manifest, "generation": first + 1}))
+    opened = []
+    real_open = views._open
+
+    def slow_open(number):
+        opened.append(number)
+        time.sleep(0.3)  # a large generation warming
+        return real_open(number)
+
+    monkeypatch.setattr(views, "_open", slow_open)
+
+    async def scenario():
+        cancelled = asyncio.ensure_future(views.generation(first + 1))
+        waiting = asyncio.ensure_future(views.generation(first + 1))
+        await asyncio.sleep(0.05)
+        cancelled.cancel()
+        view = await waiting
+        assert cancelled.cancelled()
+        return view
+
+    view = _run(scenario())
+    assert view.number == first + 1 and views.generations[first + 1] is view and views.latest == first + 1
+    assert opened == [first + 1] and not views._loading
+    assert _run(views.generation(first + 1)) is view  # installed: no second open
+
+
 @pytest.fixture()
 def shells(tenant_store, tmp_path):
     """The five shells over a private copy of the tenant store, in this process."""
@@ -843,6 +925,73 @@ def test_compaction_takes_what_the_writes_computed_instead_of_embedding_again(sh
     writer.core = WriterCore(shells["store"], ingest=IngestConfig(doc2query={"max_queries": 2}))
     out = writer.compact()
     assert (out["ingest"]["reused"], out["ingest"]["embedded"]) == (0, 1), out["ingest"]
+
+
+def test_a_failed_compaction_leaves_no_input_behind_and_backs_off(shells, monkeypatch):
+    """A compaction whose ingest fails (a full disk here) leaves no input file behind (it
+    is a copy of serve_log's pending rows, which go on serving), and the background
+    compactor waits longer after each failure — also with the pending writes past
+    ``compact_max_pending``, where it used to try every second, writing one more copy of
+    every pending write each time. Once the fault is gone, the next try folds them."""
+    import pipelines.ingest as ingest_module
+    from helix_ray.serve import shells as sh
+
+    writer = shells["writer"]
+    writer.add([{"id": "alice-wren", "text": "The wren backup job runs nightly at two."}], "alice")
+    inbox = shells["store"] / "inbox"
+    real = ingest_module.ingest
+    tries: list[float] = []
+
+    def full_disk(*args, **kwargs):
+        tries.append(time.monotonic())
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ingest_module, "ingest", full_disk)
+    with pytest.raises(Exception, match="No space left"):
+        writer.compact()
+    assert not list(inbox.glob("compact-*.jsonl")) and writer.core.compactable() == 1
+    *_, out = _local_recall(shells, "when does the wren backup job run?")
+    assert "alice-wren" in [i["id"] for i in out["items"]]
+
+    monkeypatch.setattr(sh, "COMPACT_TICK_S", 0.02)
+    monkeypatch.setattr(sh, "COMPACT_RETRY_S", 0.1)
+    tries.clear()
+    writer.compact_max_pending = 1  # past it: the compactor's thread tries at its next tick
+    deadline = time.monotonic() + 10
+    while not tries and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(2.0)
+    gaps = np.diff(tries)
+    # Waits of 0.2, 0.4, 0.8, 1.6 s: four or five tries in 2 s (every 20 ms before: ~100).
+    assert 2 <= len(tries) <= 6 and (gaps >= 0.18).all() and gaps[-1] > gaps[0], tries
+    assert not list(inbox.glob("compact-*.jsonl"))
+    monkeypatch.setattr(ingest_module, "ingest", real)
+    while writer.core.compactable() and time.monotonic() < deadline + 10:
+        time.sleep(0.05)
+    writer.compact_max_pending = 2000
+    assert writer.core.compactable() == 0 and writer.core.last_compaction["published"]
+
+
+def test_served_files_of_compactions_that_publish_nothing_are_pruned(shells, monkeypatch):
+    """A compaction that publishes nothing (every pending write is already in the
+    generation as it is) moves the writes' inbox files to ``folded/``; those were kept
+    for ever, each with the text of its memory. The newest KEEP_FOLDED stay, as for the
+    compactions' inputs. And the count of writes compaction could not fold is of those
+    still in the delta (it counted every one ever tried)."""
+    from helix_ray.serve import writer as writer_module
+
+    monkeypatch.setattr(writer_module, "KEEP_FOLDED", 1)
+    writer = shells["writer"]
+    record = {"id": "alice-lark", "text": "The lark report goes out on Mondays."}
+    writer.add([record], "alice")
+    assert writer.compact()["published"]
+    folded = shells["store"] / "inbox" / "folded"
+    for _ in range(3):
+        writer.add([record], "alice")  # the same memory again: nothing new to publish
+        assert not writer.compact()["published"]
+    assert len(list(folded.glob("serve-*.jsonl"))) == 1 and len(list(folded.glob("compact-*.jsonl"))) == 1
+    # Each write replaced the one before: one entry is left that compaction could not fold.
+    assert writer.stats()["delta"]["unfoldable"] == 1
 
 
 def test_writes_go_on_while_a_compaction_runs_and_what_they_changed_stays(shells, monkeypatch):
@@ -1523,6 +1672,17 @@ def test_two_users_never_cross(alice, bob):
     assert alice.patch("/v1/memories/bob-secret", json={"text": "mine now"}).status_code == 404
     taken = alice.post("/v1/memories", json={"text": "an id collision", "id": "bob-secret"})
     assert taken.status_code == 409 and "another user" in taken.json()["detail"]
+    # An id of the derived shape must be the memory's own: neither a 409 telling alice
+    # that bob holds exactly some text, nor a way to take the id bob's write of it gets.
+    from helix_ray.schema import content_hash
+
+    held = "The bob-only standup moved to 9:40."
+    assert bob.post("/v1/memories", json={"text": held}).json()["ids"] == [content_hash(held, "bob")]
+    for text in (held, "A text bob never wrote."):
+        probe = alice.post("/v1/memories", json={"text": "anything", "id": content_hash(text, "bob")})
+        assert probe.status_code == 422 and "derives from the memory's user and text" in probe.json()["detail"]
+    own = "alice's own note, sent twice with its derived id"
+    assert alice.post("/v1/memories", json={"text": own, "id": content_hash(own, "alice")}).status_code == 201
 
 
 # --------------------------------------------------------------------------- writes

@@ -476,14 +476,21 @@ class HelixAPI:
             self._access_flush = asyncio.get_running_loop().create_task(self._flush_access())
 
     async def _flush_access(self) -> None:
-        await asyncio.sleep(ACCESS_FLUSH_S)
-        hits, self._accessed = self._accessed, []
-        try:
-            await self.writer.accessed.remote(hits)
-        except Exception:  # noqa: BLE001 - recency only: keep them for the next flush
-            log.warning("could not record %d recall hits in the access log; retrying with the next batch",
-                        len(hits), exc_info=True)
-            self._accessed[:0] = hits
+        """Send the buffered hits every :data:`ACCESS_FLUSH_S` until none are left: hits
+        buffered while a batch is on its way, or a batch the Writer did not take, go with
+        the next round, also when no recall comes after them."""
+        while True:
+            await asyncio.sleep(ACCESS_FLUSH_S)
+            hits, self._accessed = self._accessed, []
+            if not hits:
+                return
+            try:
+                await self.writer.accessed.remote(hits)
+            except Exception:  # noqa: BLE001 - recency only: keep them for the next round
+                log.warning("could not record %d recall hits in the access log; retrying in %.0f s",
+                            len(hits), ACCESS_FLUSH_S, exc_info=True)
+                self._accessed[:0] = hits
+                del self._accessed[:-ACCESS_BUFFER]
 
     async def _recall_split(self, query: str, user: str, config: RetrievalConfig,
                             request: dict[str, Any]) -> dict[str, Any]:

@@ -361,6 +361,10 @@ def _visible(hits: Any, hidden: set[int], delta: DeltaSegment, generation: int) 
 
 #: After a compaction that lost a write-write conflict in DuckDB, the next try (seconds).
 COMPACT_RETRY_S = 5.0
+#: After any other failed compaction: COMPACT_RETRY_S × 2^failures, at most this (seconds).
+COMPACT_BACKOFF_MAX_S = 300.0
+#: How often the compactor looks at the pending writes (seconds).
+COMPACT_TICK_S = 1.0
 
 
 class WriterShell:
@@ -381,20 +385,32 @@ class WriterShell:
 
     def _compactor(self) -> None:
         last = time.monotonic()
-        while not self._stop.wait(1.0):
-            due = time.monotonic() - last >= self.compact_interval_s
+        failures, retry_at = 0, 0.0
+        while not self._stop.wait(COMPACT_TICK_S):
+            now = time.monotonic()
+            if now < retry_at:
+                continue
+            due = now - last >= self.compact_interval_s
             todo = self.core.compactable()
             if todo >= self.compact_max_pending or (due and (todo or self.core.open_tombstones())):
                 soon = False
                 try:
                     self.core.compact()
+                    failures, retry_at = 0, 0.0
                 except Exception as exc:  # noqa: BLE001 - the writes stay in the delta; try again later
                     import duckdb
 
-                    log.exception("background compaction failed; the delta keeps serving the writes")
                     # A DELETE wrote a row the pipeline was writing (it runs outside the
                     # writer's lock): not a lasting fault, so again in a few seconds.
+                    # Anything else waits longer after each failure (a full disk, a record
+                    # the pipeline cannot take), also when the pending writes are past
+                    # compact_max_pending (which retried every second).
                     soon = isinstance(exc, duckdb.TransactionException)
+                    failures += 1
+                    wait = COMPACT_RETRY_S if soon else min(COMPACT_RETRY_S * 2 ** failures, COMPACT_BACKOFF_MAX_S)
+                    retry_at = time.monotonic() + wait
+                    log.exception("background compaction failed (%d in a row); the delta keeps serving the "
+                                  "writes; next try in %.0f s", failures, wait)
                 last = time.monotonic() - (max(0.0, self.compact_interval_s - COMPACT_RETRY_S) if soon else 0.0)
 
     @boundary

@@ -310,16 +310,18 @@ class StoreViews:
             return view
         future = self._loading.get(number)
         if future is None:
-            loop = asyncio.get_running_loop()
-            future = loop.run_in_executor(None, self._open, number)
+            future = asyncio.get_running_loop().run_in_executor(None, self._open, number)
             self._loading[number] = future
-            try:
-                view = await future
-                self._install(view)
-            finally:
-                self._loading.pop(number, None)
-            return view
-        return await future
+            future.add_done_callback(functools.partial(self._loaded, number))
+        # Shielded: a caller cancelled while it waits (a client gone, the ingress giving
+        # up on a leg) must not cancel the load every other request of the swap waits for.
+        return await asyncio.shield(future)
+
+    def _loaded(self, number: int, future: asyncio.Future) -> None:
+        """A load ended: install its view, whoever awaited it (this runs before any of them resumes)."""
+        self._loading.pop(number, None)
+        if not future.cancelled() and future.exception() is None:
+            self._install(future.result())
 
     async def refresh(self) -> bool:
         """Open the store's current generation if it is newer; True if it swapped."""

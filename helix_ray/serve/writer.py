@@ -28,6 +28,7 @@ import datetime as dt
 import json
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -41,7 +42,7 @@ import pyarrow.compute as pc
 
 from helix_ray.config import IngestConfig, deep_merge
 from helix_ray.errors import InvalidArgument, StoreError
-from helix_ray.schema import MEMORY_SCHEMA
+from helix_ray.schema import MEMORY_SCHEMA, content_hash
 from helix_ray.serve.delta import (
     MERGE_SMALL_AT,
     NOT_FOLDED,
@@ -187,6 +188,23 @@ def _iso(value: Any) -> Any:
 def _micros(value: dt.datetime) -> int:
     return int(value.timestamp() * 1_000_000)
 
+
+#: The shape of the ids Helix derives from user and text (:func:`content_hash`).
+DERIVED_ID = re.compile(r"[0-9a-f]{20}")
+
+
+def _not_another_memorys_derived_id(raw: dict[str, Any], row: dict[str, Any], where: str) -> None:
+    """An id given in the derived ids' shape must be this memory's own (its user and
+    text). Ids are one space across users: otherwise a user could write under the id
+    another user's text would get — and learn from the 409 that that user holds exactly
+    that text, or take the id so that the other user's write of it fails."""
+    given = raw.get("id")
+    if isinstance(given, str) and DERIVED_ID.fullmatch(given) and given != content_hash(row["text"], row["user"]):
+        raise InvalidArgument(f"{where}.id", given,
+                              "an id of 20 lowercase hexadecimal characters is the one Helix derives from the "
+                              "memory's user and text, and this is not that memory's",
+                              "Leave id out (it is derived), give an id of another shape, or change an existing "
+                              "memory's text with PATCH /v1/memories/{id}.")
 
 class WriterCore:
     """Owns the store's DuckDB file, the inbox and the delta segment."""
@@ -434,6 +452,8 @@ class WriterCore:
                                   "Split it into several requests.")
         rows = [self._validate(raw, user, where="memory" if single else f"memories[{n}]")
                 for n, raw in enumerate(records)]
+        for n, (raw, row) in enumerate(zip(records, rows)):
+            _not_another_memorys_derived_id(raw, row, "memory" if single else f"memories[{n}]")
         first: dict[str, int] = {}
         for n, row in enumerate(rows):  # the last one silently won
             if first.setdefault(row["id"], n) != n:
@@ -720,6 +740,11 @@ class WriterCore:
             try:
                 report = ingest([source], self.store, fmt="jsonl", config=self.config, runner=self.compact_runner,
                                 show_progress=False, db=db, computed=self._computed(pending))
+            except BaseException:
+                # The input is a copy of serve_log's pending rows, which stay there: a failed
+                # try leaves nothing behind (every retry wrote one more copy of them all).
+                source.unlink(missing_ok=True)
+                raise
             finally:
                 db.close()
             with self._lock:
@@ -747,7 +772,11 @@ class WriterCore:
                                         [number])
                     self._publish()
                     self._load_recent_accesses()  # what the new generation folded leaves the file
-                self.unfoldable |= {e["seq"] for e in pending if e["folded_into"] == NOT_FOLDED}
+                # Tried and not folded; of the earlier ones, only those still pending (a seq
+                # replaced or deleted since is gone from the delta: it kept growing here).
+                live = {e["seq"] for e in self.entries.values() if e["folded_into"] == NOT_FOLDED}
+                self.unfoldable = (self.unfoldable | {e["seq"] for e in pending
+                                                      if e["folded_into"] == NOT_FOLDED}) & live
                 self._retire_inbox(inbox, before, source, published=bool(report.published))
                 self.last_compaction = {
                     "published": bool(report.published), "generation": number, "folded": folded,
@@ -782,8 +811,9 @@ class WriterCore:
         generation does; once one is published, the files of the writes before the
         compaction are deleted (they were kept for ever: a file per write, 3,061 after a
         10-minute soak, docs/serve.md). Any other file (``Memory.add``'s, left by an
-        ingest that failed) and the compaction's input move to ``inbox/folded/``; of the
-        inputs the newest :data:`KEEP_FOLDED` stay."""
+        ingest that failed) and the compaction's input move to ``inbox/folded/``, as do the
+        served files when nothing was published (``serve_log`` keeps those writes pending);
+        of the inputs, and of those served files, the newest :data:`KEEP_FOLDED` each stay."""
         done = inbox / "folded"
         done.mkdir(exist_ok=True)
         for path in [*before, source]:
@@ -791,9 +821,10 @@ class WriterCore:
                 path.unlink(missing_ok=True)
             else:
                 shutil.move(str(path), done / path.name)
-        inputs = sorted(done.glob(f"{COMPACTION_PREFIX}*.jsonl"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-        for old in inputs[KEEP_FOLDED:]:
-            old.unlink(missing_ok=True)
+        for prefix in (COMPACTION_PREFIX, SERVED_PREFIX):  # served ones land here when nothing was published
+            kept = sorted(done.glob(f"{prefix}*.jsonl"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+            for old in kept[KEEP_FOLDED:]:
+                old.unlink(missing_ok=True)
 
     def _mark_folded(self, gen, pending: list[dict[str, Any]], number: int) -> int:
         """Mark the pending entries generation ``number`` holds as they are (same text
@@ -803,7 +834,6 @@ class WriterCore:
         where = pc.index_in(pa.array(ids, pa.string()), value_set=table.column("id")).to_pylist()
         known = self.db.known_hashes()
         dropped = self.db.dropped_as_duplicates([e["id"] for e, row in zip(pending, where) if row is None])
-        from helix_ray.schema import content_hash
 
         folded = []
         for entry, row in zip(pending, where):
