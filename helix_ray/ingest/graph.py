@@ -122,7 +122,8 @@ def _mentions(users: Sequence[str], entity_lists: Sequence[Sequence[str]] | pa.A
     pairs, key_id = np.unique(pair, return_inverse=True)
     key_id = key_id.reshape(-1).astype(np.int64)
     if len(src):  # a memory mentioning a key twice counts once
-        both = np.unique(src * len(pairs) + key_id)
+        both = np.sort(src * len(pairs) + key_id)  # np.unique's hash path: 3.5 s at 10^6, this 0.04
+        both = both[np.r_[True, both[1:] != both[:-1]]]
         src, key_id = both // len(pairs), both % len(pairs)
     df = np.bincount(key_id, minlength=len(pairs))
     pair_tenant, pair_rank = pairs // width, pairs % width
@@ -155,11 +156,13 @@ def _to_csr(src, dst, wts, typ, num_nodes: int) -> CSRGraph:
     # Symmetrise, then keep one edge per ordered pair: the highest-priority type.
     a, b = np.concatenate([a, b]), np.concatenate([b, a])
     w, t = np.concatenate([w, w]), np.concatenate([t, t])
-    priority = _PRIORITY_OF[t]  # a lookup: np.vectorize(dict.get) took 1.7 s over 22 M edges at 10^6
-    order = np.lexsort((priority, b, a))
-    a, b, w, t = a[order], b[order], w[order], t[order]
-    first = np.ones(len(a), bool)
-    first[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
+    # One int64 key (a, b, priority), sorted stably: what np.lexsort((priority, b, a)) gives,
+    # in 3.4 s instead of 5.2–6.7 over 22 M edges at 10^6. A lookup for the priorities:
+    # np.vectorize(dict.get) took 1.7 s there.
+    key = (a * num_nodes + b) * len(_PRIORITY_OF) + _PRIORITY_OF[t]
+    order = np.argsort(key, kind="stable")
+    pair = key[order] // len(_PRIORITY_OF)
+    first = order[np.r_[True, pair[1:] != pair[:-1]]]
     a, b, w, t = a[first], b[first], w[first], t[first]
     indptr = np.zeros(num_nodes + 1, np.int64)
     indptr[1:] = np.bincount(a, minlength=num_nodes)
