@@ -294,6 +294,7 @@ def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
         report.retagged = len(retagged)
 
         old_rows, old_index, folded, accesses = _carried_over(previous, db, replaced, retagged)
+        _keep_folded_accesses(fresh, previous, replaced)
         _fold_accesses(fresh, accesses)
         if not fresh and not retagged and (previous is not None or not (incoming or empty_ok)) \
                 and not _has_deletions(previous, old_index):
@@ -504,7 +505,7 @@ def _carried_over(previous: Generation | None, db: StoreDB, replaced: set[str],
     accesses, folded = db.access_summary(previous.manifest.get(ACCESS_WATERMARK, 0) if previous else 0)
     if previous is None:
         return GENERATION_SCHEMA.empty_table(), np.zeros(0, np.int64), folded, accesses
-    deleted = {i for i, (_, d) in db.known_hashes().items() if d}
+    deleted = db.deleted_ids()
     table = _in_generation_schema(previous.memories)
     ids = table.column("id").to_pylist()
     index = np.array([i for i, mid in enumerate(ids) if mid not in replaced and mid not in deleted], np.int64)
@@ -563,6 +564,27 @@ def _fold_accesses(rows: list[dict[str, Any]], accesses: dict[str, tuple[Any, in
             if row.get("last_accessed_at") is None or seen[0] > row["last_accessed_at"]:
                 row["last_accessed_at"] = seen[0]
             row["access_count"] = int(row.get("access_count") or 0) + int(seen[1])
+
+
+def _keep_folded_accesses(rows: list[dict[str, Any]], previous: Generation | None, replaced: set[str]) -> None:
+    """A new version of a memory keeps the hits its previous version had folded: its
+    ``access_count`` and ``last_accessed_at`` are at least the previous generation's (an
+    edited record brings 0 and none, and a PATCH's record is read from the database,
+    which never holds the folded hits)."""
+    if previous is None or not replaced:
+        return
+    mine = [r for r in rows if r["id"] in replaced]
+    table = previous.memories
+    where = pc.index_in(pa.array([r["id"] for r in mine], pa.string()), value_set=table.column("id")).to_pylist()
+    found = [(row, i) for row, i in zip(mine, where) if i is not None]
+    if not found:
+        return
+    held = table.take(pa.array([i for _, i in found], pa.int64())).select(["access_count", "last_accessed_at"])
+    for (row, _), old in zip(found, held.to_pylist()):
+        row["access_count"] = max(int(row.get("access_count") or 0), int(old["access_count"] or 0))
+        if old["last_accessed_at"] is not None and (row.get("last_accessed_at") is None
+                                                    or old["last_accessed_at"] > row["last_accessed_at"]):
+            row["last_accessed_at"] = old["last_accessed_at"]
 
 
 def _has_deletions(previous: Generation | None, kept_index: np.ndarray) -> bool:
@@ -897,7 +919,7 @@ def _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, kee
     sessions = table.column("session_id").to_pylist()
     metadata_turns = _turns(table.column("metadata"))
     created_sorted = created[take]
-    order_keys = [int(c) * 10_000 + int(t or 0) for c, t in zip(created_sorted, metadata_turns)]
+    order_keys = list(zip(created_sorted.tolist(), metadata_turns.tolist()))  # creation time, then turn
     graph, entities = build_graph(
         users=users, sessions=sessions, order_keys=order_keys, entity_lists=ents, knn=knn,
         partitions=parts, config=config.graph,
@@ -915,12 +937,16 @@ def _assemble(previous, old_rows, old_index, keep_old, todo, new_cols, sigs, kee
 
 
 def _turns(metadata: pa.ChunkedArray) -> np.ndarray:
-    """Each row's ``metadata["turn"]`` (0 when absent): parsed only where the JSON text
-    names a "turn" (at 10^5 rows, parsing every row took 0.25 s of a compaction)."""
+    """Each row's ``metadata["turn"]`` (0 when absent or not a whole number ≥ 0, as rows
+    validated before ``normalise_one`` checked it may hold: one such row failed every
+    compaction): parsed only where the JSON text names a "turn" (at 10^5 rows, parsing
+    every row took 0.25 s of a compaction)."""
     turns = np.zeros(len(metadata), np.int64)
     named = np.flatnonzero(pc.fill_null(pc.match_substring(metadata, '"turn"'), False).to_numpy(zero_copy_only=False))
     for i, text in zip(named.tolist(), metadata.take(pa.array(named, pa.int64())).to_pylist()):
-        turns[i] = int(json.loads(text).get("turn", 0) or 0)
+        turn = json.loads(text).get("turn")
+        if isinstance(turn, int) and not isinstance(turn, bool) and 0 <= turn <= np.iinfo(np.int64).max:
+            turns[i] = turn
     return turns
 
 

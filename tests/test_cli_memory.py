@@ -76,6 +76,12 @@ def test_memory_add_is_durable_and_recallable(tmp_path):
             mem.add([])
     with Memory(tmp_path / "store") as again:  # a new process view of the same store
         assert again.recall("uvicorn keep-alive", user="dana").items[0].id == "m001"
+        # The same record again is no news (it counted as updated, and published a new
+        # generation, for its source: the inbox file's name, new at each call).
+        generation = again.stats()["generation"]
+        report = again.add([memory(1, "We pinned uvicorn to 0.30 after the keep-alive bug.")])
+        assert (report.unchanged, report.updated, report.published) == (1, 0, False)
+        assert again.stats()["generation"] == generation
 
 
 def test_recall_records_access_off_the_hot_path(tmp_path):

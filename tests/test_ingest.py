@@ -70,6 +70,64 @@ def test_ingest_never_moves_a_memory_to_another_user(tmp_path):
     assert (gen.memories.column("user")[row].as_py(), gen.memories.column("text")[row].as_py()) == ("alice", FACTS[0])
 
 
+def test_an_edited_memory_keeps_the_accesses_its_previous_version_had(tmp_path):
+    """A new text for m001 (an edit, or a PATCH, whose record the server reads from the
+    database) brings access_count 0: the hits folded into the previous generation were
+    lost with the old row."""
+    store = tmp_path / "store"
+    first = memory(1, FACTS[0], access_count=7, last_accessed_at="2025-04-01T12:00:00Z")
+    ingest([write_jsonl(tmp_path / "a.jsonl", [first, memory(2, FACTS[1])])], store, runner="local")
+    report = ingest([write_jsonl(tmp_path / "b.jsonl", [memory(1, FACTS[2])])], store, runner="local")
+    assert report.updated == 1
+    gen = Generation.open_current(store)
+    row = gen.memories.take([gen.columns.id_to_row["m001"]]).to_pylist()[0]
+    assert row["text"] == FACTS[2] and row["access_count"] == 7
+    assert row["last_accessed_at"].isoformat().startswith("2025-04-01T12:00:00")
+
+
+def test_a_turn_that_is_not_a_whole_number_is_quarantined_not_fatal(tmp_path):
+    """``metadata.turn`` orders a session. "first", [1], 3e30, -1 or true passed
+    validation, then failed the whole ingest after its embedding (and, written through
+    the server, every later compaction): now quarantined with what is allowed."""
+    bad = ["first", [1], 3e30, -1, True]
+    rows = [memory(0, FACTS[0], metadata={"turn": 2})] + [
+        memory(i + 1, FACTS[i + 1], metadata={"turn": turn}) for i, turn in enumerate(bad)]
+    report = ingest([write_jsonl(tmp_path / "t.jsonl", rows)], tmp_path / "store", runner="local")
+    assert report.accepted == 1 and report.quarantine_reasons == {"wrong_type": len(bad)}
+    with StoreDB(tmp_path / "store") as db:
+        assert all("metadata.turn must be a whole number" in r["reason"] for r in db.quarantine())
+
+
+def test_turns_already_stored_that_are_not_whole_numbers_read_as_zero():
+    """Rows written before that check (in a generation, in the server's log) must not
+    fail the compaction that reads them again."""
+    import pyarrow as pa
+
+    from pipelines.ingest import _turns
+
+    texts = ['{"turn": "x"}', '{"turn": 3}', None, '{"a": 1}', '{"turn": -2}', '{"turn": 1e40}', '{"turn": true}',
+             '{"turn": 12345}']
+    assert _turns(pa.chunked_array([pa.array(texts, pa.string())])).tolist() == [0, 3, 0, 0, 0, 0, 0, 12345]
+
+
+def test_a_memory_once_dropped_as_a_duplicate_stays_deleted_when_deleted(tmp_path):
+    """m001 is dropped as a near-duplicate of m002, written again with another text (live
+    again), then deleted: the database said deleted, but compaction counted an id ever
+    dropped as a duplicate as "not deleted" and carried m001 into every later generation."""
+    store = tmp_path / "store"
+    near = [memory(1, "We decided to use NATS over Kafka because it is simpler to operate.",
+                   created_at="2025-03-01T00:00:00Z"),
+            memory(2, "We decided to use NATS over Kafka because it is simpler to run.", created_at="2025-03-02T00:00:00Z")]
+    assert ingest([write_jsonl(tmp_path / "a.jsonl", near)], store, runner="local").duplicates == 1
+    ingest([write_jsonl(tmp_path / "b.jsonl", [memory(1, FACTS[4])])], store, runner="local")
+    assert "m001" in Generation.open_current(store).memories.column("id").to_pylist()
+    with StoreDB(store) as db:
+        db.delete(["m001"])  # what DELETE /v1/memories/m001 writes
+    ingest([write_jsonl(tmp_path / "c.jsonl", [memory(3, FACTS[5])])], store, runner="local")
+    ids = Generation.open_current(store).memories.column("id").to_pylist()
+    assert "m003" in ids and "m002" in ids and "m001" not in ids
+
+
 def test_reingesting_bad_rows_does_not_duplicate_quarantine(tmp_path):
     bad = SAMPLE / "bad_records.jsonl"
     good = write_jsonl(tmp_path / "good.jsonl", [memory(0, FACTS[0])])

@@ -1901,6 +1901,9 @@ def test_malformed_writes_and_keys_get_4xx_sentences(served, alice):
         (alice.patch("/v1/memories/alice-01", json={"colour": "red"}), 422, "unknown field 'colour'"),
         (alice.patch("/v1/memories/alice-01", json={}), 422, "at least one field"),
         (alice.patch("/v1/memories/alice-01", json={"pinned": "yes"}), 422, "Got pinned='yes'"),
+        # A turn that orders nothing failed every compaction after it.
+        (alice.post("/v1/memories", json={"text": "x", "metadata": {"turn": "first"}}), 422,
+         "metadata.turn must be a whole number"),
         (alice.delete("/v1/memories/no-such-id"), 404, "no such memory"),
         (httpx.post(url + "/v1/recall", json={"query": "x", "budget_tokens": 10}), 401, "No API key"),
         (httpx.post(url + "/v1/recall", json={"query": "x", "budget_tokens": 10},

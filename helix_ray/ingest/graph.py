@@ -17,7 +17,7 @@ semantic   memory ↔ its k nearest memories with cosine ≥ threshold   cosine
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -34,7 +34,7 @@ def build_graph(
     *,
     users: Sequence[str],
     sessions: Sequence[str | None],
-    order_keys: Sequence[int],
+    order_keys: Sequence[Any],
     entity_lists: Sequence[Sequence[str]] | pa.Array | pa.ChunkedArray,
     knn: dict[str, tuple[np.ndarray, np.ndarray]] | None,
     partitions: dict[str, tuple[int, int]],
@@ -42,7 +42,8 @@ def build_graph(
 ) -> tuple[CSRGraph, pa.Table]:
     """Build the graph.
 
-    ``order_keys`` orders memories within a session (created_at, then input order);
+    ``order_keys`` orders memories within a session (any comparable per row: ingest
+    gives (created_at, metadata turn); ties keep row order);
     ``knn[user] = (neighbour_rows, similarities)``, each (n_user, k) with -1 padding,
     rows relative to nothing (global row ids).
     """

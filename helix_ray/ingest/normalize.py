@@ -108,6 +108,10 @@ def derive_confidence(source: str, metadata: dict[str, Any]) -> float:
     return 0.60
 
 
+#: The largest ``metadata.turn`` (a position in a session) a record may give.
+MAX_TURN = 2**31 - 1
+
+
 class Rejected(Exception):
     """A record that cannot be ingested. The quarantine reason reads
     ``"<code>: <sentence>"``; the code (``missing_text``, ``empty_text``, ``wrong_type``,
@@ -270,6 +274,10 @@ def normalise_one(raw: dict[str, Any], config: ValidationConfig, *, default_time
         raise Rejected("wrong_type", f"metadata must be a JSON object, got {type(metadata).__name__}")
     if _depth(metadata) > MAX_METADATA_DEPTH:
         raise Rejected("too_deep", f"metadata nests more than {MAX_METADATA_DEPTH} levels deep; flatten it")
+    turn = metadata.get("turn")
+    if turn is not None and (isinstance(turn, bool) or not isinstance(turn, int) or not 0 <= turn <= MAX_TURN):
+        raise Rejected("wrong_type", f"metadata.turn must be a whole number from 0 to {MAX_TURN} (the memory's "
+                                     f"position in its session, which orders the session), got {turn!r}")
     extra = {k: v for k, v in raw.items() if k not in _KNOWN_KEYS and k not in _INTERNAL_KEYS}
     if extra:  # keys the schema does not name are kept, not dropped
         metadata = {**extra, **metadata}

@@ -219,6 +219,12 @@ class StoreDB:
         ).fetchall()
         return {i: (h, d) for i, h, d in rows}
 
+    def deleted_ids(self) -> set[str]:
+        """Every memory marked deleted — also one dropped as a duplicate once, then written
+        again and deleted (:meth:`known_hashes` counts a dropped one as not deleted, and
+        compaction used to carry such a deleted memory into every later generation)."""
+        return {row[0] for row in self.con.execute("SELECT id FROM memories WHERE deleted").fetchall()}
+
     def access_summary(self, after: int = 0) -> tuple[dict[str, tuple[dt.datetime, int]], int]:
         """Per memory id, its latest access and how many there were, over the access-log
         rows from position ``after`` on (those a previous generation has not folded
