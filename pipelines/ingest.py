@@ -308,6 +308,13 @@ def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
         all_ids = old_rows.column("id").to_pylist() + [r["id"] for r in fresh]
         old_sigs = previous.minhash[old_index] if previous is not None and len(old_index) else np.zeros(
             (0, config.dedup.num_perm), np.uint32)
+        if old_sigs.shape[1:] != (config.dedup.num_perm,):  # dedup.num_perm changed since: sign the old rows again
+            from helix_ray.ingest.dedup import signatures
+
+            log.info("dedup.num_perm is %d, the previous generation's signatures have %d: signing its %d "
+                     "memories again", config.dedup.num_perm, old_sigs.shape[1], n_old)
+            old_sigs = signatures(old_rows.column("text").to_pylist(), num_perm=config.dedup.num_perm,
+                                  shingle=config.dedup.shingle)
         sigs = np.concatenate([old_sigs, np.array([r["minhash"] for r in fresh], np.uint32).reshape(
             len(fresh), config.dedup.num_perm)])
         # Dedup reads the text and preference of the new rows and of the old rows that

@@ -128,6 +128,24 @@ def test_a_memory_once_dropped_as_a_duplicate_stays_deleted_when_deleted(tmp_pat
     assert "m003" in ids and "m002" in ids and "m001" not in ids
 
 
+def test_a_store_takes_a_new_dedup_num_perm(tmp_path):
+    """Changing ``dedup.num_perm`` made every later ingest into the store fail (the old
+    rows' signatures and the new ones could not be stacked): the old rows are signed again,
+    and a near-duplicate of an old memory is still found."""
+    from helix_ray.config import load_config
+
+    store = tmp_path / "store"
+    first = memory(1, "We decided to use NATS over Kafka because it is simpler to operate.",
+                   created_at="2025-03-01T00:00:00Z")
+    ingest([write_jsonl(tmp_path / "a.jsonl", [first, memory(2, FACTS[1])])], store, runner="local")
+    wider = load_config(IngestConfig, overrides={"dedup": {"num_perm": 128}})
+    near = memory(3, "We decided to use NATS over Kafka because it is simpler to run.", created_at="2025-03-02T00:00:00Z")
+    report = ingest([write_jsonl(tmp_path / "b.jsonl", [near])], store, config=wider, runner="local")
+    assert report.published and report.duplicates == 1
+    gen = Generation.open_current(store)
+    assert gen.minhash.shape == (2, 128) and sorted(gen.memories.column("id").to_pylist()) == ["m002", "m003"]
+
+
 def test_reingesting_bad_rows_does_not_duplicate_quarantine(tmp_path):
     bad = SAMPLE / "bad_records.jsonl"
     good = write_jsonl(tmp_path / "good.jsonl", [memory(0, FACTS[0])])
