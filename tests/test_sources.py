@@ -60,7 +60,18 @@ def test_a_markdown_folder_names_the_data_files_it_does_not_read(tmp_path):
     assert report.quarantined == 1 and report.quarantine_reasons == {"not_read": 1}
     (row,) = [r for r in read_source(folder) if "_reject" in r]
     assert row["_source"] == str(folder / "deep" / "more.jsonl")
-    assert "reads only its Markdown (.md) files" in row["_reject"] and "pass it as a source of its own" in row["_reject"]
+    assert "reads only its Markdown (.md, .markdown) files" in row["_reject"]
+    assert "pass it as a source of its own" in row["_reject"]
+
+
+def test_a_folder_reads_markdown_whatever_the_suffix_case(tmp_path):
+    """README.MD and notes.markdown were passed over in silence (``rglob("*.md")``)."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "README.MD").write_text("# Readme\n## Setup\nRun make setup.\n", encoding="utf-8")
+    (folder / "notes.markdown").write_text("# Notes\n## Queue\nWe use NATS.\n", encoding="utf-8")
+    assert detect_format(folder) == "markdown"
+    assert sorted(r["id"] for r in read_source(folder)) == ["md:README.MD#setup", "md:notes.markdown#queue"]
 
 
 def test_markdown_sections_keep_distinct_ids(tmp_path):
@@ -138,6 +149,29 @@ def test_locomo_fixture_keeps_dia_ids_users_and_session_dates():
     assert first["type"] == "episodic" and first["metadata"]["dia_id"] == "D1:1"
     captioned = [r for r in rows if "[image:" in r["text"]]
     assert captioned, "blip captions are kept in the text"
+
+
+def test_a_malformed_locomo_conversation_is_quarantined_and_the_rest_read(tmp_path):
+    """A conversation without its sample_id, a session with an unreadable date and a turn
+    without its dia_id each become one quarantined record saying what is missing; the
+    file's other turns are read (a missing key used to abort the whole ingest)."""
+    data = json.loads(MINI_LOCOMO.read_text())
+    good = data[0]
+    conv = dict(good["conversation"])
+    conv["session_1_date_time"] = "yesterday"
+    broken_turns = [dict(t) for t in good["conversation"]["session_2"]]
+    del broken_turns[0]["dia_id"]
+    conv["session_2"] = broken_turns
+    source = tmp_path / "locomo.json"
+    source.write_text(json.dumps([{"conversation": good["conversation"]}, {**good, "conversation": conv}]))
+    rows = list(read_source(source, "locomo"))
+    bad = [r for r in rows if "_reject" in r]
+    assert [r["_position"] for r in bad] == ["conversation 0", f"{good['sample_id']} session_1",
+                                             f"{good['sample_id']} session_2 turn 0"]
+    assert "sample_id" in bad[0]["_reject"] and "yesterday" in bad[1]["_reject"] and "dia_id" in bad[2]["_reject"]
+    read = [r for r in rows if "_reject" not in r]
+    assert len(read) == len(broken_turns) - 1 + sum(len(conv[k]) for k in conv if k.startswith("session_")
+                                                    and k[8:].isdigit() and k not in ("session_1", "session_2"))
 
 
 def test_locomo_date_parser():

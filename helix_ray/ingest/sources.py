@@ -31,20 +31,21 @@ from helix_ray.errors import InvalidArgument
 FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo")
 #: Files that hold memories in a format other than Markdown.
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
+MARKDOWN_SUFFIXES = (".md", ".markdown")
 RawRecord = dict[str, Any]
 
 
 def detect_format(path: Path) -> str:
     """Guess a source's format from its name and, for JSON, its first record."""
     if path.is_dir():
-        if any(path.rglob("*.md")):
+        if any(_markdown_files(path)):
             return "markdown"
         raise InvalidArgument(
-            "source", str(path), "a folder source must hold Markdown (.md) files",
+            "source", str(path), "a folder source must hold Markdown (.md or .markdown) files",
             "Pass the files themselves for JSONL or Parquet.",
         )
     suffix = path.suffix.lower()
-    if suffix in (".md", ".markdown"):
+    if suffix in MARKDOWN_SUFFIXES:
         return "markdown"
     if suffix == ".parquet":
         return "parquet"
@@ -144,13 +145,19 @@ _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n", re.S)
 _SECTION = re.compile(r"^##\s+(.+?)\s*$", re.M)
 
 
+def _markdown_files(folder: Path) -> Iterator[Path]:
+    """A folder's Markdown files, whatever the case of their suffix (``README.MD``,
+    ``notes.markdown``: ``rglob("*.md")`` passed over them without a word)."""
+    return (f for f in folder.rglob("*") if f.suffix.lower() in MARKDOWN_SUFFIXES and f.is_file())
+
+
 def read_markdown(path: Path) -> Iterator[RawRecord]:
     """Each ``##`` section of each file is one memory; text before the first ``##``
     (below a ``#`` title) is one memory too when it has content."""
-    files = sorted(path.rglob("*.md")) if path.is_dir() else [path]
+    files = sorted(_markdown_files(path)) if path.is_dir() else [path]
     if path.is_dir():  # memories a folder holds but a folder source does not read: said, not dropped
         for other in sorted(f for f in path.rglob("*") if f.suffix.lower() in DATA_SUFFIXES and f.is_file()):
-            yield _bad(other, "file", "not_read", f"a folder source reads only its Markdown (.md) files, not this "
+            yield _bad(other, "file", "not_read", f"a folder source reads only its Markdown (.md, .markdown) files, not this "
                        f"{other.suffix} file: pass it as a source of its own (helix ingest {other} ...)", "")
     for file in files:
         raw = file.read_bytes()
@@ -264,14 +271,32 @@ def read_locomo(path: Path) -> Iterator[RawRecord]:
     data = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(data, list):
         raise InvalidArgument("source", str(path), "a LoCoMo file is a JSON list of conversations")
-    for sample in data:
-        user = sample["sample_id"]
-        conv = sample["conversation"]
+    # A malformed conversation, session or turn is quarantined as one record with what it
+    # lacks; the rest of the file is read (a missing key used to abort the whole ingest).
+    for i, sample in enumerate(data):
+        conv = sample.get("conversation") if isinstance(sample, dict) else None
+        user = sample.get("sample_id") if isinstance(sample, dict) else None
+        if not isinstance(user, str) or not user or not isinstance(conv, dict):
+            yield _bad(path, f"conversation {i}", "wrong_type", "a LoCoMo conversation is an object with a "
+                       "'sample_id' (text) and a 'conversation' object (session_1, session_1_date_time, ...)",
+                       sample)
+            continue
         n = 1
         while f"session_{n}" in conv:
-            date = parse_locomo_date(conv[f"session_{n}_date_time"])
+            session, when = conv[f"session_{n}"], conv.get(f"session_{n}_date_time")
+            try:
+                date = parse_locomo_date(str(when))
+            except ValueError:
+                yield _bad(path, f"{user} session_{n}", "bad_time", f"session_{n}_date_time={when!r} is not a "
+                           "LoCoMo date like '1:56 pm on 8 May, 2023'", session)
+                n += 1
+                continue
             session_id = f"{user}:session_{n}"
-            for turn_no, turn in enumerate(conv[f"session_{n}"]):
+            for turn_no, turn in enumerate(session if isinstance(session, list) else [session]):
+                if not isinstance(turn, dict) or not turn.get("dia_id") or not turn.get("speaker"):
+                    yield _bad(path, f"{user} session_{n} turn {turn_no}", "wrong_type", "a LoCoMo turn is an "
+                               "object with 'dia_id', 'speaker' and 'text'", turn)
+                    continue
                 text = f"{turn['speaker']}: {turn.get('text', '')}"
                 if turn.get("blip_caption"):
                     text += f" [image: {turn['blip_caption']}]"
