@@ -26,6 +26,8 @@ def ensure_ray(*, num_cpus: int | None = None, quiet: bool = True, loopback: boo
 
     if ray.is_initialized():
         return "existing"
+    if not sys.stdout.isatty():  # Ray colours its workers' log prefixes: escape codes in a file
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     address = os.environ.get("RAY_ADDRESS")
     kwargs: dict[str, Any] = dict(
         ignore_reinit_error=True,
@@ -124,6 +126,12 @@ def spare_ports_range(ip_local_port_range: str) -> range | None:
         if len(candidates) >= 1000:
             return candidates
     return None
+
+
+def reserve_port(port: int) -> None:
+    """Keep :func:`spare_port` from handing out ``port`` in this process (a port chosen
+    elsewhere, free until its listener starts)."""
+    _SPARE_PORTS.add(int(port))
 
 
 def spare_port(host: str = "0.0.0.0", attempts: int = 200) -> int:

@@ -212,6 +212,22 @@ def test_spare_ports_avoid_rays_worker_ports_and_the_ephemeral_range_and_never_r
     assert len(set(drawn)) == len(drawn)
 
 
+def test_a_reserved_port_is_never_drawn(monkeypatch):
+    """`helix serve --port P --ha-proxy` draws HAProxy's own ports while P is still free
+    (Serve binds it later): a draw of P made HAProxy fail to start ("cannot bind socket
+    ... Address already in use", seen once in CI). P is reserved first."""
+    from helix_ray import runtime
+
+    low = next(p for p in (spare_port() for _ in range(50)) if runtime.bind_error("0.0.0.0", p + 1) is None)
+    pair = range(low, low + 2)  # two free ports side by side
+    runtime._SPARE_PORTS.difference_update(pair)  # drawn for this test only: both drawable
+    monkeypatch.setattr(runtime, "spare_ports_range", lambda text: pair)
+    runtime.reserve_port(pair[0])
+    assert {spare_port() for _ in range(1)} == {pair[1]}
+    with pytest.raises(OSError, match="no free TCP port"):
+        spare_port()  # both taken now: never the reserved one
+
+
 def test_ha_proxy_refuses_a_cluster_it_does_not_start(tmp_path):
     """--ha-proxy sets Serve's switch for the Ray this command starts; joining another
     cluster it cannot, and says where to set it instead (before touching the store)."""
@@ -248,6 +264,9 @@ def test_the_demo_answers_through_the_server(tmp_path):
     assert "We chose NATS JetStream over Kafka" in answer and "HTTP round trip" in answer
     keys = KeyStore(store).records()
     assert keys and all(k.revoked for k in keys)  # the demo's key does not outlive it
+    # Ray's worker-log prefixes (its "(raylet)" line at the end) came with colour codes
+    # in a file or a pipe.
+    assert "\x1b[" not in run.stdout + run.stderr
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 300) -> bool:

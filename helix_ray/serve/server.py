@@ -211,12 +211,16 @@ def run(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: b
     ``on_ray`` is called once Ray is up, before Serve starts."""
     from ray import serve
 
+    from helix_ray.runtime import reserve_port
     from helix_ray.serve.app import ServeArgs, build_app
 
     # Checks the store before starting Ray (and with create=True starts a new one).
     app = build_app(ServeArgs(store=str(store), auth=auth, **args))
     if starts_own_ray():
         check_port_free(host, port)  # a Ray of our own: its Serve must not share a port
+        # HAProxy's own ports are drawn next (own_haproxy): never this one, which is
+        # free until Serve binds it (a draw of it failed HAProxy's start: "cannot bind").
+        reserve_port(port)
     how = start_ray(quiet=quiet)
     if on_ray is not None:
         on_ray()
