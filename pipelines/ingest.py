@@ -243,10 +243,18 @@ def _stages(items, store: Path, db: StoreDB, config: IngestConfig, runner: str, 
     # An id given twice in the input: the later record wins, the earlier is quarantined
     # whole. An id that is another user's memory: quarantined (ingest never moves a
     # memory between tenants; the server's writes refuse it the same way).
+    # The same id for two users in one ingest: the first keeps it, as the store's
+    # memories keep theirs (the later one replaced the first user's record before).
     latest: dict[str, dict[str, Any]] = {}
     for row in incoming:
-        if row["id"] in latest:
-            quarantined.append(_held_back(latest[row["id"]], "duplicate_id", "the same id is given again later in "
+        earlier = latest.get(row["id"])
+        if earlier is not None and earlier["user"] != row["user"]:
+            quarantined.append(_held_back(row, "id_conflict", f"id {row['id']!r} is given earlier in this ingest "
+                                          f"to a memory of user {earlier['user']!r}, not {row['user']!r}; give this "
+                                          "record another id (or none: one is derived)"))
+            continue
+        if earlier is not None:
+            quarantined.append(_held_back(earlier, "duplicate_id", "the same id is given again later in "
                                           "this ingest; the later record is kept"))
         latest[row["id"]] = row
     for memory_id, owner in db.foreign_ids([(r["id"], r["user"]) for r in latest.values()]).items():

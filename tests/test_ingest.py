@@ -146,6 +146,21 @@ def test_a_store_takes_a_new_dedup_num_perm(tmp_path):
     assert gen.minhash.shape == (2, 128) and sorted(gen.memories.column("id").to_pylist()) == ["m002", "m003"]
 
 
+def test_one_id_for_two_users_in_one_ingest_stays_with_the_first(tmp_path):
+    """As across ingests (above): the first user's memory keeps the id, the other
+    user's record is quarantined as a conflict. It was a duplicate_id, and the later
+    user's record replaced the first user's."""
+    rows = [memory(0, FACTS[0], user="alice"), memory(0, FACTS[1], user="bob"), memory(1, FACTS[2], user="bob")]
+    report = ingest([write_jsonl(tmp_path / "a.jsonl", rows)], tmp_path / "store", runner="local")
+    assert report.quarantine_reasons == {"id_conflict": 1} and report.accepted == 2
+    with StoreDB(tmp_path / "store") as db:
+        (held,) = db.quarantine()
+    assert "user 'alice', not 'bob'" in held["reason"] and json.loads(held["raw"])["text"] == FACTS[1]
+    gen = Generation.open_current(tmp_path / "store")
+    row = gen.columns.id_to_row["m000"]
+    assert (gen.memories.column("user")[row].as_py(), gen.memories.column("text")[row].as_py()) == ("alice", FACTS[0])
+
+
 def test_reingesting_bad_rows_does_not_duplicate_quarantine(tmp_path):
     bad = SAMPLE / "bad_records.jsonl"
     good = write_jsonl(tmp_path / "good.jsonl", [memory(0, FACTS[0])])
