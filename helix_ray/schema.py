@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+import re
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -57,6 +58,10 @@ QUARANTINE_SCHEMA = pa.schema(
         pa.field("raw", pa.string()),  # the record as received, JSON or repr
     ]
 )
+
+
+#: The shape of the ids :func:`content_hash` derives (its first 20 hex digits).
+DERIVED_ID = re.compile(r"[0-9a-f]{20}")
 
 
 def content_hash(text: str, user: str) -> str:

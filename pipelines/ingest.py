@@ -481,20 +481,27 @@ RETAG_FIELDS = ("type", "project", "session_id", "salience", "confidence", "pinn
 def _retagged(previous: Generation | None, rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """id → new field values, for rows whose text the previous generation holds with
     other values in :data:`RETAG_FIELDS`."""
-    if previous is None or not rows:
-        return {}
-    table = previous.memories
-    where = pc.index_in(pa.array([r["id"] for r in rows], pa.string()), value_set=table.column("id")).to_pylist()
-    found = [(row, i) for row, i in zip(rows, where) if i is not None]
-    if not found:
-        return {}
-    held = table.take(pa.array([i for _, i in found])).select(list(RETAG_FIELDS)).to_pylist()
     out = {}
-    for (row, _), old in zip(found, held):
+    for row, old in _previous_values(previous, rows, RETAG_FIELDS):
         new = {k: row.get(k) for k in RETAG_FIELDS}
         if any(not _same_value(k, old[k], new[k]) for k in RETAG_FIELDS):
             out[row["id"]] = new
     return out
+
+
+def _previous_values(previous: Generation | None, rows: list[dict[str, Any]],
+                     columns: Sequence[str]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(row, its ``columns`` in the previous generation) for each of ``rows`` whose id
+    the previous generation holds."""
+    if previous is None or not rows:
+        return []
+    table = previous.memories
+    where = pc.index_in(pa.array([r["id"] for r in rows], pa.string()), value_set=table.column("id")).to_pylist()
+    found = [(row, i) for row, i in zip(rows, where) if i is not None]
+    if not found:
+        return []
+    held = table.take(pa.array([i for _, i in found], pa.int64())).select(list(columns)).to_pylist()
+    return [(row, old) for (row, _), old in zip(found, held)]
 
 
 def _same_value(key: str, old: Any, new: Any) -> bool:
@@ -586,16 +593,8 @@ def _keep_folded_accesses(rows: list[dict[str, Any]], previous: Generation | Non
     ``access_count`` and ``last_accessed_at`` are at least the previous generation's (an
     edited record brings 0 and none, and a PATCH's record is read from the database,
     which never holds the folded hits)."""
-    if previous is None or not replaced:
-        return
     mine = [r for r in rows if r["id"] in replaced]
-    table = previous.memories
-    where = pc.index_in(pa.array([r["id"] for r in mine], pa.string()), value_set=table.column("id")).to_pylist()
-    found = [(row, i) for row, i in zip(mine, where) if i is not None]
-    if not found:
-        return
-    held = table.take(pa.array([i for _, i in found], pa.int64())).select(["access_count", "last_accessed_at"])
-    for (row, _), old in zip(found, held.to_pylist()):
+    for row, old in _previous_values(previous, mine, ("access_count", "last_accessed_at")):
         row["access_count"] = max(int(row.get("access_count") or 0), int(old["access_count"] or 0))
         if old["last_accessed_at"] is not None and (row.get("last_accessed_at") is None
                                                     or old["last_accessed_at"] > row["last_accessed_at"]):

@@ -24,7 +24,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from helix_ray.errors import InvalidArgument
 
@@ -38,7 +38,7 @@ RawRecord = dict[str, Any]
 def detect_format(path: Path) -> str:
     """Guess a source's format from its name and, for JSON, its first record."""
     if path.is_dir():
-        if any(_markdown_files(path)):
+        if any(_files(path, MARKDOWN_SUFFIXES)):
             return "markdown"
         raise InvalidArgument(
             "source", str(path), "a folder source must hold Markdown (.md or .markdown) files",
@@ -145,18 +145,18 @@ _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n", re.S)
 _SECTION = re.compile(r"^##\s+(.+?)\s*$", re.M)
 
 
-def _markdown_files(folder: Path) -> Iterator[Path]:
-    """A folder's Markdown files, whatever the case of their suffix (``README.MD``,
+def _files(folder: Path, suffixes: Sequence[str]) -> Iterator[Path]:
+    """A folder's files with one of ``suffixes``, whatever their case (``README.MD``,
     ``notes.markdown``: ``rglob("*.md")`` passed over them without a word)."""
-    return (f for f in folder.rglob("*") if f.suffix.lower() in MARKDOWN_SUFFIXES and f.is_file())
+    return (f for f in folder.rglob("*") if f.suffix.lower() in suffixes and f.is_file())
 
 
 def read_markdown(path: Path) -> Iterator[RawRecord]:
     """Each ``##`` section of each file is one memory; text before the first ``##``
     (below a ``#`` title) is one memory too when it has content."""
-    files = sorted(_markdown_files(path)) if path.is_dir() else [path]
+    files = sorted(_files(path, MARKDOWN_SUFFIXES)) if path.is_dir() else [path]
     if path.is_dir():  # memories a folder holds but a folder source does not read: said, not dropped
-        for other in sorted(f for f in path.rglob("*") if f.suffix.lower() in DATA_SUFFIXES and f.is_file()):
+        for other in sorted(_files(path, DATA_SUFFIXES)):
             yield _bad(other, "file", "not_read", f"a folder source reads only its Markdown (.md, .markdown) files, not this "
                        f"{other.suffix} file: pass it as a source of its own (helix ingest {other} ...)", "")
     for file in files:

@@ -28,7 +28,6 @@ import datetime as dt
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import time
@@ -42,7 +41,7 @@ import pyarrow.compute as pc
 
 from helix_ray.config import IngestConfig, deep_merge
 from helix_ray.errors import InvalidArgument, StoreError
-from helix_ray.schema import MEMORY_SCHEMA, content_hash
+from helix_ray.schema import DERIVED_ID, MEMORY_SCHEMA, content_hash
 from helix_ray.serve.delta import (
     MERGE_SMALL_AT,
     NOT_FOLDED,
@@ -189,10 +188,6 @@ def _micros(value: dt.datetime) -> int:
     return int(value.timestamp() * 1_000_000)
 
 
-#: The shape of the ids Helix derives from user and text (:func:`content_hash`).
-DERIVED_ID = re.compile(r"[0-9a-f]{20}")
-
-
 def _not_another_memorys_derived_id(raw: dict[str, Any], row: dict[str, Any], where: str) -> None:
     """An id given in the derived ids' shape must be this memory's own (its user and
     text). Ids are one space across users: otherwise a user could write under the id
@@ -205,6 +200,7 @@ def _not_another_memorys_derived_id(raw: dict[str, Any], row: dict[str, Any], wh
                               "memory's user and text, and this is not that memory's",
                               "Leave id out (it is derived), give an id of another shape, or change an existing "
                               "memory's text with PATCH /v1/memories/{id}.")
+
 
 class WriterCore:
     """Owns the store's DuckDB file, the inbox and the delta segment."""
