@@ -336,6 +336,10 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
             # default, 30 s, made every Ctrl-C wait ~32 s).
             seen["drain"] = {_environ(pid).get("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S")
                              for pid in _descendants(procs[0].pid) if "ServeController" in _cmdline(pid)}
+            # Replicas run their handlers on their own event loop (docs/serve.md, "User
+            # code on the replica's loop").
+            seen["user_code_thread"] = {_environ(pid).get("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD")
+                                        for pid in _descendants(procs[0].pid) if "ServeReplica" in _cmdline(pid)}
     finally:
         outs = [_terminate(proc) for proc in procs]
     out = outs[0]
@@ -357,6 +361,7 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     assert len(seen["folders"]) == 2 and set(seen["folders"].values()) == {"0o700"}, seen["folders"]
     assert not any(Path(folder).exists() for folder in seen["folders"])  # removed when it stopped
     assert seen["drain"] == {"2.0"}, seen["drain"]
+    assert seen["user_code_thread"] == {"0"}, seen["user_code_thread"]
     assert [proc.returncode for proc in procs] == [0, 0], out
     assert "stopping Helix" in out
 
