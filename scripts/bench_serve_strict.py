@@ -51,6 +51,7 @@ def child(store: Path, count: int, warmup: int, seed: int) -> int:
     bs.in_process(store, queries[:warmup], 0, recaller)
     print(REPLY + "{}", file=reply, flush=True)
     for _ in sys.stdin:
+        bs.in_process(store, queries[:warmup], 0, recaller)  # warmed up again: its caches aged while Ray ran
         print(REPLY + json.dumps(bs.in_process(store, queries[warmup:], 0, recaller)), file=reply, flush=True)
     return 0
 
@@ -78,6 +79,7 @@ def http_block(store: Path, bodies: list[tuple[dict, dict]], args: argparse.Name
 
     port = spare_port()
 
+    out: dict[str, Any] = {}
     clock = time.perf_counter()
     environ = dict(os.environ)  # start_ray draws HAProxy's ports into it: new ones each round
     start_ray(num_cpus=2)
@@ -94,12 +96,14 @@ def http_block(store: Path, bodies: list[tuple[dict, dict]], args: argparse.Name
             asyncio.run(bs.http_phase(url, bodies * 100, 1, args.settle_s))
         out = asyncio.run(bs.http_phase(url, bodies[args.warmup:], 1, 120.0))
         out["ray_up_s"] = round(up, 1)
-        return out
     finally:
         serve.shutdown()
         ray.shutdown()
         os.environ.clear()
         os.environ.update(environ)
+    if out["errors"] or out["n"] < len(bodies) - args.warmup:
+        raise SystemExit(f"the HTTP block did not answer every request: {out}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         return child(Path(args.store), args.requests, args.warmup, args.seed)
 
     from helix_ray.serve.keys import KeyStore
+    from helix_ray.serve.server import starts_own_ray
+
+    if not starts_own_ray():  # a cluster it joined would lose its Serve applications at each round's end
+        raise SystemExit("RAY_ADDRESS is set: this benchmark starts and shuts down a Ray of its own for each "
+                         "HTTP block, on a host with no other Ray running. Unset RAY_ADDRESS.")
 
     work = Path(tempfile.mkdtemp(prefix="helix-bench-strict-"))
     store = bs.linked_copy(Path(args.store), work / "store")

@@ -302,7 +302,9 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     helix("ingest", str(source), "--store", str(store), "--runner", "local", "--no-progress")
     key = helix("keys", "create", "--store", str(store), "--user", "alice").stdout.split()[-1]
     ports = [spare_port(), spare_port()]  # bound after Ray starts: not in the ephemeral range
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    # What helix serve sets for its own Ray, and an explicit setting would override.
+    chosen = ("RAY_ADDRESS", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD")
+    env = {k: v for k, v in os.environ.items() if k not in chosen}
     procs = [subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(folder),
                                "--port", str(port), "--ha-proxy"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)

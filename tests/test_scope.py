@@ -14,7 +14,7 @@ from helix_ray.config import RetrievalConfig, RouterConfig, load_config
 from helix_ray.errors import InvalidArgument
 from helix_ray.recall import scope
 from helix_ray.schema import GENERATION_SCHEMA, MEMORY_TYPES
-from helix_ray.store.generation import MemoryColumns
+from helix_ray.store.generation import ScopeColumns
 from tests.conftest import TENANT_PROJECTS, TENANT_START, TENANT_TOPICS, TENANT_USERS
 
 UTC = dt.timezone.utc
@@ -95,11 +95,11 @@ def test_good_scope_normalises_times_and_types():
 # --------------------------------------------------------------------------- build_mask
 
 
-def columns_of(rows: list[dict]) -> MemoryColumns:
+def columns_of(rows: list[dict]) -> ScopeColumns:
     defaults = dict(session_id=None, last_accessed_at=None, access_count=0, salience=0.5, confidence=0.6,
                     pinned=False, source="api", metadata="{}", content_hash="h", n_tokens=3)
     table = pa.Table.from_pylist([{**defaults, **r} for r in rows], schema=GENERATION_SCHEMA)
-    return MemoryColumns.from_table(table)
+    return ScopeColumns.from_table(table)
 
 
 MASK_ROWS = [
@@ -142,6 +142,29 @@ def test_build_mask_hand_computed(filters, expected):
         assert mask is None
     else:
         assert mask.dtype == bool and mask.tolist() == expected
+
+
+def test_build_mask_codes_hold_across_chunks_and_for_values_nobody_has():
+    """The filters compare per-row codes (ScopeColumns.types / projects): a
+    generation read from several record batches has a dictionary per chunk, and the codes
+    must still name one value each; a project or type no row holds matches nothing, and
+    a row without a project matches no project."""
+    halves = [MASK_ROWS[:3], MASK_ROWS[3:] + [dict(id="e", text="e", type="semantic", user="alice", project="zephyr",
+                                                    created_at=dt.datetime(2025, 5, 1, tzinfo=UTC))]]
+    defaults = dict(session_id=None, last_accessed_at=None, access_count=0, salience=0.5, confidence=0.6,
+                    pinned=False, source="api", metadata="{}", content_hash="h", n_tokens=3)
+    table = pa.concat_tables([pa.Table.from_pylist([{**defaults, **r} for r in half], schema=GENERATION_SCHEMA)
+                              for half in halves])
+    assert table.column("project").num_chunks == 2
+    cols = ScopeColumns.from_table(table)
+    for filters in ({"project": "atlas"}, {"project": "zephyr"}, {"project": "nowhere"},
+                    {"types": ["code", "semantic"]}, {"types": ["procedural"]}, {"types": ["episodic"], "project": "atlas"}):
+        mask = scope.build_mask(cols, 1, 6, scope.make_scope(**{**OK, **filters}))
+        rows = [r for r in MASK_ROWS[1:]] + halves[1][-1:]
+        expected = [("project" not in filters or r["project"] == filters["project"])
+                    and ("types" not in filters or r["type"] in filters["types"]) for r in rows]
+        assert mask.tolist() == expected, filters
+    assert scope.build_mask(cols, 1, 6, scope.make_scope(**{**OK, "project": "nowhere"})).sum() == 0
 
 
 # --------------------------------------------------------------------------- router

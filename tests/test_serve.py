@@ -1724,6 +1724,34 @@ def test_batch_write_and_patch(alice):
 
 
 @ray_test
+def test_a_batch_over_a_megabyte_is_written_and_checked_off_the_loop(alice):
+    """A write body over PARSE_ON_LOOP_BYTES is parsed and validated in a thread (the
+    replica's loop serves everything else): the same 201, the same 422 with the bad
+    record's place."""
+    import random
+
+    from helix_ray.serve.app import PARSE_ON_LOOP_BYTES
+
+    rng = random.Random(7)
+    words = [f"{rng.choice('bdfgklmnprstvz')}{rng.choice('aeiou')}{rng.choice('bdfgklmnprstvz')}{rng.choice('aeiou')}"
+             f"{rng.choice('bdfgklmnprstvz')}" for _ in range(5000)]
+    batch = [{"id": f"alice-big-{i:02d}", "text": f"Runbook {i} names the beacon-{i}-marker. "
+              + " ".join(rng.choice(words) for _ in range(2800))} for i in range(64)]
+    body = json.dumps(batch).encode()
+    assert len(body) > PARSE_ON_LOOP_BYTES
+    written = alice.post("/v1/memories", content=body, headers={"content-type": "application/json"})
+    assert written.status_code == 201, written.text[:500]
+    assert written.json()["ids"] == [r["id"] for r in batch]
+    assert "alice-big-41" in ids(recall(alice, "beacon-41-marker runbook"))
+    batch[40]["salience"] = "very"
+    refused = alice.post("/v1/memories", content=json.dumps(batch).encode(),
+                         headers={"content-type": "application/json"})
+    assert refused.status_code == 422, refused.text[:500]
+    assert "memories[40].salience='very'" in refused.json()["detail"], refused.text[:800]
+    assert [e["loc"] for e in refused.json()["errors"]] == [[40, "salience"]], refused.text[:800]
+
+
+@ray_test
 def test_deleted_memory_never_comes_back(alice, bob):
     doomed = {"id": "alice-doomed", "text": "The doomed memory mentions the zebra-quokka protocol."}
     assert alice.post("/v1/memories", json=doomed).status_code == 201

@@ -436,7 +436,7 @@ class Recaller:
 
     def _mask(self, plan: Plan) -> np.ndarray | None:
         start, end = self.generation.partitions[plan.user]
-        return scope.build_mask(self.columns, start, end, plan.scope)
+        return scope.build_mask(self.generation.scope_columns, start, end, plan.scope)
 
     # ------------------------------------------------------------------ stage 3
     def lexical_leg(self, plan: Plan) -> lexical.LexicalHits | None:

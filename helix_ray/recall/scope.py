@@ -17,13 +17,16 @@ import datetime as dt
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from helix_ray.config import RouterConfig
 from helix_ray.errors import InvalidArgument
 from helix_ray.schema import MEMORY_TYPES
+
+if TYPE_CHECKING:
+    from helix_ray.store.generation import ScopeColumns
 
 MAX_QUERY_CHARS = 8000
 #: More than any model's context window; a budget past it is a mistake (10**30 was echoed back).
@@ -124,8 +127,9 @@ def make_scope(
                  project_mode=project_mode)
 
 
-def build_mask(columns, start: int, end: int, scope: Scope) -> np.ndarray | None:
-    """Boolean mask over rows [start, end) for every filter but the tenant; None if none."""
+def build_mask(columns: ScopeColumns, start: int, end: int, scope: Scope) -> np.ndarray | None:
+    """Boolean mask over rows [start, end) for every filter but the tenant; None if none.
+    ``columns``: the generation's :attr:`~helix_ray.store.generation.Generation.scope_columns`."""
     mask = None
 
     def both(m: np.ndarray) -> None:
@@ -133,9 +137,9 @@ def build_mask(columns, start: int, end: int, scope: Scope) -> np.ndarray | None
         mask = m if mask is None else mask & m
 
     if scope.project is not None and scope.project_mode == "filter":
-        both(columns.projects[start:end] == scope.project)
+        both(columns.projects.isin(start, end, (scope.project,)))
     if scope.types is not None:
-        both(np.isin(columns.types[start:end], list(scope.types)))
+        both(columns.types.isin(start, end, scope.types))
     if scope.since is not None:
         both(columns.created_at[start:end] >= _micros(scope.since))
     if scope.until is not None:

@@ -42,8 +42,10 @@ def start_ray(*, num_cpus: int | None = None, quiet: bool = True) -> str:
         # mode sets this too). An inline recall holds the GIL for most of its ~6 ms and
         # the replica's HTTP loop wanted it back at every step: HTTP p50 8.6 → 7.7 ms,
         # the replica's CPU per request 8.5 → 7.7 ms (docs/serve.md, "User code on the
-        # replica's loop"). What blocks stays off the loop: generation loads run in an
-        # executor, the Writer's methods are sync (Serve runs those in a thread pool).
+        # replica's loop"). What takes long stays off the loop: a generation opens in an
+        # executor with everything a shell reads per request (the scope filters' columns
+        # too), a write body over 1 MB is parsed in a thread, and the Writer's methods are
+        # sync (Serve runs those in a thread pool).
         os.environ.setdefault("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD", "0")
         if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
             # In this mode Serve drains a stopping ingress replica for at least 30 s, for an

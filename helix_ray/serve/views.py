@@ -72,7 +72,7 @@ class GenerationView:
     def warm(self, role: str) -> None:
         """Touch what ``role`` reads on every request, so the first request does not pay."""
         gen = self.generation
-        _ = gen.memories, gen.vectors, gen.binary
+        _ = gen.memories, gen.vectors, gen.binary, gen.scope_columns  # the legs' and the ranker's filters
         if role in ("bm25", "all"):
             _ = gen.bm25
         if role in ("ranker", "all"):
@@ -115,7 +115,7 @@ class ShellRecaller(Recaller):
         start, end = self.generation.partitions[plan.user]
         mask = None
         if end > start and _has_filters(plan.scope):
-            mask = scope_mod.build_mask(self._base.columns, start, end, plan.scope)
+            mask = scope_mod.build_mask(self._base.generation.scope_columns, start, end, plan.scope)
         hidden = self.hidden_rows[(self.hidden_rows >= start) & (self.hidden_rows < end)]
         if len(hidden):
             mask = np.ones(end - start, dtype=bool) if mask is None else mask.copy()
