@@ -371,6 +371,8 @@ def write_records(body: bytes) -> tuple[list[dict[str, Any]], bool]:
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from None
     return [m.model_dump(exclude_none=True) for m in items], single
+
+
 _WRITE_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {"anyOf": [
     _MEMORY_SCHEMA,
     {"type": "object", "title": "MemoryBatch", "required": ["memories"], "additionalProperties": False,
