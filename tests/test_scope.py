@@ -96,11 +96,14 @@ def test_good_scope_normalises_times_and_types():
 # --------------------------------------------------------------------------- build_mask
 
 
-def columns_of(rows: list[dict]) -> ScopeColumns:
+def table_of(rows: list[dict]) -> pa.Table:
     defaults = dict(session_id=None, last_accessed_at=None, access_count=0, salience=0.5, confidence=0.6,
                     pinned=False, source="api", metadata="{}", content_hash="h", n_tokens=3)
-    table = pa.Table.from_pylist([{**defaults, **r} for r in rows], schema=GENERATION_SCHEMA)
-    return ScopeColumns.from_table(table)
+    return pa.Table.from_pylist([{**defaults, **r} for r in rows], schema=GENERATION_SCHEMA)
+
+
+def columns_of(rows: list[dict]) -> ScopeColumns:
+    return ScopeColumns.from_table(table_of(rows))
 
 
 MASK_ROWS = [
@@ -152,16 +155,13 @@ def test_build_mask_codes_hold_across_chunks_and_for_values_nobody_has():
     a row without a project matches no project."""
     halves = [MASK_ROWS[:3], MASK_ROWS[3:] + [dict(id="e", text="e", type="semantic", user="alice", project="zephyr",
                                                     created_at=dt.datetime(2025, 5, 1, tzinfo=UTC))]]
-    defaults = dict(session_id=None, last_accessed_at=None, access_count=0, salience=0.5, confidence=0.6,
-                    pinned=False, source="api", metadata="{}", content_hash="h", n_tokens=3)
-    table = pa.concat_tables([pa.Table.from_pylist([{**defaults, **r} for r in half], schema=GENERATION_SCHEMA)
-                              for half in halves])
+    table = pa.concat_tables([table_of(half) for half in halves])
     assert table.column("project").num_chunks == 2
     cols = ScopeColumns.from_table(table)
+    rows = MASK_ROWS[1:] + halves[1][-1:]  # rows 1-5: the range build_mask looks at
     for filters in ({"project": "atlas"}, {"project": "zephyr"}, {"project": "nowhere"},
                     {"types": ["code", "semantic"]}, {"types": ["procedural"]}, {"types": ["episodic"], "project": "atlas"}):
         mask = scope.build_mask(cols, 1, 6, scope.make_scope(**{**OK, **filters}))
-        rows = [r for r in MASK_ROWS[1:]] + halves[1][-1:]
         expected = [("project" not in filters or r["project"] == filters["project"])
                     and ("types" not in filters or r["type"] in filters["types"]) for r in rows]
         assert mask.tolist() == expected, filters
