@@ -2,16 +2,20 @@
 any) → BM25 ∥ dense → RRF → graph expansion → late interaction → ranking → diversity →
 packing. Pure Python over a memory-mapped generation; imports no Ray (the Serve
 deployments call these same functions).
+
+:class:`Recaller` runs the stages; each is a function of its own module
+(:mod:`~helix_ray.recall.scope`, :mod:`~helix_ray.recall.lexical`, :mod:`~helix_ray.recall.dense`,
+:mod:`~helix_ray.recall.fuse`, :mod:`~helix_ray.recall.expand`, :mod:`~helix_ray.recall.late`,
+:mod:`~helix_ray.recall.rank`, :mod:`~helix_ray.recall.diversify`, :mod:`~helix_ray.recall.pack`).
+What a recall returns is in :mod:`~helix_ray.recall.result`; how its threads share the
+cores, in :mod:`~helix_ray.recall.threads`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
-import functools
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
@@ -20,8 +24,17 @@ import numpy as np
 from helix_ray.config import RetrievalConfig
 from helix_ray.recall import dense, diversify, expand, fuse, late, lexical, pack, rank, rerank, scope
 from helix_ray.recall.embed import embed_query
+from helix_ray.recall.result import Candidates, RecallItem, RecallResult, empty_explain, explain_table, iso
+from helix_ray.recall.threads import (blas_on_caller, elapsed_ms, encode_tokens, encoder_threads, late_on,
+                                      one_blas_thread, overlap_tokens, token_pool)
 
 STAGES = ("embed", "route", "bm25", "dense", "fuse", "expand", "late", "rank", "diversify", "pack")
+
+#: The BLAS limit under its name here, which tests/test_late.py reads as ``pipeline._blas_on_caller``.
+_blas_on_caller = blas_on_caller
+
+__all__ = ["STAGES", "AccessOverlay", "IdAccessOverlay", "Plan", "Recaller", "RecallItem", "RecallResult",
+           "encoder_threads"]
 
 
 class AccessOverlay(Protocol):
@@ -46,59 +59,6 @@ class IdAccessOverlay:
             return self.accessed.get(str(self.ids[row]))
         except (IndexError, KeyError):
             return None
-
-
-@dataclass(frozen=True)
-class RecallItem:
-    id: str
-    text: str
-    type: str
-    rank: int  # 1-based rank after ranking and diversity (before lost-in-the-middle order)
-    score: float
-    n_tokens: int
-    truncated: bool
-    created_at: str
-    session_id: str | None
-    project: str | None
-    signals: dict[str, float] = field(default_factory=dict)
-
-
-_ITEM_FIELDS = tuple(f.name for f in dataclasses.fields(RecallItem) if f.name != "signals")
-
-
-@dataclass(frozen=True)
-class RecallResult:
-    query: str
-    user: str
-    items: list[RecallItem]  # final (packed, lost-in-the-middle) order
-    total_tokens: int
-    budget_tokens: int
-    timings_ms: dict[str, float]
-    flags: dict[str, Any]
-    generation: int | None
-    explain: Any = None  # polars.DataFrame when explain=True
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready data; a copy (the caller may add to its flags and timings).
-        Written out rather than ``dataclasses.asdict``, which deep-copies field by field
-        and cost ~0.4 ms per request in a Serve replica (docs/serve.md)."""
-        out: dict[str, Any] = {
-            "query": self.query, "user": self.user,
-            "items": [{**{name: getattr(item, name) for name in _ITEM_FIELDS}, "signals": dict(item.signals)}
-                      for item in self.items],
-            "total_tokens": self.total_tokens, "budget_tokens": self.budget_tokens,
-            "timings_ms": dict(self.timings_ms),
-            "flags": {k: list(v) if isinstance(v, (list, tuple)) else dict(v) if isinstance(v, dict) else v
-                      for k, v in self.flags.items()},
-            "generation": self.generation,
-        }
-        if self.explain is not None:
-            out["explain"] = self.explain.to_dicts()
-        return out
-
-    def context(self, separator: str = "\n\n") -> str:
-        """The packed memories as one string, in final order."""
-        return separator.join(item.text for item in self.items)
 
 
 @dataclass
@@ -138,7 +98,7 @@ class Plan:
             self.query_tokens, encoded_ms = pending.result()
             self.pending_tokens = None
             self.timings_ms["embed_tokens"] = encoded_ms
-            self.timings_ms["wait_tokens"] = _ms(clock)
+            self.timings_ms["wait_tokens"] = elapsed_ms(clock)
         return self.query_tokens
 
     def drop_tokens(self) -> None:
@@ -154,116 +114,13 @@ class Plan:
         return dict(self.__dict__)
 
 
-def _ms(since: float) -> float:
-    return round((time.perf_counter() - since) * 1000.0, 3)
-
-
-class _BlasOnCaller:
-    """While a recall runs, numpy's and scipy's BLAS compute on the calling thread
-    alone. The query path's products are small (MMR, MaxSim, a few hundred rows), and an
-    idle OpenBLAS worker spins for a while after each call on the other core: the very
-    core the query's token encoder runs on. Measured in-process on a LoCoMo store (2
-    cores): recall p50 19 ms with BLAS threads, 13 ms without (docs/benchmarks.md).
-
-    OpenBLAS's thread count is the process's. The recall that enters when no other holds
-    the limit sets it (~10 µs) and, when it leaves, restores the caller's setting and gives
-    up threadpoolctl's control; a recall that starts on another thread meanwhile runs
-    under that limit and never sets or restores anything (a restore from it would put
-    back the limit itself, for good)."""
-
-    def __init__(self) -> None:
-        self._local = threading.local()  # this thread's nesting depth
-        self._lock = threading.Lock()
-        self._owner: threading.Thread | None = None  # the thread whose recall set the limit
-        self._limiter: Any = None
-        self._controller: Any = None
-
-    def __enter__(self) -> None:
-        depth = getattr(self._local, "depth", 0)
-        self._local.depth = depth + 1
-        if depth:
-            return
-        with self._lock:
-            if self._owner is not None:
-                return
-            if self._controller is None:
-                from threadpoolctl import ThreadpoolController
-
-                self._controller = ThreadpoolController()  # numpy and scipy are loaded by now
-            limiter = self._controller.limit(limits=1, user_api="blas")
-            limiter.__enter__()  # threadpoolctl's ownership count: released by __exit__
-            self._owner, self._limiter = threading.current_thread(), limiter
-
-    def __exit__(self, *exc: Any) -> None:
-        self._local.depth -= 1
-        if self._local.depth:
-            return
-        with self._lock:
-            if self._owner is threading.current_thread():
-                limiter, self._limiter, self._owner = self._limiter, None, None
-                limiter.__exit__(None, None, None)  # restores the limits, then gives up the control
-
-
-_blas_on_caller = _BlasOnCaller()
-
-
-def _one_blas_thread(method: Any) -> Any:
-    """Run ``method`` inside :data:`_blas_on_caller`."""
-
-    @functools.wraps(method)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        with _blas_on_caller:
-            return method(*args, **kwargs)
-
-    return wrapped
-
-
-def encoder_threads(generation: Any, config: RetrievalConfig | None = None) -> int | None:
-    """onnxruntime threads for an in-process recaller's two query encoders: half the
-    cores each when the query's tokens will be encoded alongside its sentence vector (a
-    generation with token vectors, late interaction on, two cores or more), so the two do
-    not spin against each other (measured on 2 cores: one each); otherwise None,
-    onnxruntime's default (every core)."""
-    from helix_ray.runtime import usable_cores
-
-    late_on = _late_on(config or RetrievalConfig()) and generation is not None and generation.late is not None
-    cores = usable_cores()
-    return cores // 2 if late_on and cores > 1 else None
-
-
-def _late_on(cfg: RetrievalConfig, disabled: frozenset[str] = frozenset()) -> bool:
-    """The late-interaction stage is switched on (whether the generation has tokens aside)."""
-    return cfg.late.enabled and cfg.late.weight > 0 and "late" not in disabled
-
-
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _token_pool() -> ThreadPoolExecutor:
-    """The threads that encode queries' late-interaction tokens alongside the rest of
-    their recall (one per core beyond the caller's; created on first use)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            from helix_ray.runtime import usable_cores
-
-            _pool = ThreadPoolExecutor(max(1, usable_cores() - 1), thread_name_prefix="helix-query-tokens")
-        return _pool
-
-
-def _encode_tokens(encoder: Any, query: str) -> tuple[np.ndarray, float]:
-    clock = time.perf_counter()
-    return encoder.encode_query(query).astype(np.float16), _ms(clock)
-
-
 class Recaller:
     """Holds what recall needs between queries: the generation, the embedder, the router.
 
     :meth:`recall` runs every stage in order. The stages are also exposed in the groups a
     distributed deployment needs — :meth:`plan` (check, embed, route), :meth:`lexical_leg`,
-    :meth:`dense_leg` (independent of each other) and :meth:`finish` (fuse, expand, rank,
-    diversify, pack) — and ``recall`` is exactly their composition.
+    :meth:`dense_leg` (independent of each other) and :meth:`finish` (fuse, expand, late
+    interaction, rank, diversify, pack) — and ``recall`` is exactly their composition.
     """
 
     _overlap_tokens = False  # set by __init__ (subclasses that skip it never overlap)
@@ -277,12 +134,7 @@ class Recaller:
         self._router: scope.Router | None = None
         self._token_encoder = token_encoder
         self._threads = threads  # onnxruntime threads of the query token encoder (None: default)
-        # Encode a query's tokens on another thread while the sentence vector and the legs
-        # run here: only when the two encoders' threads fit in the cores together (with
-        # onnxruntime's default, every core each, overlapping was slower: docs/benchmarks.md).
-        from helix_ray.runtime import usable_cores
-
-        self._overlap_tokens = bool(threads) and 2 * (threads or 0) <= usable_cores()
+        self._overlap_tokens = overlap_tokens(threads)
 
     @property
     def token_encoder(self):
@@ -296,7 +148,7 @@ class Recaller:
     def _wants_late(self, cfg: RetrievalConfig, disabled: frozenset[str]) -> bool:
         """Late interaction is on and the generation has token vectors (a replica that
         holds no generation, such as the Serve Embedder, cannot tell: it encodes)."""
-        return _late_on(cfg, disabled) and (self.generation is None or self.generation.late is not None)
+        return late_on(cfg, disabled) and (self.generation is None or self.generation.late is not None)
 
     def overlaps_tokens(self, cfg: RetrievalConfig, disabled: frozenset[str] = frozenset()) -> bool:
         """Whether :meth:`plan` encodes the query's tokens on another thread."""
@@ -313,7 +165,7 @@ class Recaller:
     def columns(self):
         return self.generation.columns if self.generation is not None else None
 
-    @_one_blas_thread
+    @one_blas_thread
     def recall(
         self,
         query: str,
@@ -348,17 +200,17 @@ class Recaller:
             if not plan.skip and self._has_scope(plan):
                 clock = time.perf_counter()
                 lex = self.lexical_leg(plan)
-                legs["bm25"] = _ms(clock)
+                legs["bm25"] = elapsed_ms(clock)
                 clock = time.perf_counter()
                 dense_hits = None if self.strong(plan, lex) else self.dense_leg(plan)
-                legs["dense"] = _ms(clock)
+                legs["dense"] = elapsed_ms(clock)
             return self.finish(plan, lex, dense_hits, last_access_overlay=last_access_overlay, started=started,
                                leg_timings_ms=legs)
         finally:
             plan.drop_tokens()  # a leg or finish that raised, or returned before the late stage
 
-    # ------------------------------------------------------------------ stages 1–2
-    @_one_blas_thread
+    # ------------------------------------------------------------------ embed, scope, route
+    @one_blas_thread
     def plan(self, query: str, *, user: str, budget_tokens: int | None = None, k: int | None = None,
              project: str | None = None, types: Sequence[str] | str | None = None, since: Any = None,
              until: Any = None, pinned: bool | None = None, project_mode: str = "filter", explain: bool = False,
@@ -376,19 +228,19 @@ class Recaller:
         query_tokens = pending = None
         has_memories = self.generation is None or user in self.generation.partitions  # else nothing to re-score
         if has_memories and self._wants_late(cfg, frozenset(disabled)):
-            # The token encoder (~2x the sentence encoder's time: 32 positions) is needed
+            # The token encoder (32 positions: slower than the sentence encoder) is needed
             # only at the late-interaction stage: on a second core it runs alongside the
             # sentence embedding and the legs instead of before them.
             if self._overlap_tokens:
-                pending = _token_pool().submit(_encode_tokens, self.token_encoder, query)
+                pending = token_pool().submit(encode_tokens, self.token_encoder, query)
             else:
-                query_tokens, _ = _encode_tokens(self.token_encoder, query)
+                query_tokens, _ = encode_tokens(self.token_encoder, query)
         try:
             encoded = own_vector = query_vector is None
             if query_vector is None:
                 query_vector = embed_query(self.embedder, query)
             if encoded or query_tokens is not None:  # the query-encoding stage (tokens: unless overlapped)
-                timings["embed"] = _ms(clock)
+                timings["embed"] = elapsed_ms(clock)
             clock = time.perf_counter()
             if "router" not in disabled:
                 route = self.router.route(query, query_vector, cfg.router)
@@ -396,7 +248,7 @@ class Recaller:
                                   "no_memory_similarity": round(route.no_memory_similarity, 4),
                                   "memory_similarity": round(route.memory_similarity, 4)}
                 flags["router_skip"] = route.skip
-            timings["route"] = _ms(clock)
+            timings["route"] = elapsed_ms(clock)
             if own_vector and self.adapter is not None:  # after routing: the router's prototypes are raw vectors
                 query_vector = self.adapter.apply(query_vector)
                 flags["query_adapter"] = True
@@ -438,7 +290,7 @@ class Recaller:
         start, end = self.generation.partitions[plan.user]
         return scope.build_mask(self.generation.scope_columns, start, end, plan.scope)
 
-    # ------------------------------------------------------------------ stage 3
+    # ------------------------------------------------------------------ BM25 ∥ dense
     def lexical_leg(self, plan: Plan) -> lexical.LexicalHits | None:
         """BM25 top-k inside the scope; None when its list weight is 0."""
         if plan.weights.get("bm25", 0) <= 0 or not self._has_scope(plan):
@@ -448,7 +300,7 @@ class Recaller:
         return lexical.search(self.generation.bm25, plan.query, start=start, end=end, mask=self._mask(plan),
                               top_k=lx.top_k, strong_score=lx.strong_signal_score, strong_gap=lx.strong_signal_gap)
 
-    @_one_blas_thread
+    @one_blas_thread
     def dense_leg(self, plan: Plan) -> dense.DenseHits | None:
         """Dense top-k inside the scope; None when its list weight is 0."""
         if plan.weights.get("dense", 0) <= 0 or not self._has_scope(plan):
@@ -462,24 +314,20 @@ class Recaller:
         return bool(lex is not None and lex.strong_signal and plan.config.lexical.strong_signal_skip
                     and "strong_signal" not in plan.disabled)
 
-    # ------------------------------------------------------------------ stages 4–8
-    @_one_blas_thread
+    # ------------------------------------------------------------------ RRF → … → pack
+    @one_blas_thread
     def finish(self, plan: Plan, lex: lexical.LexicalHits | None, dense_hits: dense.DenseHits | None, *,
                last_access_overlay: AccessOverlay | None = None, started: float | None = None,
                leg_timings_ms: Mapping[str, float] | None = None) -> RecallResult:
-        """Fuse the legs' lists, expand, rank, diversify and pack."""
+        """Fuse the legs' lists, expand, late interaction, rank, diversify and pack."""
         cfg, gen, cols = plan.config, self.generation, self.columns
         started = time.perf_counter() if started is None else started
         timings = dict(plan.timings_ms)
         flags = dict(plan.flags)
-        budget_tokens, k, query_vector = plan.budget_tokens, plan.k, plan.query_vector
         if plan.skip or not self._has_scope(plan):
-            plan.drop_tokens()
             if gen is not None and not plan.skip:
                 flags["empty_scope"] = "no memories for this user"
-            timings["total"] = _ms(started)
-            return RecallResult(plan.query, plan.user, [], 0, budget_tokens, timings, flags,
-                                gen.number if gen is not None else None, _empty_explain() if plan.explain else None)
+            return _nothing_found(plan, gen, timings, flags, started)
         start, end = gen.partitions[plan.user]
         mask = self._mask(plan)
         strong = self.strong(plan, lex)
@@ -490,129 +338,100 @@ class Recaller:
             flags["dense_first_pass"] = dense_hits.first_pass
         if leg_timings_ms:
             timings.update(leg_timings_ms)
-        clock = time.perf_counter()
+        lap = _Laps(timings)
 
-        def lap(name: str) -> None:
-            nonlocal clock
-            now_ = time.perf_counter()
-            timings[name] = round((now_ - clock) * 1000.0, 3)
-            clock = now_
-
-        weights = dict(plan.weights)
-        lists: dict[str, np.ndarray] = {}
-        if lex is not None:
-            lists["bm25"] = lex.rows
-        if dense_hits is not None:
-            lists["dense"] = dense_hits.rows
-        if lex is not None and cfg.fusion.adaptive and "bm25" in lists:
-            weights["bm25"] *= _lexical_confidence(lex)
-            flags["bm25_weight"] = round(weights["bm25"], 4)
-        fused = fuse.rrf(lists, k=cfg.fusion.k, weights=weights, top_rank_bonus=cfg.fusion.top_rank_bonus)
-        pool_rows = fused.rows[: max(cfg.fusion.pool, k)]  # asking for k never gets fewer than k candidates
-        fused_score = {int(r): float(s) for r, s in zip(fused.rows, fused.scores)}
-        list_rank = {name: {int(r): i for i, r in enumerate(rows, start=1)} for name, rows in lists.items()}
+        found = _fuse(plan, lex, dense_hits, flags)
         lap("fuse")
-
-        graph_score: dict[int, float] = {}
-        added: list[int] = []
-        if cfg.graph.enabled and "graph" not in plan.disabled and not strong and len(pool_rows):
-            added, graph_score, flags["graph"] = _expand(gen, pool_rows, fused_score, start, end, mask, cfg)
+        if cfg.graph.enabled and "graph" not in plan.disabled and not strong and len(found.rows):
+            found.added, found.graph_score, flags["graph"] = _expand(gen, found.rows, found.fused_score, start, end,
+                                                                     mask, cfg)
+        found.rows = np.concatenate([found.rows, np.array(found.added, dtype=np.int64)]).astype(np.int64)
         lap("expand")
-
-        rows = np.concatenate([pool_rows, np.array(added, dtype=np.int64)]).astype(np.int64)
-        if len(rows) == 0:
-            plan.drop_tokens()
-            timings["total"] = _ms(started)
-            return RecallResult(plan.query, plan.user, [], 0, budget_tokens, timings, flags, gen.number,
-                                _empty_explain() if plan.explain else None)
-        vectors = np.asarray(gen.vectors[np.sort(rows)])[np.argsort(np.argsort(rows))]
-        cosine = vectors @ query_vector
-        late_scores = None
-        query_tokens = plan.tokens() if self._wants_late(cfg, plan.disabled) else None
-        if query_tokens is not None:
-            late_scores = late.maxsim(query_tokens, gen.late, rows)
-            flags["late"] = int(np.count_nonzero(~np.isnan(late_scores)))
-            timings.update((name, plan.timings_ms[name]) for name in ("embed_tokens", "wait_tokens")
-                           if name in plan.timings_ms)
+        if len(found.rows) == 0:
+            return _nothing_found(plan, gen, timings, flags, started)
+        self._late_interaction(plan, found, timings, flags)
         lap("late")
-        last_access = cols.last_accessed_at[rows].copy()
-        if cfg.rank.recency_from_creation:
-            last_access = np.where(last_access > 0, last_access, cols.created_at[rows])
-        if last_access_overlay:
-            for i, r in enumerate(rows):
-                seen = last_access_overlay.get(int(r))
-                if seen is not None and seen > last_access[i]:
-                    last_access[i] = seen
-        ranked = rank.rank(
-            types=cols.types[rows], cosine=late.blend(cosine, late_scores, cfg.late.weight),
-            fused=np.array([fused_score.get(int(r), 0.0) for r in rows]),
-            last_access_us=last_access, salience=cols.salience[rows], confidence=cols.confidence[rows],
-            graph=np.array([graph_score.get(int(r), 0.0) for r in rows]),
-            projects=cols.projects[rows], pinned=cols.pinned[rows], now_us=plan.now_us, config=cfg.rank,
-            project=plan.scope.project if plan.scope.project_mode == "prefer" else None,
-            disabled=frozenset(d for d in plan.disabled if d in rank.SIGNALS),
-        )
+        ranked = found.ranked = _rank(plan, found, cols, last_access_overlay)
         lap("rank")
-
-        dropped_by: dict[int, str] = {}
         order = [int(i) for i in ranked.order]
         reranked = cfg.rerank.enabled and "rerank" not in plan.disabled and len(order) > 1
         if reranked:
-            head = order[: cfg.rerank.depth]
-            order, _ = rerank.rerank(plan.query, order, [gen.text(int(rows[i])) for i in head], cfg.rerank)
-            flags["reranked"] = len(head)
+            order = _rerank(plan, found, order, gen, flags)
             lap("rerank")
-        if "dedup" not in plan.disabled:
-            order, dups = diversify.drop_near_duplicates(order, np.asarray(gen.minhash[np.sort(rows)])[
-                np.argsort(np.argsort(rows))], cfg.diversity.dedup_threshold)
-            dropped_by.update({i: "near_duplicate" for i in dups})
-        docs = [cols.documents[int(r)] for r in rows]
-        order, capped = diversify.cap_per_document(order, docs, cfg.diversity.max_per_document)
-        dropped_by.update({i: "document_cap" for i in capped})
-        mode = cfg.diversity.mode
-        if mode == "auto":
-            mode = "session" if diversify.is_aggregation(plan.query) else "mmr"
-        mmr_ran = not ("mmr" in plan.disabled or mode == "none")
-        if not mmr_ran:
-            selected = order[:k]
-        else:
-            relevance = rank.minmax(ranked.scores)
-            if reranked:  # the cross-encoder's order is the relevance MMR trades off
-                relevance = np.zeros(len(rows))
-                relevance[np.array(order)] = 1.0 - np.arange(len(order)) / len(order)
-            similarity = vectors @ vectors.T
-            seed = diversify.session_first(order, [cols.sessions[int(r)] for r in rows], k) if mode == "session" else []
-            selected = diversify.mmr(order, relevance, similarity, cfg.diversity.mmr_lambda, k, picked=seed)
-        flags["diversity"] = mode if mmr_ran else "none"
-        chosen = set(selected)
-        dropped_by.update({i: ("mmr" if mmr_ran else "k") for i in order if i not in chosen})
+        order = _drop_repeats(plan, found, order, gen, cols)
+        selected = _diversify(plan, found, order, reranked, cols, flags)
         lap("diversify")
-
-        items = [pack.PackItem(row=i, text=gen.text(int(rows[i])), n_tokens=int(cols.n_tokens[rows[i]]))
-                 for i in selected]
-        packed = pack.pack(items, budget_tokens, separator_tokens=cfg.pack.separator_tokens,
-                           encoding_name=cfg.pack.encoding)
-        packed_set = {p.row for p in packed}
-        dropped_by.update({i: "budget" for i in selected if i not in packed_set})
-        result_items = []
-        for p in packed:
-            r = int(rows[p.row])
-            result_items.append(RecallItem(
-                id=str(cols.ids[r]), text=p.text, type=str(cols.types[r]), rank=p.rank,
-                score=round(float(ranked.scores[p.row]), 6), n_tokens=p.n_tokens, truncated=p.truncated,
-                created_at=_iso(cols.created_at[r]), session_id=cols.sessions[r], project=cols.projects[r],
-                signals={s: round(float(ranked.signals[s][p.row]), 4) for s in rank.SIGNALS},
-            ))
+        packed, items = _pack(plan, found, selected, gen, cols)
         lap("pack")
-        timings["total"] = round((time.perf_counter() - started) * 1000.0, 3)
+        timings["total"] = elapsed_ms(started)
         total = sum(p.n_tokens for p in packed) + cfg.pack.separator_tokens * len(packed)
         table = None
         if plan.explain:
-            final_position = {p.row: n for n, p in enumerate(packed, start=1)}
-            table = _explain(rows, cols, list_rank, fused_score, graph_score, cosine, late_scores, ranked,
-                             dropped_by, final_position, set(added))
-        return RecallResult(plan.query, plan.user, result_items, total, budget_tokens, timings, flags, gen.number,
+            table = explain_table(found, cols.ids, {p.row: n for n, p in enumerate(packed, start=1)})
+        return RecallResult(plan.query, plan.user, items, total, plan.budget_tokens, timings, flags, gen.number,
                             table)
+
+    def _late_interaction(self, plan: Plan, found: Candidates, timings: dict[str, float],
+                          flags: dict[str, Any]) -> None:
+        """The candidates' sentence vectors and their cosine with the query; with the
+        query's tokens and the generation's, MaxSim (ColBERT late interaction) too."""
+        gen = self.generation
+        found.vectors = _gather(gen.vectors, found.rows)
+        found.cosine = found.vectors @ plan.query_vector
+        query_tokens = plan.tokens() if self._wants_late(plan.config, plan.disabled) else None
+        if query_tokens is not None:
+            found.late_scores = late.maxsim(query_tokens, gen.late, found.rows)
+            flags["late"] = int(np.count_nonzero(~np.isnan(found.late_scores)))
+            timings.update((name, plan.timings_ms[name]) for name in ("embed_tokens", "wait_tokens")
+                           if name in plan.timings_ms)
+
+
+class _Laps:
+    """Stage timings: each call records, under its name, the milliseconds since the last."""
+
+    def __init__(self, timings: dict[str, float]):
+        self.timings, self.clock = timings, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.timings[name] = round((now - self.clock) * 1000.0, 3)
+        self.clock = now
+
+
+def _nothing_found(plan: Plan, gen: Any, timings: dict[str, float], flags: dict[str, Any],
+                   started: float) -> RecallResult:
+    """The result of a recall without candidates (skipped, out of scope, or empty legs)."""
+    plan.drop_tokens()
+    timings["total"] = elapsed_ms(started)
+    return RecallResult(plan.query, plan.user, [], 0, plan.budget_tokens, timings, flags,
+                        gen.number if gen is not None else None, empty_explain() if plan.explain else None)
+
+
+def _gather(column: Any, rows: np.ndarray) -> np.ndarray:
+    """``column[rows]`` of a memory-mapped array, read in row order (sequential pages)."""
+    return np.asarray(column[np.sort(rows)])[np.argsort(np.argsort(rows))]
+
+
+def _fuse(plan: Plan, lex: lexical.LexicalHits | None, dense_hits: dense.DenseHits | None,
+          flags: dict[str, Any]) -> Candidates:
+    """RRF over the legs' lists; the candidates are the head of the fused list."""
+    cfg = plan.config
+    weights = dict(plan.weights)
+    lists: dict[str, np.ndarray] = {}
+    if lex is not None:
+        lists["bm25"] = lex.rows
+    if dense_hits is not None:
+        lists["dense"] = dense_hits.rows
+    if lex is not None and cfg.fusion.adaptive and "bm25" in lists:
+        weights["bm25"] *= _lexical_confidence(lex)
+        flags["bm25_weight"] = round(weights["bm25"], 4)
+    fused = fuse.rrf(lists, k=cfg.fusion.k, weights=weights, top_rank_bonus=cfg.fusion.top_rank_bonus)
+    return Candidates(
+        rows=fused.rows[: max(cfg.fusion.pool, plan.k)],  # asking for k never gets fewer than k candidates
+        fused_score={int(r): float(s) for r, s in zip(fused.rows, fused.scores)},
+        list_rank={name: {int(r): i for i, r in enumerate(rows, start=1)} for name, rows in lists.items()},
+        graph_score={}, added=[],
+    )
 
 
 def _lexical_confidence(lex: lexical.LexicalHits) -> float:
@@ -627,6 +446,8 @@ def _lexical_confidence(lex: lexical.LexicalHits) -> float:
 
 def _expand(gen, pool_rows: np.ndarray, fused_score: dict[int, float], start: int, end: int,
             mask: np.ndarray | None, cfg: RetrievalConfig) -> tuple[list[int], dict[int, float], dict[str, Any]]:
+    """Personalized PageRank from the pool's head over the memory graph: the memories it
+    adds (in scope, outside the pool), every candidate's graph score, and what it did."""
     g = cfg.graph
     seeds = pool_rows[: g.seeds]
     weights = np.array([fused_score[int(r)] for r in seeds])
@@ -637,8 +458,8 @@ def _expand(gen, pool_rows: np.ndarray, fused_score: dict[int, float], start: in
     if mask is not None:
         keep = mask[nodes - start]
         nodes, scores = nodes[keep], scores[keep]
-    # Vectorised: at 10^6 the subgraph holds up to max_nodes memories, and Python loops
-    # over them cost as much as PPR itself.
+    # Vectorised: the subgraph holds up to max_nodes memories, and a Python loop over
+    # them would cost as much as PPR itself.
     non_seed = ~np.isin(nodes, seeds)
     mass = float(scores[non_seed].sum())
     total = float(scores.sum()) or 1.0
@@ -655,39 +476,99 @@ def _expand(gen, pool_rows: np.ndarray, fused_score: dict[int, float], start: in
     return added, score_of, info
 
 
-def _iso(micros: int) -> str:
-    return dt.datetime.fromtimestamp(int(micros) / 1_000_000, tz=dt.timezone.utc).isoformat()
+def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessOverlay | None) -> rank.Ranked:
+    """Score the candidates by type-weighted signals (similarity, recency, salience,
+    confidence, graph); recency reads the newest of the generation's and the overlay's
+    last access."""
+    cfg, rows = plan.config, found.rows
+    assert found.cosine is not None  # filled by the late-interaction stage
+    last_access = cols.last_accessed_at[rows].copy()
+    if cfg.rank.recency_from_creation:
+        last_access = np.where(last_access > 0, last_access, cols.created_at[rows])
+    if last_access_overlay:
+        for i, r in enumerate(rows):
+            seen = last_access_overlay.get(int(r))
+            if seen is not None and seen > last_access[i]:
+                last_access[i] = seen
+    return rank.rank(
+        types=cols.types[rows], cosine=late.blend(found.cosine, found.late_scores, cfg.late.weight),
+        fused=np.array([found.fused_score.get(int(r), 0.0) for r in rows]),
+        last_access_us=last_access, salience=cols.salience[rows], confidence=cols.confidence[rows],
+        graph=np.array([found.graph_score.get(int(r), 0.0) for r in rows]),
+        projects=cols.projects[rows], pinned=cols.pinned[rows], now_us=plan.now_us, config=cfg.rank,
+        project=plan.scope.project if plan.scope.project_mode == "prefer" else None,
+        disabled=frozenset(d for d in plan.disabled if d in rank.SIGNALS),
+    )
 
 
-_EXPLAIN_COLUMNS = ("id", "origin", "dense_rank", "bm25_rank", "rrf_score", "cosine", "late_maxsim", "graph_ppr",
-                    "similarity", "recency", "salience", "confidence", "graph", "score", "final_position",
-                    "dropped_by")
+def _rerank(plan: Plan, found: Candidates, order: list[int], gen: Any, flags: dict[str, Any]) -> list[int]:
+    """The cross-encoder re-orders the head of the ranked order (``rerank.depth``)."""
+    head = order[: plan.config.rerank.depth]
+    order, _ = rerank.rerank(plan.query, order, [gen.text(int(found.rows[i])) for i in head], plan.config.rerank)
+    flags["reranked"] = len(head)
+    return order
 
 
-def _empty_explain():
-    import polars as pl
+def _drop_repeats(plan: Plan, found: Candidates, order: list[int], gen: Any, cols: Any) -> list[int]:
+    """The order without near-duplicates (MinHash) and without the chunks beyond each
+    source document's cap."""
+    cfg = plan.config
+    if "dedup" not in plan.disabled:
+        order, dups = diversify.drop_near_duplicates(order, _gather(gen.minhash, found.rows),
+                                                     cfg.diversity.dedup_threshold)
+        found.dropped_by.update({i: "near_duplicate" for i in dups})
+    docs = [cols.documents[int(r)] for r in found.rows]
+    order, capped = diversify.cap_per_document(order, docs, cfg.diversity.max_per_document)
+    found.dropped_by.update({i: "document_cap" for i in capped})
+    return order
 
-    return pl.DataFrame({c: [] for c in _EXPLAIN_COLUMNS})
+
+def _diversify(plan: Plan, found: Candidates, order: list[int], reranked: bool, cols: Any,
+               flags: dict[str, Any]) -> list[int]:
+    """The k candidates kept: MMR (after the best of each session, in ``session`` mode)
+    over the order, or its head when diversity is off."""
+    cfg, k, rows = plan.config, plan.k, found.rows
+    mode = cfg.diversity.mode
+    if mode == "auto":
+        mode = "session" if diversify.is_aggregation(plan.query) else "mmr"
+    mmr_ran = not ("mmr" in plan.disabled or mode == "none")
+    if not mmr_ran:
+        selected = order[:k]
+    else:
+        assert found.ranked is not None and found.vectors is not None  # filled by the late and rank stages
+        relevance = rank.minmax(found.ranked.scores)
+        if reranked:  # the cross-encoder's order is the relevance MMR trades off
+            relevance = np.zeros(len(rows))
+            relevance[np.array(order)] = 1.0 - np.arange(len(order)) / len(order)
+        similarity = found.vectors @ found.vectors.T
+        seed = diversify.session_first(order, [cols.sessions[int(r)] for r in rows], k) if mode == "session" else []
+        selected = diversify.mmr(order, relevance, similarity, cfg.diversity.mmr_lambda, k, picked=seed)
+    flags["diversity"] = mode if mmr_ran else "none"
+    chosen = set(selected)
+    found.dropped_by.update({i: ("mmr" if mmr_ran else "k") for i in order if i not in chosen})
+    return selected
 
 
-def _explain(rows, cols, list_rank, fused_score, graph_score, cosine, late_scores, ranked, dropped_by,
-             final_position, added):
-    import polars as pl
-
-    n = len(rows)
-    data = {
-        "id": [str(cols.ids[int(r)]) for r in rows],
-        "origin": ["graph" if int(r) in added else "fused" for r in rows],
-        "dense_rank": [list_rank.get("dense", {}).get(int(r)) for r in rows],
-        "bm25_rank": [list_rank.get("bm25", {}).get(int(r)) for r in rows],
-        "rrf_score": [fused_score.get(int(r), 0.0) for r in rows],
-        "cosine": [float(c) for c in cosine],
-        "late_maxsim": [None] * n if late_scores is None else [None if np.isnan(v) else float(v)
-                                                               for v in late_scores],
-        "graph_ppr": [graph_score.get(int(r), 0.0) for r in rows],
-        **{s: [float(v) for v in ranked.signals[s]] for s in rank.SIGNALS},
-        "score": [float(v) for v in ranked.scores],
-        "final_position": [final_position.get(i) for i in range(n)],
-        "dropped_by": [dropped_by.get(i) for i in range(n)],
-    }
-    return pl.DataFrame(data).sort("score", descending=True)
+def _pack(plan: Plan, found: Candidates, selected: list[int], gen: Any,
+          cols: Any) -> tuple[list[pack.Packed], list[RecallItem]]:
+    """Fit the kept candidates into the token budget (lost-in-the-middle order): what was
+    packed, and the result's items."""
+    cfg, rows = plan.config, found.rows
+    assert found.ranked is not None  # filled by the rank stage
+    ranked = found.ranked
+    items = [pack.PackItem(row=i, text=gen.text(int(rows[i])), n_tokens=int(cols.n_tokens[rows[i]]))
+             for i in selected]
+    packed = pack.pack(items, plan.budget_tokens, separator_tokens=cfg.pack.separator_tokens,
+                       encoding_name=cfg.pack.encoding)
+    packed_set = {p.row for p in packed}
+    found.dropped_by.update({i: "budget" for i in selected if i not in packed_set})
+    result_items = []
+    for p in packed:
+        r = int(rows[p.row])
+        result_items.append(RecallItem(
+            id=str(cols.ids[r]), text=p.text, type=str(cols.types[r]), rank=p.rank,
+            score=round(float(ranked.scores[p.row]), 6), n_tokens=p.n_tokens, truncated=p.truncated,
+            created_at=iso(cols.created_at[r]), session_id=cols.sessions[r], project=cols.projects[r],
+            signals={s: round(float(ranked.signals[s][p.row]), 4) for s in rank.SIGNALS},
+        ))
+    return packed, result_items
