@@ -15,14 +15,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from helix_ray.config import IngestConfig, RetrievalConfig
     from helix_ray.errors import HelixError
     from helix_ray.memory import Memory
-    from helix_ray.recall.pipeline import RecallItem, RecallResult
+    from helix_ray.recall.result import RecallItem, RecallResult
     from helix_ray.schema import MemoryRecord
 
 _LAZY = {
     "Memory": "helix_ray.memory",
     "MemoryRecord": "helix_ray.schema",
-    "RecallResult": "helix_ray.recall.pipeline",
-    "RecallItem": "helix_ray.recall.pipeline",
+    "RecallResult": "helix_ray.recall.result",
+    "RecallItem": "helix_ray.recall.result",
     "RetrievalConfig": "helix_ray.config",
     "IngestConfig": "helix_ray.config",
     "HelixError": "helix_ray.errors",

@@ -95,7 +95,8 @@ class Memory:
     def recaller(self):
         if self._recaller is None:
             from helix_ray.embedder import DIM, get_embedder
-            from helix_ray.recall.pipeline import Recaller, encoder_threads
+            from helix_ray.recall.pipeline import Recaller
+            from helix_ray.recall.threads import encoder_threads
             from helix_ray.store.generation import Generation, current_generation_number
 
             generation = None

@@ -48,7 +48,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from helix_ray.embedder import get_embedder
-    from helix_ray.recall.pipeline import Recaller, encoder_threads
+    from helix_ray.recall.pipeline import Recaller
+    from helix_ray.recall.threads import encoder_threads
     from helix_ray.store.generation import Generation
 
     generation = Generation.open_current(Path(args.store))

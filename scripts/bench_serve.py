@@ -93,7 +93,8 @@ def queries_for(store: Path, count: int, seed: int) -> list[dict[str, str]]:
 
 def recaller_for(store: Path):
     from helix_ray.embedder import get_embedder
-    from helix_ray.recall.pipeline import Recaller, encoder_threads
+    from helix_ray.recall.pipeline import Recaller
+    from helix_ray.recall.threads import encoder_threads
     from helix_ray.store.generation import Generation
 
     generation = Generation.open_current(store)

@@ -272,7 +272,7 @@ def test_overlapping_recalls_on_two_threads_leave_the_blas_setting_as_they_found
 
     from threadpoolctl import ThreadpoolController, threadpool_info, threadpool_limits
 
-    from helix_ray.recall.pipeline import _blas_on_caller
+    from helix_ray.recall.threads import blas_on_caller as _blas_on_caller
 
     def blas_threads() -> set[int]:
         return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
@@ -325,7 +325,7 @@ def test_overlapping_recalls_on_two_threads_leave_the_blas_setting_as_they_found
 
 def test_memory_splits_the_cores_between_the_two_query_encoders_when_tokens_overlap(tenant_memory):
     from helix_ray.config import RetrievalConfig
-    from helix_ray.recall.pipeline import encoder_threads
+    from helix_ray.recall.threads import encoder_threads
     from helix_ray.runtime import usable_cores
 
     generation = tenant_memory.recaller.generation
@@ -352,7 +352,7 @@ def test_tokens_are_not_encoded_for_nothing(tenant_memory):
     assert nobody.pending_tokens is None and nobody.query_tokens is None
     import threading
 
-    from helix_ray.recall.pipeline import _token_pool
+    from helix_ray.recall.threads import token_pool as _token_pool
 
     pool, release = _token_pool(), threading.Event()
     blockers = [pool.submit(release.wait, 30) for _ in range(pool._max_workers)]  # every worker busy

@@ -196,7 +196,8 @@ def evaluate(
     cross-validation shows no gain (then none, as ``helix adapt`` would not save it).
     The fits are reported in ``EvalReport.adapters``, per store variant."""
     from helix_ray.embedder import get_embedder
-    from helix_ray.recall.pipeline import Recaller, encoder_threads
+    from helix_ray.recall.pipeline import Recaller
+    from helix_ray.recall.threads import encoder_threads
     from helix_ray.store.generation import Generation
 
     started = time.perf_counter()
