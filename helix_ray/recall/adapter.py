@@ -9,12 +9,12 @@ vectors on the query vectors, shrunk toward the identity (``W = I`` for ``ridge 
 
     W = (QᵀQ + λI)⁻¹ (QᵀD + λI)
 
-It is closed form (no training loop, milliseconds for 384 dimensions), cannot leave
+It is closed form (no training loop), cannot leave
 the embedding space, and costs one 384×384 product per query. ``λ`` is chosen by
 cross-validation on the pairs themselves (:func:`choose_ridge`). The store keeps it
 beside its generations (``query_adapter.npz``); recall applies it to the dense leg,
 ranking and diversity, while the skip-retrieval router keeps the raw vector (its
-prototypes live in the encoder's space). Measured: docs/quality.md, "Query adapter".
+prototypes live in the encoder's space). Its effect on quality: docs/quality.md.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def fit_pairs(generation, embedder, pairs: Sequence[dict], *, ridge: float | Non
 
 def require_feedback(pairs: Sequence[dict], users: Sequence[str] | None, *, how: str) -> None:
     """Say so, and how to record some, when the store holds no feedback (of ``users``)
-    to fit on: "0 usable queries of 0 pairs" did not."""
+    to fit on, rather than report "0 usable queries of 0 pairs"."""
     if pairs:
         return
     if users is not None and not users:

@@ -44,6 +44,8 @@ def drop_near_duplicates(order: list[int], signatures: np.ndarray, threshold: fl
 
 
 def cap_per_document(order: list[int], documents: list[str | None], limit: int) -> tuple[list[int], list[int]]:
+    """(kept, dropped) indices, in order: the first ``limit`` items of each source document
+    (``documents[i]`` is item i's; an item without one is always kept)."""
     seen: dict[str, int] = {}
     kept: list[int] = []
     dropped: list[int] = []

@@ -1,9 +1,10 @@
 """Stage 6a: late interaction — MaxSim of the query's token vectors against each
 candidate's stored token vectors (ColBERT, Khattab & Zaharia 2020).
 
-Only the candidates are scored (the fused pool plus graph additions, ~80 memories), so
-the cost does not grow with the store: the passages' tokens were encoded at ingest and
-are read from the generation's memory-mapped files.
+Only the candidates are scored (the head of the fused list plus graph additions, bounded
+by ``fusion.pool`` and ``graph.max_new``), so the cost does not grow with the store: the
+passages' tokens were encoded at ingest and are read from the generation's memory-mapped
+files.
 """
 
 from __future__ import annotations
@@ -44,9 +45,8 @@ def blend(cosine: np.ndarray, late: np.ndarray | None, weight: float) -> np.ndar
     A row without a late score (an online write from a writer configured without token
     vectors, or a delta snapshot written before they existed) gets an estimate on the
     MaxSim scale: its cosine plus the median of
-    ``late − cosine`` over the rows that have both. MaxSim runs higher than cosine
-    (~+.15 on chat turns), so the raw cosine would sink such a row below every stored
-    memory it competes with."""
+    ``late − cosine`` over the rows that have both. MaxSim runs higher than cosine, so
+    the raw cosine would sink such a row below every stored memory it competes with."""
     if late is None or weight <= 0:
         return cosine
     missing = np.isnan(late)

@@ -2,10 +2,9 @@
 
 A cross-encoder reads query and memory together (Nogueira & Cho 2019), so it separates
 "mentions the same words" from "answers the question" better than the bi-encoder and BM25
-legs — on conversations (LoCoMo +.055 Recall@10); on scientific claims and code its MS
-MARCO training hurts (docs/quality.md). It is the one query-path stage whose cost grows
-with the text it reads: measured here, depth 20 over LoCoMo turns takes p50 0.41 s on one
-thread (0.26 s on two), over SciFact abstracts 1.6 s. So it is **off by default** and
+legs on conversations; on scientific claims and code its MS MARCO training hurts
+(docs/quality.md). It is the one query-path stage whose cost grows with the text it
+reads, far past an interactive budget (docs/benchmarks.md). So it is **off by default** and
 bounded by ``rerank.depth``: it re-orders only the top ``depth`` memories after
 multi-signal ranking; the rest keep their order behind them. No LLM: a 33M-parameter BERT
 classifier.
@@ -52,9 +51,8 @@ class CrossEncoder:
 
         folder = embedded_reranker_dir()
         options = ort.SessionOptions()
-        # One thread by default: the pairs are short, and on a shared 2-core host a second
-        # thread mostly waits (measured: 1 thread 252 ms vs 2 threads 426 ms for 30 pairs
-        # under load). HELIX_RERANK_THREADS overrides.
+        # One thread by default: the pairs are short, and on a small shared host a second
+        # thread mostly waits for a core (docs/benchmarks.md). HELIX_RERANK_THREADS overrides.
         options.intra_op_num_threads = int(os.environ.get("HELIX_RERANK_THREADS", "1"))
         self._session = ort.InferenceSession(str(folder / "model.onnx"), options,
                                              providers=["CPUExecutionProvider"])

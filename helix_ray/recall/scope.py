@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from helix_ray.store.generation import ScopeColumns
 
 MAX_QUERY_CHARS = 8000
-#: More than any model's context window; a budget past it is a mistake (10**30 was echoed back).
+#: More than any model's context window: a larger budget is a mistake, refused rather than echoed back.
 MAX_BUDGET_TOKENS = 10_000_000
 
 
@@ -86,7 +86,7 @@ def make_scope(
     if not isinstance(query, str) or not query.strip():
         raise InvalidArgument("query", query, "it must be a non-empty string", "Pass the question to recall for.")
     if not any(unicodedata.category(ch)[0] in "LNSP" for ch in query[:MAX_QUERY_CHARS]):
-        # NULs, control and zero-width characters only: answered with whatever the model made of them
+        # NULs, control and zero-width characters only: nothing to search for
         raise InvalidArgument("query", query[:40], "it must hold a letter, digit, symbol or punctuation (it holds "
                               "only control, format or space characters)", "Pass the question to recall for.")
     if len(query) > MAX_QUERY_CHARS:
