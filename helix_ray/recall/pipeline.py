@@ -349,7 +349,7 @@ class Recaller:
         lap("expand")
         if len(found.rows) == 0:
             return _nothing_found(plan, gen, timings, flags, started)
-        self._late_interaction(plan, found, timings, flags)
+        _late_interaction(plan, found, gen, self._wants_late(cfg, plan.disabled), timings, flags)
         lap("late")
         ranked = found.ranked = _rank(plan, found, cols, last_access_overlay)
         lap("rank")
@@ -370,46 +370,6 @@ class Recaller:
             table = explain_table(found, cols.ids, {p.row: n for n, p in enumerate(packed, start=1)})
         return RecallResult(plan.query, plan.user, items, total, plan.budget_tokens, timings, flags, gen.number,
                             table)
-
-    def _late_interaction(self, plan: Plan, found: Candidates, timings: dict[str, float],
-                          flags: dict[str, Any]) -> None:
-        """The candidates' sentence vectors and their cosine with the query; with the
-        query's tokens and the generation's, MaxSim (ColBERT late interaction) too."""
-        gen = self.generation
-        found.vectors = _gather(gen.vectors, found.rows)
-        found.cosine = found.vectors @ plan.query_vector
-        query_tokens = plan.tokens() if self._wants_late(plan.config, plan.disabled) else None
-        if query_tokens is not None:
-            found.late_scores = late.maxsim(query_tokens, gen.late, found.rows)
-            flags["late"] = int(np.count_nonzero(~np.isnan(found.late_scores)))
-            timings.update((name, plan.timings_ms[name]) for name in ("embed_tokens", "wait_tokens")
-                           if name in plan.timings_ms)
-
-
-class _Laps:
-    """Stage timings: each call records, under its name, the milliseconds since the last."""
-
-    def __init__(self, timings: dict[str, float]):
-        self.timings, self.clock = timings, time.perf_counter()
-
-    def __call__(self, name: str) -> None:
-        now = time.perf_counter()
-        self.timings[name] = round((now - self.clock) * 1000.0, 3)
-        self.clock = now
-
-
-def _nothing_found(plan: Plan, gen: Any, timings: dict[str, float], flags: dict[str, Any],
-                   started: float) -> RecallResult:
-    """The result of a recall without candidates (skipped, out of scope, or empty legs)."""
-    plan.drop_tokens()
-    timings["total"] = elapsed_ms(started)
-    return RecallResult(plan.query, plan.user, [], 0, plan.budget_tokens, timings, flags,
-                        gen.number if gen is not None else None, empty_explain() if plan.explain else None)
-
-
-def _gather(column: Any, rows: np.ndarray) -> np.ndarray:
-    """``column[rows]`` of a memory-mapped array, read in row order (sequential pages)."""
-    return np.asarray(column[np.sort(rows)])[np.argsort(np.argsort(rows))]
 
 
 def _fuse(plan: Plan, lex: lexical.LexicalHits | None, dense_hits: dense.DenseHits | None,
@@ -474,6 +434,20 @@ def _expand(gen, pool_rows: np.ndarray, fused_score: dict[int, float], start: in
     score_of = {int(n): float(s) for n, s in zip(nodes[wanted], scores[wanted])}
     info = {"method": result.method, "subgraph_nodes": result.subgraph_nodes, "added": len(added)}
     return added, score_of, info
+
+
+def _late_interaction(plan: Plan, found: Candidates, gen: Any, wants_late: bool, timings: dict[str, float],
+                      flags: dict[str, Any]) -> None:
+    """The candidates' sentence vectors and their cosine with the query; with the
+    query's tokens and the generation's, MaxSim (ColBERT late interaction) too."""
+    found.vectors = _gather(gen.vectors, found.rows)
+    found.cosine = found.vectors @ plan.query_vector
+    query_tokens = plan.tokens() if wants_late else None
+    if query_tokens is not None:
+        found.late_scores = late.maxsim(query_tokens, gen.late, found.rows)
+        flags["late"] = int(np.count_nonzero(~np.isnan(found.late_scores)))
+        timings.update((name, plan.timings_ms[name]) for name in ("embed_tokens", "wait_tokens")
+                       if name in plan.timings_ms)
 
 
 def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessOverlay | None) -> rank.Ranked:
@@ -572,3 +546,29 @@ def _pack(plan: Plan, found: Candidates, selected: list[int], gen: Any,
             signals={s: round(float(ranked.signals[s][p.row]), 4) for s in rank.SIGNALS},
         ))
     return packed, result_items
+
+
+class _Laps:
+    """Stage timings: each call records, under its name, the milliseconds since the last."""
+
+    def __init__(self, timings: dict[str, float]):
+        self.timings, self.clock = timings, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.timings[name] = round((now - self.clock) * 1000.0, 3)
+        self.clock = now
+
+
+def _nothing_found(plan: Plan, gen: Any, timings: dict[str, float], flags: dict[str, Any],
+                   started: float) -> RecallResult:
+    """The result of a recall without candidates (skipped, out of scope, or empty legs)."""
+    plan.drop_tokens()
+    timings["total"] = elapsed_ms(started)
+    return RecallResult(plan.query, plan.user, [], 0, plan.budget_tokens, timings, flags,
+                        gen.number if gen is not None else None, empty_explain() if plan.explain else None)
+
+
+def _gather(column: Any, rows: np.ndarray) -> np.ndarray:
+    """``column[rows]`` of a memory-mapped array, read in row order (sequential pages)."""
+    return np.asarray(column[np.sort(rows)])[np.argsort(np.argsort(rows))]
