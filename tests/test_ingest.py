@@ -103,11 +103,11 @@ def test_turns_already_stored_that_are_not_whole_numbers_read_as_zero():
     fail the compaction that reads them again."""
     import pyarrow as pa
 
-    from pipelines.ingest import _turns
+    from helix_ray.ingest.assemble import turns_of
 
     texts = ['{"turn": "x"}', '{"turn": 3}', None, '{"a": 1}', '{"turn": -2}', '{"turn": 1e40}', '{"turn": true}',
              '{"turn": 12345}']
-    assert _turns(pa.chunked_array([pa.array(texts, pa.string())])).tolist() == [0, 3, 0, 0, 0, 0, 0, 12345]
+    assert turns_of(pa.chunked_array([pa.array(texts, pa.string())])).tolist() == [0, 3, 0, 0, 0, 0, 0, 12345]
 
 
 def test_a_memory_once_dropped_as_a_duplicate_stays_deleted_when_deleted(tmp_path):
@@ -336,7 +336,7 @@ def test_a_generation_recorded_but_never_made_current_is_rolled_forward(tmp_path
     """A crash after the database commit and before CURRENT moves: the next run makes
     the recorded generation current first, so a new memory and a changed text both
     arrive, and nothing is embedded twice."""
-    import pipelines.ingest as pipeline
+    import helix_ray.ingest.run as pipeline
 
     store = tmp_path / "store"
     ingest([write_jsonl(tmp_path / "a.jsonl", [memory(0, FACTS[0])])], store, runner="local")
