@@ -351,6 +351,25 @@ def test_a_generation_recorded_but_never_made_current_is_rolled_forward(tmp_path
     assert "m001" in gen.columns.id_to_row
 
 
+def test_a_local_ingest_imports_neither_pipelines_nor_ray(tmp_path):
+    """The library reaches the Ray Data job (the top-level ``pipelines`` package) only
+    when a run asks for Ray: a local ingest, as a Memory or the server's writer runs
+    one, imports neither ``pipelines`` nor Ray."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    source = write_jsonl(tmp_path / "a.jsonl", [memory(0, FACTS[0])])
+    code = ("import sys\n"
+            "from helix_ray.ingest.run import ingest\n"
+            f"assert ingest([{str(source)!r}], {str(tmp_path / 'store')!r}, runner='local').published\n"
+            "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('pipelines', 'ray'))\n"
+            "assert not loaded, loaded\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_old_generations_are_pruned(tmp_path):
     store = tmp_path / "store"
     for i, fact in enumerate(FACTS[:4]):
