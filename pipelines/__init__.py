@@ -1,1 +1,1 @@
-"""Ray Data jobs: ingest (sources → a published generation) and compaction."""
+"""Ray Data job definitions (the dataflow wiring); the stages they run are :mod:`helix_ray.ingest`'s."""

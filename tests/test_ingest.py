@@ -103,11 +103,11 @@ def test_turns_already_stored_that_are_not_whole_numbers_read_as_zero():
     fail the compaction that reads them again."""
     import pyarrow as pa
 
-    from pipelines.ingest import _turns
+    from helix_ray.ingest.assemble import turns_of
 
     texts = ['{"turn": "x"}', '{"turn": 3}', None, '{"a": 1}', '{"turn": -2}', '{"turn": 1e40}', '{"turn": true}',
              '{"turn": 12345}']
-    assert _turns(pa.chunked_array([pa.array(texts, pa.string())])).tolist() == [0, 3, 0, 0, 0, 0, 0, 12345]
+    assert turns_of(pa.chunked_array([pa.array(texts, pa.string())])).tolist() == [0, 3, 0, 0, 0, 0, 0, 12345]
 
 
 def test_a_memory_once_dropped_as_a_duplicate_stays_deleted_when_deleted(tmp_path):
@@ -336,7 +336,7 @@ def test_a_generation_recorded_but_never_made_current_is_rolled_forward(tmp_path
     """A crash after the database commit and before CURRENT moves: the next run makes
     the recorded generation current first, so a new memory and a changed text both
     arrive, and nothing is embedded twice."""
-    import pipelines.ingest as pipeline
+    import helix_ray.ingest.run as pipeline
 
     store = tmp_path / "store"
     ingest([write_jsonl(tmp_path / "a.jsonl", [memory(0, FACTS[0])])], store, runner="local")
@@ -349,6 +349,25 @@ def test_a_generation_recorded_but_never_made_current_is_rolled_forward(tmp_path
     gen = Generation.open_current(store)
     assert gen.memories.column("text")[gen.columns.id_to_row["m000"]].as_py() == FACTS[2]
     assert "m001" in gen.columns.id_to_row
+
+
+def test_a_local_ingest_imports_neither_pipelines_nor_ray(tmp_path):
+    """The library reaches the Ray Data job (the top-level ``pipelines`` package) only
+    when a run asks for Ray: a local ingest, as a Memory or the server's writer runs
+    one, imports neither ``pipelines`` nor Ray."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    source = write_jsonl(tmp_path / "a.jsonl", [memory(0, FACTS[0])])
+    code = ("import sys\n"
+            "from helix_ray.ingest.run import ingest\n"
+            f"assert ingest([{str(source)!r}], {str(tmp_path / 'store')!r}, runner='local').published\n"
+            "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('pipelines', 'ray'))\n"
+            "assert not loaded, loaded\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_old_generations_are_pruned(tmp_path):

@@ -32,7 +32,7 @@ def test_ray_runner_matches_local_runner(tmp_path, local_ray, monkeypatch):
     # Small blocks and batches so the 300 memories stream through Ray Data as 5 blocks of
     # 64 rows, each cut into 32-row batches: the same batches the local runner embeds.
     monkeypatch.setattr("pipelines.ingest.BLOCK", 64)
-    monkeypatch.setattr("pipelines.ingest.BATCH", 32)
+    monkeypatch.setattr("helix_ray.ingest.run.BATCH", 32)
     sources = [SAMPLE / "memories.jsonl", SAMPLE / "notes", SAMPLE / "transcript.jsonl", SAMPLE / "bad_records.jsonl"]
     on_ray = ingest(sources, tmp_path / "ray", runner="ray", show_progress=False)
     local = ingest(sources, tmp_path / "local", runner="local")

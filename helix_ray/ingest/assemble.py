@@ -1,0 +1,307 @@
+"""Building the next generation (a :class:`GenerationData`) from the rows an ingest run
+keeps: the previous generation's rows that stay, with their vectors, then the new ones
+with the outputs of stages 4–7a; sorted so that each tenant is one range, with its graph
+(stage 7b) and what the previous generation hands on (stage 7c, :mod:`helix_ray.ingest.carry`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from helix_ray.config import IngestConfig
+from helix_ray.ingest import carry
+from helix_ray.ingest.graph import build_graph, tenant_codes
+from helix_ray.recall.lexical import Analyzer, lexical_text
+from helix_ray.schema import GENERATION_SCHEMA
+from helix_ray.store.db import StoreDB
+from helix_ray.store.generation import Generation, GenerationData, partitions_of
+
+
+@dataclasses.dataclass
+class NextRows:
+    """The rows of the next generation, before they are sorted: ``old_rows[keep_old]``
+    then ``todo``.
+
+    ``old_rows`` are the previous generation's rows that stay (its schema, its order) and
+    ``old_index`` their row numbers there; ``keep_old`` those of them deduplication kept.
+    ``todo`` are the new or changed records deduplication kept (``keep_new``: their
+    positions among all the run's new records), ``new_cols`` their stage 4–7a outputs
+    (:func:`collect`). ``sigs`` holds the MinHash signatures of every old row, then of
+    every new record."""
+
+    previous: Generation | None
+    old_rows: pa.Table
+    old_index: np.ndarray
+    keep_old: list[int]
+    todo: list[dict[str, Any]]
+    new_cols: dict[str, Any]
+    sigs: np.ndarray
+    keep_new: list[int]
+
+    @property
+    def n_old(self) -> int:
+        return len(self.old_rows)
+
+
+def assemble(rows: NextRows, db: StoreDB, config: IngestConfig) -> tuple[GenerationData, list[str]]:
+    """The next generation's rows, sorted so that each tenant is one range, with what
+    they carry: the previous generation's rows keep their vectors, and their entities,
+    BM25 terms and nearest neighbours where it holds them (:mod:`helix_ray.ingest.carry`).
+    Also returns the graph's node names (memory ids, then ``user|entity``)."""
+    from helix_ray.embedder import DIM
+
+    previous, todo, new_cols, keep_old = rows.previous, rows.todo, rows.new_cols, rows.keep_old
+    old_table = rows.old_rows.take(pa.array(keep_old, pa.int64())) if keep_old else GENERATION_SCHEMA.empty_table()
+    previous_rows = rows.old_index[keep_old] if keep_old else np.zeros(0, np.int64)
+    new_table = memory_table(todo, new_cols)
+    table = pa.concat_tables([old_table, new_table])
+    old_vectors = np.asarray(previous.vectors[previous_rows]) if previous is not None and keep_old \
+        else np.zeros((0, DIM), np.float32)
+    vectors = np.concatenate([old_vectors, new_cols["vector"]]).astype(np.float32)
+    sigs = rows.sigs
+    minhash = np.concatenate([sigs[keep_old], sigs[[rows.n_old + i for i in rows.keep_new]]]) if len(sigs) else sigs
+    old_texts = old_table.column("text").to_pylist()
+    analyzer = bm25_analyzer(config)
+    new_lexical = [lexical_text(r["text"], json.loads(x)) for r, x in zip(todo, new_cols["expansions"])]
+    old_lexical = None
+    if not carry.terms_carried(previous, analyzer):
+        old_ids = old_table.column("id").to_pylist()
+        old_exp = db.expansions_for(old_ids)
+        old_lexical = [lexical_text(t, old_exp.get(i, [])) for i, t in zip(old_ids, old_texts)]
+    terms = carry.terms(previous, previous_rows, old_lexical, new_lexical, analyzer)
+    ents = pa.concat_arrays([carry.mentions(previous, previous_rows, old_texts),
+                             pa.array([json.loads(x) for x in new_cols["entities"]], carry.MENTIONS_TYPE)])
+
+    # Group by tenant, then time, then arrival: a tenant is a contiguous row range.
+    users = table.column("user").to_pylist()
+    created = table.column("created_at").cast(pa.int64()).to_numpy()
+    take = np.lexsort((np.arange(len(users)), created, tenant_codes(users)[1])).astype(np.int64)
+    order = take.tolist()
+    table = table.take(pa.array(take))
+    vectors, minhash, terms = vectors[take], minhash[take], terms.take(take)
+    previous_row = np.concatenate([previous_rows, np.full(len(todo), -1, np.int64)])[take]
+    late = _late_tokens(previous, previous_rows, old_table, new_cols, config)
+    if late is not None and not np.array_equal(take, np.arange(len(take))):
+        late = late.take(take)  # the unsorted block is freed here: nothing else holds it
+    ents = ents.take(pa.array(take))
+    users = [users[i] for i in order]
+    parts = {p["user"]: (p["start"], p["end"]) for p in partitions_of(users)}
+
+    knn, all_knn, dense_indexes, removed = _semantic_knn(vectors, parts, previous, previous_row, config)
+    sessions = table.column("session_id").to_pylist()
+    metadata_turns = turns_of(table.column("metadata"))
+    created_sorted = created[take]
+    order_keys = list(zip(created_sorted.tolist(), metadata_turns.tolist()))  # creation time, then turn
+    graph, entities = build_graph(
+        users=users, sessions=sessions, order_keys=order_keys, entity_lists=ents, knn=knn,
+        partitions=parts, config=config.graph,
+    )
+    node_names = table.column("id").to_pylist() + [
+        f"{u}|{k}" for u, k in zip(entities.column("user").to_pylist(), entities.column("key").to_pylist())]
+    data = GenerationData(
+        memories=table, vectors=vectors, minhash=minhash, terms=terms, graph=graph,
+        entities=entities, embedder=config.embedder.name, dim=DIM,
+        extra={"doc2query": config.doc2query.backend, "_dense_indexes": dense_indexes,
+               "carry": {"mentions": carry.MENTIONS_VERSION, "dense_removed": removed}},
+        late=late, mentions=ents, knn=all_knn,
+    )
+    return data, node_names
+
+
+def collect(batches: list[dict[str, np.ndarray]], n: int, config: IngestConfig) -> dict[str, Any]:
+    """The transform stages' batches (in any order) as columns in ``seq`` order, one
+    row per input: ``vector``, ``expansions``, ``entities``, ``n_tokens`` and ``late``
+    (the token vectors, or None when late interaction is off)."""
+    from helix_ray.embedder import DIM
+
+    if not batches:
+        from helix_ray.token_encoder import empty_tokens
+
+        late = empty_tokens() if config.late_interaction.enabled else None
+        return {"vector": np.zeros((0, DIM), np.float32), "expansions": [], "entities": [],
+                "n_tokens": np.zeros(0, np.int32), "late": late}
+    seq = np.concatenate([np.asarray(b["seq"], np.int64) for b in batches])
+    order = np.argsort(seq, kind="stable")
+    if len(seq) != n or not np.array_equal(seq[order], np.arange(n)):
+        raise RuntimeError(f"the transform stages returned {len(seq)} rows for {n} inputs")
+
+    def cat(key: str, dtype=None) -> Any:
+        return np.concatenate([np.asarray(b[key], dtype=dtype) for b in batches])[order]
+
+    late = None
+    if "late_codes" in batches[0]:
+        from helix_ray.token_encoder import from_blobs
+
+        late = from_blobs([bytes(x) for x in cat("late_codes", object)], [bytes(x) for x in cat("late_scales", object)])
+    return {
+        "vector": np.stack(list(cat("vector", np.float32))) if cat("vector", np.float32).ndim == 1
+        else cat("vector", np.float32),
+        "expansions": [str(x) for x in cat("expansions", object)],
+        "entities": [str(x) for x in cat("entities", object)],
+        "n_tokens": cat("n_tokens", np.int32),
+        "late": late,
+    }
+
+
+def memory_table(rows: list[dict[str, Any]], cols: dict[str, Any] | None) -> pa.Table:
+    """``rows`` as a table in :data:`GENERATION_SCHEMA`, their token counts from ``cols``
+    (:func:`collect`), or counted here when there are none (rows that were not transformed)."""
+    names = [f.name for f in GENERATION_SCHEMA]
+    data = {name: [r.get(name) for r in rows] for name in names if name != "n_tokens"}
+    if cols is None:
+        from helix_ray.recall.pack import token_counter
+
+        count = token_counter()
+        data["n_tokens"] = [count(r["text"]) for r in rows]
+    else:
+        data["n_tokens"] = [int(x) for x in cols["n_tokens"]]
+    return pa.table({n: data[n] for n in names}, schema=GENERATION_SCHEMA)
+
+
+def in_generation_schema(table: pa.Table) -> pa.Table:
+    """``table`` with :data:`GENERATION_SCHEMA`'s columns in its order: a generation
+    written without a column gets it as nulls (as ``Table.from_pylist`` with the schema
+    would)."""
+    if table.schema.equals(GENERATION_SCHEMA):
+        return table
+    columns = [table.column(f.name).cast(f.type) if f.name in table.column_names
+               else pa.nulls(table.num_rows, f.type) for f in GENERATION_SCHEMA]
+    return pa.Table.from_arrays(columns, schema=GENERATION_SCHEMA)
+
+
+def session_context(todo: list[dict[str, Any]], vectors: np.ndarray, old_rows: pa.Table,
+                    previous: Generation | None, old_positions: np.ndarray | None, weight: float) -> np.ndarray:
+    """``IngestConfig.session_context``: each new conversation turn's vector becomes
+    ``unit(v + weight · v_prev)``, ``v_prev`` the stored vector of the latest earlier
+    turn of its (user, session) — an old row or a new one, in (created_at, arrival) order.
+    Old rows keep their vectors, so a conversation ingested turn by turn is mixed as one
+    ingested at once (when its turns arrive in order)."""
+    def key(row: dict[str, Any]) -> tuple[str, str] | None:
+        if row.get("type") != "episodic" or not row.get("session_id"):
+            return None
+        return str(row["user"]), str(row["session_id"])
+
+    last: dict[tuple[str, str], tuple[Any, np.ndarray]] = {}  # session → (time, vector) of its last turn
+    wanted = {k for k in map(key, todo) if k is not None}  # only these sessions' old turns matter
+    if previous is not None and old_positions is not None and wanted:
+        latest_old: dict[tuple[str, str], tuple[Any, int]] = {}
+        sessions = old_rows.column("session_id")
+        candidates = np.flatnonzero(pc.is_in(sessions, value_set=pa.array(sorted({s for _, s in wanted}),
+                                                                           sessions.type)).to_numpy(zero_copy_only=False))
+        rows = old_rows.select(["type", "session_id", "user", "created_at"]).take(pa.array(candidates, pa.int64()))
+        for i, row in zip(candidates.tolist(), rows.to_pylist()):
+            k = key(row)
+            if k is not None and (k not in latest_old or row["created_at"] >= latest_old[k][0]):
+                latest_old[k] = (row["created_at"], i)
+        last = {k: (t, np.asarray(previous.vectors[old_positions[i]], np.float32))
+                for k, (t, i) in latest_old.items()}
+    out = np.array(vectors, dtype=np.float32, copy=True)
+    for i in sorted(range(len(todo)), key=lambda i: (todo[i]["created_at"], i)):
+        k = key(todo[i])
+        if k is None:
+            continue
+        seen = last.get(k)
+        if seen is not None and seen[0] > todo[i]["created_at"]:
+            continue  # arrived after a later turn of its session: left as it is
+        if seen is not None:
+            mixed = out[i] + weight * seen[1]
+            out[i] = mixed / max(float(np.linalg.norm(mixed)), 1e-12)
+        last[k] = (todo[i]["created_at"], out[i])
+    return out
+
+
+def turns_of(metadata: pa.ChunkedArray) -> np.ndarray:
+    """Each row's ``metadata["turn"]``: 0 when absent or not a whole number ≥ 0 (a stored
+    row may hold any JSON value there, and must not fail the compaction that reads it).
+    Only the rows whose JSON text names a "turn" are parsed."""
+    turns = np.zeros(len(metadata), np.int64)
+    named = np.flatnonzero(pc.fill_null(pc.match_substring(metadata, '"turn"'), False).to_numpy(zero_copy_only=False))
+    for i, text in zip(named.tolist(), metadata.take(pa.array(named, pa.int64())).to_pylist()):
+        turn = json.loads(text).get("turn")
+        if isinstance(turn, int) and not isinstance(turn, bool) and 0 <= turn <= np.iinfo(np.int64).max:
+            turns[i] = turn
+    return turns
+
+
+def bm25_analyzer(config: IngestConfig) -> Analyzer:
+    """The BM25 analyzer ``config.lexical`` describes."""
+    return Analyzer(stemmer=config.lexical.stemmer or None, split_identifiers=config.lexical.split_identifiers)
+
+
+def _semantic_knn(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previous: Generation | None,
+                  previous_row: np.ndarray, config: IngestConfig):
+    """Each tenant's k nearest memories (the graph's semantic edges), from an HNSW index
+    over its int8 vectors when it is large enough to get one (kept for the dense leg),
+    else exactly. A memory carried over keeps its list unless a neighbour left; it meets
+    only the new memories; an HNSW index is carried too (:func:`carry.dense_index`).
+    Returns the per-tenant lists for the graph, all rows' lists (N, k + 1) to store (None
+    when ``graph.knn`` is 0), the HNSW indexes, and the tombstones each carried index holds."""
+    from helix_ray.embedder import DIM
+    from helix_ray.store.generation import build_hnsw, quantize_int8
+
+    width = config.graph.knn + 1 if config.graph.knn > 0 else 0  # 0: no semantic edges
+    now = carry.moved_to(previous.size, previous_row) if previous is not None else None
+    before = carry.previous_knn(previous, width, now) if width else None
+    large = [u for u, (start, end) in parts.items() if end - start >= config.hnsw_min_rows]
+    int8 = quantize_int8(vectors) if large else None
+    knn, dense_indexes, removed = {}, {}, {}
+    all_n = np.full((len(vectors), width), -1, np.int64)
+    all_s = np.zeros((len(vectors), width), np.float32)
+    for user, (start, end) in parts.items():
+        k = min(width, end - start)
+        search = similarity = None
+        if user in large:
+            assert int8 is not None
+            carried = carry.dense_index(previous, user, start, end, int8, previous_row, now,
+                                        connectivity=config.hnsw_connectivity,
+                                        expansion_add=config.hnsw_expansion_add, threads=config.hnsw_threads)
+            if carried is not None:
+                index, removed[user] = carried
+            else:
+                index = build_hnsw(int8[start:end], start, DIM, connectivity=config.hnsw_connectivity,
+                                   expansion_add=config.hnsw_expansion_add, threads=config.hnsw_threads)
+            dense_indexes[user] = index
+
+            def search(rows: np.ndarray, index=index, k=k) -> tuple[np.ndarray, np.ndarray]:
+                matches = index.search(int8[rows], k, threads=0)
+                return matches.keys.astype(np.int64), 1.0 - matches.distances.astype(np.float32)
+
+            def similarity(rows: np.ndarray, candidates: np.ndarray) -> np.ndarray:  # as usearch's i8 cosine
+                a, b = int8[rows].astype(np.float32), int8[candidates].astype(np.float32)
+                a /= np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+                b /= np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
+                return a @ b.T
+
+        if not width:
+            continue
+        all_n[start:end], all_s[start:end] = carry.tenant_knn(
+            vectors, start, end, k, width, previous=before, previous_row=previous_row, search=search,
+            similarity=similarity)
+        if k > 1:
+            knn[user] = (all_n[start:end, :k], all_s[start:end, :k])
+    return knn, (all_n, all_s) if width else None, dense_indexes, removed
+
+
+def _late_tokens(previous: Generation | None, old_rows: np.ndarray, old_table: pa.Table, new_cols: dict[str, Any],
+                 config: IngestConfig):
+    """Token vectors of old rows then new rows (the unsorted concatenation), or None when
+    late interaction is off. Old rows keep the previous generation's tokens; a previous
+    generation built without them has its rows encoded now (once: the next run reuses)."""
+    from helix_ray.token_encoder import PassageTokens, from_blobs, get_token_encoder, to_blobs
+
+    if not config.late_interaction.enabled or new_cols.get("late") is None:
+        return None
+    old = None
+    if len(old_rows) and previous is not None and previous.late is not None:
+        old = previous.late.take(old_rows)
+    elif len(old_rows):
+        encoder = get_token_encoder(config.late_interaction.max_tokens)
+        old = from_blobs(*to_blobs(encoder.encode_passages(old_table.column("text").to_pylist())))
+    new = new_cols.pop("late")  # from here on only the assembled block holds the new tokens
+    return PassageTokens.concat([p for p in (old, new) if p is not None])

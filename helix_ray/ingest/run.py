@@ -1,0 +1,598 @@
+"""The ingest pipeline: sources → a published store generation.
+
+Stage order (each stage a function of :mod:`helix_ray.ingest`; :func:`_stages` runs them):
+
+1. read sources                      ┐ Ray Data, one task per source
+2. validate and normalise            ┘ (bad rows → quarantine, with reason and position)
+   ── barrier: MinHash-LSH dedup needs every signature of the tenant ──
+3. exact and near-duplicate removal  (driver; against the previous generation too:
+                                      what a run takes from it is in :mod:`.previous`)
+4. doc2query expansion               ┐ Ray Data, streaming, only for memories that are
+5. embed (actor pool, batched):      │ new or changed: old ones keep their vectors
+   sentence vector + token vectors   │ (:mod:`.stages`)
+7a. entities, token counts           ┘
+   (a conversation turn's vector takes in its session's previous turn: session_context)
+   ── barrier: indexes and graph need every row ──
+7b. graph edges (mentions, sessions, temporal, semantic kNN)        ┐ :mod:`.assemble`
+7c. carried over, not recomputed: the previous generation's rows    │
+    keep their entities, BM25 terms, kNN lists and HNSW entries     ┘ (:mod:`.carry`)
+6. quantize (int8 and binary) and    ┐ atomic; the previous generation keeps serving
+8. write and publish the generation  ┘ on failure; codes made from the final vectors
+                                       (:mod:`helix_ray.store.generation`)
+
+``runner="ray"`` runs stages 1–2 and 4–7a on Ray Data (a local Ray it starts, or the
+cluster named by ``RAY_ADDRESS``), wired in :mod:`pipelines.ingest` and imported only
+then (:func:`_ray_job`); ``runner="local"`` runs the same functions in this process, for
+tests and small online batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterator, Protocol, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from helix_ray.config import IngestConfig
+from helix_ray.errors import InvalidArgument, StoreError
+from helix_ray.ingest import stages
+from helix_ray.ingest.assemble import NextRows, assemble, bm25_analyzer, collect, memory_table, session_context
+from helix_ray.ingest.dedup import find_duplicates
+from helix_ray.ingest.graph import edges_table
+from helix_ray.ingest.previous import (OldThenNew, carried_over, fold_accesses, has_deletions, held_by,
+                                       keep_folded_accesses, open_previous, retagged)
+from helix_ray.ingest.sources import FORMATS, detect_format
+from helix_ray.store.db import StoreDB
+from helix_ray.store.generation import (ACCESS_WATERMARK, Generation, GenerationData, current_generation_number,
+                                       prune, publish, set_current)
+
+log = logging.getLogger(__name__)
+
+BATCH = 256  # rows per transform call, on either runner (the embedder sorts within it by length)
+
+
+@dataclasses.dataclass
+class IngestReport:
+    """What one ingest run did. ``embedded`` counts passages sent to the embedder;
+    ``reused`` those whose vectors came with the run instead (a compaction's writes)."""
+
+    run_id: str = ""
+    read: int = 0
+    accepted: int = 0
+    quarantined: int = 0
+    duplicates: int = 0
+    unchanged: int = 0
+    new: int = 0
+    updated: int = 0
+    retagged: int = 0  # of ``updated``: same text, other fields changed (no re-embedding)
+    embedded: int = 0
+    reused: int = 0
+    total_memories: int = 0
+    generation: int | None = None
+    published: bool = False
+    pruned: list[int] = dataclasses.field(default_factory=list)  # generation folders deleted after publishing
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    quarantine_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class TransformFeed(Protocol):
+    """Stages 4, 5 and 7a on Ray Data, started before their input exists
+    (``pipelines.ingest._TransformFeed``)."""
+
+    def start(self, max_rows: int) -> None: ...
+
+    def run(self, table: pa.Table) -> list[dict[str, np.ndarray]]: ...
+
+
+@dataclasses.dataclass
+class Run:
+    """What the steps of one ingest run share."""
+
+    store: Path
+    db: StoreDB  # the store's writer
+    config: IngestConfig
+    report: IngestReport
+    runner: str = "local"
+    crash_after: str | None = None  # a generation file after which publishing raises (tests)
+    computed: dict[str, stages.Computed] = dataclasses.field(default_factory=dict)  # see :func:`ingest`
+    feed: TransformFeed | None = None  # runner="ray": started while stage 3 runs
+    empty_ok: bool = False  # publish a generation even when no record was read (:func:`initialise`)
+
+
+@dataclasses.dataclass
+class Accepted:
+    """Stages 1–2's outcome: the records to store, by id, and those held back."""
+
+    latest: dict[str, dict[str, Any]]
+    quarantined: list[dict[str, Any]]  # as rows of the store's quarantine
+    validated: int  # records that passed validation, before id conflicts were held back
+
+
+@dataclasses.dataclass
+class Changes:
+    """Stage 3, first part: how the accepted records differ from what the store holds."""
+
+    previous: Generation | None
+    fresh: list[dict[str, Any]]  # new memories and new versions of stored ones
+    replaced: set[str]  # ids of the stored memories that ``fresh`` holds new versions of
+    retagged: dict[str, dict[str, Any]]  # same text, other fields: id → new field values
+    old_rows: pa.Table  # the previous generation's rows that stay (:func:`previous.carried_over`)
+    old_index: np.ndarray  # their row numbers there
+    folded: int  # the access log position the new generation has folded up to
+
+
+@dataclasses.dataclass
+class Deduplicated:
+    """Stage 3, second part: what near-duplicate removal keeps, among the old rows
+    (``Changes.old_rows``) then the fresh ones (``Changes.fresh``)."""
+
+    sigs: np.ndarray  # MinHash signatures of every old row, then of every fresh one
+    links: list[tuple[str, str, float]]  # (dropped id, kept id, Jaccard similarity)
+    keep_old: list[int]
+    keep_new: list[int]
+    dropped_rows: list[dict[str, Any]]  # fresh records dropped
+    dropped_old_ids: list[str]  # stored memories dropped (a new record is preferred)
+
+
+@contextmanager
+def timed(report: IngestReport, name: str) -> Iterator[None]:
+    """Adds the block's wall time to ``report.seconds[name]`` (when it does not raise)."""
+    start = time.perf_counter()
+    yield
+    report.seconds[name] = round(report.seconds.get(name, 0.0) + time.perf_counter() - start, 3)
+
+
+def ingest(
+    sources: Sequence[str | Path],
+    store: str | Path,
+    *,
+    fmt: str = "auto",
+    config: IngestConfig | None = None,
+    runner: str = "ray",
+    show_progress: bool = True,
+    crash_after: str | None = None,
+    db: StoreDB | None = None,
+    computed: dict[str, stages.Computed] | None = None,
+) -> IngestReport:
+    """Ingest ``sources`` into ``store`` and publish a new generation if anything changed.
+
+    ``db`` is the store's open writer when the caller already holds one (a
+    :class:`helix_ray.Memory`); otherwise this run opens the store's DuckDB file itself.
+    ``computed`` (by memory id) holds stage 4–5 outputs made earlier under this
+    ``config`` (the server's, for its online writes): a new memory whose text is the
+    same is not expanded, embedded nor token-encoded again.
+    """
+    config = config or IngestConfig()
+    store = Path(store)
+    if runner not in ("ray", "local"):
+        raise InvalidArgument("runner", runner, "allowed runners are 'ray' and 'local'")
+    if fmt not in FORMATS:
+        raise InvalidArgument("format", fmt, f"allowed formats are {', '.join(FORMATS)}")
+    items = []
+    for source in sources:
+        path = Path(source)
+        if not path.exists():
+            raise InvalidArgument("source", str(path), "it must be an existing file or folder")
+        items.append({"path": str(path.resolve()), "format": detect_format(path) if fmt == "auto" else fmt})
+    if not items:
+        raise InvalidArgument("sources", [], "give at least one file or folder to ingest")
+
+    report = IngestReport()
+    with _writer(store, db) as db, _recorded_run(db, report, [i["path"] for i in items]):
+        run = Run(store, db, config, report, runner=runner, crash_after=crash_after, computed=computed or {})
+        if runner == "local":
+            _stages(run, items)
+        else:
+            _ray_job().run_stages(run, items, _stages, show_progress=show_progress)
+    return report
+
+
+def _ray_job() -> ModuleType:
+    """The Ray Data job wiring (:mod:`pipelines.ingest`), for ``runner="ray"`` only.
+
+    The one place the library reaches the top-level ``pipelines`` package, and only when
+    a run asks for Ray: a local ingest (a :class:`helix_ray.Memory`, the server's
+    writer, the tests) imports neither it nor Ray Data."""
+    import pipelines.ingest
+
+    return pipelines.ingest
+
+
+@contextmanager
+def _writer(store: Path, db: StoreDB | None) -> Iterator[StoreDB]:
+    """The store's writer (``db``, or the DuckDB file opened here and closed after),
+    with a generation a crash left recorded but not current made current first."""
+    own = db is None
+    db = db or StoreDB(store)
+    try:
+        roll_forward(store, db)
+        yield db
+    finally:
+        if own:
+            db.close()
+
+
+@contextmanager
+def _recorded_run(db: StoreDB, report: IngestReport, sources: list[str]) -> Iterator[None]:
+    """One row of the store's ``ingest_runs`` around the block: failed if it raises,
+    else published or unchanged as ``report`` says."""
+    report.run_id = run_id = db.start_run(sources)
+    try:
+        yield
+    except BaseException:
+        db.finish_run(run_id, report.as_dict(), None, "failed")
+        raise
+    db.finish_run(run_id, report.as_dict(), report.generation, "published" if report.published else "unchanged")
+
+
+def initialise(store: str | Path, *, config: IngestConfig | None = None, db: StoreDB | None = None) -> int:
+    """The store's current generation; for a store that has none yet, first publish an
+    empty one (no memories, every index file in place), so a server can serve the store
+    and take online writes before anything was ingested. Like :func:`ingest`, this
+    opens the store's DuckDB file unless ``db`` (its open writer) is given."""
+    config = config or IngestConfig()
+    store = Path(store)
+    number = current_generation_number(store)
+    if number is not None:
+        return number
+    with _writer(store, db) as db:
+        if current_generation_number(store) is None:  # the roll-forward found none either
+            recorded, held = db.recorded_generation(), db.counts()["memories"]
+            if recorded is not None or held:
+                raise StoreError(
+                    f"Store {store} has no current generation, but its database records generation {recorded} and "
+                    f"{held} memories: its generation files are missing. An empty generation would hide them; "
+                    "restore the store's generations/ folder, or ingest the sources again into a new store.")
+            report = IngestReport()
+            with _recorded_run(db, report, []):
+                _stages(Run(store, db, config, report, empty_ok=True), [])
+    number = current_generation_number(store)
+    assert number is not None  # published above, or by another writer's roll-forward
+    return number
+
+
+def roll_forward(store: Path, db: StoreDB) -> int | None:
+    """Make current the newest generation the database has recorded, when a crash came
+    between recording it and flipping ``CURRENT`` (its folder was written and fsynced
+    before the record). Returns the generation it moved to, or None."""
+    recorded = db.recorded_generation()
+    current = current_generation_number(store) or 0
+    if recorded is None or recorded <= current:
+        return None
+    try:
+        set_current(store, recorded)
+    except StoreError as exc:  # its folder is gone
+        log.warning("the database records generation %d of %s, but: %s", recorded, store, exc)
+        return None
+    log.warning("made generation %d of %s current: an earlier ingest recorded it and stopped before "
+                "switching to it", recorded, store)
+    return recorded
+
+
+# ----------------------------------------------------------------------------- the steps
+
+
+def _stages(run: Run, items: list[dict[str, str]]) -> None:
+    """Stages 1–8 of one run (the picture at the top of this module): a new generation
+    published and recorded, or, when nothing changed, only the quarantine recorded."""
+    report, config = run.report, run.config
+    with timed(report, "read_validate"):
+        out = _read_validate(run, items)
+    accepted = _accept(run, out)
+
+    with timed(report, "dedup"):
+        changes = _changes(run, accepted.latest)
+        if _nothing_to_publish(run, accepted, changes):
+            report.total_memories = len(changes.old_index)
+            report.generation = current_generation_number(run.store)
+            run.db.add_quarantine(accepted.quarantined, report.run_id)
+            return
+        kept = _deduplicate(run, changes)
+
+    todo = [dict(changes.fresh[i], seq=k) for k, i in enumerate(kept.keep_new)]
+    reuse = {r["seq"]: run.computed[r["id"]] for r in todo if r["id"] in run.computed}
+    report.reused = len(reuse)
+    report.embedded = len(todo) - len(reuse)
+    new_cols = _expand_embed_annotate(run, todo, reuse, changes, kept)
+
+    # Old rows keep their vectors; sorted so each tenant is one range.
+    with timed(report, "assemble"):
+        rows = NextRows(changes.previous, changes.old_rows, changes.old_index, kept.keep_old, todo, new_cols,
+                        kept.sigs, kept.keep_new)
+        data, node_names = assemble(rows, run.db, config)
+    data.extra[ACCESS_WATERMARK] = changes.folded
+    report.total_memories = data.memories.num_rows
+
+    with timed(report, "publish"):
+        number = _publish(run, data)
+    with timed(report, "record"):
+        _record(run, number, data, node_names, rows, changes, kept, accepted.quarantined)
+    _make_current(run, number)
+
+
+def _read_validate(run: Run, items: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """Stages 1–2: every record of ``items``, ``{"ok", "payload"}`` (see :func:`read_validate_sign`)."""
+    if run.runner == "ray":
+        return _ray_job().read_validate(items, run.config)
+    return [r for item in items for r in read_validate_sign(item, config=run.config)]
+
+
+def read_validate_sign(item: dict[str, Any], *, config: IngestConfig) -> list[dict[str, Any]]:
+    """Stages 1–2 for one source: its records read and validated
+    (:func:`stages.read_and_validate`), each valid one with its MinHash signature for stage 3."""
+    from helix_ray.ingest.dedup import signatures
+
+    out = stages.read_and_validate(item, config=config)
+    ok = [i for i, r in enumerate(out) if r["ok"]]
+    rows = [json.loads(out[i]["payload"]) for i in ok]
+    sigs = signatures([r["text"] for r in rows], num_perm=config.dedup.num_perm, shingle=config.dedup.shingle)
+    for i, row, sig in zip(ok, rows, sigs):
+        row["minhash"] = sig.tolist()
+        out[i] = {"ok": True, "payload": json.dumps(row)}
+    return out
+
+
+def _accept(run: Run, out: list[dict[str, Any]]) -> Accepted:
+    """The valid records that can be stored as given; the report's read counts."""
+    quarantined = [json.loads(r["payload"]) for r in out if not r["ok"]]
+    incoming = [stages.decode_row(r["payload"]) for r in out if r["ok"]]
+    # An id given twice in the input: the later record wins, the earlier is quarantined
+    # whole. An id that is another user's memory: quarantined (ingest never moves a
+    # memory between tenants; the server's writes refuse it the same way).
+    # The same id for two users in one ingest: the first keeps it, as the store's
+    # memories keep theirs.
+    latest: dict[str, dict[str, Any]] = {}
+    for row in incoming:
+        earlier = latest.get(row["id"])
+        if earlier is not None and earlier["user"] != row["user"]:
+            quarantined.append(_held_back(row, "id_conflict", f"id {row['id']!r} is given earlier in this ingest "
+                                          f"to a memory of user {earlier['user']!r}, not {row['user']!r}; give this "
+                                          "record another id (or none: one is derived)"))
+            continue
+        if earlier is not None:
+            quarantined.append(_held_back(earlier, "duplicate_id", "the same id is given again later in "
+                                          "this ingest; the later record is kept"))
+        latest[row["id"]] = row
+    for memory_id, owner in run.db.foreign_ids([(r["id"], r["user"]) for r in latest.values()]).items():
+        row = latest.pop(memory_id)
+        quarantined.append(_held_back(row, "id_conflict", f"id {memory_id!r} is a memory of user {owner!r}, not "
+                                      f"{row['user']!r}; give this record another id (or none: one is derived)"))
+    report = run.report
+    report.read = len(out)
+    report.quarantined = len(quarantined)
+    report.accepted = len(latest)
+    for q in quarantined:
+        reason = q["reason"].split(":", 1)[0]
+        report.quarantine_reasons[reason] = report.quarantine_reasons.get(reason, 0) + 1
+    return Accepted(latest, quarantined, len(incoming))
+
+
+def _held_back(row: dict[str, Any], code: str, sentence: str) -> dict[str, Any]:
+    """A validated record that cannot be stored as given, as a quarantine row (the whole
+    record kept, so nothing is lost)."""
+    record = {k: v for k, v in row.items() if k not in ("minhash", "content_hash")}
+    return {"source": row.get("source"), "position": f"id {row['id']}", "reason": f"{code}: {sentence}",
+            "raw": json.dumps(record, default=str, ensure_ascii=False, sort_keys=True)}
+
+
+def _changes(run: Run, latest: dict[str, dict[str, Any]]) -> Changes:
+    """What is new, changed or re-tagged against the store, and the previous generation's
+    rows that stay. Starts the Ray transform stage as soon as some records need it."""
+    report, config = run.report, run.config
+    known = run.db.known_hashes()
+    previous = open_previous(run.store, config)
+    fresh, replaced, same_text = _compare(run, latest, known, previous)
+    run.computed = {r["id"]: run.computed[r["id"]] for r in fresh if _reusable(r, run.computed, config)}
+    if run.feed is not None and len(fresh) > len(run.computed):
+        run.feed.start(len(fresh) - len(run.computed))  # the embedding actors start while dedup runs
+    # Same text, other fields changed (a PATCH of type or salience, a re-tagged
+    # record): the carried-over row takes the new fields and keeps its embedding.
+    retags = retagged(previous, same_text)
+    report.unchanged += len(same_text) - len(retags)
+    report.updated += len(retags)
+    report.retagged = len(retags)
+
+    old_rows, old_index, folded, accesses = carried_over(previous, run.db, replaced, retags)
+    keep_folded_accesses(fresh, previous, replaced)
+    fold_accesses(fresh, accesses)
+    return Changes(previous, fresh, replaced, retags, old_rows, old_index, folded)
+
+
+def _compare(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]],
+             previous: Generation | None) -> tuple[list[dict[str, Any]], set[str], list[dict[str, Any]]]:
+    """The accepted records that are new or have a new text (and the ids these replace),
+    and those whose text the store holds (``known``: id → (content hash, deleted))."""
+    dropped_before = run.db.dropped_as_duplicates([i for i in latest if i in known])
+    fresh: list[dict[str, Any]] = []
+    replaced: set[str] = set()
+    same_text = []
+    held = held_by(previous, [r["id"] for r in latest.values() if r["id"] in known])
+    for row in latest.values():
+        seen = known.get(row["id"])
+        if seen is not None and seen[1]:  # deleted, now given again: it comes back
+            seen = None
+        if seen is not None and row["id"] not in held and row["id"] not in dropped_before:
+            seen = None  # restored: recorded by a run whose generation never became current
+        if seen is not None and seen[0] == row["content_hash"]:
+            same_text.append(row)
+            continue
+        if seen is not None:
+            run.report.updated += 1
+            replaced.add(row["id"])
+        else:
+            run.report.new += 1
+        fresh.append(row)
+    return fresh, replaced, same_text
+
+
+def _reusable(row: dict[str, Any], computed: dict[str, stages.Computed], config: IngestConfig) -> bool:
+    """Whether ``computed`` holds stage 4–5 outputs for ``row``'s text as it is now."""
+    got = computed.get(row["id"])
+    return got is not None and got.text == row["text"] and \
+        (got.late_codes is not None or not config.late_interaction.enabled)
+
+
+def _nothing_to_publish(run: Run, accepted: Accepted, changes: Changes) -> bool:
+    """Whether the store's generation stays as it is: no record is new, changed nor
+    re-tagged, and no row left it (a store without a generation gets one when records
+    were read, empty if all were duplicates, or when :func:`initialise` asks)."""
+    return not changes.fresh and not changes.retagged \
+        and (changes.previous is not None or not (accepted.validated or run.empty_ok)) \
+        and not has_deletions(changes.previous, changes.old_index)
+
+
+def _deduplicate(run: Run, changes: Changes) -> Deduplicated:
+    """Stage 3: near-duplicate removal over the rows that stay and the fresh ones, by
+    MinHash-LSH within each tenant (:func:`find_duplicates`)."""
+    config, fresh, old_rows, previous = run.config, changes.fresh, changes.old_rows, changes.previous
+    n_old = old_rows.num_rows
+    users = old_rows.column("user").to_pylist() + [r["user"] for r in fresh]
+    all_ids = old_rows.column("id").to_pylist() + [r["id"] for r in fresh]
+    old_sigs = previous.minhash[changes.old_index] if previous is not None and len(changes.old_index) else np.zeros(
+        (0, config.dedup.num_perm), np.uint32)
+    if old_sigs.shape[1:] != (config.dedup.num_perm,):  # dedup.num_perm changed since: sign the old rows again
+        from helix_ray.ingest.dedup import signatures
+
+        log.info("dedup.num_perm is %d, the previous generation's signatures have %d: signing its %d "
+                 "memories again", config.dedup.num_perm, old_sigs.shape[1], n_old)
+        old_sigs = signatures(old_rows.column("text").to_pylist(), num_perm=config.dedup.num_perm,
+                              shingle=config.dedup.shingle)
+    sigs = np.concatenate([old_sigs, np.array([r["minhash"] for r in fresh], np.uint32).reshape(
+        len(fresh), config.dedup.num_perm)])
+    # Dedup reads the text and preference of the new rows and of the old rows that
+    # share an LSH band with one: old ones are read from the table when asked for.
+    pinned, created, texts = (old_rows.column(name) for name in ("pinned", "created_at", "text"))
+    preference = OldThenNew(lambda i: (bool(pinned[i].as_py()), created[i].as_py(), i),
+                            [(bool(r["pinned"]), r["created_at"], n_old + j) for j, r in enumerate(fresh)], n_old)
+    dropped = find_duplicates(
+        users, sigs, preference, threshold=config.dedup.threshold,
+        texts=OldThenNew(lambda i: texts[i].as_py(), [r["text"] for r in fresh], n_old),
+        shingle=config.dedup.shingle,
+        settled=n_old,  # the previous generation's rows: deduplicated when it was built
+    )
+    drop = {i for i, _, _ in dropped}
+    links = [(all_ids[i], all_ids[j], s) for i, j, s in dropped]
+    run.report.duplicates = len(links)
+    return Deduplicated(
+        sigs=sigs, links=links,
+        keep_old=[i for i in range(n_old) if i not in drop],
+        keep_new=[i for i in range(len(fresh)) if n_old + i not in drop],
+        dropped_rows=[fresh[i] for i in range(len(fresh)) if n_old + i in drop],
+        dropped_old_ids=[all_ids[i] for i in range(n_old) if i in drop],
+    )
+
+
+def _expand_embed_annotate(run: Run, todo: list[dict[str, Any]], reuse: dict[int, stages.Computed],
+                           changes: Changes, kept: Deduplicated) -> dict[str, Any]:
+    """Stages 4, 5 and 7a for the new or changed memories (``reuse``: by ``seq``, those
+    whose outputs came with the run), as columns in ``todo``'s order (:func:`collect`)."""
+    config = run.config
+    with timed(run.report, "expand_embed_annotate"):
+        batches = list(_transform(run, [r for r in todo if r["seq"] not in reuse]))
+        if reuse:
+            batches += _run_local_batches([r for r in todo if r["seq"] in reuse], [stages.Reuse(config, reuse)])
+    new_cols = collect(batches, len(todo), config)
+    del batches  # their token blobs are the largest thing the driver holds
+    if config.session_context > 0:
+        keep_old = kept.keep_old
+        new_cols["vector"] = session_context(todo, new_cols["vector"],
+                                             changes.old_rows.take(pa.array(keep_old, pa.int64())), changes.previous,
+                                             changes.old_index[keep_old] if keep_old else None,
+                                             config.session_context)
+    return new_cols
+
+
+def _transform(run: Run, todo: list[dict[str, Any]]) -> Iterator[dict[str, np.ndarray]]:
+    if not todo:
+        return
+    if run.runner == "local":
+        yield from _run_local_batches(todo, [stages.Transform(run.config)])
+        return
+    assert run.feed is not None
+    yield from run.feed.run(pa.table({
+        "seq": pa.array([r["seq"] for r in todo], pa.int64()),
+        "text": [r["text"] for r in todo],
+        "type": [r["type"] for r in todo],
+    }))
+
+
+def _run_local_batches(rows: list[dict[str, Any]], transforms: Sequence[Any]) -> Iterator[dict[str, np.ndarray]]:
+    for start in range(0, len(rows), BATCH):
+        chunk = rows[start : start + BATCH]
+        batch = {k: np.array([r[k] for r in chunk], dtype=object) for k in ("seq", "text", "type")}
+        for fn in transforms:
+            batch = fn(batch)
+        yield batch
+
+
+def _publish(run: Run, data: GenerationData) -> int:
+    """Stages 6 and 8: the generation's folder written, not yet current."""
+    config = run.config
+    return publish(
+        run.store, data,
+        hnsw_connectivity=config.hnsw_connectivity,
+        hnsw_expansion_add=config.hnsw_expansion_add,
+        crash_after=run.crash_after,
+        dense_indexes=data.extra.pop("_dense_indexes", None),
+        hnsw_min_rows=config.hnsw_min_rows,
+        hnsw_threads=config.hnsw_threads,
+        bm25_analyzer=bm25_analyzer(config),
+        make_current=False,  # after the database has recorded it (_record)
+    )
+
+
+def _record(run: Run, number: int, data: GenerationData, node_names: list[str], rows: NextRows,
+            changes: Changes, kept: Deduplicated, quarantined: list[dict[str, Any]]) -> None:
+    """The database records, in one transaction, what published generation ``number``
+    holds: the new and changed memories, the re-tagged and the dropped ones, expansions,
+    duplicate links, the quarantine, the graph."""
+    db, report, todo, new_cols = run.db, run.report, rows.todo, rows.new_cols
+    db.con.begin()
+    try:
+        tables = memory_table(todo, new_cols)
+        db.upsert_memories(tables, report.run_id)
+        if changes.retagged:
+            held = data.memories.filter(pc.is_in(data.memories.column("id"),
+                                                 pa.array(list(changes.retagged), pa.string())))
+            db.upsert_memories(held, report.run_id)
+        if kept.dropped_rows:
+            db.upsert_memories(memory_table(kept.dropped_rows, None), report.run_id)
+            db.delete([r["id"] for r in kept.dropped_rows])
+        if kept.dropped_old_ids:
+            db.delete(kept.dropped_old_ids)
+        db.upsert_expansions(
+            [r["id"] for r in todo], [json.loads(x) for x in new_cols["expansions"]],
+            run.config.doc2query.backend,
+        )
+        db.add_duplicates(kept.links, report.run_id)
+        db.add_quarantine(quarantined, report.run_id)
+        db.replace_graph(data.entities.select(["user", "key", "df"]),
+                         edges_table(data.graph, node_names), number)
+        db.record_generation(number, report.run_id)
+        db.con.commit()
+    except BaseException:
+        db.con.rollback()
+        raise
+
+
+def _make_current(run: Run, number: int) -> None:
+    """Readers switch to generation ``number`` here, once the database has recorded it:
+    a failure earlier leaves the previous generation current and the database as it was
+    (the unused folder is pruned later). After a crash between the database's commit and
+    this switch, the next run makes the recorded generation current first
+    (:func:`roll_forward`)."""
+    set_current(run.store, number)
+    run.report.generation = number
+    run.report.published = True
+    run.report.pruned = prune(run.store, keep=run.config.keep_generations)
