@@ -6,8 +6,7 @@ Each node is one ``ray start --block`` process (its own temp folder and ports, b
 ``~/.ray``), which :meth:`LocalCluster.env` hands to processes that join it.
 :meth:`LocalCluster.stop` sends each node a SIGTERM, which stops every process it
 started; a node also gets a SIGTERM when the process that started it dies. Never ``ray
-stop``: it kills every Ray process on the host, other users' included
-(../shared/FIELD-NOTES.md).
+stop``: it kills every Ray process on the host, other users' included.
 """
 
 from __future__ import annotations
