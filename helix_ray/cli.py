@@ -27,7 +27,20 @@ TYPES = ("episodic", "semantic", "procedural", "decision", "code")
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="helix", description="Helix: memory recall for coding agents.")
     sub = p.add_subparsers(dest="command", required=True)
+    _ingest_arguments(sub)
+    _recall_arguments(sub)
+    _stats_arguments(sub)
+    _eval_arguments(sub)
+    _adapt_arguments(sub)
+    _compact_arguments(sub)
+    _demo_arguments(sub)
+    _serve_arguments(sub)
+    _keys_arguments(sub)
+    return p
 
+
+def _ingest_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix ingest``: read sources, publish a generation."""
     s = sub.add_parser("ingest", help="ingest sources into a store and publish a new generation")
     s.add_argument("sources", nargs="+", help="files or folders (JSONL, Parquet, Markdown, transcripts, LoCoMo)")
     s.add_argument("--store", required=True, help="store folder (created if missing)")
@@ -39,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--no-progress", action="store_true")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
 
+
+def _recall_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix recall``: one query against a store."""
     s = sub.add_parser("recall", help="recall memories for a query")
     s.add_argument("query")
     s.add_argument("--store", required=True)
@@ -53,10 +69,16 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--explain", action="store_true", help="show every candidate's ranks, signals and fate")
     s.add_argument("--json", action="store_true")
 
+
+def _stats_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix stats``: counts of a store."""
     s = sub.add_parser("stats", help="counts of a store")
     s.add_argument("--store", required=True)
     s.add_argument("--json", action="store_true")
 
+
+def _eval_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix eval``: systems side by side on a benchmark."""
     s = sub.add_parser("eval", help="score retrieval systems side by side on a benchmark")
     s.add_argument("dataset", choices=("locomo", "beir", "longmemeval"))
     s.add_argument("--data", required=True, help="locomo10.json, a BEIR folder, or a LongMemEval JSON file")
@@ -77,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--workdir", default=".helix/eval-stores", help="where the per-corpus stores are built and reused")
     s.add_argument("--json", dest="json_out", help="write the results as JSON to this path")
 
+
+def _adapt_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix adapt``: fit or remove the store's query adapter."""
     s = sub.add_parser("adapt", help="fit the store's query adapter from labelled queries (or remove it)")
     s.add_argument("--store", required=True)
     s.add_argument("--pairs", help="JSONL, one labelled query a line: {\"query\": ..., \"user\": ..., "
@@ -91,17 +116,27 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--remove", action="store_true", help="delete the store's adapter (recall uses raw vectors)")
     s.add_argument("--json", action="store_true")
 
+
+def _compact_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix compact``: fold online writes into the next generation."""
     s = sub.add_parser("compact", help="fold online writes (the inbox and the delta) into the next generation")
     s.add_argument("--store", required=True)
     s.add_argument("--runner", default="local", choices=("ray", "local"))
     s.add_argument("--json", action="store_true")
 
+
+def _demo_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix demo``: the shipped sample set, ingested, served and queried."""
     s = sub.add_parser("demo", help="ingest the shipped sample memory set, serve it and answer a query over HTTP")
     s.add_argument("--store", default=".helix/demo-store")
     s.add_argument("--query", default="why did we choose NATS for the event bus?")
     s.add_argument("--runner", default="ray", choices=("ray", "local"))
     s.add_argument("--in-process", action="store_true",
                    help="answer with helix_ray.Memory in this process instead of through the Serve application")
+
+
+def _serve_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix serve``: the HTTP API on Ray Serve."""
     s = sub.add_parser("serve", help="serve a store over HTTP (Ray Serve) on 127.0.0.1")
     s.add_argument("--store", required=True,
                    help="store folder; a new one starts empty and takes memories through POST /v1/memories")
@@ -119,6 +154,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--ingest-config", help="ingest YAML for online writes and compaction (see configs/ingest.yaml)")
     s.add_argument("--retrieval-config", help="retrieval YAML: the base settings (see configs/retrieval.yaml)")
 
+
+def _keys_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix keys create|list|revoke``: a store's API keys."""
     s = sub.add_parser("keys", help="API keys of a store (each maps to one user)")
     keys = s.add_subparsers(dest="keys_command", required=True)
     k = keys.add_parser("create", help="create a key for a user and print it (shown once)")
@@ -131,16 +169,14 @@ def _parser() -> argparse.ArgumentParser:
     k = keys.add_parser("revoke", help="revoke a key by its id")
     k.add_argument("key_id")
     k.add_argument("--store", required=True)
-    return p
-
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in ("recall", "eval"):
-        # The query path multiplies tiny matrices (80x384): a second BLAS thread only adds
-        # hand-off cost, 47x slower on a busy 2-core host (docs/benchmarks.md). Serve
-        # replicas get the same from Ray (OMP_NUM_THREADS=1 with fractional CPUs). Must be
-        # set before numpy loads; an explicit setting wins.
+        # The query path multiplies tiny matrices: a second BLAS thread only adds hand-off
+        # cost, and much more of it on a busy host (docs/benchmarks.md). Serve replicas get
+        # the same from Ray (OMP_NUM_THREADS=1 with fractional CPUs). Must be set before
+        # numpy loads; an explicit setting wins.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": _demo, "adapt": _adapt,

@@ -99,7 +99,7 @@ class FastEmbedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         cut = [t[: self.config.max_chars] for t in texts]
         # The model pads each batch to its longest text: embedding in length order wastes
-        # far less compute on padding (2.2-2.7x faster on mixed lengths, docs/benchmarks.md).
+        # far less compute on padding with texts of mixed lengths (docs/benchmarks.md).
         # Stable order, so the same input list always yields the same batches and vectors.
         order = sorted(range(len(cut)), key=lambda i: len(cut[i]))
         sorted_out = np.stack(list(self._model.passage_embed([cut[i] for i in order],

@@ -7,7 +7,7 @@ class HelixError(Exception):
     """Base class for every error Helix raises on purpose."""
 
 
-#: Longest echo of a received value in an error message (a 60 MB text is not sent back).
+#: Longest echo of a received value in an error message (a huge text is not sent back).
 MAX_ECHO_CHARS = 200
 
 

@@ -6,8 +6,7 @@ Each node is one ``ray start --block`` process (its own temp folder and ports, b
 ``~/.ray``), which :meth:`LocalCluster.env` hands to processes that join it.
 :meth:`LocalCluster.stop` sends each node a SIGTERM, which stops every process it
 started; a node also gets a SIGTERM when the process that started it dies. Never ``ray
-stop``: it kills every Ray process on the host, other users' included
-(../shared/FIELD-NOTES.md).
+stop``: it kills every Ray process on the host, other users' included.
 """
 
 from __future__ import annotations
@@ -94,7 +93,7 @@ class LocalCluster:
         # The nodes' Serve proxies share the host's HTTP port: SO_REUSEPORT on, whatever
         # this process set for a one-node Ray of its own (serve.server.start_ray).
         env["SERVE_SOCKET_REUSE_PORT_ENABLED"] = "1"
-        # A test cluster has no load balancer to tell: no 30 s drain on SIGTERM.
+        # A test cluster has no load balancer to tell: no drain period on SIGTERM.
         env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
         log_path = self.folder / f"node{index}.log"
         log = open(log_path, "w")

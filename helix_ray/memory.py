@@ -75,7 +75,9 @@ class Memory:
         """Ingest records given in Python. They are first written durably to the store's
         ``inbox/`` (fsynced JSONL), so an acknowledged add survives a crash mid-ingest."""
         rows = [r.to_row() if isinstance(r, MemoryRecord) else dict(r) for r in records]
-        for row in rows:  # else the inbox file's name, new at each call: the same record re-added counted as updated
+        # A fixed source: the default, the inbox file's name, is new at each call and would
+        # count the same record added again as updated.
+        for row in rows:
             if not row.get("source"):
                 row["source"] = "api"
         if not rows:

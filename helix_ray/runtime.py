@@ -20,7 +20,8 @@ def ensure_ray(*, num_cpus: int | None = None, quiet: bool = True, loopback: boo
 
     A local Ray gets as many logical CPUs as the machine has cores (at least 2). Every
     Helix actor and replica asks for a fraction of a CPU, so nothing waits for a whole
-    core that a read task holds (the starvation of ray#44687 on 2 cores).
+    core that a read task holds (on a small host an actor asking for a whole CPU can
+    starve behind the read tasks).
     """
     import ray
 
@@ -66,7 +67,7 @@ def ensure_ray(*, num_cpus: int | None = None, quiet: bool = True, loopback: boo
     # Workers must import helix_ray and pipelines from the repo checkout. They inherit this
     # process's environment (the local Ray is its child), so PYTHONPATH goes there rather
     # than into a job runtime_env: a runtime_env makes Ray start every worker through its
-    # runtime-env agent, which cost the first task ~1.3 s more (docs/benchmarks.md).
+    # runtime-env agent, which delays the first task (docs/benchmarks.md).
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if root not in paths:
@@ -170,8 +171,8 @@ def _unreachable(address: str, wait_s: float = 20.0) -> str | None:
     """Why a ``RAY_ADDRESS`` cannot be a cluster, or None once something accepts a TCP
     connection at its port (or it has none to try, ``auto``). A refused or unanswered
     port is tried again for ``wait_s`` (a head started in the background a moment ago
-    opens its port after ~5 s); for a port nobody listens on, ``ray.init`` itself retried
-    for more than 8 minutes here (Ray 2.60) before giving up."""
+    opens its port a few seconds later); for a port nobody listens on, ``ray.init``
+    itself retries for many minutes before giving up (docs/operations.md)."""
     import socket
 
     scheme = address.partition("://")[0] if "://" in address else None
@@ -223,12 +224,12 @@ def send_auth_token(address: str) -> bool:
     sends it only in token mode. Ray turns that on by itself (when ``RAY_AUTH_MODE`` is
     unset and a token exists) only for a cluster it finds on its own (``address="auto"``),
     never for an explicit address such as ``RAY_ADDRESS``: joining a local cluster then
-    retried for ~20 s and failed with a bare "Failed to connect" (measured on 2.60).
+    retries and fails with a bare "Failed to connect".
     Helix applies Ray's own rule (``maybe_enable_token_auth_if_token_available``: token
     mode, and Ray's config read again) to an explicit address too, but only one on this
     machine (:func:`on_this_machine`): the token grants full control of the cluster that
     made it, and is not sent to another host unless ``RAY_AUTH_MODE=token`` says so. A
-    token sent to a cluster without auth is ignored (measured). An explicit
+    token sent to a cluster without auth is ignored. An explicit
     ``RAY_AUTH_MODE`` always wins.
     """
     mode = os.environ.get("RAY_AUTH_MODE")

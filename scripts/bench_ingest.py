@@ -176,9 +176,9 @@ class MemorySampler:
     seconds each process used (a process that exits between samples loses at most one
     interval). CPU seconds are less sensitive than wall time to other load on the host.
 
-    Reading ``smaps_rollup`` walks every mapped page of a process: at 0.5 s over the
-    pipeline's ~15 Ray processes it took ~20 % of a core from the run it measured (py-spy
-    of the driver, 2026-11-23: 229 of 293 samples), so the interval is 3 s."""
+    Reading ``smaps_rollup`` walks every mapped page of a process: sampled often over the
+    pipeline's many Ray processes, it takes a noticeable share of a core from the run it
+    measures, so the interval is 3 s."""
 
     def __init__(self, interval: float = 3.0):
         self.interval = interval
@@ -461,8 +461,7 @@ def main(argv: list[str] | None = None) -> int:
                          "OMP_NUM_THREADS=1 in workers with a fractional CPU, and onnxruntime follows it)")
     ap.add_argument("--data-no-progress-timeout", type=float, default=None, metavar="SECONDS",
                     help="set RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S for the pipeline (-1 disables Ray Data's "
-                         "watchdog). Before commit 2b1c6b1 the pipeline sent all rows as ONE block and a set "
-                         "whose embedding took over 30 min failed with ExecutionTimeoutError")
+                         "watchdog, which fails a run whose operator makes no progress for that long)")
     ap.add_argument("--work", default=None, help="work folder for stores and data (default: a temp dir, removed)")
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--warm-ray", action="store_true",

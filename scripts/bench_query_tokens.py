@@ -3,10 +3,10 @@
 before the legs (inline) against on a second thread alongside them (overlapped).
 
     .venv/bin/python scripts/bench_query_tokens.py --store /tmp/helixbench/locomo \\
-        --locomo ../shared/data/locomo/locomo10.json [--rounds 3] [--queries 300]
+        --locomo path/to/locomo10.json [--rounds 3] [--queries 300]
 
 The store is any Helix store ingested with late interaction on (the default), here
-LoCoMo's turns (``helix ingest ../shared/data/locomo/locomo10.json --store DIR``); the
+LoCoMo's turns (``helix ingest path/to/locomo10.json --store DIR``); the
 queries are LoCoMo's questions, each asked as its conversation's user. In one process,
 model loaded and pages warm, the two modes alternate for ``--rounds`` rounds of the
 same queries (the host drifts: compare within a round). Prints p50 / p95 of the whole

@@ -4,25 +4,8 @@
     nohup .venv/bin/python scripts/bench_recall.py --sizes 100000,1000000 \
         --work /tmp/helixbench/recall --json /tmp/helixbench/recall.json > /tmp/helixbench/recall.log 2>&1 &
 
-**Building the stores without embedding a million texts.** ``--base`` distinct synthetic
-memories (``scripts/synthetic.py``) are embedded for real with the store's embedder
-(length-sorted batches: same vectors, less padding). Every benchmark memory is then
-*derived* from one base memory — its text is ``synthetic.derive_text`` of the base text
-(new numbers, one to three words swapped for the session's identifiers, sometimes a
-sentence dropped or added) and its vector is the base vector plus Gaussian noise
-N(0, σ²) per dimension, renormalised. The script reports the resulting
-nearest-neighbour cosine distribution next to the base set's own.
-
-The generation is then assembled and published with the ingest pipeline's own functions
-— ``pipelines.ingest._memory_table`` (via ``_assemble``), ``pipelines.ingest._assemble``
-and ``helix_ray.store.generation.publish`` (private functions, called directly) — with
-rows validated by ``helix_ray.ingest.normalize.normalise_one``, doc2query expansions,
-entities and token counts from ``helix_ray.ingest.stages`` (Expand, Annotate) and MinHash
-signatures from ``helix_ray.ingest.dedup``: so BM25, HNSW (tenants ≥
-``IngestConfig.hnsw_min_rows``), the graph (semantic kNN, sessions, entities) and MinHash
-are the real thing. Skipped: read/validate on Ray, dedup, the DuckDB record (recall does
-not read it). HNSW is built with ``hnsw_threads=0`` (all cores; non-deterministic
-insertion order) for build speed.
+The stores are derived from a smaller embedded base set (``scripts/derived_store.py``), so
+BM25, HNSW, the graph and MinHash are the real thing without embedding every memory.
 
 **Tenants.** Below ``--single-tenant-from`` memories the Zipf tenants of
 ``synthetic.py`` (10^5: 40 users, the largest ~25k); from it on, one tenant holds every
@@ -36,10 +19,11 @@ dense only (fusion weights ``{"dense": 1, "bm25": 0}``, graph expansion off; ran
 diversity and packing unchanged) — alternating which goes first. The query phase runs in
 a fresh subprocess, so its RSS is that of a serving process (mapped generation +
 embedder), not of the builder; it first reads the generation's files once (``--no-prefault``
-skips that) so the OS page cache holds them, as on a serving host in steady state. It runs once per ``--query-env``: by default with the
-inherited environment and with ``OMP_NUM_THREADS=1`` — what Ray sets in a worker with a
-fractional CPU, such as a Serve replica — because multi-threaded OpenBLAS makes even an
-80×384 matrix product take milliseconds on a busy 2-core host.
+skips that) so the OS page cache holds them, as on a serving host in steady state. It runs
+once per ``--query-env``: by default with the inherited environment and with
+``OMP_NUM_THREADS=1`` — what Ray sets in a worker with a fractional CPU, such as a Serve
+replica — because multi-threaded OpenBLAS adds hand-off cost to the query path's small
+matrix products on a busy host (docs/benchmarks.md).
 
 ``--reuse`` (with ``--work`` and ``--keep-stores`` on the earlier run) skips the build and
 re-runs the queries on a kept store.
@@ -49,9 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import functools
 import gc
-import hashlib
 import json
 import os
 import random
@@ -70,228 +52,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_ingest import machine_info, rss_mib, tree_pss_mib  # noqa: E402
-from synthetic import VAGUE, VERBS, Corpus, derive_text  # noqa: E402
+from synthetic import VAGUE, VERBS  # noqa: E402
+
+from derived_store import base_set, build_store, dist, log, top1_cosine  # noqa: E402
 
 STAGES = ("embed", "route", "bm25", "dense", "fuse", "expand", "rank", "diversify", "pack", "total")
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-# ----------------------------------------------------------------------------- base set
-
-
-def base_set(count: int, seed: int, work: Path) -> tuple[list[str], list[str | None], np.ndarray, dict[str, Any]]:
-    """``count`` distinct synthetic memories and their real embeddings (cached in ``work``)."""
-    from helix_ray.config import IngestConfig
-    from helix_ray.embedder import get_embedder, iter_batches
-
-    cache = work / f"base-seed{seed}-{count}.npz"
-    corpus = Corpus(int(count * 1.05) + 100, seed=seed + 7919)  # a different seed than the stores
-    texts, types, seen = [], [], set()
-    for row in corpus.rows():
-        if row["text"] not in seen:
-            seen.add(row["text"])
-            texts.append(row["text"])
-            types.append(row.get("type"))
-            if len(texts) == count:
-                break
-    digest = hashlib.sha1("\x1e".join(texts).encode()).hexdigest()[:16]
-    if cache.is_file():
-        data = np.load(cache)
-        if str(data["digest"]) == digest:
-            log(f"base set: {count} vectors from cache {cache}")
-            return texts, types, data["vectors"], {"embed_s": float(data["embed_s"]), "cached": True}
-    config = IngestConfig().embedder
-    embedder = get_embedder(config)
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    vectors = np.empty((len(texts), embedder.dim), np.float32)
-    log(f"base set: embedding {count} texts (length-sorted batches of {config.batch_size}) ...")
-    t0 = time.perf_counter()
-    done = 0
-    for chunk in iter_batches(order, 1024):
-        vectors[chunk] = embedder.embed_passages([texts[i] for i in chunk])
-        done += len(chunk)
-        if done % 4096 < 1024:
-            log(f"  {done}/{count} ({done / (time.perf_counter() - t0):.0f}/s)")
-    embed_s = time.perf_counter() - t0
-    np.savez(cache, vectors=vectors, digest=digest, embed_s=embed_s)
-    return texts, types, vectors, {"embed_s": round(embed_s, 1), "cached": False,
-                                   "per_s": round(count / embed_s, 1)}
-
-
-def top1_cosine(vectors: np.ndarray, sample: np.ndarray, block: int = 65536) -> np.ndarray:
-    """Exact top-1 cosine of ``vectors[sample]`` against all other rows (unit vectors)."""
-    queries = vectors[sample]
-    best = np.full(len(sample), -2.0, np.float32)
-    for lo in range(0, len(vectors), block):
-        sims = queries @ vectors[lo : lo + block].T
-        own = (sample >= lo) & (sample < lo + block)
-        sims[np.flatnonzero(own), sample[own] - lo] = -2.0
-        best = np.maximum(best, sims.max(axis=1))
-    return best
-
-
-def dist(values: np.ndarray) -> dict[str, float]:
-    return {f"p{p}": round(float(np.percentile(values, p)), 4) for p in (5, 25, 50, 75, 95)} | {
-        "mean": round(float(np.mean(values)), 4)}
-
-
-# ----------------------------------------------------------------------------- profiling hooks
-
-
-class StepTimer:
-    """Wraps module functions to add up the time spent in each (no code edits needed)."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self.calls: dict[str, int] = {}
-        self._undo: list[tuple[Any, str, Any]] = []
-
-    def wrap(self, module: Any, name: str, label: str | None = None) -> None:
-        original = getattr(module, name)
-        label = label or name
-
-        @functools.wraps(original)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - t0
-                self.calls[label] = self.calls.get(label, 0) + 1
-
-        setattr(module, name, timed)
-        self._undo.append((module, name, original))
-
-    def restore(self) -> None:
-        for module, name, original in reversed(self._undo):
-            setattr(module, name, original)
-        self._undo.clear()
-
-
-class _NoPreviousStore:
-    """Stands in for the DuckDB writer in ``_assemble``: a fresh store has no old rows,
-    so the only call, ``expansions_for([])``, returns nothing."""
-
-    def expansions_for(self, ids: list[str]) -> dict[str, list[str]]:
-        return {}
-
-
-# ----------------------------------------------------------------------------- build
-
-
-def build_store(n: int, store: Path, *, users: int | None, base_texts: list[str], base_types: list[str | None],
-                base_vectors: np.ndarray, sigma: float, seed: int, hnsw_threads: int) -> dict[str, Any]:
-    import pipelines.ingest as pi
-    from helix_ray.config import IngestConfig
-    from helix_ray.embedder import DIM
-    from helix_ray.ingest import carry as carry_mod
-    from helix_ray.ingest import dedup, stages
-    from helix_ray.ingest import graph as graph_mod
-    from helix_ray.ingest.normalize import normalise_one
-    from helix_ray.recall import lexical
-    from helix_ray.store import generation as gen_mod
-
-    config = IngestConfig(hnsw_threads=hnsw_threads)
-    steps: dict[str, float] = {}
-
-    def step(name: str, t0: float) -> float:
-        steps[name] = round(time.perf_counter() - t0, 2)
-        log(f"  {name}: {steps[name]:.1f}s (RSS {rss_mib()[0]:,.0f} MiB)")
-        return time.perf_counter()
-
-    t = time.perf_counter()
-    corpus = Corpus(n, seed=seed, users=users)
-    rng = random.Random(f"derive-{seed}")
-    nrng = np.random.default_rng(seed)
-    base_of = nrng.integers(0, len(base_texts), n)
-    default_time = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
-    todo: list[dict[str, Any]] = []
-    for k, (raw, writer) in enumerate(corpus.skeleton()):
-        b = int(base_of[k])
-        topic = writer.t
-        words = topic.functions + topic.paths + topic.classes + [topic.service, topic.env, topic.config_key]
-        raw["text"] = derive_text(rng, base_texts[b], words)
-        if base_types[b] is not None:
-            raw["type"] = base_types[b]
-        row = normalise_one(raw, config.validation, default_time=default_time)
-        row["seq"] = k
-        todo.append(row)
-    t = step("rows (generate + normalise)", t)
-
-    vectors = np.empty((n, DIM), np.float32)
-    for lo in range(0, n, 65536):
-        hi = min(n, lo + 65536)
-        v = base_vectors[base_of[lo:hi]] + nrng.standard_normal((hi - lo, DIM), dtype=np.float32) * np.float32(sigma)
-        v /= np.linalg.norm(v, axis=1, keepdims=True)
-        vectors[lo:hi] = v
-    t = step("vectors (base + noise)", t)
-
-    texts = [r["text"] for r in todo]
-    sigs = np.concatenate([dedup.signatures(texts[lo : lo + 20000], num_perm=config.dedup.num_perm,
-                                            shingle=config.dedup.shingle) for lo in range(0, n, 20000)])
-    t = step("minhash", t)
-
-    expand, annotate = stages.Expand(config.doc2query), stages.Annotate(config)
-    expansions, ents, n_tokens = [], [], []
-    for lo in range(0, n, pi.BATCH):
-        chunk = todo[lo : lo + pi.BATCH]
-        batch = {"seq": np.array([r["seq"] for r in chunk], dtype=object),
-                 "text": np.array([r["text"] for r in chunk], dtype=object),
-                 "type": np.array([r["type"] for r in chunk], dtype=object)}
-        batch = annotate(expand(batch))
-        expansions.extend(str(x) for x in batch["expansions"])
-        ents.extend(str(x) for x in batch["entities"])
-        n_tokens.append(np.asarray(batch["n_tokens"], np.int32))
-    new_cols = {"vector": vectors, "expansions": expansions, "entities": ents, "n_tokens": np.concatenate(n_tokens)}
-    del texts
-    t = step("expand + annotate (doc2query, entities, tokens)", t)
-
-    timer = StepTimer()
-    timer.wrap(pi, "_memory_table")
-    timer.wrap(carry_mod, "exact_knn", "exact_knn (small tenants)")
-    timer.wrap(pi, "build_graph")
-    timer.wrap(graph_mod, "_to_csr", "build_graph: _to_csr")
-    timer.wrap(gen_mod, "build_hnsw")
-    timer.wrap(gen_mod, "quantize_int8")
-    timer.wrap(lexical, "build_bm25", "publish: build_bm25")
-    timer.wrap(gen_mod, "_fsync", "publish: fsync")
-    try:
-        t0 = time.perf_counter()
-        data, _names = pi._assemble(None, [], np.zeros(0, np.int64), [], todo, new_cols, sigs, list(range(n)), 0,
-                                    _NoPreviousStore(), config)
-        assemble_s = time.perf_counter() - t0
-        t = step("assemble (pipelines.ingest._assemble)", t)
-        del todo, new_cols, vectors, sigs, expansions, ents
-        gc.collect()
-        store.mkdir(parents=True, exist_ok=True)
-        t0 = time.perf_counter()
-        number = gen_mod.publish(
-            store, data, hnsw_connectivity=config.hnsw_connectivity, hnsw_expansion_add=config.hnsw_expansion_add,
-            dense_indexes=data.extra.pop("_dense_indexes", None), hnsw_min_rows=config.hnsw_min_rows,
-            hnsw_threads=config.hnsw_threads,
-        )
-        publish_s = time.perf_counter() - t0
-        t = step("publish (helix_ray.store.generation.publish)", t)
-    finally:
-        timer.restore()
-    hooks = {k: round(v, 2) for k, v in timer.seconds.items()}
-    inner = sum(v for k, v in timer.seconds.items() if not k.startswith("publish") and k != "build_graph: _to_csr")
-    # the knn search over each HNSW index is inside _assemble but not in a function of its own
-    hooks["assemble: rest (sort/take, HNSW kNN search, node names)"] = round(assemble_s - inner, 2)
-    hooks["publish: rest (write files)"] = round(
-        publish_s - timer.seconds.get("publish: build_bm25", 0) - timer.seconds.get("publish: fsync", 0), 2)
-    manifest = json.loads((store / "generations" / f"{number:06d}" / "manifest.json").read_text())
-    del data
-    gc.collect()
-    return {"steps_s": steps, "profile_s": hooks, "build_s": round(sum(steps.values()), 1),
-            "peak_rss_mib": round(rss_mib()[1], 0), "counts": manifest["counts"],
-            "partitions": len(manifest["partitions"]),
-            "hnsw_partitions": sum(1 for p in manifest["partitions"] if p["dense"]),
-            "largest_tenant": max(p["end"] - p["start"] for p in manifest["partitions"]),
-            "store_bytes": sum(p.stat().st_size for p in store.rglob("*") if p.is_file())}
 
 
 # ----------------------------------------------------------------------------- queries
@@ -495,7 +260,7 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="100000,1000000", help="comma-separated store sizes")
     ap.add_argument("--base", type=int, default=20000, help="distinct base texts embedded for real")
@@ -519,7 +284,83 @@ def main(argv: list[str] | None = None) -> int:
                          "first hundreds of queries fault pages in, if the OS evicted them since the build)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--query-phase", nargs=2, metavar=("STORE", "QUERIES_JSON"), help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def base_for(args: argparse.Namespace, work: Path) -> tuple[list[str], list[str | None], np.ndarray, dict[str, Any]]:
+    """The base set, with its own top-1 NN cosine distribution and median length in its info."""
+    base_texts, base_types, base_vectors, base_info = base_set(args.base, args.seed, work)
+    sample = np.random.default_rng(args.seed).choice(len(base_vectors), min(1000, len(base_vectors)), replace=False)
+    base_info["nn_cosine_base"] = dist(top1_cosine(base_vectors, sample))
+    base_info["words_p50"] = float(np.median([len(t.split()) for t in base_texts]))
+    log(f"base set: {json.dumps(base_info)}")
+    return base_texts, base_types, base_vectors, base_info
+
+
+def store_for(args: argparse.Namespace, n: int, label: str, work: Path, base_texts: list[str],
+              base_types: list[str | None], base_vectors: np.ndarray) -> tuple[Path, dict[str, Any]]:
+    """The store of ``n`` memories in ``work``: reused with ``--reuse`` when kept, else built."""
+    store = work / f"store-{n}"
+    build_file = work / f"build-{n}-sigma{args.sigma}-seed{args.seed}.json"
+    users = 1 if n >= args.single_tenant_from else None
+    if args.reuse and build_file.is_file() and (store / "CURRENT").is_file():
+        build = json.loads(build_file.read_text())
+        build["reused"] = True
+        log(f"== {label}: reusing the store built earlier in {store}")
+    else:
+        if store.exists():
+            shutil.rmtree(store)
+        log(f"== {label}: building {n:,} memories ({'one tenant' if users == 1 else 'Zipf tenants'}) in {store}")
+        build = build_store(n, store, users=users, base_texts=base_texts, base_types=base_types,
+                            base_vectors=base_vectors, sigma=args.sigma, seed=args.seed,
+                            hnsw_threads=args.hnsw_threads)
+        build_file.write_text(json.dumps(build))
+    log(f"build: {json.dumps(build)}")
+    return store, build
+
+
+def store_nn_cosine(store: Path, seed: int) -> dict[str, float]:
+    """Top-1 NN cosine over 500 sampled memories of the store."""
+    from helix_ray.store.generation import Generation
+
+    gen = Generation.open_current(store)
+    vectors = gen.vectors
+    sample = np.random.default_rng(seed + 1).choice(len(vectors), 500, replace=False)
+    t0 = time.perf_counter()
+    nn = dist(top1_cosine(np.asarray(vectors), np.sort(sample)))
+    log(f"top-1 NN cosine over 500 sampled memories: {nn} ({time.perf_counter() - t0:.0f}s)")
+    del gen, vectors
+    gc.collect()
+    return nn
+
+
+def query_variants(args: argparse.Namespace, store: Path, qfile: Path, label: str) -> dict[str, Any]:
+    """The query phase once per ``--query-env``, each in a fresh process."""
+    variants: dict[str, Any] = {}
+    for variant in [v for v in args.query_env.split(",") if v]:
+        env = dict(os.environ)
+        if variant != "default":
+            key, _, value = variant.partition("=")
+            env[key] = value
+        log(f"query phase [{variant}] ({args.queries} queries + {args.warmup} warm-up, fresh process) ...")
+        proc = subprocess.run([sys.executable, __file__, "--warmup", str(args.warmup), "--query-phase",
+                               str(store), str(qfile)] + (["--no-prefault"] if args.no_prefault else []),
+                              capture_output=True, text=True, env=env)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            raise RuntimeError(f"query phase failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                               f"{proc.stderr[-3000:]}")
+        variants[variant] = json.loads(lines[-1][7:])
+        q = variants[variant]
+        log(f"{label} [{variant}]: full p50/p95 {q['full']['stages_ms']['total']['p50']:.1f}/"
+            f"{q['full']['stages_ms']['total']['p95']:.1f} ms; dense-only "
+            f"{q['dense_only']['stages_ms']['total']['p50']:.1f}/"
+            f"{q['dense_only']['stages_ms']['total']['p95']:.1f} ms")
+    return variants
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
 
     if args.query_phase:  # the child process
         result = query_phase(Path(args.query_phase[0]), Path(args.query_phase[1]), args.warmup, not args.no_prefault)
@@ -532,62 +373,15 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     results = []
     try:
-        base_texts, base_types, base_vectors, base_info = base_set(args.base, args.seed, work)
-        sample = np.random.default_rng(args.seed).choice(len(base_vectors), min(1000, len(base_vectors)), replace=False)
-        base_info["nn_cosine_base"] = dist(top1_cosine(base_vectors, sample))
-        base_info["words_p50"] = float(np.median([len(t.split()) for t in base_texts]))
-        log(f"base set: {json.dumps(base_info)}")
+        base_texts, base_types, base_vectors, base_info = base_for(args, work)
         for n in [int(s) for s in args.sizes.split(",") if s]:
             label = f"10^{round(np.log10(n))}" if n in (10**5, 10**6) else f"{n:,}"
-            store = work / f"store-{n}"
-            build_file = work / f"build-{n}-sigma{args.sigma}-seed{args.seed}.json"
-            users = 1 if n >= args.single_tenant_from else None
-            if args.reuse and build_file.is_file() and (store / "CURRENT").is_file():
-                build = json.loads(build_file.read_text())
-                build["reused"] = True
-                log(f"== {label}: reusing the store built earlier in {store}")
-            else:
-                if store.exists():
-                    shutil.rmtree(store)
-                log(f"== {label}: building {n:,} memories ({'one tenant' if users == 1 else 'Zipf tenants'}) in {store}")
-                build = build_store(n, store, users=users, base_texts=base_texts, base_types=base_types,
-                                    base_vectors=base_vectors, sigma=args.sigma, seed=args.seed,
-                                    hnsw_threads=args.hnsw_threads)
-                build_file.write_text(json.dumps(build))
-            log(f"build: {json.dumps(build)}")
-            from helix_ray.store.generation import Generation
-
-            gen = Generation.open_current(store)
-            vectors = gen.vectors
-            sample = np.random.default_rng(args.seed + 1).choice(len(vectors), 500, replace=False)
-            t0 = time.perf_counter()
-            nn = dist(top1_cosine(np.asarray(vectors), np.sort(sample)))
-            log(f"top-1 NN cosine over 500 sampled memories: {nn} ({time.perf_counter() - t0:.0f}s)")
-            del gen, vectors
-            gc.collect()
+            store, build = store_for(args, n, label, work, base_texts, base_types, base_vectors)
+            nn = store_nn_cosine(store, args.seed)
             queries = make_queries(store, args.queries + args.warmup, args.seed)
             qfile = work / f"queries-{n}.json"
             qfile.write_text(json.dumps({"warmup": queries[: args.warmup], "queries": queries[args.warmup :]}))
-            variants: dict[str, Any] = {}
-            for variant in [v for v in args.query_env.split(",") if v]:
-                env = dict(os.environ)
-                if variant != "default":
-                    key, _, value = variant.partition("=")
-                    env[key] = value
-                log(f"query phase [{variant}] ({args.queries} queries + {args.warmup} warm-up, fresh process) ...")
-                proc = subprocess.run([sys.executable, __file__, "--warmup", str(args.warmup), "--query-phase",
-                                       str(store), str(qfile)] + (["--no-prefault"] if args.no_prefault else []),
-                                      capture_output=True, text=True, env=env)
-                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-                if proc.returncode != 0 or not lines:
-                    raise RuntimeError(f"query phase failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                                       f"{proc.stderr[-3000:]}")
-                variants[variant] = json.loads(lines[-1][7:])
-                q = variants[variant]
-                log(f"{label} [{variant}]: full p50/p95 {q['full']['stages_ms']['total']['p50']:.1f}/"
-                    f"{q['full']['stages_ms']['total']['p95']:.1f} ms; dense-only "
-                    f"{q['dense_only']['stages_ms']['total']['p50']:.1f}/"
-                    f"{q['dense_only']['stages_ms']['total']['p95']:.1f} ms")
+            variants = query_variants(args, store, qfile, label)
             query = next(iter(variants.values()))
             results.append({"label": label, "n": n, "sigma": args.sigma, "build": build, "nn_cosine_store": nn,
                             "query": query, "query_variants": variants, "loadavg": os.getloadavg()})

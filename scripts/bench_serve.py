@@ -19,7 +19,7 @@ For each ``--store`` (served from a hard-linked copy, so the original is never w
 4. **paired** (``--paired-rounds N``, after the concurrency-1 phases): in-process and HTTP
    recall on the same queries in alternating blocks, so the ratio of the two is taken
    minutes apart at most, not across the whole run (the baseline of step 1 drifts with
-   the host: 8.4–12.5 ms p50 in four runs of one hour).
+   the host over an hour; docs/benchmarks.md).
 
 HTTP loops are bounded by ``--requests`` and ``--max-seconds`` per phase, at concurrency 1
 (one keep-alive client) and ``--concurrency`` (asyncio workers sharing a connection
@@ -210,7 +210,7 @@ async def http_phase(url: str, bodies: list[tuple[dict, dict]], concurrency: int
 
     ``client``: ``aiohttp`` (Ray Serve's own dependency) or ``httpx``. The client runs in
     this process, on the same two cores, and its time per request is part of every
-    figure: httpx costs ~1 ms more per request than aiohttp here (docs/serve.md)."""
+    figure, and httpx's is the larger (docs/benchmarks.md)."""
     times: list[float] = []
     errors: dict[int, int] = {}
     next_index = 0

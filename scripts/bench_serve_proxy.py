@@ -9,7 +9,7 @@ an aiohttp client on 127.0.0.1 after 50 of warm-up. Prints one JSON line per run
         --env "" --env RAY_SERVE_PROXY_USE_GRPC=1 --env RAY_SERVE_ENABLE_HA_PROXY=1
 
 ``--env ""`` is Serve's defaults; several ``K=V`` in one ``--env`` are separated by commas.
-Runs alternate within each round (the host drifts). docs/serve.md, "Serve's own settings".
+Runs alternate within each round (the host drifts). Results: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ blocks, alternated so that the host's drift cancels out.
 
 ``bench_serve.py`` gives two ratios for "Serve time ≤ 1.5× the in-process time": against
 in-process recall measured once before Ray starts (the quiet host a notebook user has,
-but minutes away from the HTTP phase on a host whose speed drifts by 20 % in minutes),
+but minutes away from the HTTP phase on a host whose speed drifts within minutes),
 and against in-process blocks alternated with HTTP blocks while Serve runs idle (no
-drift, but Ray's own background work — ~1,500 context switches a second — then slows the
+drift, but Ray's own background work — its many context switches a second — then slows the
 in-process side too). This script takes both conditions at once: each round runs an
 in-process block with no Ray on the host and an HTTP block on a Ray and Serve started for
 it and shut down after it, in alternating order (in-process first in even rounds). The

@@ -49,7 +49,7 @@ def files(folder: Path) -> dict[str, int]:
     return {p.name: p.stat().st_size for p in folder.iterdir()} if folder.exists() else {}
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="0,500,1000,2000", help="pending entries before each round of writes")
     ap.add_argument("--writes", type=int, default=30, help="single-memory writes measured per size")
@@ -62,7 +62,22 @@ def main() -> int:
     ap.add_argument("--compact", action="store_true",
                     help="at the end, fold every pending write into a generation (helix compact) and time it")
     ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    """The per-size results as a Markdown table."""
+    print("| pending | add p50 / p95 ms | publish p50 / p95 ms | KB written per write | replica load p50 / p95 ms "
+          "| first BM25 p50 / p95 ms |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        print(f"| {r['pending']:,} | {r['add_ms']['p50']} / {r['add_ms']['p95']} | {r['publish_ms']['p50']} / "
+              f"{r['publish_ms']['p95']} | {r['kb_written_p50']:,} | {r['replica_load_ms']['p50']} / "
+              f"{r['replica_load_ms']['p95']} | {r['first_bm25_ms']['p50']} / {r['first_bm25_ms']['p95']} |")
+
+
+def main() -> int:
+    args = parse_args()
     sys.path.insert(0, args.tree)
 
     from helix_ray.recall.scope import make_scope
@@ -132,13 +147,7 @@ def main() -> int:
                "first_bm25_ms": pct(lexical), "kb_written_p50": round(float(np.median(wrote)) / 1024, 1)}
         results.append(row)
         print(json.dumps(row), flush=True)
-    print("| pending | add p50 / p95 ms | publish p50 / p95 ms | KB written per write | replica load p50 / p95 ms "
-          "| first BM25 p50 / p95 ms |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for r in results:
-        print(f"| {r['pending']:,} | {r['add_ms']['p50']} / {r['add_ms']['p95']} | {r['publish_ms']['p50']} / "
-              f"{r['publish_ms']['p95']} | {r['kb_written_p50']:,} | {r['replica_load_ms']['p50']} / "
-              f"{r['replica_load_ms']['p95']} | {r['first_bm25_ms']['p50']} / {r['first_bm25_ms']['p95']} |")
+    print_table(results)
     hits = [access_round(core, store, int(n), args.writes) for n in args.accesses.split(",") if n]
     for row in hits:
         print(json.dumps(row), flush=True)

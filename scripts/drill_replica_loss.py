@@ -7,7 +7,7 @@ until Serve has replaced it.
 A new local Ray (4 CPUs) serves the tests' four-tenant store (ingested into --work) with
 ``retriever_replicas=(N, N)`` — for the inline graph, N ingress replicas. The replica is
 killed with ``ray.kill(..., no_restart=True)``, as a crash would; the loop sends recalls
-back to back for ``--seconds``. docs/serve.md, "When a replica dies".
+back to back for ``--seconds``. See docs/operations.md on a replica that dies.
 """
 
 from __future__ import annotations

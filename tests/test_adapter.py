@@ -204,7 +204,7 @@ def test_helix_adapt_does_not_save_an_adapter_that_does_not_help(atlas_copy, tmp
 
 
 def test_eval_adapt_on_a_split_too_small_names_the_corpus(tmp_path):
-    from helix_ray.eval.datasets import load_beir
+    from helix_ray.eval.beir import load_beir
     from helix_ray.eval.runner import evaluate
 
     mini = REPO / "tests" / "fixtures" / "eval" / "mini_beir"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helix_ray.eval.datasets import (
+from helix_ray.eval import (
     LOCOMO_CONVERSATIONS,
     LOCOMO_HELDOUT,
     LOCOMO_TUNE,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from helix_ray.eval.datasets import load_beir
+from helix_ray.eval.beir import load_beir
 from helix_ray.eval.runner import evaluate, format_table
 from tests.helpers import REPO
 

@@ -1,10 +1,14 @@
 """Evaluation harness: benchmark loaders and ranking metrics (pure Python + numpy).
 
+One loader module per benchmark (``locomo``, ``beir``, ``longmemeval``), each returning
+the records of ``datasets``; ``metrics`` scores a ranking; ``runner`` builds the stores
+and runs the systems side by side.
+
 Typical use::
 
     from helix_ray.eval import load_locomo, LOCOMO_TUNE, evaluate_ranking, summarise
 
-    evalset = load_locomo("../shared/data/locomo/locomo10.json", conversations=LOCOMO_TUNE)
+    evalset = load_locomo("locomo10.json", conversations=LOCOMO_TUNE)
     rows = []
     for q in evalset.queries:
         ranked = my_search(evalset.corpora[q.corpus_id], q.text)  # ids, best first
@@ -12,20 +16,17 @@ Typical use::
     report = summarise(rows)
 """
 
-from helix_ray.eval.datasets import (
+from helix_ray.eval.beir import load_beir
+from helix_ray.eval.datasets import EvalDoc, EvalQuery, EvalSet
+from helix_ray.eval.locomo import (
     LOCOMO_CONVERSATIONS,
     LOCOMO_HELDOUT,
     LOCOMO_TUNE,
-    EvalDoc,
-    EvalQuery,
-    EvalSet,
-    load_beir,
     load_locomo,
-    load_longmemeval,
     normalise_locomo_evidence,
     parse_locomo_datetime,
-    parse_longmemeval_datetime,
 )
+from helix_ray.eval.longmemeval import load_longmemeval, parse_longmemeval_datetime
 from helix_ray.eval.metrics import (
     evaluate_ranking,
     hit_at_k,

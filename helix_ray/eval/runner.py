@@ -40,7 +40,7 @@ def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config:
     ``episodic``, a document of a BEIR-style corpus ``semantic``. Ingest's type rules are
     written for an agent's memories; on a homogeneous corpus they would scatter its
     documents over the per-type weight rows (an abstract saying "we chose" becomes a
-    decision) and rank them by that accident (measured: docs/quality.md).
+    decision) and rank them by that accident (docs/quality.md).
     """
     from pipelines.ingest import ingest
 

@@ -1,6 +1,6 @@
 """Stage 7c: what one generation hands the next, so that an ingest into a large store
-(a compaction of a few hundred online writes into 10^5 memories) computes the new rows'
-entities, BM25 terms and nearest neighbours, not every row's again.
+(a compaction of a few hundred online writes into many thousands of memories) computes
+the new rows' entities, BM25 terms and nearest neighbours, not every row's again.
 
 Beside the indexes a reader uses, a generation keeps per row what built them (see
 :mod:`helix_ray.store.generation`; the manifest's ``carry`` says which it has and how
@@ -225,8 +225,8 @@ def dense_index(previous: Generation | None, user: str, start: int, end: int, in
     """The tenant's HNSW index made from the previous generation's: its memories that
     left removed, the others renamed to their rows now, the new ones added. Returns
     ``(index, removed)`` with the tombstones it holds (``previous_row`` / ``now``: see
-    :func:`moved_to`), or None when there is no index
-    to carry, it was built with other parameters, or it would hold too many tombstones."""
+    :func:`moved_to`), or None when there is no index to carry, it was built with other
+    parameters, or it would hold too many tombstones."""
     hnsw = (previous.manifest.get("hnsw") or {}) if previous is not None else {}
     if previous is None or not previous.has_dense_index(user) or user not in previous.partitions or \
             (hnsw.get("connectivity"), hnsw.get("expansion_add"), hnsw.get("dtype")) != \

@@ -69,8 +69,7 @@ def find_duplicates(
     previous generation's rows, deduplicated when it was built). Only those sharing an
     LSH band with a later item can then drop or be dropped, so the others are not
     visited: the same answer, for the cost of the new items rather than of the store
-    (it grew with the store: 2.9 s of a compaction of 321 writes into 8,300 memories,
-    minutes at 10^6; docs/serve.md).
+    (docs/benchmarks.md).
     """
     from datasketch import LeanMinHash, MinHashLSH
 
@@ -80,8 +79,8 @@ def find_duplicates(
     def make() -> MinHashLSH:
         # Bands tuned below the threshold: LSH only proposes candidates (missing a true
         # pair at J = .85 otherwise happens), the similarity check below decides. The
-        # bands are chosen once (datasketch integrates for them: ~6 ms per index, one
-        # index per tenant).
+        # bands are chosen once: datasketch integrates to find them, and there is one
+        # index per tenant.
         nonlocal params
         lsh = MinHashLSH(threshold=max(0.3, threshold - 0.2), num_perm=num_perm, params=params)
         params = (lsh.b, lsh.r)
@@ -100,7 +99,7 @@ def find_duplicates(
         if lsh is None:
             lsh = indexes[users[i]] = make()
         # A LeanMinHash takes the stored values as they are (a MinHash would first draw
-        # its permutations again: 60 % of this loop).
+        # its permutations again, most of this loop's work).
         mh = LeanMinHash(seed=1, hashvalues=sigs[i], scheme="affine32")
         best, best_sim = -1, -1.0
         for key in lsh.query(mh):

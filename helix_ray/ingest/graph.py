@@ -100,8 +100,8 @@ def _mentions(users: Sequence[str], entity_lists: Sequence[Sequence[str]] | pa.A
     memories mention at least twice and at most its hub limit. Returns their rows and
     the mention edges (memory row, entity node, 1 / √df). ``entity_lists``: a list of
     keys per row, or the same as an Arrow list array (what ingest holds). Vectorised:
-    at 10^5 memories the per-key loops took ~1 s of a compaction, and then numbering
-    the 0.5 M (row, key) pairs in Python ~0.9 s."""
+    per-key loops and numbering the (row, key) pairs in Python dominate a compaction of
+    a large store (docs/benchmarks.md)."""
     import pyarrow.compute as pc
 
     lists = entity_lists if isinstance(entity_lists, (pa.Array, pa.ChunkedArray)) \
@@ -123,7 +123,7 @@ def _mentions(users: Sequence[str], entity_lists: Sequence[Sequence[str]] | pa.A
     pairs, key_id = np.unique(pair, return_inverse=True)
     key_id = key_id.reshape(-1).astype(np.int64)
     if len(src):  # a memory mentioning a key twice counts once
-        both = np.sort(src * len(pairs) + key_id)  # np.unique's hash path: 3.5 s at 10^6, this 0.04
+        both = np.sort(src * len(pairs) + key_id)  # a sort of one int64 key: far cheaper than np.unique's hash path
         both = both[np.r_[True, both[1:] != both[:-1]]]
         src, key_id = both // len(pairs), both % len(pairs)
     df = np.bincount(key_id, minlength=len(pairs))
@@ -158,8 +158,8 @@ def _to_csr(src, dst, wts, typ, num_nodes: int) -> CSRGraph:
     a, b = np.concatenate([a, b]), np.concatenate([b, a])
     w, t = np.concatenate([w, w]), np.concatenate([t, t])
     # One int64 key (a, b, priority), sorted stably: what np.lexsort((priority, b, a)) gives,
-    # in 3.4 s instead of 5.2–6.7 over 22 M edges at 10^6. A lookup for the priorities:
-    # np.vectorize(dict.get) took 1.7 s there.
+    # in less time on the tens of millions of edges of a large store. The priorities come
+    # from an array lookup, not a per-edge dict.get (docs/benchmarks.md).
     key = (a * num_nodes + b) * len(_PRIORITY_OF) + _PRIORITY_OF[t]
     order = np.argsort(key, kind="stable")
     pair = key[order] // len(_PRIORITY_OF)

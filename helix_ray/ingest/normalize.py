@@ -132,8 +132,8 @@ MAX_METADATA_DEPTH = 32
 
 def _check_id(mem_id: str) -> None:
     """An id the HTTP API can name again: at most :data:`MAX_ID_CHARS` characters, none a
-    control character (an id of 100,000 characters, or one ending in a newline, was
-    written and could then be neither PATCHed nor DELETEd)."""
+    control character (a very long id, or one ending in a newline, could be written but
+    then neither PATCHed nor DELETEd)."""
     if len(mem_id) > MAX_ID_CHARS:
         raise Rejected("too_long", f"id is {len(mem_id):,} characters long; at most {MAX_ID_CHARS}")
     bad = next((i for i, ch in enumerate(mem_id) if ord(ch) < 32 or 127 <= ord(ch) < 160), None)
@@ -153,9 +153,9 @@ def _depth(value: Any, level: int = 1) -> int:
 def _metadata_json(metadata: dict[str, Any]) -> str:
     """``metadata`` as stored: JSON text. NaN and ±Infinity, which JSON cannot carry
     (Python's reader and writer take them; a float column of a Parquet file holds them
-    for a missing value), become null, as JavaScript's ``JSON.stringify`` writes them;
-    they were stored as they came, text no strict JSON reader takes back. Lone
-    surrogates, which UTF-8 cannot carry, are refused."""
+    for a missing value), become null, as JavaScript's ``JSON.stringify`` writes them, so
+    every strict JSON reader takes the stored text back. Lone surrogates, which UTF-8
+    cannot carry, are refused."""
     try:
         text = json.dumps(metadata, sort_keys=True, ensure_ascii=False, default=str, allow_nan=False)
     except ValueError:

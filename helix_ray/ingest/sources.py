@@ -272,7 +272,7 @@ def read_locomo(path: Path) -> Iterator[RawRecord]:
     if not isinstance(data, list):
         raise InvalidArgument("source", str(path), "a LoCoMo file is a JSON list of conversations")
     # A malformed conversation, session or turn is quarantined as one record with what it
-    # lacks; the rest of the file is read (a missing key used to abort the whole ingest).
+    # lacks, and the rest of the file is read: one bad key must not abort the whole ingest.
     for i, sample in enumerate(data):
         conv = sample.get("conversation") if isinstance(sample, dict) else None
         user = sample.get("sample_id") if isinstance(sample, dict) else None

@@ -118,7 +118,7 @@ class Transform:
     """Stages 4, 5 and 7a in one callable: Expand → Embed → Annotate on each batch.
 
     The ingest pipeline runs this as one Ray Data actor stage rather than three: on a
-    small host the stages cannot overlap usefully (embedding takes > 95 % of the work),
+    small host the stages cannot overlap usefully (embedding is nearly all of the work),
     and every extra stage costs a hand-off of each block through the object store.
     Quantization (stage 6) is not here: publishing quantizes the final vectors (after
     session context has mixed them), so codes made per batch would be stale and unread."""
