@@ -294,7 +294,7 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     endpoint listen on 127.0.0.1 only (Serve's template: every interface)."""
     import httpx
 
-    from tests.conftest import tenant_records
+    from tests.helpers import tenant_records
 
     source = tmp_path / "tenants.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in tenant_records()))

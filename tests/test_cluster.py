@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import REPO, SAMPLE
-from tests.test_serve import _free_port, ids, recall
+from helix_ray.runtime import spare_port as _free_port
+from tests.helpers import REPO, SAMPLE, ids, recall
 
 httpx = pytest.importorskip("httpx")
 pytestmark = pytest.mark.ray

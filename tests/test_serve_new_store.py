@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tests.test_serve import _free_port, ids, recall
+from helix_ray.runtime import spare_port as _free_port
+from tests.helpers import ids, recall
 
 httpx = pytest.importorskip("httpx")
 pytestmark = pytest.mark.ray
