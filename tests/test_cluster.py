@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helix_ray.runtime import spare_port as _free_port
+from helix_ray.runtime import spare_port
 from tests.helpers import REPO, SAMPLE, ids, recall
 
 httpx = pytest.importorskip("httpx")
@@ -100,7 +100,7 @@ def deployed(cluster, ingested, tmp_path_factory) -> int:
     """The shipped configs/serve.yaml, only the store's path and the port changed, sent
     with `serve deploy`; the port it answers on."""
     config = yaml.safe_load((REPO / "configs" / "serve.yaml").read_text())
-    port = _free_port()
+    port = spare_port()
     config["http_options"]["port"] = port
     (app,) = config["applications"]
     app["args"]["store"] = str(ingested[0])
@@ -246,7 +246,7 @@ def test_helix_serve_joins_the_cluster_and_leaves_it_running(cluster, ingested, 
     where it answers (Serve keeps the HTTP port it was started with, not --port), and on
     SIGTERM removes its application: the cluster and its Serve stay up."""
     store, key, _ = ingested
-    asked = _free_port()
+    asked = spare_port()
     served = subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(store),
                                "--port", str(asked)], env=cluster.env(), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)

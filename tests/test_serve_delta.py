@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from helix_ray.serve.delta import DELTA_BASE as DELTA_BASE_ROWS  # the delta's row ids start here
-from tests.helpers import local_recall as _local_recall
+from tests.helpers import local_recall
 
 
 def test_merge_dense_orders_by_cosine_and_keeps_top_k():
@@ -74,7 +74,7 @@ def test_a_write_publishes_only_its_own_entries_and_replicas_parse_only_those(sh
             f"alice-seg{i}" for i in range(n + 1)]
         np.testing.assert_array_equal(held.vectors, fresh.vectors)
         assert held.late_codes == fresh.late_codes and held.lexical_texts == fresh.lexical_texts
-    *_, out = _local_recall(shells, "where does the canary fleet run?")
+    *_, out = local_recall(shells, "where does the canary fleet run?")
     assert out["items"][0]["id"] == "alice-seg0" and out["items"][0]["origin"] == "delta"
     # BM25 over the joined segments' postings scores as one table of the same entries does.
     from helix_ray.recall import lexical
@@ -153,7 +153,7 @@ def test_a_write_whose_publish_failed_is_in_the_next_snapshot(shells, monkeypatc
     writer.add([{"id": "alice-after", "text": "The next write published fine."}], "alice")
     snapshot = DeltaSegment.load(store, current_delta_version(store))
     assert sorted(snapshot.ids.tolist()) == ["alice-after", "alice-unpublished"] and len(calls) == 2
-    *_, out = _local_recall(shells, "what happened when the disk filled up?")
+    *_, out = local_recall(shells, "what happened when the disk filled up?")
     assert "alice-unpublished" in [i["id"] for i in out["items"]]
 
 
@@ -202,9 +202,9 @@ def test_the_delta_strong_signal_weighs_the_query_terms_the_user_holds(shells):
     query with a word no memory holds is not (the delta merge uses the same coverage rule
     as the generation's BM25 leg)."""
     shells["writer"].add([{"id": "alice-zq", "text": "zqxv flux capacitor calibration"}], "alice")
-    _, exact, _, _ = _local_recall(shells, "zqxv flux capacitor calibration")
+    _, exact, _, _ = local_recall(shells, "zqxv flux capacitor calibration")
     assert exact.hits.rows[0] >= DELTA_BASE_ROWS and exact.hits.strong_signal
-    _, unknown, _, _ = _local_recall(shells, "zqxv flux capacitor calibration wombat")
+    _, unknown, _, _ = local_recall(shells, "zqxv flux capacitor calibration wombat")
     assert unknown.hits.rows[0] == exact.hits.rows[0] and not unknown.hits.strong_signal
 
 

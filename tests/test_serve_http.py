@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from helix_ray.runtime import spare_port as _free_port
+from helix_ray.runtime import spare_port
 from tests.helpers import STRONG_ERROR, STRONG_ID, ids, recall, tenant_records
 
 httpx = pytest.importorskip("httpx")
@@ -42,7 +42,7 @@ def served(request, tmp_path_factory):
     keys["ops"] = KeyStore(store).create("alice", admin=True)[0]  # settings and compaction
     started = not ray.is_initialized()
     server.start_ray(num_cpus=4)  # a new local Ray (address="local"), never someone else's cluster
-    port = _free_port()
+    port = spare_port()
     server.run(store, port=port, compact_interval_s=3600, watch_interval_s=0.25, graph=request.param)
     yield f"http://127.0.0.1:{port}", keys, store
     serve.shutdown()

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from helix_ray.runtime import spare_port as _free_port
+from helix_ray.runtime import spare_port
 from tests.helpers import ids, recall
 
 httpx = pytest.importorskip("httpx")
@@ -26,7 +26,7 @@ def new_server(tmp_path_factory):
     store = tmp_path_factory.mktemp("serve-new") / "does-not-exist-yet"
     started = not ray.is_initialized()
     server.start_ray(num_cpus=4)
-    port = _free_port()
+    port = spare_port()
     server.run(store, port=port, compact_interval_s=3600, watch_interval_s=0.25, graph="inline", create=True)
     yield f"http://127.0.0.1:{port}", store
     serve.shutdown()

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import STRONG_ERROR, STRONG_ID, local_recall as _local_recall
+from tests.helpers import STRONG_ERROR, STRONG_ID, local_recall
 
 
 def test_query_encoder_widens_only_when_the_replica_is_alone(monkeypatch):
@@ -127,16 +127,16 @@ def test_shells_compose_to_recall_and_serve_the_delta(shells):
 
     query = "how do I rotate the API keys?"
     local = Recaller(Generation.open_current(shells["store"]), get_embedder())
-    *_, out = _local_recall(shells, query)
+    *_, out = local_recall(shells, query)
     assert [i["id"] for i in out["items"]] == [i.id for i in local.recall(query, user="alice", budget_tokens=400,
                                                                             k=8).items]
     shells["writer"].add([{"id": "alice-new", "text": "To rotate the API keys now run keyctl rotate --all."}],
                          "alice")
-    *_, out = _local_recall(shells, query)
+    *_, out = local_recall(shells, query)
     assert "alice-new" in [i["id"] for i in out["items"]]
     assert {i["origin"] for i in out["items"] if i["id"] == "alice-new"} == {"delta"}
     shells["writer"].delete("alice-new", "alice")
-    *_, out = _local_recall(shells, query)
+    *_, out = local_recall(shells, query)
     assert "alice-new" not in [i["id"] for i in out["items"]]
 
 
@@ -148,7 +148,7 @@ def test_the_compact_pipeline_shell_answers_like_the_split_graph(shells):
 
     pipeline = PipelineShell(shells["store"])
     for query in ("how do I rotate the API keys?", "which database did billing move to?"):
-        *_, split = _local_recall(shells, query)
+        *_, split = local_recall(shells, query)
         compact = asyncio.run(pipeline.recall(query, user="alice", config=RetrievalConfig(), budget_tokens=400, k=8))
         assert [i["id"] for i in compact["items"]] == [i["id"] for i in split["items"]]
     strong = asyncio.run(pipeline.recall(STRONG_ERROR, user="alice", config=RetrievalConfig(), budget_tokens=400, k=8))
@@ -162,7 +162,7 @@ def test_the_compact_pipeline_shell_answers_like_the_split_graph(shells):
 
 def test_ranker_drops_a_delete_that_the_legs_missed(shells):
     """The legs ran before the delete; the Ranker, after it, must still not return it."""
-    plan, lexical, dense, out = _local_recall(shells, STRONG_ERROR)
+    plan, lexical, dense, out = local_recall(shells, STRONG_ERROR)
     assert [i["id"] for i in out["items"]][0] == STRONG_ID
     shells["writer"].delete(STRONG_ID, "alice")
     after = asyncio.run(shells["ranker"].finish(plan, lexical, dense))
@@ -174,7 +174,7 @@ def test_ranker_flags_a_failed_leg_and_refuses_mixed_generations(shells):
 
     from helix_ray.serve.errors import ReplicaError, kind_of, status_of
 
-    plan, lexical, dense, _ = _local_recall(shells, "how do I rotate the API keys?")
+    plan, lexical, dense, _ = local_recall(shells, "how do I rotate the API keys?")
     out = asyncio.run(shells["ranker"].finish(plan, replace(lexical, hits=None, error="RuntimeError: boom"), dense))
     assert out["items"] and any("bm25 leg failed" in d for d in out["flags"]["degraded"])
     with pytest.raises(ReplicaError) as caught:  # the ingress answers it by re-running the legs
@@ -196,7 +196,7 @@ def test_a_plan_without_a_vector_is_ranked_on_bm25_alone(shells):
     out = asyncio.run(shells["ranker"].finish(plan, lexical, None))
     top = min(out["items"], key=lambda item: item["rank"])
     assert top["id"] == "alice-vectorless" and top["origin"] == "delta"
-    *_, full = _local_recall(shells, STRONG_ERROR)  # a generation memory, found by its words
+    *_, full = local_recall(shells, STRONG_ERROR)  # a generation memory, found by its words
     plan = Recaller(None, None).plan_without_vector(STRONG_ERROR, user="alice", config=RetrievalConfig(),
                                                     budget_tokens=400, k=8, explain=True)
     out = asyncio.run(shells["ranker"].finish(plan, asyncio.run(shells["bm25"].search(plan)), None))
@@ -208,7 +208,7 @@ def test_a_plan_without_a_vector_is_ranked_on_bm25_alone(shells):
 def test_a_swap_keeps_the_old_generation_for_requests_in_flight(shells):
     """After compaction publishes generation N+1, a request pinned to N (its legs ran
     there) is still finished on N; new requests move to N+1."""
-    plan, lexical, dense, _ = _local_recall(shells, "how do I rotate the API keys?")
+    plan, lexical, dense, _ = local_recall(shells, "how do I rotate the API keys?")
     old = lexical.generation
     shells["writer"].add([{"id": "alice-swap", "text": "Rotating keys also needs the vault token refresh."}], "alice")
     report = shells["writer"].compact()
@@ -219,6 +219,6 @@ def test_a_swap_keeps_the_old_generation_for_requests_in_flight(shells):
     assert finished["generation"] == old and finished["items"]
     for leg in ("bm25", "dense"):
         asyncio.run(shells[leg].views.refresh())
-    *_, fresh = _local_recall(shells, "vault token refresh when rotating keys")
+    *_, fresh = local_recall(shells, "vault token refresh when rotating keys")
     assert fresh["generation"] == old + 1
     assert {i["origin"] for i in fresh["items"] if i["id"] == "alice-swap"} == {"generation"}

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.helpers import STRONG_ERROR, STRONG_ID, local_recall as _local_recall, tenant_records
+from tests.helpers import STRONG_ERROR, STRONG_ID, local_recall, tenant_records
 
 
 def test_writer_rebuilds_the_delta_from_its_log_after_a_restart(shells):
@@ -25,7 +25,7 @@ def test_writer_rebuilds_the_delta_from_its_log_after_a_restart(shells):
     writer.core = WriterCore(shells["store"])  # what a restarted Writer replica does
     assert "alice-durable" in writer.core.entries and "alice-03" in writer.core.tombstones
     assert writer.core.version == version + 1
-    *_, out = _local_recall(shells, "when does the restart drill run?")
+    *_, out = local_recall(shells, "when does the restart drill run?")
     ids_ = [i["id"] for i in out["items"]]
     assert "alice-durable" in ids_ and "alice-03" not in ids_
     assert list((shells["store"] / "inbox").glob("*.jsonl"))  # the ingest-ready copy, fsynced
@@ -58,9 +58,9 @@ def test_a_delete_and_a_patch_survive_two_compactions_and_a_restart(shells):
     assert "alice-okapi" not in writer.core.entries and "alice-heron" not in writer.core.entries
     for shell in ("bm25", "dense", "ranker"):
         asyncio.run(shells[shell].views.refresh())
-    *_, out = _local_recall(shells, "okapi vault password")
+    *_, out = local_recall(shells, "okapi vault password")
     assert "alice-okapi" not in [i["id"] for i in out["items"]]
-    *_, out = _local_recall(shells, "when does the heron queue drain?")
+    *_, out = local_recall(shells, "when does the heron queue drain?")
     heron = [i for i in out["items"] if i["id"] == "alice-heron"]
     assert heron and "noon" in heron[0]["text"], out["items"]
     writer.add([{"id": "alice-third", "text": "A third note, for a third generation."}], "alice")
@@ -94,7 +94,7 @@ def test_compaction_takes_what_the_writes_computed_instead_of_embedding_again(sh
         tokens = gen.late.tokens[gen.late.offsets[row]:gen.late.offsets[row + 1]]
         assert tokens.tobytes() == entry["late_codes"]
         assert gen.memories.column("n_tokens")[row].as_py() == entry["n_tokens"]
-    *_, found = _local_recall(shells, "when does the gecko cache warm up?")
+    *_, found = local_recall(shells, "when does the gecko cache warm up?")
     assert found["items"][0]["id"] == "alice-gecko", found["items"]
 
     # After a restart the log row says which config computed it.
@@ -134,7 +134,7 @@ def test_a_failed_compaction_leaves_no_input_behind_and_backs_off(shells, monkey
     with pytest.raises(Exception, match="No space left"):
         writer.compact()
     assert not list(inbox.glob("compact-*.jsonl")) and writer.core.compactable() == 1
-    *_, out = _local_recall(shells, "when does the wren backup job run?")
+    *_, out = local_recall(shells, "when does the wren backup job run?")
     assert "alice-wren" in [i["id"] for i in out["items"]]
 
     monkeypatch.setattr(sh, "COMPACT_TICK_S", 0.02)
@@ -229,14 +229,14 @@ def test_writes_go_on_while_a_compaction_runs_and_what_they_changed_stays(shells
     def check() -> None:
         for shell in ("bm25", "dense", "ranker"):
             asyncio.run(shells[shell].views.refresh())
-        *_, out = _local_recall(shells, "how often does the kite service retry?")
+        *_, out = local_recall(shells, "how often does the kite service retry?")
         kite = [i for i in out["items"] if i["id"] == "alice-kite"]
         assert kite and "five" in kite[0]["text"], out["items"]
-        *_, out = _local_recall(shells, "when does the moth cache expire?")
+        *_, out = local_recall(shells, "when does the moth cache expire?")
         assert "alice-moth" not in [i["id"] for i in out["items"]]
-        *_, out = _local_recall(shells, STRONG_ERROR)
+        *_, out = local_recall(shells, STRONG_ERROR)
         assert STRONG_ID not in [i["id"] for i in out["items"]]
-        *_, out = _local_recall(shells, "the wren queue")
+        *_, out = local_recall(shells, "the wren queue")
         assert "alice-wren" in [i["id"] for i in out["items"]]
 
     check()
@@ -295,7 +295,7 @@ def test_a_delete_made_while_a_compaction_ran_holds_if_the_writer_stops_before_i
     assert "alice-lynx" not in Generation.open_current(shells["store"]).memories.column("id").to_pylist()
     for shell in ("bm25", "dense", "ranker"):
         asyncio.run(shells[shell].views.refresh())
-    *_, out = _local_recall(shells, "the lynx token leaked")
+    *_, out = local_recall(shells, "the lynx token leaked")
     assert "alice-lynx" not in [i["id"] for i in out["items"]]
 
 
@@ -316,17 +316,17 @@ def test_a_new_store_is_served_empty_filled_online_and_compacted(tmp_path):
         parts = {"embedder": sh.EmbedderShell(), "bm25": sh.BM25Shell(store), "dense": sh.DenseShell(store),
                  "ranker": sh.RankerShell(store), "writer": writer}
         query = "why did we pin uvicorn?"
-        *_, out = _local_recall(parts, query)
+        *_, out = local_recall(parts, query)
         assert out["items"] == [] and out["generation"] == 1
         writer.add([{"id": "alice-uvicorn", "text": "We pinned uvicorn to 0.30 after the keep-alive bug."}], "alice")
-        *_, out = _local_recall(parts, query)
+        *_, out = local_recall(parts, query)
         assert [(i["id"], i["origin"]) for i in out["items"]] == [("alice-uvicorn", "delta")]
         assert not out["flags"]["degraded"]
         report = writer.compact()
         assert report["published"] and report["generation"] == 2 and report["folded"] == 1, report
         for shell in ("bm25", "dense", "ranker"):  # what each replica's CURRENT watcher does
             assert asyncio.run(parts[shell].views.refresh())
-        *_, out = _local_recall(parts, query)
+        *_, out = local_recall(parts, query)
         assert [(i["id"], i["origin"]) for i in out["items"]] == [("alice-uvicorn", "generation")]
         assert out["generation"] == 2
         writer.delete("alice-uvicorn", "alice")
@@ -335,7 +335,7 @@ def test_a_new_store_is_served_empty_filled_online_and_compacted(tmp_path):
         assert Generation.open_current(store).size == 0
         for shell in ("bm25", "dense", "ranker"):
             assert asyncio.run(parts[shell].views.refresh())
-        *_, out = _local_recall(parts, query)
+        *_, out = local_recall(parts, query)
         assert out["items"] == [] and out["generation"] == 3
     finally:
         writer._stop.set()
@@ -490,7 +490,7 @@ def test_a_write_compaction_drops_as_a_near_duplicate_leaves_the_delta(shells):
     assert (report["folded"], report["kept_in_delta"]) == (2, 0) and writer.core.compactable() == 0
     for leg in ("bm25", "dense", "ranker"):  # what each replica's watcher does within a second
         assert asyncio.run(shells[leg].views.refresh())
-    *_, out = _local_recall(shells, "nightly export job parquet analytics bucket")
+    *_, out = local_recall(shells, "nightly export job parquet analytics bucket")
     assert "w-new" in [i["id"] for i in out["items"]] and "w-old" not in [i["id"] for i in out["items"]]
 
 
