@@ -108,7 +108,7 @@ def recall(client, query: str, **extra) -> dict:
 
     # The ingress sends the pipeline's dict without FastAPI's response validation: every
     # answer is held to the documented schema here instead: its types, and no key the
-    # schema does not name (the response model used to drop those silently).
+    # schema does not name (a response model would drop those silently).
     answer = response.json()
     assert RecallResponse.model_validate(answer, strict=True).model_dump(exclude_unset=True) == answer
     return answer

@@ -6,7 +6,7 @@ the cluster.
 
 Helix's processes get ``RAY_ADDRESS`` and the cluster's token file but not
 ``RAY_AUTH_MODE``: Ray sends no token to an explicit address unless told, and Helix must
-(``runtime.send_auth_token``). One cluster for the module (~10 s to start).
+(``runtime.send_auth_token``). One cluster for the module, shared by its tests.
 """
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ def test_helix_serve_joins_the_cluster_and_leaves_it_running(cluster, ingested, 
 
 def test_joining_with_the_wrong_token_says_what_to_check(cluster, tmp_path):
     """A token that is not the cluster's: a sentence naming RAY_ADDRESS and the token, no
-    traceback (Ray itself retries for ~20 s, then raises a bare ConnectionError)."""
+    traceback (Ray itself retries for a while, then raises a bare ConnectionError)."""
     env = cluster.env(RAY_AUTH_TOKEN="0" * 64)  # takes precedence over the cluster's token file
     done = subprocess.run([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(tmp_path / "s")],
                           env=env, capture_output=True, text=True, timeout=300)

@@ -27,7 +27,7 @@ def test_merge_dense_orders_by_cosine_and_keeps_top_k():
 
 def test_merge_lexical_normalises_by_the_shared_ceiling():
     """Hand-computed: base raw [6, 3], delta raw [4.5]; ceiling over both 8 → normalised
-    [.75, .5625, .375]; the strong signal (≥ .85) no longer holds."""
+    [.75, .5625, .375]; the strong signal (≥ .85) does not hold after the merge."""
     from helix_ray.recall.lexical import LexicalHits
     from helix_ray.serve.delta import DELTA_BASE, DeltaLexical, merge_lexical
 
@@ -158,7 +158,7 @@ def test_a_write_whose_publish_failed_is_in_the_next_snapshot(shells, monkeypatc
 
 
 def test_a_format_1_delta_snapshot_is_still_read(shells):
-    """A store written before segments (one whole table per snapshot) still serves."""
+    """A delta snapshot of format 1 (one whole table per snapshot, no segment files) still serves."""
     import pyarrow as pa
     import pyarrow.ipc as ipc
 

@@ -1,7 +1,7 @@
 """`helix serve` on a store nothing was ingested into: the application starts on an empty
 first generation, a key created after the start works at once, and online writes fill
 the store (the delta, then compaction). A real local Ray and the inline graph over HTTP
-on 127.0.0.1; one application start (~20 s)."""
+on 127.0.0.1; one application start for the module."""
 
 from __future__ import annotations
 

@@ -33,9 +33,9 @@ def test_writer_rebuilds_the_delta_from_its_log_after_a_restart(shells):
 
 def test_a_delete_and_a_patch_survive_two_compactions_and_a_restart(shells):
     """A memory written and deleted between two compactions, and the text a PATCH
-    replaced, stay gone after a restart: the log's older put of each used to outlive the
-    row that replaced it (pruned once a generation held it), and the replay made it live
-    again — and the next compaction published it."""
+    replaced, stay gone after a restart: the log's older put of each must not outlive the
+    row that replaced it (pruned once a generation holds it), or the replay would make it
+    live again and the next compaction publish it."""
     from helix_ray.serve.writer import WriterCore
     from helix_ray.store.generation import Generation
 
@@ -47,8 +47,8 @@ def test_a_delete_and_a_patch_survive_two_compactions_and_a_restart(shells):
     inbox = shells["store"] / "inbox"
     (inbox / "20260101T000000-deadbeef.jsonl").write_text("{}\n")  # as an ingest that failed leaves Memory.add's
     assert writer.compact()["published"]
-    # A served write's copy was kept for ever (a file per write); now deleted once a
-    # generation holds it. The compaction's input, and any other file, go to folded/.
+    # A served write's copy (a file per write) is deleted once a generation holds it;
+    # the compaction's input, and any other file, go to folded/.
     assert not list(inbox.glob("*.jsonl"))
     assert sorted(p.name[:8] for p in (inbox / "folded").glob("*.jsonl")) == ["20260101", "compact-"]
     writer.add([{"id": "alice-later", "text": "A later note, so that a second compaction has work."}], "alice")
@@ -71,9 +71,9 @@ def test_a_delete_and_a_patch_survive_two_compactions_and_a_restart(shells):
 
 def test_compaction_takes_what_the_writes_computed_instead_of_embedding_again(shells):
     """A write is expanded, embedded and token-encoded when it is made (it is served from
-    the delta at once); compaction used to do it all again (1,017 writes: 17.8 s). It
-    now takes the writes' own outputs, also after a restart, and computes again only
-    what another ingest config made."""
+    the delta at once); compaction takes the writes' own outputs instead of computing
+    them again, also after a restart, and computes again only what another ingest config
+    made."""
     from helix_ray.config import IngestConfig
     from helix_ray.serve.writer import WriterCore
     from helix_ray.store.generation import Generation
@@ -115,7 +115,7 @@ def test_a_failed_compaction_leaves_no_input_behind_and_backs_off(shells, monkey
     """A compaction whose ingest fails (a full disk here) leaves no input file behind (it
     is a copy of serve_log's pending rows, which go on serving), and the background
     compactor waits longer after each failure — also with the pending writes past
-    ``compact_max_pending``, where it used to try every second, writing one more copy of
+    ``compact_max_pending``, where a try at every tick would write one more copy of
     every pending write each time. Once the fault is gone, the next try folds them."""
     import pipelines.ingest as ingest_module
     from helix_ray.serve import shells as sh
@@ -146,7 +146,7 @@ def test_a_failed_compaction_leaves_no_input_behind_and_backs_off(shells, monkey
         time.sleep(0.02)
     time.sleep(2.0)
     gaps = np.diff(tries)
-    # Waits of 0.2, 0.4, 0.8, 1.6 s: four or five tries in 2 s (every 20 ms before: ~100).
+    # Waits of 0.2, 0.4, 0.8, 1.6 s: four or five tries in 2 s, not one at every 20 ms tick.
     assert 2 <= len(tries) <= 6 and (gaps >= 0.18).all() and gaps[-1] > gaps[0], tries
     assert not list(inbox.glob("compact-*.jsonl"))
     monkeypatch.setattr(ingest_module, "ingest", real)
@@ -158,10 +158,10 @@ def test_a_failed_compaction_leaves_no_input_behind_and_backs_off(shells, monkey
 
 def test_served_files_of_compactions_that_publish_nothing_are_pruned(shells, monkeypatch):
     """A compaction that publishes nothing (every pending write is already in the
-    generation as it is) moves the writes' inbox files to ``folded/``; those were kept
-    for ever, each with the text of its memory. The newest KEEP_FOLDED stay, as for the
-    compactions' inputs. And the count of writes compaction could not fold is of those
-    still in the delta (it counted every one ever tried)."""
+    generation as it is) moves the writes' inbox files to ``folded/``, each with the text
+    of its memory: only the newest KEEP_FOLDED stay, as for the compactions' inputs. And
+    the count of writes compaction could not fold is of those still in the delta, not of
+    every one ever tried."""
     from helix_ray.serve import writer as writer_module
 
     monkeypatch.setattr(writer_module, "KEEP_FOLDED", 1)
@@ -180,7 +180,7 @@ def test_served_files_of_compactions_that_publish_nothing_are_pruned(shells, mon
 
 def test_writes_go_on_while_a_compaction_runs_and_what_they_changed_stays(shells, monkeypatch):
     """The compaction's pipeline runs outside the writer's lock (it rebuilds every index:
-    minutes at 10^5 memories, and every write used to wait). Paused mid-way here, the
+    long on a large store, and no write may wait for it). Paused mid-way here, the
     writer takes a write, a PATCH and a DELETE of memories it is folding, a DELETE of a
     generation memory and its stats; after it publishes, each of those still holds —
     through a second compaction and a restart."""
