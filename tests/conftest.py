@@ -1,7 +1,8 @@
-"""Shared stores for the query-path tests.
+"""Shared fixtures: the stores of the query-path tests, and the Serve stage shells.
 
 Each store is built once per session with the real ingest pipeline (``runner="local"``:
 never Ray), the real embedding model and a real DuckDB file under a pytest temp folder.
+Plain helpers and the data the stores are made of are in ``tests/helpers.py``.
 """
 
 from __future__ import annotations
