@@ -39,7 +39,7 @@ def main() -> None:
     from helix_ray.serve import server
     from helix_ray.serve.keys import KeyStore
     from pipelines.ingest import ingest
-    from tests.conftest import tenant_records
+    from tests.helpers import tenant_records
 
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)

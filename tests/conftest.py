@@ -1,86 +1,21 @@
-"""Shared stores for the query-path tests.
+"""Shared fixtures: the stores of the query-path tests, and the Serve stage shells.
 
 Each store is built once per session with the real ingest pipeline (``runner="local"``:
 never Ray), the real embedding model and a real DuckDB file under a pytest temp folder.
+Plain helpers and the data the stores are made of are in ``tests/helpers.py``.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import random
 from pathlib import Path
 
 import pytest
 
-from helix_ray.schema import MEMORY_TYPES
+from tests.helpers import tenant_records
 
 SAMPLES = Path(__file__).resolve().parents[1] / "helix_ray" / "samples" / "atlas"
 
 # --------------------------------------------------------------------------- tenants
-
-TENANT_USERS = ("alice", "bob", "carol", "dave")
-TENANT_PROJECTS = ("atlas", "beacon", None)
-TENANT_START = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
-
-#: Shared vocabulary: every tenant remembers (nearly) the same sentences, so a leak
-#: across tenants would be easy to make and easy to see.
-TENANT_TOPICS = (
-    "We moved the billing database from MySQL to Postgres to get transactional DDL for migrations.",
-    "The deploy pipeline runs the database migrations before rolling the gateway pods.",
-    "Redis is the cache in front of the billing service and its keys expire after ten minutes.",
-    "Kafka consumers lag whenever the shard rebalance overlaps the nightly backup window.",
-    "To rotate the API keys, run the rotate script and then restart every gateway pod.",
-    "The checksum of every shard is verified after the nightly backup finishes.",
-    "Short commit messages in the imperative mood are preferred for this repository.",
-    "The Grafana dashboard for gateway latency lives in the observability folder.",
-    "The March outage came from connection pool exhaustion on the Postgres primary.",
-    "Integration tests run in CI against a real Postgres container started by pytest.",
-    "Search fuses BM25 and dense vector results with reciprocal rank fusion.",
-    "The on-call engineer pages the database owner when replication lag passes a minute.",
-    "Backups are copied to object storage and restored into staging every Friday.",
-    "The gateway rejects requests larger than eight megabytes with status 413.",
-)
-TENANT_SUFFIXES = (
-    "Noted during the Tuesday review.",
-    "Confirmed with the on-call engineer.",
-    "Written down after the retro.",
-    "Mentioned again in the planning meeting.",
-)
-
-#: A unique exact error string that only one memory (alice's) contains.
-STRONG_ERROR = "ZQX-4471 checksum mismatch in shard 9"
-STRONG_ID = "alice-strong"
-
-
-def tenant_records() -> list[dict]:
-    """Seeded memory records for :data:`TENANT_USERS` (ids start with the user)."""
-    rng = random.Random(20250101)
-    records = []
-    for user in TENANT_USERS:
-        topics = rng.sample(range(len(TENANT_TOPICS)), 11)
-        for n, t in enumerate(topics):
-            created = TENANT_START + dt.timedelta(days=rng.randrange(0, 300), minutes=rng.randrange(0, 600))
-            records.append({
-                "id": f"{user}-{n:02d}",
-                "text": f"{TENANT_TOPICS[t]} {rng.choice(TENANT_SUFFIXES)}",
-                "user": user,
-                "project": rng.choice(TENANT_PROJECTS),
-                "type": rng.choice(MEMORY_TYPES),
-                "created_at": created.isoformat(),
-                "session_id": f"{user}-s{rng.randrange(3)}",
-                "source": "api",
-            })
-    records.append({
-        "id": STRONG_ID,
-        "text": f"{STRONG_ERROR} appeared in the restore log when the backup replayed a truncated segment; "
-                "re-running the restore from the previous snapshot fixed it.",
-        "user": "alice",
-        "project": "atlas",
-        "type": "episodic",
-        "created_at": (TENANT_START + dt.timedelta(days=200)).isoformat(),
-        "source": "api",
-    })
-    return records
 
 
 @pytest.fixture(scope="session")
@@ -133,3 +68,23 @@ def atlas_memory(tmp_path_factory):
     mem = Memory(store, record_access=False)
     yield mem
     mem.close()
+
+
+# --------------------------------------------------------------------------- Serve shells
+
+
+@pytest.fixture()
+def shells(tenant_store, tmp_path):
+    """The five shells over a private copy of the tenant store, in this process."""
+    import shutil
+
+    from helix_ray.serve import shells as sh
+
+    store = tmp_path / "store"
+    shutil.copytree(tenant_store[0], store)
+    writer = sh.WriterShell(store, compact_interval_s=3600)
+    parts = {"embedder": sh.EmbedderShell(), "bm25": sh.BM25Shell(store), "dense": sh.DenseShell(store),
+             "ranker": sh.RankerShell(store), "writer": writer, "store": store}
+    yield parts
+    writer._stop.set()
+    writer.core.close()

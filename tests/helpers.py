@@ -1,10 +1,17 @@
-"""Small builders shared by tests (data the tests make themselves)."""
+"""Small builders shared by tests (data the tests make themselves), and the helpers the
+Serve tests share: a recall over HTTP checked against the documented schema, and a
+recall through the stage shells in this process."""
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import json
+import random
 from pathlib import Path
 from typing import Any, Iterable
+
+from helix_ray.schema import MEMORY_TYPES
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "helix_ray" / "samples" / "atlas"
@@ -22,3 +29,99 @@ def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
 def memory(i: int, text: str, user: str = "dana", **extra: Any) -> dict[str, Any]:
     return {"id": f"m{i:03d}", "text": text, "user": user,
             "created_at": f"2025-03-{1 + i % 28:02d}T10:00:00Z", **extra}
+
+
+# --------------------------------------------------------------------------- tenants
+
+TENANT_USERS = ("alice", "bob", "carol", "dave")
+TENANT_PROJECTS = ("atlas", "beacon", None)
+TENANT_START = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+
+#: Shared vocabulary: every tenant remembers (nearly) the same sentences, so a leak
+#: across tenants would be easy to make and easy to see.
+TENANT_TOPICS = (
+    "We moved the billing database from MySQL to Postgres to get transactional DDL for migrations.",
+    "The deploy pipeline runs the database migrations before rolling the gateway pods.",
+    "Redis is the cache in front of the billing service and its keys expire after ten minutes.",
+    "Kafka consumers lag whenever the shard rebalance overlaps the nightly backup window.",
+    "To rotate the API keys, run the rotate script and then restart every gateway pod.",
+    "The checksum of every shard is verified after the nightly backup finishes.",
+    "Short commit messages in the imperative mood are preferred for this repository.",
+    "The Grafana dashboard for gateway latency lives in the observability folder.",
+    "The March outage came from connection pool exhaustion on the Postgres primary.",
+    "Integration tests run in CI against a real Postgres container started by pytest.",
+    "Search fuses BM25 and dense vector results with reciprocal rank fusion.",
+    "The on-call engineer pages the database owner when replication lag passes a minute.",
+    "Backups are copied to object storage and restored into staging every Friday.",
+    "The gateway rejects requests larger than eight megabytes with status 413.",
+)
+TENANT_SUFFIXES = (
+    "Noted during the Tuesday review.",
+    "Confirmed with the on-call engineer.",
+    "Written down after the retro.",
+    "Mentioned again in the planning meeting.",
+)
+
+#: A unique exact error string that only one memory (alice's) contains.
+STRONG_ERROR = "ZQX-4471 checksum mismatch in shard 9"
+STRONG_ID = "alice-strong"
+
+
+def tenant_records() -> list[dict]:
+    """Seeded memory records for :data:`TENANT_USERS` (ids start with the user)."""
+    rng = random.Random(20250101)
+    records = []
+    for user in TENANT_USERS:
+        topics = rng.sample(range(len(TENANT_TOPICS)), 11)
+        for n, t in enumerate(topics):
+            created = TENANT_START + dt.timedelta(days=rng.randrange(0, 300), minutes=rng.randrange(0, 600))
+            records.append({
+                "id": f"{user}-{n:02d}",
+                "text": f"{TENANT_TOPICS[t]} {rng.choice(TENANT_SUFFIXES)}",
+                "user": user,
+                "project": rng.choice(TENANT_PROJECTS),
+                "type": rng.choice(MEMORY_TYPES),
+                "created_at": created.isoformat(),
+                "session_id": f"{user}-s{rng.randrange(3)}",
+                "source": "api",
+            })
+    records.append({
+        "id": STRONG_ID,
+        "text": f"{STRONG_ERROR} appeared in the restore log when the backup replayed a truncated segment; "
+                "re-running the restore from the previous snapshot fixed it.",
+        "user": "alice",
+        "project": "atlas",
+        "type": "episodic",
+        "created_at": (TENANT_START + dt.timedelta(days=200)).isoformat(),
+        "source": "api",
+    })
+    return records
+
+
+# --------------------------------------------------------------------------- Serve
+
+
+def recall(client, query: str, **extra) -> dict:
+    response = client.post("/v1/recall", json={"query": query, "budget_tokens": 400, "k": 8, **extra})
+    assert response.status_code == 200, response.text
+    from helix_ray.serve.api import RecallResponse
+
+    # The ingress sends the pipeline's dict without FastAPI's response validation: every
+    # answer is held to the documented schema here instead: its types, and no key the
+    # schema does not name (a response model would drop those silently).
+    answer = response.json()
+    assert RecallResponse.model_validate(answer, strict=True).model_dump(exclude_unset=True) == answer
+    return answer
+
+
+def ids(result: dict) -> list[str]:
+    return [item["id"] for item in result["items"]]
+
+
+def local_recall(parts, query: str, user: str = "alice", **config):
+    from helix_ray.config import RetrievalConfig
+
+    plan = parts["embedder"].plan(query, user=user, config=RetrievalConfig(**config), budget_tokens=400, k=8)
+    lexical = asyncio.run(parts["bm25"].search(plan))
+    dense = asyncio.run(parts["dense"].search(plan))
+    return plan, lexical, dense, asyncio.run(parts["ranker"].finish(plan, lexical, dense))

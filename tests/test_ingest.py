@@ -87,8 +87,8 @@ def test_an_edited_memory_keeps_the_accesses_its_previous_version_had(tmp_path):
 
 def test_a_turn_that_is_not_a_whole_number_is_quarantined_not_fatal(tmp_path):
     """``metadata.turn`` orders a session. "first", [1], 3e30, -1 or true passed
-    validation, then failed the whole ingest after its embedding (and, written through
-    the server, every later compaction): now quarantined with what is allowed."""
+    validation would fail the whole ingest after its embedding (and, written through the
+    server, every later compaction): each is quarantined with what is allowed."""
     bad = ["first", [1], 3e30, -1, True]
     rows = [memory(0, FACTS[0], metadata={"turn": 2})] + [
         memory(i + 1, FACTS[i + 1], metadata={"turn": turn}) for i, turn in enumerate(bad)]
@@ -129,9 +129,9 @@ def test_a_memory_once_dropped_as_a_duplicate_stays_deleted_when_deleted(tmp_pat
 
 
 def test_a_store_takes_a_new_dedup_num_perm(tmp_path):
-    """Changing ``dedup.num_perm`` made every later ingest into the store fail (the old
-    rows' signatures and the new ones could not be stacked): the old rows are signed again,
-    and a near-duplicate of an old memory is still found."""
+    """Changing ``dedup.num_perm`` must not fail every later ingest into the store (the
+    old rows' signatures and the new ones cannot be stacked): the old rows are signed
+    again, and a near-duplicate of an old memory is still found."""
     from helix_ray.config import load_config
 
     store = tmp_path / "store"
@@ -148,8 +148,8 @@ def test_a_store_takes_a_new_dedup_num_perm(tmp_path):
 
 def test_one_id_for_two_users_in_one_ingest_stays_with_the_first(tmp_path):
     """As across ingests (above): the first user's memory keeps the id, the other
-    user's record is quarantined as a conflict. It was a duplicate_id, and the later
-    user's record replaced the first user's."""
+    user's record is quarantined as a conflict, not as a duplicate_id that would let the
+    later user's record replace the first user's."""
     rows = [memory(0, FACTS[0], user="alice"), memory(0, FACTS[1], user="bob"), memory(1, FACTS[2], user="bob")]
     report = ingest([write_jsonl(tmp_path / "a.jsonl", rows)], tmp_path / "store", runner="local")
     assert report.quarantine_reasons == {"id_conflict": 1} and report.accepted == 2

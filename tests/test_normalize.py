@@ -121,7 +121,7 @@ def test_times_are_parsed_to_utc():
         ({"text": "ok", "user": "dana", "id": "x" * 100_000}, "too_long", "100,000 characters"),
         ({"text": "ok", "user": "dana", "metadata": {"a": functools.reduce(lambda inner, _: [inner], range(32), 1)}},
          "too_deep", "more than 32 levels"),
-        # UTF-8 cannot carry a lone surrogate: it was stored as it came.
+        # UTF-8 cannot carry a lone surrogate: it is refused, not stored as it came.
         ({"text": "ok", "user": "dana", "metadata": {"who": "\udcff"}}, "invalid_utf8", "metadata"),
     ],
 )
@@ -147,8 +147,9 @@ def test_default_user_from_config():
 
 def test_metadata_nan_and_infinity_are_stored_as_null_and_a_blank_project_as_none():
     """JSON cannot carry NaN (Python's reader and writer take it; a Parquet float column
-    holds it for a missing value): it was stored as it came, text no strict JSON reader
-    takes back. Now null, as JavaScript writes it; a blank project is no project."""
+    holds it for a missing value): stored as it came, it would be text no strict JSON
+    reader takes back. It is stored as null, as JavaScript writes it; a blank project is
+    no project."""
     row = normalise_one({"text": "ok", "user": "dana", "project": "  ", "weight": float("-inf"),
                          "metadata": {"score": float("nan"), "ok": 1.5, "deep": [{"x": float("inf")}]}},
                         CFG, default_time=NOW)

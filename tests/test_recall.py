@@ -18,7 +18,7 @@ import pytest
 from helix_ray.config import RankConfig, RetrievalConfig, load_config
 from helix_ray.errors import InvalidArgument
 from helix_ray.recall import dense, fuse, lexical, pack, rank
-from tests.conftest import STRONG_ERROR, STRONG_ID
+from tests.helpers import STRONG_ERROR, STRONG_ID
 
 UTC = dt.timezone.utc
 GOLDEN = Path(__file__).with_name("golden_queries.jsonl")

@@ -16,7 +16,7 @@ from helix_ray.recall import scope
 from helix_ray.recall.dense import SCAN_BELOW_SHARE
 from helix_ray.schema import GENERATION_SCHEMA, MEMORY_TYPES
 from helix_ray.store.generation import ScopeColumns
-from tests.conftest import TENANT_PROJECTS, TENANT_START, TENANT_TOPICS, TENANT_USERS
+from tests.helpers import TENANT_PROJECTS, TENANT_START, TENANT_TOPICS, TENANT_USERS
 
 UTC = dt.timezone.utc
 OK = dict(query="what did we decide", user="alice", budget_tokens=512, k=10)

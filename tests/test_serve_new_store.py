@@ -1,7 +1,7 @@
 """`helix serve` on a store nothing was ingested into: the application starts on an empty
 first generation, a key created after the start works at once, and online writes fill
 the store (the delta, then compaction). A real local Ray and the inline graph over HTTP
-on 127.0.0.1; one application start (~20 s)."""
+on 127.0.0.1; one application start for the module."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tests.test_serve import _free_port, ids, recall
+from helix_ray.runtime import spare_port
+from tests.helpers import ids, recall
 
 httpx = pytest.importorskip("httpx")
 pytestmark = pytest.mark.ray
@@ -25,7 +26,7 @@ def new_server(tmp_path_factory):
     store = tmp_path_factory.mktemp("serve-new") / "does-not-exist-yet"
     started = not ray.is_initialized()
     server.start_ray(num_cpus=4)
-    port = _free_port()
+    port = spare_port()
     server.run(store, port=port, compact_interval_s=3600, watch_interval_s=0.25, graph="inline", create=True)
     yield f"http://127.0.0.1:{port}", store
     serve.shutdown()

@@ -154,7 +154,7 @@ def test_locomo_fixture_keeps_dia_ids_users_and_session_dates():
 def test_a_malformed_locomo_conversation_is_quarantined_and_the_rest_read(tmp_path):
     """A conversation without its sample_id, a session with an unreadable date and a turn
     without its dia_id each become one quarantined record saying what is missing; the
-    file's other turns are read (a missing key used to abort the whole ingest)."""
+    file's other turns are read (a missing key does not abort the whole ingest)."""
     data = json.loads(MINI_LOCOMO.read_text())
     good = data[0]
     conv = dict(good["conversation"])
