@@ -18,6 +18,7 @@ import pytest
 from helix_ray.config import RankConfig, RetrievalConfig, load_config
 from helix_ray.errors import InvalidArgument
 from helix_ray.recall import dense, fuse, lexical, pack, rank
+from helix_ray.tokens import token_counter
 from tests.conftest import STRONG_ERROR, STRONG_ID
 
 UTC = dt.timezone.utc
@@ -306,7 +307,7 @@ def test_tiny_budget_cuts_the_first_item(tenant_memory):
     result = tenant_memory.recall("Postgres database", user="carol", budget_tokens=8, explain=True)
     assert result.total_tokens <= 8
     assert len(result.items) == 1 and result.items[0].truncated
-    assert pack.token_counter()(result.items[0].text) == result.items[0].n_tokens <= 6  # 8 − separator
+    assert token_counter()(result.items[0].text) == result.items[0].n_tokens <= 6  # 8 − separator
     assert "budget" in result.explain["dropped_by"].to_list()
 
 
