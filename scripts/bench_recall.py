@@ -191,7 +191,6 @@ def build_store(n: int, store: Path, *, users: int | None, base_texts: list[str]
     from helix_ray.ingest import dedup, stages
     from helix_ray.ingest import graph as graph_mod
     from helix_ray.ingest.normalize import normalise_one
-    from helix_ray.recall import lexical
     from helix_ray.store import generation as gen_mod
 
     config = IngestConfig(hnsw_threads=hnsw_threads)
@@ -256,7 +255,7 @@ def build_store(n: int, store: Path, *, users: int | None, base_texts: list[str]
     timer.wrap(graph_mod, "_to_csr", "build_graph: _to_csr")
     timer.wrap(gen_mod, "build_hnsw")
     timer.wrap(gen_mod, "quantize_int8")
-    timer.wrap(lexical, "build_bm25", "publish: build_bm25")
+    timer.wrap(gen_mod, "build_bm25", "publish: build_bm25")
     timer.wrap(gen_mod, "_fsync", "publish: fsync")
     try:
         t0 = time.perf_counter()

@@ -47,24 +47,25 @@ import uuid
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from helix_ray.errors import ManifestMismatch, StoreError
+from helix_ray.index import hnsw
+from helix_ray.index.bm25 import Analyzer, BM25Index, build_bm25, load_bm25, load_terms
+from helix_ray.index.csr import CSRGraph
+from helix_ray.index.hnsw import build_hnsw
+from helix_ray.index.quantize import binary_codes, quantize_int8
 from helix_ray.schema import GENERATION_SCHEMA
-
-if TYPE_CHECKING:
-    from helix_ray.recall.lexical import Analyzer
 
 log = logging.getLogger(__name__)
 
 FORMAT = "helix-generation"
 FORMAT_VERSION = 1
 SCHEMA_HASH = hashlib.sha1(GENERATION_SCHEMA.to_string().encode()).hexdigest()[:16]
-EDGE_TYPES = ("mention", "same_session", "temporal", "semantic")
 ENTITY_SCHEMA = pa.schema(
     [("node", pa.int64()), ("user", pa.string()), ("key", pa.string()), ("df", pa.int32())]
 )
@@ -77,8 +78,8 @@ class GenerationData:
     memories: pa.Table  # GENERATION_SCHEMA, grouped by user
     vectors: np.ndarray  # float32 (N, dim)
     minhash: np.ndarray  # uint32 (N, num_perm)
-    terms: Any  # helix_ray.recall.lexical.Terms: each row's text + expansions, analysed
-    graph: "CSRGraph"
+    terms: Any  # helix_ray.index.bm25.Terms: each row's text + expansions, analysed
+    graph: CSRGraph
     entities: pa.Table  # ENTITY_SCHEMA
     embedder: str
     dim: int
@@ -86,26 +87,6 @@ class GenerationData:
     late: Any = None  # helix_ray.token_encoder.PassageTokens over the same rows, or None
     mentions: pa.Array | None = None  # entity keys per row: list<string> (helix_ray.ingest.carry.MENTIONS_TYPE)
     knn: tuple[np.ndarray, np.ndarray] | None = None  # (N, K) nearest rows, similarities
-
-
-@dataclass
-class CSRGraph:
-    """Symmetric weighted adjacency; nodes 0..N-1 are memories, N.. are entities."""
-
-    indptr: np.ndarray  # int64 (nodes + 1)
-    indices: np.ndarray  # int32
-    weights: np.ndarray  # float32
-    types: np.ndarray  # int8 index into EDGE_TYPES
-
-    @property
-    def num_nodes(self) -> int:
-        return len(self.indptr) - 1
-
-    def to_scipy(self):
-        from scipy.sparse import csr_matrix
-
-        n = self.num_nodes
-        return csr_matrix((self.weights, self.indices, self.indptr), shape=(n, n))
 
 
 def partitions_of(users: np.ndarray | list[str]) -> list[dict[str, Any]]:
@@ -166,7 +147,7 @@ def publish(
     *,
     hnsw_connectivity: int = 16,
     hnsw_expansion_add: int = 128,
-    bm25_analyzer: "Analyzer | None" = None,
+    bm25_analyzer: Analyzer | None = None,
     crash_after: str | None = None,
     dense_indexes: dict[str, Any] | None = None,
     hnsw_min_rows: int = 0,
@@ -183,8 +164,6 @@ def publish(
 
     ``crash_after`` names a file after which to raise (tests inject a crash mid-publish).
     """
-    from helix_ray.recall.lexical import Analyzer, build_bm25
-
     analyzer = bm25_analyzer or Analyzer()
 
     root = generations_dir(store)
@@ -214,7 +193,7 @@ def publish(
     _save_arrow(tmp / "memories.arrow", table); done(tmp / "memories.arrow")
     vectors = np.ascontiguousarray(data.vectors, dtype=np.float32)
     _save_npy(tmp / "vectors.f32.npy", vectors); done(tmp / "vectors.f32.npy")
-    _save_npy(tmp / "binary.npy", np.packbits(vectors > 0, axis=1)); done(tmp / "binary.npy")
+    _save_npy(tmp / "binary.npy", binary_codes(vectors)); done(tmp / "binary.npy")
     _save_npy(tmp / "minhash.npy", data.minhash.astype(np.uint32)); done(tmp / "minhash.npy")
 
     (tmp / "dense").mkdir()
@@ -319,26 +298,6 @@ def set_current(store: Path, number: int) -> None:
     _fsync(pointer_tmp)
     os.replace(pointer_tmp, store / "CURRENT")
     _fsync(store)
-
-
-def build_hnsw(int8: np.ndarray, first_key: int, dim: int, *, connectivity: int, expansion_add: int,
-               threads: int = 1):
-    """HNSW over int8 vectors keyed by global row id. ``threads=1`` is deterministic:
-    usearch's parallel insertion order varies, so the same input could link differently."""
-    from usearch.index import Index
-
-    index = Index(ndim=dim, metric="cos", dtype="i8", connectivity=connectivity, expansion_add=expansion_add)
-    if len(int8):
-        index.add(np.arange(first_key, first_key + len(int8), dtype=np.uint64), int8, threads=threads)
-    return index
-
-
-def quantize_int8(vectors: np.ndarray) -> np.ndarray:
-    """Per-vector symmetric int8: v / max|v| × 127, rounded. Cosine is scale-free, so the
-    per-vector scale is dropped."""
-    peak = np.abs(vectors).max(axis=1, keepdims=True)
-    peak[peak == 0] = 1.0
-    return np.round(vectors / peak * 127.0).astype(np.int8)
 
 
 def prune(store: Path, keep: int = 2) -> list[int]:
@@ -481,17 +440,13 @@ class Generation:
         return PassageTokens(*(np.load(folder / f"{n}.npy", mmap_mode="r") for n in ("tokens", "scales", "offsets")))
 
     @cached_property
-    def bm25(self):
-        from helix_ray.recall.lexical import load_bm25
-
+    def bm25(self) -> BM25Index:
         return load_bm25(self.path / "bm25")
 
     @cached_property
     def terms(self):
-        """Each row's BM25 terms (:class:`helix_ray.recall.lexical.Terms`, memory-mapped),
+        """Each row's BM25 terms (:class:`helix_ray.index.bm25.Terms`, memory-mapped),
         or None for a generation written without them."""
-        from helix_ray.recall.lexical import load_terms
-
         return load_terms(self.path / "bm25", self.bm25.retriever.vocab_dict)
 
     @cached_property
@@ -509,9 +464,7 @@ class Generation:
 
     def dense_index_copy(self, user: str):
         """The tenant's HNSW index loaded into memory (to change and save elsewhere)."""
-        from usearch.index import Index
-
-        return Index.restore(str(self.path / self._partition_files[user]), view=False)
+        return hnsw.load_copy(self.path / self._partition_files[user])
 
     def has_dense_index(self, user: str) -> bool:
         return self._partition_files.get(user) is not None
@@ -520,9 +473,7 @@ class Generation:
         """The tenant's HNSW index, opened as a read-only view of the file."""
         index = self._dense.get(user)
         if index is None:
-            from usearch.index import Index
-
-            index = Index.restore(str(self.path / self._partition_files[user]), view=True)
+            index = hnsw.open_view(self.path / self._partition_files[user])
             self._dense[user] = index
         return index
 
