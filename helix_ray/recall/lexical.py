@@ -1,10 +1,11 @@
 """Stage 3b: BM25 over memory text plus doc2query expansions, scored within a tenant.
 
 The index is built at ingest and memory-mapped at query time
-(:mod:`helix_ray.index.bm25`); every query is analysed with the :class:`Analyzer` the
-index was built with. Scope filters are applied inside the retriever: scores are
-computed only for the tenant's contiguous row range and masked by the other filters
-before the top-k is taken, so a filtered-out memory can never take a slot.
+(:mod:`helix_ray.index.bm25`); every query is analysed with the
+:class:`~helix_ray.index.bm25.Analyzer` the index was built with. Scope filters are
+applied inside the retriever: scores are computed only for the tenant's contiguous row
+range and masked by the other filters before the top-k is taken, so a filtered-out
+memory can never take a slot.
 """
 
 from __future__ import annotations

@@ -318,7 +318,7 @@ class Coded:
         return np.take(allowed, self.codes[start:end])
 
 
-
+# re-export for pipelines/ingest.py; removed at merge
 _IN_PUBLISH = ("GenerationData", "partitions_of", "prune", "publish", "set_current")
 
 
