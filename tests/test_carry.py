@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from helix_ray.config import IngestConfig
+from helix_ray.index.bm25 import Analyzer, Terms, build_bm25, load_bm25
+from helix_ray.index.quantize import quantize_int8
 from helix_ray.ingest import entities as entity_mod
-from helix_ray.recall.lexical import Analyzer, Terms, build_bm25, load_bm25
 from helix_ray.store.db import StoreDB
-from helix_ray.store.generation import Generation, quantize_int8
+from helix_ray.store.generation import Generation
 from pipelines.ingest import ingest
 from tests.helpers import write_jsonl
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helix_ray.index.csr import CSRGraph
 from helix_ray.recall import expand
-from helix_ray.store.generation import CSRGraph
 
 TIGHT = dict(iterations=2000, tolerance=1e-14)
 

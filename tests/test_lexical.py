@@ -1,5 +1,5 @@
 """BM25 top-k selection (helix_ray.recall.lexical.top_k_rows) against a naive full sort,
-and the analyzer that turns text into BM25 terms.
+and the analyzer that turns text into BM25 terms (helix_ray.index.bm25).
 
 The fast path bounds the k-th best score by a strided sample; it must return exactly what
 sorting every row would, ties (by position) and zero scores included.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helix_ray.index import bm25
 from helix_ray.recall import lexical
 
 
@@ -57,7 +58,7 @@ def test_no_positive_score_gives_nothing():
     ("plain words, an ACRONYM and Capitalised ones", []),
 ])
 def test_identifier_parts(text, parts):
-    assert lexical.identifier_parts(text) == parts
+    assert bm25.identifier_parts(text) == parts
 
 
 CODE_DOCS = [
@@ -69,9 +70,9 @@ CODE_DOCS = [
 
 @pytest.mark.parametrize("split", [True, False])
 def test_a_question_in_words_finds_the_identifier_only_when_split(tmp_path, split):
-    analyzer = lexical.Analyzer(split_identifiers=split)
-    lexical.build_bm25(CODE_DOCS, tmp_path / "bm25", analyzer=analyzer)
-    index = lexical.load_bm25(tmp_path / "bm25")
+    analyzer = bm25.Analyzer(split_identifiers=split)
+    bm25.build_bm25(CODE_DOCS, tmp_path / "bm25", analyzer=analyzer)
+    index = bm25.load_bm25(tmp_path / "bm25")
     assert index.analyzer == analyzer  # the folder records how it was built
     hits = lexical.search(index, "python read a json file", start=0, end=3, mask=None, top_k=3,
                           strong_score=0.85, strong_gap=0.15)
@@ -87,11 +88,11 @@ def test_a_question_in_words_finds_the_identifier_only_when_split(tmp_path, spli
 
 def test_an_index_without_an_analyzer_record_loads_as_it_was_built(tmp_path):
     """Indexes written before the analyzer record hold only a stemmer name: no splitting."""
-    lexical.build_bm25(CODE_DOCS, tmp_path / "bm25", analyzer=lexical.Analyzer(split_identifiers=False))
-    (tmp_path / "bm25" / lexical.ANALYZER_FILE).unlink()
+    bm25.build_bm25(CODE_DOCS, tmp_path / "bm25", analyzer=bm25.Analyzer(split_identifiers=False))
+    (tmp_path / "bm25" / bm25.ANALYZER_FILE).unlink()
     (tmp_path / "bm25" / "helix_stemmer.txt").write_text("english")
-    assert lexical.load_bm25(tmp_path / "bm25").analyzer == lexical.Analyzer("english", split_identifiers=False)
-    assert lexical.Analyzer.from_dict({"stemmer": ""}) == lexical.Analyzer(None, split_identifiers=False)
+    assert bm25.load_bm25(tmp_path / "bm25").analyzer == bm25.Analyzer("english", split_identifiers=False)
+    assert bm25.Analyzer.from_dict({"stemmer": ""}) == bm25.Analyzer(None, split_identifiers=False)
 
 
 def test_the_score_matrix_is_the_one_bm25s_builds(tmp_path):
@@ -101,11 +102,11 @@ def test_the_score_matrix_is_the_one_bm25s_builds(tmp_path):
     rng = np.random.default_rng(7)
     words = "retry budget gateway parse_config writeBoolean canary rollout ledger the of a cache shard".split()
     texts = [" ".join(rng.choice(words, int(rng.integers(0, 30)))) for _ in range(300)] + ["", "the of a"]
-    analyzer = lexical.Analyzer()
+    analyzer = bm25.Analyzer()
     reference = bm25s.BM25()
     reference.index(analyzer.tokenize(texts), show_progress=False)
-    lexical.build_bm25(texts, tmp_path / "ours", analyzer=analyzer)
-    ours = lexical.load_bm25(tmp_path / "ours").retriever
+    bm25.build_bm25(texts, tmp_path / "ours", analyzer=analyzer)
+    ours = bm25.load_bm25(tmp_path / "ours").retriever
     assert ours.vocab_dict.keys() == reference.vocab_dict.keys()
     # bm25s numbers terms in set order; compare column by column through the terms
     for term, j in reference.vocab_dict.items():

@@ -6,9 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helix_ray import tokens
 from helix_ray.recall import pack
 
-count = pack.token_counter()
+count = tokens.token_counter()
 
 
 def items_of(token_counts: list[int]) -> list[pack.PackItem]:
@@ -63,7 +64,7 @@ def test_item_larger_than_budget_is_cut_at_a_token_boundary():
     assert cut.n_tokens + 2 <= 40
     assert text.startswith(cut.text)
     # The cut lands on a token boundary: it is exactly the first n tokens of the text.
-    enc = pack.encoding()
+    enc = tokens.encoding()
     assert enc.encode(cut.text) == enc.encode(text)[: cut.n_tokens]
 
 

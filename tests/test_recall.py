@@ -17,7 +17,9 @@ import pytest
 
 from helix_ray.config import RankConfig, RetrievalConfig, load_config
 from helix_ray.errors import InvalidArgument
+from helix_ray.index import bm25
 from helix_ray.recall import dense, fuse, lexical, pack, rank
+from helix_ray.tokens import token_counter
 from tests.helpers import STRONG_ERROR, STRONG_ID
 
 UTC = dt.timezone.utc
@@ -99,8 +101,8 @@ def test_strong_signal_is_measured_against_the_query_ceiling(tmp_path):
     """normalised = raw / Σ_t max_d score(t, d): 1.0 for the memory that holds every
     query term at its best weight, less for one holding only some of them."""
     docs = ["zqx checksum mismatch shard", "checksum failed on upload", "shard rebalancing finished"]
-    lexical.build_bm25(docs, tmp_path / "bm25", analyzer=lexical.Analyzer(stemmer=None))
-    index = lexical.load_bm25(tmp_path / "bm25")
+    bm25.build_bm25(docs, tmp_path / "bm25", analyzer=bm25.Analyzer(stemmer=None))
+    index = bm25.load_bm25(tmp_path / "bm25")
     exact = lexical.search(index, "zqx checksum mismatch shard", start=0, end=3, mask=None, top_k=3,
                            strong_score=0.85, strong_gap=0.15)
     tokens = index.query_tokens("zqx checksum mismatch shard")
@@ -122,8 +124,8 @@ def test_a_query_term_no_memory_holds_weakens_the_strong_signal(tmp_path):
     """"event bus" where "bus" is in no memory and "event" in one: that memory reaches the
     ceiling of the known terms alone, but the query does not name it."""
     docs = ["zqx checksum mismatch shard", "the event log rotates nightly", "shard rebalancing finished"]
-    lexical.build_bm25(docs, tmp_path / "bm25", analyzer=lexical.Analyzer(stemmer=None))
-    index = lexical.load_bm25(tmp_path / "bm25")
+    bm25.build_bm25(docs, tmp_path / "bm25", analyzer=bm25.Analyzer(stemmer=None))
+    index = bm25.load_bm25(tmp_path / "bm25")
     args = dict(start=0, end=3, mask=None, top_k=3, strong_score=0.85, strong_gap=0.15)
     one_known = lexical.search(index, "event bus", **args)
     assert one_known.rows.tolist() == [1] and one_known.normalised[0] == pytest.approx(1.0)
@@ -139,8 +141,8 @@ def test_the_ceiling_is_the_tenants_own(tmp_path):
     are one tenant's, 2–3 another's, where "timeout" weighs more (a shorter memory)."""
     docs = ["gateway timeout after retry budget spent in the upload worker", "nightly backup finished",
             "timeout", "timeout retry"]
-    lexical.build_bm25(docs, tmp_path / "bm25", analyzer=lexical.Analyzer(stemmer=None))
-    index = lexical.load_bm25(tmp_path / "bm25")
+    bm25.build_bm25(docs, tmp_path / "bm25", analyzer=bm25.Analyzer(stemmer=None))
+    index = bm25.load_bm25(tmp_path / "bm25")
     tokens = index.query_tokens("gateway timeout")
     assert lexical.ceiling(index, tokens, 0, 2) < lexical.ceiling(index, tokens)
     mine = lexical.search(index, "gateway timeout", start=0, end=2, mask=None, top_k=2,
@@ -306,7 +308,7 @@ def test_tiny_budget_cuts_the_first_item(tenant_memory):
     result = tenant_memory.recall("Postgres database", user="carol", budget_tokens=8, explain=True)
     assert result.total_tokens <= 8
     assert len(result.items) == 1 and result.items[0].truncated
-    assert pack.token_counter()(result.items[0].text) == result.items[0].n_tokens <= 6  # 8 − separator
+    assert token_counter()(result.items[0].text) == result.items[0].n_tokens <= 6  # 8 − separator
     assert "budget" in result.explain["dropped_by"].to_list()
 
 

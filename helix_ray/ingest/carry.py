@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import pyarrow as pa
 
+from helix_ray.index.bm25 import Analyzer, Terms
 from helix_ray.ingest import entities as entity_mod
 
 if TYPE_CHECKING:
-    from helix_ray.recall.lexical import Analyzer, Terms
     from helix_ray.store.generation import Generation
 
 #: Bump when :func:`helix_ray.ingest.entities.extract` finds something else in the same
@@ -66,8 +66,6 @@ def terms(previous: Generation | None, old_rows: np.ndarray, old_lexical: Sequen
     ``previous`` when its index was built with ``analyzer``; otherwise ``old_lexical``
     (their text and expansions) is analysed again — pass None only when
     :func:`terms_carried` said yes."""
-    from helix_ray.recall.lexical import Terms
-
     if terms_carried(previous, analyzer):
         assert previous is not None
         old = previous.terms.take(old_rows)

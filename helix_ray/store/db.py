@@ -221,8 +221,8 @@ class StoreDB:
 
     def deleted_ids(self) -> set[str]:
         """Every memory marked deleted — also one dropped as a duplicate once, then written
-        again and deleted (:meth:`known_hashes` counts a dropped one as not deleted, and
-        compaction used to carry such a deleted memory into every later generation)."""
+        again and deleted (:meth:`known_hashes` counts a dropped one as not deleted, so
+        compaction needs this list to leave such a memory out of later generations)."""
         return {row[0] for row in self.con.execute("SELECT id FROM memories WHERE deleted").fetchall()}
 
     def access_summary(self, after: int = 0) -> tuple[dict[str, tuple[dt.datetime, int]], int]:
@@ -300,7 +300,7 @@ class StoreDB:
 
     def feedback_pairs(self, users: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """Every (user, query) given feedback — of ``users`` only, if given — with the
-        memories named for it, oldest first. A store made before feedback existed, opened
+        memories named for it, oldest first. A store without a ``feedback`` table, opened
         read-only, has none."""
         import duckdb
 

@@ -1,0 +1,360 @@
+"""Writing generations: :func:`publish` writes the files that
+:mod:`helix_ray.store.generation` describes and opens, :func:`set_current` points
+``CURRENT`` at one, :func:`prune` deletes the old ones.
+
+:func:`publish` goes in steps, each its own function: the rows and vectors, the HNSW
+index of each tenant, the BM25 index, what the next ingest carries over, the graph, the
+late-interaction tokens, the manifest last; then every file and folder is fsynced and
+the folder renamed from ``generations/.tmp-*`` to its number. A crash at any step leaves
+only a ``.tmp-*`` folder, which the next publish deletes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from helix_ray.errors import StoreError
+from helix_ray.index.bm25 import Analyzer, Terms, build_bm25
+from helix_ray.index.csr import CSRGraph
+from helix_ray.index.hnsw import build_hnsw
+from helix_ray.index.quantize import binary_codes, quantize_int8
+from helix_ray.schema import GENERATION_SCHEMA
+from helix_ray.store.generation import (
+    FORMAT,
+    FORMAT_VERSION,
+    SCHEMA_HASH,
+    current_generation_number,
+    generations_dir,
+)
+from helix_ray.token_encoder import DIM as LATE_DIM
+from helix_ray.token_encoder import NAME as LATE_NAME
+from helix_ray.token_encoder import PassageTokens
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationData:
+    """Everything a generation holds, in memory, ready to be written."""
+
+    memories: pa.Table  # GENERATION_SCHEMA, grouped by user
+    vectors: np.ndarray  # float32 (N, dim)
+    minhash: np.ndarray  # uint32 (N, num_perm)
+    terms: Terms  # each row's text + expansions, analysed
+    graph: CSRGraph
+    entities: pa.Table  # ENTITY_SCHEMA
+    embedder: str
+    dim: int
+    extra: dict[str, Any] = field(default_factory=dict)
+    late: PassageTokens | None = None  # late-interaction tokens over the same rows
+    mentions: pa.Array | None = None  # entity keys per row: list<string> (helix_ray.ingest.carry.MENTIONS_TYPE)
+    knn: tuple[np.ndarray, np.ndarray] | None = None  # (N, K) nearest rows, similarities
+
+
+@dataclass(frozen=True)
+class HnswSettings:
+    """How :func:`publish` builds a tenant's HNSW index: ``connectivity`` (the paper's M),
+    ``expansion_add`` (efConstruction), the fewest rows a tenant needs to get one
+    (``min_rows``; smaller tenants are scanned) and insertion ``threads``."""
+
+    connectivity: int
+    expansion_add: int
+    min_rows: int
+    threads: int
+
+
+def partitions_of(users: np.ndarray | list[str]) -> list[dict[str, Any]]:
+    """Contiguous [start, end) row ranges per user of a user-grouped column."""
+    out: list[dict[str, Any]] = []
+    users = list(users)
+    start = 0
+    for i in range(1, len(users) + 1):
+        if i == len(users) or users[i] != users[start]:
+            out.append({"user": users[start], "start": start, "end": i, "dense": f"dense/p{len(out)}.usearch"})
+            start = i
+    seen = [p["user"] for p in out]
+    if len(seen) != len(set(seen)):
+        raise ValueError("memories must be grouped by user before a generation is written")
+    return out
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    with open(path, "wb") as fh:
+        np.save(fh, np.ascontiguousarray(array))
+
+
+def _save_arrow(path: Path, table: pa.Table) -> None:
+    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
+@dataclass
+class _Staging:
+    """A generation being written into ``folder`` (``generations/.tmp-*``).
+
+    ``crash_after`` names a file or folder after which :meth:`done` raises (tests
+    inject a crash mid-publish)."""
+
+    folder: Path
+    crash_after: str | None
+
+    def done(self, path: Path) -> None:
+        if self.crash_after and path.name == self.crash_after:
+            raise RuntimeError(f"injected crash after writing {path.name}")
+
+
+# ----------------------------------------------------------------------------- publishing
+
+
+def publish(
+    store: Path,
+    data: GenerationData,
+    *,
+    hnsw_connectivity: int = 16,
+    hnsw_expansion_add: int = 128,
+    bm25_analyzer: Analyzer | None = None,
+    crash_after: str | None = None,
+    dense_indexes: dict[str, Any] | None = None,
+    hnsw_min_rows: int = 0,
+    hnsw_threads: int = 1,
+    make_current: bool = True,
+) -> int:
+    """Write ``data`` as the next generation and make it current; return its number.
+    ``make_current=False`` leaves ``CURRENT`` alone: the caller records the generation
+    elsewhere first (ingest: in the database) and then calls :func:`set_current`.
+
+    ``dense_indexes`` are per-tenant HNSW indexes already built over these rows (ingest
+    builds them for the semantic kNN edges); other tenants with at least
+    ``hnsw_min_rows`` memories get one built here, smaller ones none (recall scans them).
+
+    ``crash_after`` names a file after which to raise (tests inject a crash mid-publish).
+    """
+    analyzer = bm25_analyzer or Analyzer()
+    hnsw = HnswSettings(hnsw_connectivity, hnsw_expansion_add, hnsw_min_rows, hnsw_threads)
+    root = generations_dir(store)
+    previous, number = _next_number(store)
+    staging = _Staging(root / f".tmp-{uuid.uuid4().hex[:12]}", crash_after)
+    staging.folder.mkdir()
+
+    table = data.memories
+    if table.schema != GENERATION_SCHEMA:
+        table = table.cast(GENERATION_SCHEMA)
+    n = table.num_rows
+    if data.vectors.shape != (n, data.dim):
+        raise ValueError(f"vectors have shape {data.vectors.shape}; expected ({n}, {data.dim})")
+    parts = partitions_of(table.column("user").to_pylist())
+
+    vectors = _write_rows(staging, table, data)
+    _write_dense(staging, parts, vectors, data.dim, dense_indexes or {}, hnsw)
+    build_bm25(None, staging.folder / "bm25", analyzer=analyzer, terms=data.terms)
+    staging.done(staging.folder / "bm25")
+    carry = _write_carried(staging, data, n, analyzer)
+    _write_graph(staging, data)
+    manifest = _manifest(data, number, previous, parts, analyzer, hnsw, carry)
+    if data.late is not None:
+        manifest["late"] = _write_late(staging, data.late, n)
+    (staging.folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    staging.done(staging.folder / "manifest.json")
+
+    _rename_durably(staging.folder, root / f"{number:06d}")
+    if make_current:
+        set_current(store, number)
+    log.info("wrote generation %d (%d memories)%s", number, n, "" if make_current else "; not current yet")
+    return number
+
+
+def _next_number(store: Path) -> tuple[int, int]:
+    """The current generation's number (0 for none) and the next one's: past every
+    folder there, so a run that never became current is not overwritten. Deletes the
+    ``.tmp-*`` folders a crashed publish left."""
+    root = generations_dir(store)
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    previous = current_generation_number(store) or 0
+    existing = [int(p.name) for p in root.iterdir() if p.name.isdigit()]
+    return previous, max([previous, *existing]) + 1
+
+
+def _write_rows(staging: _Staging, table: pa.Table, data: GenerationData) -> np.ndarray:
+    """``memories.arrow``, the float32 vectors, their sign-bit codes and the MinHash
+    signatures; returns the vectors as written (contiguous float32)."""
+    tmp = staging.folder
+    _save_arrow(tmp / "memories.arrow", table)
+    staging.done(tmp / "memories.arrow")
+    vectors = np.ascontiguousarray(data.vectors, dtype=np.float32)
+    _save_npy(tmp / "vectors.f32.npy", vectors)
+    staging.done(tmp / "vectors.f32.npy")
+    _save_npy(tmp / "binary.npy", binary_codes(vectors))
+    staging.done(tmp / "binary.npy")
+    _save_npy(tmp / "minhash.npy", data.minhash.astype(np.uint32))
+    staging.done(tmp / "minhash.npy")
+    return vectors
+
+
+def _write_dense(staging: _Staging, parts: list[dict[str, Any]], vectors: np.ndarray, dim: int,
+                 dense_indexes: dict[str, Any], hnsw: HnswSettings) -> None:
+    """Each tenant's HNSW index, given or built here; a tenant with fewer than
+    ``hnsw.min_rows`` rows gets none, and its partition's ``dense`` becomes None."""
+    (staging.folder / "dense").mkdir()
+    int8 = None
+    for part in parts:
+        index = dense_indexes.get(part["user"])
+        if index is None and part["end"] - part["start"] >= hnsw.min_rows:
+            int8 = quantize_int8(vectors) if int8 is None else int8
+            index = build_hnsw(int8[part["start"]:part["end"]], part["start"], dim, threads=hnsw.threads,
+                               connectivity=hnsw.connectivity, expansion_add=hnsw.expansion_add)
+        if index is None:
+            part["dense"] = None
+            continue
+        index.save(str(staging.folder / part["dense"]))
+        staging.done(staging.folder / part["dense"])
+
+
+def _write_carried(staging: _Staging, data: GenerationData, n: int, analyzer: Analyzer) -> dict[str, Any]:
+    """``mentions.arrow`` and ``knn/`` when ``data`` has them; returns the manifest's
+    ``carry``: what the next ingest can take from this generation, and how it was made."""
+    tmp = staging.folder
+    carry = {**(data.extra.get("carry") or {}), "terms": analyzer.to_dict()}
+    if data.mentions is not None:
+        if len(data.mentions) != n:
+            raise ValueError(f"mentions cover {len(data.mentions)} memories; expected {n}")
+        _save_arrow(tmp / "mentions.arrow", pa.table({"entities": data.mentions}))
+        staging.done(tmp / "mentions.arrow")
+    else:
+        carry.pop("mentions", None)
+    if data.knn is not None:
+        neighbours, similarities = data.knn
+        if neighbours.shape[0] != n or similarities.shape != neighbours.shape:
+            raise ValueError(f"kNN lists have shapes {neighbours.shape} and {similarities.shape}; expected ({n}, K)")
+        (tmp / "knn").mkdir()
+        _save_npy(tmp / "knn" / "neighbours.npy", neighbours.astype(np.int32))
+        _save_npy(tmp / "knn" / "similarities.npy", similarities.astype(np.float32))
+        staging.done(tmp / "knn")
+        carry["knn"] = int(neighbours.shape[1])
+    else:
+        carry.pop("knn", None)
+    return carry
+
+
+def _write_graph(staging: _Staging, data: GenerationData) -> None:
+    """The CSR adjacency (``graph/``) and the entity nodes (``entities.arrow``)."""
+    tmp = staging.folder
+    (tmp / "graph").mkdir()
+    for name in ("indptr", "indices", "weights", "types"):
+        _save_npy(tmp / "graph" / f"{name}.npy", getattr(data.graph, name))
+    staging.done(tmp / "graph")
+    _save_arrow(tmp / "entities.arrow", data.entities)
+    staging.done(tmp / "entities.arrow")
+
+
+def _write_late(staging: _Staging, late: PassageTokens, n: int) -> dict[str, Any]:
+    """The late-interaction tokens (``late/``); returns the manifest's ``late``."""
+    if len(late) != n:
+        raise ValueError(f"late-interaction tokens cover {len(late)} memories; expected {n}")
+    folder = staging.folder / "late"
+    folder.mkdir()
+    _save_npy(folder / "tokens.npy", np.asarray(late.tokens, np.int8))
+    _save_npy(folder / "scales.npy", np.asarray(late.scales, np.float32))
+    _save_npy(folder / "offsets.npy", np.asarray(late.offsets, np.int64))
+    staging.done(folder)
+    return {"encoder": LATE_NAME, "dim": LATE_DIM, "tokens": int(late.offsets[-1])}
+
+
+def _manifest(data: GenerationData, number: int, previous: int, parts: list[dict[str, Any]], analyzer: Analyzer,
+              hnsw: HnswSettings, carry: dict[str, Any]) -> dict[str, Any]:
+    """``manifest.json`` of generation ``number`` (without ``late``)."""
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "generation": number,
+        "parent": previous or None,
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "embedder": {"name": data.embedder, "dim": data.dim},
+        "schema_hash": SCHEMA_HASH,
+        "counts": {
+            "memories": data.memories.num_rows,
+            "users": len(parts),
+            "entities": data.entities.num_rows,
+            "edges": int(len(data.graph.indices) // 2),
+        },
+        "bm25": analyzer.to_dict(),
+        "hnsw": {"connectivity": hnsw.connectivity, "expansion_add": hnsw.expansion_add, "dtype": "i8",
+                 "min_rows": hnsw.min_rows},
+        "minhash": {"num_perm": int(data.minhash.shape[1]) if data.minhash.ndim == 2 else 0},
+        "partitions": parts,
+        **data.extra,
+        "carry": carry,
+    }
+
+
+def _rename_durably(tmp: Path, final: Path) -> None:
+    """fsync every file and folder under ``tmp``, then rename it to ``final`` and fsync
+    their parent: after a crash the generation is there whole, or not at all."""
+    for path in tmp.rglob("*"):
+        if path.is_file():
+            _fsync(path)
+    for folder in [tmp, *[p for p in tmp.rglob("*") if p.is_dir()]]:
+        _fsync(folder)
+    os.rename(tmp, final)
+    _fsync(final.parent)
+
+
+# ----------------------------------------------------------------------------- CURRENT and pruning
+
+
+def set_current(store: Path, number: int) -> None:
+    """Point ``CURRENT`` at generation ``number`` atomically (write, fsync, rename)."""
+    if not (generations_dir(store) / f"{number:06d}" / "manifest.json").is_file():
+        raise StoreError(f"Generation {number} of {store} is not there; CURRENT stays at "
+                         f"{current_generation_number(store)}.")
+    pointer_tmp = store / f".CURRENT.{uuid.uuid4().hex[:8]}"
+    pointer_tmp.write_text(f"{number}\n")
+    _fsync(pointer_tmp)
+    os.replace(pointer_tmp, store / "CURRENT")
+    _fsync(store)
+
+
+def prune(store: Path, keep: int = 2) -> list[int]:
+    """Delete every generation folder but the current one and the ``keep − 1`` that were
+    current before it (followed through each manifest's ``parent``): older ones, and
+    folders of runs that never became current."""
+    current = current_generation_number(store)
+    if current is None:
+        return []
+    kept: list[int] = []
+    number = current
+    while number and len(kept) < keep:
+        kept.append(number)
+        try:
+            number = json.loads((generations_dir(store) / f"{number:06d}" / "manifest.json").read_text()).get("parent")
+        except (OSError, ValueError):
+            break
+    numbers = sorted(int(p.name) for p in generations_dir(store).iterdir() if p.name.isdigit())
+    doomed = [g for g in numbers if g not in kept]
+    for g in doomed:
+        shutil.rmtree(generations_dir(store) / f"{g:06d}", ignore_errors=True)
+    return doomed
