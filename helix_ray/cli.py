@@ -200,7 +200,7 @@ def _ingest_config(args: argparse.Namespace):
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    from pipelines.ingest import ingest
+    from helix_ray.ingest.run import ingest
 
     report = ingest(args.sources, args.store, fmt=args.format, config=_ingest_config(args), runner=args.runner,
                     show_progress=not args.no_progress and not args.json)
@@ -411,7 +411,7 @@ def _compact(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from helix_ray.config import IngestConfig
-    from pipelines.ingest import ingest
+    from helix_ray.ingest.run import ingest
     from helix_ray.memory import Memory
 
     sample = Path(__file__).parent / "samples" / "atlas"

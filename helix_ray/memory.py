@@ -58,7 +58,7 @@ class Memory:
     def ingest(self, sources: Sequence[str | Path] | str | Path, *, format: str = "auto", runner: str = "local",
                show_progress: bool = False):
         """Run the ingest pipeline over files or folders; returns its report."""
-        from pipelines.ingest import ingest
+        from helix_ray.ingest.run import ingest
 
         if isinstance(sources, (str, Path)):
             sources = [sources]

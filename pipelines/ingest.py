@@ -20,8 +20,6 @@ import helix_ray.ingest.run as ingest_run
 from helix_ray.config import IngestConfig
 from helix_ray.ingest import stages
 from helix_ray.ingest.run import Run, read_validate_sign, timed
-from helix_ray.ingest.run import BATCH  # re-export for scripts/bench_ingest.py, bench_recall.py; removed at merge
-from helix_ray.ingest.run import ingest, initialise  # re-export for callers; removed at merge
 
 log = logging.getLogger(__name__)
 

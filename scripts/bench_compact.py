@@ -40,7 +40,7 @@ def main() -> int:
     sys.path.insert(0, args.tree)
     from helix_ray.config import IngestConfig
     from helix_ray.store.generation import Generation
-    from pipelines.ingest import ingest
+    from helix_ray.ingest.run import ingest
 
     root = Path(tempfile.mkdtemp(prefix="helix-bench-compact-"))
     store = root / "store"

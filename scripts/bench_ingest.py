@@ -8,13 +8,13 @@ For each dataset — (a) LoCoMo's 5,882 turns (``--locomo``, read in place, neve
 and (b) a synthetic set of ``--n`` memories (``scripts/synthetic.py``, written to the
 work folder) — it:
 
-1. runs ``pipelines.ingest.ingest(..., runner="ray")`` into a fresh temporary store,
+1. runs ``helix_ray.ingest.run.ingest(..., runner="ray")`` into a fresh temporary store,
    with Ray started cold by the pipeline (and ``ray.shutdown()`` after, in-process;
    never ``ray stop``);
 2. as the baseline, embeds exactly the texts the pipeline embedded (read and validated
    again in this process, minus the rows the pipeline dropped as duplicates, in input
    order) with ``helix_ray.embedder.get_embedder().embed_passages`` called on the same
-   ``pipelines.ingest.BATCH``-row chunks the pipeline's Embed stage gets (the embedder
+   ``helix_ray.ingest.run.BATCH``-row chunks the pipeline's Embed stage gets (the embedder
    sorts each call's texts by length, then runs model batches of
    ``IngestConfig().embedder.batch_size``), in this process, model already loaded.
 
@@ -252,7 +252,7 @@ def ingest_config():
 def run_pipeline(source: Path, fmt: str, store: Path) -> dict[str, Any]:
     import ray
 
-    from pipelines.ingest import ingest
+    from helix_ray.ingest.run import ingest
 
     if ray.is_initialized() and not WARM_RAY:
         ray.shutdown()
@@ -300,7 +300,7 @@ def run_embed_only(texts: list[str], fraction: float = 1.0, sorted_reference: bo
     length as a whole before chunking (the least padding any batching can reach).
     """
     from helix_ray.embedder import get_embedder, iter_batches
-    from pipelines.ingest import BATCH
+    from helix_ray.ingest.run import BATCH
 
     config = ingest_config().embedder
     t0 = time.perf_counter()

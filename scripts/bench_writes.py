@@ -5,7 +5,7 @@ snapshot costs a replica.
     .venv/bin/python scripts/bench_writes.py --sizes 0,500,1000,2000 --writes 30 \\
         [--tree /path/to/another/checkout]
 
-On a new, empty store (``pipelines.ingest.initialise``) in a temporary folder, in one
+On a new, empty store (``helix_ray.ingest.run.initialise``) in a temporary folder, in one
 process, no Ray: the delta is filled to each of ``--sizes`` pending entries with batch
 writes, then ``--writes`` single-memory writes go through
 :class:`helix_ray.serve.writer.WriterCore` (what ``POST /v1/memories`` runs). For each
@@ -83,7 +83,7 @@ def main() -> int:
     from helix_ray.recall.scope import make_scope
     from helix_ray.serve import delta as delta_mod
     from helix_ray.serve.writer import WriterCore
-    from pipelines.ingest import initialise
+    from helix_ray.ingest.run import initialise
 
     store = Path(tempfile.mkdtemp(prefix="helix-bench-writes-")) / "store"
     if args.store:

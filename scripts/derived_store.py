@@ -10,8 +10,8 @@ N(0, σ²) per dimension, renormalised. ``scripts/bench_recall.py`` reports the 
 nearest-neighbour cosine distribution next to the base set's own.
 
 The generation is then assembled and published with the ingest pipeline's own functions
-— ``pipelines.ingest._memory_table`` (via ``_assemble``), ``pipelines.ingest._assemble``
-and ``helix_ray.store.generation.publish`` (private functions, called directly) — with
+— ``helix_ray.ingest.assemble.assemble`` (with its ``memory_table``) and
+``helix_ray.store.publish.publish``, called directly — with
 rows validated by ``helix_ray.ingest.normalize.normalise_one``, doc2query expansions,
 entities and token counts from ``helix_ray.ingest.stages`` (Expand, Annotate) and MinHash
 signatures from ``helix_ray.ingest.dedup``: so BM25, HNSW (tenants ≥
@@ -193,15 +193,15 @@ def minhash(todo: list[dict[str, Any]], config: Any) -> np.ndarray:
 
 
 def annotated_columns(todo: list[dict[str, Any]], vectors: np.ndarray, config: Any) -> dict[str, Any]:
-    """The new columns ``_assemble`` takes: vectors, doc2query expansions, entities, token counts."""
-    import pipelines.ingest as pi
+    """The new columns ``assemble`` takes: vectors, doc2query expansions, entities, token counts."""
     from helix_ray.ingest import stages
+    from helix_ray.ingest.run import BATCH
 
     n = len(todo)
     expand, annotate = stages.Expand(config.doc2query), stages.Annotate(config)
     expansions, ents, n_tokens = [], [], []
-    for lo in range(0, n, pi.BATCH):
-        chunk = todo[lo : lo + pi.BATCH]
+    for lo in range(0, n, BATCH):
+        chunk = todo[lo : lo + BATCH]
         batch = {"seq": np.array([r["seq"] for r in chunk], dtype=object),
                  "text": np.array([r["text"] for r in chunk], dtype=object),
                  "type": np.array([r["type"] for r in chunk], dtype=object)}
@@ -214,21 +214,24 @@ def annotated_columns(todo: list[dict[str, Any]], vectors: np.ndarray, config: A
 
 def build_timer() -> StepTimer:
     """A StepTimer on the functions assemble and publish spend their time in."""
-    import pipelines.ingest as pi
+    from helix_ray.index import hnsw as hnsw_mod
+    from helix_ray.index import quantize as quantize_mod
+    from helix_ray.ingest import assemble as assemble_mod
     from helix_ray.ingest import carry as carry_mod
     from helix_ray.ingest import graph as graph_mod
-    from helix_ray.recall import lexical
-    from helix_ray.store import generation as gen_mod
+    from helix_ray.store import publish as publish_mod
 
     timer = StepTimer()
-    timer.wrap(pi, "_memory_table")
+    timer.wrap(assemble_mod, "memory_table")
     timer.wrap(carry_mod, "exact_knn", "exact_knn (small tenants)")
-    timer.wrap(pi, "build_graph")
+    timer.wrap(assemble_mod, "build_graph")
     timer.wrap(graph_mod, "_to_csr", "build_graph: _to_csr")
-    timer.wrap(gen_mod, "build_hnsw")
-    timer.wrap(gen_mod, "quantize_int8")
-    timer.wrap(lexical, "build_bm25", "publish: build_bm25")
-    timer.wrap(gen_mod, "_fsync", "publish: fsync")
+    timer.wrap(hnsw_mod, "build_hnsw")  # as the assembly's kNN imports it
+    timer.wrap(quantize_mod, "quantize_int8")
+    timer.wrap(publish_mod, "build_hnsw", "publish: build_hnsw")
+    timer.wrap(publish_mod, "quantize_int8", "publish: quantize_int8")
+    timer.wrap(publish_mod, "build_bm25", "publish: build_bm25")
+    timer.wrap(publish_mod, "_fsync", "publish: fsync")
     return timer
 
 
@@ -239,16 +242,16 @@ def profile_of(timer: StepTimer, assemble_s: float, publish_s: float) -> dict[st
     # the knn search over each HNSW index is inside _assemble but not in a function of its own
     hooks["assemble: rest (sort/take, HNSW kNN search, node names)"] = round(assemble_s - inner, 2)
     hooks["publish: rest (write files)"] = round(
-        publish_s - timer.seconds.get("publish: build_bm25", 0) - timer.seconds.get("publish: fsync", 0), 2)
+        publish_s - sum(v for k, v in timer.seconds.items() if k.startswith("publish")), 2)
     return hooks
 
 
 def build_store(n: int, store: Path, *, users: int | None, base_texts: list[str], base_types: list[str | None],
                 base_vectors: np.ndarray, sigma: float, seed: int, hnsw_threads: int) -> dict[str, Any]:
     """Derive ``n`` memories from the base set and publish them as one generation in ``store``."""
-    import pipelines.ingest as pi
     from helix_ray.config import IngestConfig
-    from helix_ray.store import generation as gen_mod
+    from helix_ray.ingest.assemble import NextRows, assemble
+    from helix_ray.store.publish import publish
 
     config = IngestConfig(hnsw_threads=hnsw_threads)
     steps: dict[str, float] = {}
@@ -274,21 +277,21 @@ def build_store(n: int, store: Path, *, users: int | None, base_texts: list[str]
     timer = build_timer()
     try:
         t0 = time.perf_counter()
-        data, _names = pi._assemble(None, [], np.zeros(0, np.int64), [], todo, new_cols, sigs, list(range(n)), 0,
-                                    _NoPreviousStore(), config)
+        rows = NextRows(None, [], np.zeros(0, np.int64), [], todo, new_cols, sigs, list(range(n)))
+        data, _names = assemble(rows, _NoPreviousStore(), config)
         assemble_s = time.perf_counter() - t0
-        t = step("assemble (pipelines.ingest._assemble)", t)
+        t = step("assemble (helix_ray.ingest.assemble.assemble)", t)
         del todo, new_cols, vectors, sigs
         gc.collect()
         store.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        number = gen_mod.publish(
+        number = publish(
             store, data, hnsw_connectivity=config.hnsw_connectivity, hnsw_expansion_add=config.hnsw_expansion_add,
             dense_indexes=data.extra.pop("_dense_indexes", None), hnsw_min_rows=config.hnsw_min_rows,
             hnsw_threads=config.hnsw_threads,
         )
         publish_s = time.perf_counter() - t0
-        t = step("publish (helix_ray.store.generation.publish)", t)
+        t = step("publish (helix_ray.store.publish.publish)", t)
     finally:
         timer.restore()
     hooks = profile_of(timer, assemble_s, publish_s)

@@ -38,7 +38,7 @@ def main() -> None:
     from helix_ray.runtime import spare_port
     from helix_ray.serve import server
     from helix_ray.serve.keys import KeyStore
-    from pipelines.ingest import ingest
+    from helix_ray.ingest.run import ingest
     from tests.helpers import tenant_records
 
     work = Path(args.work)

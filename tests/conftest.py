@@ -25,7 +25,7 @@ def tenant_store(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
     Every tenant gets an HNSW index (``hnsw_min_rows=0``) so tests can run the dense leg
     through HNSW (``dense.exact_below=0``) as well as through the binary scan."""
     from helix_ray.config import IngestConfig, load_config
-    from pipelines.ingest import ingest
+    from helix_ray.ingest.run import ingest
 
     records = tenant_records()
     folder = tmp_path_factory.mktemp("tenants")
@@ -59,7 +59,7 @@ def tenant_memory(tenant_store):
 def atlas_memory(tmp_path_factory):
     """The shipped sample set (memories, notes, transcript) ingested once."""
     from helix_ray.memory import Memory
-    from pipelines.ingest import ingest
+    from helix_ray.ingest.run import ingest
 
     store = tmp_path_factory.mktemp("atlas") / "store"
     report = ingest([SAMPLES / "memories.jsonl", SAMPLES / "notes", SAMPLES / "transcript.jsonl"], store,

@@ -16,7 +16,7 @@ from helix_ray.index.quantize import quantize_int8
 from helix_ray.ingest import entities as entity_mod
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import Generation
-from pipelines.ingest import ingest
+from helix_ray.ingest.run import ingest
 from tests.helpers import write_jsonl
 
 NAMES = ["Dana", "Lee", "Priya", "Tomas", "Grafana Cloud", "Kafka", "NATS JetStream", "Postgres"]

@@ -123,7 +123,7 @@ def test_the_batch_ingest_runs_on_the_cluster(cluster, ingested, tmp_path):
     """Ray Data on two nodes publishes the memories the one-process runner publishes
     (the sample's near-duplicates removed: 203 of 220)."""
     from helix_ray.store.generation import Generation
-    from pipelines.ingest import ingest
+    from helix_ray.ingest.run import ingest
 
     assert _cluster_nodes(cluster) == 2
     generation = Generation.open_current(ingested[0])

@@ -13,7 +13,7 @@ from helix_ray.embedder import get_embedder
 from helix_ray.errors import InvalidArgument, ManifestMismatch
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import Generation, current_generation_number, generations_dir
-from pipelines.ingest import ingest
+from helix_ray.ingest.run import ingest
 from tests.helpers import SAMPLE, memory, write_jsonl
 
 FACTS = [

@@ -9,7 +9,8 @@ import pytest
 
 from helix_ray.config import IngestConfig
 from helix_ray.store.generation import Generation
-from pipelines.ingest import _longest_first, ingest
+from helix_ray.ingest.run import ingest
+from pipelines.ingest import _longest_first
 from tests.helpers import SAMPLE
 
 pytestmark = pytest.mark.ray

@@ -23,7 +23,7 @@ from helix_ray.token_encoder import (
     quantize_tokens,
     to_blobs,
 )
-from pipelines.ingest import ingest
+from helix_ray.ingest.run import ingest
 from tests.helpers import memory, write_jsonl
 
 NATS = "We chose NATS JetStream over Kafka for the event bus because it is one binary."

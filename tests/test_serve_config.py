@@ -58,7 +58,7 @@ def test_initialise_refuses_a_store_whose_generations_are_missing(tmp_path):
     import shutil
 
     from helix_ray.errors import StoreError
-    from pipelines.ingest import ingest, initialise
+    from helix_ray.ingest.run import ingest, initialise
 
     source = tmp_path / "two.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in tenant_records()[:2]))

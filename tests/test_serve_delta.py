@@ -182,11 +182,11 @@ def test_the_delta_analyses_text_as_its_generation_does(shells):
     """BM25 over online writes uses the analyzer the generation's manifest records: a
     question in words meets a compound identifier before compaction, as after it."""
     from helix_ray.config import RetrievalConfig
-    from helix_ray.recall import lexical
+    from helix_ray.index.bm25 import Analyzer
     from helix_ray.store.generation import Generation
 
     recorded = Generation.open_current(shells["store"]).manifest["bm25"]
-    assert lexical.Analyzer.from_dict(recorded).split_identifiers
+    assert Analyzer.from_dict(recorded).split_identifiers
     shells["writer"].add([{"id": "alice-ident", "text": "Call refreshVaultTokenCache() after rotating signing keys."}],
                          "alice")
     plan = shells["embedder"].plan("refresh the vault token cache", user="alice", config=RetrievalConfig(),

@@ -30,7 +30,7 @@ def served(request, tmp_path_factory):
 
     from helix_ray.serve import server
     from helix_ray.serve.keys import KeyStore
-    from pipelines.ingest import ingest
+    from helix_ray.ingest.run import ingest
 
     folder = tmp_path_factory.mktemp("serve")
     source = folder / "tenants.jsonl"

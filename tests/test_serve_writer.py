@@ -117,7 +117,7 @@ def test_a_failed_compaction_leaves_no_input_behind_and_backs_off(shells, monkey
     compactor waits longer after each failure — also with the pending writes past
     ``compact_max_pending``, where a try at every tick would write one more copy of
     every pending write each time. Once the fault is gone, the next try folds them."""
-    import pipelines.ingest as ingest_module
+    import helix_ray.ingest.run as ingest_module
     from helix_ray.serve import shells as sh
 
     writer = shells["writer"]
@@ -186,7 +186,7 @@ def test_writes_go_on_while_a_compaction_runs_and_what_they_changed_stays(shells
     through a second compaction and a restart."""
     import threading
 
-    import pipelines.ingest as ingest_module
+    import helix_ray.ingest.run as ingest_module
     from helix_ray.serve.delta import NOT_FOLDED
     from helix_ray.serve.writer import WriterCore
     from helix_ray.store.generation import Generation
@@ -256,7 +256,7 @@ def test_a_delete_made_while_a_compaction_ran_holds_if_the_writer_stops_before_i
     tombstone, and serve the memory again."""
     import threading
 
-    import pipelines.ingest as ingest_module
+    import helix_ray.ingest.run as ingest_module
     from helix_ray.serve.writer import WriterCore
     from helix_ray.store.generation import Generation
 
@@ -306,7 +306,7 @@ def test_a_new_store_is_served_empty_filled_online_and_compacted(tmp_path):
     empty generation 3 (bm25s cannot index zero documents; the store writes an empty index)."""
     from helix_ray.serve import shells as sh
     from helix_ray.store.generation import Generation
-    from pipelines.ingest import initialise
+    from helix_ray.ingest.run import initialise
 
     store = tmp_path / "new-store"
     assert initialise(store) == 1 and initialise(store) == 1  # the second call finds it
@@ -350,7 +350,7 @@ def test_a_writer_says_at_start_when_its_first_compaction_would_encode_every_mem
 
     from helix_ray.config import IngestConfig
     from helix_ray.serve.writer import WriterCore
-    from pipelines.ingest import ingest
+    from helix_ray.ingest.run import ingest
 
     source = tmp_path / "a.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in tenant_records()[:12]))
@@ -407,7 +407,7 @@ def test_replicas_read_only_the_hits_appended_since_they_last_looked(tmp_path, m
     rewrote the file (a new file by rename), and agrees with a whole read throughout."""
     from helix_ray.serve import writer as writer_module
     from helix_ray.serve.writer import AccessTail, accesses_path, read_accesses
-    from pipelines.ingest import initialise
+    from helix_ray.ingest.run import initialise
 
     store = tmp_path / "store"
     initialise(store)

@@ -48,7 +48,7 @@ def test_transcript_turns_become_episodic_with_speaker():
 def test_a_markdown_folder_names_the_data_files_it_does_not_read(tmp_path):
     """A folder source reads its .md files; a .jsonl or .parquet beside them is not
     dropped in silence: it lands in quarantine saying how to ingest it."""
-    from pipelines.ingest import ingest
+    from helix_ray.ingest.run import ingest
 
     folder = tmp_path / "project"
     (folder / "deep").mkdir(parents=True)

@@ -42,7 +42,7 @@ def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config:
     documents over the per-type weight rows (an abstract saying "we chose" becomes a
     decision) and rank them by that accident (docs/quality.md).
     """
-    from pipelines.ingest import ingest
+    from helix_ray.ingest.run import ingest
 
     if not any(d.session_id for d in docs):  # no conversation turns: session_context cannot matter
         ingest_config = ingest_config.model_copy(update={"session_context": 0.0})

@@ -17,10 +17,11 @@ import pyarrow.compute as pc
 from helix_ray.config import IngestConfig
 from helix_ray.ingest import carry
 from helix_ray.ingest.graph import build_graph, tenant_codes
-from helix_ray.recall.lexical import Analyzer, lexical_text
+from helix_ray.index.bm25 import Analyzer, lexical_text
 from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.store.db import StoreDB
-from helix_ray.store.generation import Generation, GenerationData, partitions_of
+from helix_ray.store.generation import Generation
+from helix_ray.store.publish import GenerationData, partitions_of
 
 
 @dataclasses.dataclass
@@ -155,7 +156,7 @@ def memory_table(rows: list[dict[str, Any]], cols: dict[str, Any] | None) -> pa.
     names = [f.name for f in GENERATION_SCHEMA]
     data = {name: [r.get(name) for r in rows] for name in names if name != "n_tokens"}
     if cols is None:
-        from helix_ray.recall.pack import token_counter
+        from helix_ray.tokens import token_counter
 
         count = token_counter()
         data["n_tokens"] = [count(r["text"]) for r in rows]
@@ -243,7 +244,8 @@ def _semantic_knn(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previo
     Returns the per-tenant lists for the graph, all rows' lists (N, k + 1) to store (None
     when ``graph.knn`` is 0), the HNSW indexes, and the tombstones each carried index holds."""
     from helix_ray.embedder import DIM
-    from helix_ray.store.generation import build_hnsw, quantize_int8
+    from helix_ray.index.hnsw import build_hnsw
+    from helix_ray.index.quantize import quantize_int8
 
     width = config.graph.knn + 1 if config.graph.knn > 0 else 0  # 0: no semantic edges
     now = carry.moved_to(previous.size, previous_row) if previous is not None else None

@@ -51,8 +51,8 @@ from helix_ray.ingest.previous import (OldThenNew, carried_over, fold_accesses, 
                                        keep_folded_accesses, open_previous, retagged)
 from helix_ray.ingest.sources import FORMATS, detect_format
 from helix_ray.store.db import StoreDB
-from helix_ray.store.generation import (ACCESS_WATERMARK, Generation, GenerationData, current_generation_number,
-                                       prune, publish, set_current)
+from helix_ray.store.generation import ACCESS_WATERMARK, Generation, current_generation_number
+from helix_ray.store.publish import GenerationData, prune, publish, set_current
 
 log = logging.getLogger(__name__)
 

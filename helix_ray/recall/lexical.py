@@ -16,7 +16,6 @@ import numpy as np
 
 from helix_ray.index.bm25 import BM25Index
 from helix_ray.index.bm25 import Analyzer  # re-export for pipelines/ingest.py, serve/delta.py, tests/test_serve.py; removed at merge
-from helix_ray.index.bm25 import lexical_text  # re-export for pipelines/ingest.py; removed at merge
 
 
 @dataclass(frozen=True)

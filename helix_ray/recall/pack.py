@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from helix_ray.tokens import ENCODING, encoding
-from helix_ray.tokens import token_counter  # re-export for pipelines/ingest.py; removed at merge
 
 
 @dataclass(frozen=True)

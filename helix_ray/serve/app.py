@@ -856,7 +856,7 @@ def build_app(args: ServeArgs) -> Application:
                              "a new or empty folder to start a store in, or the folder of an existing store.")
         # A new store: an empty first generation, so the server starts and online
         # writes fill it (the delta, then compaction).
-        from pipelines.ingest import initialise
+        from helix_ray.ingest.run import initialise
 
         log.warning("Starting a new, empty Helix store in %s", store)
         initialise(store, config=ingest)

@@ -13,7 +13,7 @@ DuckDB allows one writing process: while the server runs, this object owns the s
 4. published to the replicas as a new delta snapshot (:mod:`helix_ray.serve.delta`).
 
 Only then is the request answered. :meth:`WriterCore.compact` folds the delta into the
-next generation with the ingest pipeline itself (``pipelines.ingest.ingest`` on one
+next generation with the ingest pipeline itself (``helix_ray.ingest.run.ingest`` on one
 JSONL file of the live entries, with this writer's DuckDB connection), then marks what
 the new generation holds as folded.
 
@@ -708,7 +708,7 @@ class WriterCore:
         DELETEs, accesses and stats go on while it builds (it rebuilds every index, minutes
         at 10^5 memories, and every write used to wait for it). What changed meanwhile
         stays in the delta, over the new generation, until the next compaction."""
-        from pipelines.ingest import ingest
+        from helix_ray.ingest.run import ingest
         from helix_ray.store.generation import Generation
 
         with self._compacting:  # one at a time: the background thread, POST /v1/admin/compact

@@ -54,8 +54,6 @@ from helix_ray.errors import ManifestMismatch, StoreError
 from helix_ray.index import hnsw
 from helix_ray.index.bm25 import BM25Index, load_bm25, load_terms
 from helix_ray.index.csr import CSRGraph
-from helix_ray.index.hnsw import build_hnsw  # re-export for pipelines/ingest.py; removed at merge
-from helix_ray.index.quantize import quantize_int8  # re-export for pipelines/ingest.py; removed at merge
 from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.token_encoder import NAME as LATE_NAME
 from helix_ray.token_encoder import PassageTokens
@@ -316,17 +314,3 @@ class Coded:
         allowed = np.zeros(len(self.values) + 1, dtype=bool)  # the last slot: null (-1)
         allowed[codes] = True
         return np.take(allowed, self.codes[start:end])
-
-
-# re-export for pipelines/ingest.py; removed at merge
-_IN_PUBLISH = ("GenerationData", "partitions_of", "prune", "publish", "set_current")
-
-
-def __getattr__(name: str) -> Any:  # re-export for pipelines/ingest.py; removed at merge
-    """The names :mod:`helix_ray.store.publish` holds, looked up there on first use
-    (store.publish imports this module, so it cannot be imported here at load)."""
-    if name in _IN_PUBLISH:
-        from helix_ray.store import publish
-
-        return getattr(publish, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
