@@ -68,6 +68,11 @@ def main() -> int:
     from helix_ray.recall.scope import make_scope
     from helix_ray.serve import delta as delta_mod
     from helix_ray.serve.writer import WriterCore
+
+    try:
+        from helix_ray.serve.delta_format import current_delta_version
+    except ImportError:  # an older tree: one delta module
+        current_delta_version = delta_mod.current_delta_version
     from pipelines.ingest import initialise
 
     store = Path(tempfile.mkdtemp(prefix="helix-bench-writes-")) / "store"
@@ -107,7 +112,7 @@ def main() -> int:
             core.add([{"text": text(rng, written + i), "user": users[(written + i) % len(users)]} for i in range(n)],
                      user=None)
             written += n
-        replica_load(delta_mod.current_delta_version(store))  # the replica is up to date before the round
+        replica_load(current_delta_version(store))  # the replica is up to date before the round
         add, load, lexical, wrote = [], [], [], []
         publish_ms.clear()
         for _ in range(args.writes):
@@ -119,7 +124,7 @@ def main() -> int:
             after = files(store / "delta")
             wrote.append(sum(size for name, size in after.items() if before.get(name) != size))
             clock = time.perf_counter()
-            snapshot = replica_load(delta_mod.current_delta_version(store))
+            snapshot = replica_load(current_delta_version(store))
             load.append((time.perf_counter() - clock) * 1000)
             clock = time.perf_counter()
             snapshot.lexical_search("retry the kafka gateway", scope, 1, None, top_k=50)

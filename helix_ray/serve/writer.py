@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 from helix_ray.config import IngestConfig, deep_merge
 from helix_ray.errors import InvalidArgument, StoreError
 from helix_ray.schema import DERIVED_ID, MEMORY_SCHEMA, content_hash
-from helix_ray.serve.delta import (
+from helix_ray.serve.delta_format import (
     MERGE_SMALL_AT,
     NOT_FOLDED,
     SMALL_SEGMENT,
