@@ -978,7 +978,7 @@ def test_served_files_of_compactions_that_publish_nothing_are_pruned(shells, mon
     for ever, each with the text of its memory. The newest KEEP_FOLDED stay, as for the
     compactions' inputs. And the count of writes compaction could not fold is of those
     still in the delta (it counted every one ever tried)."""
-    from helix_ray.serve import writer as writer_module
+    from helix_ray.serve import compaction as writer_module
 
     monkeypatch.setattr(writer_module, "KEEP_FOLDED", 1)
     writer = shells["writer"]
@@ -1485,7 +1485,7 @@ def test_replicas_read_only_the_hits_appended_since_they_last_looked(tmp_path, m
     new complete lines (a line still being written waits), starts over when the Writer
     rewrote the file (a new file by rename), and agrees with a whole read throughout."""
     from helix_ray.serve import writer as writer_module
-    from helix_ray.serve.writer import AccessTail, accesses_path, read_accesses
+    from helix_ray.serve.access_log import AccessTail, accesses_path, read_accesses
     from pipelines.ingest import initialise
 
     store = tmp_path / "store"

@@ -58,7 +58,7 @@ from helix_ray.serve.errors import Forbidden, Unauthorized, callers_mistake, kin
 from helix_ray.serve.keys import KeyStore
 from helix_ray.serve.shells import PipelineShell
 from helix_ray.store.pointer import Pointer
-from helix_ray.serve.writer import settings_path
+from helix_ray.serve.settings import settings_path
 
 log = logging.getLogger(__name__)
 

@@ -237,7 +237,7 @@ class RankerShell(_StoreShell):
     def __init__(self, store: str | Path, ingest: IngestConfig | None = None,
                  watch_interval_s: float = WATCH_INTERVAL_S):
         super().__init__(store, ingest, watch_interval_s)
-        from helix_ray.serve.writer import AccessTail, accesses_path
+        from helix_ray.serve.access_log import AccessTail, accesses_path
 
         self._accesses = AccessTail(accesses_path(Path(store)))
 
