@@ -155,7 +155,7 @@ def test_merge_lexical_normalises_by_the_shared_ceiling():
 def test_a_recall_answer_that_is_not_plain_json_is_still_sent():
     """A NaN score or a numpy scalar would make JSONResponse raise (a 500): the answer goes
     through the response model instead, NaN written as null."""
-    from helix_ray.serve.app import recall_response
+    from helix_ray.serve.responses import recall_response
 
     item = {"id": "a", "text": "t", "type": "fact", "rank": 1, "score": float("nan"), "n_tokens": 3,
             "truncated": False, "created_at": "2026-01-01T00:00:00+00:00", "session_id": None, "project": None,
@@ -534,7 +534,9 @@ def test_a_503_tells_the_client_when_to_retry():
     """Refusals for the store's state (503) carry Retry-After, as raised here or in another
     replica (wrapped by Ray); a caller's mistake does not."""
     from helix_ray.errors import InvalidArgument, StoreError
-    from helix_ray.serve.app import RETRY_AFTER_S, _helix_error, _unexpected
+    from helix_ray.serve.responses import RETRY_AFTER_S
+    from helix_ray.serve.responses import helix_error as _helix_error
+    from helix_ray.serve.responses import unexpected as _unexpected
     from helix_ray.serve.errors import ReplicaError
 
     down = asyncio.run(_helix_error(None, StoreError("The store cannot be searched right now: ...")))
@@ -1735,7 +1737,7 @@ def test_a_batch_over_a_megabyte_is_written_and_checked_off_the_loop(alice):
     record's place."""
     import random
 
-    from helix_ray.serve.app import PARSE_ON_LOOP_BYTES
+    from helix_ray.serve.bodies import PARSE_ON_LOOP_BYTES
 
     rng = random.Random(7)
     words = [f"{rng.choice('bdfgklmnprstvz')}{rng.choice('aeiou')}{rng.choice('bdfgklmnprstvz')}{rng.choice('aeiou')}"

@@ -14,7 +14,7 @@ write costs a file of its own entries, not a copy of every pending one:
                                  (one per write batch; small ones merged as they pile up)
 ================================ ==============================================
 
-Format 1 (one whole table per snapshot, ``<NNNNNNNNNN>.arrow``) is still read.
+Format 1 (one whole table per snapshot, ``<NNNNNNNNNN>.arrow``) is read too.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from helix_ray.errors import StoreError
 
 DELTA_DIR = "delta"
 FORMAT = "helix-delta"
-FORMAT_VERSION = 2  # a manifest over segment files; 1: one whole table per snapshot (still read)
+FORMAT_VERSION = 2  # a manifest over segment files; 1: one whole table per snapshot (read too)
 NOT_FOLDED = -1
 #: Segments holding fewer live entries than this are "small"; once there are
 #: :data:`MERGE_SMALL_AT` of them the writer merges them into one (a write then costs a

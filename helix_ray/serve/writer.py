@@ -101,21 +101,21 @@ class WriterCore:
         self.seq = int(last[0])
         self.last_compaction: dict[str, Any] | None = None
         #: Entries a compaction left in the delta: a change ingest does not see as one (a
-        #: PATCH of fields other than the text keeps the content hash; see docs/serve.md).
+        #: PATCH of fields other than the text keeps the content hash; see docs/architecture.md).
         self.unfoldable: set[int] = set()
         #: The segment files of the live snapshot, each with the seqs it holds.
         self.segments: list[tuple[str, np.ndarray]] = []
         self._replay()
-        self._publish(rewrite=True)  # one segment of every live entry: the files of before are not trusted
+        self._publish(rewrite=True)  # one segment of every live entry: files left by an earlier run are not trusted
         self.recent_accesses: dict[str, int] = {}  # id → last access (epoch µs) not yet in a generation
         self._load_recent_accesses()
         self._warn_if_tokens_missing()
 
     def _warn_if_tokens_missing(self) -> None:
         """Late interaction on, and a generation built without token vectors: the next
-        compaction encodes every memory's tokens (once; later ones carry them). Measured:
-        on 10^5 memories and two cores it had not finished after 5 minutes, and recall
-        ran at half speed meanwhile (docs/serve.md). Said at start, with the fix."""
+        compaction encodes every memory's tokens (once; later ones carry them), which is
+        slow on a large store and slows recall meanwhile (docs/benchmarks.md). Said at
+        start, with the fix."""
         from helix_ray.store.generation import Generation
 
         if not self.config.late_interaction.enabled or self.generation is None:
@@ -148,11 +148,11 @@ class WriterCore:
         """Delete the log's unfolded puts that a later row of the same id (a put or a
         delete) replaced, of ``ids`` (None: every id); in the caller's transaction.
 
-        They are never needed again, and left in place they came back: compaction prunes
-        a folded row once an older generation holds it, and the replay after a restart
-        then found the unfolded put under it — a memory written and deleted between two
-        compactions, or the text a PATCH replaced, was live again (and folded into the
-        next generation)."""
+        They are never needed again, and left in place they would come back: compaction
+        prunes a folded row once an older generation holds it, and the replay after a
+        restart would then find the unfolded put under it — a memory written and deleted
+        between two compactions, or the text a PATCH replaced, would be live again (and
+        folded into the next generation)."""
         where = "" if ids is None else " AND a.id IN (SELECT unnest(?::VARCHAR[]))"
         self.db.con.execute(
             "DELETE FROM serve_log AS a WHERE a.op = 'put' AND a.folded_into IS NULL" + where
@@ -162,7 +162,7 @@ class WriterCore:
     def _replay(self) -> None:
         """Rebuild the delta from ``serve_log`` (after a restart)."""
         current = self.generation or 0
-        self._drop_superseded()  # a log written before they were deleted as they were replaced
+        self._drop_superseded()  # a log may hold replaced puts (one written by an earlier version)
         cur = self.db.con.execute(
             'SELECT seq, op, id, "user", record, lexical, n_tokens, vector, minhash, folded_into, late_codes, '
             "late_scales, computed_by FROM serve_log ORDER BY seq")
@@ -176,7 +176,7 @@ class WriterCore:
             else:
                 self.entries.pop(mid, None)
                 self.tombstones[mid] = Tombstone(mid, user, folded)
-        # What a generation older than the current one absorbed is no longer needed.
+        # What a generation older than the current one absorbed is not needed.
         self.entries = {i: e for i, e in self.entries.items()
                         if e["folded_into"] == NOT_FOLDED or e["folded_into"] >= current}
         self.tombstones = {i: t for i, t in self.tombstones.items()
