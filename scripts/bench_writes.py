@@ -164,13 +164,17 @@ def access_round(core: Any, store: Path, distinct: int, flushes: int) -> dict[st
     hits: the Writer's ``accessed`` and a replica's next read, p50 / p95 ms."""
     from helix_ray.serve import shells, writer
 
-    if hasattr(writer, "AccessTail"):
-        tail = writer.AccessTail(writer.accesses_path(store))
+    try:
+        from helix_ray.serve import access_log
+    except ImportError:  # an older tree: the access file's code is in writer.py
+        access_log = writer
+    if hasattr(access_log, "AccessTail"):
+        tail = access_log.AccessTail(access_log.accesses_path(store))
         read = tail.read
     else:  # an older tree: the replica re-read the whole file when it changed
         from helix_ray.store.pointer import Pointer
 
-        read = Pointer(writer.accesses_path(store), shells._read_accesses).read
+        read = Pointer(access_log.accesses_path(store), shells._read_accesses).read
     now = int(time.time() * 1_000_000)
     have = len(core.recent_accesses)
     while have < distinct:
@@ -192,7 +196,7 @@ def access_round(core: Any, store: Path, distinct: int, flushes: int) -> dict[st
         return {"p50": round(float(np.percentile(values, 50)), 2), "p95": round(float(np.percentile(values, 95)), 2)}
 
     return {"distinct_accessed": distinct, "writer_accessed_ms": pct(accessed), "replica_read_ms": pct(reads),
-            "file_kb": round(writer.accesses_path(store).stat().st_size / 1024, 1)}
+            "file_kb": round(access_log.accesses_path(store).stat().st_size / 1024, 1)}
 
 
 if __name__ == "__main__":
