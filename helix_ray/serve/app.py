@@ -11,6 +11,11 @@
               ▼
             JSON
 
+Around the endpoints here: :mod:`~helix_ray.serve.gate` refuses a request without a
+valid key or with too large a body before it is read, :mod:`~helix_ray.serve.responses`
+turns errors into their status and sentence, :mod:`~helix_ray.serve.bodies` parses a
+write's body, and :mod:`~helix_ray.serve.fanout` runs the split graph with its timeouts.
+
 ``build_app(args)`` is a typed application builder: ``serve run
 helix_ray.serve.app:build_app store=DIR`` or ``serve deploy configs/serve.yaml``.
 (No ``from __future__ import annotations`` here: Serve reads ``build_app``'s annotation

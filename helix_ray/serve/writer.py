@@ -6,13 +6,13 @@ entries and tombstones no generation holds yet), rebuilds it from ``serve_log`` 
 restart, and publishes a new delta snapshot after each change. The work itself is in
 the modules of each concern:
 
-================================= ==========================================
-:mod:`helix_ray.serve.writes`     POST, PATCH, DELETE: validate, embed, make durable
-:mod:`helix_ray.serve.compaction` fold the delta into the next generation
-:mod:`helix_ray.serve.access_log` the recent recall hits the replicas read
-:mod:`helix_ray.serve.settings`   the live retrieval overrides
+=================================== ==================================================
+:mod:`helix_ray.serve.writes`       POST, PATCH, DELETE: validate, embed, make durable
+:mod:`helix_ray.serve.compaction`   fold the delta into the next generation
+:mod:`helix_ray.serve.access_log`   the recent recall hits the replicas read
+:mod:`helix_ray.serve.settings`     the live retrieval overrides
 :mod:`helix_ray.serve.delta_format` the delta's segment files and manifests
-================================= ==========================================
+=================================== ==================================================
 
 ``serve_log`` is created here, next to the tables of :mod:`helix_ray.store.db`:
 ``seq`` orders every put and delete; ``folded_into`` is the generation that absorbed a
