@@ -84,6 +84,7 @@ def main() -> int:
     from helix_ray.serve import delta as delta_mod
     from helix_ray.serve.writer import WriterCore
     from helix_ray.ingest.run import initialise
+    from helix_ray.serve.delta_format import current_delta_version
 
     store = Path(tempfile.mkdtemp(prefix="helix-bench-writes-")) / "store"
     if args.store:
@@ -122,7 +123,7 @@ def main() -> int:
             core.add([{"text": text(rng, written + i), "user": users[(written + i) % len(users)]} for i in range(n)],
                      user=None)
             written += n
-        replica_load(delta_mod.current_delta_version(store))  # the replica is up to date before the round
+        replica_load(current_delta_version(store))  # the replica is up to date before the round
         add, load, lexical, wrote = [], [], [], []
         publish_ms.clear()
         for _ in range(args.writes):
@@ -134,7 +135,7 @@ def main() -> int:
             after = files(store / "delta")
             wrote.append(sum(size for name, size in after.items() if before.get(name) != size))
             clock = time.perf_counter()
-            snapshot = replica_load(delta_mod.current_delta_version(store))
+            snapshot = replica_load(current_delta_version(store))
             load.append((time.perf_counter() - clock) * 1000)
             clock = time.perf_counter()
             snapshot.lexical_search("retry the kafka gateway", scope, 1, None, top_k=50)
@@ -168,13 +169,17 @@ def access_round(core: Any, store: Path, distinct: int, flushes: int) -> dict[st
     hits: the Writer's ``accessed`` and a replica's next read, p50 / p95 ms."""
     from helix_ray.serve import shells, writer
 
-    if hasattr(writer, "AccessTail"):
-        tail = writer.AccessTail(writer.accesses_path(store))
+    try:
+        from helix_ray.serve import access_log
+    except ImportError:  # an older tree: the access file's code is in writer.py
+        access_log = writer
+    if hasattr(access_log, "AccessTail"):
+        tail = access_log.AccessTail(access_log.accesses_path(store))
         read = tail.read
     else:  # an older tree: the replica re-read the whole file when it changed
         from helix_ray.store.pointer import Pointer
 
-        read = Pointer(writer.accesses_path(store), shells._read_accesses).read
+        read = Pointer(access_log.accesses_path(store), shells._read_accesses).read
     now = int(time.time() * 1_000_000)
     have = len(core.recent_accesses)
     while have < distinct:
@@ -196,7 +201,7 @@ def access_round(core: Any, store: Path, distinct: int, flushes: int) -> dict[st
         return {"p50": round(float(np.percentile(values, 50)), 2), "p95": round(float(np.percentile(values, 95)), 2)}
 
     return {"distinct_accessed": distinct, "writer_accessed_ms": pct(accessed), "replica_read_ms": pct(reads),
-            "file_kb": round(writer.accesses_path(store).stat().st_size / 1024, 1)}
+            "file_kb": round(access_log.accesses_path(store).stat().st_size / 1024, 1)}
 
 
 if __name__ == "__main__":

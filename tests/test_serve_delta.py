@@ -51,7 +51,8 @@ def test_a_write_publishes_only_its_own_entries_and_replicas_parse_only_those(sh
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
-    from helix_ray.serve.delta import DeltaSegment, current_delta_version
+    from helix_ray.serve.delta import DeltaSegment
+    from helix_ray.serve.delta_format import current_delta_version
 
     writer, store, views = shells["writer"], shells["store"], shells["bm25"].views
     texts = ["The canary fleet runs in eu-west-3.", "Billing exports land in the ledger bucket.",
@@ -102,7 +103,8 @@ def test_small_segments_merge_and_dead_entries_leave_the_files(shells, monkeypat
     deleted is dead in the manifest at once and gone from the files at the next rewrite;
     a store whose files hold more dead entries than live ones is rewritten whole."""
     from helix_ray.serve import writer as writer_module
-    from helix_ray.serve.delta import DeltaSegment, current_delta_version
+    from helix_ray.serve.delta import DeltaSegment
+    from helix_ray.serve.delta_format import current_delta_version
 
     monkeypatch.setattr(writer_module, "MERGE_SMALL_AT", 3)
     monkeypatch.setattr(writer_module, "SMALL_SEGMENT", 2)
@@ -135,7 +137,8 @@ def test_a_write_whose_publish_failed_is_in_the_next_snapshot(shells, monkeypatc
     fails (a full disk), the caller gets the error, and the next publish carries the
     write all the same: no later snapshot leaves a live entry out."""
     from helix_ray.serve import writer as writer_module
-    from helix_ray.serve.delta import DeltaSegment, current_delta_version
+    from helix_ray.serve.delta import DeltaSegment
+    from helix_ray.serve.delta_format import current_delta_version
 
     real, calls = writer_module.publish_manifest, []
 
@@ -162,7 +165,8 @@ def test_a_format_1_delta_snapshot_is_still_read(shells):
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
-    from helix_ray.serve.delta import DeltaSegment, delta_dir
+    from helix_ray.serve.delta import DeltaSegment
+    from helix_ray.serve.delta_format import delta_dir
 
     writer, store = shells["writer"], shells["store"]
     writer.add([{"id": "alice-v1", "text": "The old snapshot format held every entry in one file."}], "alice")
@@ -213,7 +217,8 @@ def test_online_writes_carry_late_interaction_tokens_through_a_restart(shells):
     Writer, logged durably, published in the delta snapshot and read by the Ranker."""
     from helix_ray.config import RetrievalConfig
     from helix_ray.recall import late
-    from helix_ray.serve.delta import DeltaSegment, current_delta_version
+    from helix_ray.serve.delta import DeltaSegment
+    from helix_ray.serve.delta_format import current_delta_version
     from helix_ray.serve.writer import WriterCore
     from helix_ray.token_encoder import from_blobs, get_token_encoder, to_blobs
 

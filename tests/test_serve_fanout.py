@@ -16,7 +16,7 @@ import pytest
 def test_a_recall_answer_that_is_not_plain_json_is_still_sent():
     """A NaN score or a numpy scalar would make JSONResponse raise (a 500): the answer goes
     through the response model instead, NaN written as null."""
-    from helix_ray.serve.app import recall_response
+    from helix_ray.serve.responses import recall_response
 
     item = {"id": "a", "text": "t", "type": "fact", "rank": 1, "score": float("nan"), "n_tokens": 3,
             "truncated": False, "created_at": "2026-01-01T00:00:00+00:00", "session_id": None, "project": None,
@@ -52,7 +52,9 @@ def test_a_503_tells_the_client_when_to_retry():
     """Refusals for the store's state (503) carry Retry-After, as raised here or in another
     replica (wrapped by Ray); a caller's mistake does not."""
     from helix_ray.errors import InvalidArgument, StoreError
-    from helix_ray.serve.app import RETRY_AFTER_S, _helix_error, _unexpected
+    from helix_ray.serve.responses import RETRY_AFTER_S
+    from helix_ray.serve.responses import helix_error as _helix_error
+    from helix_ray.serve.responses import unexpected as _unexpected
     from helix_ray.serve.errors import ReplicaError
 
     down = asyncio.run(_helix_error(None, StoreError("The store cannot be searched right now: ...")))

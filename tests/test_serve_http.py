@@ -190,7 +190,7 @@ def test_a_batch_over_a_megabyte_is_written_and_checked_off_the_loop(alice):
     record's place."""
     import random
 
-    from helix_ray.serve.app import PARSE_ON_LOOP_BYTES
+    from helix_ray.serve.bodies import PARSE_ON_LOOP_BYTES
 
     rng = random.Random(7)
     words = [f"{rng.choice('bdfgklmnprstvz')}{rng.choice('aeiou')}{rng.choice('bdfgklmnprstvz')}{rng.choice('aeiou')}"

@@ -162,9 +162,9 @@ def test_served_files_of_compactions_that_publish_nothing_are_pruned(shells, mon
     of its memory: only the newest KEEP_FOLDED stay, as for the compactions' inputs. And
     the count of writes compaction could not fold is of those still in the delta, not of
     every one ever tried."""
-    from helix_ray.serve import writer as writer_module
+    from helix_ray.serve import compaction
 
-    monkeypatch.setattr(writer_module, "KEEP_FOLDED", 1)
+    monkeypatch.setattr(compaction, "KEEP_FOLDED", 1)
     writer = shells["writer"]
     record = {"id": "alice-lark", "text": "The lark report goes out on Mondays."}
     writer.add([record], "alice")
@@ -187,7 +187,7 @@ def test_writes_go_on_while_a_compaction_runs_and_what_they_changed_stays(shells
     import threading
 
     import helix_ray.ingest.run as ingest_module
-    from helix_ray.serve.delta import NOT_FOLDED
+    from helix_ray.serve.delta_format import NOT_FOLDED
     from helix_ray.serve.writer import WriterCore
     from helix_ray.store.generation import Generation
 
@@ -406,7 +406,7 @@ def test_replicas_read_only_the_hits_appended_since_they_last_looked(tmp_path, m
     new complete lines (a line still being written waits), starts over when the Writer
     rewrote the file (a new file by rename), and agrees with a whole read throughout."""
     from helix_ray.serve import writer as writer_module
-    from helix_ray.serve.writer import AccessTail, accesses_path, read_accesses
+    from helix_ray.serve.access_log import AccessTail, accesses_path, read_accesses
     from helix_ray.ingest.run import initialise
 
     store = tmp_path / "store"
@@ -461,17 +461,18 @@ def test_served_recency_moves_with_the_writers_recent_hits(shells):
     assert recency_of(candidate) > max(before, 0.99)
     # Bounded: past MAX_RECENT_ACCESSES ids, the newest stay (the log keeps every hit).
     from helix_ray.serve import writer as writer_module
+    from helix_ray.serve.access_log import accesses_path, read_accesses
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(writer_module, "MAX_RECENT_ACCESSES", 2)
         shells["writer"].accessed([("old-hit", "alice", 1), ("newer-hit", "alice", 2)])
-    assert set(writer_module.read_accesses(shells["store"])) == {candidate, "newer-hit"}
+    assert set(read_accesses(shells["store"])) == {candidate, "newer-hit"}
     shells["writer"]._stop.set()
     shells["writer"].core.close()
-    writer_module.accesses_path(shells["store"]).unlink()
+    accesses_path(shells["store"]).unlink()
     restarted = sh.WriterShell(shells["store"], compact_interval_s=3600)
     try:
-        assert writer_module.read_accesses(shells["store"])[candidate] > 0
+        assert read_accesses(shells["store"])[candidate] > 0
     finally:
         restarted._stop.set()
         restarted.core.close()

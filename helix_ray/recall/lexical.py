@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from helix_ray.index.bm25 import BM25Index
-from helix_ray.index.bm25 import Analyzer  # re-export for pipelines/ingest.py, serve/delta.py, tests/test_serve.py; removed at merge
 
 
 @dataclass(frozen=True)

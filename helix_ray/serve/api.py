@@ -181,7 +181,7 @@ def check_settings(base: dict[str, Any], overrides: dict[str, Any],
     request's own patch; default ``overrides``).
 
     Checked as JSON, strictly: ``true`` is not the number 1, nor ``"yes"`` a boolean
-    (lax validation took both and kept them in the overrides as they were sent)."""
+    (lax validation would take both and keep them in the overrides as they were sent)."""
     merged = deep_merge(deep_merge(RetrievalConfig().model_dump(mode="json"), base), overrides)
     try:  # onto the defaults: a patch may name one weight of one type's row
         return RetrievalConfig.model_validate_json(json.dumps(merged), strict=True)

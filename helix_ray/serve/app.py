@@ -11,6 +11,11 @@
               ▼
             JSON
 
+Around the endpoints here: :mod:`~helix_ray.serve.gate` refuses a request without a
+valid key or with too large a body before it is read, :mod:`~helix_ray.serve.responses`
+turns errors into their status and sentence, :mod:`~helix_ray.serve.bodies` parses a
+write's body, and :mod:`~helix_ray.serve.fanout` runs the split graph with its timeouts.
+
 ``build_app(args)`` is a typed application builder: ``serve run
 helix_ray.serve.app:build_app store=DIR`` or ``serve deploy configs/serve.yaml``.
 (No ``from __future__ import annotations`` here: Serve reads ``build_app``'s annotation
@@ -22,19 +27,18 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Literal, Optional, Sequence, cast
+from typing import Any, Literal, Optional, cast
 
 from fastapi import Body, FastAPI, Header, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
 from ray.serve import Application, Deployment
 from ray.serve.handle import DeploymentHandle
 
 from helix_ray import __version__
 from helix_ray.config import IngestConfig, RetrievalConfig, deep_merge, load_config
-from helix_ray.errors import HelixError, InvalidArgument, StoreError, short_repr
+from helix_ray.errors import InvalidArgument, StoreError
 from helix_ray.recall.pipeline import Recaller
 from helix_ray.recall.scope import make_scope
 from helix_ray.serve.api import (
@@ -42,23 +46,24 @@ from helix_ray.serve.api import (
     FeedbackIn,
     FeedbackOut,
     LatencyWindow,
-    MemoryBatch,
     MemoryChanged,
-    MemoryIn,
     MemoryPatch,
     RecallRequest,
     RecallResponse,
     SettingsResponse,
     WriteResponse,
     check_settings,
-    request_error_sentence,
 )
+from helix_ray.serve.bodies import PARSE_ON_LOOP_BYTES, WRITE_BODY, write_records
 from helix_ray.serve.deployments import BM25, CPUS, RETRIEVER_AUTOSCALING, DenseANN, Embedder, Pipeline, Ranker, Writer
-from helix_ray.serve.errors import Forbidden, Unauthorized, callers_mistake, kind_of, message_of, status_of
+from helix_ray.serve.errors import Forbidden
+from helix_ray.serve.fanout import SplitGraph
+from helix_ray.serve.gate import Gate, bearer, not_admin
 from helix_ray.serve.keys import KeyStore
+from helix_ray.serve.responses import ERRORS, ErrorOut, add_error_handlers, recall_response
+from helix_ray.serve.settings import settings_path
 from helix_ray.serve.shells import PipelineShell
 from helix_ray.store.pointer import Pointer
-from helix_ray.serve.writer import settings_path
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +93,7 @@ class ServeArgs(BaseModel):
         "split", description="'split': Embedder → BM25 ∥ DenseANN → Ranker, each its own deployment (scales each "
                              "stage); 'compact': all of them in one Pipeline deployment, one hop per request; "
                              "'inline': the ingress replicas run every stage themselves, no hop (the fastest on "
-                             "one small host: docs/serve.md).")
+                             "one small host: docs/benchmarks.md).")
     leg_timeout_s: float = Field(
         2.0, gt=0, le=60, description="Split graph: how long a recall waits for its graph before answering "
                                       "with the retriever legs (BM25, DenseANN) that have answered, a missing one "
@@ -105,18 +110,6 @@ class ServeArgs(BaseModel):
         return self
 
 
-class ErrorOut(BaseModel):
-    detail: str = Field(description="What was received, what is allowed, how to fix it.")
-
-
-ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorOut, "description": "No API key, or an unknown one."},
-    403: {"model": ErrorOut, "description": "The key belongs to another user."},
-    422: {"model": ErrorOut, "description": "A field is unknown, missing or out of range."},
-    503: {"model": ErrorOut, "description": "The store cannot be read or searched right now (a generation swap, "
-                                           "replicas being replaced); `Retry-After` says when to try again."},
-}
-
 api = FastAPI(
     title="Helix",
     version=__version__,
@@ -131,190 +124,8 @@ ACCESS_FLUSH_S = 1.0
 ACCESS_BUFFER = 100_000
 
 
-#: Largest request body the ingress reads (a batch of 1,000 memories of 20k characters is
-#: ~20 MB); larger ones get a 413 before they are parsed.
-MAX_BODY_BYTES = 32 * 1024 * 1024
-
-
-class _Gate:
-    """What every request passes before its body is read, as one plain ASGI middleware
-    (each of Starlette's ``@app.middleware("http")`` layers costs a task group and a
-    response stream per request):
-
-    - first, a request without a valid key gets its 401 (a 422, 413 or 411 about its body
-      would answer an unknown caller), and a user's key on an admin route its 403;
-    - then a body over :data:`MAX_BODY_BYTES` gets its 413, a chunked one without a length 411.
-
-    The handlers still read the key's user and rights. The key store is the one this
-    replica's :class:`HelixAPI` registered (Serve ships the ingress class by value, so it
-    cannot share a global of this module with us)."""
-
-    def __init__(self, app: Any):
-        self.app = app
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            refusal = _refusal(scope)
-            if refusal is not None:
-                await refusal(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def _refusal(scope: dict[str, Any]) -> Optional[JSONResponse]:
-    from starlette.datastructures import Headers
-
-    from helix_ray.serve import keys as keys_module
-
-    headers = Headers(scope=scope)
-    keys = keys_module.SERVING["store"]
-    path = scope["path"]
-    if keys is not None and path.startswith("/v1/"):
-        try:
-            record = keys.record_for(_bearer(headers.get("authorization")))
-        except HelixError as exc:
-            return _error(status_of(exc) or 401, message_of(exc))
-        if not record.admin and _admin_only(scope["method"], path):
-            return _error(403, _not_admin(record.user))
-    size = headers.get("content-length")
-    if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
-        return _error(413, f"Got a request body of {int(size):,} bytes; the limit is {MAX_BODY_BYTES:,}. Send "
-                           "large imports in batches of fewer memories, or ingest files with `helix ingest`.")
-    if size is None and "chunked" in headers.get("transfer-encoding", "").lower():
-        # Its size is unknown until read: ask for a length rather than read an unbounded body.
-        return _error(411, "Got a chunked request body without Content-Length; send the body with a "
-                           f"Content-Length header (at most {MAX_BODY_BYTES:,} bytes).")
-    return None
-
-
-api.add_middleware(_Gate)
-
-
-def _admin_only(method: str, path: str) -> bool:
-    """What changes the server for every user: live settings, compaction, the adapter."""
-    return path.startswith("/v1/admin/") or (path.rstrip("/") == "/v1/settings" and method in ("PATCH", "DELETE"))
-
-
-def _not_admin(user: str) -> str:
-    return (f"This API key (user {user!r}) cannot change what every user shares (live settings, compaction, the "
-            "query adapter). Use an admin key: `helix keys create --store DIR --user USER --admin`.")
-
-
-def recall_response(out: dict[str, Any]) -> Response:
-    """A recall answer as HTTP. Sent as built: the pipeline's dict already has
-    :class:`RecallResponse`'s shape (the HTTP tests validate every answer against it
-    strictly), and FastAPI's response-model pass took 0.055 ms against 0.029 (docs/serve.md).
-    An answer that is not plain JSON (a NaN score, a numpy scalar) goes through the model,
-    which writes NaN as null, instead of failing with a 500."""
-    try:
-        return JSONResponse(out)
-    except (TypeError, ValueError):
-        log.warning("recall answer not plain JSON; sent through the response model", exc_info=True)
-        return Response(RecallResponse.model_validate(out).model_dump_json(), media_type="application/json")
-
-
-#: What a 503 tells a client to wait before it retries (``Retry-After``, seconds): the
-#: store is swapping generations or Serve is replacing replicas.
-RETRY_AFTER_S = 2
-
-
-def _error(status: int, message: str) -> JSONResponse:
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
-    return JSONResponse(status_code=status, content={"detail": message}, headers=headers)
-
-
-@api.exception_handler(RequestValidationError)
-async def _request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in exc.errors()]
-    return JSONResponse(status_code=422, content={"detail": request_error_sentence(exc.errors()), "errors": errors})
-
-
-@api.exception_handler(HelixError)
-async def _helix_error(request: Request, exc: HelixError) -> JSONResponse:
-    return _error(status_of(exc) or 400, message_of(exc))
-
-
-@api.exception_handler(Exception)
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    status = status_of(exc)
-    if status is not None:  # a Helix error raised in another replica, wrapped by Ray
-        return _error(status, message_of(exc))
-    log.exception("unexpected error on %s", request.url.path)
-    return _error(500, f"Internal error ({type(exc).__name__}) while serving {request.url.path}; "
-                       "the server log has the details.")
-
-
-def _bearer(authorization: Optional[str]) -> Optional[str]:
-    """The token of an ``Authorization: Bearer TOKEN`` header; None without the header;
-    :class:`Unauthorized` saying so for a header of another scheme (it was answered "No
-    API key", which sends a caller that did send one looking in the wrong place)."""
-    if not authorization or not authorization.strip():
-        return None
-    scheme, _, value = authorization.strip().partition(" ")
-    if scheme.lower() == "bearer":
-        return value.strip()
-    if scheme.startswith("hx_"):  # the key itself: not echoed
-        raise Unauthorized("Got an Authorization header holding the key alone; put 'Bearer ' before it: "
-                           "'Authorization: Bearer <key>'.")
-    raise Unauthorized(f"Got an Authorization header of the scheme {short_repr(scheme[:24])}; this server takes "
-                       "its API keys as 'Authorization: Bearer <key>' (create one with `helix keys create --store "
-                       "DIR --user USER`).")
-
-
-#: After the graph's ``leg_timeout_s``: the legs' grace when the plan was in by then
-#: (seconds), and how long the plan may take to come back for that to hold.
-LEG_GRACE_S = 0.2
-LATE_PLAN_S = 0.05
-#: The graph's bound (seconds) while a leg that ran out of time has not answered since.
-MISSING_LEG_TIMEOUT_S = 0.25
-
-
-class LegTimedOut(Exception):
-    """A stage of the split graph (a retriever leg, the Embedder) that did not answer in time."""
-
-
-def _drop(call: "asyncio.Future[Any]") -> None:
-    """Cancel a task over a handle call no one will await; if it has ended, its error
-    counts as read (asyncio would log one never retrieved)."""
-    if call.done():
-        if not call.cancelled():
-            call.exception()
-    else:
-        call.cancel()
-
-
-class CallCancelled(Exception):
-    """A handle call cancelled under this request, not by it: a failure like any other."""
-
-
-async def _settle(call: "asyncio.Future[Any]", wait_s: Optional[float]) -> Any:
-    """The result of ``call`` (a task over a handle call) within ``wait_s`` seconds
-    (None: no bound), else :class:`LegTimedOut` with the call left running, to be waited
-    for again. Never cancels it, unless this request itself is cancelled: a
-    ``DeploymentResponse`` awaited under a timeout that expires while Serve is still
-    routing it (no live replica) is cancelled for good, and a later await raises
-    ``CancelledError`` (Ray 2.60 wraps its routing future with ``asyncio.wrap_future``)."""
-    try:
-        done, _ = await asyncio.wait({call}, timeout=wait_s)
-    except asyncio.CancelledError:
-        call.cancel()
-        raise
-    if not done:
-        raise LegTimedOut()
-    if call.cancelled():
-        raise CallCancelled("the call was cancelled")
-    return call.result()
-
-
-def _unsearchable(why: str) -> StoreError:
-    """The 503 of a split graph with no stage left that can search (``why``)."""
-    return StoreError(f"The store cannot be searched right now: {why}, as while Serve replaces lost replicas. "
-                      "Retry in a few seconds.")
-
-
-def _failure(exc: BaseException, timeout_s: float) -> str:
-    """How a stage failed, for ``flags.degraded``."""
-    return f"no answer within {timeout_s:.2g} s" if isinstance(exc, LegTimedOut) else type(exc).__name__
+api.add_middleware(Gate)
+add_error_handlers(api)
 
 
 def _ms(since: float) -> float:
@@ -336,54 +147,10 @@ def _read_int(path: Path) -> Optional[int]:
     return int(text) if text else None
 
 
-_MEMORY_SCHEMA = MemoryIn.model_json_schema()
-_MEMORY_LIST = TypeAdapter(list[MemoryIn])
-
-#: A write body larger than this is parsed and validated in a thread, not on the
-#: replica's event loop (which answers every other request and Serve's own calls): a
-#: 32 MB batch took ~0.9 s to read, validate and dump.
-PARSE_ON_LOOP_BYTES = 1 << 20
-
-
-def write_records(body: bytes) -> tuple[list[dict[str, Any]], bool]:
-    """A ``POST /v1/memories`` body as records (each a memory object, None fields left
-    out) and whether it was one memory rather than a batch; a body that is not JSON or
-    not memories raises the 422's :class:`RequestValidationError`."""
-    try:
-        payload = json.loads(body)
-    except ValueError as exc:  # JSONDecodeError says where; a UnicodeDecodeError does not
-        pos = getattr(exc, "pos", None)
-        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", *([] if pos is None else [pos])),
-                                       "msg": "invalid JSON",
-                                       "ctx": {"error": getattr(exc, "msg", None)}}]) from None
-    except RecursionError:  # was a 500
-        raise RequestValidationError([{"type": "json_invalid", "loc": ("body",),
-                                       "msg": "JSON nested too deep to read (about 1,000 levels); metadata may "
-                                              "nest at most 32"}]) from None
-    single = not isinstance(payload, list) and not (isinstance(payload, dict) and "memories" in payload)
-    try:
-        if isinstance(payload, list):  # each bad record located by its index, as in {"memories": [...]}
-            items = _MEMORY_LIST.validate_python(payload)
-        elif not single:
-            items = MemoryBatch.model_validate(payload).memories
-        else:
-            items = [MemoryIn.model_validate(payload)]
-    except ValidationError as exc:
-        raise RequestValidationError(exc.errors()) from None
-    return [m.model_dump(exclude_none=True) for m in items], single
-
-
-_WRITE_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {"anyOf": [
-    _MEMORY_SCHEMA,
-    {"type": "object", "title": "MemoryBatch", "required": ["memories"], "additionalProperties": False,
-     "properties": {"memories": {"type": "array", "items": _MEMORY_SCHEMA, "minItems": 1, "maxItems": 1000}}},
-    {"type": "array", "items": _MEMORY_SCHEMA, "minItems": 1, "maxItems": 1000},
-]}}}}}
-
 
 @serve.deployment(name="HelixAPI", ray_actor_options={"num_cpus": CPUS["ingress"]}, max_ongoing_requests=128)
 @serve.ingress(api)
-class HelixAPI:
+class HelixAPI(SplitGraph):
     """The ingress: authenticates, checks requests, and calls the graph's handles."""
 
     def __init__(self, embedder: Optional[DeploymentHandle], dense: Optional[DeploymentHandle],
@@ -449,16 +216,16 @@ class HelixAPI:
         """The key's user, or None when the server runs without keys."""
         if self.keys is None:
             return None
-        return self.keys.user_for(_bearer(authorization))
+        return self.keys.user_for(bearer(authorization))
 
     def require_admin(self, authorization: Optional[str]) -> None:
         """Settings and compaction change the server for every user: admin keys only
         (any caller when the server runs without keys, bound to 127.0.0.1)."""
         if self.keys is None:
             return
-        record = self.keys.record_for(_bearer(authorization))
+        record = self.keys.record_for(bearer(authorization))
         if not record.admin:
-            raise Forbidden(_not_admin(record.user))
+            raise Forbidden(not_admin(record.user))
 
     def user_for(self, authorization: Optional[str], claimed: Optional[str]) -> str:
         user = self.authenticate(authorization)
@@ -527,207 +294,11 @@ class HelixAPI:
                 self._accessed[:0] = hits
                 del self._accessed[:-ACCESS_BUFFER]
 
-    async def _recall_split(self, query: str, user: str, config: RetrievalConfig,
-                            request: dict[str, Any]) -> dict[str, Any]:
-        """One await for the whole split graph: the plan's DeploymentResponse goes straight
-        into both legs (Serve resolves it; the ingress never unpickles the plan), and the
-        legs' responses straight into the Ranker."""
-        # Only the split graph comes here, and build_app binds all four of its handles.
-        assert self.embedder is not None and self.bm25 is not None
-        assert self.dense is not None and self.ranker is not None
-        plan = self.embedder.plan.remote(query, user=user, config=config, **request)
-        lexical, dense = self.bm25.search.remote(plan), self.dense.search.remote(plan)
-        finish = self.ranker.finish.remote(plan, lexical, dense)
-        # A leg with no live replica (it died; Serve is starting another) does not fail:
-        # its call waits in Serve's router, and the Ranker's call on it. Bounded here;
-        # while a leg is missing, more tightly (each recall of an agent's turn would
-        # otherwise wait the whole bound until Serve has replaced the replica).
-        bound = self._bound(bool(self._legs_missing))
-        finishing = asyncio.ensure_future(finish)
-        try:
-            out = await _settle(finishing, bound)
-            self._legs_missing.clear()
-            return out
-        except LegTimedOut:
-            return await self._recall_late(query, user, config, request, (plan, lexical, dense, finish), finishing,
-                                           bound)
-        except Exception as exc:  # noqa: BLE001
-            if callers_mistake(exc):
-                raise  # the caller's mistake, said by the replica that found it
-            # A swap between the two legs' replicas, or a leg replica that failed: run the
-            # legs again one by one, so one failing leg degrades the answer instead of failing it.
-            log.warning("recall graph failed (%s); answering step by step", kind_of(exc) or type(exc).__name__)
-            return await self._recall_stepwise(query, user, config, request)
-
-    async def _recall_late(self, query: str, user: str, config: RetrievalConfig, request: dict[str, Any],
-                           calls: tuple[Any, Any, Any, Any], finishing: "asyncio.Future[Any]",
-                           bound: float) -> dict[str, Any]:
-        """The graph did not answer within ``bound`` seconds (``leg_timeout_s``, or less
-        while a stage is missing): its calls are reused, not sent again. The plan gets
-        ``leg_timeout_s`` more (``bound`` more while the Embedder is known missing); past
-        that the Embedder is taken for gone: BM25 alone answers, on a plan made here, and
-        the plan call is left running as the Embedder's probe (:meth:`_probe`).
-        The legs get a moment's grace (the full ``leg_timeout_s`` if the plan itself was
-        late); if both then answer, the Ranker is slow, not gone, and its call is awaited;
-        otherwise it is cancelled and the legs that answered are ranked. ``calls``: the
-        graph's plan, lexical, dense and finish calls; ``finishing``: the task awaiting
-        the last."""
-        plan, lexical, dense, finish = calls
-        planning = asyncio.ensure_future(plan)
-        kept: list[Any] = []  # calls left running as a stage's probe
-
-        def give_up() -> None:
-            _drop(finishing)
-            for call in calls:
-                if call not in kept:
-                    call.cancel()  # best effort: a call Serve has sent on runs to its end
-            if plan not in kept:
-                _drop(planning)
-
-        try:
-            clock = time.perf_counter()
-            plan_wait = self._bound("embedder" in self._legs_missing)
-            try:
-                planned = await _settle(planning, plan_wait)
-            except LegTimedOut as exc:
-                if self._probe("embedder", planning):
-                    kept.append(plan)
-                give_up()
-                return await self._recall_unplanned(query, user, config, request, _failure(exc, bound + plan_wait))
-            except Exception as exc:  # noqa: BLE001
-                if callers_mistake(exc):
-                    raise
-                give_up()
-                return await self._recall_stepwise(query, user, config, request)
-            self._legs_missing.discard("embedder")
-            late_plan = time.perf_counter() - clock > LATE_PLAN_S
-            wait_s = self.args.leg_timeout_s if late_plan else min(LEG_GRACE_S, self.args.leg_timeout_s)
-            legs = await asyncio.gather(self._stage("bm25", lexical, wait_s, kept),
-                                        self._stage("dense", dense, wait_s, kept), return_exceptions=True)
-            if not any(isinstance(leg, BaseException) for leg in legs):
-                try:
-                    return await _settle(finishing, None)
-                except Exception as exc:  # noqa: BLE001 - e.g. the legs straddled a swap: ranked here
-                    if callers_mistake(exc):
-                        raise
-            give_up()
-            log.warning("recall graph took over %g s; answering with the legs that answered", self.args.leg_timeout_s)
-            return await self._finish_legs(planned, legs, bound + wait_s)
-        except BaseException:  # this request cancelled (its client went away), or refused: its calls are not needed
-            give_up()
-            raise
-
-    def _bound(self, short: bool) -> float:
-        """How long to wait for a stage: ``leg_timeout_s``, or less (``short``) while it,
-        or for the whole graph any stage, is missing."""
-        return min(self.args.leg_timeout_s, MISSING_LEG_TIMEOUT_S) if short else self.args.leg_timeout_s
-
-    def _probe(self, name: str, call: "asyncio.Future[Any]") -> bool:
-        """Keep a late call to stage ``name`` running (one per stage) while the stage is
-        taken for missing: when it answers, however late — Serve routes it to the new
-        replica — the stage is back and recalls get their full bound again (a stage back
-        but slower than the short bound would otherwise never be waited for). False:
-        another probe is out; this call is not needed."""
-        probe = self._probes.get(name)
-        if probe is not None and not probe.done():
-            return False
-        self._probes[name] = call
-        call.add_done_callback(lambda done: self._probed(name, done))
-        return True
-
-    def _probed(self, name: str, call: "asyncio.Future[Any]") -> None:
-        if not call.cancelled() and call.exception() is None:
-            self._legs_missing.discard(name)
-
-    async def _recall_stepwise(self, query: str, user: str, config: RetrievalConfig,
-                               request: dict[str, Any]) -> dict[str, Any]:
-        """The graph with every hop awaited here: legs realigned on one generation when a
-        swap put them on different ones, and a failed leg, or one that does not answer
-        within ``leg_timeout_s``, left out (flagged)."""
-        # Only the split graph comes here, and build_app binds all four of its handles.
-        assert self.embedder is not None and self.bm25 is not None and self.dense is not None
-        try:
-            plan = await self._stage("embedder", self.embedder.plan.remote(query, user=user, config=config, **request),
-                                     self.args.leg_timeout_s)
-        except Exception as exc:  # noqa: BLE001
-            if callers_mistake(exc):
-                raise  # the caller's mistake
-            return await self._recall_unplanned(query, user, config, request, _failure(exc, self.args.leg_timeout_s))
-        legs = await asyncio.gather(self._stage("bm25", self.bm25.search.remote(plan), self.args.leg_timeout_s),
-                                    self._stage("dense", self.dense.search.remote(plan), self.args.leg_timeout_s),
-                                    return_exceptions=True)
-        return await self._finish_legs(plan, legs, self.args.leg_timeout_s)
-
-    async def _recall_unplanned(self, query: str, user: str, config: RetrievalConfig, request: dict[str, Any],
-                                failure: str) -> dict[str, Any]:
-        """The Embedder gave no plan (``failure``: no answer in time — no live replica,
-        Serve is replacing it — or a server error): BM25 alone, on a plan made here
-        without a query vector (:meth:`Recaller.plan_without_vector`), flagged. Nothing is
-        searched by meaning, but a memory is still found by its words."""
-        assert self.bm25 is not None
-        if failure.startswith("no answer"):
-            self._legs_missing.add("embedder")
-        plan = self._vectorless.plan_without_vector(query, user=user, config=config, **request)
-        wait_s = self._bound("bm25" in self._legs_missing)
-        try:
-            lexical = await self._stage("bm25", self.bm25.search.remote(plan), wait_s)
-        except Exception as exc:  # noqa: BLE001
-            if callers_mistake(exc):
-                raise  # the caller's mistake, said by the replica that found it
-            raise _unsearchable(f"the embedder failed ({failure}) and the bm25 leg ({_failure(exc, wait_s)})") \
-                from None
-        note = f"embedder failed ({failure}); answered by BM25 alone, without the query vector"
-        return await self._finish_legs(plan, [lexical, None], wait_s, [note])
-
-    async def _finish_legs(self, plan: Any, legs: Sequence[Any], waited_s: float,
-                           degraded: Sequence[str] = ()) -> dict[str, Any]:
-        """The Ranker over the legs that answered (a failed one is flagged and left out;
-        ``None``: not searched)."""
-        assert self.bm25 is not None and self.dense is not None and self.ranker is not None
-        degraded = [*degraded, *(f"{name} leg failed ({_failure(r, waited_s)}); answered without it"
-                                 for name, r in zip(("bm25", "dense"), legs) if isinstance(r, BaseException))]
-        lexical, dense = (None if isinstance(r, BaseException) else r for r in legs)
-        if lexical is None and dense is None and not plan.skip:
-            failed = ", ".join(f"{name} {_failure(r, waited_s)}" for name, r in zip(("bm25", "dense"), legs)
-                               if isinstance(r, BaseException))
-            raise _unsearchable(f"both retriever legs failed ({failed})")
-        if lexical is not None and dense is not None and lexical.generation != dense.generation:
-            newer = max(lexical.generation, dense.generation)
-            if lexical.generation != newer:
-                lexical = await self.bm25.search.remote(plan, newer)
-            else:
-                dense = await self.dense.search.remote(plan, newer)
-            degraded.append(f"legs realigned on generation {newer} during a swap")
-        out = await self.ranker.finish.remote(plan, lexical, dense)
-        out["flags"].setdefault("degraded", []).extend(degraded)
-        return out
-
-    async def _stage(self, name: str, response: Any, wait_s: float, kept: Optional[list[Any]] = None) -> Any:
-        """A stage's handle call (its DeploymentResponse) awaited for at most ``wait_s``:
-        answered, the stage is not missing; past that it is (:class:`LegTimedOut`), and
-        the call is kept as the stage's probe (listed in ``kept``) or cancelled."""
-        call = asyncio.ensure_future(response)
-        try:
-            out = await _settle(call, wait_s)
-        except LegTimedOut:
-            self._legs_missing.add(name)
-            if self._probe(name, call):
-                if kept is not None:
-                    kept.append(response)
-            else:
-                call.cancel()
-                response.cancel()
-            raise
-        except Exception:
-            self._legs_missing.discard(name)  # it answers, if with an error: not missing
-            raise
-        self._legs_missing.discard(name)
-        return out
 
     # ---------------------------------------------------------------- writes
     @api.post("/v1/memories", status_code=201, response_model=WriteResponse, responses=ERRORS, tags=["memories"],
               summary="Write one memory or a batch; durable before the answer, recallable at once",
-              openapi_extra=_WRITE_BODY)
+              openapi_extra=WRITE_BODY)
     async def write(self, request: Request, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
         user = self.authenticate(authorization)
         body = await request.body()
@@ -817,7 +388,7 @@ class HelixAPI:
     @api.get("/v1/stats", responses=ERRORS, tags=["admin"],
              summary="Generation, counts, delta size, p50/p95 per stage over recent requests")
     async def stats(self, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
-        record = self.keys.record_for(_bearer(authorization)) if self.keys is not None else None
+        record = self.keys.record_for(bearer(authorization)) if self.keys is not None else None
         generation = self._generation.read()
         if record is not None and not record.admin:
             # A user's key sees its own counts only: nothing about the other tenants.

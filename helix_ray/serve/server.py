@@ -33,16 +33,15 @@ def start_ray(*, num_cpus: int | None = None, quiet: bool = True) -> str:
         return "existing"
     if starts_own_ray():
         # Serve's proxy binds its port with SO_REUSEPORT, for several proxies of one
-        # cluster on one host. On a Ray of one node it let a second `helix serve` on a
-        # port in use start "serving" too, and the kernel split the requests between the
-        # two stores (measured: ten writes, five in each). Off: the second one fails.
+        # cluster on one host. On a Ray of one node it would let a second `helix serve`
+        # on a port in use start "serving" too, and the kernel would split the requests
+        # between the two stores. Off: the second one fails.
         os.environ.setdefault("SERVE_SOCKET_REUSE_PORT_ENABLED", "0")
         # Each replica runs its handlers on its own event loop, not on a second thread
         # with a loop of its own (Serve's default; its RAY_SERVE_THROUGHPUT_OPTIMIZED
-        # mode sets this too). An inline recall holds the GIL for most of its ~6 ms and
-        # the replica's HTTP loop wanted it back at every step: HTTP p50 8.6 → 7.7 ms,
-        # the replica's CPU per request 8.5 → 7.7 ms (docs/serve.md, "User code on the
-        # replica's loop"). What takes long stays off the loop: a generation opens in an
+        # mode sets this too). An inline recall holds the GIL for most of its time, and a
+        # second loop would want it back at every step: one loop is faster and takes
+        # less CPU per request (docs/benchmarks.md). What takes long stays off the loop: a generation opens in an
         # executor with everything a shell reads per request (the scope filters' columns
         # too), a write body over 1 MB is parsed in a thread, and the Writer's methods are
         # sync (Serve runs those in a thread pool).
@@ -50,9 +49,8 @@ def start_ray(*, num_cpus: int | None = None, quiet: bool = True) -> str:
         if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
             # In this mode Serve drains a stopping ingress replica for at least 30 s, for an
             # external load balancer to notice; on a Ray of our own the only balancer is
-            # Serve's HAProxy on this host, told at once. Ctrl-C stopped `helix serve
-            # --ha-proxy` after ~32 s, ~7 s with this (the default proxy's time). An
-            # explicit setting wins.
+            # Serve's HAProxy on this host, told at once, so Ctrl-C stops `helix serve
+            # --ha-proxy` as soon as with the default proxy. An explicit setting wins.
             os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", str(HA_PROXY_DRAIN_S))
             own_haproxy()
     return ensure_ray(num_cpus=num_cpus, quiet=quiet, loopback=True)
@@ -115,7 +113,7 @@ def check_port_free(host: str, port: int) -> None:
     if not _listens(host, port):
         # Connections of a server stopped moments ago, in TIME_WAIT for up to a minute;
         # Serve's proxy binds without SO_REUSEADDR (SERVE_SOCKET_REUSE_PORT_ENABLED=0, see
-        # start_ray), so it could not bind either. It was reported as a listener.
+        # start_ray), so it could not bind either: said as such, not as a listener.
         raise InvalidArgument("--port", port, f"nothing listens on {host}:{port}, but the connections of the server "
                               f"that last used it are still closing ({exc.strerror}; up to a minute after it stopped)",
                               "Wait a minute, or give another --port.")
@@ -141,13 +139,13 @@ def own_haproxy() -> str:
     Serve's HAProxy ingress listens for its stats page and Prometheus metrics on fixed
     ports (8404, 9101) of every interface, and keeps its files — an admin socket of mode
     666 at admin level among them — under ``/tmp/haproxy-serve``. A second HAProxy Serve
-    on the host then fails to start (measured: a second ``helix serve --ha-proxy`` died
-    with "cannot bind socket ... 0.0.0.0:9101"), and any local user could command this
-    one. Here: free ports (:func:`helix_ray.runtime.spare_port`: outside the ephemeral range,
-    where Ray's own processes bind dozens of random ports while it starts), and the files in a new folder only this user may enter (mode
-    0700; Ray adds a folder per node inside), removed at exit. And the stats page (no
-    password; it names every replica's address) and the metrics endpoint listen on
-    127.0.0.1 only: Ray's template binds them on every interface, so HAProxy is started
+    on the host then fails to start ("cannot bind socket ... 0.0.0.0:9101"), and any
+    local user could command this one. Here: free ports
+    (:func:`helix_ray.runtime.spare_port`: outside the ephemeral range, where Ray's own
+    processes bind dozens of random ports while it starts), and the files in a new
+    folder only this user may enter (mode 0700; Ray adds a folder per node inside),
+    removed at exit. And the stats page (no password; it names every replica's address)
+    and the metrics endpoint listen on 127.0.0.1 only: Ray's template binds them on every interface, so HAProxy is started
     through :func:`loopback_haproxy`. A setting already in the environment wins. Returns
     the folder.
     """
@@ -247,8 +245,8 @@ def serving_address(host: str, port: int) -> tuple[str, int]:
     """Where this Ray's Serve answers HTTP: ``host``/``port`` as asked, unless Serve was
     already running on the cluster, started with other HTTP options: Serve keeps the first
     ones and only logs that it ignores the new ones, so a joined cluster may answer
-    elsewhere than ``--port`` says (measured: `serve deploy` of configs/serve.yaml on port
-    8012, then `helix serve --port 8011`, answered on 8012 only)."""
+    elsewhere than ``--port`` says (`serve deploy` of configs/serve.yaml on port 8012,
+    then `helix serve --port 8011`, answers on 8012 only)."""
     try:
         from ray.serve.context import _get_global_client  # no public getter in Ray 2.60
 

@@ -74,18 +74,17 @@ def _expect(ingest: IngestConfig | None) -> dict[str, Any]:
 def query_threads() -> int:
     """onnxruntime threads per replica for encoding queries while other requests wait in
     it (``HELIX_QUERY_THREADS``, default 1). A query is a few dozen tokens: more threads
-    barely shorten it, and their spinning takes the cores other replicas need (docs/serve.md)."""
+    barely shorten it, and their spinning takes the cores other replicas need (docs/benchmarks.md)."""
     return int(os.environ.get("HELIX_QUERY_THREADS", "1"))
 
 
 def query_threads_alone() -> int:
     """onnxruntime threads for a query a replica runs with no other request in it
-    (``HELIX_QUERY_THREADS_ALONE``, default 1: no second encoder). 2 encodes a query
-    ~0.3–0.7 ms faster on an idle core, but onnxruntime's second thread spins for most of
-    the request and after it: measured over three days the served latency did not change
-    beyond this host's spread, while the replica's CPU per request went from ~9 to ~15 ms
-    (docs/serve.md). 0 or the busy count: one encoder only; never more than
-    :func:`usable_cores`."""
+    (``HELIX_QUERY_THREADS_ALONE``, default 1: no second encoder). 2 encodes a query a
+    little faster on an idle core, but onnxruntime's second thread spins for most of the
+    request and after it, so the served latency does not change while the replica's CPU
+    per request grows (docs/benchmarks.md). 0 or the busy count: one encoder only; never
+    more than :func:`usable_cores`."""
     return int(os.environ.get("HELIX_QUERY_THREADS_ALONE", "1"))
 
 
@@ -137,7 +136,7 @@ class EmbedderShell:
         if self._has_late is not None and not self._has_late.read():
             request["disabled"] = frozenset(request.get("disabled", ())) | {"late"}
         # The second core goes to the query's token encoder when the plan runs one beside
-        # the sentence vector; a wider sentence encoder would spin against it (docs/serve.md).
+        # the sentence vector; a wider sentence encoder would spin against it (docs/benchmarks.md).
         alone = alone and not self.recaller.overlaps_tokens(config, frozenset(request.get("disabled", ())))
         if alone and self._wide is not None and True not in self._encoders:
             from helix_ray.embedder import get_embedder
@@ -237,7 +236,7 @@ class RankerShell(_StoreShell):
     def __init__(self, store: str | Path, ingest: IngestConfig | None = None,
                  watch_interval_s: float = WATCH_INTERVAL_S):
         super().__init__(store, ingest, watch_interval_s)
-        from helix_ray.serve.writer import AccessTail, accesses_path
+        from helix_ray.serve.access_log import AccessTail, accesses_path
 
         self._accesses = AccessTail(accesses_path(Path(store)))
 
@@ -284,7 +283,7 @@ class PipelineShell:
     """The whole recall graph in one replica (``ServeArgs.graph = "compact"``): the
     Embedder, both legs and the Ranker shells called in-process, so a request pays one
     hop instead of four. The split graph scales each stage on its own; on a small host
-    every hop costs more than most stages (docs/serve.md), and this is the faster shape.
+    every hop costs more than most stages (docs/benchmarks.md), and this is the faster shape.
     Like :meth:`Recaller.recall`, a lexically decisive query skips the dense leg."""
 
     def __init__(self, store: str | Path, ingest: IngestConfig | None = None,
@@ -404,7 +403,7 @@ class WriterShell:
                     # writer's lock): not a lasting fault, so again in a few seconds.
                     # Anything else waits longer after each failure (a full disk, a record
                     # the pipeline cannot take), also when the pending writes are past
-                    # compact_max_pending (which retried every second).
+                    # compact_max_pending (not a try, and a copy of them all, every tick).
                     soon = isinstance(exc, duckdb.TransactionException)
                     failures += 1
                     wait = COMPACT_RETRY_S if soon else min(COMPACT_RETRY_S * 2 ** failures, COMPACT_BACKOFF_MAX_S)

@@ -33,7 +33,8 @@ from helix_ray.config import RetrievalConfig
 from helix_ray.errors import StoreError
 from helix_ray.recall import scope as scope_mod
 from helix_ray.recall.pipeline import Recaller
-from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, SegmentCache, current_delta_version, delta_dir
+from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, SegmentCache
+from helix_ray.serve.delta_format import current_delta_version, delta_dir
 from helix_ray.store.generation import Generation, current_generation_number
 from helix_ray.store.pointer import Pointer
 

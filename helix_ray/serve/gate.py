@@ -1,0 +1,100 @@
+"""The gate every request passes before its body is read: API keys and body size.
+
+One plain ASGI middleware (:class:`Gate`) answers, before any endpoint runs, a request
+without a valid key (401), a user's key on an admin route (403), a body over
+:data:`MAX_BODY_BYTES` (413) and a chunked body without a length (411). The endpoints
+read the key's user and rights with :func:`bearer`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from fastapi.responses import JSONResponse
+
+from helix_ray.errors import HelixError, short_repr
+from helix_ray.serve.errors import Unauthorized, message_of, status_of
+from helix_ray.serve.responses import error_response
+
+#: Largest request body the ingress reads (a batch of 1,000 memories of 20k characters is
+#: ~20 MB); larger ones get a 413 before they are parsed.
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+class Gate:
+    """What every request passes before its body is read, as one plain ASGI middleware
+    (each of Starlette's ``@app.middleware("http")`` layers costs a task group and a
+    response stream per request):
+
+    - first, a request without a valid key gets its 401 (a 422, 413 or 411 about its body
+      would answer an unknown caller), and a user's key on an admin route its 403;
+    - then a body over :data:`MAX_BODY_BYTES` gets its 413, a chunked one without a length 411.
+
+    The handlers still read the key's user and rights. The key store is the one this
+    replica's :class:`helix_ray.serve.app.HelixAPI` registered in ``keys.SERVING`` (Serve
+    ships the ingress class by value, so it cannot share a global of its own module with
+    the middleware)."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            refusal = _refusal(scope)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _refusal(scope: dict[str, Any]) -> Optional[JSONResponse]:
+    from starlette.datastructures import Headers
+
+    from helix_ray.serve import keys as keys_module
+
+    headers = Headers(scope=scope)
+    keys = keys_module.SERVING["store"]
+    path = scope["path"]
+    if keys is not None and path.startswith("/v1/"):
+        try:
+            record = keys.record_for(bearer(headers.get("authorization")))
+        except HelixError as exc:
+            return error_response(status_of(exc) or 401, message_of(exc))
+        if not record.admin and _admin_only(scope["method"], path):
+            return error_response(403, not_admin(record.user))
+    size = headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
+        return error_response(413, f"Got a request body of {int(size):,} bytes; the limit is {MAX_BODY_BYTES:,}. Send "
+                           "large imports in batches of fewer memories, or ingest files with `helix ingest`.")
+    if size is None and "chunked" in headers.get("transfer-encoding", "").lower():
+        # Its size is unknown until read: ask for a length rather than read an unbounded body.
+        return error_response(411, "Got a chunked request body without Content-Length; send the body with a "
+                           f"Content-Length header (at most {MAX_BODY_BYTES:,} bytes).")
+    return None
+
+
+def _admin_only(method: str, path: str) -> bool:
+    """What changes the server for every user: live settings, compaction, the adapter."""
+    return path.startswith("/v1/admin/") or (path.rstrip("/") == "/v1/settings" and method in ("PATCH", "DELETE"))
+
+
+def not_admin(user: str) -> str:
+    return (f"This API key (user {user!r}) cannot change what every user shares (live settings, compaction, the "
+            "query adapter). Use an admin key: `helix keys create --store DIR --user USER --admin`.")
+
+
+def bearer(authorization: Optional[str]) -> Optional[str]:
+    """The token of an ``Authorization: Bearer TOKEN`` header; None without the header;
+    :class:`Unauthorized` saying so for a header of another scheme (not "No API key",
+    which would send a caller that did send one looking in the wrong place)."""
+    if not authorization or not authorization.strip():
+        return None
+    scheme, _, value = authorization.strip().partition(" ")
+    if scheme.lower() == "bearer":
+        return value.strip()
+    if scheme.startswith("hx_"):  # the key itself: not echoed
+        raise Unauthorized("Got an Authorization header holding the key alone; put 'Bearer ' before it: "
+                           "'Authorization: Bearer <key>'.")
+    raise Unauthorized(f"Got an Authorization header of the scheme {short_repr(scheme[:24])}; this server takes "
+                       "its API keys as 'Authorization: Bearer <key>' (create one with `helix keys create --store "
+                       "DIR --user USER`).")

@@ -1,0 +1,288 @@
+"""The Writer's write path: POST, PATCH and DELETE of memories.
+
+A write is, in order:
+
+1. validated and normalised by the ingest rules (:func:`helix_ray.ingest.normalize.normalise_one`;
+   a bad record is a 422 naming the record and the reason, and nothing is written);
+2. expanded, embedded, annotated and signed by the ingest stage functions
+   (:class:`helix_ray.ingest.stages.Transform`, MinHash);
+3. made durable: an fsynced JSONL file in ``inbox/`` (what ``Memory.add`` writes) and a
+   committed row per memory in the ``serve_log`` table of the store's DuckDB file
+   (with its vector, so a restarted writer rebuilds the delta without re-embedding);
+4. published to the replicas as a new delta snapshot (:mod:`helix_ray.serve.delta`).
+
+Only then is the request answered. The functions take the
+:class:`~helix_ray.serve.writer.WriterCore` that owns the state; its ``add``, ``patch``
+and ``delete`` methods are the entry points.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from helix_ray.errors import InvalidArgument, StoreError
+from helix_ray.schema import DERIVED_ID, MEMORY_SCHEMA, content_hash
+from helix_ray.serve.delta_format import Tombstone
+from helix_ray.serve.errors import Conflict, Forbidden, NotFound
+
+if TYPE_CHECKING:
+    from helix_ray.serve.writer import WriterCore
+
+MAX_BATCH = 1000
+#: A DELETE meeting a compaction's write of the same row waits and tries again, ~5 s in all.
+DELETE_TRIES = 9
+#: Inbox file name of a served write's copy (a compaction's input is ``compaction.COMPACTION_PREFIX``).
+SERVED_PREFIX = "serve-"
+#: Fields a PATCH may change; id and user are the memory's identity.
+PATCHABLE = ("text", "type", "project", "session_id", "salience", "confidence", "pinned", "metadata", "source")
+RECORD_FIELDS = [f.name for f in MEMORY_SCHEMA]
+
+
+def add(core: WriterCore, records: list[dict[str, Any]], *, user: str | None, single: bool = False) -> dict[str, Any]:
+    """Validate, embed and durably write ``records`` (each a memory object);
+    ``user`` is the API key's user (None when auth is off: each record names its own).
+    ``single``: the caller sent one object, not a list (its errors name ``memory``)."""
+    if not records:
+        raise InvalidArgument("memories", [], "give at least one memory")
+    if len(records) > MAX_BATCH:
+        raise InvalidArgument("memories", f"<{len(records)} records>", f"a batch holds at most {MAX_BATCH}",
+                              "Split it into several requests.")
+    rows = [validate(core, raw, user, where="memory" if single else f"memories[{n}]")
+            for n, raw in enumerate(records)]
+    for n, (raw, row) in enumerate(zip(records, rows)):
+        _not_another_memorys_derived_id(raw, row, "memory" if single else f"memories[{n}]")
+    first: dict[str, int] = {}
+    for n, row in enumerate(rows):  # a repeated id is refused, not won by the later record
+        if first.setdefault(row["id"], n) != n:
+            raise InvalidArgument(f"memories[{n}].id", row["id"],
+                                  f"memories[{first[row['id']]}] of this batch has that id already (an id left "
+                                  "out is derived from user and text: the same text twice)",
+                                  "Give each memory of a batch its own id, or send the later version alone.")
+    with core._lock:
+        for n, row in enumerate(rows):
+            owner = core.owner(row["id"])
+            if owner is not None and owner != row["user"]:
+                where = "the memory" if single else f"memories[{n}]"
+                raise Conflict(f"Got id={row['id']!r} in {where}; that id belongs to another user's memory. "
+                               "Leave id out (one is derived from user and text) or choose another.")
+        write_rows(core, rows)
+        return {"ids": [r["id"] for r in rows], "delta_version": core.version, "generation": core.generation}
+
+
+def patch(core: WriterCore, memory_id: str, fields: dict[str, Any], *, user: str | None) -> dict[str, Any]:
+    """Change ``fields`` of a memory: a new version, validated and written as a put."""
+    unknown = sorted(set(fields) - set(PATCHABLE))
+    if unknown or not fields:
+        raise InvalidArgument("fields", sorted(fields), f"a PATCH changes one or more of {', '.join(PATCHABLE)}")
+    with core._lock:
+        record = record_of(core, memory_id)
+        if record is None or (user is not None and record["user"] != user):
+            raise NotFound(not_found(core, memory_id, user))
+        merged = {k: iso(record.get(k)) for k in RECORD_FIELDS if record.get(k) is not None}
+        merged.update(fields)
+        if "text" in fields and "salience" not in fields:
+            merged.pop("salience", None)  # derived from the text: derive it again
+        row = validate(core, merged, record["user"], where="memory")
+        write_rows(core, [row])
+        return {"id": memory_id, "delta_version": core.version, "generation": core.generation}
+
+
+def delete(core: WriterCore, memory_id: str, *, user: str | None) -> dict[str, Any]:
+    """Delete a memory of ``user``: a log row, the database row marked, a tombstone."""
+    with core._lock:
+        owner = core.owner(memory_id)
+        if owner is None or (user is not None and owner != user):
+            raise NotFound(not_found(core, memory_id, user))
+        core.seq += 1
+        for attempt in range(DELETE_TRIES):
+            core.db.con.begin()
+            try:
+                core.db.con.execute(
+                    "INSERT INTO serve_log (seq, op, id, \"user\", written_at) VALUES (?, 'delete', ?, ?, now())",
+                    [core.seq, memory_id, owner])
+                core._drop_superseded([memory_id])
+                core.db.delete([memory_id])  # a generation row: the next generation drops it
+                core.db.con.commit()
+                break
+            except duckdb.TransactionException as exc:
+                # A compaction's pipeline writing the same row at this moment (it runs
+                # outside the lock, on a connection of its own): once it has, again.
+                core.db.con.rollback()
+                if attempt == DELETE_TRIES - 1:
+                    raise StoreError(f"Could not delete {memory_id!r} now: a compaction is writing that memory "
+                                     f"({str(exc).splitlines()[0][:120]}). Nothing was deleted; retry in a few "
+                                     "seconds.") from None
+                time.sleep(min(0.05 * 2 ** attempt, 1.0))
+            except BaseException:
+                core.db.con.rollback()
+                raise
+        core.entries.pop(memory_id, None)
+        core.tombstones[memory_id] = Tombstone(memory_id, owner, None)
+        core._publish()
+        return {"id": memory_id, "deleted": True, "delta_version": core.version, "generation": core.generation}
+
+
+def validate(core: WriterCore, raw: Any, user: str | None, *, where: str) -> dict[str, Any]:
+    """``raw`` normalised by the ingest rules, as the key's ``user`` may write it; a
+    rejected record is a 422 naming ``where`` and the reason."""
+    from helix_ray.ingest.normalize import Rejected, normalise_one
+
+    if not isinstance(raw, dict):
+        raise InvalidArgument(where, raw, "each memory must be a JSON object with at least 'text'")
+    raw = dict(raw)
+    if user is not None:
+        given = raw.get("user")
+        if given not in (None, "", user):
+            raise Forbidden(f"Got user={given!r} in {where}; this API key writes only user {user!r}'s "
+                            "memories. Leave user out or use that user's key.")
+        raw["user"] = user
+    try:
+        return normalise_one(raw, core.config.validation, default_time=dt.datetime.now(dt.timezone.utc))
+    except Rejected as why:
+        code, _, sentence = str(why).partition(": ")
+        raise InvalidArgument(where, {k: raw.get(k) for k in ("id", "text", "type", "user") if k in raw},
+                              f"it was rejected ({code}): {sentence}") from None
+
+
+def write_rows(core: WriterCore, rows: list[dict[str, Any]]) -> None:
+    """Transform ``rows`` (validated records), then make them durable and live: the
+    inbox file, the ``serve_log`` rows, the delta entries and a new snapshot."""
+    from helix_ray.ingest.dedup import signatures
+
+    latest = {r["id"]: r for r in rows}  # a repeated id within a batch: the later record wins
+    rows = list(latest.values())
+    batch = {"seq": np.arange(len(rows)), "text": np.array([r["text"] for r in rows], dtype=object),
+             "type": np.array([r["type"] for r in rows], dtype=object)}
+    batch = core._transform(batch)
+    vectors = np.asarray(batch["vector"], np.float32)
+    vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    num_perm = core._num_perm()
+    sigs = signatures([r["text"] for r in rows], num_perm=num_perm, shingle=core.config.dedup.shingle)
+    # Late-interaction tokens, so a fresh write is scored like a stored memory (None: off).
+    late_codes = [bytes(x) for x in batch["late_codes"]] if "late_codes" in batch else [None] * len(rows)
+    late_scales = [bytes(x) for x in batch["late_scales"]] if "late_scales" in batch else [None] * len(rows)
+    lexical_texts = []
+    for row, expansions in zip(rows, batch["expansions"]):
+        queries = json.loads(str(expansions))
+        lexical_texts.append(row["text"] + ("\n" + "\n".join(queries) if queries else ""))
+
+    # 1. the inbox file, as Memory.add writes it (ingest-ready records)
+    inbox = core.store / "inbox"
+    inbox.mkdir(parents=True, exist_ok=True)
+    path = inbox / f"{SERVED_PREFIX}{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(ingest_record(row), ensure_ascii=False) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    # 2. the log rows in DuckDB, one transaction
+    first = core.seq + 1
+    seqs = list(range(first, first + len(rows)))
+    table = pa.table({
+        "seq": pa.array(seqs, pa.int64()),
+        "op": ["put"] * len(rows),
+        "id": [r["id"] for r in rows],
+        "user": [r["user"] for r in rows],
+        "record": [json.dumps(json_record(r), ensure_ascii=False) for r in rows],
+        "lexical": lexical_texts,
+        "n_tokens": pa.array([int(x) for x in batch["n_tokens"]], pa.int32()),
+        "vector": pa.array([v.tolist() for v in vectors], pa.list_(pa.float32())),
+        "minhash": pa.array([s.tolist() for s in sigs], pa.list_(pa.uint32())),
+        "late_codes": pa.array(late_codes, pa.binary()),
+        "late_scales": pa.array(late_scales, pa.binary()),
+        "computed_by": [core._fingerprint] * len(rows),
+    })
+    core.db.con.begin()
+    try:
+        core.db.con.register("incoming_serve_log", table)
+        core.db.con.execute(
+            'INSERT INTO serve_log (seq, op, id, "user", record, lexical, n_tokens, vector, minhash, written_at, '
+            'folded_into, late_codes, late_scales, computed_by) SELECT seq, op, id, "user", record, lexical, '
+            "n_tokens, vector, minhash, now(), NULL, late_codes, late_scales, computed_by FROM incoming_serve_log")
+        core.db.con.unregister("incoming_serve_log")
+        core._drop_superseded([r["id"] for r in rows])
+        core.db.con.commit()
+    except BaseException:
+        core.db.con.rollback()
+        raise
+    core.seq = seqs[-1]
+    # 3. the delta, then a snapshot the replicas read
+    for seq, row, lex, n_tokens, vector, sig, codes, scales in zip(
+            seqs, rows, lexical_texts, batch["n_tokens"], vectors, sigs, late_codes, late_scales):
+        core.tombstones.pop(row["id"], None)
+        core.entries[row["id"]] = core._entry(seq, json_record(row), lex, int(n_tokens), vector, sig, None,
+                                              codes, scales, core._fingerprint)
+    core._publish()
+
+
+def record_of(core: WriterCore, memory_id: str) -> dict[str, Any] | None:
+    """The live record of ``memory_id`` (the delta's, else the database's); None if none."""
+    entry = core.entries.get(memory_id)
+    if entry is not None:
+        return dict(entry["record"])
+    if memory_id in core.tombstones:
+        return None
+    row = core.db.row(
+        'SELECT id, text, type, "user", project, session_id, epoch_us(created_at), epoch_us(last_accessed_at), '
+        "access_count, salience, confidence, pinned, source, metadata FROM memories WHERE id = ? AND NOT deleted",
+        [memory_id])
+    if row is None:
+        return None
+    record = dict(zip(RECORD_FIELDS, row))
+    utc = dt.timezone.utc
+    record["created_at"] = dt.datetime.fromtimestamp(record["created_at"] / 1e6, tz=utc)
+    if record["last_accessed_at"] is not None:
+        record["last_accessed_at"] = dt.datetime.fromtimestamp(record["last_accessed_at"] / 1e6, tz=utc)
+    return record
+
+
+def not_found(core: WriterCore, memory_id: str, user: str | None) -> str:
+    """The 404's sentence: a memory of this user deleted since the last compaction
+    is said to be (another user's is not)."""
+    gone = core.tombstones.get(memory_id)
+    if gone is not None and (user is None or gone.user == user):
+        return (f"Got id={memory_id!r}; that memory was deleted. A delete is final: to bring it back, "
+                "POST /v1/memories it again.")
+    who = f" for user {user!r}" if user is not None else ""
+    return (f"Got id={memory_id!r}; there is no such memory{who}. Check the id (ids are returned by "
+            "POST /v1/memories and by recall).")
+
+
+def iso(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, (dt.datetime, dt.date)) else value
+
+
+def _not_another_memorys_derived_id(raw: dict[str, Any], row: dict[str, Any], where: str) -> None:
+    """An id given in the derived ids' shape must be this memory's own (its user and
+    text). Ids are one space across users: otherwise a user could write under the id
+    another user's text would get — and learn from the 409 that that user holds exactly
+    that text, or take the id so that the other user's write of it fails."""
+    given = raw.get("id")
+    if isinstance(given, str) and DERIVED_ID.fullmatch(given) and given != content_hash(row["text"], row["user"]):
+        raise InvalidArgument(f"{where}.id", given,
+                              "an id of 20 lowercase hexadecimal characters is the one Helix derives from the "
+                              "memory's user and text, and this is not that memory's",
+                              "Leave id out (it is derived), give an id of another shape, or change an existing "
+                              "memory's text with PATCH /v1/memories/{id}.")
+
+
+def json_record(row: dict[str, Any]) -> dict[str, Any]:
+    """A normalised row as JSON-ready values (times as ISO strings)."""
+    return {k: iso(v) for k, v in row.items()}
+
+
+def ingest_record(row: dict[str, Any]) -> dict[str, Any]:
+    """The record as ingest reads it back: the memory fields, no derived ones."""
+    out = {k: iso(row.get(k)) for k in RECORD_FIELDS if row.get(k) is not None}
+    if isinstance(out.get("metadata"), str):
+        out["metadata"] = json.loads(out["metadata"])
+    return out
