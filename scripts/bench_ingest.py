@@ -440,10 +440,16 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _default_locomo() -> str | None:
+    """LoCoMo under HELIX_DATA (the folder holding the benchmarks), if it is set."""
+    data = os.environ.get("HELIX_DATA")
+    return str(Path(data) / "locomo" / "locomo10.json") if data else None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--locomo", default=str(ROOT / ".." / "shared" / "data" / "locomo" / "locomo10.json"),
-                    help="LoCoMo locomo10.json (read in place)")
+    ap.add_argument("--locomo", default=_default_locomo(),
+                    help="LoCoMo locomo10.json, read in place (default: under $HELIX_DATA)")
     ap.add_argument("--n", type=int, default=100_000, help="synthetic memories (0 skips the synthetic set)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--synthetic", default=None, help="reuse this synthetic JSONL instead of generating one")
@@ -491,6 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     try:
         if not args.skip_locomo:
+            if not args.locomo:
+                raise SystemExit("--locomo is required unless --skip-locomo (or set HELIX_DATA to the folder "
+                                 "holding locomo/locomo10.json)")
             locomo = Path(args.locomo).resolve()
             results.append(bench_one("locomo", locomo, "locomo", work, 1.0, not args.no_sorted_reference, args.repeats))
         if args.n:

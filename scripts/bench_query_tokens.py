@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,10 +36,16 @@ def questions(path: Path, count: int, seed: int) -> list[tuple[str, str]]:
     return [pairs[i] for i in rng.permutation(len(pairs))[:count]]
 
 
+def _default_locomo() -> str | None:
+    """LoCoMo under HELIX_DATA (the folder holding the benchmarks), if it is set."""
+    data = os.environ.get("HELIX_DATA")
+    return str(Path(data) / "locomo" / "locomo10.json") if data else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", required=True)
-    ap.add_argument("--locomo", default=str(ROOT / ".." / "shared" / "data" / "locomo" / "locomo10.json"))
+    ap.add_argument("--locomo", default=_default_locomo(), help="locomo10.json (default: under $HELIX_DATA)")
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
@@ -59,6 +66,8 @@ def main() -> int:
     threads = args.threads or encoder_threads(generation)
     recaller = Recaller(generation, get_embedder(threads=threads), threads=threads)
     print(f"query encoder threads: {threads or 'onnxruntime default'}", flush=True)
+    if not args.locomo:
+        ap.error("--locomo is required (or set HELIX_DATA to the folder holding locomo/locomo10.json)")
     asked = questions(Path(args.locomo), args.queries + args.warmup, args.seed)
     answers: dict[bool, list[list[str]]] = {}
     for overlap in (False, True):

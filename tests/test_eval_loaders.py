@@ -24,12 +24,13 @@ from helix_ray.eval import (
     parse_longmemeval_datetime,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import LOCOMO
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "eval"
 MINI_LOCOMO = FIXTURES / "mini_locomo.json"
 MINI_BEIR = FIXTURES / "mini_beir"
 MINI_LME = FIXTURES / "mini_longmemeval.json"
-REAL_LOCOMO = REPO_ROOT / ".." / "shared" / "data" / "locomo" / "locomo10.json"
+REAL_LOCOMO = LOCOMO  # under HELIX_DATA, when it is set (tests/helpers.py)
 
 
 # --------------------------------------------------------------------------- helpers / records
@@ -157,7 +158,7 @@ def test_locomo_errors(tmp_path: Path) -> None:
         load_locomo(MINI_LOCOMO, categories=4)  # type: ignore[arg-type]
 
 
-@pytest.mark.skipif(not REAL_LOCOMO.is_file(), reason="real LoCoMo file not present at ../shared/data/locomo")
+@pytest.mark.skipif(not REAL_LOCOMO.is_file(), reason="set HELIX_DATA to the folder holding locomo/locomo10.json")
 def test_real_locomo_counts() -> None:
     evalset = load_locomo(REAL_LOCOMO)
     assert list(evalset.corpora) == list(LOCOMO_CONVERSATIONS)

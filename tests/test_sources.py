@@ -178,7 +178,7 @@ def test_locomo_date_parser():
     assert parse_locomo_date("10:37 am on 27 June, 2023") == "2023-06-27T10:37:00+00:00"
 
 
-@pytest.mark.skipif(not LOCOMO.exists(), reason="LoCoMo is not beside the repo")
+@pytest.mark.skipif(not LOCOMO.exists(), reason="set HELIX_DATA to the folder holding locomo/locomo10.json")
 def test_real_locomo_loads_all_turns():
     rows = list(read_source(LOCOMO))
     assert len(rows) == 5882
