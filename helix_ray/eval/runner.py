@@ -17,11 +17,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+import helix_ray.ingest.run as ingest_run
 from helix_ray.config import IngestConfig, RetrievalConfig, load_config
+from helix_ray.embedder import get_embedder
+from helix_ray.errors import InvalidArgument
 from helix_ray.eval.datasets import EvalQuery, EvalSet
 from helix_ray.eval.metrics import evaluate_ranking, paired_difference, summarise
-from helix_ray.errors import InvalidArgument
 from helix_ray.recall import adapter as adapter_mod
+from helix_ray.recall import dense, fuse, lexical
+from helix_ray.recall.embed import embed_query
+from helix_ray.recall.threads import encoder_threads
+from helix_ray.store.generation import Generation
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +48,6 @@ def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config:
     documents over the per-type weight rows (an abstract saying "we chose" becomes a
     decision) and rank them by that accident (docs/quality.md).
     """
-    from helix_ray.ingest.run import ingest
-
     if not any(d.session_id for d in docs):  # no conversation turns: session_context cannot matter
         ingest_config = ingest_config.model_copy(update={"session_context": 0.0})
     rows = [{
@@ -64,7 +68,8 @@ def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config:
     with open(source, "w", encoding="utf-8") as fh:
         for row in rows:
             fh.write(json.dumps({k: v for k, v in row.items() if v is not None}) + "\n")
-    report = ingest([source], store, fmt="jsonl", config=ingest_config, runner="local", show_progress=show_progress)
+    report = ingest_run.ingest([source], store, fmt="jsonl", config=ingest_config, runner="local",
+                               show_progress=show_progress)
     if report.quarantined:
         log.warning("%s: %d documents quarantined (%s)", corpus_id, report.quarantined, report.quarantine_reasons)
     return store
@@ -74,8 +79,6 @@ def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config:
 
 
 def _bm25(recaller, q: EvalQuery, k: int) -> list[str]:
-    from helix_ray.recall import lexical
-
     gen = recaller.generation
     start, end = gen.partitions[q.corpus_id]
     cfg = recaller.config.lexical
@@ -85,9 +88,6 @@ def _bm25(recaller, q: EvalQuery, k: int) -> list[str]:
 
 
 def _dense_rows(recaller, q: EvalQuery):
-    from helix_ray.recall import dense
-    from helix_ray.recall.embed import embed_query
-
     vector = embed_query(recaller.embedder, q.text)
     if recaller.adapter is not None:  # the baseline sees the same query vector as Helix
         vector = recaller.adapter.apply(vector)
@@ -99,8 +99,6 @@ def _dense(recaller, q: EvalQuery, k: int) -> list[str]:
 
 
 def _rrf(recaller, q: EvalQuery, k: int) -> list[str]:
-    from helix_ray.recall import fuse, lexical
-
     gen = recaller.generation
     start, end = gen.partitions[q.corpus_id]
     cfg = recaller.config
@@ -195,10 +193,7 @@ def evaluate(
     tuning queries alone). Every system's query vector goes through it, unless
     cross-validation shows no gain (then none, as ``helix adapt`` would not save it).
     The fits are reported in ``EvalReport.adapters``, per store variant."""
-    from helix_ray.embedder import get_embedder
-    from helix_ray.recall.pipeline import Recaller
-    from helix_ray.recall.threads import encoder_threads
-    from helix_ray.store.generation import Generation
+    from helix_ray.recall.pipeline import Recaller  # loads scipy: only when systems are scored
 
     started = time.perf_counter()
     chosen = systems if isinstance(systems, dict) else {name: _system(name) for name in systems}

@@ -15,13 +15,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from helix_ray.config import IngestConfig
+from helix_ray.embedder import DIM
+from helix_ray.index.bm25 import Analyzer, lexical_text
+from helix_ray.index.hnsw import build_hnsw
+from helix_ray.index.quantize import quantize_int8
 from helix_ray.ingest import carry
 from helix_ray.ingest.graph import build_graph, tenant_codes
-from helix_ray.index.bm25 import Analyzer, lexical_text
 from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import Generation
 from helix_ray.store.publish import GenerationData, partitions_of
+from helix_ray.token_encoder import PassageTokens, empty_tokens, from_blobs, get_token_encoder, to_blobs
+from helix_ray.tokens import token_counter
 
 
 @dataclasses.dataclass
@@ -55,8 +60,6 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig) -> tuple[Generat
     they carry: the previous generation's rows keep their vectors, and their entities,
     BM25 terms and nearest neighbours where it holds them (:mod:`helix_ray.ingest.carry`).
     Also returns the graph's node names (memory ids, then ``user|entity``)."""
-    from helix_ray.embedder import DIM
-
     previous, todo, new_cols, keep_old = rows.previous, rows.todo, rows.new_cols, rows.keep_old
     old_table = rows.old_rows.take(pa.array(keep_old, pa.int64())) if keep_old else GENERATION_SCHEMA.empty_table()
     previous_rows = rows.old_index[keep_old] if keep_old else np.zeros(0, np.int64)
@@ -119,11 +122,7 @@ def collect(batches: list[dict[str, np.ndarray]], n: int, config: IngestConfig) 
     """The transform stages' batches (in any order) as columns in ``seq`` order, one
     row per input: ``vector``, ``expansions``, ``entities``, ``n_tokens`` and ``late``
     (the token vectors, or None when late interaction is off)."""
-    from helix_ray.embedder import DIM
-
     if not batches:
-        from helix_ray.token_encoder import empty_tokens
-
         late = empty_tokens() if config.late_interaction.enabled else None
         return {"vector": np.zeros((0, DIM), np.float32), "expansions": [], "entities": [],
                 "n_tokens": np.zeros(0, np.int32), "late": late}
@@ -137,8 +136,6 @@ def collect(batches: list[dict[str, np.ndarray]], n: int, config: IngestConfig) 
 
     late = None
     if "late_codes" in batches[0]:
-        from helix_ray.token_encoder import from_blobs
-
         late = from_blobs([bytes(x) for x in cat("late_codes", object)], [bytes(x) for x in cat("late_scales", object)])
     return {
         "vector": np.stack(list(cat("vector", np.float32))) if cat("vector", np.float32).ndim == 1
@@ -156,8 +153,6 @@ def memory_table(rows: list[dict[str, Any]], cols: dict[str, Any] | None) -> pa.
     names = [f.name for f in GENERATION_SCHEMA]
     data = {name: [r.get(name) for r in rows] for name in names if name != "n_tokens"}
     if cols is None:
-        from helix_ray.tokens import token_counter
-
         count = token_counter()
         data["n_tokens"] = [count(r["text"]) for r in rows]
     else:
@@ -243,10 +238,6 @@ def _semantic_knn(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previo
     only the new memories; an HNSW index is carried too (:func:`carry.dense_index`).
     Returns the per-tenant lists for the graph, all rows' lists (N, k + 1) to store (None
     when ``graph.knn`` is 0), the HNSW indexes, and the tombstones each carried index holds."""
-    from helix_ray.embedder import DIM
-    from helix_ray.index.hnsw import build_hnsw
-    from helix_ray.index.quantize import quantize_int8
-
     width = config.graph.knn + 1 if config.graph.knn > 0 else 0  # 0: no semantic edges
     now = carry.moved_to(previous.size, previous_row) if previous is not None else None
     before = carry.previous_knn(previous, width, now) if width else None
@@ -295,8 +286,6 @@ def _late_tokens(previous: Generation | None, old_rows: np.ndarray, old_table: p
     """Token vectors of old rows then new rows (the unsorted concatenation), or None when
     late interaction is off. Old rows keep the previous generation's tokens; a previous
     generation built without them has its rows encoded now (once: the next run reuses)."""
-    from helix_ray.token_encoder import PassageTokens, from_blobs, get_token_encoder, to_blobs
-
     if not config.late_interaction.enabled or new_cols.get("late") is None:
         return None
     old = None

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from helix_ray.config import IngestConfig
+from helix_ray.embedder import DIM
 from helix_ray.ingest.assemble import in_generation_schema
 from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.store.db import StoreDB
@@ -28,8 +29,6 @@ def open_previous(store: Path, config: IngestConfig) -> Generation | None:
     have been built with ``config``'s embedder."""
     if current_generation_number(store) is None:
         return None
-    from helix_ray.embedder import DIM
-
     return Generation.open_current(store, expect_embedder=config.embedder.name, expect_dim=DIM)
 
 

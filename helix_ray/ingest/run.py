@@ -45,7 +45,7 @@ from helix_ray.config import IngestConfig
 from helix_ray.errors import InvalidArgument, StoreError
 from helix_ray.ingest import stages
 from helix_ray.ingest.assemble import NextRows, assemble, bm25_analyzer, collect, memory_table, session_context
-from helix_ray.ingest.dedup import find_duplicates
+from helix_ray.ingest.dedup import find_duplicates, signatures
 from helix_ray.ingest.graph import edges_table
 from helix_ray.ingest.previous import (OldThenNew, carried_over, fold_accesses, has_deletions, held_by,
                                        keep_folded_accesses, open_previous, retagged)
@@ -331,8 +331,6 @@ def _read_validate(run: Run, items: list[dict[str, str]]) -> list[dict[str, Any]
 def read_validate_sign(item: dict[str, Any], *, config: IngestConfig) -> list[dict[str, Any]]:
     """Stages 1–2 for one source: its records read and validated
     (:func:`stages.read_and_validate`), each valid one with its MinHash signature for stage 3."""
-    from helix_ray.ingest.dedup import signatures
-
     out = stages.read_and_validate(item, config=config)
     ok = [i for i, r in enumerate(out) if r["ok"]]
     rows = [json.loads(out[i]["payload"]) for i in ok]
@@ -462,8 +460,6 @@ def _deduplicate(run: Run, changes: Changes) -> Deduplicated:
     old_sigs = previous.minhash[changes.old_index] if previous is not None and len(changes.old_index) else np.zeros(
         (0, config.dedup.num_perm), np.uint32)
     if old_sigs.shape[1:] != (config.dedup.num_perm,):  # dedup.num_perm changed since: sign the old rows again
-        from helix_ray.ingest.dedup import signatures
-
         log.info("dedup.num_perm is %d, the previous generation's signatures have %d: signing its %d "
                  "memories again", config.dedup.num_perm, old_sigs.shape[1], n_old)
         old_sigs = signatures(old_rows.column("text").to_pylist(), num_perm=config.dedup.num_perm,

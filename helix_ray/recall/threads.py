@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from helix_ray.config import RetrievalConfig
+from helix_ray.runtime import usable_cores
 
 
 def elapsed_ms(since: float) -> float:
@@ -94,8 +95,6 @@ def encoder_threads(generation: Any, config: RetrievalConfig | None = None) -> i
     cores each when the query's tokens will be encoded alongside its sentence vector (a
     generation with token vectors, late interaction on, two cores or more), so the two do
     not spin against each other; otherwise None, onnxruntime's default (every core)."""
-    from helix_ray.runtime import usable_cores
-
     late = late_on(config or RetrievalConfig()) and generation is not None and generation.late is not None
     cores = usable_cores()
     return cores // 2 if late and cores > 1 else None
@@ -106,8 +105,6 @@ def overlap_tokens(threads: int | None) -> bool:
     a query's tokens on another thread while the sentence vector and the legs run: only
     when the two encoders' threads fit in the cores together (with onnxruntime's default,
     every core each, the two would contend: docs/benchmarks.md)."""
-    from helix_ray.runtime import usable_cores
-
     return bool(threads) and 2 * (threads or 0) <= usable_cores()
 
 
@@ -121,8 +118,6 @@ def token_pool() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            from helix_ray.runtime import usable_cores
-
             _pool = ThreadPoolExecutor(max(1, usable_cores() - 1), thread_name_prefix="helix-query-tokens")
         return _pool
 

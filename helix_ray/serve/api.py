@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from helix_ray.config import RetrievalConfig, deep_merge
 from helix_ray.errors import InvalidArgument, short_repr
+from helix_ray.schema import MEMORY_TYPES
 
 
 class _Request(BaseModel):
@@ -192,8 +193,6 @@ def check_settings(base: dict[str, Any], overrides: dict[str, Any],
 
 
 def _setting_errors(exc: ValidationError) -> list[str]:
-    from helix_ray.schema import MEMORY_TYPES
-
     out = []
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"])

@@ -39,8 +39,10 @@ from ray.serve.handle import DeploymentHandle
 from helix_ray import __version__
 from helix_ray.config import IngestConfig, RetrievalConfig, deep_merge, load_config
 from helix_ray.errors import InvalidArgument, StoreError
+from helix_ray.ingest.run import initialise
 from helix_ray.recall.pipeline import Recaller
 from helix_ray.recall.scope import make_scope
+from helix_ray.serve import keys as keys_module
 from helix_ray.serve.api import (
     AdaptIn,
     FeedbackIn,
@@ -165,8 +167,6 @@ class HelixAPI(SplitGraph):
         self.local = PipelineShell(self.store, ingest, self.args.watch_interval_s) \
             if self.args.graph == "inline" else None
         self.keys = KeyStore(self.store) if self.args.auth else None
-        from helix_ray.serve import keys as keys_module
-
         keys_module.SERVING["store"] = self.keys  # for the key-first middleware
         self.latency = LatencyWindow()
         self._generation = Pointer(self.store / "CURRENT", _read_int)
@@ -427,8 +427,6 @@ def build_app(args: ServeArgs) -> Application:
                              "a new or empty folder to start a store in, or the folder of an existing store.")
         # A new store: an empty first generation, so the server starts and online
         # writes fill it (the delta, then compaction).
-        from helix_ray.ingest.run import initialise
-
         log.warning("Starting a new, empty Helix store in %s", store)
         initialise(store, config=ingest)
     args = args.model_copy(update={"store": str(store)})

@@ -26,10 +26,10 @@ import pyarrow.compute as pc
 from helix_ray.schema import content_hash
 from helix_ray.serve.delta_format import NOT_FOLDED, Tombstone
 from helix_ray.serve.writes import SERVED_PREFIX, ingest_record
+from helix_ray.store.generation import Generation
 
 if TYPE_CHECKING:
     from helix_ray.serve.writer import WriterCore
-    from helix_ray.store.generation import Generation
 
 #: Compaction inputs kept in ``inbox/folded/`` (newest first), for an operator to look at.
 KEEP_FOLDED = 50
@@ -45,8 +45,7 @@ def compact(core: WriterCore) -> dict[str, Any]:
     DELETEs, accesses and stats go on while it builds (it rebuilds every index). What
     changed meanwhile stays in the delta, over the new generation, until the next
     compaction."""
-    from helix_ray.ingest.run import ingest
-    from helix_ray.store.generation import Generation
+    from helix_ray.ingest.run import ingest  # at call time (tests replace it); loads config (pydantic)
 
     with core._compacting:  # one at a time: the background thread, POST /v1/admin/compact
         with core._lock:
@@ -127,7 +126,7 @@ def computed_outputs(core: WriterCore, pending: list[dict[str, Any]]) -> dict[st
     lexical text: the text, then a query a line (a query holding a newline comes back
     as two, which index the same lexical text); :class:`stages.Reuse` takes them only
     from an LLM expander (the offline one runs again, on the compaction's batch)."""
-    from helix_ray.ingest.stages import Computed
+    from helix_ray.ingest.stages import Computed  # loads config (pydantic): this module does not
 
     out = {}
     for e in pending:

@@ -51,6 +51,7 @@ from helix_ray.index.bm25 import Analyzer
 from helix_ray.recall import dense, lexical
 from helix_ray.recall.scope import Scope
 from helix_ray.serve.delta_format import NOT_FOLDED, Tombstone, check_format, delta_dir, delta_schema
+from helix_ray.token_encoder import from_blobs
 
 #: Delta entries recall under row ids ``DELTA_BASE + seq``: above any generation row
 #: (and any graph node: memories then entities), below int64's limit.
@@ -392,8 +393,6 @@ class DeltaTokens:
         return len(self.codes)
 
     def take(self, rows: np.ndarray):
-        from helix_ray.token_encoder import from_blobs
-
         rows = np.asarray(rows, dtype=np.int64)
         return from_blobs([self.codes[r] or b"" for r in rows], [self.scales[r] or b"" for r in rows])
 

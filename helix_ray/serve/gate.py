@@ -13,6 +13,7 @@ from typing import Any, Optional
 from fastapi.responses import JSONResponse
 
 from helix_ray.errors import HelixError, short_repr
+from helix_ray.serve import keys as keys_module
 from helix_ray.serve.errors import Unauthorized, message_of, status_of
 from helix_ray.serve.responses import error_response
 
@@ -49,8 +50,6 @@ class Gate:
 
 def _refusal(scope: dict[str, Any]) -> Optional[JSONResponse]:
     from starlette.datastructures import Headers
-
-    from helix_ray.serve import keys as keys_module
 
     headers = Headers(scope=scope)
     keys = keys_module.SERVING["store"]

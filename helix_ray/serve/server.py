@@ -10,6 +10,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from helix_ray.errors import InvalidArgument
+from helix_ray.runtime import bind_error, ensure_ray, reserve_port, spare_port
+from helix_ray.serve.keys import KeyStore
+
 log = logging.getLogger(__name__)
 
 APP_NAME = "helix"
@@ -26,8 +30,6 @@ def start_ray(*, num_cpus: int | None = None, quiet: bool = True) -> str:
     no address would join whatever cluster another user last started with ``ray start``.
     """
     import ray
-
-    from helix_ray.runtime import ensure_ray
 
     if ray.is_initialized():
         return "existing"
@@ -104,9 +106,6 @@ HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT
 
 def check_port_free(host: str, port: int) -> None:
     """Refuse a port that something already listens on, before starting Ray."""
-    from helix_ray.errors import InvalidArgument
-    from helix_ray.runtime import bind_error
-
     exc = bind_error(host, port)
     if exc is None:
         return
@@ -152,8 +151,6 @@ def own_haproxy() -> str:
     import atexit
     import shutil
     import tempfile
-
-    from helix_ray.runtime import spare_port
 
     folder = tempfile.mkdtemp(prefix="helix-haproxy-")
     if len(folder) + len("/") + 56 + len("/metrics.sock") > 107:  # a unix socket's path, with Ray's node id
@@ -219,8 +216,7 @@ def run(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: b
     ``on_ray`` is called once Ray is up, before Serve starts."""
     from ray import serve
 
-    from helix_ray.runtime import reserve_port
-    from helix_ray.serve.app import ServeArgs, build_app
+    from helix_ray.serve.app import ServeArgs, build_app  # Ray Serve and FastAPI: loaded when serving starts
 
     # Checks the store before starting Ray (and with create=True starts a new one).
     app = build_app(ServeArgs(store=str(store), auth=auth, **args))
@@ -262,8 +258,6 @@ def serve_forever(store: str | Path, *, host: str = "127.0.0.1", port: int = 800
                   **args: Any) -> None:
     """``helix serve``: run until Ctrl-C, then take the application down."""
     import ray
-
-    from helix_ray.serve.keys import KeyStore
 
     def stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt

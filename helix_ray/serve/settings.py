@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from helix_ray.config import deep_merge
+from helix_ray.serve.api import check_settings
 from helix_ray.serve.delta_format import write_text_atomic
 
 SETTINGS_FILE = "serve-settings.json"
@@ -32,8 +33,6 @@ def read_settings(store: Path) -> dict[str, Any]:
 def patch_settings(store: Path, patch: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     """Merge ``patch`` into the live overrides of ``store``, check the result against
     ``base`` (the deployment's own overrides), persist it; the caller holds the writer's lock."""
-    from helix_ray.serve.api import check_settings
-
     merged = deep_merge(read_settings(store), patch)
     check_settings(base, merged, patch)  # raises InvalidArgument, naming the bad key
     write_text_atomic(settings_path(store), json.dumps(merged, indent=1, sort_keys=True))

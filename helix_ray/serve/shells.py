@@ -31,13 +31,18 @@ from typing import Any
 import numpy as np
 
 from helix_ray.config import IngestConfig, RetrievalConfig
+from helix_ray.embedder import DIM, get_embedder
 from helix_ray.errors import StoreError
 from helix_ray.recall import adapter
+from helix_ray.recall import dense as dense_mod
+from helix_ray.recall import lexical as lexical_mod
 from helix_ray.recall.pipeline import IdAccessOverlay, Plan, Recaller
 from helix_ray.runtime import usable_cores
+from helix_ray.serve.access_log import AccessTail, accesses_path
 from helix_ray.serve.errors import ReplicaError, boundary
 from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, merge_dense, merge_lexical
 from helix_ray.serve.views import StoreViews
+from helix_ray.store.generation import Generation
 from helix_ray.store.pointer import Pointer
 
 log = logging.getLogger(__name__)
@@ -66,8 +71,6 @@ def _ms(since: float) -> float:
 
 
 def _expect(ingest: IngestConfig | None) -> dict[str, Any]:
-    from helix_ray.embedder import DIM
-
     return {"expect_embedder": (ingest or IngestConfig()).embedder.name, "expect_dim": DIM}
 
 
@@ -111,8 +114,6 @@ class EmbedderShell:
     encodes with a second, wider encoder, built on the first such call."""
 
     def __init__(self, ingest: IngestConfig | None = None, store: str | Path | None = None):
-        from helix_ray.embedder import get_embedder
-
         config = (ingest or IngestConfig()).embedder
         cores = usable_cores()
         threads, alone = min(query_threads(), cores), min(query_threads_alone(), cores)
@@ -139,8 +140,6 @@ class EmbedderShell:
         # the sentence vector; a wider sentence encoder would spin against it (docs/benchmarks.md).
         alone = alone and not self.recaller.overlaps_tokens(config, frozenset(request.get("disabled", ())))
         if alone and self._wide is not None and True not in self._encoders:
-            from helix_ray.embedder import get_embedder
-
             self._encoders[True] = get_embedder(*self._wide)
         # The inline graph's plan() runs on the event loop without yielding; the split
         # graph's Embedder may run plans in a thread pool, but it never passes alone=True.
@@ -152,8 +151,6 @@ class EmbedderShell:
 
 
 def _generation_has_late(current: Path) -> bool:
-    from helix_ray.store.generation import Generation
-
     try:
         return bool(Generation.open_current(current.parent).manifest.get("late"))
     except (StoreError, OSError):
@@ -236,8 +233,6 @@ class RankerShell(_StoreShell):
     def __init__(self, store: str | Path, ingest: IngestConfig | None = None,
                  watch_interval_s: float = WATCH_INTERVAL_S):
         super().__init__(store, ingest, watch_interval_s)
-        from helix_ray.serve.access_log import AccessTail, accesses_path
-
         self._accesses = AccessTail(accesses_path(Path(store)))
 
     @boundary
@@ -349,9 +344,6 @@ def _visible(hits: Any, hidden: set[int], delta: DeltaSegment, generation: int) 
         keep[np.flatnonzero(in_delta)] &= ok
     if keep.all():
         return hits
-    from helix_ray.recall import dense as dense_mod
-    from helix_ray.recall import lexical as lexical_mod
-
     if isinstance(hits, dense_mod.DenseHits):
         return dense_mod.DenseHits(rows[keep], hits.similarities[keep], hits.first_pass)
     return lexical_mod.LexicalHits(rows[keep], hits.scores[keep], hits.normalised[keep],
@@ -373,7 +365,7 @@ class WriterShell:
 
     def __init__(self, store: str | Path, ingest: IngestConfig | None = None, *, compact_interval_s: float = 600.0,
                  compact_max_pending: int = 2000, compact_runner: str = "local"):
-        from helix_ray.serve.writer import WriterCore
+        from helix_ray.serve.writer import WriterCore  # loads duckdb: only the Writer replica needs it
 
         self.core = WriterCore(store, ingest=ingest, compact_runner=compact_runner)
         self.compact_interval_s = compact_interval_s

@@ -37,6 +37,7 @@ from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, SegmentCache
 from helix_ray.serve.delta_format import current_delta_version, delta_dir
 from helix_ray.store.generation import Generation, current_generation_number
 from helix_ray.store.pointer import Pointer
+from helix_ray.token_encoder import PassageTokens
 
 log = logging.getLogger(__name__)
 
@@ -207,8 +208,6 @@ class JoinedTokens:
         self.base, self.delta = base, delta
 
     def lookup(self, rows: np.ndarray):
-        from helix_ray.token_encoder import PassageTokens
-
         rows = np.asarray(rows, dtype=np.int64)
         in_base = np.flatnonzero(rows < len(self.base))
         at_delta = np.flatnonzero(rows >= DELTA_BASE)

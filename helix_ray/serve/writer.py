@@ -32,7 +32,10 @@ import numpy as np
 import pyarrow as pa
 
 from helix_ray.config import IngestConfig
+from helix_ray.embedder import DIM, get_embedder
 from helix_ray.errors import InvalidArgument
+from helix_ray.ingest import stages
+from helix_ray.recall import adapter
 from helix_ray.serve import compaction, settings, writes
 from helix_ray.serve.access_log import accesses_path, append_accesses, rewrite_accesses
 from helix_ray.serve.delta_format import (
@@ -47,6 +50,8 @@ from helix_ray.serve.delta_format import (
     write_segment,
 )
 from helix_ray.serve.errors import NotFound
+from helix_ray.store.db import StoreDB
+from helix_ray.store.generation import ACCESS_WATERMARK, Generation, current_generation_number
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +83,6 @@ class WriterCore:
     """Owns the store's DuckDB file, the inbox and the delta segment."""
 
     def __init__(self, store: str | Path, *, ingest: IngestConfig | None = None, compact_runner: str = "local"):
-        from helix_ray.embedder import DIM
-        from helix_ray.ingest import stages
-        from helix_ray.store.db import StoreDB
-
         self.store = Path(store)
         self.config = ingest or IngestConfig()
         self.compact_runner = compact_runner
@@ -115,8 +116,6 @@ class WriterCore:
         compaction encodes every memory's tokens (once; later ones carry them), which is
         slow on a large store and slows recall meanwhile (docs/benchmarks.md). Said at
         start, with the fix."""
-        from helix_ray.store.generation import Generation
-
         if not self.config.late_interaction.enabled or self.generation is None:
             return
         current = Generation.open_current(self.store)
@@ -131,13 +130,9 @@ class WriterCore:
     # ---------------------------------------------------------------- state
     @property
     def generation(self) -> int | None:
-        from helix_ray.store.generation import current_generation_number
-
         return current_generation_number(self.store)
 
     def _num_perm(self) -> int:
-        from helix_ray.store.generation import Generation
-
         if self.generation is not None:
             manifest = Generation.open_current(self.store).manifest
             return int((manifest.get("minhash") or {}).get("num_perm") or self.config.dedup.num_perm)
@@ -309,8 +304,6 @@ class WriterCore:
     def _load_recent_accesses(self) -> None:
         """After a start or a compaction: the log's hits the current generation has not
         folded (its manifest says how far it did)."""
-        from helix_ray.store.generation import ACCESS_WATERMARK, Generation
-
         after = 0
         if self.generation is not None:
             after = int(Generation.open_current(self.store).manifest.get(ACCESS_WATERMARK, 0))
@@ -339,9 +332,7 @@ class WriterCore:
     def feedback(self, query: Any, memory_ids: Any, *, user: str | None) -> dict[str, Any]:
         """Record which memories answered ``query`` for ``user`` (labelled queries for
         ``helix adapt --from-feedback``). Ids must be that user's memories."""
-        from helix_ray.recall.adapter import check_feedback
-
-        query, ids = check_feedback(query, memory_ids)
+        query, ids = adapter.check_feedback(query, memory_ids)
         if user is None:
             raise InvalidArgument("user", None, "feedback must name its user when the server runs without API keys")
         with self._lock:
@@ -357,9 +348,6 @@ class WriterCore:
         database): fit the store's query adapter on the recorded feedback — of ``users``
         only, if given — and save it when cross-validation shows a gain (or ``force``).
         The recall replicas pick a saved adapter up with their next request."""
-        from helix_ray.embedder import get_embedder
-        from helix_ray.recall import adapter
-
         with self._lock:
             pairs = self.db.feedback_pairs(users)
         adapter.require_feedback(pairs, users, how="POST /v1/feedback")

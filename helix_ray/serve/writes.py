@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from helix_ray.errors import InvalidArgument, StoreError
+from helix_ray.ingest.dedup import signatures
 from helix_ray.schema import DERIVED_ID, MEMORY_SCHEMA, content_hash
 from helix_ray.serve.delta_format import Tombstone
 from helix_ray.serve.errors import Conflict, Forbidden, NotFound
@@ -134,7 +135,7 @@ def delete(core: WriterCore, memory_id: str, *, user: str | None) -> dict[str, A
 def validate(core: WriterCore, raw: Any, user: str | None, *, where: str) -> dict[str, Any]:
     """``raw`` normalised by the ingest rules, as the key's ``user`` may write it; a
     rejected record is a 422 naming ``where`` and the reason."""
-    from helix_ray.ingest.normalize import Rejected, normalise_one
+    from helix_ray.ingest.normalize import Rejected, normalise_one  # loads config (pydantic): this module does not
 
     if not isinstance(raw, dict):
         raise InvalidArgument(where, raw, "each memory must be a JSON object with at least 'text'")
@@ -156,8 +157,6 @@ def validate(core: WriterCore, raw: Any, user: str | None, *, where: str) -> dic
 def write_rows(core: WriterCore, rows: list[dict[str, Any]]) -> None:
     """Transform ``rows`` (validated records), then make them durable and live: the
     inbox file, the ``serve_log`` rows, the delta entries and a new snapshot."""
-    from helix_ray.ingest.dedup import signatures
-
     latest = {r["id"]: r for r in rows}  # a repeated id within a batch: the later record wins
     rows = list(latest.values())
     batch = {"seq": np.arange(len(rows)), "text": np.array([r["text"] for r in rows], dtype=object),
