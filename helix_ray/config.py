@@ -77,8 +77,9 @@ class DedupConfig(_Strict):
     near-duplicates the pinned or else the newer memory is kept, and the link recorded."""
 
     threshold: float = Field(0.8, gt=0.0, le=1.0)
-    """Estimated Jaccard over word 3-shingles above which two memories are near-duplicates
-    (datasketch MinHash-LSH). Lower removes more paraphrases, and more distinct facts."""
+    """Estimated Jaccard over word shingles (``shingle`` words each) above which two
+    memories are near-duplicates (datasketch MinHash-LSH). Lower removes more
+    paraphrases, and more distinct facts."""
     num_perm: int = Field(64, ge=16, le=256)
     """MinHash permutations: more is more precise and costs 4 bytes/memory each."""
     shingle: int = Field(2, ge=1, le=8)
@@ -238,7 +239,8 @@ class FusionConfig(_Strict):
     k: int = Field(60, ge=1, le=1000)
     """RRF k (Cormack et al. 2009): larger flattens the rank curve."""
     weights: dict[str, float] = {"dense": 1.0, "bm25": 1.0}
-    """Per-list weight; 0 removes a list and skips its retriever."""
+    """Per-list weight, keys ``dense`` and ``bm25``, each ≥ 0 and one > 0; 0 removes a
+    list and skips its retriever. A partial table changes only the lists it names."""
     top_rank_bonus: bool = True
     """+0.05 to the fused score of an item ranked 1st in any list, +0.02 for 2nd–3rd,
     scaled by that list's weight when it is below 1."""
