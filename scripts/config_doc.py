@@ -143,7 +143,7 @@ def model_section(model: type[BaseModel], path: str, docs: dict[str, dict[str, s
         key = f"{path}.{name}" if path else name
         if isinstance(default, BaseModel):
             nested.append((type(default), key))
-            shown, described = "section below", described or one_line(docs.get(type(default).__name__, {}).get(""))
+            shown, described = "section below", described or one_line(docs.get(type(default).__name__, {}).get("", ""))
         elif isinstance(default, dict) and default and all(isinstance(v, BaseModel) for v in default.values()):
             shown = "table below"
         elif field.is_required():
