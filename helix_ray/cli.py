@@ -111,11 +111,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--graph", choices=("auto", "split", "compact", "inline"), default="auto",
                    help="split: a deployment per stage (Embedder, BM25, DenseANN, Ranker; scales each across a "
                         "cluster); compact: one Pipeline deployment runs them all (one hop); inline: the HTTP "
-                        "ingress replicas run them all (no hop: the fastest on one host, see docs/serve.md); "
+                        "ingress replicas run them all (no hop: the fastest on one host, see docs/benchmarks.md); "
                         "auto (default): inline on a Ray this command starts, split on a cluster (RAY_ADDRESS)")
     s.add_argument("--ha-proxy", action="store_true",
                    help="Serve's experimental HAProxy ingress (RAY_SERVE_ENABLE_HA_PROXY=1; 2x faster per request "
-                        "here, docs/serve.md); only for a Ray this command starts")
+                        "here, docs/benchmarks.md); only for a Ray this command starts")
     s.add_argument("--ingest-config", help="ingest YAML for online writes and compaction (see configs/ingest.yaml)")
     s.add_argument("--retrieval-config", help="retrieval YAML: the base settings (see configs/retrieval.yaml)")
 

@@ -81,7 +81,7 @@ class RecallResult:
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data; a copy (the caller may add to its flags and timings).
         Written out rather than ``dataclasses.asdict``, which deep-copies field by field
-        and cost ~0.4 ms per request in a Serve replica (docs/serve.md)."""
+        and cost ~0.4 ms per request in a Serve replica (docs/benchmarks.md)."""
         out: dict[str, Any] = {
             "query": self.query, "user": self.user,
             "items": [{**{name: getattr(item, name) for name in _ITEM_FIELDS}, "signals": dict(item.signals)}

@@ -88,7 +88,7 @@ class ServeArgs(BaseModel):
         "split", description="'split': Embedder → BM25 ∥ DenseANN → Ranker, each its own deployment (scales each "
                              "stage); 'compact': all of them in one Pipeline deployment, one hop per request; "
                              "'inline': the ingress replicas run every stage themselves, no hop (the fastest on "
-                             "one small host: docs/serve.md).")
+                             "one small host: docs/benchmarks.md).")
     leg_timeout_s: float = Field(
         2.0, gt=0, le=60, description="Split graph: how long a recall waits for its graph before answering "
                                       "with the retriever legs (BM25, DenseANN) that have answered, a missing one "
@@ -203,7 +203,7 @@ def _not_admin(user: str) -> str:
 def recall_response(out: dict[str, Any]) -> Response:
     """A recall answer as HTTP. Sent as built: the pipeline's dict already has
     :class:`RecallResponse`'s shape (the HTTP tests validate every answer against it
-    strictly), and FastAPI's response-model pass took 0.055 ms against 0.029 (docs/serve.md).
+    strictly), and FastAPI's response-model pass took 0.055 ms against 0.029 (docs/benchmarks.md).
     An answer that is not plain JSON (a NaN score, a numpy scalar) goes through the model,
     which writes NaN as null, instead of failing with a 500."""
     try:

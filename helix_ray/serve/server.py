@@ -41,8 +41,8 @@ def start_ray(*, num_cpus: int | None = None, quiet: bool = True) -> str:
         # with a loop of its own (Serve's default; its RAY_SERVE_THROUGHPUT_OPTIMIZED
         # mode sets this too). An inline recall holds the GIL for most of its ~6 ms and
         # the replica's HTTP loop wanted it back at every step: HTTP p50 8.6 → 7.7 ms,
-        # the replica's CPU per request 8.5 → 7.7 ms (docs/serve.md, "User code on the
-        # replica's loop"). What takes long stays off the loop: a generation opens in an
+        # the replica's CPU per request 8.5 → 7.7 ms (docs/benchmarks.md, "Inside a
+        # replica"). What takes long stays off the loop: a generation opens in an
         # executor with everything a shell reads per request (the scope filters' columns
         # too), a write body over 1 MB is parsed in a thread, and the Writer's methods are
         # sync (Serve runs those in a thread pool).

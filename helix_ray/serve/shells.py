@@ -74,7 +74,7 @@ def _expect(ingest: IngestConfig | None) -> dict[str, Any]:
 def query_threads() -> int:
     """onnxruntime threads per replica for encoding queries while other requests wait in
     it (``HELIX_QUERY_THREADS``, default 1). A query is a few dozen tokens: more threads
-    barely shorten it, and their spinning takes the cores other replicas need (docs/serve.md)."""
+    barely shorten it, and their spinning takes the cores other replicas need (docs/benchmarks.md)."""
     return int(os.environ.get("HELIX_QUERY_THREADS", "1"))
 
 
@@ -84,7 +84,7 @@ def query_threads_alone() -> int:
     ~0.3–0.7 ms faster on an idle core, but onnxruntime's second thread spins for most of
     the request and after it: measured over three days the served latency did not change
     beyond this host's spread, while the replica's CPU per request went from ~9 to ~15 ms
-    (docs/serve.md). 0 or the busy count: one encoder only; never more than
+    (docs/benchmarks.md). 0 or the busy count: one encoder only; never more than
     :func:`usable_cores`."""
     return int(os.environ.get("HELIX_QUERY_THREADS_ALONE", "1"))
 
@@ -137,7 +137,7 @@ class EmbedderShell:
         if self._has_late is not None and not self._has_late.read():
             request["disabled"] = frozenset(request.get("disabled", ())) | {"late"}
         # The second core goes to the query's token encoder when the plan runs one beside
-        # the sentence vector; a wider sentence encoder would spin against it (docs/serve.md).
+        # the sentence vector; a wider sentence encoder would spin against it (docs/benchmarks.md).
         alone = alone and not self.recaller.overlaps_tokens(config, frozenset(request.get("disabled", ())))
         if alone and self._wide is not None and True not in self._encoders:
             from helix_ray.embedder import get_embedder
@@ -284,7 +284,7 @@ class PipelineShell:
     """The whole recall graph in one replica (``ServeArgs.graph = "compact"``): the
     Embedder, both legs and the Ranker shells called in-process, so a request pays one
     hop instead of four. The split graph scales each stage on its own; on a small host
-    every hop costs more than most stages (docs/serve.md), and this is the faster shape.
+    every hop costs more than most stages (docs/benchmarks.md), and this is the faster shape.
     Like :meth:`Recaller.recall`, a lexically decisive query skips the dense leg."""
 
     def __init__(self, store: str | Path, ingest: IngestConfig | None = None,

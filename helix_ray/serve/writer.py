@@ -228,7 +228,7 @@ class WriterCore:
         self.seq = int(last[0])
         self.last_compaction: dict[str, Any] | None = None
         #: Entries a compaction left in the delta: a change ingest does not see as one (a
-        #: PATCH of fields other than the text keeps the content hash; see docs/serve.md).
+        #: PATCH of fields other than the text keeps the content hash; see docs/architecture.md).
         self.unfoldable: set[int] = set()
         #: The segment files of the live snapshot, each with the seqs it holds.
         self.segments: list[tuple[str, np.ndarray]] = []
@@ -242,7 +242,7 @@ class WriterCore:
         """Late interaction on, and a generation built without token vectors: the next
         compaction encodes every memory's tokens (once; later ones carry them). Measured:
         on 10^5 memories and two cores it had not finished after 5 minutes, and recall
-        ran at half speed meanwhile (docs/serve.md). Said at start, with the fix."""
+        ran at half speed meanwhile (docs/operations.md). Said at start, with the fix."""
         from helix_ray.store.generation import Generation
 
         if not self.config.late_interaction.enabled or self.generation is None:
@@ -806,7 +806,7 @@ class WriterCore:
         A served write's file (``serve-*``) is a copy of what ``serve_log`` holds until a
         generation does; once one is published, the files of the writes before the
         compaction are deleted (they were kept for ever: a file per write, 3,061 after a
-        10-minute soak, docs/serve.md). Any other file (``Memory.add``'s, left by an
+        10-minute soak, docs/benchmarks.md). Any other file (``Memory.add``'s, left by an
         ingest that failed) and the compaction's input move to ``inbox/folded/``, as do the
         served files when nothing was published (``serve_log`` keeps those writes pending);
         of the inputs, and of those served files, the newest :data:`KEEP_FOLDED` each stay."""
