@@ -3,7 +3,7 @@ that let the whole graph run on 2 cores.
 
 Every replica asks for a fraction of a CPU: replicas default to ``num_cpus=1``, and
 three of those on a 2-CPU node never schedule (``serve.run`` blocks forever; see
-``../shared/FIELD-NOTES.md``). At their autoscaling maxima the deployments below ask for
+``docs/operations.md``). At their autoscaling maxima the deployments below ask for
 1.8 logical CPUs together. Hops are light and async, so ``max_ongoing_requests`` is
 raised well above Serve's default of 5.
 """

@@ -7,7 +7,7 @@ slow password hash: nobody can guess it from its SHA-256 faster than guessing it
 
 Why a JSON file rather than a DuckDB table: while ``helix serve`` runs, its Writer
 deployment holds the store's DuckDB file open read-write, and DuckDB then refuses every
-other process, even read-only (see ``../shared/FIELD-NOTES.md``). With a plain file,
+other process, even read-only (see ``docs/operations.md``). With a plain file,
 ``helix keys create`` works while the server runs, and every ingress replica picks a
 new or revoked key up on its next request (one ``stat`` per request; the file is
 replaced by rename, under an advisory lock so two concurrent creates do not lose one).
