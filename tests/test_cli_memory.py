@@ -340,8 +340,8 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
             # default would make every Ctrl-C wait out the whole drain).
             seen["drain"] = {_environ(pid).get("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S")
                              for pid in _descendants(procs[0].pid) if "ServeController" in _cmdline(pid)}
-            # Replicas run their handlers on their own event loop (docs/serve.md, "User
-            # code on the replica's loop").
+            # Replicas run their handlers on their own event loop (docs/operations.md,
+            # "Environment").
             seen["user_code_thread"] = {_environ(pid).get("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD")
                                         for pid in _descendants(procs[0].pid) if "ServeReplica" in _cmdline(pid)}
     finally:

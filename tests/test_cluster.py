@@ -68,7 +68,7 @@ def _placement(cluster) -> dict[str, list[int]]:
 
 def _serve_cli(cluster, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Ray's own `serve` CLI: unlike Helix's commands it sends the cluster's token only
-    with RAY_AUTH_MODE=token (what docs/serve.md tells users to set)."""
+    with RAY_AUTH_MODE=token (what docs/operations.md tells users to set)."""
     serve = str(Path(sys.executable).with_name("serve"))
     return subprocess.run([serve, *args, "-a", cluster.dashboard_url], env=cluster.env(RAY_AUTH_MODE="token"),
                           capture_output=True, text=True, timeout=timeout)
