@@ -275,9 +275,9 @@ class RankerShell(_StoreShell):
 
 
 class PipelineShell:
-    """The whole recall graph in one replica (``ServeArgs.graph = "compact"``): the
-    Embedder, both legs and the Ranker shells called in-process, so a request pays one
-    hop instead of four. The split graph scales each stage on its own; on a small host
+    """The whole recall graph in one replica (``ServeArgs.graph`` "compact", and inside the
+    ingress for "inline"): the Embedder, both legs and the Ranker shells called in-process,
+    so a request pays one hop instead of four. The split graph scales each stage on its own; on a small host
     every hop costs more than most stages (docs/benchmarks.md), and this is the faster shape.
     Like :meth:`Recaller.recall`, a lexically decisive query skips the dense leg."""
 
