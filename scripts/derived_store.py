@@ -231,7 +231,7 @@ def build_timer() -> StepTimer:
     timer.wrap(publish_mod, "build_hnsw", "publish: build_hnsw")
     timer.wrap(publish_mod, "quantize_int8", "publish: quantize_int8")
     timer.wrap(publish_mod, "build_bm25", "publish: build_bm25")
-    timer.wrap(publish_mod, "_fsync", "publish: fsync")
+    timer.wrap(publish_mod, "fsync_path", "publish: fsync")
     return timer
 
 

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from helix_ray.errors import StoreError
+from helix_ray.store.publish import fsync_path
 
 DELTA_DIR = "delta"
 FORMAT = "helix-delta"
@@ -96,20 +97,12 @@ def current_delta_version(store: Path) -> int:
         return 0
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_arrow(path: Path, table: pa.Table) -> None:
     """``table`` as an Arrow IPC file at ``path``: written aside, fsynced, renamed in."""
     tmp = path.with_name(f".tmp-{uuid.uuid4().hex[:12]}.arrow")
     with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
-    _fsync_path(tmp)
+    fsync_path(tmp)
     os.replace(tmp, path)
 
 
@@ -152,13 +145,13 @@ def publish_manifest(store: Path, version: int, segments: Sequence[str], *, dead
     final = folder / f"{version:010d}.json"
     tmp = folder / f".tmp-{uuid.uuid4().hex[:12]}.json"
     tmp.write_text(json.dumps(meta, separators=(",", ":")))
-    _fsync_path(tmp)
+    fsync_path(tmp)
     os.replace(tmp, final)
     pointer = folder / f".CURRENT.{uuid.uuid4().hex[:8]}"
     pointer.write_text(f"{version}\n")
-    _fsync_path(pointer)
+    fsync_path(pointer)
     os.replace(pointer, folder / "CURRENT")
-    _fsync_path(folder)
+    fsync_path(folder)
     _prune(folder, keep)
     return final
 

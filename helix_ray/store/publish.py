@@ -93,7 +93,8 @@ def partitions_of(users: np.ndarray | list[str]) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- files
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flush ``path`` (a file or a folder: a rename in it) to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -316,11 +317,11 @@ def _rename_durably(tmp: Path, final: Path) -> None:
     their parent: after a crash the generation is there whole, or not at all."""
     for path in tmp.rglob("*"):
         if path.is_file():
-            _fsync(path)
+            fsync_path(path)
     for folder in [tmp, *[p for p in tmp.rglob("*") if p.is_dir()]]:
-        _fsync(folder)
+        fsync_path(folder)
     os.rename(tmp, final)
-    _fsync(final.parent)
+    fsync_path(final.parent)
 
 
 # ----------------------------------------------------------------------------- CURRENT and pruning
@@ -333,9 +334,9 @@ def set_current(store: Path, number: int) -> None:
                          f"{current_generation_number(store)}.")
     pointer_tmp = store / f".CURRENT.{uuid.uuid4().hex[:8]}"
     pointer_tmp.write_text(f"{number}\n")
-    _fsync(pointer_tmp)
+    fsync_path(pointer_tmp)
     os.replace(pointer_tmp, store / "CURRENT")
-    _fsync(store)
+    fsync_path(store)
 
 
 def prune(store: Path, keep: int = 2) -> list[int]:
