@@ -3,6 +3,8 @@
     helix ingest SOURCE... --store DIR [--format auto|jsonl|parquet|markdown|transcript|locomo]
     helix recall QUERY --store DIR --user USER [--budget TOKENS] [--k N] [--explain] [--json]
     helix stats --store DIR [--json]
+    helix quarantine --store DIR [--reason CODE] [--limit N] [--json]      the records an ingest rejected
+    helix doctor --store DIR      check a store's folder, database, generation, files and keys
     helix eval {locomo,beir,longmemeval} --data PATH [--systems LIST] [--adapt-on SPLIT] [--json OUT]
     helix adapt --store DIR (--pairs FILE.jsonl | --from-feedback) [--ridge R] | --remove      fit the query adapter
     helix demo [--store DIR]      ingest the shipped sample set and answer a query
@@ -20,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from helix_ray import cli_store
+
 FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo")
 TYPES = ("episodic", "semantic", "procedural", "decision", "code")
 
@@ -30,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     _ingest_arguments(sub)
     _recall_arguments(sub)
     _stats_arguments(sub)
+    _quarantine_arguments(sub)
+    _doctor_arguments(sub)
     _eval_arguments(sub)
     _adapt_arguments(sub)
     _compact_arguments(sub)
@@ -76,6 +82,23 @@ def _stats_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     s = sub.add_parser("stats", help="counts of a store")
     s.add_argument("--store", required=True)
     s.add_argument("--json", action="store_true")
+
+
+def _quarantine_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix quarantine``: the records ingest rejected, with why and where."""
+    s = sub.add_parser("quarantine", help="list the records ingest rejected: reason, sentence, file and position")
+    s.add_argument("--store", required=True)
+    s.add_argument("--reason", help="only records of this reason code (e.g. bad_time; an unknown one lists "
+                                    "the codes this store holds)")
+    s.add_argument("--limit", type=int, default=100, help="at most this many records, oldest first (default 100)")
+    s.add_argument("--json", action="store_true", help="print the records, raw input included, as JSON")
+
+
+def _doctor_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix doctor``: check a store."""
+    s = sub.add_parser("doctor", help="check a store (folder, DuckDB, CURRENT, manifest, files, keys) and say how "
+                                      "to fix what is wrong; exits 1 if anything is")
+    s.add_argument("--store", required=True)
 
 
 def _eval_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -181,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": _demo, "adapt": _adapt,
-                "serve": _serve, "keys": _keys, "compact": _compact}[args.command](args)
+                "serve": _serve, "keys": _keys, "compact": _compact, "quarantine": cli_store.quarantine,
+                "doctor": cli_store.doctor}[args.command](args)
     except Exception as exc:  # noqa: BLE001 - the CLI prints a sentence, not a traceback
         from helix_ray.errors import HelixError
 
