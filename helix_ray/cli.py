@@ -3,11 +3,18 @@
     helix ingest SOURCE... --store DIR [--format auto|jsonl|parquet|markdown|transcript|locomo]
     helix recall QUERY --store DIR --user USER [--budget TOKENS] [--k N] [--explain] [--json]
     helix stats --store DIR [--json]
+    helix quarantine --store DIR [--reason CODE] [--limit N] [--json]      the records an ingest rejected
+    helix doctor --store DIR      check a store's folder, database, generation, files and keys
     helix eval {locomo,beir,longmemeval} --data PATH [--systems LIST] [--adapt-on SPLIT] [--json OUT]
     helix adapt --store DIR (--pairs FILE.jsonl | --from-feedback) [--ridge R] | --remove      fit the query adapter
     helix demo [--store DIR]      ingest the shipped sample set and answer a query
     helix serve --store DIR [--host 127.0.0.1] [--port 8000] [--no-auth] [--graph auto|split|compact|inline] [--ha-proxy]
     helix keys create|list|revoke --store DIR [--user USER | KEY_ID]
+    helix --version
+
+Exit codes: 0 done; 1 done, but with nothing to show for it (an ingest that accepted no
+record, a doctor that found a problem); 2 refused (a bad argument, a missing store: the
+sentence on stderr says which and how to fix it).
 """
 
 from __future__ import annotations
@@ -20,16 +27,23 @@ import time
 from pathlib import Path
 from typing import Any
 
+from helix_ray import cli_store
+
 FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo")
 TYPES = ("episodic", "semantic", "procedural", "decision", "code")
 
 
 def _parser() -> argparse.ArgumentParser:
+    from helix_ray import __version__
+
     p = argparse.ArgumentParser(prog="helix", description="Helix: memory recall for coding agents.")
+    p.add_argument("--version", action="version", version=f"helix {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     _ingest_arguments(sub)
     _recall_arguments(sub)
     _stats_arguments(sub)
+    _quarantine_arguments(sub)
+    _doctor_arguments(sub)
     _eval_arguments(sub)
     _adapt_arguments(sub)
     _compact_arguments(sub)
@@ -59,7 +73,8 @@ def _recall_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     s.add_argument("query")
     s.add_argument("--store", required=True)
     s.add_argument("--user", required=True, help="tenant whose memories to search")
-    s.add_argument("--budget", type=int, default=1024, help="token budget of the packed result (default 1024)")
+    s.add_argument("--budget", type=int, help="token budget of the packed result (default: default_budget_tokens "
+                   "of the retrieval settings, as for POST /v1/recall; see docs/configuration.md)")
     s.add_argument("--k", type=int, default=10, help="items to select before packing (default 10)")
     s.add_argument("--project")
     s.add_argument("--type", dest="types", action="append", choices=TYPES, help="repeat for several")
@@ -75,6 +90,23 @@ def _stats_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     s = sub.add_parser("stats", help="counts of a store")
     s.add_argument("--store", required=True)
     s.add_argument("--json", action="store_true")
+
+
+def _quarantine_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix quarantine``: the records ingest rejected, with why and where."""
+    s = sub.add_parser("quarantine", help="list the records ingest rejected: reason, sentence, file and position")
+    s.add_argument("--store", required=True)
+    s.add_argument("--reason", help="only records of this reason code (e.g. bad_time; an unknown one lists "
+                                    "the codes this store holds)")
+    s.add_argument("--limit", type=int, default=100, help="at most this many records, oldest first (default 100)")
+    s.add_argument("--json", action="store_true", help="print the records, raw input included, as JSON")
+
+
+def _doctor_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix doctor``: check a store."""
+    s = sub.add_parser("doctor", help="check a store (folder, DuckDB, CURRENT, manifest, files, keys) and say how "
+                                      "to fix what is wrong; exits 1 if anything is")
+    s.add_argument("--store", required=True)
 
 
 def _eval_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -171,7 +203,8 @@ def _keys_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     k.add_argument("--store", required=True)
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.command in ("recall", "eval"):
         # The query path multiplies tiny matrices: a second BLAS thread only adds hand-off
         # cost, and much more of it on a busy host (docs/benchmarks.md). Serve replicas get
@@ -180,14 +213,33 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": _demo, "adapt": _adapt,
-                "serve": _serve, "keys": _keys, "compact": _compact}[args.command](args)
+                "serve": _serve, "keys": _keys, "compact": _compact, "quarantine": cli_store.quarantine,
+                "doctor": cli_store.doctor}[args.command](args)
     except Exception as exc:  # noqa: BLE001 - the CLI prints a sentence, not a traceback
-        from helix_ray.errors import HelixError
+        from helix_ray.errors import HelixError, InvalidArgument
 
+        if isinstance(exc, InvalidArgument):
+            exc = _as_typed(exc, parser, args.command)
         if isinstance(exc, (HelixError, ValueError, FileNotFoundError)):
             print(f"helix {args.command}: {exc}", file=sys.stderr)
             return 2
         raise
+
+
+#: Library argument names whose flag is spelled otherwise; the rest are ``--<name>``.
+FLAGS = {"budget_tokens": "--budget", "types": "--type", "fmt": "--format"}
+
+
+def _as_typed(exc: Any, parser: argparse.ArgumentParser, command: str) -> Any:
+    """``exc`` (an InvalidArgument) naming the flag the user typed (``--budget``, not
+    ``budget_tokens``), when ``command`` has that flag; else ``exc`` as it is."""
+    from helix_ray.errors import InvalidArgument
+
+    flag = FLAGS.get(exc.name, "--" + exc.name.replace("_", "-"))
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    if flag not in commands[command]._option_string_actions:
+        return exc
+    return InvalidArgument(flag, exc.received, exc.allowed, exc.fix)
 
 
 def _ingest_config(args: argparse.Namespace):
@@ -208,6 +260,12 @@ def _ingest(args: argparse.Namespace) -> int:
         print(json.dumps(report.as_dict(), indent=1, default=str))
     else:
         print(_format_report(report))
+    if report.accepted == 0:  # exit 1: a script that ingests and then recalls should stop here
+        why = (f"all {report.quarantined} records were quarantined; `helix quarantine --store {args.store}` lists "
+               "them with their reasons" if report.read else
+               "the sources held no records; check the paths and --format")
+        print(f"helix ingest: accepted nothing: {why}.", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -227,6 +285,10 @@ def _format_report(report) -> str:
 
 
 def _recall(args: argparse.Namespace) -> int:
+    """A recall that finds nothing exits 0, with no items and, when the user has no
+    memories at all (or the store no generation), a sentence on stderr: an empty answer
+    is a true one (a new user's first session), and an agent's hook that recalls before
+    every prompt must not fail on it; the sentence still catches a mistyped --user."""
     from helix_ray.config import RetrievalConfig, load_config
     from helix_ray.memory import Memory
 
@@ -237,6 +299,9 @@ def _recall(args: argparse.Namespace) -> int:
     with Memory(args.store, retrieval=config) as mem:
         result = mem.recall(args.query, user=args.user, budget_tokens=args.budget, k=args.k, project=args.project,
                             types=args.types, since=args.since, until=args.until, explain=args.explain)
+    empty = _nothing_to_recall(result, args.store)
+    if empty:
+        print(f"helix recall: {empty}", file=sys.stderr)
     if args.json:
         print(json.dumps(result.as_dict(), indent=1, default=str))
         return 0
@@ -247,6 +312,19 @@ def _recall(args: argparse.Namespace) -> int:
         with pl.Config(tbl_rows=200, tbl_cols=20, fmt_str_lengths=24, tbl_width_chars=200):
             print(result.explain)
     return 0
+
+
+def _nothing_to_recall(result, store: str) -> str | None:
+    """Why ``result`` could hold nothing whatever the query, or None."""
+    if result.items:
+        return None
+    if result.generation is None:
+        return (f"store {store} has no published generation yet, so nothing to recall; "
+                f"`helix ingest SOURCE --store {store}` adds memories.")
+    if result.flags.get("empty_scope"):
+        return (f"user {result.user!r} has no memories in generation {result.generation} of {store}; check --user "
+                f"(`helix stats --store {store}` counts each user's memories).")
+    return None
 
 
 def _format_result(result) -> str:

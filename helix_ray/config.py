@@ -416,6 +416,12 @@ class DiversityConfig(_Strict):
     since the turn next to a relevant one is often the evidence (docs/quality.md)."""
 
 
+#: Token budget of a recall that names none: ``default_budget_tokens`` of the retrieval
+#: settings, which the CLI's ``--budget``, ``Memory.recall`` and ``POST /v1/recall`` fall
+#: back on alike.
+DEFAULT_BUDGET_TOKENS = 1024
+
+
 class PackConfig(_Strict):
     """Token-budgeted packing of the selected items, in lost-in-the-middle order."""
 
@@ -449,8 +455,9 @@ class RetrievalConfig(_Strict):
     rerank: RerankConfig = RerankConfig()
     diversity: DiversityConfig = DiversityConfig()
     pack: PackConfig = PackConfig()
-    default_budget_tokens: int = Field(1024, ge=1)
-    """Token budget of a recall that names none."""
+    default_budget_tokens: int = Field(DEFAULT_BUDGET_TOKENS, ge=1)
+    """Token budget of a recall that names none (the CLI without --budget, an HTTP recall
+    without budget_tokens)."""
     default_k: int = Field(10, ge=1, le=200)
     """Items selected before packing when a recall names no k."""
 

@@ -53,7 +53,7 @@ GENERATION_SCHEMA = pa.schema(list(MEMORY_SCHEMA) + DERIVED_FIELDS)
 QUARANTINE_SCHEMA = pa.schema(
     [
         pa.field("source", pa.string()),
-        pa.field("position", pa.string()),  # line number, row index or section anchor
+        pa.field("position", pa.string()),  # 'line 3', 'row 3', or a Markdown file and section
         pa.field("reason", pa.string()),
         pa.field("raw", pa.string()),  # the record as received, JSON or repr
     ]

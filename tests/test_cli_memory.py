@@ -57,7 +57,7 @@ def test_cli_errors_are_sentences_not_tracebacks(tmp_path):
     bad = helix("recall", "  ", "--store", store, "--user", "dana", check=False)
     assert bad.returncode == 2 and "Got query=" in bad.stderr and "Traceback" not in bad.stderr
     bad = helix("recall", "x", "--store", store, "--user", "dana", "--budget", "0", check=False)
-    assert bad.returncode == 2 and "budget_tokens=0" in bad.stderr
+    assert bad.returncode == 2 and "Got --budget=0" in bad.stderr
     missing = helix("stats", "--store", str(tmp_path / "nope"), check=False)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     # a mistyped store is an error, not an empty store created on the spot

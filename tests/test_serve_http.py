@@ -365,6 +365,16 @@ def test_malformed_recall_requests_get_4xx_sentences(alice, body, status, says):
     assert response.status_code == status and says in response.json()["detail"], response.text
 
 
+def test_a_recall_without_a_budget_packs_into_the_settings_default(alice):
+    """Protects: POST /v1/recall without budget_tokens and `helix recall` without --budget
+    pack into the same default, the settings' default_budget_tokens."""
+    from helix_ray.config import DEFAULT_BUDGET_TOKENS
+
+    response = alice.post("/v1/recall", json={"query": "how do I rotate the API keys?"})
+    assert response.status_code == 200, response.text
+    assert response.json()["budget_tokens"] == DEFAULT_BUDGET_TOKENS
+
+
 def _nested(levels: int) -> dict:
     out: dict = {"leaf": 1}
     for _ in range(levels - 1):

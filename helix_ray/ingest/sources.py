@@ -1,7 +1,8 @@
 """Stage 1: read sources into raw records.
 
 A raw record is a plain dict as the source gave it, plus ``_source`` (path) and
-``_position`` (line, row or section) so a rejected record can be traced. Nothing is
+``_position`` (``line 3``, ``row 3``; for Markdown the file's name and the section,
+``notes/ops.md, section 'Deploy'``) so a rejected record can be traced. Nothing is
 validated here: bad rows travel on to :mod:`helix_ray.ingest.normalize`, which
 quarantines them with a reason. Only an unreadable *file* raises.
 
@@ -157,14 +158,18 @@ def read_markdown(path: Path) -> Iterator[RawRecord]:
     files = sorted(_files(path, MARKDOWN_SUFFIXES)) if path.is_dir() else [path]
     if path.is_dir():  # memories a folder holds but a folder source does not read: said, not dropped
         for other in sorted(_files(path, DATA_SUFFIXES)):
-            yield _bad(other, "file", "not_read", f"a folder source reads only its Markdown (.md, .markdown) files, not this "
-                       f"{other.suffix} file: pass it as a source of its own (helix ingest {other} ...)", "")
+            yield _bad(other, f"{other.relative_to(path)}, whole file", "not_read", "a folder source reads only its "
+                       f"Markdown (.md, .markdown) files, not this {other.suffix} file: pass it as a source of its "
+                       f"own (helix ingest {other} ...)", "")
     for file in files:
+        # Positions name the file too: a folder source's sections would read alike otherwise.
+        rel = file.name if not path.is_dir() else str(file.relative_to(path))
         raw = file.read_bytes()
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            yield _bad(file, "file", "invalid_utf8", f"invalid UTF-8 ({exc.reason} at byte {exc.start})", raw)
+            yield _bad(file, f"{rel}, whole file", "invalid_utf8", f"invalid UTF-8 ({exc.reason} at byte {exc.start})",
+                       raw)
             continue
         defaults: dict[str, Any] = {}
         match = _FRONT_MATTER.match(text)
@@ -174,11 +179,12 @@ def read_markdown(path: Path) -> Iterator[RawRecord]:
             try:
                 loaded = yaml.safe_load(match.group(1)) or {}
             except yaml.YAMLError as exc:
-                yield _bad(file, "front matter", "bad_json", f"front matter is not valid YAML ({exc})", match.group(1))
+                yield _bad(file, f"{rel}, front matter", "bad_json", f"front matter is not valid YAML ({exc})",
+                           match.group(1))
                 continue
             if not isinstance(loaded, dict) or not isinstance(loaded.get("metadata", {}), dict):
-                yield _bad(file, "front matter", "wrong_type", "front matter must be a YAML mapping (key: value), "
-                           "and its metadata, if any, a mapping too", text)
+                yield _bad(file, f"{rel}, front matter", "wrong_type", "front matter must be a YAML mapping "
+                           "(key: value), and its metadata, if any, a mapping too", text)
                 continue
             # An id names one memory: it cannot be every section's default.
             defaults = {k: (v.isoformat() if isinstance(v, (dt.date, dt.datetime)) else v) for k, v in loaded.items()
@@ -195,10 +201,9 @@ def read_markdown(path: Path) -> Iterator[RawRecord]:
         for i, head in enumerate(heads):
             end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
             pieces.append((head.group(1), text[head.end():end].strip()))
-        rel = file.name if not path.is_dir() else str(file.relative_to(path))
         if not pieces:
-            yield _bad(file, "file", "empty_text", "the file has no text outside its title: nothing to remember "
-                       "(write the memory under the title or under ## headings)", text[:200])
+            yield _bad(file, f"{rel}, whole file", "empty_text", "the file has no text outside its title: nothing to "
+                       "remember (write the memory under the title or under ## headings)", text[:200])
         taken: set[str] = set()
         for heading, body in pieces:
             slug = _slug(heading, taken)
@@ -210,7 +215,7 @@ def read_markdown(path: Path) -> Iterator[RawRecord]:
                 record["text"] = ""
             record["metadata"] = {**(record.get("metadata") or {}), "file": rel, "section": heading}
             record["id"] = f"md:{rel}#{slug}"
-            yield _tag(record, file, f"section '{heading}'")
+            yield _tag(record, file, f"{rel}, section '{heading}'")
 
 
 def _slug(heading: str, taken: set[str]) -> str:

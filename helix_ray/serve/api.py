@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
-from helix_ray.config import RetrievalConfig, deep_merge
+from helix_ray.config import DEFAULT_BUDGET_TOKENS, RetrievalConfig, deep_merge
 from helix_ray.errors import InvalidArgument, short_repr
 from helix_ray.schema import MEMORY_TYPES
 
@@ -34,7 +34,9 @@ class RecallRequest(_Request):
     user is used (and a different ``user`` is refused)."""
 
     query: str = Field(description="The question to recall memories for (non-empty, at most 8000 characters).")
-    budget_tokens: int = Field(description="Token budget of the packed result (cl100k tokens, > 0).")
+    budget_tokens: int | None = Field(None, description="Token budget of the packed result (cl100k tokens, > 0; "
+                                                        "default `default_budget_tokens` of the settings, "
+                                                        f"{DEFAULT_BUDGET_TOKENS}).")
     user: str | None = Field(None, description="The tenant; defaults to the API key's user.")
     project: str | None = Field(None, description="Only memories of this project.")
     types: list[str] | None = Field(None, description="Only these memory types: episodic, semantic, procedural, "

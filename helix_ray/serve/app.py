@@ -247,10 +247,11 @@ class HelixAPI(SplitGraph):
         user = self.user_for(authorization, body.user)
         config = self.config()
         k = config.default_k if body.k is None else body.k
+        budget = config.default_budget_tokens if body.budget_tokens is None else body.budget_tokens
         # The library's own checks, before any hop: the same sentences as in Python.
-        make_scope(query=body.query, user=user, budget_tokens=body.budget_tokens, k=k, project=body.project,
+        make_scope(query=body.query, user=user, budget_tokens=budget, k=k, project=body.project,
                    types=body.types, since=body.since, until=body.until)
-        request = dict(budget_tokens=body.budget_tokens, k=k, project=body.project, types=body.types,
+        request = dict(budget_tokens=budget, k=k, project=body.project, types=body.types,
                        since=body.since, until=body.until, explain=body.explain)
         hop = time.perf_counter()
         if self.local is not None:  # the inline graph: no hop

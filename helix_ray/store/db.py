@@ -318,7 +318,19 @@ class StoreDB:
             return []
         return [{"user": u, "query": q, "memory_ids": list(ids)} for u, q, ids in rows]
 
-    def quarantine(self, limit: int = 100) -> list[dict[str, Any]]:
-        cur = self.con.execute("SELECT source, position, reason, raw FROM quarantine ORDER BY quarantined_at LIMIT ?", [limit])
+    def quarantine(self, limit: int = 100, reason: str | None = None) -> list[dict[str, Any]]:
+        """Rejected records, oldest first: ``reason`` reads ``"<code>: <sentence>"``; with
+        ``reason`` given, only those of that code. ``quarantined_at`` is ISO-8601 text in
+        UTC (a TIMESTAMPTZ fetched as a datetime needs pytz)."""
+        where, params = ("WHERE split_part(reason, ':', 1) = ?", [reason]) if reason else ("", [])
+        cur = self.con.execute(
+            "SELECT source, position, reason, raw, ingest_run, "
+            "strftime(timezone('UTC', quarantined_at), '%Y-%m-%dT%H:%M:%S.%fZ') AS quarantined_at FROM quarantine "
+            f"{where} ORDER BY quarantined_at, rowid LIMIT ?", [*params, limit])
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+    def quarantine_reasons(self) -> dict[str, int]:
+        """Reason code → how many quarantined records carry it, the most frequent first."""
+        return dict(self.con.execute(
+            "SELECT split_part(reason, ':', 1), count(*) FROM quarantine GROUP BY 1 ORDER BY 2 DESC, 1").fetchall())
