@@ -36,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     _demo_arguments(sub)
     _serve_arguments(sub)
     _keys_arguments(sub)
+    _mcp_arguments(sub)
     return p
 
 
@@ -170,6 +171,18 @@ def _keys_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     k.add_argument("key_id")
     k.add_argument("--store", required=True)
 
+def _mcp_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix mcp``: the tools for coding agents (Model Context Protocol)."""
+    s = sub.add_parser("mcp", help="serve recall/remember/forget to a coding agent over MCP (stdio)")
+    s.add_argument("--store", help="store folder opened in this process (created empty if missing)")
+    s.add_argument("--user", help="with --store: the one user whose memories the tools read and write")
+    s.add_argument("--project", help="project that `remember` files memories under when the agent names none")
+    s.add_argument("--server", metavar="URL", help="a running `helix serve` instead of --store (e.g. http://127.0.0.1:8000)")
+    s.add_argument("--key", help="with --server: an API key; its user is the tenant")
+    s.add_argument("--http", action="store_true", help="MCP's streamable HTTP transport on 127.0.0.1 instead of stdio")
+    s.add_argument("--port", type=int, default=8765, help="with --http (default 8765); the path is /mcp")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in ("recall", "eval"):
@@ -180,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": _demo, "adapt": _adapt,
-                "serve": _serve, "keys": _keys, "compact": _compact}[args.command](args)
+                "serve": _serve, "keys": _keys, "compact": _compact, "mcp": _mcp}[args.command](args)
     except Exception as exc:  # noqa: BLE001 - the CLI prints a sentence, not a traceback
         from helix_ray.errors import HelixError
 
@@ -517,6 +530,20 @@ def _keys(args: argparse.Namespace) -> int:
     else:
         record = keys.revoke(args.key_id)
         print(f"revoked key {record.key_id} of user {record.user!r}")
+    return 0
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    import logging
+
+    from helix_ray import mcp_server
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="helix mcp: %(message)s")  # stdout: MCP
+    backend = mcp_server.open_backend(store=args.store, user=args.user, server=args.server, key=args.key)
+    if args.http:
+        mcp_server.run_http(backend, project=args.project, port=args.port)
+    else:
+        mcp_server.run_stdio(backend, project=args.project)
     return 0
 
 
