@@ -536,6 +536,7 @@ def _keys(args: argparse.Namespace) -> int:
 def _mcp(args: argparse.Namespace) -> int:
     import logging
 
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as for `helix recall`: before numpy loads
     from helix_ray import mcp_server
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="helix mcp: %(message)s")  # stdout: MCP

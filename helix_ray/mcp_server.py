@@ -37,6 +37,9 @@ from helix_ray.errors import HelixError, InvalidArgument, StoreError
 
 log = logging.getLogger(__name__)
 
+#: Recall hits go to the access log in batches, this often (seconds).
+ACCESS_FLUSH_S = 1.0
+
 #: The packed result's token budget when ``recall`` is not given one (the CLI's ``--budget``).
 DEFAULT_BUDGET_TOKENS = 1024
 
@@ -88,6 +91,7 @@ class Local:
         self.writer = _holding(lambda: WriterShell(self.store, ingest, compact_interval_s=compact_interval_s),
                                self.store)
         self.pipeline = PipelineShell(self.store, ingest)
+        self._accessed: list[tuple[str, str, int]] = []  # recall hits not yet in the access log
 
     def _config(self) -> Any:
         from helix_ray.serve.api import check_settings
@@ -110,9 +114,14 @@ class Local:
         out = await self.pipeline.recall(query, user=self.user, config=config, **request)
         if out["items"]:  # recency: what was returned counts as accessed, as in every front door
             now_us = int(time.time() * 1_000_000)
-            hits = [(item["id"], self.user, now_us) for item in out["items"]]
-            asyncio.get_running_loop().run_in_executor(None, self.writer.accessed, hits)
+            if not self._accessed:  # sent to the Writer once a second, as the HTTP ingress does
+                asyncio.get_running_loop().call_later(ACCESS_FLUSH_S, self._flush_accessed)
+            self._accessed.extend((item["id"], self.user, now_us) for item in out["items"])
         return out
+
+    def _flush_accessed(self) -> None:
+        hits, self._accessed = self._accessed, []
+        asyncio.get_running_loop().run_in_executor(None, self.writer.accessed, hits)
 
     async def remember(self, record: dict[str, Any]) -> dict[str, Any]:
         from helix_ray.serve.api import MemoryIn, request_error_sentence

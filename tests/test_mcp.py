@@ -103,6 +103,8 @@ def test_remember_recall_forget_round_trip_without_a_new_generation(store):
             found = await call(s, "recall", query="why did we pin uvicorn to 0.30?", k=5)
             assert memory_id in recalled_ids(found)  # the very next recall
             assert fact in text(found) and f"[{memory_id}] decision" in text(found)
+            await asyncio.sleep(1.5)  # recall hits reach the access log (recency) once a second
+            assert memory_id in (store / "delta" / "ACCESSES.jsonl").read_text()
             forgot = await call(s, "forget", memory_id=memory_id)
             assert not forgot.is_error, text(forgot)
             assert memory_id not in recalled_ids(await call(s, "recall", query="why did we pin uvicorn to 0.30?"))
