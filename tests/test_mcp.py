@@ -226,3 +226,36 @@ def test_a_store_held_by_another_process_points_to_the_server_option(store):
                              env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "--server" in out.stderr and out.stdout == ""
+
+
+def test_the_streamable_http_transport_serves_the_same_tools(store):
+    from mcp.client.streamable_http import streamable_http_client
+
+    from helix_ray.runtime import spare_port
+
+    port = spare_port()
+    server = subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "mcp", "--store", str(store), "--user", "dana",
+                               "--http", "--port", str(port)], env=ENV, cwd=ROOT, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    async def run() -> list[str]:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write):
+                    async with ClientSession(read, write) as s:
+                        await s.initialize()
+                        assert {t.name for t in (await s.list_tools()).tools} == TOOLS
+                        return recalled_ids(await call(s, "recall", query="why did we choose NATS for the event bus?"))
+            except OSError:  # not listening yet
+                pass
+            except Exception as exc:  # noqa: BLE001 - the SDK wraps a refused connection in a group
+                if "connect" not in repr(exc).lower() or time.monotonic() > deadline or server.poll() is not None:
+                    raise
+            await asyncio.sleep(0.5)
+
+    try:
+        assert asyncio.run(run())
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
