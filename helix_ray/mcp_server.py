@@ -20,6 +20,8 @@ is the protocol.
 import asyncio
 import json
 import logging
+import signal
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -50,7 +52,8 @@ class Backend(Protocol):
 
     user: str
 
-    async def recall(self, query: str, **request: Any) -> dict[str, Any]: ...
+    async def recall(self, query: str, *, budget_tokens: int, k: int | None, project: str | None,
+                     types: list[str] | None, since: str | None, until: str | None) -> dict[str, Any]: ...
 
     async def remember(self, record: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -101,16 +104,14 @@ class Local:
         overrides = json.loads(path.read_text()) if path.is_file() else {}
         return check_settings({}, overrides)
 
-    async def recall(self, query: str, **request: Any) -> dict[str, Any]:
-        import time
-
+    async def recall(self, query: str, *, budget_tokens: int, k: int | None, project: str | None,
+                     types: list[str] | None, since: str | None, until: str | None) -> dict[str, Any]:
         from helix_ray.recall.scope import make_scope
 
         config = self._config()
-        if request.get("k") is None:
-            request["k"] = config.default_k
-        make_scope(query=query, user=self.user, **{k: request[k] for k in (
-            "budget_tokens", "k", "project", "types", "since", "until")})  # the HTTP API's own check
+        request: dict[str, Any] = dict(budget_tokens=budget_tokens, k=config.default_k if k is None else k,
+                                       project=project, types=types, since=since, until=until)
+        make_scope(query=query, user=self.user, **request)  # what POST /v1/recall checks, before any stage
         out = await self.pipeline.recall(query, user=self.user, config=config, **request)
         if out["items"]:  # recency: what was returned counts as accessed, as in every front door
             now_us = int(time.time() * 1_000_000)
@@ -192,8 +193,10 @@ class Remote:
             raise StoreError(f"Could not reach the Helix server at {self.url} ({exc.reason}); is `helix serve` "
                              "running there?") from None
 
-    async def recall(self, query: str, **request: Any) -> dict[str, Any]:
-        body = {"query": query, **{k: v for k, v in request.items() if v is not None}}
+    async def recall(self, query: str, *, budget_tokens: int, k: int | None, project: str | None,
+                     types: list[str] | None, since: str | None, until: str | None) -> dict[str, Any]:
+        request = dict(budget_tokens=budget_tokens, k=k, project=project, types=types, since=since, until=until)
+        body = {"query": query, **{name: v for name, v in request.items() if v is not None}}
         return await asyncio.to_thread(self._call, "POST", "/v1/recall", body)
 
     async def remember(self, record: dict[str, Any]) -> dict[str, Any]:
@@ -365,8 +368,18 @@ def open_backend(*, store: str | None = None, user: str | None = None, server: s
     return Local(store, user)
 
 
+def _exit_on_sigterm() -> None:
+    """SIGTERM (how a client or a supervisor stops a server) closes the store as the end
+    of input does, instead of ending the process where it stands."""
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def run_stdio(backend: Backend, *, project: str | None = None) -> None:
     """Serve MCP over stdin/stdout until the client closes it; then close the store."""
+    _exit_on_sigterm()
     try:
         build_server(backend, project=project).run("stdio")
     finally:
@@ -375,6 +388,7 @@ def run_stdio(backend: Backend, *, project: str | None = None) -> None:
 
 def run_http(backend: Backend, *, project: str | None = None, port: int = 8765) -> None:
     """Serve MCP's streamable HTTP transport on 127.0.0.1:``port`` (path ``/mcp``)."""
+    _exit_on_sigterm()
     try:
         build_server(backend, project=project).run("streamable-http", host="127.0.0.1", port=port)
     finally:

@@ -258,4 +258,5 @@ def test_the_streamable_http_transport_serves_the_same_tools(store):
         assert asyncio.run(run())
     finally:
         server.terminate()
-        server.wait(timeout=30)
+        code = server.wait(timeout=30)
+    assert code == 0, "SIGTERM should close the store and exit cleanly"
