@@ -262,6 +262,8 @@ _TYPES = "episodic (what happened), semantic (facts), procedural (how to), decis
 def build_server(backend: Backend, *, project: str | None = None) -> MCPServer:
     """The MCP server with Helix's tools over ``backend``; ``project``: the project
     ``remember`` files memories under when the call names none."""
+    default_project = project  # the tools' own `project` argument shadows it
+
     async def recall(
         query: Annotated[str, Field(description="What to remember, as a question or keywords (non-empty).")],
         budget_tokens: Annotated[int, Field(description="Token budget of the packed context (> 0).")]
@@ -324,7 +326,6 @@ def build_server(backend: Backend, *, project: str | None = None) -> MCPServer:
         store's current generation."""
         return await _helix(backend.stats())
 
-    default_project = project
     return MCPServer(
         "helix", version=__version__, log_level="WARNING",
         tools=[_strict(Tool.from_function(fn)) for fn in (recall, remember, forget, feedback, stats)],

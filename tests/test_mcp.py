@@ -54,8 +54,8 @@ def server_params(*args: str) -> StdioServerParameters:
 
 
 @asynccontextmanager
-async def session(store: Path, user: str) -> AsyncIterator[ClientSession]:
-    async with stdio_client(server_params("--store", str(store), "--user", user)) as (read, write):
+async def session(store: Path, user: str, *options: str) -> AsyncIterator[ClientSession]:
+    async with stdio_client(server_params("--store", str(store), "--user", user, *options)) as (read, write):
         async with ClientSession(read, write) as s:
             await s.initialize()
             yield s
@@ -135,6 +135,17 @@ def test_a_server_for_one_user_never_reaches_another_users_memories(store):
             assert foreign.is_error
         async with session(store, "alice") as s:  # bob's forget did not touch it
             assert alice_id in recalled_ids(await call(s, "recall", query="staging database password"))
+
+    asyncio.run(run())
+
+
+def test_project_given_at_start_files_what_remember_writes(store):
+    async def run() -> None:
+        async with session(store, "dana", "--project", "billing") as s:
+            memory_id = text(await call(s, "remember", text="Invoices are generated nightly at 02:00 UTC."))
+            question = "when are invoices generated?"
+            assert memory_id in recalled_ids(await call(s, "recall", query=question, project="billing"))
+            assert memory_id not in recalled_ids(await call(s, "recall", query=question, project="atlas"))
 
     asyncio.run(run())
 
