@@ -10,6 +10,7 @@
     helix demo [--store DIR]      ingest the shipped sample set and answer a query
     helix serve --store DIR [--host 127.0.0.1] [--port 8000] [--no-auth] [--graph auto|split|compact|inline] [--ha-proxy]
     helix keys create|list|revoke --store DIR [--user USER | KEY_ID]
+    helix mcp (--store DIR --user USER [--project P] | --server URL --key KEY) [--http [--port N]]
     helix --version
 
 Exit codes: 0 done; 1 done, but with nothing to show for it (an ingest that accepted no
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from helix_ray import cli_store
+from helix_ray import cli_adapt, cli_store
 
 FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo")
 TYPES = ("episodic", "semantic", "procedural", "decision", "code")
@@ -50,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     _demo_arguments(sub)
     _serve_arguments(sub)
     _keys_arguments(sub)
+    _mcp_arguments(sub)
     return p
 
 
@@ -202,6 +204,18 @@ def _keys_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     k.add_argument("key_id")
     k.add_argument("--store", required=True)
 
+def _mcp_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix mcp``: the tools for coding agents (Model Context Protocol)."""
+    s = sub.add_parser("mcp", help="serve recall/remember/forget to a coding agent over MCP (stdio)")
+    s.add_argument("--store", help="store folder opened in this process (created empty if missing)")
+    s.add_argument("--user", help="with --store: the one user whose memories the tools read and write")
+    s.add_argument("--project", help="project that `remember` files memories under when the agent names none")
+    s.add_argument("--server", metavar="URL", help="a running `helix serve` instead of --store (e.g. http://127.0.0.1:8000)")
+    s.add_argument("--key", help="with --server: an API key; its user is the tenant")
+    s.add_argument("--http", action="store_true", help="MCP's streamable HTTP transport on 127.0.0.1 instead of stdio")
+    s.add_argument("--port", type=int, default=8765, help="with --http (default 8765); the path is /mcp")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -212,9 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         # numpy loads; an explicit setting wins.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
-        return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": _demo, "adapt": _adapt,
-                "serve": _serve, "keys": _keys, "compact": _compact, "quarantine": cli_store.quarantine,
-                "doctor": cli_store.doctor}[args.command](args)
+        return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": _demo,
+                "adapt": cli_adapt.adapt, "serve": _serve, "keys": _keys, "compact": _compact,
+                "quarantine": cli_store.quarantine, "doctor": cli_store.doctor, "mcp": _mcp}[args.command](args)
     except Exception as exc:  # noqa: BLE001 - the CLI prints a sentence, not a traceback
         from helix_ray.errors import HelixError, InvalidArgument
 
@@ -419,59 +433,6 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _adapt(args: argparse.Namespace) -> int:
-    from helix_ray.errors import InvalidArgument
-    from helix_ray.recall import adapter
-
-    path = Path(args.store) / adapter.ADAPTER_FILE
-    if args.remove:
-        existed = path.exists()
-        path.unlink(missing_ok=True)
-        out = {"removed": existed, "path": str(path)}
-        print(json.dumps(out) if args.json else ("removed " if existed else "no adapter at ") + str(path))
-        return 0
-    if bool(args.pairs) == bool(args.from_feedback):
-        raise InvalidArgument("--pairs", args.pairs, "give either a JSONL file of labelled queries (--pairs) or "
-                              "--from-feedback, or --remove")
-    pairs = []
-    if args.from_feedback:
-        from helix_ray.store.db import DB_FILE, StoreDB
-
-        if not (Path(args.store) / DB_FILE).is_file():
-            raise InvalidArgument("--store", args.store, f"it must be a Helix store (a folder with {DB_FILE})")
-        with StoreDB(Path(args.store), read_only=True) as db:
-            pairs = db.feedback_pairs(args.users)
-        adapter.require_feedback(pairs, args.users, how="Memory.feedback or the server's POST /v1/feedback")
-    elif args.users:
-        raise InvalidArgument("--user", args.users, "it filters --from-feedback; a --pairs file names its users")
-    for n, line in enumerate(Path(args.pairs).read_text(encoding="utf-8").splitlines() if args.pairs else [],
-                             start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            ids = row["memory_ids"]
-            pairs.append({"query": str(row["query"]), "user": str(row["user"]),
-                          "memory_ids": [str(i) for i in (ids if isinstance(ids, list) else [ids])]})
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InvalidArgument(f"{args.pairs} line {n}", line[:120],
-                                  'each line must be a JSON object {"query": str, "user": str, "memory_ids": '
-                                  f"[str, ...]}} ({exc})") from None
-    report = adapter.fit_store(args.store, pairs, ridge=args.ridge, force=args.force)
-    if args.json:
-        print(json.dumps(report))
-    else:
-        cv = report["cv_mrr@10"]
-        adapted = cv[f"ridge={report['ridge']:g}"]
-        print(f"{report['queries']} distinct queries from {report['pairs']} pairs ({report['skipped_queries']} "
-              f"without a memory the current generation holds for that user; {report['skipped_ids']} ids skipped); "
-              f"ridge {report['ridge']:g}; cross-validated MRR@10 raw {cv['identity']:.4f} → adapted {adapted:.4f} "
-              f"(gain {report['cv_gain']:+.4f} ± {report['cv_gain_stderr']:.4f})")
-        print(f"saved to {report['path']}" if report["saved"] else
-              "not saved: the gain is not above twice its standard error (use --force to save it anyway)")
-    return 0
-
-
 def _compact(args: argparse.Namespace) -> int:
     """Fold the writes a server took into the next generation. With a server running, its
     Writer holds the store (DuckDB has one writer): use POST /v1/admin/compact there."""
@@ -595,6 +556,21 @@ def _keys(args: argparse.Namespace) -> int:
     else:
         record = keys.revoke(args.key_id)
         print(f"revoked key {record.key_id} of user {record.user!r}")
+    return 0
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    import logging
+
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as for `helix recall`: before numpy loads
+    from helix_ray import mcp_server
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="helix mcp: %(message)s")  # stdout: MCP
+    backend = mcp_server.open_backend(store=args.store, user=args.user, server=args.server, key=args.key)
+    if args.http:
+        mcp_server.run_http(backend, project=args.project, port=args.port)
+    else:
+        mcp_server.run_stdio(backend, project=args.project)
     return 0
 
 

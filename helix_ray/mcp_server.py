@@ -1,0 +1,396 @@
+"""``helix mcp``: Helix as a Model Context Protocol server, for coding agents.
+
+One set of tools (``recall``, ``remember``, ``forget``, ``feedback``, ``stats``) over a
+small :class:`Backend` with two implementations:
+
+================ ==============================================================
+:class:`Local`   the store opened in this process: the same shells ``helix serve``
+                 runs (:class:`~helix_ray.serve.shells.PipelineShell` for recall over
+                 the generation and the delta, :class:`~helix_ray.serve.shells.WriterShell`
+                 for durable writes into the delta, folded in by its compactor); no Ray
+:class:`Remote`  a running ``helix serve``, over its HTTP API with one API key
+================ ==============================================================
+
+The tenant is fixed when the server starts (``--user``, or the key's user): no tool
+takes a user. A Helix error (a bad argument, a missing memory) comes back as an MCP tool
+error carrying Helix's sentence; the server keeps running. Logs go to stderr: stdout
+is the protocol.
+"""
+
+import asyncio
+import json
+import logging
+import signal
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Annotated, Any, Protocol
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
+from mcp.types import CallToolResult, TextContent
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from helix_ray import __version__
+from helix_ray.errors import HelixError, InvalidArgument, StoreError
+
+log = logging.getLogger(__name__)
+
+#: Recall hits go to the access log in batches, this often (seconds).
+ACCESS_FLUSH_S = 1.0
+
+#: The packed result's token budget when ``recall`` is not given one (the CLI's ``--budget``).
+DEFAULT_BUDGET_TOKENS = 1024
+
+
+class Backend(Protocol):
+    """Where the tools' calls go. Each method returns the HTTP API's JSON shape and
+    raises :class:`HelixError` with a sentence for the caller."""
+
+    user: str
+
+    async def recall(self, query: str, *, budget_tokens: int, k: int | None, project: str | None,
+                     types: list[str] | None, since: str | None, until: str | None) -> dict[str, Any]: ...
+
+    async def remember(self, record: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def forget(self, memory_id: str) -> dict[str, Any]: ...
+
+    async def feedback(self, query: str, memory_ids: list[str]) -> dict[str, Any]: ...
+
+    async def stats(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+# ----------------------------------------------------------------------------- in process
+
+
+class Local:
+    """The store in this process, through the shells ``helix serve`` runs: a write is
+    durable (DuckDB ``serve_log`` + inbox) and in the delta before it is answered, and the
+    next recall finds it; the Writer's compactor folds the delta into a generation in the
+    background. Holds the store's DuckDB file, as a server's Writer does."""
+
+    def __init__(self, store: str | Path, user: str, *, compact_interval_s: float = 600.0):
+        from helix_ray.config import IngestConfig
+        from helix_ray.ingest.run import initialise
+        from helix_ray.serve.shells import PipelineShell, WriterShell
+
+        if not isinstance(user, str) or not user.strip():
+            raise InvalidArgument("--user", user, "give the user whose memories this server reads and writes")
+        self.user = user
+        self.store = Path(store).expanduser().resolve()
+        ingest = IngestConfig()
+        if not (self.store / "CURRENT").is_file():
+            if self.store.exists() and any(self.store.iterdir()):
+                raise StoreError(f"{self.store} is a folder with files but no Helix store in it (no CURRENT file); "
+                                 "give a new or empty folder, or the folder of an existing store.")
+            log.warning("Starting a new, empty Helix store in %s", self.store)
+            _holding(lambda: initialise(self.store, config=ingest), self.store)
+        self.writer = _holding(lambda: WriterShell(self.store, ingest, compact_interval_s=compact_interval_s),
+                               self.store)
+        self.pipeline = PipelineShell(self.store, ingest)
+        self._accessed: list[tuple[str, str, int]] = []  # recall hits not yet in the access log
+
+    def _config(self) -> Any:
+        from helix_ray.serve.api import check_settings
+        from helix_ray.serve.settings import settings_path
+
+        path = settings_path(self.store)  # a server's live settings, if it ever ran on this store
+        overrides = json.loads(path.read_text()) if path.is_file() else {}
+        return check_settings({}, overrides)
+
+    async def recall(self, query: str, *, budget_tokens: int, k: int | None, project: str | None,
+                     types: list[str] | None, since: str | None, until: str | None) -> dict[str, Any]:
+        from helix_ray.recall.scope import make_scope
+
+        config = self._config()
+        request: dict[str, Any] = dict(budget_tokens=budget_tokens, k=config.default_k if k is None else k,
+                                       project=project, types=types, since=since, until=until)
+        make_scope(query=query, user=self.user, **request)  # what POST /v1/recall checks, before any stage
+        out = await self.pipeline.recall(query, user=self.user, config=config, **request)
+        if out["items"]:  # recency: what was returned counts as accessed, as in every front door
+            now_us = int(time.time() * 1_000_000)
+            if not self._accessed:  # sent to the Writer once a second, as the HTTP ingress does
+                asyncio.get_running_loop().call_later(ACCESS_FLUSH_S, self._flush_accessed)
+            self._accessed.extend((item["id"], self.user, now_us) for item in out["items"])
+        return out
+
+    def _flush_accessed(self) -> None:
+        hits, self._accessed = self._accessed, []
+        asyncio.get_running_loop().run_in_executor(None, self.writer.accessed, hits)
+
+    async def remember(self, record: dict[str, Any]) -> dict[str, Any]:
+        from helix_ray.serve.api import MemoryIn, request_error_sentence
+
+        try:
+            checked = MemoryIn.model_validate(record).model_dump(exclude_none=True)
+        except ValidationError as exc:
+            raise InvalidArgument("memory", record, request_error_sentence(exc.errors()).rstrip(".")) from None
+        return await asyncio.to_thread(self.writer.add, [checked], self.user, True)
+
+    async def forget(self, memory_id: str) -> dict[str, Any]:
+        return await asyncio.to_thread(self.writer.delete, memory_id, self.user)
+
+    async def feedback(self, query: str, memory_ids: list[str]) -> dict[str, Any]:
+        return await asyncio.to_thread(self.writer.feedback, query, memory_ids, self.user)
+
+    async def stats(self) -> dict[str, Any]:
+        from helix_ray.store.generation import current_generation_number
+
+        mine = await asyncio.to_thread(self.writer.user_stats, self.user)
+        return {"generation": current_generation_number(self.store), "user": self.user, **mine}
+
+    def close(self) -> None:
+        self.writer._stop.set()
+        self.writer.core.close()
+
+
+def _holding(open_store: Any, store: Path) -> Any:
+    """``open_store()``, with the way out when another process holds the store's DuckDB
+    file (one writing process per store)."""
+    try:
+        return open_store()
+    except StoreError as exc:
+        raise StoreError(f"{exc} If `helix serve` runs on {store}, point this server at it instead: "
+                         "`helix mcp --server http://127.0.0.1:8000 --key KEY` (a key from `helix keys create`).") \
+            from None
+
+
+# ----------------------------------------------------------------------------- over HTTP
+
+
+class Remote:
+    """A running ``helix serve``: the same tools over its HTTP API, as the key's user
+    (the server refuses any other)."""
+
+    def __init__(self, url: str, key: str, *, timeout_s: float = 60.0):
+        if not url.startswith(("http://", "https://")):
+            raise InvalidArgument("--server", url, "give the server's base URL, e.g. http://127.0.0.1:8000")
+        if not key:
+            raise InvalidArgument("--key", key, "give an API key of the server's store (`helix keys create`)")
+        self.url, self.key, self.timeout_s = url.rstrip("/"), key, timeout_s
+        self.user = str(self._call("GET", "/v1/stats").get("user") or "")  # checks the key now, not at the first tool
+
+    def _call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers={
+            "Authorization": f"Bearer {self.key}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as exc:
+            try:
+                detail = json.load(exc).get("detail")
+            except ValueError:
+                detail = None
+            raise HelixError(detail or f"{method} {path} answered HTTP {exc.code}") from None
+        except urllib.error.URLError as exc:
+            raise StoreError(f"Could not reach the Helix server at {self.url} ({exc.reason}); is `helix serve` "
+                             "running there?") from None
+
+    async def recall(self, query: str, *, budget_tokens: int, k: int | None, project: str | None,
+                     types: list[str] | None, since: str | None, until: str | None) -> dict[str, Any]:
+        request = dict(budget_tokens=budget_tokens, k=k, project=project, types=types, since=since, until=until)
+        body = {"query": query, **{name: v for name, v in request.items() if v is not None}}
+        return await asyncio.to_thread(self._call, "POST", "/v1/recall", body)
+
+    async def remember(self, record: dict[str, Any]) -> dict[str, Any]:
+        return await asyncio.to_thread(self._call, "POST", "/v1/memories", record)
+
+    async def forget(self, memory_id: str) -> dict[str, Any]:
+        return await asyncio.to_thread(self._call, "DELETE", "/v1/memories/" + urllib.parse.quote(memory_id, safe=""))
+
+    async def feedback(self, query: str, memory_ids: list[str]) -> dict[str, Any]:
+        return await asyncio.to_thread(self._call, "POST", "/v1/feedback", {"query": query, "memory_ids": memory_ids})
+
+    async def stats(self) -> dict[str, Any]:
+        return await asyncio.to_thread(self._call, "GET", "/v1/stats")
+
+    def close(self) -> None:
+        pass
+
+
+# ----------------------------------------------------------------------------- the tools
+
+
+class RecalledItem(BaseModel):
+    id: str
+    type: str
+    created_at: str
+    score: float
+    project: str | None = None
+    text: str
+
+
+class RecallOut(BaseModel):
+    context: str = Field(description="The packed memories as text, best at both ends.")
+    items: list[RecalledItem]
+    total_tokens: int
+    budget_tokens: int
+
+
+def format_context(items: list[dict[str, Any]]) -> str:
+    """The packed memories as an agent reads them: a header line per memory (id, type,
+    date, score) and its text."""
+    if not items:
+        return "(no memories matched)"
+    blocks = []
+    for item in items:
+        head = f"[{item['id']}] {item['type']} · {str(item['created_at'])[:10]} · score {float(item['score']):.3f}"
+        if item.get("project"):
+            head += f" · project {item['project']}"
+        blocks.append(head + "\n" + item["text"])
+    return "\n\n".join(blocks)
+
+
+async def _helix(call: Any) -> Any:
+    """Await a backend call; a Helix error becomes the tool error the agent reads."""
+    try:
+        return await call
+    except HelixError as exc:
+        raise ToolError(str(exc)) from None
+
+
+_TYPES = "episodic (what happened), semantic (facts), procedural (how to), decision (what was chosen and why), code"
+
+
+def build_server(backend: Backend, *, project: str | None = None) -> MCPServer:
+    """The MCP server with Helix's tools over ``backend``; ``project``: the project
+    ``remember`` files memories under when the call names none."""
+    default_project = project  # the tools' own `project` argument shadows it
+
+    async def recall(
+        query: Annotated[str, Field(description="What to remember, as a question or keywords (non-empty).")],
+        budget_tokens: Annotated[int, Field(description="Token budget of the packed context (> 0).")]
+        = DEFAULT_BUDGET_TOKENS,
+        k: Annotated[int | None, Field(description="Memories selected before packing, 1-200 (default 10).")] = None,
+        project: Annotated[str | None, Field(description="Only memories of this project.")] = None,
+        types: Annotated[list[str] | None, Field(description=f"Only these memory types: {_TYPES}.")] = None,
+        since: Annotated[str | None, Field(description="ISO-8601: only memories created at or after it.")] = None,
+        until: Annotated[str | None, Field(description="ISO-8601: only memories created at or before it "
+                                                       "(a date alone means the end of that day).")] = None,
+    ) -> Annotated[CallToolResult, RecallOut]:
+        """Recall this user's memories relevant to a query: earlier decisions, facts, procedures,
+        conversations and code notes. Call it before answering anything that earlier sessions may
+        have settled. Returns the packed context as text (a header line per memory: [id] type ·
+        date · score, then its text) and the same memories as structured items; use an id with
+        `forget` or `feedback`."""
+        out = await _helix(backend.recall(query, budget_tokens=budget_tokens, k=k, project=project, types=types,
+                                          since=since, until=until))
+        context = format_context(out["items"])
+        data = RecallOut(context=context, items=[RecalledItem.model_validate(i) for i in out["items"]],
+                         total_tokens=out["total_tokens"], budget_tokens=out["budget_tokens"])
+        return CallToolResult(content=[TextContent(type="text", text=context)],
+                              structured_content=data.model_dump(mode="json"))
+
+    async def remember(
+        text: Annotated[str, Field(description="The memory, self-contained: say what and why, as a later "
+                                               "session with no context will read it.")],
+        type: Annotated[str | None, Field(description=f"One of: {_TYPES}. Left out: derived from the text.")] = None,
+        project: Annotated[str | None, Field(description="The project it belongs to.")] = None,
+        salience: Annotated[float | None, Field(description="How important, 0-1 (derived when left out).")] = None,
+        pinned: Annotated[bool | None, Field(description="Always kept and preferred over near-duplicates.")] = None,
+        metadata: Annotated[dict[str, Any] | None, Field(description="Any JSON object kept with it.")] = None,
+    ) -> str:
+        """Store a memory for this user: a decision and its reason, a fact learned, a procedure
+        that worked, a fix. It is durable before this returns and found by the very next
+        `recall`. Returns the memory's id."""
+        record = {"text": text, "type": type, "project": project or default_project, "salience": salience,
+                  "pinned": pinned, "metadata": metadata}
+        out = await _helix(backend.remember({k: v for k, v in record.items() if v is not None}))
+        return out["ids"][0]
+
+    async def forget(memory_id: Annotated[str, Field(description="The id, as `recall` or `remember` gave it.")]
+                     ) -> str:
+        """Delete one of this user's memories (wrong, outdated or unwanted): no later recall
+        returns it. Returns a confirmation."""
+        await _helix(backend.forget(memory_id))
+        return f"forgot {memory_id}"
+
+    async def feedback(
+        query: Annotated[str, Field(description="The query of the recall.")],
+        memory_ids: Annotated[list[str], Field(description="Ids from that recall that answered it (1-100).")],
+    ) -> str:
+        """Say which memories of a recall actually answered its query. Helix learns from these
+        labelled queries to recall better (the query adapter). Returns how many were recorded."""
+        out = await _helix(backend.feedback(query, memory_ids))
+        return f"recorded {out['recorded']}"
+
+    async def stats() -> dict[str, Any]:
+        """Counts of this user's memories: stored, and written since the last compaction; the
+        store's current generation."""
+        return await _helix(backend.stats())
+
+    return MCPServer(
+        "helix", version=__version__, log_level="WARNING",
+        tools=[_strict(Tool.from_function(fn)) for fn in (recall, remember, forget, feedback, stats)],
+        instructions=f"Long-term memory of user {backend.user!r} across sessions. Call `recall` before answering "
+                     "questions about this project's history, decisions, conventions or earlier work; call "
+                     "`remember` when something worth keeping is decided, learned or fixed.")
+
+
+def _strict(tool: Tool) -> Tool:
+    """``tool`` refusing arguments it does not take (the SDK drops them silently), with a
+    sentence naming them; in particular a ``user``: the tenant is fixed at start."""
+    base = tool.fn_metadata.arg_model
+    allowed = [f.alias or name for name, f in base.model_fields.items()]
+
+    def known(cls: Any, data: Any) -> Any:
+        unknown = sorted(set(data) - set(allowed)) if isinstance(data, dict) else []
+        if unknown:
+            tenant = (" The user is fixed when the server starts (--user, or the API key's user)."
+                      if "user" in unknown else "")
+            raise ValueError(f"Got {', '.join(f'{k}={data[k]!r}' for k in unknown)}; {tool.name} takes "
+                             f"{', '.join(allowed) or 'no arguments'}.{tenant}")
+        return data
+
+    # Named as the SDK names it: the name heads the error the agent reads.
+    Arguments = type(base.__name__, (base,), {"_known": model_validator(mode="before")(classmethod(known))})  # type: ignore[arg-type]
+    tool.fn_metadata.arg_model = Arguments
+    tool.parameters = {**tool.parameters, "additionalProperties": False}
+    return tool
+
+
+def open_backend(*, store: str | None = None, user: str | None = None, server: str | None = None,
+                 key: str | None = None) -> Backend:
+    """The in-process backend (``store`` and ``user``) or the HTTP one (``server`` and ``key``)."""
+    if server is not None:
+        if store is not None or user is not None:
+            raise InvalidArgument("--server", server, "it takes --key and no --store or --user (the key's user is "
+                                  "the tenant)")
+        return Remote(server, key or "")
+    if store is None or user is None:
+        raise InvalidArgument("--store", store, "give --store DIR and --user USER (or --server URL --key KEY)")
+    return Local(store, user)
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM (how a client or a supervisor stops a server) closes the store as the end
+    of input does, instead of ending the process where it stands."""
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def run_stdio(backend: Backend, *, project: str | None = None) -> None:
+    """Serve MCP over stdin/stdout until the client closes it; then close the store."""
+    _exit_on_sigterm()
+    try:
+        build_server(backend, project=project).run("stdio")
+    finally:
+        backend.close()
+
+
+def run_http(backend: Backend, *, project: str | None = None, port: int = 8765) -> None:
+    """Serve MCP's streamable HTTP transport on 127.0.0.1:``port`` (path ``/mcp``)."""
+    _exit_on_sigterm()
+    try:
+        build_server(backend, project=project).run("streamable-http", host="127.0.0.1", port=port)
+    finally:
+        backend.close()

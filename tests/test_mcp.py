@@ -1,0 +1,273 @@
+"""``helix mcp`` driven the way an agent drives it: the MCP SDK's own client, talking over
+stdio to ``python -m helix_ray.cli mcp`` in a real subprocess, on a copy of the shipped
+sample store. No Ray: the in-process server runs the Serve shells as plain classes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import pytest
+
+mcp = pytest.importorskip("mcp")
+from mcp import ClientSession, StdioServerParameters  # noqa: E402
+from mcp.client.stdio import stdio_client  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "helix_ray" / "samples" / "atlas"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+TOOLS = {"recall", "remember", "forget", "feedback", "stats"}
+
+
+@pytest.fixture(scope="module")
+def sample_store(tmp_path_factory) -> Path:
+    """The shipped sample (users dana and lee), ingested once in one process."""
+    from helix_ray.ingest.run import ingest
+
+    store = tmp_path_factory.mktemp("mcp") / "store"
+    report = ingest([SAMPLES / "memories.jsonl", SAMPLES / "notes"], store, runner="local", show_progress=False)
+    assert report.published, report
+    return store
+
+
+@pytest.fixture()
+def store(sample_store, tmp_path) -> Path:
+    """A private copy: the servers write into it."""
+    copy = tmp_path / "store"
+    shutil.copytree(sample_store, copy)
+    return copy
+
+
+def server_params(*args: str) -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable, args=["-m", "helix_ray.cli", "mcp", *args], env=ENV,
+                                 cwd=str(ROOT))
+
+
+@asynccontextmanager
+async def session(store: Path, user: str, *options: str) -> AsyncIterator[ClientSession]:
+    async with stdio_client(server_params("--store", str(store), "--user", user, *options)) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            yield s
+
+
+async def call(s: ClientSession, tool: str, **arguments: Any) -> Any:
+    return await s.call_tool(tool, arguments)
+
+
+def text(result: Any) -> str:
+    return result.content[0].text
+
+
+def recalled_ids(result: Any) -> list[str]:
+    assert not result.is_error, text(result)
+    return [item["id"] for item in result.structured_content["items"]]
+
+
+def test_lists_the_tools_with_schemas_and_descriptions(store):
+    async def run() -> None:
+        async with session(store, "dana") as s:
+            tools = {t.name: t for t in (await s.list_tools()).tools}
+            assert set(tools) == TOOLS
+            for tool in tools.values():
+                assert len(tool.description or "") > 60, tool.name  # an LLM acts on it
+                assert tool.input_schema.get("additionalProperties") is False, tool.name
+            recall = tools["recall"].input_schema
+            assert recall["required"] == ["query"]
+            assert {"query", "budget_tokens", "k", "project", "types", "since", "until"} == set(recall["properties"])
+            assert "user" not in recall["properties"] and "user" not in tools["remember"].input_schema["properties"]
+            assert tools["recall"].output_schema is not None
+
+    asyncio.run(run())
+
+
+def test_remember_recall_forget_round_trip_without_a_new_generation(store):
+    fact = f"We pinned uvicorn to 0.30 after the keep-alive bug (ticket {uuid.uuid4().hex[:8]})."
+    current = (store / "CURRENT").read_text()
+
+    async def run() -> None:
+        async with session(store, "dana") as s:
+            written = await call(s, "remember", text=fact, type="decision", project="atlas")
+            assert not written.is_error, text(written)
+            memory_id = text(written)
+            found = await call(s, "recall", query="why did we pin uvicorn to 0.30?", k=5)
+            assert memory_id in recalled_ids(found)  # the very next recall
+            assert fact in text(found) and f"[{memory_id}] decision" in text(found)
+            await asyncio.sleep(1.5)  # recall hits reach the access log (recency) once a second
+            assert memory_id in (store / "delta" / "ACCESSES.jsonl").read_text()
+            forgot = await call(s, "forget", memory_id=memory_id)
+            assert not forgot.is_error, text(forgot)
+            assert memory_id not in recalled_ids(await call(s, "recall", query="why did we pin uvicorn to 0.30?"))
+            stats = await call(s, "stats")
+            assert not stats.is_error and json.loads(text(stats))["user"] == "dana"
+
+    asyncio.run(run())
+    # The write went to the delta: no ingest ran, no generation was published.
+    assert (store / "CURRENT").read_text() == current
+    assert any((store / "delta").glob("seg-*.arrow"))
+
+
+def test_a_server_for_one_user_never_reaches_another_users_memories(store):
+    secret = f"The staging database password rotates on Fridays ({uuid.uuid4().hex[:8]})."
+
+    async def run() -> None:
+        async with session(store, "alice") as s:
+            written = await call(s, "remember", text=secret)
+            assert not written.is_error, text(written)
+            alice_id = text(written)
+            assert alice_id in recalled_ids(await call(s, "recall", query="staging database password"))
+        async with session(store, "bob") as s:
+            assert recalled_ids(await call(s, "recall", query="staging database password rotates")) == []
+            assert recalled_ids(await call(s, "recall", query="why did we choose NATS for the event bus?")) == []
+            claimed = await call(s, "recall", query="staging database password", user="alice")
+            assert claimed.is_error and "Got user='alice'" in text(claimed)
+            foreign = await call(s, "forget", memory_id=alice_id)
+            assert foreign.is_error
+        async with session(store, "alice") as s:  # bob's forget did not touch it
+            assert alice_id in recalled_ids(await call(s, "recall", query="staging database password"))
+
+    asyncio.run(run())
+
+
+def test_project_given_at_start_files_what_remember_writes(store):
+    async def run() -> None:
+        async with session(store, "dana", "--project", "billing") as s:
+            memory_id = text(await call(s, "remember", text="Invoices are generated nightly at 02:00 UTC."))
+            question = "when are invoices generated?"
+            assert memory_id in recalled_ids(await call(s, "recall", query=question, project="billing"))
+            assert memory_id not in recalled_ids(await call(s, "recall", query=question, project="atlas"))
+
+    asyncio.run(run())
+
+
+def test_bad_arguments_are_tool_errors_with_helix_sentences_and_the_server_goes_on(store):
+    async def run() -> None:
+        async with session(store, "dana") as s:
+            cases = [({"query": ""}, "Got query=''"),
+                     ({"query": "nats", "k": 0}, "Got k=0; it must be a whole number from 1 to 200"),
+                     ({"query": "nats", "types": ["nope"]}, "Got types=['nope']; each must be one of episodic"),
+                     ({"query": "nats", "budget_tokens": 0}, "Got budget_tokens=0")]
+            for arguments, sentence in cases:
+                result = await s.call_tool("recall", arguments)
+                assert result.is_error and sentence in text(result), (arguments, text(result))
+            bad_type = await call(s, "remember", text="x y z", type="opinion")
+            assert bad_type.is_error and "opinion" in text(bad_type), text(bad_type)
+            missing = await call(s, "forget", memory_id="no-such-id")
+            assert missing.is_error and "no-such-id" in text(missing), text(missing)
+            assert recalled_ids(await call(s, "recall", query="why did we choose NATS for the event bus?"))
+
+    asyncio.run(run())
+
+
+CLIENT_THAT_DIES = textwrap.dedent("""
+    import asyncio, sys
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    async def main():
+        params = StdioServerParameters(command=sys.executable, args=["-m", "helix_ray.cli", "mcp", "--store",
+                                       sys.argv[1], "--user", "dana"])
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                print("ready", flush=True)
+                await s.call_tool("remember", {"text": "a memory written while the client dies " * 50})
+
+    asyncio.run(main())
+""")
+
+
+def test_a_client_that_dies_mid_call_leaves_no_server_process(store, tmp_path):
+    import psutil
+
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT_THAT_DIES)
+    client = subprocess.Popen([sys.executable, str(script), str(store)], env=ENV, cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert client.stdout is not None and client.stdout.readline().strip() == "ready"
+        servers = psutil.Process(client.pid).children(recursive=True)
+        assert servers, "the client started no server"
+        time.sleep(0.05)  # the call is on its way
+        client.kill()  # no goodbye: its pipes just close
+        client.wait(timeout=10)
+        _, alive = psutil.wait_procs(servers, timeout=30)
+        assert not alive, f"server processes still running: {[p.pid for p in alive]}"
+    finally:
+        for p in psutil.Process().children(recursive=True):
+            if p.pid == client.pid or p.ppid() == client.pid:
+                p.kill()
+
+
+def test_the_in_process_server_imports_no_ray(store):
+    probe = textwrap.dedent(f"""
+        import asyncio, sys
+        from helix_ray import mcp_server
+
+        backend = mcp_server.Local({str(store)!r}, "dana")
+        server = mcp_server.build_server(backend)
+        async def main():
+            await server.call_tool("remember", {{"text": "ray must not be imported here"}})
+            await server.call_tool("recall", {{"query": "ray imported"}})
+        asyncio.run(main())
+        backend.close()
+        print(sorted(m for m in sys.modules if m == "ray" or m.startswith("ray.")))
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], env=ENV, cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_store_held_by_another_process_points_to_the_server_option(store):
+    from helix_ray.store.db import StoreDB
+
+    with StoreDB(store):  # as a running `helix serve`'s Writer holds it
+        out = subprocess.run([sys.executable, "-m", "helix_ray.cli", "mcp", "--store", str(store), "--user", "dana"],
+                             env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "--server" in out.stderr and out.stdout == ""
+
+
+def test_the_streamable_http_transport_serves_the_same_tools(store):
+    from mcp.client.streamable_http import streamable_http_client
+
+    from helix_ray.runtime import spare_port
+
+    port = spare_port()
+    server = subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "mcp", "--store", str(store), "--user", "dana",
+                               "--http", "--port", str(port)], env=ENV, cwd=ROOT, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    async def run() -> list[str]:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write):
+                    async with ClientSession(read, write) as s:
+                        await s.initialize()
+                        assert {t.name for t in (await s.list_tools()).tools} == TOOLS
+                        return recalled_ids(await call(s, "recall", query="why did we choose NATS for the event bus?"))
+            except OSError:  # not listening yet
+                pass
+            except Exception as exc:  # noqa: BLE001 - the SDK wraps a refused connection in a group
+                if "connect" not in repr(exc).lower() or time.monotonic() > deadline or server.poll() is not None:
+                    raise
+            await asyncio.sleep(0.5)
+
+    try:
+        assert asyncio.run(run())
+    finally:
+        server.terminate()
+        code = server.wait(timeout=30)
+    assert code == 0, "SIGTERM should close the store and exit cleanly"
