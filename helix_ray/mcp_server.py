@@ -35,15 +35,13 @@ from mcp.types import CallToolResult, TextContent
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from helix_ray import __version__
+from helix_ray.config import DEFAULT_BUDGET_TOKENS
 from helix_ray.errors import HelixError, InvalidArgument, StoreError
 
 log = logging.getLogger(__name__)
 
 #: Recall hits go to the access log in batches, this often (seconds).
 ACCESS_FLUSH_S = 1.0
-
-#: The packed result's token budget when ``recall`` is not given one (the CLI's ``--budget``).
-DEFAULT_BUDGET_TOKENS = 1024
 
 
 class Backend(Protocol):
@@ -265,7 +263,7 @@ def build_server(backend: Backend, *, project: str | None = None) -> MCPServer:
     default_project = project  # the tools' own `project` argument shadows it
 
     async def recall(
-        query: Annotated[str, Field(description="What to remember, as a question or keywords (non-empty).")],
+        query: Annotated[str, Field(description="What to recall, as a question or keywords (non-empty).")],
         budget_tokens: Annotated[int, Field(description="Token budget of the packed context (> 0).")]
         = DEFAULT_BUDGET_TOKENS,
         k: Annotated[int | None, Field(description="Memories selected before packing, 1-200 (default 10).")] = None,
