@@ -93,14 +93,22 @@ class Local:
                                self.store)
         self.pipeline = PipelineShell(self.store, ingest)
         self._accessed: list[tuple[str, str, int]] = []  # recall hits not yet in the access log
+        self._settings: Any = None  # a Pointer to the live settings file, made at the first recall
+        self._checked: tuple[int, Any] | None = None  # (the Pointer's version, its checked settings)
 
     def _config(self) -> Any:
+        """The retrieval settings: a server's live overrides, if one ever ran on this store,
+        read and checked again only when the file changes (one ``stat`` per recall)."""
         from helix_ray.serve.api import check_settings
-        from helix_ray.serve.settings import settings_path
+        from helix_ray.serve.settings import read_settings, settings_path
+        from helix_ray.store.pointer import Pointer
 
-        path = settings_path(self.store)  # a server's live settings, if it ever ran on this store
-        overrides = json.loads(path.read_text()) if path.is_file() else {}
-        return check_settings({}, overrides)
+        if self._settings is None:
+            self._settings = Pointer(settings_path(self.store), lambda _path: read_settings(self.store))
+        overrides = self._settings.read()
+        if self._checked is None or self._checked[0] != self._settings.version:
+            self._checked = (self._settings.version, check_settings({}, overrides))
+        return self._checked[1]
 
     async def recall(self, query: str, *, budget_tokens: int, k: int | None, project: str | None,
                      types: list[str] | None, since: str | None, until: str | None) -> dict[str, Any]:
