@@ -357,6 +357,14 @@ class RankConfig(_Strict):
     runs). With late interaction on, its token-level MaxSim carries the lexical evidence
     and 1 is best; with it off, a lower blend lets the fused score bring that evidence in
     (docs/quality.md)."""
+    lexical_weight: float = Field(0.0, ge=0.0, le=1.0)
+    """Share of the similarity signal given to the candidate's own BM25 score (min-max
+    normalised in the pool; 0 for a candidate outside the BM25 list): similarity =
+    (1 − w) · the blend above + w · BM25. With ``lexical_adaptive`` the share is scaled
+    by how much the BM25 list stands out for this query."""
+    lexical_adaptive: bool = False
+    """Scale ``lexical_weight`` by the BM25 list's confidence (the spread of its top
+    scores: flat lists, where no term separates the candidates, count for less)."""
     minmax: tuple[Literal["similarity", "recency", "salience", "confidence", "graph"], ...] = (
         "similarity", "graph")
     """Signals min-max normalised within the pool; the others (all already in [0, 1]) are
@@ -441,6 +449,23 @@ class PackConfig(_Strict):
         return name
 
 
+class ContextConfig(_Strict):
+    """Conversational recall: ``recall(query, context=[recent turns])``. The query (the
+    latest turn) keeps full weight; each context turn is searched on its own (BM25 and
+    dense) and its lists join the fusion with a weight that halves, by ``decay``, for
+    every turn further back, so old turns widen the candidate pool without steering it."""
+
+    weight: float = Field(0.3, ge=0.0, le=1.0)
+    """Fusion weight of the latest context turn's lists (the query's lists weigh 1)."""
+    decay: float = Field(0.6, gt=0.0, le=1.0)
+    """Each turn further back weighs this much of the next one's weight."""
+    max_turns: int = Field(8, ge=0, le=32)
+    """Context turns searched: the latest ones; older ones are not read (0: context off)."""
+    similarity_share: float = Field(0.15, ge=0.0, le=1.0)
+    """Share of the ranking's similarity signal given to the candidates' cosine with the
+    context turns (weighted as their lists are); the rest is the query's own."""
+
+
 class RetrievalConfig(_Strict):
     """Settings of recall (``configs/retrieval.yaml``; live on a server through
     ``PATCH /v1/settings``)."""
@@ -452,6 +477,7 @@ class RetrievalConfig(_Strict):
     graph: GraphConfig = GraphConfig()
     late: LateConfig = LateConfig()
     rank: RankConfig = RankConfig()
+    context: ContextConfig = ContextConfig()
     rerank: RerankConfig = RerankConfig()
     diversity: DiversityConfig = DiversityConfig()
     pack: PackConfig = PackConfig()

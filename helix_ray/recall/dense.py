@@ -28,6 +28,7 @@ class DenseHits:
     rows: np.ndarray  # int64 global row ids, best first
     similarities: np.ndarray  # float32 cosine
     first_pass: str  # "binary" | "hnsw" | "hnsw+binary"
+    context: tuple[np.ndarray, ...] = ()  # rows, best first, per context turn of the plan
 
 
 def hamming_top(codes: np.ndarray, query_code: np.ndarray, count: int) -> np.ndarray:

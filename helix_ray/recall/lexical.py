@@ -23,6 +23,7 @@ class LexicalHits:
     scores: np.ndarray  # float32 raw BM25
     normalised: np.ndarray  # raw / the query's ceiling (see :func:`ceiling`), in [0, 1]
     strong_signal: bool
+    context: tuple[np.ndarray, ...] = ()  # rows, best first, per context turn of the plan
 
 
 def ceiling(index: BM25Index, tokens: list[str], start: int = 0, end: int | None = None) -> float:

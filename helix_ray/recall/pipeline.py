@@ -13,6 +13,7 @@ cores, in :mod:`~helix_ray.recall.threads`.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 from concurrent.futures import Future
@@ -63,6 +64,15 @@ class IdAccessOverlay:
             return None
 
 
+@dataclass(frozen=True)
+class ContextTurn:
+    """One turn of a conversational recall's context: its fusion weight and vector."""
+
+    text: str
+    weight: float
+    vector: np.ndarray
+
+
 @dataclass
 class Plan:
     """A checked, embedded and routed request: what every later stage needs. It holds no
@@ -82,6 +92,7 @@ class Plan:
     flags: dict[str, Any]
     timings_ms: dict[str, float]
     query_tokens: np.ndarray | None = None  # float16 (32, 384) for late interaction, or None
+    context: tuple[ContextTurn, ...] = ()  # the conversation's recent turns, oldest first
     # The query's token encoding while it still runs on another core (see Recaller.plan):
     # (tokens, encoder ms). Read the tokens through tokens(), which waits for it.
     pending_tokens: Future | None = field(default=None, repr=False, compare=False)
@@ -181,19 +192,22 @@ class Recaller:
         project_mode: str = "filter",
         explain: bool = False,
         now: dt.datetime | None = None,
+        context: Sequence[str] | None = None,
         last_access_overlay: AccessOverlay | None = None,
         disabled: frozenset[str] = frozenset(),
         config: RetrievalConfig | None = None,
     ) -> RecallResult:
         """Recall memories of ``user`` for ``query``, packed into ``budget_tokens``.
 
+        ``context``: the conversation's recent turns, oldest first, when ``query`` is its
+        latest turn (see :class:`~helix_ray.config.ContextConfig`).
         ``disabled`` turns stages off for ablations: any of "dense", "bm25", "graph",
-        "late", "mmr", "recency", "strong_signal", "router", "dedup", "rerank".
+        "late", "mmr", "recency", "strong_signal", "router", "dedup", "rerank", "context".
         """
         started = time.perf_counter()
         plan = self.plan(query, user=user, budget_tokens=budget_tokens, k=k, project=project, types=types,
                          since=since, until=until, pinned=pinned, project_mode=project_mode, explain=explain,
-                         now=now, disabled=disabled, config=config)
+                         now=now, context=context, disabled=disabled, config=config)
         lex = dense_hits = None
         legs: dict[str, float] = {}
         try:
@@ -214,14 +228,17 @@ class Recaller:
     def plan(self, query: str, *, user: str, budget_tokens: int | None = None, k: int | None = None,
              project: str | None = None, types: Sequence[str] | str | None = None, since: Any = None,
              until: Any = None, pinned: bool | None = None, project_mode: str = "filter", explain: bool = False,
-             now: dt.datetime | None = None, disabled: frozenset[str] = frozenset(),
-             config: RetrievalConfig | None = None, query_vector: np.ndarray | None = None) -> Plan:
-        """Check the request, embed the query (unless ``query_vector`` is given) and route."""
+             now: dt.datetime | None = None, context: Sequence[str] | None = None,
+             disabled: frozenset[str] = frozenset(), config: RetrievalConfig | None = None,
+             query_vector: np.ndarray | None = None) -> Plan:
+        """Check the request, embed the query (unless ``query_vector`` is given) and its
+        context turns, and route."""
         cfg = config or self.config
         budget_tokens = cfg.default_budget_tokens if budget_tokens is None else budget_tokens
         k = cfg.default_k if k is None else k
         sc = scope.make_scope(query=query, user=user, budget_tokens=budget_tokens, k=k, project=project,
                               types=types, since=since, until=until, pinned=pinned, project_mode=project_mode)
+        turns = scope.check_context(context)
         timings: dict[str, float] = {}
         flags: dict[str, Any] = {"router_skip": False, "strong_signal_skip": False, "degraded": []}
         clock = time.perf_counter()
@@ -258,7 +275,8 @@ class Recaller:
             now = now or dt.datetime.now(dt.timezone.utc)
             now_us = int((now if now.tzinfo else now.replace(tzinfo=dt.timezone.utc)).timestamp() * 1_000_000)
             plan = Plan(query, user, sc, cfg, k, budget_tokens, explain, frozenset(disabled), now_us, weights,
-                        query_vector, flags, timings, query_tokens, pending)
+                        query_vector, flags, timings, query_tokens,
+                        self._context(turns, cfg, disabled, has_memories and own_vector, timings), pending)
         except BaseException:
             if pending is not None:
                 pending.cancel()  # the plan is never built: nothing will wait for them
@@ -266,6 +284,23 @@ class Recaller:
         if plan.skip:
             plan.drop_tokens()  # no stage will read them
         return plan
+
+    def _context(self, turns: tuple[str, ...], cfg: RetrievalConfig, disabled: frozenset[str], embed: bool,
+                 timings: dict[str, float]) -> tuple[ContextTurn, ...]:
+        """The latest ``context.max_turns`` turns with their weights (the latest turn
+        ``context.weight``, each one back ``context.decay`` times the next) and vectors."""
+        c = cfg.context
+        turns = turns[len(turns) - c.max_turns:] if c.max_turns else ()
+        if not turns or not embed or "context" in disabled or c.weight <= 0:
+            return ()
+        clock = time.perf_counter()
+        vectors = self.embedder.embed_queries(list(turns)).astype(np.float32)
+        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        if self.adapter is not None:
+            vectors = np.stack([self.adapter.apply(v) for v in vectors])
+        timings["embed_context"] = elapsed_ms(clock)
+        n = len(turns)
+        return tuple(ContextTurn(t, c.weight * c.decay ** (n - 1 - j), vectors[j]) for j, t in enumerate(turns))
 
     #: The stages a plan without a query vector leaves out: those that read the vector.
     NO_VECTOR = frozenset({"dense", "late", "router"})
@@ -294,17 +329,27 @@ class Recaller:
         if plan.weights.get("bm25", 0) <= 0 or not self._has_scope(plan):
             return None
         start, end = self.generation.partitions[plan.user]
-        lx = plan.config.lexical
-        return lexical.search(self.generation.bm25, plan.query, start=start, end=end, mask=self._mask(plan),
+        lx, mask = plan.config.lexical, self._mask(plan)
+        hits = lexical.search(self.generation.bm25, plan.query, start=start, end=end, mask=mask,
                               top_k=lx.top_k, strong_score=lx.strong_signal_score, strong_gap=lx.strong_signal_gap)
+        if not plan.context or hits.strong_signal:
+            return hits
+        context = tuple(lexical.search(self.generation.bm25, turn.text, start=start, end=end, mask=mask,
+                                       top_k=lx.top_k, strong_score=1.0, strong_gap=1.0).rows for turn in plan.context)
+        return dataclasses.replace(hits, context=context)
 
     @one_blas_thread
     def dense_leg(self, plan: Plan) -> dense.DenseHits | None:
         """Dense top-k inside the scope; None when its list weight is 0."""
         if plan.weights.get("dense", 0) <= 0 or not self._has_scope(plan):
             return None
-        return dense.search(self.generation, plan.user, plan.query_vector, mask=self._mask(plan),
-                            config=plan.config.dense)
+        mask = self._mask(plan)
+        hits = dense.search(self.generation, plan.user, plan.query_vector, mask=mask, config=plan.config.dense)
+        if not plan.context:
+            return hits
+        context = tuple(dense.search(self.generation, plan.user, turn.vector, mask=mask, config=plan.config.dense).rows
+                        for turn in plan.context)
+        return dataclasses.replace(hits, context=context)
 
     @staticmethod
     def strong(plan: Plan, lex: lexical.LexicalHits | None) -> bool:
@@ -380,8 +425,13 @@ def _fuse(plan: Plan, lex: lexical.LexicalHits | None, dense_hits: dense.DenseHi
         lists["bm25"] = lex.rows
     if dense_hits is not None:
         lists["dense"] = dense_hits.rows
+    for leg, hits in (("bm25", lex), ("dense", dense_hits)):
+        for j, rows in enumerate(hits.context if hits is not None else ()):
+            lists[f"{leg}@context{j}"] = rows
+            weights[f"{leg}@context{j}"] = plan.weights.get(leg, 0.0) * plan.context[j].weight
+    confidence = _lexical_confidence(lex) if lex is not None else 0.0
     if lex is not None and cfg.fusion.adaptive and "bm25" in lists:
-        weights["bm25"] *= _lexical_confidence(lex)
+        weights["bm25"] *= confidence
         flags["bm25_weight"] = round(weights["bm25"], 4)
     fused = fuse.rrf(lists, k=cfg.fusion.k, weights=weights, top_rank_bonus=cfg.fusion.top_rank_bonus)
     return Candidates(
@@ -389,6 +439,8 @@ def _fuse(plan: Plan, lex: lexical.LexicalHits | None, dense_hits: dense.DenseHi
         fused_score={int(r): float(s) for r, s in zip(fused.rows, fused.scores)},
         list_rank={name: {int(r): i for i, r in enumerate(rows, start=1)} for name, rows in lists.items()},
         graph_score={}, added=[],
+        bm25_score={} if lex is None else {int(r): float(s) for r, s in zip(lex.rows, lex.scores)},
+        bm25_confidence=confidence,
     )
 
 
@@ -440,6 +492,9 @@ def _late_interaction(plan: Plan, found: Candidates, gen: Any, wants_late: bool,
     query's tokens and the generation's, MaxSim (ColBERT late interaction) too."""
     found.vectors = _gather(gen.vectors, found.rows)
     found.cosine = found.vectors @ plan.query_vector
+    if plan.context:
+        weights = np.array([t.weight for t in plan.context])
+        found.context_cosine = (found.vectors @ np.stack([t.vector for t in plan.context]).T) @ weights / weights.sum()
     query_tokens = plan.tokens() if wants_late else None
     if query_tokens is not None:
         found.late_scores = late.maxsim(query_tokens, gen.late, found.rows)
@@ -470,6 +525,9 @@ def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessO
         projects=cols.projects[rows], pinned=cols.pinned[rows], now_us=plan.now_us, config=cfg.rank,
         project=plan.scope.project if plan.scope.project_mode == "prefer" else None,
         disabled=frozenset(d for d in plan.disabled if d in rank.SIGNALS),
+        lexical=np.array([found.bm25_score.get(int(r), 0.0) for r in rows]) if found.bm25_score else None,
+        lexical_share=cfg.rank.lexical_weight * (found.bm25_confidence if cfg.rank.lexical_adaptive else 1.0),
+        context=found.context_cosine, context_share=cfg.context.similarity_share,
     )
 
 

@@ -68,10 +68,19 @@ def rank(
     config: RankConfig,
     project: str | None = None,
     disabled: frozenset[str] = frozenset(),
+    lexical: np.ndarray | None = None,
+    lexical_share: float = 0.0,
+    context: np.ndarray | None = None,
+    context_share: float = 0.0,
 ) -> Ranked:
     blend = config.similarity_blend
+    similarity = blend * minmax(cosine) + (1 - blend) * minmax(fused)
+    if lexical is not None and lexical_share > 0:
+        similarity = (1 - lexical_share) * similarity + lexical_share * minmax(lexical)
+    if context is not None and context_share > 0:
+        similarity = (1 - context_share) * similarity + context_share * minmax(context)
     raw = {
-        "similarity": blend * minmax(cosine) + (1 - blend) * minmax(fused),
+        "similarity": similarity,
         "recency": recency(last_access_us, now_us, config.recency_half_life_days),
         "salience": salience,
         "confidence": confidence,

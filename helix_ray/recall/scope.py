@@ -69,6 +69,34 @@ def _as_time(name: str, value: object, *, end_of_day: bool = False) -> dt.dateti
     raise InvalidArgument(name, value, "it must be an ISO-8601 string or a datetime")
 
 
+#: Most context turns a recall accepts (only the latest ``context.max_turns`` are read).
+MAX_CONTEXT_TURNS = 64
+
+
+def check_context(context: object) -> tuple[str, ...]:
+    """The context turns of a conversational recall, oldest first, blank ones left out;
+    raise :class:`InvalidArgument` for anything but a list of strings."""
+    if context is None:
+        return ()
+    if isinstance(context, str) or not isinstance(context, (list, tuple)):
+        raise InvalidArgument("context", context if isinstance(context, str) else type(context).__name__,
+                              "it must be a list of the conversation's recent turns (strings), oldest first",
+                              "Pass context=['earlier turn', 'latest turn'], and the question as the query.")
+    if len(context) > MAX_CONTEXT_TURNS:
+        raise InvalidArgument("context", f"<{len(context)} turns>", f"it holds at most {MAX_CONTEXT_TURNS} turns",
+                              "Pass the latest turns only.")
+    turns = []
+    for n, turn in enumerate(context):
+        if not isinstance(turn, str):
+            raise InvalidArgument(f"context[{n}]", turn, "every context turn must be a string")
+        if len(turn) > MAX_QUERY_CHARS:
+            raise InvalidArgument(f"context[{n}]", f"<{len(turn)} characters>",
+                                  f"a context turn must be at most {MAX_QUERY_CHARS} characters")
+        if turn.strip():
+            turns.append(turn.strip())
+    return tuple(turns)
+
+
 def make_scope(
     *,
     query: object,
