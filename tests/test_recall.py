@@ -497,3 +497,56 @@ def test_as_dict_is_a_plain_copy_of_the_result(tenant_memory, explain):
     out["flags"]["route"]["skip"] = "changed"
     out["items"][0]["signals"]["cosine"] = -1.0
     assert json.dumps(result.flags, sort_keys=True) == flags and result.items[0].signals.get("cosine") != -1.0
+
+
+# --------------------------------------------------------------------------- conversational context
+
+
+def test_each_context_turn_is_searched_on_its_own(tenant_memory, calls):
+    turns = ["we moved the nightly backups last week", "then the restore failed twice", "ok"]
+    result = tenant_memory.recall("and what happened after that?", user="bob", context=turns, explain=True)
+    assert (calls.bm25.n, calls.dense.n) == (4, 4)  # the query, then each turn
+    assert "embed_context" in result.timings_ms
+    capped = config(context={"max_turns": 1})
+    calls.bm25.n = calls.dense.n = 0
+    tenant_memory.recall("and what happened after that?", user="bob", context=turns, config=capped)
+    assert (calls.bm25.n, calls.dense.n) == (2, 2)  # only the latest turn is read
+
+
+def test_context_weighs_the_latest_turn_most(tenant_memory):
+    recaller = tenant_memory.recaller
+    plan = recaller.plan("and the other one?", user="bob", context=["first", "second", "third"])
+    weights = [t.weight for t in plan.context]
+    assert weights == pytest.approx([0.3 * 0.6 ** 2, 0.3 * 0.6, 0.3])
+    assert [t.text for t in plan.context] == ["first", "second", "third"]
+
+
+def test_no_context_is_the_plain_recall(tenant_memory):
+    plain = tenant_memory.recall("schema migration rollback", user="bob")
+    for empty in (None, [], ["   "]):
+        same = tenant_memory.recall("schema migration rollback", user="bob", context=empty)
+        assert [i.id for i in same.items] == [i.id for i in plain.items]
+        assert [i.score for i in same.items] == [i.score for i in plain.items]
+
+
+def test_context_can_bring_in_what_only_the_conversation_names(tenant_memory, tenant_store):
+    _, records = tenant_store
+    bob = {i: r for i, r in records.items() if r["user"] == "bob"}
+    target_id, target = sorted(bob.items())[3]
+    vague = "and what happened after that?"
+    alone = tenant_memory.recall(vague, user="bob", k=2)
+    with_context = tenant_memory.recall(vague, user="bob", k=2, context=[target["text"]])
+    assert target_id in [i.id for i in with_context.items]
+    assert [i.id for i in with_context.items] != [i.id for i in alone.items] or target_id in [i.id for i in alone.items]
+
+
+@pytest.mark.parametrize("context, received", [
+    ("a single string", "context="),
+    ([1, 2], "context[0]="),
+    (["x"] * 65, "context='<65 turns>'"),
+])
+def test_bad_context_says_what_is_allowed(tenant_memory, calls, context, received):
+    with pytest.raises(InvalidArgument) as err:
+        tenant_memory.recall("anything", user="bob", context=context)
+    assert received in str(err.value)
+    assert (calls.bm25.n, calls.dense.n) == (0, 0)
