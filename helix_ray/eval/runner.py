@@ -453,12 +453,13 @@ def _category_lines(report: EvalReport, metrics: Sequence[str], width: int) -> l
               for c in cats}
     heads = [f"{_category_label(report.dataset, c)} ({counts[c]})" for c in cats]
     cell = max(14, *(len(h) + 2 for h in heads))
+    label = max(width, *(len(f"{m} by category") + 2 for m in metrics))
     lines: list[str] = []
     for metric in metrics:
-        lines.append(f"{metric} by category".ljust(width) + "".join(h.rjust(cell) for h in heads))
+        lines.append(f"{metric} by category".ljust(label) + "".join(h.rjust(cell) for h in heads))
         for name, s in report.systems.items():
             per = s.get("per_category") or {}
-            lines.append(name.ljust(width)
+            lines.append(name.ljust(label)
                          + "".join(f"{per.get(c, {}).get(metric, float('nan')):{cell}.4f}" for c in cats))
     return lines
 
