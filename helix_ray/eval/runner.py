@@ -102,15 +102,14 @@ def _parents(gen) -> Any:
     """The generation's per-row parent ids (a chunk's document; None for a memory that is
     not a chunk), or None when the store has no chunks."""
     columns = gen.columns
-    cached = _CHUNKED.get(id(columns))
-    if cached is None or cached[0] is not columns:
+    if _LAST_COLUMNS[0] is not columns:  # a system's queries read one generation in a row
         parents = getattr(columns, "parents", None)
         chunked = parents is not None and any(p is not None and p != "" for p in parents)
-        cached = _CHUNKED[id(columns)] = (columns, parents if chunked else None)
-    return cached[1]
+        _LAST_COLUMNS[:] = [columns, parents if chunked else None]
+    return _LAST_COLUMNS[1]
 
 
-_CHUNKED: dict[int, tuple[Any, Any]] = {}
+_LAST_COLUMNS: list[Any] = [None, None]  # (columns, their parents or None): the last generation asked about
 
 
 def _row_documents(gen, rows: Iterable[int]) -> list[str]:
