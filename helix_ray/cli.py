@@ -121,13 +121,20 @@ def _eval_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "helix-mmr, helix-session, helix-no-recency, helix-no-strong-signal, helix-no-dedup, "
                         "helix-no-doc2query, helix-no-context (turn vectors without their session's context), helix-no-vector "
                         "(what Serve answers while its Embedder is down: BM25 through the later stages), "
-                        "or 'all'")
+                        "or 'all'; a Helix system with '+ctx' appended (helix+ctx) gets --query-context's turns "
+                        "as recall's context instead of joined before the question")
     s.add_argument("--split", default="test", help="BEIR qrels split (test, train, dev)")
     s.add_argument("--adapt-on", metavar="SPLIT",
                    help="fit a query adapter on labelled queries never scored and run every system through it: "
                         "BEIR, a qrels split (dev, train); LoCoMo, 'tune' or comma-separated conversations (one "
                         "adapter across them)")
     s.add_argument("--conversations", help="LoCoMo: 'tune', 'heldout' or comma-separated sample ids (default all)")
+    s.add_argument("--granularity", choices=("turn", "session"),
+                   help="what a document is: LoCoMo, a dialogue turn (default) or a whole session; LongMemEval, "
+                        "a session (default) or a turn")
+    s.add_argument("--query-context", type=int, default=0, metavar="N",
+                   help="LoCoMo: give each question with N turns of its conversation before it (consecutive turns "
+                        "of a session holding none of its evidence, drawn per question id); 0: the question alone")
     s.add_argument("--ks", default="5,10", help="cut-offs for Recall@k / nDCG@k / MRR@k, comma-separated; each system "
                    "retrieves max(ks) items (BEIR's Recall@100: --ks 5,10,100)")
     s.add_argument("--workdir", default=".helix/eval-stores", help="where the per-corpus stores are built and reused")
@@ -389,15 +396,21 @@ def _eval(args: argparse.Namespace) -> int:
     from helix_ray.eval.runner import evaluate, format_table
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.query_context and args.dataset != "locomo":
+        raise ValueError(f"Got --query-context {args.query_context} with {args.dataset}; only LoCoMo gives the "
+                         "turns of a question's conversation. Leave it out.")
+    if args.granularity and args.dataset == "beir":
+        raise ValueError("Got --granularity with beir; a BEIR document is what its corpus.jsonl holds. Leave it out.")
     if args.dataset == "locomo":
         convs = {"tune": LOCOMO_TUNE, "heldout": LOCOMO_HELDOUT}.get(args.conversations or "", None)
         if convs is None and args.conversations:
             convs = tuple(c.strip() for c in args.conversations.split(","))
-        evalset = load_locomo(args.data, conversations=convs)
+        evalset = load_locomo(args.data, conversations=convs, granularity=args.granularity or "turn",
+                              query_context=args.query_context)
     elif args.dataset == "beir":
         evalset = load_beir(args.data, split=args.split)
     else:
-        evalset = load_longmemeval(args.data)
+        evalset = load_longmemeval(args.data, granularity=args.granularity or "session")
     from helix_ray.eval.runner import DEFAULT_SYSTEMS
 
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -416,7 +429,7 @@ def _eval(args: argparse.Namespace) -> int:
         if overlap:
             raise ValueError(f"Got --adapt-on {args.adapt_on!r}, which shares conversations {overlap} with the ones "
                              "scored; fit on other conversations (e.g. --conversations heldout --adapt-on tune).")
-        adapt_on = load_locomo(args.data, conversations=tune)
+        adapt_on = load_locomo(args.data, conversations=tune, granularity=args.granularity or "turn")
     elif args.adapt_on:
         if args.dataset != "beir" or args.adapt_on == args.split:
             raise ValueError(f"Got --adapt-on {args.adapt_on!r} with {args.dataset} --split {args.split!r}; it takes "
@@ -429,7 +442,9 @@ def _eval(args: argparse.Namespace) -> int:
     print(format_table(report, metrics=("recall@5", "recall@10", "recall_any@5", "ndcg@10", "mrr@10",
                                         *[f"recall@{k}" for k in ks if k > 10])))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report.as_dict(), indent=1))
+        options = {"granularity": args.granularity or {"locomo": "turn", "longmemeval": "session"}.get(args.dataset),
+                   "query_context": args.query_context, "conversations": args.conversations, "split": args.split}
+        Path(args.json_out).write_text(json.dumps({**report.as_dict(), "options": options}, indent=1))
     return 0
 
 

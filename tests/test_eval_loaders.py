@@ -107,7 +107,9 @@ def test_locomo_mini_default_categories() -> None:
     assert by_id["conv-x1:q1"].category == "1"
     assert by_id["conv-x1:q1"].corpus_id == "conv-x1"
     assert by_id["conv-x1:q1"].text == "What did Ben do before riding to the harbour?"
-    assert by_id["conv-x1:q1"].question_date is None
+    # LoCoMo dates no question: each is asked at its conversation's last session.
+    assert by_id["conv-x1:q1"].question_date == "2023-05-15T00:05:00Z"
+    assert by_id["conv-x2:q0"].question_date == "2022-02-20T19:10:00Z"
 
 
 def test_locomo_mini_documents() -> None:
@@ -169,6 +171,10 @@ def test_real_locomo_counts() -> None:
     assert Counter(q.category for q in evalset.queries) == {"1": 282, "2": 321, "3": 92, "4": 841}
     docs = {d.id: d for d in evalset.corpora["conv-26"]}
     assert docs["conv-26:D1:1"].created_at == "2023-05-08T13:56:00Z"
+    sessions = load_locomo(REAL_LOCOMO, granularity="session")
+    assert sessions.n_docs == 272
+    assert [(q.id, q.category) for q in sessions.queries] == [(q.id, q.category) for q in evalset.queries]
+    assert {q.question_date for q in evalset.queries if q.corpus_id == "conv-26"} == {"2023-10-22T09:55:00Z"}
     tune = load_locomo(REAL_LOCOMO, conversations=LOCOMO_TUNE)
     heldout = load_locomo(REAL_LOCOMO, conversations=LOCOMO_HELDOUT)
     assert len(tune.queries) + len(heldout.queries) == 1536

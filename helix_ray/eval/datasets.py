@@ -50,7 +50,10 @@ class EvalQuery:
 
     ``gold`` is never empty. ``category`` is the benchmark's label as a string
     (LoCoMo "1".."5", LongMemEval question_type) or None. ``question_date`` is
-    ISO-8601 UTC or None.
+    ISO-8601 UTC or None: the moment the question is asked, given to recall as ``now``.
+    ``context`` holds conversation turns said just before the question, oldest first
+    (empty unless the loader was asked for them): what an agent has in its window when
+    it asks.
     """
 
     id: str
@@ -59,8 +62,14 @@ class EvalQuery:
     category: str | None
     corpus_id: str
     question_date: str | None = None
+    context: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.context, tuple):
+            raise ValueError(
+                f"Got context of type {type(self.context).__name__} for query {self.id!r}; "
+                "EvalQuery.context must be a tuple of strings. Wrap it: tuple(turns)."
+            )
         if not isinstance(self.gold, frozenset):
             raise ValueError(
                 f"Got gold of type {type(self.gold).__name__} for query {self.id!r}; EvalQuery.gold "

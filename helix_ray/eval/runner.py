@@ -4,12 +4,20 @@ Each corpus of an :class:`EvalSet` becomes its own store (built once by the real
 pipeline, runner "local", and reused while its documents are unchanged). A *system*
 maps (recaller, query) to a ranked list of document ids. Baselines call the retrieval
 legs directly (BM25 only, dense only, plain RRF of both); Helix systems call the whole
-recall pipeline, with stages switched off for the ablations.
+recall pipeline, with stages switched off for the ablations, at the question's date
+(``now``) when the benchmark gives one.
+
+A query with turns before its question (``EvalQuery.context``) reaches every system as
+one string, the turns then the question, except a system named ``<helix system>+ctx``,
+whose recall gets the question and the turns apart (``context=``). Scores are per
+document: on a store whose long documents were cut into chunks, a chunk counts as its
+parent document, at its best rank, once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import hashlib
 import json
 import logging
@@ -22,6 +30,7 @@ from helix_ray.config import IngestConfig, RetrievalConfig, load_config
 from helix_ray.embedder import get_embedder
 from helix_ray.errors import InvalidArgument
 from helix_ray.eval.datasets import EvalQuery, EvalSet
+from helix_ray.eval.locomo import LOCOMO_CATEGORY_NAMES
 from helix_ray.eval.metrics import evaluate_ranking, paired_difference, summarise
 from helix_ray.recall import adapter as adapter_mod
 from helix_ray.recall import dense, fuse, lexical
@@ -55,12 +64,7 @@ def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config:
         "created_at": d.created_at or "2020-01-01T00:00:00Z", "type": "episodic" if d.session_id else "semantic",
         "source": "eval", "metadata": {"speaker": d.speaker} if d.speaker else {},
     } for d in docs]
-    content = ingest_config.model_dump(mode="json", exclude=RUNNER_ONLY)
-    key = hashlib.sha1(json.dumps(
-        [content, [(d.id, d.text, d.created_at, d.session_id) for d in docs]]
-        + ([[r["type"] for r in rows]] if any(r["type"] != "episodic" for r in rows) else [])
-    ).encode()).hexdigest()[:12]
-    store = workdir / f"{corpus_id.replace('/', '_')}-{key}"
+    store = workdir / f"{corpus_id.replace('/', '_')}-{store_key(docs, ingest_config, [r['type'] for r in rows])}"
     if (store / "CURRENT").exists():
         return store
     source = workdir / f"{store.name}.jsonl"
@@ -75,6 +79,75 @@ def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config:
     return store
 
 
+def store_key(docs: Sequence[Any], ingest_config: IngestConfig, types: Sequence[str]) -> str:
+    """What a store is built from, hashed: the ingest settings that change its content and
+    every document (id, text, date, session), so a store is reused only for the same
+    documents (a turn corpus and a session corpus of one conversation never share one)."""
+    content = ingest_config.model_dump(mode="json", exclude=RUNNER_ONLY)
+    return hashlib.sha1(json.dumps(
+        [content, [(d.id, d.text, d.created_at, d.session_id) for d in docs]]
+        + ([list(types)] if any(t != "episodic" for t in types) else [])
+    ).encode()).hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------------- documents, not chunks
+
+
+def _documents(ids: Iterable[str]) -> list[str]:
+    """``ids`` in order, each kept at its first occurrence."""
+    return list(dict.fromkeys(ids))
+
+
+def _parents(gen) -> Any:
+    """The generation's per-row parent ids (a chunk's document; None for a memory that is
+    not a chunk), or None when the store has no chunks."""
+    columns = gen.columns
+    if _LAST_COLUMNS[0] is not columns:  # a system's queries read one generation in a row
+        parents = getattr(columns, "parents", None)
+        chunked = parents is not None and any(p is not None and p != "" for p in parents)
+        _LAST_COLUMNS[:] = [columns, parents if chunked else None]
+    return _LAST_COLUMNS[1]
+
+
+_LAST_COLUMNS: list[Any] = [None, None]  # (columns, their parents or None): the last generation asked about
+
+
+def _row_documents(gen, rows: Iterable[int]) -> list[str]:
+    """The documents of ``rows``, best first: a chunk counts as its parent, once."""
+    ids, parents = gen.columns.ids, _parents(gen)
+    if parents is None:
+        return _documents(str(ids[r]) for r in rows)
+    return _documents(str(parents[r] or ids[r]) for r in rows)
+
+
+def _item_documents(items) -> list[str]:
+    """The documents of recall items in rank order: a chunk counts as its parent, once."""
+    return _documents(getattr(item, "parent", None) or item.id for item in sorted(items, key=lambda i: i.rank))
+
+
+def _wide(gen, k: int) -> int:
+    """How many rows a baseline reads to fill ``k`` documents: more when chunks of one
+    document may fill several of its first rows."""
+    return k if _parents(gen) is None else CHUNK_OVERFETCH * k
+
+
+#: Rows read per document slot on a chunked store.
+CHUNK_OVERFETCH = 4
+
+
+def question_time(q: EvalQuery) -> dt.datetime | None:
+    """When ``q`` is asked (its ``question_date`` as a UTC datetime), for recall's ``now``."""
+    if not q.question_date:
+        return None
+    when = dt.datetime.fromisoformat(q.question_date.replace("Z", "+00:00"))
+    return when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
+
+
+def query_string(q: EvalQuery) -> str:
+    """The query as an agent sends it today: the turns before the question, then the question."""
+    return "\n".join((*q.context, q.text))
+
+
 # ----------------------------------------------------------------------------- systems
 
 
@@ -82,30 +155,39 @@ def _bm25(recaller, q: EvalQuery, k: int) -> list[str]:
     gen = recaller.generation
     start, end = gen.partitions[q.corpus_id]
     cfg = recaller.config.lexical
-    hits = lexical.search(gen.bm25, q.text, start=start, end=end, mask=None, top_k=max(k, cfg.top_k),
+    hits = lexical.search(gen.bm25, q.text, start=start, end=end, mask=None, top_k=max(_wide(gen, k), cfg.top_k),
                           strong_score=cfg.strong_signal_score, strong_gap=cfg.strong_signal_gap)
-    return [str(gen.columns.ids[r]) for r in hits.rows[:k]]
+    return _row_documents(gen, hits.rows)[:k]
 
 
-def _dense_rows(recaller, q: EvalQuery):
+def _dense_rows(recaller, q: EvalQuery, k: int):
     vector = embed_query(recaller.embedder, q.text)
     if recaller.adapter is not None:  # the baseline sees the same query vector as Helix
         vector = recaller.adapter.apply(vector)
-    return dense.search(recaller.generation, q.corpus_id, vector, mask=None, config=recaller.config.dense).rows
+    cfg, wide = recaller.config.dense, _wide(recaller.generation, k)
+    if wide > max(k, cfg.top_k):  # a chunked store: enough rows to fill k documents
+        cfg = cfg.model_copy(update={"top_k": wide})
+    return dense.search(recaller.generation, q.corpus_id, vector, mask=None, config=cfg).rows
 
 
 def _dense(recaller, q: EvalQuery, k: int) -> list[str]:
-    return [str(recaller.generation.columns.ids[r]) for r in _dense_rows(recaller, q)[:k]]
+    return _row_documents(recaller.generation, _dense_rows(recaller, q, k))[:k]
 
 
 def _rrf(recaller, q: EvalQuery, k: int) -> list[str]:
     gen = recaller.generation
     start, end = gen.partitions[q.corpus_id]
     cfg = recaller.config
-    lex = lexical.search(gen.bm25, q.text, start=start, end=end, mask=None, top_k=cfg.lexical.top_k,
-                         strong_score=1.0, strong_gap=1.0)
-    fused = fuse.rrf({"dense": _dense_rows(recaller, q), "bm25": lex.rows}, k=60)
-    return [str(gen.columns.ids[r]) for r in fused.rows[:k]]
+    lex = lexical.search(gen.bm25, q.text, start=start, end=end, mask=None,
+                         top_k=max(cfg.lexical.top_k, _wide(gen, k)), strong_score=1.0, strong_gap=1.0)
+    fused = fuse.rrf({"dense": _dense_rows(recaller, q, k), "bm25": lex.rows}, k=60)
+    return _row_documents(gen, fused.rows)[:k]
+
+
+def _context(q: EvalQuery) -> dict[str, Any]:
+    """The turns before the question, as recall's ``context`` (only when there are some:
+    a system given the joined query string has none left)."""
+    return {"context": list(q.context)} if q.context else {}
 
 
 def helix(disabled: Iterable[str] = (), overrides: dict[str, Any] | None = None) -> Ranker:
@@ -114,8 +196,8 @@ def helix(disabled: Iterable[str] = (), overrides: dict[str, Any] | None = None)
 
     def run(recaller, q: EvalQuery, k: int) -> list[str]:
         result = recaller.recall(q.text, user=q.corpus_id, budget_tokens=EVAL_BUDGET, k=k, disabled=off | {"router"},
-                                 config=config)
-        return [item.id for item in sorted(result.items, key=lambda item: item.rank)]
+                                 config=config, now=question_time(q), **_context(q))
+        return _item_documents(result.items)[:k]
 
     return run
 
@@ -123,9 +205,10 @@ def helix(disabled: Iterable[str] = (), overrides: dict[str, Any] | None = None)
 def _no_vector(recaller, q: EvalQuery, k: int) -> list[str]:
     """What a Serve recall answers while the Embedder is down: BM25 alone through
     fusion, expansion, ranking and packing (:meth:`Recaller.plan_without_vector`)."""
-    plan = recaller.plan_without_vector(q.text, user=q.corpus_id, budget_tokens=EVAL_BUDGET, k=k)
+    plan = recaller.plan_without_vector(q.text, user=q.corpus_id, budget_tokens=EVAL_BUDGET, k=k,
+                                        now=question_time(q), **_context(q))
     result = recaller.finish(plan, recaller.lexical_leg(plan), None)
-    return [item.id for item in sorted(result.items, key=lambda item: item.rank)]
+    return _item_documents(result.items)[:k]
 
 
 SYSTEMS: dict[str, Ranker] = {
@@ -151,6 +234,8 @@ _PLAIN = {"session_context": 0.0}
 INGEST_VARIANTS: dict[str, dict[str, Any]] = {"helix-no-doc2query": {"doc2query": {"backend": "none"}},
                                               "helix-no-context": _PLAIN, "bm25": _PLAIN, "dense": _PLAIN,
                                               "rrf": _PLAIN}
+#: The suffix of a system given the turns before the question as recall's ``context``.
+WITH_CONTEXT = "+ctx"
 #: Systems that never embed the query: their store variant needs no adapter.
 LEXICAL_ONLY = frozenset({"bm25"})
 DEFAULT_SYSTEMS = ("bm25", "dense", "rrf", "helix", "helix-no-late", "helix-rerank", "helix-no-graph", "helix-mmr",
@@ -203,8 +288,8 @@ def evaluate(
     by_corpus: dict[str, list[EvalQuery]] = {}
     for q in evalset.queries:
         by_corpus.setdefault(q.corpus_id, []).append(q)
-    variants = {name: load_config(IngestConfig, overrides=INGEST_VARIANTS[name])
-                for name in chosen if name in INGEST_VARIANTS}
+    variants = {base_system(name): load_config(IngestConfig, overrides=INGEST_VARIANTS[base_system(name)])
+                for name in chosen if base_system(name) in INGEST_VARIANTS}
     tuning: dict[str, list[EvalQuery]] = {}
     for q in (adapt_on.queries if adapt_on is not None else ()):
         tuning.setdefault(q.corpus_id, []).append(q)
@@ -260,9 +345,9 @@ def evaluate(
             recallers[key] = Recaller(generation, get_embedder(ingest_config.embedder, threads),
                                       retrieval_config or RetrievalConfig(), adapter=adapter, threads=threads)
         for name, system in chosen.items():
-            recaller = recallers.get(name, recallers[None])
+            recaller = recallers.get(base_system(name), recallers[None])
             for q in queries:
-                ranked = system(recaller, q, depth)
+                ranked = _documents(system(recaller, asked(name, q), depth))[:depth]
                 rows[name].append({"category": q.category or "all", **evaluate_ranking(ranked, q.gold, ks=ks)})
         if show_progress:
             log.info("[%d/%d] %s: %d queries", n, len(by_corpus), corpus_id, len(queries))
@@ -296,10 +381,28 @@ def _rounded(diff: dict[str, Any]) -> dict[str, Any]:
             "p": round(diff["p"], 4)}
 
 
+def base_system(name: str) -> str:
+    """``name`` without its ``+ctx`` suffix (the system it runs, and whose store it uses)."""
+    return name[: -len(WITH_CONTEXT)] if name.endswith(WITH_CONTEXT) else name
+
+
+def asked(name: str, q: EvalQuery) -> EvalQuery:
+    """The query system ``name`` is given: a ``+ctx`` system gets the question and the
+    turns before it apart (recall's ``context``); every other system one string, the
+    turns then the question, as an agent that searches its window sends it."""
+    if name.endswith(WITH_CONTEXT) or not q.context:
+        return q
+    return dataclasses.replace(q, text=query_string(q), context=())
+
+
 def _system(name: str) -> Ranker:
-    if name not in SYSTEMS:
-        raise ValueError(f"Got system {name!r}; allowed: {', '.join(SYSTEMS)}.")
-    return SYSTEMS[name]
+    base = base_system(name)
+    if base not in SYSTEMS or (base != name and base in BASELINES):
+        allowed = ", ".join(SYSTEMS)
+        raise ValueError(f"Got system {name!r}; allowed: {allowed}, and any of them but {', '.join(BASELINES)} "
+                         f"with {WITH_CONTEXT!r} appended (e.g. helix{WITH_CONTEXT}: the turns before the question "
+                         "given to recall as context, not joined to the query).")
+    return SYSTEMS[base]
 
 
 def _flatten(summary: dict[str, Any]) -> dict[str, Any]:
@@ -320,6 +423,7 @@ def format_table(report: EvalReport, metrics: Sequence[str] = ("recall@5", "reca
              "system".ljust(width) + "".join(m.rjust(14) for m in present)]
     for name, s in report.systems.items():
         lines.append(name.ljust(width) + "".join(f"{s.get(m, float('nan')):14.4f}" for m in present))
+    lines += _category_lines(report, [m for m in CATEGORY_METRICS if m in present] or present[:1], width)
     if report.comparisons:
         lines.append("paired differences, query by query (mean, bootstrap 95% interval, sign-flip p):")
         for name, against in report.comparisons.items():
@@ -328,6 +432,35 @@ def format_table(report: EvalReport, metrics: Sequence[str] = ("recall@5", "reca
                          + ("p<0.001" if d["p"] < 0.001 else f"p={d['p']:.3f}") for m, d in diffs.items()]
                 lines.append(f"  {name} − {base}: " + "; ".join(cells))
     return "\n".join(lines)
+
+
+#: The metrics shown per category under the overall table.
+CATEGORY_METRICS = ("recall@10", "ndcg@10")
+
+
+def _category_label(dataset: str, category: str) -> str:
+    name = LOCOMO_CATEGORY_NAMES.get(category) if dataset == "locomo" else None
+    return f"{category} {name}" if name else category
+
+
+def _category_lines(report: EvalReport, metrics: Sequence[str], width: int) -> list[str]:
+    """One table per metric: a row per system, a column per category (with its query count)."""
+    cats = sorted({c for s in report.systems.values() for c in (s.get("per_category") or {})})
+    if not cats:
+        return []
+    counts = {c: next(s["per_category"][c]["n"] for s in report.systems.values() if c in s.get("per_category", {}))
+              for c in cats}
+    heads = [f"{_category_label(report.dataset, c)} ({counts[c]})" for c in cats]
+    cell = max(14, *(len(h) + 2 for h in heads))
+    label = max(width, *(len(f"{m} by category") + 2 for m in metrics))
+    lines: list[str] = []
+    for metric in metrics:
+        lines.append(f"{metric} by category".ljust(label) + "".join(h.rjust(cell) for h in heads))
+        for name, s in report.systems.items():
+            per = s.get("per_category") or {}
+            lines.append(name.ljust(label)
+                         + "".join(f"{per.get(c, {}).get(metric, float('nan')):{cell}.4f}" for c in cats))
+    return lines
 
 
 def format_markdown(report: EvalReport, metrics: Sequence[str] = ("recall@5", "recall@10", "recall_any@5", "ndcg@10",
