@@ -51,7 +51,8 @@ class Backend(Protocol):
     user: str
 
     async def recall(self, query: str, *, budget_tokens: int, k: int | None, project: str | None,
-                     types: list[str] | None, since: str | None, until: str | None) -> dict[str, Any]: ...
+                     types: list[str] | None, since: str | None, until: str | None,
+                     context: list[str] | None = None) -> dict[str, Any]: ...
 
     async def remember(self, record: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -111,14 +112,16 @@ class Local:
         return self._checked[1]
 
     async def recall(self, query: str, *, budget_tokens: int, k: int | None, project: str | None,
-                     types: list[str] | None, since: str | None, until: str | None) -> dict[str, Any]:
-        from helix_ray.recall.scope import make_scope
+                     types: list[str] | None, since: str | None, until: str | None,
+                     context: list[str] | None = None) -> dict[str, Any]:
+        from helix_ray.recall.scope import check_context, make_scope
 
         config = self._config()
         request: dict[str, Any] = dict(budget_tokens=budget_tokens, k=config.default_k if k is None else k,
                                        project=project, types=types, since=since, until=until)
         make_scope(query=query, user=self.user, **request)  # what POST /v1/recall checks, before any stage
-        out = await self.pipeline.recall(query, user=self.user, config=config, **request)
+        turns = check_context(context)
+        out = await self.pipeline.recall(query, user=self.user, config=config, context=turns or None, **request)
         if out["items"]:  # recency: what was returned counts as accessed, as in every front door
             now_us = int(time.time() * 1_000_000)
             if not self._accessed:  # sent to the Writer once a second, as the HTTP ingress does
@@ -200,8 +203,10 @@ class Remote:
                              "running there?") from None
 
     async def recall(self, query: str, *, budget_tokens: int, k: int | None, project: str | None,
-                     types: list[str] | None, since: str | None, until: str | None) -> dict[str, Any]:
-        request = dict(budget_tokens=budget_tokens, k=k, project=project, types=types, since=since, until=until)
+                     types: list[str] | None, since: str | None, until: str | None,
+                     context: list[str] | None = None) -> dict[str, Any]:
+        request = dict(budget_tokens=budget_tokens, k=k, project=project, types=types, since=since, until=until,
+                       context=context)
         body = {"query": query, **{name: v for name, v in request.items() if v is not None}}
         return await asyncio.to_thread(self._call, "POST", "/v1/recall", body)
 
@@ -230,6 +235,7 @@ class RecalledItem(BaseModel):
     created_at: str
     score: float
     project: str | None = None
+    parent: str | None = None
     text: str
 
 
@@ -280,6 +286,9 @@ def build_server(backend: Backend, *, project: str | None = None) -> MCPServer:
         since: Annotated[str | None, Field(description="ISO-8601: only memories created at or after it.")] = None,
         until: Annotated[str | None, Field(description="ISO-8601: only memories created at or before it "
                                                        "(a date alone means the end of that day).")] = None,
+        context: Annotated[list[str] | None, Field(description="The conversation's recent turns, oldest first, "
+                                                   "when the query is a follow-up ('and the other one?'): "
+                                                   "each is searched too, the latest weighing most.")] = None,
     ) -> Annotated[CallToolResult, RecallOut]:
         """Recall this user's memories relevant to a query: earlier decisions, facts, procedures,
         conversations and code notes. Call it before answering anything that earlier sessions may
@@ -287,11 +296,11 @@ def build_server(backend: Backend, *, project: str | None = None) -> MCPServer:
         date · score, then its text) and the same memories as structured items; use an id with
         `forget` or `feedback`."""
         out = await _helix(backend.recall(query, budget_tokens=budget_tokens, k=k, project=project, types=types,
-                                          since=since, until=until))
-        context = format_context(out["items"])
-        data = RecallOut(context=context, items=[RecalledItem.model_validate(i) for i in out["items"]],
+                                          since=since, until=until, context=context))
+        packed = format_context(out["items"])
+        data = RecallOut(context=packed, items=[RecalledItem.model_validate(i) for i in out["items"]],
                          total_tokens=out["total_tokens"], budget_tokens=out["budget_tokens"])
-        return CallToolResult(content=[TextContent(type="text", text=context)],
+        return CallToolResult(content=[TextContent(type="text", text=packed)],
                               structured_content=data.model_dump(mode="json"))
 
     async def remember(

@@ -60,6 +60,22 @@ QUARANTINE_SCHEMA = pa.schema(
 )
 
 
+#: A chunk of a long memory has the id ``<parent id>#chunk<n>`` (n from 1): its parent is
+#: the memory as written, which recall, PATCH and DELETE name by the parent id.
+CHUNK_ID = re.compile(r"^(?P<parent>.+)#chunk(?P<n>[1-9][0-9]*)$", re.S)
+
+
+def chunk_id(parent: str, n: int) -> str:
+    """The id of chunk ``n`` (1-based) of memory ``parent``."""
+    return f"{parent}#chunk{n}"
+
+
+def parent_of(memory_id: str) -> str | None:
+    """The parent id of a chunk's id; None for a memory that is not a chunk."""
+    match = CHUNK_ID.match(memory_id)
+    return match.group("parent") if match else None
+
+
 #: The shape of the ids :func:`content_hash` derives (its first 20 hex digits).
 DERIVED_ID = re.compile(r"[0-9a-f]{20}")
 

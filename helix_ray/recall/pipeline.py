@@ -24,6 +24,7 @@ import numpy as np
 
 from helix_ray.config import RetrievalConfig
 from helix_ray.embedder import DIM
+from helix_ray.schema import parent_of
 from helix_ray.recall import dense, diversify, expand, fuse, late, lexical, pack, rank, rerank, scope
 from helix_ray.recall.embed import embed_query
 from helix_ray.recall.result import Candidates, RecallItem, RecallResult, empty_explain, explain_table, iso
@@ -547,7 +548,7 @@ def _drop_repeats(plan: Plan, found: Candidates, order: list[int], gen: Any, col
         order, dups = diversify.drop_near_duplicates(order, _gather(gen.minhash, found.rows),
                                                      cfg.diversity.dedup_threshold)
         found.dropped_by.update({i: "near_duplicate" for i in dups})
-    docs = [cols.documents[int(r)] for r in found.rows]
+    docs = [parent_of(str(cols.ids[int(r)])) or cols.documents[int(r)] for r in found.rows]
     order, capped = diversify.cap_per_document(order, docs, cfg.diversity.max_per_document)
     found.dropped_by.update({i: "document_cap" for i in capped})
     return order
@@ -600,6 +601,7 @@ def _pack(plan: Plan, found: Candidates, selected: list[int], gen: Any,
             score=round(float(ranked.scores[p.row]), 6), n_tokens=p.n_tokens, truncated=p.truncated,
             created_at=iso(cols.created_at[r]), session_id=cols.sessions[r], project=cols.projects[r],
             signals={s: round(float(ranked.signals[s][p.row]), 4) for s in rank.SIGNALS},
+            parent=parent_of(str(cols.ids[r])),
         ))
     return packed, result_items
 

@@ -27,6 +27,7 @@ class RecallItem:
     session_id: str | None
     project: str | None
     signals: dict[str, float] = field(default_factory=dict)
+    parent: str | None = None  # the memory this item is a chunk of (None: a whole memory)
 
 
 _ITEM_FIELDS = tuple(f.name for f in dataclasses.fields(RecallItem) if f.name != "signals")

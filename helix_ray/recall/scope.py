@@ -44,7 +44,7 @@ class Scope:
     project_mode: str = "filter"  # "filter" | "prefer" (boost in ranking instead)
 
 
-def _as_time(name: str, value: object, *, end_of_day: bool = False) -> dt.datetime | None:
+def as_time(name: str, value: object, *, end_of_day: bool = False) -> dt.datetime | None:
     """A time bound as an aware datetime (naive ones are UTC). A date without a time of
     day is the day's first microsecond, or with ``end_of_day`` (``until``) its last: the
     window ``since=until=2025-05-21`` is that whole day."""
@@ -148,7 +148,7 @@ def make_scope(
                               "has none, not an empty one)", "Leave project out to recall across every project.")
     if project_mode not in ("filter", "prefer"):
         raise InvalidArgument("project_mode", project_mode, "it must be 'filter' or 'prefer'")
-    start, end = _as_time("since", since), _as_time("until", until, end_of_day=True)
+    start, end = as_time("since", since), as_time("until", until, end_of_day=True)
     if start and end and start > end:
         raise InvalidArgument("since", since, f"it must not be later than until={until!r}", "Swap them or widen the window.")
     return Scope(user=user, project=project, types=types, since=start, until=end, pinned=pinned,

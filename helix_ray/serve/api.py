@@ -45,6 +45,11 @@ class RecallRequest(_Request):
     until: str | None = Field(None, description="ISO-8601 time: only memories created at or before it (a date "
                                                 "alone, e.g. 2025-03-14, means the end of that day, UTC).")
     k: int | None = Field(None, description="Items selected before packing (1–200; default from the settings).")
+    context: list[str] | None = Field(None, description="The conversation's recent turns, oldest first, when the "
+                                      "query is its latest turn: each is searched too, the latest weighing most "
+                                      "(at most 64; the latest 8 are read).")
+    now: str | None = Field(None, description="ISO-8601 time the question is asked at (default: the server's clock); "
+                            "time words in the query ('last week') are read against it.")
     explain: bool = Field(False, description="Return every candidate's ranks, signals and fate.")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
@@ -63,6 +68,8 @@ class RecallItemOut(BaseModel):
     session_id: str | None
     project: str | None
     signals: dict[str, float]
+    parent: str | None = Field(None, description="The memory this item is a chunk of (a long memory is stored "
+                               "as chunks, id '<parent>#chunk<n>'); null for a whole memory.")
     origin: str = Field(description="'generation' (published) or 'delta' (written since the last compaction).")
 
 

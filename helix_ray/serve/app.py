@@ -41,7 +41,7 @@ from helix_ray.config import IngestConfig, RetrievalConfig, deep_merge, load_con
 from helix_ray.errors import InvalidArgument, StoreError
 from helix_ray.ingest.run import initialise
 from helix_ray.recall.pipeline import Recaller
-from helix_ray.recall.scope import make_scope
+from helix_ray.recall.scope import as_time, check_context, make_scope
 from helix_ray.serve import keys as keys_module
 from helix_ray.serve.api import (
     AdaptIn,
@@ -252,7 +252,8 @@ class HelixAPI(SplitGraph):
         make_scope(query=body.query, user=user, budget_tokens=budget, k=k, project=body.project,
                    types=body.types, since=body.since, until=body.until)
         request = dict(budget_tokens=budget, k=k, project=body.project, types=body.types,
-                       since=body.since, until=body.until, explain=body.explain)
+                       since=body.since, until=body.until, explain=body.explain,
+                       context=check_context(body.context) or None, now=as_time("now", body.now))
         hop = time.perf_counter()
         if self.local is not None:  # the inline graph: no hop
             out = await self.local.recall(body.query, user=user, config=config, **request)
