@@ -1,0 +1,834 @@
+"""Split a long text into token-counted chunks along its structure.
+
+:func:`split` is pure: text in, :class:`Chunk` list out, the same list for the same
+arguments. A text of at most ``max_tokens`` tokens is one chunk equal to the whole text.
+A longer one is cut into atoms (the smallest units a cut may fall between: sentences,
+lines, a heading line, pieces of an over-long sentence), each boundary between two atoms
+ranked by the structure it marks, strongest first:
+
+====================  ==========================================================
+Markdown              heading (``#`` before ``##`` …), block (paragraph, fenced
+                      code, list, table), list item, line, sentence, line wrap
+chat transcript       turn (``Name: …``, ``[date] Name: …``), paragraph, sentence
+code                  blank line before a top-level line, top-level ``def``/
+                      ``class``/dedent, blank line, nested ``def``, line
+text                  paragraph, sentence, line wrap
+====================  ==========================================================
+
+A range of atoms over the budget is cut at its strongest boundaries; the pieces that fit
+are packed greedily, consecutive ones together up to the budget (the last two of a run
+evened out, so a chunk is rarely a stub); a piece still too long is cut the same way at
+the next strength down. So a fenced block, a list or a turn that fits is never cut, and
+a cut falls between sentences wherever one does. A sentence or line longer than the
+budget is cut by tokens, at a space where one is near (a base64 blob still chunks).
+
+Each chunk after the first starts with up to ``overlap_tokens`` tokens repeated from the
+end of the previous one, whole sentences or lines where they fit, else whole words;
+never across a Markdown heading (a new section starts clean). Packing reserves room for
+that overlap, and every chunk's text is counted exactly once at the end: none is over
+``max_tokens``, overlap included.
+
+Token counts are those of :mod:`helix_ray.tokens` (tiktoken ``cl100k_base``), each atom
+counted once. Markdown headings are ATX (``## Title``); lines end at ``\\n`` (``\\r\\n``
+too). A text with no character but whitespace yields one chunk: the text itself if it
+fits, else an empty one. :func:`split` never returns an empty list.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import itertools
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from helix_ray import tokens
+
+__all__ = ["KINDS", "Chunk", "detect_kind", "encoder_text", "split"]
+
+KINDS = ("auto", "markdown", "chat", "code", "text")
+MIN_MAX_TOKENS = 16
+"""The smallest ``max_tokens``: a hard cut needs room for any one character (at most
+four tokens, one per UTF-8 byte) after the overlap is reserved."""
+
+# Boundary strengths, weakest first; a heading of level h is 20 - h (``#`` 19, ``######`` 14).
+GLUE = 0  # after a heading line, inside a fence's first/last line, after a decorator
+HARD = 1  # between the token-cut pieces of one over-long atom
+WRAP = 3  # a line break inside a sentence
+SENTENCE = 5
+LINE = 6
+SUBBLOCK = 7  # a blank line inside a fence or list item, a nested list item
+ITEM = 8  # a list item; a nested def in code
+LEAD_IN = 9  # "Run this:" before the fence, list or table it introduces
+BLOCK = 10  # a blank line between blocks
+STATEMENT = 11  # a top-level def/class or dedent to column 0 in code
+TOP = 12  # a chat turn; a blank line before a top-level line in code
+
+_HEADING = re.compile(r" {0,3}(#{1,6})(?:[ \t]+(.*?))?[ \t]*$")
+_FENCE_OPEN = re.compile(r"[ \t]*(`{3,}|~{3,})(.*)$")
+_ITEM = re.compile(r"[ \t]*(?:[-*+]|\d{1,9}[.)])(?:[ \t]|$)")
+_TABLE_ROW = re.compile(r"[ \t]*\|")
+_TABLE_RULE = re.compile(r"[ \t|:\-]+$")
+_TURN = re.compile(
+    r"(?:\[[^\]\n]{1,40}\][ \t]*)?"  # [2024-05-01 10:02]
+    r"(?:\d{1,2}:\d{2}(?::\d{2})?(?:[ \t]*[AaPp][Mm])?[ \t]*-?[ \t]*)?"  # 10:02 -
+    r"(\w[\w .'’()@-]{0,39}?)[ \t]*:[ \t]+\S"  # Name: text
+)
+_DEF = re.compile(
+    r"(?:async[ \t]+)?def[ \t]|class[ \t]|(?:export[ \t]+)?(?:default[ \t]+)?(?:async[ \t]+)?function\b"
+    r"|func[ \t]|fn[ \t]|pub(?:\([\w ]*\))?[ \t]|impl\b|struct[ \t]|enum[ \t]|interface[ \t]|trait[ \t]"
+    r"|(?:public|private|protected|static|internal|override)[ \t]"
+)
+_CODE_LINE = re.compile(
+    r"(?:import|from[ \t]+\S+[ \t]+import|return|if|elif|else|for|while|try|except|finally|with|raise|yield"
+    r"|const|let|var|package|using|namespace|#include|#define|switch|case|throw|await|@\w)\b"
+)
+_COMMENT = ("#", "//", "/*", "*", "--", ";")
+_SENT_END = re.compile(r"(?:[.!?]+|…)[\"'”’»)\]*_`]*(?=\s)|[。！？]+[」』”’)）]*")
+_ENDS_SENTENCE = re.compile(r"[.!?…:;。！？][\"'”’»)\]*_`」』）]*$")
+_ABBREVIATIONS = frozenset({"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "e.g", "i.e", "cf", "fig", "no",
+                            "etc"})
+_SPACE = re.compile(r"\s")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One piece of a split text.
+
+    ``text`` is ``source[text_start:end]``: the overlap repeated from the previous chunk
+    (``text_start < start``; none for the first chunk) and then the chunk's own part
+    ``source[start:end]``. Own parts do not overlap and come in order; between them lies
+    only whitespace. ``heading_path`` names the Markdown headings the chunk sits under,
+    outermost first (``("Guide", "Deploy", "Rollback")``); empty outside Markdown.
+    ``n_tokens`` counts ``text``; a short text's single chunk counts it on first use."""
+
+    text: str
+    index: int
+    heading_path: tuple[str, ...]
+    start: int
+    end: int
+    text_start: int
+    _n_tokens: int | None = field(default=None, repr=False, compare=False)
+    _encoding: str = field(default=tokens.ENCODING, repr=False, compare=False)
+
+    @property
+    def n_tokens(self) -> int:
+        n = self._n_tokens
+        if n is None:
+            n = _count(tokens.encoding(self._encoding), self.text)
+            object.__setattr__(self, "_n_tokens", n)
+        return n
+
+    @property
+    def own_text(self) -> str:
+        """The chunk's own part, without the overlap: ``source[start:end]``."""
+        return self.text[self.start - self.text_start:]
+
+
+def split(text: str, *, max_tokens: int = 256, overlap_tokens: int = 32, kind: str = "auto",
+          encoding: str = tokens.ENCODING) -> list[Chunk]:
+    """``text`` cut into chunks of at most ``max_tokens`` tokens each, overlap included.
+
+    ``overlap_tokens``: at most this many tokens of each chunk repeat the end of the one
+    before (0: none); at most half of ``max_tokens``. ``kind``: ``"markdown"``, ``"chat"``,
+    ``"code"``, ``"text"``, or ``"auto"`` to tell by :func:`detect_kind`. A text of at
+    most ``max_tokens`` tokens comes back whole as one chunk; a text of at most
+    ``max_tokens`` UTF-8 bytes is not even counted (a token is at least one byte)."""
+    if not isinstance(text, str):
+        raise TypeError(f"Got text of type {type(text).__name__}; split takes a str")
+    _check(max_tokens, overlap_tokens, kind)
+    n = len(text)
+    if n * 4 <= max_tokens or (n <= max_tokens and (text.isascii()
+                                                    or len(text.encode("utf-8", "surrogatepass")) <= max_tokens)):
+        return [Chunk(text, 0, (), 0, n, 0, None, encoding)]
+    enc = tokens.encoding(encoding)
+    ids = enc.encode(text, disallowed_special=())
+    if len(ids) <= max_tokens:
+        return [Chunk(text, 0, (), 0, n, 0, len(ids), encoding)]
+    if kind == "auto":
+        kind = detect_kind(text)
+    atoms = _Atoms(text)
+    _PARSERS[kind](atoms)
+    if not atoms.starts:
+        return [Chunk("", 0, (), 0, 0, 0, 0, encoding)]
+    plan = _Plan(atoms, enc, _token_lengths(encoding), ids, max_tokens - overlap_tokens)
+    ranges = plan.merge_stubs(plan.pack(0, len(plan.starts)))
+    return plan.finish(ranges, max_tokens, overlap_tokens, encoding)
+
+
+def encoder_text(chunk: Chunk, title: str | None = None) -> str:
+    """The text the encoders see for ``chunk``: one short line naming where it sits
+    (``title > Deploy > Rollback``), then its text, so a chunk under ``## Rollback``
+    matches "how do I roll back the deploy" though it never says so itself.
+
+    ``title`` is e.g. the source file or the parent memory's first line; its first line
+    only is used. Each name is cut to 60 characters and only the innermost three headings
+    are kept; a name equal to the one before it (a title repeated as the ``#`` heading) or
+    to the heading line the chunk itself opens with is left out. Nothing to name: the
+    chunk's text unchanged."""
+    names: list[str] = []
+    for name in ((title or "").strip().split("\n", 1)[0].strip(), *chunk.heading_path[-3:]):
+        name = name if len(name) <= 60 else name[:59].rstrip() + "…"
+        if name and (not names or names[-1].casefold() != name.casefold()):
+            names.append(name)
+    opening = _HEADING.match(chunk.text.lstrip("\r\n").split("\n", 1)[0].rstrip("\r"))
+    if names and opening and chunk.heading_path and names[-1] == chunk.heading_path[-1] == _title(opening):
+        names.pop()
+    return f"{' > '.join(names)}\n{chunk.text}" if names else chunk.text
+
+
+def detect_kind(text: str) -> str:
+    """``"chat"`` when most lines open a turn (``Name: …``, ``[date] Name: …``) of a few
+    speakers who take turns; ``"markdown"`` for a fenced code block; ``"code"`` when most
+    lines are indented or read as code (``def``, ``import``, braces, ``;``);
+    ``"markdown"`` for a heading, two list items or a table; else ``"text"``."""
+    lines = [line for line in text.split("\n", 4000)[:4000] if line.strip()]
+    if _is_chat(lines):
+        return "chat"
+    if any(_fence_mark(line) for line in lines):
+        return "markdown"
+    if _is_code(lines):
+        return "code"
+    items = sum(1 for line in lines if _ITEM.match(line))
+    if items >= 2 or any(_HEADING.match(line) for line in lines) or sum(1 for line in lines
+                                                                         if _TABLE_ROW.match(line)) >= 2:
+        return "markdown"
+    return "text"
+
+
+# --------------------------------------------------------------------------- checks and detection
+
+
+def _check(max_tokens: Any, overlap_tokens: Any, kind: Any) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"Got kind {kind!r}; it must be one of {', '.join(map(repr, KINDS))}")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < MIN_MAX_TOKENS:
+        raise ValueError(f"Got max_tokens={max_tokens!r}; it must be an int of at least {MIN_MAX_TOKENS}")
+    if (not isinstance(overlap_tokens, int) or isinstance(overlap_tokens, bool)
+            or not 0 <= overlap_tokens <= max_tokens // 2):
+        raise ValueError(f"Got overlap_tokens={overlap_tokens!r}; it must be an int from 0 to half of max_tokens "
+                         f"({max_tokens // 2}); 0 turns overlap off")
+
+
+def _count(enc: Any, text: str) -> int:
+    return len(enc.encode(text, disallowed_special=()))
+
+
+def _speaker(line: str) -> str | None:
+    m = _TURN.match(line)
+    if not m or len(m.group(1).split()) > 4 or _DEF.match(m.group(1)) or _CODE_LINE.match(m.group(1)):
+        return None
+    return m.group(1).strip().casefold()
+
+
+def _is_chat(lines: list[str]) -> bool:
+    speakers = [s for s in map(_speaker, lines) if s is not None]
+    distinct = len(set(speakers))
+    return len(speakers) >= 2 and 2 * len(speakers) >= len(lines) and distinct <= max(2, len(speakers) // 2)
+
+
+def _is_code(lines: list[str]) -> bool:
+    code = prose = 0
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith(_COMMENT) and not _ITEM.match(line):
+            continue
+        if (line[0] in " \t" and not _ITEM.match(line)) or _DEF.match(stripped) or _CODE_LINE.match(stripped) \
+                or stripped.endswith(("{", "}", ";", ")", "):", "]", "=>", "\\")):
+            code += 1
+        else:
+            prose += 1
+    return code >= 3 and code >= 1.5 * prose
+
+
+def _fence_mark(line: str) -> str | None:
+    """The fence (a run of three or more backticks or tildes) a line opens a code block with."""
+    m = _FENCE_OPEN.match(line)
+    if m is None or (m.group(1)[0] == "`" and "`" in m.group(2)):
+        return None
+    return m.group(1)
+
+
+def _closes(stripped: str, mark: str) -> bool:
+    return stripped.startswith(mark) and not stripped.strip(mark[0])
+
+
+def _title(heading: re.Match[str]) -> str:
+    return re.sub(r"(?:^|[ \t]+)#+$", "", heading.group(2) or "").strip()
+
+
+# --------------------------------------------------------------------------- atoms
+
+
+def _lines(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each line's content, without its ``\\n`` or ``\\r\\n``."""
+    out = []
+    pos, n = 0, len(text)
+    while pos < n:
+        nl = text.find("\n", pos)
+        end = n if nl < 0 else nl
+        out.append((pos, end - 1 if end > pos and text[end - 1] == "\r" else end))
+        pos = end + 1
+    return out
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t")) if "\t" not in line else len(line.expandtabs(4)) - len(
+        line.expandtabs(4).lstrip(" "))
+
+
+class _Atoms:
+    """The atoms of one text, with the strength of the boundary before each and the
+    heading path each sits under; the parsers below fill it line by line."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.strengths: list[int] = []
+        self.paths: list[tuple[str, ...]] = []
+        self.headings: list[bool] = []
+        self.fenced: list[bool] = []  # inside a fenced code block, after its opening line
+        self.path: tuple[str, ...] = ()
+        self.pending: int | None = None  # the strength a block's first atom takes
+        self.ended_sentence = False
+        self.ended_colon = False
+
+    def start_block(self, strength: int) -> None:
+        self.pending = strength
+
+    def block_strength(self, lead_in: bool = False) -> int:
+        return LEAD_IN if lead_in and self.ended_colon else BLOCK
+
+    def add(self, a: int, b: int, strength: int, *, keep_indent: bool = False, heading: bool = False,
+            fenced: bool = False) -> None:
+        text = self.text
+        while b > a and text[b - 1].isspace():
+            b -= 1
+        if not keep_indent:
+            while a < b and text[a].isspace():
+                a += 1
+        if a >= b:
+            return
+        if self.pending is not None:
+            strength, self.pending = self.pending, None
+        if self.headings and self.headings[-1]:
+            strength = GLUE  # a heading line stays with what follows it
+        self.starts.append(a)
+        self.ends.append(b)
+        self.strengths.append(strength)
+        self.paths.append(self.path)
+        self.headings.append(heading)
+        self.fenced.append(fenced)
+        self.ended_colon = text[b - 1] == ":"
+
+    def prose_line(self, a: int, b: int, strength: int) -> None:
+        """A line of prose, cut after each sentence; ``strength`` WRAP means the line
+        continues a paragraph (a sentence boundary if the line before ended one)."""
+        text = self.text
+        if strength == WRAP and self.ended_sentence:
+            strength = SENTENCE
+        cut = a
+        for m in _SENT_END.finditer(text, a, b):
+            nxt = m.end()
+            while nxt < b and text[nxt].isspace():
+                nxt += 1
+            if nxt >= b:
+                break
+            if m.group()[0] in ".!?…" and not _sentence_ends(text, m.start(), nxt, cut):
+                continue
+            self.add(cut, m.end(), strength)
+            strength, cut = SENTENCE, nxt
+        self.add(cut, b, strength)
+        self.ended_sentence = bool(_ENDS_SENTENCE.search(text[max(a, b - 8):b].rstrip()))
+
+    def code_line(self, a: int, b: int, strength: int, *, fenced: bool = False) -> None:
+        self.add(a, b, strength, keep_indent=True, fenced=fenced)
+
+
+def _sentence_ends(text: str, dot: int, nxt: int, floor: int) -> bool:
+    """Whether the ``.!?`` at ``dot`` ends a sentence, the next one starting at ``nxt``:
+    not before a lower-case word, and not after a known abbreviation or an initial."""
+    if text[nxt].islower():
+        return False
+    if text[dot] != ".":
+        return True
+    word = text[max(floor, dot - 5):dot].rsplit(None, 1)[-1:] or [""]
+    w = word[0].lstrip("(\"'").casefold()
+    return not (w in _ABBREVIATIONS or (len(w) == 1 and w.isalpha()))
+
+
+def _parse_markdown(atoms: _Atoms) -> None:
+    text = atoms.text
+    lines = _lines(text)
+    stack: list[tuple[int, str]] = []
+    i, n = 0, len(lines)
+    if lines and text[lines[0][0]:lines[0][1]].rstrip() == "---":  # YAML front matter: kept as lines
+        close = next((j for j in range(1, n) if text[lines[j][0]:lines[j][1]].rstrip() in ("---", "...")), None)
+        if close is not None:
+            atoms.start_block(BLOCK)
+            for j in range(close + 1):
+                atoms.code_line(*lines[j], LINE if 0 < j < close else GLUE)
+            i = close + 1
+    while i < n:
+        a, b = lines[i]
+        line = text[a:b]
+        if not line.strip():
+            i += 1
+            continue
+        heading = _HEADING.match(line)
+        if heading:
+            level = len(heading.group(1))
+            while stack and stack[-1][0] >= level:
+                stack.pop()
+            stack.append((level, _title(heading)))
+            atoms.path = tuple(title for _, title in stack if title)
+            atoms.start_block(20 - level)
+            atoms.add(a, b, GLUE, heading=True)
+            i += 1
+        elif _fence_mark(line):
+            atoms.start_block(atoms.block_strength(lead_in=True))
+            i = _fence(atoms, lines, i)
+        elif _ITEM.match(line):
+            atoms.start_block(atoms.block_strength(lead_in=True))
+            i = _list(atoms, lines, i)
+        elif _TABLE_ROW.match(line):
+            atoms.start_block(atoms.block_strength(lead_in=True))
+            while i < n and _TABLE_ROW.match(text[lines[i][0]:lines[i][1]]):
+                row = text[lines[i][0]:lines[i][1]]
+                atoms.code_line(*lines[i], GLUE if _TABLE_RULE.match(row) else LINE)
+                i += 1
+        elif _indent(line) >= 4:  # an indented code block
+            atoms.start_block(BLOCK)
+            while i < n and (_indent(text[lines[i][0]:lines[i][1]]) >= 4 or not text[lines[i][0]:lines[i][1]].strip()):
+                atoms.code_line(*lines[i], LINE)
+                i += 1
+        else:
+            atoms.start_block(BLOCK)
+            first = i
+            while i < n:
+                line = text[lines[i][0]:lines[i][1]]
+                if not line.strip() or (i > first and (_HEADING.match(line) or _fence_mark(line)
+                                                        or _ITEM.match(line))):
+                    break
+                atoms.prose_line(*lines[i], WRAP)
+                i += 1
+
+
+def _fence(atoms: _Atoms, lines: list[tuple[int, int]], i: int) -> int:
+    """A fenced code block from line ``i``: its lines as atoms, the fences glued to the
+    first and last; an unclosed fence runs to the end. Returns the line after it."""
+    text = atoms.text
+    mark = _fence_mark(text[lines[i][0]:lines[i][1]]) or "```"
+    atoms.code_line(*lines[i], GLUE)
+    strength, i = GLUE, i + 1
+    while i < len(lines):
+        a, b = lines[i]
+        stripped = text[a:b].strip()
+        i += 1
+        if _closes(stripped, mark):
+            atoms.code_line(a, b, GLUE, fenced=True)
+            break
+        if not stripped:
+            strength = SUBBLOCK if strength == LINE else strength
+            continue
+        atoms.code_line(a, b, strength, fenced=True)
+        strength = LINE
+    return i
+
+
+def _list(atoms: _Atoms, lines: list[tuple[int, int]], i: int) -> int:
+    """A list from line ``i``: items, their continuation lines and the blank lines and
+    fences inside them, up to the first line that is none of these. Returns the line after it."""
+    text = atoms.text
+    n = len(lines)
+    base = _indent(text[lines[i][0]:lines[i][1]])
+    gap = False
+    fence: str | None = None
+    fence_line = -1
+    first = i
+    while i < n:
+        a, b = lines[i]
+        line = text[a:b]
+        stripped = line.strip()
+        if not stripped:
+            k = i + 1
+            while k < n and not text[lines[k][0]:lines[k][1]].strip():
+                k += 1
+            if k >= n:
+                break
+            following = text[lines[k][0]:lines[k][1]]
+            if fence is None and not _ITEM.match(following) and _indent(following) <= base:
+                break
+            gap, i = True, k
+            continue
+        indent = _indent(line)
+        opening = _fence_mark(line)
+        if fence is not None:
+            closes = _closes(stripped, fence)
+            atoms.code_line(a, b, GLUE if closes or fence_line == i - 1 else SUBBLOCK if gap else LINE, fenced=True)
+            fence = None if closes else fence
+        elif i > first and indent <= base and (_HEADING.match(line) or opening):
+            break
+        elif opening:
+            atoms.code_line(a, b, SUBBLOCK)
+            fence, fence_line = opening, i
+        elif _ITEM.match(line):
+            atoms.prose_line(a, b, ITEM if indent <= base else SUBBLOCK)
+        elif indent > base or not gap:
+            atoms.prose_line(a, b, SUBBLOCK if gap else WRAP)
+        else:
+            break
+        gap = False
+        i += 1
+    return i
+
+
+def _parse_text(atoms: _Atoms) -> None:
+    text = atoms.text
+    gap = True
+    for a, b in _lines(text):
+        line = text[a:b]
+        if not line.strip():
+            gap = True
+            continue
+        atoms.prose_line(a, b, BLOCK if gap else LINE if _ITEM.match(line) else WRAP)
+        gap = False
+
+
+def _parse_chat(atoms: _Atoms) -> None:
+    text = atoms.text
+    gap = True
+    for a, b in _lines(text):
+        line = text[a:b]
+        if not line.strip():
+            gap = True
+            continue
+        atoms.prose_line(a, b, TOP if _speaker(line) is not None else BLOCK if gap else WRAP)
+        gap = False
+
+
+def _parse_code(atoms: _Atoms) -> None:
+    text = atoms.text
+    gap, first, prev_indent, prev_lead = False, True, 0, False
+    for a, b in _lines(text):
+        line = text[a:b]
+        stripped = line.strip()
+        if not stripped:
+            gap = True
+            continue
+        indent = _indent(line)
+        is_def = bool(_DEF.match(stripped))
+        if first:
+            strength = BLOCK
+        elif stripped[0] in ")]}":
+            strength = WRAP  # a closing bracket stays with what it closes
+        elif prev_lead:
+            strength = LINE if gap else WRAP  # a decorator or comment stays with what it heads
+        elif indent == 0 and (gap or is_def or prev_indent > 0):
+            strength = TOP if gap else STATEMENT
+        elif gap:
+            strength = BLOCK
+        else:
+            strength = ITEM if is_def else LINE
+        atoms.code_line(a, b, strength)
+        prev_indent = indent
+        prev_lead = stripped.startswith(("@", *_COMMENT)) and not stripped.startswith("*/")
+        gap = first = False
+
+
+_PARSERS = {"markdown": _parse_markdown, "chat": _parse_chat, "code": _parse_code, "text": _parse_text}
+
+
+# --------------------------------------------------------------------------- packing
+
+
+class _Plan:
+    """The atoms of a text, none over ``budget`` tokens (longer ones cut by tokens), and
+    the packing of ranges of them into chunks.
+
+    The text is tokenised once, whole (``ids``); a range of atoms is estimated as the
+    number of those tokens it overlaps, which is its count alone give or take a token at
+    each end, so no atom and no candidate chunk is counted on its own. Chunks are counted
+    exactly once, in :meth:`finish`. Positions are compared in UTF-8 bytes, as tokens are."""
+
+    def __init__(self, atoms: _Atoms, enc: Any, lengths: dict[int, int], ids: list[int], budget: int) -> None:
+        self.text, self.enc, self.budget = atoms.text, enc, budget
+        self.offsets = list(itertools.accumulate(map(lengths.__getitem__, ids), initial=0))  # token starts, bytes
+        self.exact: dict[tuple[int, int], int] = {}
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.strengths: list[int] = []
+        self.paths: list[tuple[str, ...]] = []
+        self.headings: list[bool] = []
+        self.fenced: list[bool] = []
+        to_bytes = _ByteOffsets(self.text)
+        byte_starts: list[int] = []
+        byte_ends: list[int] = []
+        for k, (a, b) in enumerate(zip(atoms.starts, atoms.ends)):
+            ab, bb = to_bytes(a), to_bytes(b)
+            if self._overlapped(ab, bb) <= budget or _count(enc, self.text[a:b]) <= budget:
+                pieces = [(a, b)]
+                byte_starts.append(ab)
+                byte_ends.append(bb)
+            else:
+                pieces = list(self._cut(a, b))
+                byte_starts += (to_bytes.within(a, ab, pa) for pa, _ in pieces)
+                byte_ends += (to_bytes.within(a, ab, pb) for _, pb in pieces)
+            for j, (pa, pb) in enumerate(pieces):
+                self.starts.append(pa)
+                self.ends.append(pb)
+                self.strengths.append(atoms.strengths[k] if j == 0 else HARD)
+                self.paths.append(atoms.paths[k])
+                self.headings.append(atoms.headings[k] and j == 0)
+                self.fenced.append(atoms.fenced[k])
+        self.first_token = [bisect.bisect_right(self.offsets, a) - 1 for a in byte_starts]
+        self.end_token = [bisect.bisect_left(self.offsets, b) for b in byte_ends]
+
+    def _overlapped(self, a: int, b: int) -> int:
+        """How many of the whole text's tokens overlap bytes ``a:b``."""
+        return bisect.bisect_left(self.offsets, b) - bisect.bisect_right(self.offsets, a) + 1
+
+    def estimate(self, lo: int, hi: int) -> int:
+        """Tokens of atoms ``lo:hi`` and the whitespace between them (see the class)."""
+        return self.end_token[hi - 1] - self.first_token[lo]
+
+    def fits(self, lo: int, hi: int) -> bool:
+        """Whether atoms ``lo:hi`` fit the budget; counted exactly when the estimate is
+        too close to call, so a block that fits is never cut for want of a token."""
+        estimate = self.estimate(lo, hi)
+        if estimate <= self.budget or estimate > self.budget + 4:
+            return estimate <= self.budget
+        if (lo, hi) not in self.exact:
+            self.exact[lo, hi] = _count(self.enc, self.text[self.starts[lo]:self.ends[hi - 1]])
+        return self.exact[lo, hi] <= self.budget
+
+    def _cut(self, a: int, b: int) -> Iterator[tuple[int, int]]:
+        """An over-long atom in pieces of at most ``budget`` tokens, cut after a space in
+        the last third of a piece where there is one, else between tokens."""
+        text, enc, budget = self.text, self.enc, self.budget
+        window = budget * 16  # characters: more than ``budget`` tokens of any text but a run of one character
+        while a < b:
+            hi = min(b, a + window)
+            ids = enc.encode(text[a:hi], disallowed_special=())
+            if len(ids) <= budget and hi == b:
+                yield a, b
+                return
+            offsets = [*enc.decode_with_offsets(ids)[1], hi - a]
+            limit = min(budget, len(ids))
+            while True:
+                cut = a + offsets[limit]
+                space = text.rfind(" ", a + (cut - a) * 2 // 3, cut + 1)
+                end = max(space if space > a else cut, a + 1)
+                piece_end = end
+                while piece_end > a + 1 and text[piece_end - 1].isspace():
+                    piece_end -= 1
+                n = _count(enc, text[a:piece_end])
+                if n <= budget:
+                    break
+                if limit == 1:  # one character is at most four tokens, well within any budget
+                    end = piece_end = a + 1
+                    n = _count(enc, text[a:end])
+                    break
+                limit = max(1, limit - max(1, n - budget))
+            yield a, piece_end
+            a = end
+            while a < b and text[a].isspace():
+                a += 1
+
+    def pack(self, lo: int, hi: int, carry: tuple[int, int] | None = None) -> list[tuple[int, int]]:
+        """Atoms ``lo:hi`` as chunk ranges: cut at the strongest boundaries inside, the
+        fitting pieces packed, the others packed the same way one strength down.
+        ``carry`` is a stub just before ``lo`` (a heading and its one-line intro before a
+        long paragraph) that the first chunk takes in if it fits."""
+        head = carry[0] if carry else lo
+        if self.fits(head, hi):
+            return [(head, hi)]
+        if hi - lo <= 1:
+            return [carry, (lo, hi)] if carry else [(lo, hi)]
+        top = max(self.strengths[lo + 1:hi])
+        cuts = [lo, *(k for k in range(lo + 1, hi) if self.strengths[k] == top), hi]
+        out: list[tuple[int, int]] = []
+        run: list[tuple[int, int]] = [carry] if carry else []
+        for x, y in zip(cuts, cuts[1:]):
+            if self.fits(x, y):
+                run.append((x, y))
+                continue
+            groups = self._greedy(run)
+            stub = groups and self.estimate(*groups[-1]) < self.budget // 4 and self._may_join(groups[-1][0], x)
+            carry = groups.pop() if stub else None
+            out += groups
+            out += self.pack(x, y, carry)
+            run = []
+        return out + self._greedy(run)
+
+    def _greedy(self, pieces: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Consecutive fitting pieces packed up to the budget; then pieces move from the
+        end of the last-but-one chunk to the last while that lowers the larger of the two."""
+        groups: list[list[tuple[int, int]]] = []
+        for piece in pieces:
+            if groups and self.fits(groups[-1][0][0], piece[1]):
+                groups[-1].append(piece)
+            else:
+                groups.append([piece])
+        if len(groups) >= 2:
+            before, last = groups[-2], groups[-1]
+            while len(before) > 1:
+                moved = self.estimate(before[-1][0], last[-1][1])
+                if moved >= self.estimate(before[0][0], before[-1][1]) or not self.fits(before[-1][0], last[-1][1]):
+                    break
+                last.insert(0, before.pop())
+        return [(group[0][0], group[-1][1]) for group in groups]
+
+    def merge_stubs(self, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """``ranges`` with each stub (under a quarter of the budget: a short block or
+        section beside one that had to be cut) joined to a neighbour it fits with, across
+        the weaker of its two boundaries."""
+        out = list(ranges)
+        k = 0
+        while k < len(out):
+            lo, hi = out[k]
+            options = []
+            if self.estimate(lo, hi) < self.budget // 4:
+                if k > 0 and self.fits(out[k - 1][0], hi) and self._may_join(out[k - 1][0], lo):
+                    options.append((self.strengths[lo], k - 1))
+                if k + 1 < len(out) and self.fits(lo, out[k + 1][1]) and self._may_join(lo, out[k + 1][0]):
+                    options.append((self.strengths[out[k + 1][0]], k + 1))
+            if not options:
+                k += 1
+                continue
+            j = min(options)[1]
+            first = min(j, k)
+            out[first:first + 2] = [(out[first][0], out[first + 1][1])]
+            k = first
+        return out
+
+    def _may_join(self, lo: int, x: int) -> bool:
+        """Whether atoms ``lo:x`` may share a chunk with the atoms from ``x`` on: yes
+        unless ``x`` opens a section and ``lo:x`` is the end of a sibling section, whose
+        heading the chunk would neither show nor keep in its heading path."""
+        if not self.headings[x] or self.headings[lo]:
+            return True
+        context = self.context(lo, x)
+        return self.paths[x][:len(context)] == context
+
+    def context(self, lo: int, hi: int) -> tuple[str, ...]:
+        """The heading path all of atoms ``lo:hi`` sit under."""
+        path = self.paths[lo]
+        for other in self.paths[lo + 1:hi]:
+            if other is not path:
+                path = _common(path, other)
+        return path
+
+    def finish(self, ranges: list[tuple[int, int]], max_tokens: int, overlap_tokens: int,
+               encoding: str) -> list[Chunk]:
+        """The chunks of ``ranges``, each with its overlap, counted exactly; a chunk over
+        ``max_tokens`` (counts are not quite additive) loses overlap, then is halved."""
+        text, enc = self.text, self.enc
+        chunks: list[Chunk] = []
+        k = 0
+        while k < len(ranges):
+            lo, hi = ranges[k]
+            start, end = self.starts[lo], self.ends[hi - 1]
+            text_start, n = start, -1
+            if chunks and overlap_tokens and not self.headings[lo]:
+                for candidate in self._overlaps(ranges[k - 1], lo, overlap_tokens):
+                    if _count(enc, text[candidate:chunks[-1].end]) <= overlap_tokens:
+                        total = _count(enc, text[candidate:end])
+                        if total <= max_tokens:
+                            text_start, n = candidate, total
+                            break
+            if n < 0:
+                n = _count(enc, text[start:end])
+                if n > max_tokens and hi - lo > 1:
+                    ranges[k:k + 1] = self._repack(lo, hi, n - max_tokens)
+                    continue
+            chunks.append(Chunk(text[text_start:end], len(chunks), self.context(lo, hi), start, end, text_start, n,
+                                encoding))
+            k += 1
+        return chunks
+
+    def _repack(self, lo: int, hi: int, excess: int) -> list[tuple[int, int]]:
+        """Atoms ``lo:hi``, counted ``excess`` tokens over the limit, packed again with
+        that much less room; halved at their strongest boundary if that changes nothing."""
+        budget, self.budget = self.budget, max(1, self.budget - excess - 1)
+        try:
+            ranges = self.pack(lo, hi)
+        finally:
+            self.budget = budget
+        if len(ranges) > 1:
+            return ranges
+        middle = (lo + hi) / 2
+        cut = max(range(lo + 1, hi), key=lambda k: (self.strengths[k], -abs(k - middle)))
+        return [(lo, cut), (cut, hi)]
+
+    def _overlaps(self, previous: tuple[int, int], current: int, overlap_tokens: int) -> list[int]:
+        """Where the overlap taken from the chunk ``previous`` may start, for the chunk
+        starting at atom ``current``: at a sentence or line within ``overlap_tokens`` of
+        its end, longest first, then at a line wrap or a cut; else at a word (or, in a text
+        without spaces, a token) of its last atom. Never inside a fenced block unless the
+        chunk itself starts inside one (the end of a block does not explain what follows)."""
+        lo, hi = previous
+        first = hi
+        while first > lo and self.estimate(first - 1, hi) <= overlap_tokens:
+            first -= 1
+        allowed = [k for k in range(first, hi) if self.fenced[current] or not self.fenced[k]]
+        if allowed or self.fenced[hi - 1]:
+            starts = [k for k in allowed if k == lo or self.strengths[k] >= SENTENCE]
+            return [self.starts[k] for k in starts + [k for k in allowed if k not in starts]]
+        a, b = self.starts[hi - 1], self.ends[hi - 1]
+        ids = self.enc.encode(self.text[a:b], disallowed_special=())
+        offsets = self.enc.decode_with_offsets(ids)[1]
+        out: list[int] = []
+        for back in range(overlap_tokens, max(overlap_tokens // 2, 1) - 1, -1):
+            pos = a + offsets[len(ids) - back]
+            if pos > a and not self.text[pos - 1].isspace():
+                space = _SPACE.search(self.text, pos, b)
+                if space is not None:
+                    pos = space.end()
+            if pos < b and (not out or pos > out[-1]):
+                out.append(pos)
+        return out
+
+
+class _ByteOffsets:
+    """The UTF-8 byte offsets of a text's character offsets, asked in order."""
+
+    def __init__(self, text: str) -> None:
+        self.text, self.ascii, self.char, self.byte = text, text.isascii(), 0, 0
+
+    def __call__(self, char: int) -> int:
+        if self.ascii:
+            return char
+        self.byte += len(self.text[self.char:char].encode("utf-8", "surrogatepass"))
+        self.char = char
+        return self.byte
+
+    def within(self, char: int, byte: int, later: int) -> int:
+        """The byte offset of ``later``, given that of an earlier ``char``, out of order."""
+        return later if self.ascii else byte + len(self.text[char:later].encode("utf-8", "surrogatepass"))
+
+
+class _TokenLengths(dict[int, int]):
+    """Token id → its length in bytes, looked up on first use."""
+
+    def __init__(self, enc: Any) -> None:
+        super().__init__()
+        self.enc = enc
+
+    def __missing__(self, token: int) -> int:
+        self[token] = length = len(self.enc.decode_single_token_bytes(token))
+        return length
+
+
+@functools.lru_cache(maxsize=4)
+def _token_lengths(name: str) -> _TokenLengths:
+    return _TokenLengths(tokens.encoding(name))
+
+
+def _common(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+    k = 0
+    while k < len(a) and k < len(b) and a[k] == b[k]:
+        k += 1
+    return a[:k]

@@ -1,0 +1,393 @@
+"""The structure-aware chunker: exact cuts on small crafted texts, and its invariants
+(own spans in order covering the text, bounded overlap, no chunk over the budget) on
+seeded generated ones."""
+
+from __future__ import annotations
+
+import base64
+import random
+import re
+
+import pytest
+
+from helix_ray.ingest import chunk as chunk_module
+from helix_ray.ingest.chunk import Chunk, detect_kind, encoder_text, split
+from helix_ray.tokens import token_counter
+
+count = token_counter()
+
+
+def check_invariants(text: str, chunks: list[Chunk], max_tokens: int, overlap_tokens: int) -> None:
+    """What every split must keep, whatever the text."""
+    assert chunks, "split never returns an empty list"
+    covered = 0
+    for i, c in enumerate(chunks):
+        assert c.index == i
+        assert c.text == text[c.text_start:c.end], "a chunk's text is a slice of the input"
+        assert c.text_start <= c.start <= c.end
+        assert c.start >= covered and not text[covered:c.start].strip(), \
+            f"only whitespace between own spans, got {text[covered:c.start]!r}"
+        covered = c.end
+        if c.text_start < c.start:  # the overlap comes from the end of the chunk before
+            previous = chunks[i - 1]
+            assert i > 0 and previous.start <= c.text_start < previous.end
+            assert count(text[c.text_start:previous.end]) <= overlap_tokens
+        assert c.n_tokens == count(c.text) <= max_tokens, (i, c.n_tokens)
+    assert not text[covered:].strip(), "the text after the last chunk is whitespace only"
+    if len(chunks) == 1 and count(text) <= max_tokens:
+        assert chunks[0].text == text
+
+
+# --------------------------------------------------------------------------- crafted documents
+
+
+def sentences(topic: str, n: int) -> str:
+    return " ".join(f"The {topic} step {i} checks one thing and then moves on." for i in range(n))
+
+
+GUIDE = f"""# Guide
+
+This guide explains how the service is deployed, rolled back and watched in production by the team.
+
+## Deploy
+
+{sentences("deploy", 3)}
+
+### Rollback
+
+{sentences("rollback", 3)}
+
+## Monitoring
+
+{sentences("monitoring", 3)}
+"""
+
+
+def test_headings_become_heading_paths():
+    chunks = split(GUIDE, max_tokens=64, overlap_tokens=0)
+    assert [c.heading_path for c in chunks] == [
+        ("Guide",), ("Guide", "Deploy"), ("Guide", "Deploy", "Rollback"), ("Guide", "Monitoring")]
+    assert [c.text.split("\n", 1)[0] for c in chunks] == ["# Guide", "## Deploy", "### Rollback", "## Monitoring"]
+    assert chunks[2].text == "### Rollback\n\n" + sentences("rollback", 3)
+    check_invariants(GUIDE, chunks, 64, 0)
+
+
+def test_encoder_text_prefixes_the_heading_path():
+    rollback = split(GUIDE, max_tokens=64, overlap_tokens=0)[2]
+    # the chunk opens with its own heading: the path above it is enough
+    assert encoder_text(rollback) == "Guide > Deploy\n" + rollback.text
+    assert encoder_text(rollback, title="ops/deploy.md") == "ops/deploy.md > Guide > Deploy\n" + rollback.text
+    inner = Chunk("Run make rollback.", 3, ("Guide", "Deploy", "Rollback"), 10, 28, 10)
+    assert encoder_text(inner, title="Guide") == "Guide > Deploy > Rollback\nRun make rollback."
+    assert encoder_text(Chunk("plain", 0, (), 0, 5, 0)) == "plain"
+    long_names = Chunk("x", 0, ("A" * 100, "B", "C", "D"), 0, 1, 0)
+    assert encoder_text(long_names) == "B > C > D\nx", "only the innermost three headings"
+    assert encoder_text(long_names, title="T" * 80).split("\n")[0] == "T" * 59 + "… > B > C > D"
+
+
+def test_heading_directly_above_a_subheading_stays_with_it():
+    doc = f"# Guide\n## Deploy\n### Rollback\n\n{sentences('rollback', 6)}\n"
+    chunks = split(doc, max_tokens=64, overlap_tokens=0)
+    assert chunks[0].text.startswith("# Guide\n## Deploy\n### Rollback\n\nThe rollback step 0")
+    assert all(not re.search(r"#\s*$", c.text) for c in chunks), "no chunk ends on a bare heading"
+    assert chunks[0].heading_path == ("Guide",)
+    assert chunks[1].heading_path == ("Guide", "Deploy", "Rollback")
+
+
+FENCE = "```python\n" + "\n".join(f"value_{i} = compute({i}, retries=3)" for i in range(6)) + "\n```"
+
+
+@pytest.mark.parametrize("max_tokens", [92, 100, 120, 150, 200, 256])
+def test_a_fenced_block_that_fits_is_never_cut(max_tokens):
+    doc = f"## Setup\n\n{sentences('setup', 6)} Run this:\n\n{FENCE}\n\n{sentences('after', 6)}\n"
+    assert count(FENCE) <= max_tokens - 16
+    chunks = split(doc, max_tokens=max_tokens, overlap_tokens=16)
+    holders = [c for c in chunks if FENCE in c.own_text]
+    assert len(holders) == 1, [c.own_text for c in chunks]
+    assert sum("```" in c.own_text for c in chunks) == 1, "no other chunk holds a piece of the fence"
+    check_invariants(doc, chunks, max_tokens, 16)
+
+
+def test_a_fence_too_long_for_one_chunk_is_cut_between_lines():
+    fence = "```\n" + "\n".join(f"line_{i} = {i} * 2  # a comment" for i in range(60)) + "\n```"
+    chunks = split(fence, max_tokens=80, overlap_tokens=0, kind="markdown")
+    assert len(chunks) > 2
+    assert all(re.fullmatch(r"(```\n)?(line_\d+ = \d+ \* 2  # a comment\n?)+(```)?", c.text) for c in chunks)
+    assert chunks[0].text.startswith("```\nline_0") and chunks[-1].text.endswith("\n```")
+
+
+def test_a_list_that_fits_stays_whole():
+    items = "\n".join(f"- item {i}: keep the {w} settings in one place" for i, w in enumerate(
+        ["cache", "queue", "auth", "billing", "search", "email"]))
+    doc = f"# Notes\n\n{sentences('before', 8)}\n\nThe parts:\n{items}\n\n{sentences('after', 8)}\n"
+    for max_tokens in (96, 128, 160, 256):
+        chunks = split(doc, max_tokens=max_tokens, overlap_tokens=16)
+        holders = [c for c in chunks if items in c.own_text]
+        assert len(holders) == 1 and "The parts:\n" + items in holders[0].own_text, max_tokens
+        check_invariants(doc, chunks, max_tokens, 16)
+
+
+def test_a_long_list_is_cut_between_items():
+    items = "\n".join(f"- item {i} says something short about part {i}." for i in range(40))
+    chunks = split(items, max_tokens=64, overlap_tokens=0)
+    assert len(chunks) > 3
+    assert all(c.text.startswith("- item ") and c.text.endswith(".") for c in chunks)
+
+
+TRANSCRIPT = "\n".join(
+    f"{['Alice', 'Bob'][i % 2]}: " + " ".join(f"Point {j} of message {i} is here." for j in range(1 + i % 4))
+    for i in range(12))
+
+
+def test_a_chat_transcript_splits_between_turns():
+    assert detect_kind(TRANSCRIPT) == "chat"
+    chunks = split(TRANSCRIPT, max_tokens=64, overlap_tokens=0)
+    assert len(chunks) > 3
+    turns = TRANSCRIPT.split("\n")
+    for c in chunks:
+        own = c.own_text.split("\n")
+        assert all(line in turns for line in own), "whole turns only"
+    assert "\n".join(c.own_text for c in chunks) == TRANSCRIPT
+    check_invariants(TRANSCRIPT, chunks, 64, 0)
+
+
+def test_a_turn_too_long_for_a_chunk_is_cut_at_sentences():
+    long_turn = "Bob: " + " ".join(f"Sentence {j} of the long turn is here." for j in range(40))
+    text = f"Alice: Short question here?\n{long_turn}\nAlice: Thanks, that helps.\n"
+    chunks = split(text, max_tokens=64, overlap_tokens=0, kind="chat")
+    # the short first turn starts the first chunk, which takes Bob's turn up to a sentence end
+    assert chunks[0].text.startswith("Alice: Short question here?\nBob: Sentence 0 of the long turn is here.")
+    assert all(c.text.startswith("Sentence ") for c in chunks[1:])
+    assert all(c.text.endswith(".") for c in chunks)
+    assert chunks[-1].text.endswith("is here.\nAlice: Thanks, that helps."), "the last short turn joins a neighbour"
+
+
+def test_the_chat_format_with_dates():
+    text = "\n".join(f"[2024-05-0{1 + i % 9} 10:0{i % 10}] {['ana', 'raj'][i % 2]}: reply number {i}"
+                     for i in range(20))
+    assert detect_kind(text) == "chat"
+    chunks = split(text, max_tokens=48, overlap_tokens=0)
+    assert all(c.text.startswith("[2024-05-0") for c in chunks)
+
+
+def test_overlap_is_present_and_bounded():
+    text = " ".join(f"Sentence number {i} says a few words about item {i}." for i in range(60))
+    chunks = split(text, max_tokens=64, overlap_tokens=16)
+    assert len(chunks) > 4
+    for before, c in zip(chunks, chunks[1:]):
+        overlap = text[c.text_start:before.end]
+        assert c.text_start < c.start and before.own_text.endswith(overlap)
+        assert re.fullmatch(r"Sentence number \d+ says a few words about item \d+\.", overlap), overlap
+        assert count(overlap) <= 16
+    check_invariants(text, chunks, 64, 16)
+    without = split(text, max_tokens=64, overlap_tokens=0)
+    assert all(c.text_start == c.start for c in without)
+
+
+def test_overlap_falls_back_to_words_and_never_crosses_a_heading():
+    long_sentence = " ".join(f"word{i}" for i in range(200)) + "."
+    chunks = split(long_sentence, max_tokens=64, overlap_tokens=8)
+    for before, c in zip(chunks, chunks[1:]):
+        assert c.text_start < c.start and long_sentence[c.text_start - 1] == " ", "the overlap starts at a word"
+    doc = f"## One\n\n{sentences('one', 8)}\n\n## Two\n\n{sentences('two', 8)}\n"
+    for c in split(doc, max_tokens=64, overlap_tokens=16):
+        if c.own_text.startswith("## "):
+            assert c.text_start == c.start
+
+
+def test_no_chunk_cut_mid_sentence_in_a_1804_token_section():
+    rng = random.Random(1804)
+    words = ("deploy rollback cluster replica shard index query latency budget token memory "
+             "worker queue retry backoff cache tenant schema migration snapshot").split()
+    body: list[str] = []
+    while count(" ".join(body)) < 1780:
+        body.append(" ".join(rng.choice(words) for _ in range(rng.randint(6, 30))).capitalize() + ".")
+    section = "## Operations\n\n" + "\n".join(" ".join(body[i:i + 5]) for i in range(0, len(body), 5))
+    assert 1780 <= count(section) <= 1830
+    chunks = split(section, max_tokens=256, overlap_tokens=32)
+    assert len(chunks) >= 7
+    for c in chunks:
+        assert c.n_tokens <= 256
+        assert c.own_text.endswith("."), c.own_text[-40:]
+        assert c.own_text[0].isupper() or c.own_text.startswith("## "), c.own_text[:40]
+        assert c.heading_path == ("Operations",)
+    check_invariants(section, chunks, 256, 32)
+
+
+def test_code_is_cut_between_definitions():
+    functions = [f"def handler_{i}(event, context):\n    value = event['n'] * {i}\n    if value > {i}:\n"
+                 f"        return value - {i}\n    return value\n" for i in range(12)]
+    source = "import os\nimport sys\n\n\n" + "\n\n".join(functions)
+    assert detect_kind(source) == "code"
+    chunks = split(source, max_tokens=64, overlap_tokens=0)
+    assert chunks[0].text.startswith("import os")
+    assert all(c.text.startswith(("def handler_", "import")) for c in chunks)
+    assert all(c.text.rstrip().endswith("return value") for c in chunks)
+
+
+def test_a_base64_blob_still_chunks():
+    blob = base64.b64encode(random.Random(5).randbytes(5000)).decode()
+    assert count(blob) > 4000
+    chunks = split(blob, max_tokens=256, overlap_tokens=32)
+    assert len(chunks) > 15
+    assert "".join(c.own_text for c in chunks) == blob
+    check_invariants(blob, chunks, 256, 32)
+
+
+def test_a_long_line_without_punctuation_is_cut_between_words():
+    text = " ".join(f"w{i}x" for i in range(3000))
+    chunks = split(text, max_tokens=100, overlap_tokens=0)
+    assert all(re.fullmatch(r"w\d+x( w\d+x)*", c.text) for c in chunks)
+    assert all(c.n_tokens > 60 for c in chunks[:-1]), "pieces are filled, not tiny"
+
+
+# --------------------------------------------------------------------------- the fast path
+
+
+@pytest.mark.parametrize("text", ["", "  ", "remember: staging uses port 8443", "line one\r\nline two\r\n",
+                                  "🎉 déployé ✓", "\ttabbed\n\n\n", "x" * 256])
+def test_a_short_text_comes_back_unchanged(text):
+    chunks = split(text)
+    assert chunks == [Chunk(text, 0, (), 0, len(text), 0)]
+    assert chunks[0].n_tokens == count(text)
+
+
+def test_a_short_text_costs_no_token_count(monkeypatch):
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a text this short must not be counted")
+
+    monkeypatch.setattr(chunk_module.tokens, "encoding", refuse)
+    assert split("Deploys go through make deploy; never push to prod by hand.")[0].start == 0
+    assert split("é" * 64)[0].end == 64  # 128 bytes: within the bound too
+    monkeypatch.undo()
+
+
+def test_a_text_over_the_byte_bound_but_within_the_budget_is_one_chunk():
+    text = "The quick brown fox jumps over the lazy dog. " * 20
+    assert len(text) > 256 and count(text) <= 256
+    assert split(text) == [Chunk(text, 0, (), 0, len(text), 0)]
+    assert split(text)[0].n_tokens == count(text)
+
+
+@pytest.mark.parametrize("text", ["😀🫠👍🏽" * 10, "\U0010ffff" * 20, "ḁ̴̢" * 30, "漢字かな交じり" * 10, "\x00\x7f" * 40])
+def test_no_text_has_more_tokens_than_utf8_bytes(text):
+    """The bound behind the fast path: a token is at least one byte."""
+    assert count(text) <= len(text.encode("utf-8"))
+
+
+# --------------------------------------------------------------------------- odd input and arguments
+
+
+def test_odd_input_never_raises():
+    cases = {
+        "crlf": "\r\n".join(f"## Part {i}\r\n\r\n{sentences('part', 4)}" for i in range(6)),
+        "tabs": "\n".join(f"\tcol{i}\tvalue {i}\tnote about it" for i in range(200)),
+        "no_newline": " ".join(f"token{i}" for i in range(40_000)),  # over 200 KB on one line
+        "emoji": " ".join("🚀 launch ✨ déjà vu 漢字 ok." for _ in range(300)),
+        "surrogate": "broken \ud800 text. " * 200,
+        "whitespace": " \n\t" * 20_000,
+        "one_char_run": "=" * 50_000,
+        "unclosed_fence": "intro\n\n```python\n" + "\n".join(f"x = {i}" for i in range(300)),
+    }
+    assert len(cases["no_newline"]) > 200_000
+    for name, text in cases.items():
+        chunks = split(text, max_tokens=128, overlap_tokens=16)
+        check_invariants(text, chunks, 128, 16)
+        if name == "whitespace":
+            assert chunks == [Chunk("", 0, (), 0, 0, 0)]
+
+
+def test_the_same_text_gives_the_same_chunks():
+    text = generated(random.Random(3), 4000)
+    assert split(text, max_tokens=100) == split(text, max_tokens=100)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"kind": "html"}, "Got kind 'html'; it must be one of 'auto', 'markdown', 'chat', 'code', 'text'"),
+    ({"max_tokens": 8}, "Got max_tokens=8; it must be an int of at least 16"),
+    ({"max_tokens": 64, "overlap_tokens": 40}, "Got overlap_tokens=40; it must be an int from 0 to half"),
+    ({"overlap_tokens": -1}, "Got overlap_tokens=-1"),
+])
+def test_bad_arguments_say_what_was_received_and_allowed(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        split("some text", **kwargs)
+
+
+@pytest.mark.parametrize("text, kind", [
+    ("# Title\n\nSome prose here.\n\n## Part\n\nMore prose.", "markdown"),
+    ("Intro.\n\n```sh\nmake\n```\n", "markdown"),
+    ("- one\n- two\n- three\n", "markdown"),
+    ("def f(x):\n    return x\n\nclass A:\n    pass\n", "code"),
+    ("function f() {\n  return 1;\n}\nconst x = f();\n", "code"),
+    ("user: hi\nassistant: hello, how can I help?\nuser: deploy fails\nassistant: show me the log\n", "chat"),
+    ("name: api\nimage: nginx\nport: 80\nreplicas: 3\n", "text"),
+    ("Just a paragraph of prose. It has two sentences.\nAnd a wrapped line.", "text"),
+])
+def test_detect_kind(text, kind):
+    assert detect_kind(text) == kind
+
+
+# --------------------------------------------------------------------------- invariants on generated texts
+
+WORDS = ("the a deploy rollback service queue cache token memory index shard replica budget latency "
+         "worker retry tenant schema naïve café 東京 🚀 über résumé").split()
+
+
+def sentence(rng: random.Random) -> str:
+    words = [rng.choice(WORDS) for _ in range(rng.randint(1, 40))]
+    return " ".join(words).capitalize() + rng.choice([".", ".", ".", "?", "!", "", ":"])
+
+
+def generated(rng: random.Random, n_units: int) -> str:
+    """A text mixing every structure the chunker knows, and some it must survive."""
+    parts: list[str] = []
+    for _ in range(n_units // 10):
+        roll = rng.random()
+        if roll < 0.12:
+            parts.append("#" * rng.randint(1, 6) + " " + sentence(rng).rstrip(".?!:"))
+        elif roll < 0.22:
+            body = "\n".join("    " * rng.randint(0, 2) + f"x_{i} = f({i})" for i in range(rng.randint(1, 40)))
+            parts.append(f"```py\n{body}\n```")
+        elif roll < 0.34:
+            parts.append("\n".join(f"{rng.choice(['-', '*', '1.'])} {sentence(rng)}" for _ in range(rng.randint(1, 12))))
+        elif roll < 0.42:
+            parts.append("\n".join(f"{rng.choice(['Ana', 'Raj'])}: {sentence(rng)}" for _ in range(rng.randint(1, 6))))
+        elif roll < 0.47:
+            parts.append(base64.b64encode(rng.randbytes(rng.randint(10, 3000))).decode())
+        elif roll < 0.52:
+            parts.append("| a | b |\n|---|---|\n" + "\n".join(f"| {i} | {sentence(rng)} |" for i in range(6)))
+        elif roll < 0.56:
+            parts.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(100, 600))))
+        else:
+            parts.append(("\n" if rng.random() < 0.3 else " ").join(sentence(rng) for _ in range(rng.randint(1, 12))))
+    separator = rng.choice(["\n\n", "\n", "\r\n\r\n", "\n\n\t\n"])
+    return separator.join(parts)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_invariants_hold_on_generated_texts(seed):
+    rng = random.Random(seed)
+    text = generated(rng, rng.randint(50, 600))
+    max_tokens = rng.choice([16, 40, 64, 100, 256, 512])
+    overlap = rng.choice([0, 4, max_tokens // 8, max_tokens // 2])
+    for kind in ("auto", "markdown", "chat", "code", "text"):
+        chunks = split(text, max_tokens=max_tokens, overlap_tokens=overlap, kind=kind)
+        check_invariants(text, chunks, max_tokens, overlap)
+        if count(text) > max_tokens and max_tokens >= 64:
+            average = sum(c.n_tokens for c in chunks) / len(chunks)
+            assert average >= max_tokens / 3, (kind, average)
+
+
+def test_invariant_checker_catches_a_bad_split():
+    """The checker above can fail: a chunk list that skips a sentence does not pass."""
+    text = "One sentence here. Another one there."
+    good = [Chunk("One sentence here.", 0, (), 0, 18, 0), Chunk("Another one there.", 1, (), 19, 37, 19)]
+    check_invariants(text, good, 16, 0)
+    with pytest.raises(AssertionError):
+        check_invariants(text, good[:1], 16, 0)
+    with pytest.raises(AssertionError):  # own spans overlap
+        check_invariants(text, [good[0], Chunk("here. Another one there.", 1, (), 13, 37, 13)], 16, 2)
+    with pytest.raises(AssertionError):  # an overlap longer than allowed
+        check_invariants(text, [good[0], Chunk("here. Another one there.", 1, (), 19, 37, 13)], 16, 1)
+    with pytest.raises(AssertionError):  # a chunk over the budget
+        check_invariants(text, good, 3, 0)
