@@ -67,8 +67,9 @@ class ValidationConfig(_Strict):
     """Which records ingest accepts. A rejected record is not dropped: it goes to the
     store's quarantine table with a reason code, a sentence and the raw record."""
 
-    max_text_chars: int = Field(32_000, ge=1)
-    """Longer texts are quarantined, not truncated: a memory is a fact, not a file."""
+    max_text_chars: int = Field(2_000_000, ge=1)
+    """Longer texts are quarantined (a text this long is a corpus, not a memory); anything
+    shorter is stored whole, long ones as chunks (``chunk``)."""
     default_user: str | None = None
     """Tenant given to records that bring none (``helix ingest --user``); when unset such
     records are quarantined."""
@@ -137,11 +138,34 @@ class LexicalIndexConfig(_Strict):
     ``writeBoolean``): natural-language questions about code then match it lexically."""
 
 
+class ChunkConfig(_Strict):
+    """Long memories are stored as chunks, never truncated (:mod:`helix_ray.ingest.chunk`):
+    split by structure (Markdown headings, blocks, chat turns, code blocks, then
+    sentences), each chunk a memory ``<id>#chunk<n>`` whose text starts with where it sits
+    (title > heading path). Recall keeps the best chunks of a memory; PATCH and DELETE of
+    the memory's id act on all of its chunks."""
+
+    max_tokens: int = Field(512, ge=64, le=8192)
+    """Texts longer than this many tokens (cl100k) are chunked, each chunk at most this
+    long: the sentence encoder reads 512 word pieces, so nothing is cut unread."""
+    overlap_tokens: int = Field(48, ge=0, le=512)
+    """Tokens of each chunk that repeat the end of the one before (on a sentence or line
+    boundary where there is one), so a fact split across the cut is whole in one chunk."""
+
+    @model_validator(mode="after")
+    def _overlap_fits(self) -> "ChunkConfig":
+        if self.overlap_tokens * 2 > self.max_tokens:
+            raise ValueError(f"Got overlap_tokens={self.overlap_tokens} with max_tokens={self.max_tokens}; the "
+                             "overlap must be at most half a chunk. Lower overlap_tokens.")
+        return self
+
+
 class IngestConfig(_Strict):
     """Settings of ingest, online writes and compaction (``configs/ingest.yaml``)."""
 
     embedder: EmbedderConfig = EmbedderConfig()
     validation: ValidationConfig = ValidationConfig()
+    chunk: ChunkConfig = ChunkConfig()
     dedup: DedupConfig = DedupConfig()
     doc2query: Doc2QueryConfig = Doc2QueryConfig()
     graph: GraphBuildConfig = GraphBuildConfig()
@@ -360,11 +384,12 @@ class RankConfig(_Strict):
     lexical_weight: float = Field(0.0, ge=0.0, le=1.0)
     """Share of the similarity signal given to the candidate's own BM25 score (min-max
     normalised in the pool; 0 for a candidate outside the BM25 list): similarity =
-    (1 − w) · the blend above + w · BM25. With ``lexical_adaptive`` the share is scaled
-    by how much the BM25 list stands out for this query."""
-    lexical_adaptive: bool = False
-    """Scale ``lexical_weight`` by the BM25 list's confidence (the spread of its top
-    scores: flat lists, where no term separates the candidates, count for less)."""
+    (1 − share) · the blend above + share · BM25."""
+    lexical_beyond_tokens: int = Field(0, ge=0)
+    """The encoders read a memory's first tokens only (late interaction
+    ``late.max_tokens``, the sentence encoder ~512); BM25 reads all of it. For a memory
+    longer than this many tokens, the BM25 share grows with the part the encoders did not
+    read: share = w + (1 − w) · (1 − this / n_tokens). 0: the share is w for every memory."""
     minmax: tuple[Literal["similarity", "recency", "salience", "confidence", "graph"], ...] = (
         "similarity", "graph")
     """Signals min-max normalised within the pool; the others (all already in [0, 1]) are
@@ -449,6 +474,23 @@ class PackConfig(_Strict):
         return name
 
 
+class TimeConfig(_Strict):
+    """Time-aware recall, by rules (no model; :mod:`helix_ray.when`): a time expression
+    in the query ("last weekend", "in March 2023", "two months ago"), read against the
+    moment the question is asked (``recall(now=...)``), boosts memories created inside
+    the window it names; a question asking for a time ("when did…", "how long ago…")
+    boosts memories that state one ("yesterday", "on 8 May")."""
+
+    enabled: bool = True
+    """Read time expressions in queries (explain shows the window under ``time``)."""
+    window_boost: float = Field(0.3, ge=0.0, le=4.0)
+    """A memory created inside the query's window scores (1 + this) times as much; inside
+    its soft edges, proportionally less."""
+    when_boost: float = Field(0.15, ge=0.0, le=4.0)
+    """For a question asking for a time: a memory whose text states a time or date scores
+    (1 + this) times as much."""
+
+
 class ContextConfig(_Strict):
     """Conversational recall: ``recall(query, context=[recent turns])``. The query (the
     latest turn) keeps full weight; each context turn is searched on its own (BM25 and
@@ -478,6 +520,7 @@ class RetrievalConfig(_Strict):
     late: LateConfig = LateConfig()
     rank: RankConfig = RankConfig()
     context: ContextConfig = ContextConfig()
+    time: TimeConfig = TimeConfig()
     rerank: RerankConfig = RerankConfig()
     diversity: DiversityConfig = DiversityConfig()
     pack: PackConfig = PackConfig()

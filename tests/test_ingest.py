@@ -34,15 +34,15 @@ def test_quarantine_keeps_every_bad_row_with_reason_and_position(tmp_path):
     assert report.accepted == len(FACTS) and report.quarantined == len(bad_lines)
     assert report.quarantine_reasons == {
         "missing_text": 1, "empty_text": 2, "wrong_type": 1, "unknown_type": 1,
-        "out_of_range": 1, "bad_time": 1, "too_long": 1,
+        "out_of_range": 1, "bad_time": 1, "too_deep": 1,
     }
     with StoreDB(tmp_path / "store") as db:
         rows = db.quarantine()
     assert len(rows) == len(bad_lines)
     assert {r["position"] for r in rows} == {f"line {i}" for i in range(1, len(bad_lines) + 1)}
     # Nothing lost: each quarantined raw record is the whole input record.
-    longest = max(rows, key=lambda r: len(r["raw"]))
-    assert len(longest["raw"]) > 40_000
+    deepest = max(rows, key=lambda r: r["raw"].count('"level"'))
+    assert json.loads(deepest["raw"]) == {k: v for k, v in json.loads(bad_lines[7]).items() if k != "_why"}
     assert {json.loads(r["raw"])["id"] for r in rows} == {json.loads(line)["id"] for line in bad_lines}
 
 

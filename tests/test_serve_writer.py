@@ -530,3 +530,78 @@ def test_server_recall_hits_reach_the_access_log_and_the_next_generation(shells)
     assert writer.compact()["published"]
     gen = Generation.open_current(shells["store"])
     assert gen.memories.to_pylist()[gen.columns.id_to_row["alice-00"]]["access_count"] == base + 2  # not twice
+
+
+def _runbook(topic: str, sections: int = 8) -> str:
+    """A Markdown runbook long enough to be stored as several chunks."""
+    parts = [f"# {topic} runbook"]
+    for n in range(1, sections + 1):
+        parts.append(f"## Step {n}\n" + " ".join(
+            f"Step {n} of the {topic} procedure checks replica {m} and writes its state to the audit log."
+            for m in range(12)))
+    parts.append("## Rollback\nTo roll back the heron migration, restore snapshot 4417 and replay the okapi WAL.")
+    return "\n\n".join(parts)
+
+
+def test_a_long_write_is_stored_as_chunks_that_recall_patch_and_delete_treat_as_one(shells):
+    """A text over chunk.max_tokens is written as chunks <id>#chunk<n>: none is cut, a
+    recall finds the chunk that answers, names its parent, and PATCH and DELETE of the
+    id act on every chunk; a shorter new text leaves no stale chunk behind."""
+    from helix_ray.schema import parent_of
+    from helix_ray.serve.writes import family
+    from helix_ray.tokens import token_counter
+
+    writer = shells["writer"]
+    text = _runbook("heron")
+    out = writer.add([{"id": "alice-runbook", "text": text, "project": "atlas"}], "alice")
+    assert out["ids"] == ["alice-runbook"]  # the caller's id, not its chunks'
+    chunks = family(writer.core, "alice-runbook")
+    count = token_counter()
+    assert len(chunks) >= 3 and all(parent_of(c) == "alice-runbook" for c in chunks)
+    texts = [writer.core.entries[c]["record"]["text"] for c in chunks]
+    assert all(count(t) <= writer.core.config.chunk.max_tokens + 16 for t in texts)  # + the heading line
+    assert "restore snapshot 4417 and replay the okapi WAL" in texts[-1]  # the end is there, not cut off
+
+    *_, found = local_recall(shells, "how do I roll back the heron migration?")
+    top = found["items"][0] if found["items"] else {}
+    assert top.get("parent") == "alice-runbook" and "snapshot 4417" in top["text"], found["items"]
+
+    writer.patch("alice-runbook", {"pinned": True}, "alice")  # a field: every chunk
+    assert family(writer.core, "alice-runbook") == chunks
+    assert all(writer.core.entries[c]["record"]["pinned"] for c in chunks)
+    meta = json.loads(writer.core.entries[chunks[0]]["record"]["metadata"]) \
+        if isinstance(writer.core.entries[chunks[0]]["record"]["metadata"], str) \
+        else writer.core.entries[chunks[0]]["record"]["metadata"]
+    assert meta["chunk"]["parent"] == "alice-runbook" and meta["chunk"]["of"] == len(chunks)
+
+    writer.patch("alice-runbook", {"text": "The heron runbook moved to the wiki."}, "alice")  # short now
+    assert family(writer.core, "alice-runbook") == ["alice-runbook"]
+    assert all(c in writer.core.tombstones for c in chunks)
+
+    writer.patch("alice-runbook", {"text": _runbook("okapi", 4)}, "alice")  # long again: chunks replace it
+    again = family(writer.core, "alice-runbook")
+    assert "alice-runbook" not in again and len(again) >= 2
+
+    writer.delete("alice-runbook", "alice")
+    assert family(writer.core, "alice-runbook") == []
+    writer.add([{"id": "alice-note", "text": "A short note, so that compaction has something to publish."}], "alice")
+    assert writer.compact()["published"]
+    from helix_ray.store.generation import Generation
+
+    ids = Generation.open_current(shells["store"]).memories.column("id").to_pylist()
+    assert not [i for i in ids if i.startswith("alice-runbook")]
+
+
+def test_another_users_chunked_memory_cannot_be_deleted_or_patched(shells):
+    from helix_ray.serve.errors import ReplicaError
+    from helix_ray.serve.writes import family
+
+    writer = shells["writer"]
+    writer.add([{"id": "bob-runbook", "text": _runbook("kestrel")}], "bob")
+    chunks = family(writer.core, "bob-runbook")
+    for call in (lambda: writer.delete("bob-runbook", "alice"),
+                 lambda: writer.patch("bob-runbook", {"pinned": True}, "alice")):
+        with pytest.raises(ReplicaError, match="no such memory for user 'alice'"):
+            call()
+    assert family(writer.core, "bob-runbook") == chunks
+    assert not any(writer.core.entries[c]["record"]["pinned"] for c in chunks)

@@ -37,6 +37,7 @@ from helix_ray.recall import dense, fuse, lexical
 from helix_ray.recall.embed import embed_query
 from helix_ray.recall.threads import encoder_threads
 from helix_ray.store.generation import Generation
+from helix_ray.tokens import token_counter
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +80,20 @@ def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config:
     return store
 
 
+def _any_longer(docs: Sequence[Any], max_tokens: int) -> bool:
+    """Whether any document is longer than ``max_tokens`` tokens (a token is at least one
+    byte, so texts of at most that many bytes are not counted)."""
+    count = token_counter()
+    return any(len(d.text.encode("utf-8")) > max_tokens and count(d.text) > max_tokens for d in docs)
+
+
 def store_key(docs: Sequence[Any], ingest_config: IngestConfig, types: Sequence[str]) -> str:
     """What a store is built from, hashed: the ingest settings that change its content and
     every document (id, text, date, session), so a store is reused only for the same
     documents (a turn corpus and a session corpus of one conversation never share one)."""
     content = ingest_config.model_dump(mode="json", exclude=RUNNER_ONLY)
+    if not _any_longer(docs, ingest_config.chunk.max_tokens):  # nothing to chunk: the same store either way
+        content.pop("chunk")
     return hashlib.sha1(json.dumps(
         [content, [(d.id, d.text, d.created_at, d.session_id) for d in docs]]
         + ([list(types)] if any(t != "episodic" for t in types) else [])

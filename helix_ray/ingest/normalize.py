@@ -33,8 +33,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from helix_ray.config import ValidationConfig
-from helix_ray.schema import MEMORY_SCHEMA, MEMORY_TYPES, content_hash
+from helix_ray.config import ChunkConfig, ValidationConfig
+from helix_ray.ingest import chunk
+from helix_ray.schema import MEMORY_SCHEMA, MEMORY_TYPES, chunk_id, content_hash
 
 TYPE_PRIOR = {"episodic": 0.40, "semantic": 0.50, "code": 0.50, "procedural": 0.60, "decision": 0.70}
 
@@ -332,16 +333,40 @@ def normalise_one(raw: dict[str, Any], config: ValidationConfig, *, default_time
 
 
 def normalise(
-    raws: list[dict[str, Any]], config: ValidationConfig, *, default_time: dt.datetime
+    raws: list[dict[str, Any]], config: ValidationConfig, *, default_time: dt.datetime,
+    chunking: ChunkConfig | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Split raw records into (memory rows, quarantine rows). Nothing is dropped silently."""
+    """Split raw records into (memory rows, quarantine rows); with ``chunking``, a long
+    record becomes its chunks' rows. Nothing is dropped silently."""
     rows, quarantined = [], []
     for raw in raws:
         try:
-            rows.append(normalise_one(raw, config, default_time=default_time))
+            row = normalise_one(raw, config, default_time=default_time)
         except Rejected as why:
             quarantined.append(quarantine_row(raw, str(why)))
+            continue
+        rows.extend(split_long(row, chunking) if chunking is not None else [row])
     return rows, quarantined
+
+
+def split_long(row: dict[str, Any], config: ChunkConfig) -> list[dict[str, Any]]:
+    """A normalised row as the memories it is stored as: itself, or, when its text is
+    longer than ``config.max_tokens``, one row per chunk: id ``<id>#chunk<n>``, the
+    chunk's text under a line naming where it sits, and ``metadata.chunk`` = {parent, n,
+    of, headings}. Every other field is the parent's."""
+    pieces = chunk.split(row["text"], max_tokens=config.max_tokens, overlap_tokens=config.overlap_tokens)
+    if len(pieces) <= 1:
+        return [row]
+    metadata = json.loads(row["metadata"])
+    title = " — ".join(str(metadata[k]) for k in ("file", "section") if isinstance(metadata.get(k), str)) or None
+    out = []
+    for n, piece in enumerate(pieces, start=1):
+        # The first chunk starts as its text does (a section's text names its file and heading).
+        text = chunk.encoder_text(piece, title if n > 1 else None)
+        part = {"parent": row["id"], "n": n, "of": len(pieces), "headings": list(piece.heading_path)}
+        out.append({**row, "id": chunk_id(row["id"], n), "text": text, "content_hash": content_hash(text, ""),
+                    "metadata": _metadata_json({**metadata, "chunk": part})})
+    return out
 
 
 def quarantine_row(raw: dict[str, Any], reason: str) -> dict[str, Any]:

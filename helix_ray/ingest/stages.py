@@ -26,15 +26,16 @@ Batch = dict[str, np.ndarray]
 
 
 def read_and_validate(item: dict[str, Any], *, config: IngestConfig) -> list[dict[str, Any]]:
-    """Stages 1–2 for one source: every raw record becomes exactly one output row,
-    ``{"ok": bool, "payload": json}`` (a memory row or a quarantine row).
+    """Stages 1–2 for one source: every raw record becomes output rows
+    ``{"ok": bool, "payload": json}``: a memory row (one per chunk of a long text) or a
+    quarantine row.
 
     JSON payloads keep the Arrow schema fixed however mixed the raw types are.
     """
     path, fmt = item["path"], item["format"]
     default_time = dt.datetime.fromtimestamp(_mtime(path), tz=dt.timezone.utc)
     raws = list(read_source(path, fmt))
-    rows, quarantined = normalise(raws, config.validation, default_time=default_time)
+    rows, quarantined = normalise(raws, config.validation, default_time=default_time, chunking=config.chunk)
     out = [{"ok": True, "payload": json.dumps(r, default=_json_time)} for r in rows]
     out += [{"ok": False, "payload": json.dumps(q)} for q in quarantined]
     return out

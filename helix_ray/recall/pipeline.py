@@ -25,6 +25,7 @@ import numpy as np
 from helix_ray.config import RetrievalConfig
 from helix_ray.embedder import DIM
 from helix_ray.schema import parent_of
+from helix_ray import when
 from helix_ray.recall import dense, diversify, expand, fuse, late, lexical, pack, rank, rerank, scope
 from helix_ray.recall.embed import embed_query
 from helix_ray.recall.result import Candidates, RecallItem, RecallResult, empty_explain, explain_table, iso
@@ -94,6 +95,8 @@ class Plan:
     timings_ms: dict[str, float]
     query_tokens: np.ndarray | None = None  # float16 (32, 384) for late interaction, or None
     context: tuple[ContextTurn, ...] = ()  # the conversation's recent turns, oldest first
+    window: when.TimeWindow | None = None  # the span of time the query names, if any
+    asks_when: bool = False  # the query asks for a time or a duration
     # The query's token encoding while it still runs on another core (see Recaller.plan):
     # (tokens, encoder ms). Read the tokens through tokens(), which waits for it.
     pending_tokens: Future | None = field(default=None, repr=False, compare=False)
@@ -275,9 +278,11 @@ class Recaller:
                 weights = {"dense": 1.0, "bm25": 0.0}
             now = now or dt.datetime.now(dt.timezone.utc)
             now_us = int((now if now.tzinfo else now.replace(tzinfo=dt.timezone.utc)).timestamp() * 1_000_000)
+            window, asks = _time_of(query, now, cfg, disabled, flags)
             plan = Plan(query, user, sc, cfg, k, budget_tokens, explain, frozenset(disabled), now_us, weights,
                         query_vector, flags, timings, query_tokens,
-                        self._context(turns, cfg, disabled, has_memories and own_vector, timings), pending)
+                        self._context(turns, cfg, disabled, has_memories and own_vector, timings), window, asks,
+                        pending)
         except BaseException:
             if pending is not None:
                 pending.cancel()  # the plan is never built: nothing will wait for them
@@ -395,7 +400,7 @@ class Recaller:
             return _nothing_found(plan, gen, timings, flags, started)
         _late_interaction(plan, found, gen, self._wants_late(cfg, plan.disabled), timings, flags)
         lap("late")
-        ranked = found.ranked = _rank(plan, found, cols, last_access_overlay)
+        ranked = found.ranked = _rank(plan, found, cols, last_access_overlay, gen)
         lap("rank")
         order = [int(i) for i in ranked.order]
         reranked = cfg.rerank.enabled and "rerank" not in plan.disabled and len(order) > 1
@@ -430,9 +435,8 @@ def _fuse(plan: Plan, lex: lexical.LexicalHits | None, dense_hits: dense.DenseHi
         for j, rows in enumerate(hits.context if hits is not None else ()):
             lists[f"{leg}@context{j}"] = rows
             weights[f"{leg}@context{j}"] = plan.weights.get(leg, 0.0) * plan.context[j].weight
-    confidence = _lexical_confidence(lex) if lex is not None else 0.0
     if lex is not None and cfg.fusion.adaptive and "bm25" in lists:
-        weights["bm25"] *= confidence
+        weights["bm25"] *= _lexical_confidence(lex)
         flags["bm25_weight"] = round(weights["bm25"], 4)
     fused = fuse.rrf(lists, k=cfg.fusion.k, weights=weights, top_rank_bonus=cfg.fusion.top_rank_bonus)
     return Candidates(
@@ -441,7 +445,6 @@ def _fuse(plan: Plan, lex: lexical.LexicalHits | None, dense_hits: dense.DenseHi
         list_rank={name: {int(r): i for i, r in enumerate(rows, start=1)} for name, rows in lists.items()},
         graph_score={}, added=[],
         bm25_score={} if lex is None else {int(r): float(s) for r, s in zip(lex.rows, lex.scores)},
-        bm25_confidence=confidence,
     )
 
 
@@ -504,10 +507,49 @@ def _late_interaction(plan: Plan, found: Candidates, gen: Any, wants_late: bool,
                        if name in plan.timings_ms)
 
 
-def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessOverlay | None) -> rank.Ranked:
+def _time_of(query: str, now: dt.datetime, cfg: RetrievalConfig, disabled: frozenset[str],
+             flags: dict[str, Any]) -> tuple[when.TimeWindow | None, bool]:
+    """The span of time ``query`` names, read against ``now``, and whether it asks for a
+    time (both off with ``time.enabled`` false or "time" disabled); shown in the flags."""
+    if not cfg.time.enabled or "time" in disabled:
+        return None, False
+    window, asks = when.query_window(query, now), when.asks_when(query)
+    if window is not None or asks:
+        flags["time"] = {"window": window.as_dict() if window is not None else None, "asks_when": asks}
+    return window, asks
+
+
+def _time_boost(plan: Plan, rows: np.ndarray, cols: Any, gen: Any) -> np.ndarray | None:
+    """Per candidate: (1 + window_boost · how far inside the query's window it was created)
+    × (1 + when_boost if the question asks for a time and the memory states one)."""
+    if plan.window is None and not plan.asks_when:
+        return None
+    t = plan.config.time
+    boost = np.ones(len(rows))
+    if plan.window is not None and t.window_boost > 0:
+        w = plan.window
+        created = [dt.datetime.fromtimestamp(int(us) / 1e6, dt.timezone.utc) for us in cols.created_at[rows]]
+        boost *= 1.0 + t.window_boost * np.array([w.weight(c) for c in created])
+    if plan.asks_when and t.when_boost > 0:
+        boost *= 1.0 + t.when_boost * np.array([when.has_time(gen.text(int(r))) for r in rows], dtype=np.float64)
+    return boost
+
+
+def _lexical_share(cfg: Any, n_tokens: np.ndarray) -> float | np.ndarray:
+    """Per candidate, the share of its similarity that its BM25 score carries
+    (``rank.lexical_weight``, more for the part of a long memory the encoders never read)."""
+    w, window = cfg.lexical_weight, cfg.lexical_beyond_tokens
+    if not window:
+        return w
+    unread = 1.0 - np.minimum(1.0, window / np.maximum(np.asarray(n_tokens, dtype=np.float64), 1.0))
+    return w + (1.0 - w) * unread
+
+
+def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessOverlay | None,
+          gen: Any) -> rank.Ranked:
     """Score the candidates by type-weighted signals (similarity, recency, salience,
-    confidence, graph); recency reads the newest of the generation's and the overlay's
-    last access."""
+    confidence, graph), times the time boosts; recency reads the newest of the
+    generation's and the overlay's last access."""
     cfg, rows = plan.config, found.rows
     assert found.cosine is not None  # filled by the late-interaction stage
     last_access = cols.last_accessed_at[rows].copy()
@@ -527,8 +569,9 @@ def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessO
         project=plan.scope.project if plan.scope.project_mode == "prefer" else None,
         disabled=frozenset(d for d in plan.disabled if d in rank.SIGNALS),
         lexical=np.array([found.bm25_score.get(int(r), 0.0) for r in rows]) if found.bm25_score else None,
-        lexical_share=cfg.rank.lexical_weight * (found.bm25_confidence if cfg.rank.lexical_adaptive else 1.0),
+        lexical_share=_lexical_share(cfg.rank, cols.n_tokens[rows]),
         context=found.context_cosine, context_share=cfg.context.similarity_share,
+        boost=_time_boost(plan, rows, cols, gen),
     )
 
 

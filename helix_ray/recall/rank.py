@@ -69,13 +69,14 @@ def rank(
     project: str | None = None,
     disabled: frozenset[str] = frozenset(),
     lexical: np.ndarray | None = None,
-    lexical_share: float = 0.0,
+    lexical_share: float | np.ndarray = 0.0,
     context: np.ndarray | None = None,
     context_share: float = 0.0,
+    boost: np.ndarray | None = None,
 ) -> Ranked:
     blend = config.similarity_blend
     similarity = blend * minmax(cosine) + (1 - blend) * minmax(fused)
-    if lexical is not None and lexical_share > 0:
+    if lexical is not None and np.any(lexical_share):
         similarity = (1 - lexical_share) * similarity + lexical_share * minmax(lexical)
     if context is not None and context_share > 0:
         similarity = (1 - context_share) * similarity + context_share * minmax(context)
@@ -98,5 +99,7 @@ def rank(
     if project is not None:
         scores = np.where(projects == project, scores * config.project_boost, scores * config.other_project_penalty)
     scores = np.where(pinned, scores * config.pinned_boost, scores)
+    if boost is not None:  # time-aware recall: per-candidate multipliers ≥ 1
+        scores = scores * boost
     order = np.lexsort((np.arange(len(scores)), -scores))
     return Ranked(order, scores, signals)

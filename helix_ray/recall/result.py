@@ -91,7 +91,6 @@ class Candidates:
     dropped_by: dict[int, str] = field(default_factory=dict)  # position → the stage that dropped it
     bm25_score: dict[int, float] = field(default_factory=dict)  # row → raw BM25 (absent: not in its list)
     context_cosine: np.ndarray | None = None  # weighted cosine with the context turns, or None
-    bm25_confidence: float = 0.0  # how much the BM25 list stands out (see pipeline._lexical_confidence)
 
 
 EXPLAIN_COLUMNS = ("id", "origin", "dense_rank", "bm25_rank", "rrf_score", "cosine", "late_maxsim", "graph_ppr",

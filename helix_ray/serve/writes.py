@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from helix_ray.errors import InvalidArgument, StoreError
 from helix_ray.ingest.dedup import signatures
-from helix_ray.schema import DERIVED_ID, MEMORY_SCHEMA, content_hash
+from helix_ray.schema import DERIVED_ID, MEMORY_SCHEMA, content_hash, parent_of
 from helix_ray.serve.delta_format import Tombstone
 from helix_ray.serve.errors import Conflict, Forbidden, NotFound
 
@@ -75,61 +75,141 @@ def add(core: WriterCore, records: list[dict[str, Any]], *, user: str | None, si
                 where = "the memory" if single else f"memories[{n}]"
                 raise Conflict(f"Got id={row['id']!r} in {where}; that id belongs to another user's memory. "
                                "Leave id out (one is derived from user and text) or choose another.")
-        write_rows(core, rows)
+        stored, stale = _as_stored(core, rows)
+        write_rows(core, stored)  # publishes
+        if stale:
+            _delete_ids(core, stale)
+            core._publish()
         return {"ids": [r["id"] for r in rows], "delta_version": core.version, "generation": core.generation}
 
 
 def patch(core: WriterCore, memory_id: str, fields: dict[str, Any], *, user: str | None) -> dict[str, Any]:
-    """Change ``fields`` of a memory: a new version, validated and written as a put."""
+    """Change ``fields`` of a memory: a new version, validated and written as a put. A
+    memory stored as chunks changes as a whole: a new text is chunked again; other
+    fields change on every chunk."""
     unknown = sorted(set(fields) - set(PATCHABLE))
     if unknown or not fields:
         raise InvalidArgument("fields", sorted(fields), f"a PATCH changes one or more of {', '.join(PATCHABLE)}")
     with core._lock:
-        record = record_of(core, memory_id)
-        if record is None or (user is not None and record["user"] != user):
+        ids = family(core, memory_id)
+        records = [r for r in (record_of(core, i) for i in ids) if r is not None]
+        if not records or (user is not None and records[0]["user"] != user):
             raise NotFound(not_found(core, memory_id, user))
-        merged = {k: iso(record.get(k)) for k in RECORD_FIELDS if record.get(k) is not None}
-        merged.update(fields)
-        if "text" in fields and "salience" not in fields:
-            merged.pop("salience", None)  # derived from the text: derive it again
-        row = validate(core, merged, record["user"], where="memory")
-        write_rows(core, [row])
+        chunked = ids != [memory_id]
+        if chunked and "text" not in fields:  # the same chunks, each with the new fields
+            rows = [validate(core, _patched(record, fields), record["user"], where="memory") for record in records]
+            write_rows(core, rows)  # publishes
+        else:
+            record = records[0]
+            if chunked:  # the parent again, from its first chunk's fields
+                record = {**record, "id": memory_id, "metadata": _without_chunk(record.get("metadata"))}
+            merged = _patched(record, fields)
+            if "text" in fields and "salience" not in fields:
+                merged.pop("salience", None)  # derived from the text: derive it again
+            stored, stale = _as_stored(core, [validate(core, merged, record["user"], where="memory")])
+            write_rows(core, stored)  # publishes
+            if stale:
+                _delete_ids(core, stale)
+                core._publish()
         return {"id": memory_id, "delta_version": core.version, "generation": core.generation}
 
 
+def _patched(record: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """A stored record with ``fields`` changed, as a record to validate; a chunk keeps its
+    place (``metadata.chunk``) whatever metadata the PATCH brings."""
+    merged = {k: iso(record.get(k)) for k in RECORD_FIELDS if record.get(k) is not None}
+    merged.update(fields)
+    place = _metadata(record.get("metadata")).get("chunk")
+    if place is not None and "metadata" in fields:
+        merged["metadata"] = {**_metadata(fields["metadata"]), "chunk": place}
+    return merged
+
+
+def _metadata(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _without_chunk(value: Any) -> dict[str, Any]:
+    return {k: v for k, v in _metadata(value).items() if k != "chunk"}
+
+
+def family(core: WriterCore, memory_id: str) -> list[str]:
+    """The live memories ``memory_id`` is stored as: itself, or its chunks in order."""
+    prefix = f"{memory_id}#chunk"
+    ids = {i for i in core.entries if i == memory_id or (i.startswith(prefix) and parent_of(i) == memory_id)}
+    rows = core.db.con.execute("SELECT id FROM memories WHERE NOT deleted AND (id = ? OR starts_with(id, ?))",
+                               [memory_id, prefix]).fetchall()
+    ids |= {r[0] for r in rows if r[0] == memory_id or parent_of(r[0]) == memory_id}
+    ids -= set(core.tombstones)
+    return sorted(ids, key=lambda i: (i != memory_id, len(i), i))
+
+
+def _as_stored(core: WriterCore, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows to write for ``rows`` (a long text's chunks instead of itself) and the
+    ids they leave stale: the memory's earlier chunks (or its whole earlier version) that
+    the new version does not overwrite."""
+    from helix_ray.ingest.normalize import split_long  # loads config (pydantic): this module does not
+
+    stored: list[dict[str, Any]] = []
+    stale: list[str] = []
+    for row in rows:
+        pieces = split_long(row, core.config.chunk)
+        fresh = {p["id"] for p in pieces}
+        stale += [i for i in family(core, row["id"]) if i not in fresh]
+        stored += pieces
+    return stored, stale
+
+
 def delete(core: WriterCore, memory_id: str, *, user: str | None) -> dict[str, Any]:
-    """Delete a memory of ``user``: a log row, the database row marked, a tombstone."""
+    """Delete a memory of ``user`` (all of its chunks, when it is stored as chunks): a log
+    row per memory, the database rows marked, tombstones."""
     with core._lock:
-        owner = core.owner(memory_id)
+        ids = family(core, memory_id)
+        owner = core.owner(ids[0]) if ids else None
         if owner is None or (user is not None and owner != user):
             raise NotFound(not_found(core, memory_id, user))
-        core.seq += 1
-        for attempt in range(DELETE_TRIES):
-            core.db.con.begin()
-            try:
-                core.db.con.execute(
-                    "INSERT INTO serve_log (seq, op, id, \"user\", written_at) VALUES (?, 'delete', ?, ?, now())",
-                    [core.seq, memory_id, owner])
-                core._drop_superseded([memory_id])
-                core.db.delete([memory_id])  # a generation row: the next generation drops it
-                core.db.con.commit()
-                break
-            except duckdb.TransactionException as exc:
-                # A compaction's pipeline writing the same row at this moment (it runs
-                # outside the lock, on a connection of its own): once it has, again.
-                core.db.con.rollback()
-                if attempt == DELETE_TRIES - 1:
-                    raise StoreError(f"Could not delete {memory_id!r} now: a compaction is writing that memory "
-                                     f"({str(exc).splitlines()[0][:120]}). Nothing was deleted; retry in a few "
-                                     "seconds.") from None
-                time.sleep(min(0.05 * 2 ** attempt, 1.0))
-            except BaseException:
-                core.db.con.rollback()
-                raise
-        core.entries.pop(memory_id, None)
-        core.tombstones[memory_id] = Tombstone(memory_id, owner, None)
+        _delete_ids(core, ids)
         core._publish()
         return {"id": memory_id, "deleted": True, "delta_version": core.version, "generation": core.generation}
+
+
+def _delete_ids(core: WriterCore, ids: list[str]) -> None:
+    """Delete live memories ``ids`` in one transaction (the caller holds the lock and
+    publishes): log rows, database rows marked, delta entries replaced by tombstones."""
+    owners = {i: core.owner(i) for i in ids}
+    first = core.seq + 1
+    for attempt in range(DELETE_TRIES):
+        core.db.con.begin()
+        try:
+            for n, memory_id in enumerate(ids):
+                core.db.con.execute(
+                    "INSERT INTO serve_log (seq, op, id, \"user\", written_at) VALUES (?, 'delete', ?, ?, now())",
+                    [first + n, memory_id, owners[memory_id]])
+            core._drop_superseded(ids)
+            core.db.delete(ids)  # generation rows: the next generation drops them
+            core.db.con.commit()
+            break
+        except duckdb.TransactionException as exc:
+            # A compaction's pipeline writing the same row at this moment (it runs
+            # outside the lock, on a connection of its own): once it has, again.
+            core.db.con.rollback()
+            if attempt == DELETE_TRIES - 1:
+                raise StoreError(f"Could not delete {ids[0]!r} now: a compaction is writing that memory "
+                                 f"({str(exc).splitlines()[0][:120]}). Nothing was deleted; retry in a few "
+                                 "seconds.") from None
+            time.sleep(min(0.05 * 2 ** attempt, 1.0))
+        except BaseException:
+            core.db.con.rollback()
+            raise
+    core.seq = first + len(ids) - 1
+    for memory_id in ids:
+        core.entries.pop(memory_id, None)
+        core.tombstones[memory_id] = Tombstone(memory_id, owners[memory_id] or "", None)
 
 
 def validate(core: WriterCore, raw: Any, user: str | None, *, where: str) -> dict[str, Any]:
