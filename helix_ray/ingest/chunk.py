@@ -28,10 +28,11 @@ never across a Markdown heading (a new section starts clean). Packing reserves r
 that overlap, and every chunk's text is counted exactly once at the end: none is over
 ``max_tokens``, overlap included.
 
-Token counts are those of :mod:`helix_ray.tokens` (tiktoken ``cl100k_base``), each atom
-counted once. Markdown headings are ATX (``## Title``); lines end at ``\\n`` (``\\r\\n``
-too). A text with no character but whitespace yields one chunk: the text itself if it
-fits, else an empty one. :func:`split` never returns an empty list.
+Token counts are those of :mod:`helix_ray.tokens` (tiktoken ``cl100k_base``): the text is
+counted once whole, which gives every candidate chunk an estimate, and each chunk once
+more, exactly. Markdown headings are ATX (``## Title``; not underlined ones); lines end
+at ``\\n`` (``\\r\\n`` too). A text of whitespace only yields one chunk: the text itself
+if it fits, else an empty one. :func:`split` never returns an empty list.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ SENTENCE = 5
 LINE = 6
 SUBBLOCK = 7  # a blank line inside a fence or list item, a nested list item
 ITEM = 8  # a list item; a nested def in code
-LEAD_IN = 9  # "Run this:" before the fence, list or table it introduces
+LEAD_IN = 9  # before "Run this:" when a fence, list or table follows it
 BLOCK = 10  # a blank line between blocks
 STATEMENT = 11  # a top-level def/class or dedent to column 0 in code
 TOP = 12  # a chat turn; a blank line before a top-level line in code
@@ -163,13 +164,13 @@ def encoder_text(chunk: Chunk, title: str | None = None) -> str:
     matches "how do I roll back the deploy" though it never says so itself.
 
     ``title`` is e.g. the source file or the parent memory's first line; its first line
-    only is used. Each name is cut to 60 characters and only the innermost three headings
+    only is used. Each name is cut to 48 characters and only the innermost three headings
     are kept; a name equal to the one before it (a title repeated as the ``#`` heading) or
     to the heading line the chunk itself opens with is left out. Nothing to name: the
     chunk's text unchanged."""
     names: list[str] = []
     for name in ((title or "").strip().split("\n", 1)[0].strip(), *chunk.heading_path[-3:]):
-        name = name if len(name) <= 60 else name[:59].rstrip() + "…"
+        name = name if len(name) <= 48 else name[:47].rstrip() + "…"
         if name and (not names or names[-1].casefold() != name.casefold()):
             names.append(name)
     opening = _HEADING.match(chunk.text.lstrip("\r\n").split("\n", 1)[0].rstrip("\r"))
@@ -182,13 +183,14 @@ def detect_kind(text: str) -> str:
     """``"chat"`` when most lines open a turn (``Name: …``, ``[date] Name: …``) of a few
     speakers who take turns; ``"markdown"`` for a fenced code block; ``"code"`` when most
     lines are indented or read as code (``def``, ``import``, braces, ``;``);
-    ``"markdown"`` for a heading, two list items or a table; else ``"text"``."""
+    ``"markdown"`` for a heading, two list items or a table; else ``"text"``. A script
+    (``#!``) is code whatever its comments look like."""
     lines = [line for line in text.split("\n", 4000)[:4000] if line.strip()]
     if _is_chat(lines):
         return "chat"
     if any(_fence_mark(line) for line in lines):
         return "markdown"
-    if _is_code(lines):
+    if text.startswith("#!") or _is_code(lines):
         return "code"
     items = sum(1 for line in lines if _ITEM.match(line))
     if items >= 2 or any(_HEADING.match(line) for line in lines) or sum(1 for line in lines
@@ -229,12 +231,16 @@ def _is_chat(lines: list[str]) -> bool:
 
 
 def _is_code(lines: list[str]) -> bool:
+    """Whether most lines that are not comments or list items (nor lines indented under
+    one) are indented or read as code."""
     code = prose = 0
+    in_list = False
     for line in lines:
         stripped = line.strip()
-        if stripped.startswith(_COMMENT) and not _ITEM.match(line):
+        in_list = bool(_ITEM.match(line)) or (in_list and line[0] in " \t")
+        if in_list or stripped.startswith(_COMMENT):
             continue
-        if (line[0] in " \t" and not _ITEM.match(line)) or _DEF.match(stripped) or _CODE_LINE.match(stripped) \
+        if line[0] in " \t" or _DEF.match(stripped) or _CODE_LINE.match(stripped) \
                 or stripped.endswith(("{", "}", ";", ")", "):", "]", "=>", "\\")):
             code += 1
         else:
@@ -299,7 +305,13 @@ class _Atoms:
         self.pending = strength
 
     def block_strength(self, lead_in: bool = False) -> int:
-        return LEAD_IN if lead_in and self.ended_colon else BLOCK
+        """The strength before a block. A fence, list or table (``lead_in``) right after
+        a sentence ending in ":" takes that sentence along: the cut moves before it."""
+        if not (lead_in and self.ended_colon):
+            return BLOCK
+        if self.strengths[-1] != GLUE:
+            self.strengths[-1] = max(self.strengths[-1], LEAD_IN)
+        return ITEM  # weaker than the cut before the sentence, stronger than any inside the block
 
     def add(self, a: int, b: int, strength: int, *, keep_indent: bool = False, heading: bool = False,
             fenced: bool = False) -> None:
@@ -321,7 +333,7 @@ class _Atoms:
         self.paths.append(self.path)
         self.headings.append(heading)
         self.fenced.append(fenced)
-        self.ended_colon = text[b - 1] == ":"
+        self.ended_colon = False
 
     def prose_line(self, a: int, b: int, strength: int) -> None:
         """A line of prose, cut after each sentence; ``strength`` WRAP means the line
@@ -341,7 +353,9 @@ class _Atoms:
             self.add(cut, m.end(), strength)
             strength, cut = SENTENCE, nxt
         self.add(cut, b, strength)
-        self.ended_sentence = bool(_ENDS_SENTENCE.search(text[max(a, b - 8):b].rstrip()))
+        tail = text[max(a, b - 8):b].rstrip()
+        self.ended_sentence = bool(_ENDS_SENTENCE.search(tail))
+        self.ended_colon = tail.endswith(":")
 
     def code_line(self, a: int, b: int, strength: int, *, fenced: bool = False) -> None:
         self.add(a, b, strength, keep_indent=True, fenced=fenced)
@@ -364,13 +378,6 @@ def _parse_markdown(atoms: _Atoms) -> None:
     lines = _lines(text)
     stack: list[tuple[int, str]] = []
     i, n = 0, len(lines)
-    if lines and text[lines[0][0]:lines[0][1]].rstrip() == "---":  # YAML front matter: kept as lines
-        close = next((j for j in range(1, n) if text[lines[j][0]:lines[j][1]].rstrip() in ("---", "...")), None)
-        if close is not None:
-            atoms.start_block(BLOCK)
-            for j in range(close + 1):
-                atoms.code_line(*lines[j], LINE if 0 < j < close else GLUE)
-            i = close + 1
     while i < n:
         a, b = lines[i]
         line = text[a:b]
@@ -485,27 +492,18 @@ def _list(atoms: _Atoms, lines: list[tuple[int, int]], i: int) -> int:
     return i
 
 
-def _parse_text(atoms: _Atoms) -> None:
-    text = atoms.text
-    gap = True
+def _parse_prose(atoms: _Atoms, *, turns: bool = False) -> None:
+    """Plain text, or with ``turns`` a chat transcript: paragraphs, turns, sentences."""
+    text, gap = atoms.text, True
     for a, b in _lines(text):
         line = text[a:b]
         if not line.strip():
             gap = True
             continue
-        atoms.prose_line(a, b, BLOCK if gap else LINE if _ITEM.match(line) else WRAP)
-        gap = False
-
-
-def _parse_chat(atoms: _Atoms) -> None:
-    text = atoms.text
-    gap = True
-    for a, b in _lines(text):
-        line = text[a:b]
-        if not line.strip():
-            gap = True
-            continue
-        atoms.prose_line(a, b, TOP if _speaker(line) is not None else BLOCK if gap else WRAP)
+        if turns and _speaker(line) is not None:
+            atoms.prose_line(a, b, TOP)
+        else:
+            atoms.prose_line(a, b, BLOCK if gap else LINE if not turns and _ITEM.match(line) else WRAP)
         gap = False
 
 
@@ -538,7 +536,8 @@ def _parse_code(atoms: _Atoms) -> None:
         gap = first = False
 
 
-_PARSERS = {"markdown": _parse_markdown, "chat": _parse_chat, "code": _parse_code, "text": _parse_text}
+_PARSERS = {"markdown": _parse_markdown, "chat": functools.partial(_parse_prose, turns=True), "code": _parse_code,
+            "text": _parse_prose}
 
 
 # --------------------------------------------------------------------------- packing
@@ -568,7 +567,8 @@ class _Plan:
         byte_ends: list[int] = []
         for k, (a, b) in enumerate(zip(atoms.starts, atoms.ends)):
             ab, bb = to_bytes(a), to_bytes(b)
-            if self._overlapped(ab, bb) <= budget or _count(enc, self.text[a:b]) <= budget:
+            # an estimate can be a few tokens short (a character split across tokens at an end): count near the budget
+            if self._overlapped(ab, bb) <= budget - 8 or _count(enc, self.text[a:b]) <= budget:
                 pieces = [(a, b)]
                 byte_starts.append(ab)
                 byte_ends.append(bb)
@@ -723,16 +723,17 @@ class _Plan:
 
     def finish(self, ranges: list[tuple[int, int]], max_tokens: int, overlap_tokens: int,
                encoding: str) -> list[Chunk]:
-        """The chunks of ``ranges``, each with its overlap, counted exactly; a chunk over
-        ``max_tokens`` (counts are not quite additive) loses overlap, then is halved."""
+        """The chunks of ``ranges``, each with the longest overlap that keeps it within
+        ``max_tokens``, counted exactly; a range counted over ``max_tokens`` without
+        overlap (the estimate is off by a token or two at its ends) is packed again."""
         text, enc = self.text, self.enc
         chunks: list[Chunk] = []
-        k = 0
+        k, cut_before = 0, False
         while k < len(ranges):
             lo, hi = ranges[k]
             start, end = self.starts[lo], self.ends[hi - 1]
             text_start, n = start, -1
-            if chunks and overlap_tokens and not self.headings[lo]:
+            if chunks and overlap_tokens and not self.headings[lo] and not cut_before:
                 for candidate in self._overlaps(ranges[k - 1], lo, overlap_tokens):
                     if _count(enc, text[candidate:chunks[-1].end]) <= overlap_tokens:
                         total = _count(enc, text[candidate:end])
@@ -744,6 +745,12 @@ class _Plan:
                 if n > max_tokens and hi - lo > 1:
                     ranges[k:k + 1] = self._repack(lo, hi, n - max_tokens)
                     continue
+            cut_before = n > max_tokens
+            if cut_before:  # one atom whose estimate was short: cut by tokens, with no overlap after it
+                for a, b in self._cut(start, end):
+                    chunks.append(Chunk(text[a:b], len(chunks), self.context(lo, hi), a, b, a, None, encoding))
+                k += 1
+                continue
             chunks.append(Chunk(text[text_start:end], len(chunks), self.context(lo, hi), start, end, text_start, n,
                                 encoding))
             k += 1
