@@ -25,7 +25,7 @@ def check_invariants(text: str, chunks: list[Chunk], max_tokens: int, overlap_to
     for i, c in enumerate(chunks):
         assert c.index == i
         assert c.text == text[c.text_start:c.end], "a chunk's text is a slice of the input"
-        assert c.text_start <= c.start <= c.end
+        assert c.text_start <= c.start <= c.end and (c.start < c.end or len(chunks) == 1)
         assert c.start >= covered and not text[covered:c.start].strip(), \
             f"only whitespace between own spans, got {text[covered:c.start]!r}"
         covered = c.end
@@ -363,7 +363,8 @@ def generated(rng: random.Random, n_units: int) -> str:
             body = "\n".join("    " * rng.randint(0, 2) + f"x_{i} = f({i})" for i in range(rng.randint(1, 40)))
             parts.append(f"```py\n{body}\n```")
         elif roll < 0.34:
-            parts.append("\n".join(f"{rng.choice(['-', '*', '1.'])} {sentence(rng)}" for _ in range(rng.randint(1, 12))))
+            items = rng.randint(1, 12)
+            parts.append("\n".join(f"{rng.choice(['-', '*', '1.'])} {sentence(rng)}" for _ in range(items)))
         elif roll < 0.42:
             parts.append("\n".join(f"{rng.choice(['Ana', 'Raj'])}: {sentence(rng)}" for _ in range(rng.randint(1, 6))))
         elif roll < 0.47:

@@ -1,7 +1,7 @@
 """Split a long text into token-counted chunks along its structure.
 
-:func:`split` is pure: text in, :class:`Chunk` list out, the same list for the same
-arguments. A text of at most ``max_tokens`` tokens is one chunk equal to the whole text.
+:func:`split` is pure and deterministic: text in, :class:`Chunk` list out. A text of at
+most ``max_tokens`` tokens is one chunk equal to the whole text (the empty string too).
 A longer one is cut into atoms (the smallest units a cut may fall between: sentences,
 lines, a heading line, pieces of an over-long sentence), each boundary between two atoms
 ranked by the structure it marks, strongest first:
@@ -15,24 +15,30 @@ code                  blank line before a top-level line, top-level ``def``/
 text                  paragraph, sentence, line wrap
 ====================  ==========================================================
 
-A range of atoms over the budget is cut at its strongest boundaries; the pieces that fit
-are packed greedily, consecutive ones together up to the budget (the last two of a run
-evened out, so a chunk is rarely a stub); a piece still too long is cut the same way at
-the next strength down. So a fenced block, a list or a turn that fits is never cut, and
-a cut falls between sentences wherever one does. A sentence or line longer than the
-budget is cut by tokens, at a space where one is near (a base64 blob still chunks).
+A range of atoms over the budget (``max_tokens - overlap_tokens``) is cut at its
+strongest boundaries; the pieces that fit are packed greedily, consecutive ones together
+up to the budget, and a piece still too long is cut the same way one strength down. So
+a fenced block, a list or a turn that fits the budget is never cut, and a cut falls
+between sentences wherever one does. A sentence ending in ":" stays with the fence, list
+or table it introduces, and a heading with what follows it. A sentence or line longer
+than the budget is cut by tokens, at a space where one is near (a base64 blob chunks
+too). So that chunks are not stubs, the last two of a run are evened out and a piece
+under a quarter of the budget joins a neighbour it fits with (never the end of another
+section, whose heading the chunk would lose).
 
 Each chunk after the first starts with up to ``overlap_tokens`` tokens repeated from the
-end of the previous one, whole sentences or lines where they fit, else whole words;
-never across a Markdown heading (a new section starts clean). Packing reserves room for
-that overlap, and every chunk's text is counted exactly once at the end: none is over
-``max_tokens``, overlap included.
+end of the one before: whole sentences or lines where they fit, else whole words; none
+before a Markdown heading (a section starts clean) nor out of a fenced block. Every
+chunk's text is counted exactly: none is over ``max_tokens``, overlap included.
 
-Token counts are those of :mod:`helix_ray.tokens` (tiktoken ``cl100k_base``): the text is
-counted once whole, which gives every candidate chunk an estimate, and each chunk once
-more, exactly. Markdown headings are ATX (``## Title``; not underlined ones); lines end
-at ``\\n`` (``\\r\\n`` too). A text of whitespace only yields one chunk: the text itself
-if it fits, else an empty one. :func:`split` never returns an empty list.
+Counting: a token is at least one UTF-8 byte, so a text of at most ``max_tokens`` bytes
+is one chunk uncounted (English prose runs four to five characters a token, so at the
+default 256 that is most memories of up to about 50 tokens); any other text is counted
+once whole, which estimates every candidate chunk, and each chunk once more, exactly.
+
+Markdown headings are ATX (``## Title``, not underlined); lines end at ``\\n``
+(``\\r\\n`` too). A longer text of whitespace only gives one empty chunk: :func:`split`
+never returns an empty list.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import functools
 import itertools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from helix_ray import tokens
 
@@ -133,9 +139,12 @@ def split(text: str, *, max_tokens: int = 256, overlap_tokens: int = 32, kind: s
 
     ``overlap_tokens``: at most this many tokens of each chunk repeat the end of the one
     before (0: none); at most half of ``max_tokens``. ``kind``: ``"markdown"``, ``"chat"``,
-    ``"code"``, ``"text"``, or ``"auto"`` to tell by :func:`detect_kind`. A text of at
-    most ``max_tokens`` tokens comes back whole as one chunk; a text of at most
-    ``max_tokens`` UTF-8 bytes is not even counted (a token is at least one byte)."""
+    ``"code"``, ``"text"``, or ``"auto"`` to tell by :func:`detect_kind`. ``encoding``:
+    the tiktoken encoding that counts (:mod:`helix_ray.tokens`). A text of at most
+    ``max_tokens`` tokens comes back whole as one chunk, with no heading path; a text of
+    at most ``max_tokens`` UTF-8 bytes is not even counted (a token is at least one byte).
+    Raises ValueError for a ``kind``, ``max_tokens`` or ``overlap_tokens`` out of range
+    (and TypeError for a text that is not a str); never for what the text holds."""
     if not isinstance(text, str):
         raise TypeError(f"Got text of type {type(text).__name__}; split takes a str")
     _check(max_tokens, overlap_tokens, kind)
@@ -536,8 +545,9 @@ def _parse_code(atoms: _Atoms) -> None:
         gap = first = False
 
 
-_PARSERS = {"markdown": _parse_markdown, "chat": functools.partial(_parse_prose, turns=True), "code": _parse_code,
-            "text": _parse_prose}
+_PARSERS: dict[str, Callable[[_Atoms], None]] = {
+    "markdown": _parse_markdown, "chat": functools.partial(_parse_prose, turns=True), "code": _parse_code,
+    "text": _parse_prose}
 
 
 # --------------------------------------------------------------------------- packing
@@ -553,7 +563,7 @@ class _Plan:
     exactly once, in :meth:`finish`. Positions are compared in UTF-8 bytes, as tokens are."""
 
     def __init__(self, atoms: _Atoms, enc: Any, lengths: dict[int, int], ids: list[int], budget: int) -> None:
-        self.text, self.enc, self.budget = atoms.text, enc, budget
+        self.text, self.enc, self.budget, self.lengths = atoms.text, enc, budget, lengths
         self.offsets = list(itertools.accumulate(map(lengths.__getitem__, ids), initial=0))  # token starts, bytes
         self.exact: dict[tuple[int, int], int] = {}
         self.starts: list[int] = []
@@ -608,17 +618,21 @@ class _Plan:
         """An over-long atom in pieces of at most ``budget`` tokens, cut after a space in
         the last third of a piece where there is one, else between tokens."""
         text, enc, budget = self.text, self.enc, self.budget
-        window = budget * 16  # characters: more than ``budget`` tokens of any text but a run of one character
+        window = budget * 6  # characters; doubled while they hold fewer than ``budget`` tokens
         while a < b:
-            hi = min(b, a + window)
-            ids = enc.encode(text[a:hi], disallowed_special=())
-            if len(ids) <= budget and hi == b:
+            while True:
+                hi = min(b, a + window)
+                ids = enc.encode(text[a:hi], disallowed_special=())
+                if len(ids) > budget or hi == b:
+                    break
+                window *= 2
+            if len(ids) <= budget:
                 yield a, b
                 return
-            offsets = [*enc.decode_with_offsets(ids)[1], hi - a]
-            limit = min(budget, len(ids))
+            starts = list(itertools.accumulate(map(self.lengths.__getitem__, ids[:budget]), initial=0))
+            limit = budget
             while True:
-                cut = a + offsets[limit]
+                cut = a + _char_offset(text[a:hi], starts[limit])
                 space = text.rfind(" ", a + (cut - a) * 2 // 3, cut + 1)
                 end = max(space if space > a else cut, a + 1)
                 piece_end = end
@@ -629,7 +643,6 @@ class _Plan:
                     break
                 if limit == 1:  # one character is at most four tokens, well within any budget
                     end = piece_end = a + 1
-                    n = _count(enc, text[a:end])
                     break
                 limit = max(1, limit - max(1, n - budget))
             yield a, piece_end
@@ -786,10 +799,11 @@ class _Plan:
             return [self.starts[k] for k in starts + [k for k in allowed if k not in starts]]
         a, b = self.starts[hi - 1], self.ends[hi - 1]
         ids = self.enc.encode(self.text[a:b], disallowed_special=())
-        offsets = self.enc.decode_with_offsets(ids)[1]
+        ends = list(itertools.accumulate(map(self.lengths.__getitem__, reversed(ids)), initial=0))
+        size = ends[-1]
         out: list[int] = []
-        for back in range(overlap_tokens, max(overlap_tokens // 2, 1) - 1, -1):
-            pos = a + offsets[len(ids) - back]
+        for back in range(min(overlap_tokens, len(ids)), max(overlap_tokens // 2, 1) - 1, -1):
+            pos = a + _char_offset(self.text[a:b], size - ends[back])
             if pos > a and not self.text[pos - 1].isspace():
                 space = _SPACE.search(self.text, pos, b)
                 if space is not None:
@@ -815,6 +829,17 @@ class _ByteOffsets:
     def within(self, char: int, byte: int, later: int) -> int:
         """The byte offset of ``later``, given that of an earlier ``char``, out of order."""
         return later if self.ascii else byte + len(self.text[char:later].encode("utf-8", "surrogatepass"))
+
+
+def _char_offset(text: str, byte: int) -> int:
+    """The character offset of UTF-8 byte offset ``byte`` of ``text``; inside a
+    character, the offset of that character (it goes with what follows)."""
+    if text.isascii():
+        return byte
+    data = text.encode("utf-8", "surrogatepass")
+    while 0 < byte < len(data) and data[byte] & 0xC0 == 0x80:
+        byte -= 1
+    return len(data[:byte].decode("utf-8", "surrogatepass"))
 
 
 class _TokenLengths(dict[int, int]):
