@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import random
 import re
+import textwrap
 
 import pytest
 
@@ -24,7 +25,7 @@ def check_invariants(text: str, chunks: list[Chunk], max_tokens: int, overlap_to
     for i, c in enumerate(chunks):
         assert c.index == i
         assert c.text == text[c.text_start:c.end], "a chunk's text is a slice of the input"
-        assert c.text_start <= c.start <= c.end
+        assert c.text_start <= c.start <= c.end and (c.start < c.end or len(chunks) == 1)
         assert c.start >= covered and not text[covered:c.start].strip(), \
             f"only whitespace between own spans, got {text[covered:c.start]!r}"
         covered = c.end
@@ -82,7 +83,7 @@ def test_encoder_text_prefixes_the_heading_path():
     assert encoder_text(Chunk("plain", 0, (), 0, 5, 0)) == "plain"
     long_names = Chunk("x", 0, ("A" * 100, "B", "C", "D"), 0, 1, 0)
     assert encoder_text(long_names) == "B > C > D\nx", "only the innermost three headings"
-    assert encoder_text(long_names, title="T" * 80).split("\n")[0] == "T" * 59 + "… > B > C > D"
+    assert encoder_text(long_names, title="T" * 80).split("\n")[0] == "T" * 47 + "… > B > C > D"
 
 
 def test_heading_directly_above_a_subheading_stays_with_it():
@@ -94,10 +95,12 @@ def test_heading_directly_above_a_subheading_stays_with_it():
     assert chunks[1].heading_path == ("Guide", "Deploy", "Rollback")
 
 
-FENCE = "```python\n" + "\n".join(f"value_{i} = compute({i}, retries=3)" for i in range(6)) + "\n```"
+# a blank line and a comment inside: read as prose, the block would be cut at them (the comment a heading)
+FENCE = ("```python\n# compute the values\n" + "\n".join(f"value_{i} = compute({i})" for i in range(3)) + "\n\n"
+         + "\n".join(f"total_{i} = value_{i} * 2" for i in range(3)) + "\n```")
 
 
-@pytest.mark.parametrize("max_tokens", [92, 100, 120, 150, 200, 256])
+@pytest.mark.parametrize("max_tokens", [82, 92, 100, 120, 150, 200])
 def test_a_fenced_block_that_fits_is_never_cut(max_tokens):
     doc = f"## Setup\n\n{sentences('setup', 6)} Run this:\n\n{FENCE}\n\n{sentences('after', 6)}\n"
     assert count(FENCE) <= max_tokens - 16
@@ -119,7 +122,7 @@ def test_a_fence_too_long_for_one_chunk_is_cut_between_lines():
 def test_a_list_that_fits_stays_whole():
     items = "\n".join(f"- item {i}: keep the {w} settings in one place" for i, w in enumerate(
         ["cache", "queue", "auth", "billing", "search", "email"]))
-    doc = f"# Notes\n\n{sentences('before', 8)}\n\nThe parts:\n{items}\n\n{sentences('after', 8)}\n"
+    doc = f"# Notes\n\n{sentences('before', 8)} The parts:\n{items}\n\n{sentences('after', 8)}\n"
     for max_tokens in (96, 128, 160, 256):
         chunks = split(doc, max_tokens=max_tokens, overlap_tokens=16)
         holders = [c for c in chunks if items in c.own_text]
@@ -127,11 +130,18 @@ def test_a_list_that_fits_stays_whole():
         check_invariants(doc, chunks, max_tokens, 16)
 
 
+def test_the_last_two_chunks_of_a_run_are_evened_out():
+    text = " ".join(f"Fact {i} is stated in one short plain sentence here." for i in range(9))
+    assert 100 < count(text) < 110  # eight sentences fit in 100 tokens, nine do not
+    chunks = split(text, max_tokens=100, overlap_tokens=0)
+    assert [c.text.count("Fact") for c in chunks] == [5, 4], "not eight and a stub of one"
+
+
 def test_a_long_list_is_cut_between_items():
-    items = "\n".join(f"- item {i} says something short about part {i}." for i in range(40))
+    items = "\n".join(f"- item {i} says something about part {i}. It has a second sentence." for i in range(40))
     chunks = split(items, max_tokens=64, overlap_tokens=0)
     assert len(chunks) > 3
-    assert all(c.text.startswith("- item ") and c.text.endswith(".") for c in chunks)
+    assert all(c.text.startswith("- item ") and c.text.endswith("It has a second sentence.") for c in chunks)
 
 
 TRANSCRIPT = "\n".join(
@@ -200,10 +210,13 @@ def test_no_chunk_cut_mid_sentence_in_a_1804_token_section():
     words = ("deploy rollback cluster replica shard index query latency budget token memory "
              "worker queue retry backoff cache tenant schema migration snapshot").split()
     body: list[str] = []
-    while count(" ".join(body)) < 1780:
+    section = ""
+    while count(section) < 1790:
         body.append(" ".join(rng.choice(words) for _ in range(rng.randint(6, 30))).capitalize() + ".")
-    section = "## Operations\n\n" + "\n".join(" ".join(body[i:i + 5]) for i in range(0, len(body), 5))
-    assert 1780 <= count(section) <= 1830
+        # paragraphs of ten sentences, hard-wrapped at 80 columns as Markdown usually is: most lines end mid-sentence
+        section = "## Operations\n\n" + "\n\n".join(textwrap.fill(" ".join(body[i:i + 10]), 80)
+                                                     for i in range(0, len(body), 10))
+    assert 1790 <= count(section) <= 1830
     chunks = split(section, max_tokens=256, overlap_tokens=32)
     assert len(chunks) >= 7
     for c in chunks:
@@ -319,6 +332,7 @@ def test_bad_arguments_say_what_was_received_and_allowed(kwargs, message):
     ("- one\n- two\n- three\n", "markdown"),
     ("def f(x):\n    return x\n\nclass A:\n    pass\n", "code"),
     ("function f() {\n  return 1;\n}\nconst x = f();\n", "code"),
+    ("#!/bin/sh\n# Build the image\nmake image\n# Push it\nmake push\n", "code"),
     ("user: hi\nassistant: hello, how can I help?\nuser: deploy fails\nassistant: show me the log\n", "chat"),
     ("name: api\nimage: nginx\nport: 80\nreplicas: 3\n", "text"),
     ("Just a paragraph of prose. It has two sentences.\nAnd a wrapped line.", "text"),
@@ -349,7 +363,8 @@ def generated(rng: random.Random, n_units: int) -> str:
             body = "\n".join("    " * rng.randint(0, 2) + f"x_{i} = f({i})" for i in range(rng.randint(1, 40)))
             parts.append(f"```py\n{body}\n```")
         elif roll < 0.34:
-            parts.append("\n".join(f"{rng.choice(['-', '*', '1.'])} {sentence(rng)}" for _ in range(rng.randint(1, 12))))
+            items = rng.randint(1, 12)
+            parts.append("\n".join(f"{rng.choice(['-', '*', '1.'])} {sentence(rng)}" for _ in range(items)))
         elif roll < 0.42:
             parts.append("\n".join(f"{rng.choice(['Ana', 'Raj'])}: {sentence(rng)}" for _ in range(rng.randint(1, 6))))
         elif roll < 0.47:
@@ -376,6 +391,16 @@ def test_invariants_hold_on_generated_texts(seed):
         if count(text) > max_tokens and max_tokens >= 64:
             average = sum(c.n_tokens for c in chunks) / len(chunks)
             assert average >= max_tokens / 3, (kind, average)
+
+
+def test_exact_counts_alone_keep_the_invariants(monkeypatch):
+    """Estimates only guide the packing: with every estimate zero (all fits, no atom cut
+    up front) the exact counts at the end still keep every chunk within the budget."""
+    monkeypatch.setattr(chunk_module._Plan, "estimate", lambda self, lo, hi: 0)
+    monkeypatch.setattr(chunk_module._Plan, "_overlapped", lambda self, a, b: 0)
+    text = generated(random.Random(11), 300)
+    for max_tokens, overlap in ((64, 0), (100, 16)):
+        check_invariants(text, split(text, max_tokens=max_tokens, overlap_tokens=overlap), max_tokens, overlap)
 
 
 def test_invariant_checker_catches_a_bad_split():

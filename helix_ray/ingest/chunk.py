@@ -1,7 +1,7 @@
 """Split a long text into token-counted chunks along its structure.
 
-:func:`split` is pure: text in, :class:`Chunk` list out, the same list for the same
-arguments. A text of at most ``max_tokens`` tokens is one chunk equal to the whole text.
+:func:`split` is pure and deterministic: text in, :class:`Chunk` list out. A text of at
+most ``max_tokens`` tokens is one chunk equal to the whole text (the empty string too).
 A longer one is cut into atoms (the smallest units a cut may fall between: sentences,
 lines, a heading line, pieces of an over-long sentence), each boundary between two atoms
 ranked by the structure it marks, strongest first:
@@ -15,23 +15,30 @@ code                  blank line before a top-level line, top-level ``def``/
 text                  paragraph, sentence, line wrap
 ====================  ==========================================================
 
-A range of atoms over the budget is cut at its strongest boundaries; the pieces that fit
-are packed greedily, consecutive ones together up to the budget (the last two of a run
-evened out, so a chunk is rarely a stub); a piece still too long is cut the same way at
-the next strength down. So a fenced block, a list or a turn that fits is never cut, and
-a cut falls between sentences wherever one does. A sentence or line longer than the
-budget is cut by tokens, at a space where one is near (a base64 blob still chunks).
+A range of atoms over the budget (``max_tokens - overlap_tokens``) is cut at its
+strongest boundaries; the pieces that fit are packed greedily, consecutive ones together
+up to the budget, and a piece still too long is cut the same way one strength down. So
+a fenced block, a list or a turn that fits the budget is never cut, and a cut falls
+between sentences wherever one does. A sentence ending in ":" stays with the fence, list
+or table it introduces, and a heading with what follows it. A sentence or line longer
+than the budget is cut by tokens, at a space where one is near (a base64 blob chunks
+too). So that chunks are not stubs, the last two of a run are evened out and a piece
+under a quarter of the budget joins a neighbour it fits with (never the end of another
+section, whose heading the chunk would lose).
 
 Each chunk after the first starts with up to ``overlap_tokens`` tokens repeated from the
-end of the previous one, whole sentences or lines where they fit, else whole words;
-never across a Markdown heading (a new section starts clean). Packing reserves room for
-that overlap, and every chunk's text is counted exactly once at the end: none is over
-``max_tokens``, overlap included.
+end of the one before: whole sentences or lines where they fit, else whole words; none
+before a Markdown heading (a section starts clean) nor out of a fenced block. Every
+chunk's text is counted exactly: none is over ``max_tokens``, overlap included.
 
-Token counts are those of :mod:`helix_ray.tokens` (tiktoken ``cl100k_base``), each atom
-counted once. Markdown headings are ATX (``## Title``); lines end at ``\\n`` (``\\r\\n``
-too). A text with no character but whitespace yields one chunk: the text itself if it
-fits, else an empty one. :func:`split` never returns an empty list.
+Counting: a token is at least one UTF-8 byte, so a text of at most ``max_tokens`` bytes
+is one chunk uncounted (English prose runs four to five characters a token, so at the
+default 256 that is most memories of up to about 50 tokens); any other text is counted
+once whole, which estimates every candidate chunk, and each chunk once more, exactly.
+
+Markdown headings are ATX (``## Title``, not underlined); lines end at ``\\n``
+(``\\r\\n`` too). A longer text of whitespace only gives one empty chunk: :func:`split`
+never returns an empty list.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ import functools
 import itertools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from helix_ray import tokens
 
@@ -60,7 +67,7 @@ SENTENCE = 5
 LINE = 6
 SUBBLOCK = 7  # a blank line inside a fence or list item, a nested list item
 ITEM = 8  # a list item; a nested def in code
-LEAD_IN = 9  # "Run this:" before the fence, list or table it introduces
+LEAD_IN = 9  # before "Run this:" when a fence, list or table follows it
 BLOCK = 10  # a blank line between blocks
 STATEMENT = 11  # a top-level def/class or dedent to column 0 in code
 TOP = 12  # a chat turn; a blank line before a top-level line in code
@@ -132,9 +139,12 @@ def split(text: str, *, max_tokens: int = 256, overlap_tokens: int = 32, kind: s
 
     ``overlap_tokens``: at most this many tokens of each chunk repeat the end of the one
     before (0: none); at most half of ``max_tokens``. ``kind``: ``"markdown"``, ``"chat"``,
-    ``"code"``, ``"text"``, or ``"auto"`` to tell by :func:`detect_kind`. A text of at
-    most ``max_tokens`` tokens comes back whole as one chunk; a text of at most
-    ``max_tokens`` UTF-8 bytes is not even counted (a token is at least one byte)."""
+    ``"code"``, ``"text"``, or ``"auto"`` to tell by :func:`detect_kind`. ``encoding``:
+    the tiktoken encoding that counts (:mod:`helix_ray.tokens`). A text of at most
+    ``max_tokens`` tokens comes back whole as one chunk, with no heading path; a text of
+    at most ``max_tokens`` UTF-8 bytes is not even counted (a token is at least one byte).
+    Raises ValueError for a ``kind``, ``max_tokens`` or ``overlap_tokens`` out of range
+    (and TypeError for a text that is not a str); never for what the text holds."""
     if not isinstance(text, str):
         raise TypeError(f"Got text of type {type(text).__name__}; split takes a str")
     _check(max_tokens, overlap_tokens, kind)
@@ -163,13 +173,13 @@ def encoder_text(chunk: Chunk, title: str | None = None) -> str:
     matches "how do I roll back the deploy" though it never says so itself.
 
     ``title`` is e.g. the source file or the parent memory's first line; its first line
-    only is used. Each name is cut to 60 characters and only the innermost three headings
+    only is used. Each name is cut to 48 characters and only the innermost three headings
     are kept; a name equal to the one before it (a title repeated as the ``#`` heading) or
     to the heading line the chunk itself opens with is left out. Nothing to name: the
     chunk's text unchanged."""
     names: list[str] = []
     for name in ((title or "").strip().split("\n", 1)[0].strip(), *chunk.heading_path[-3:]):
-        name = name if len(name) <= 60 else name[:59].rstrip() + "…"
+        name = name if len(name) <= 48 else name[:47].rstrip() + "…"
         if name and (not names or names[-1].casefold() != name.casefold()):
             names.append(name)
     opening = _HEADING.match(chunk.text.lstrip("\r\n").split("\n", 1)[0].rstrip("\r"))
@@ -182,13 +192,14 @@ def detect_kind(text: str) -> str:
     """``"chat"`` when most lines open a turn (``Name: …``, ``[date] Name: …``) of a few
     speakers who take turns; ``"markdown"`` for a fenced code block; ``"code"`` when most
     lines are indented or read as code (``def``, ``import``, braces, ``;``);
-    ``"markdown"`` for a heading, two list items or a table; else ``"text"``."""
+    ``"markdown"`` for a heading, two list items or a table; else ``"text"``. A script
+    (``#!``) is code whatever its comments look like."""
     lines = [line for line in text.split("\n", 4000)[:4000] if line.strip()]
     if _is_chat(lines):
         return "chat"
     if any(_fence_mark(line) for line in lines):
         return "markdown"
-    if _is_code(lines):
+    if text.startswith("#!") or _is_code(lines):
         return "code"
     items = sum(1 for line in lines if _ITEM.match(line))
     if items >= 2 or any(_HEADING.match(line) for line in lines) or sum(1 for line in lines
@@ -229,12 +240,16 @@ def _is_chat(lines: list[str]) -> bool:
 
 
 def _is_code(lines: list[str]) -> bool:
+    """Whether most lines that are not comments or list items (nor lines indented under
+    one) are indented or read as code."""
     code = prose = 0
+    in_list = False
     for line in lines:
         stripped = line.strip()
-        if stripped.startswith(_COMMENT) and not _ITEM.match(line):
+        in_list = bool(_ITEM.match(line)) or (in_list and line[0] in " \t")
+        if in_list or stripped.startswith(_COMMENT):
             continue
-        if (line[0] in " \t" and not _ITEM.match(line)) or _DEF.match(stripped) or _CODE_LINE.match(stripped) \
+        if line[0] in " \t" or _DEF.match(stripped) or _CODE_LINE.match(stripped) \
                 or stripped.endswith(("{", "}", ";", ")", "):", "]", "=>", "\\")):
             code += 1
         else:
@@ -299,7 +314,13 @@ class _Atoms:
         self.pending = strength
 
     def block_strength(self, lead_in: bool = False) -> int:
-        return LEAD_IN if lead_in and self.ended_colon else BLOCK
+        """The strength before a block. A fence, list or table (``lead_in``) right after
+        a sentence ending in ":" takes that sentence along: the cut moves before it."""
+        if not (lead_in and self.ended_colon):
+            return BLOCK
+        if self.strengths[-1] != GLUE:
+            self.strengths[-1] = max(self.strengths[-1], LEAD_IN)
+        return ITEM  # weaker than the cut before the sentence, stronger than any inside the block
 
     def add(self, a: int, b: int, strength: int, *, keep_indent: bool = False, heading: bool = False,
             fenced: bool = False) -> None:
@@ -321,7 +342,7 @@ class _Atoms:
         self.paths.append(self.path)
         self.headings.append(heading)
         self.fenced.append(fenced)
-        self.ended_colon = text[b - 1] == ":"
+        self.ended_colon = False
 
     def prose_line(self, a: int, b: int, strength: int) -> None:
         """A line of prose, cut after each sentence; ``strength`` WRAP means the line
@@ -341,7 +362,9 @@ class _Atoms:
             self.add(cut, m.end(), strength)
             strength, cut = SENTENCE, nxt
         self.add(cut, b, strength)
-        self.ended_sentence = bool(_ENDS_SENTENCE.search(text[max(a, b - 8):b].rstrip()))
+        tail = text[max(a, b - 8):b].rstrip()
+        self.ended_sentence = bool(_ENDS_SENTENCE.search(tail))
+        self.ended_colon = tail.endswith(":")
 
     def code_line(self, a: int, b: int, strength: int, *, fenced: bool = False) -> None:
         self.add(a, b, strength, keep_indent=True, fenced=fenced)
@@ -364,13 +387,6 @@ def _parse_markdown(atoms: _Atoms) -> None:
     lines = _lines(text)
     stack: list[tuple[int, str]] = []
     i, n = 0, len(lines)
-    if lines and text[lines[0][0]:lines[0][1]].rstrip() == "---":  # YAML front matter: kept as lines
-        close = next((j for j in range(1, n) if text[lines[j][0]:lines[j][1]].rstrip() in ("---", "...")), None)
-        if close is not None:
-            atoms.start_block(BLOCK)
-            for j in range(close + 1):
-                atoms.code_line(*lines[j], LINE if 0 < j < close else GLUE)
-            i = close + 1
     while i < n:
         a, b = lines[i]
         line = text[a:b]
@@ -485,27 +501,18 @@ def _list(atoms: _Atoms, lines: list[tuple[int, int]], i: int) -> int:
     return i
 
 
-def _parse_text(atoms: _Atoms) -> None:
-    text = atoms.text
-    gap = True
+def _parse_prose(atoms: _Atoms, *, turns: bool = False) -> None:
+    """Plain text, or with ``turns`` a chat transcript: paragraphs, turns, sentences."""
+    text, gap = atoms.text, True
     for a, b in _lines(text):
         line = text[a:b]
         if not line.strip():
             gap = True
             continue
-        atoms.prose_line(a, b, BLOCK if gap else LINE if _ITEM.match(line) else WRAP)
-        gap = False
-
-
-def _parse_chat(atoms: _Atoms) -> None:
-    text = atoms.text
-    gap = True
-    for a, b in _lines(text):
-        line = text[a:b]
-        if not line.strip():
-            gap = True
-            continue
-        atoms.prose_line(a, b, TOP if _speaker(line) is not None else BLOCK if gap else WRAP)
+        if turns and _speaker(line) is not None:
+            atoms.prose_line(a, b, TOP)
+        else:
+            atoms.prose_line(a, b, BLOCK if gap else LINE if not turns and _ITEM.match(line) else WRAP)
         gap = False
 
 
@@ -538,7 +545,9 @@ def _parse_code(atoms: _Atoms) -> None:
         gap = first = False
 
 
-_PARSERS = {"markdown": _parse_markdown, "chat": _parse_chat, "code": _parse_code, "text": _parse_text}
+_PARSERS: dict[str, Callable[[_Atoms], None]] = {
+    "markdown": _parse_markdown, "chat": functools.partial(_parse_prose, turns=True), "code": _parse_code,
+    "text": _parse_prose}
 
 
 # --------------------------------------------------------------------------- packing
@@ -554,7 +563,7 @@ class _Plan:
     exactly once, in :meth:`finish`. Positions are compared in UTF-8 bytes, as tokens are."""
 
     def __init__(self, atoms: _Atoms, enc: Any, lengths: dict[int, int], ids: list[int], budget: int) -> None:
-        self.text, self.enc, self.budget = atoms.text, enc, budget
+        self.text, self.enc, self.budget, self.lengths = atoms.text, enc, budget, lengths
         self.offsets = list(itertools.accumulate(map(lengths.__getitem__, ids), initial=0))  # token starts, bytes
         self.exact: dict[tuple[int, int], int] = {}
         self.starts: list[int] = []
@@ -568,7 +577,8 @@ class _Plan:
         byte_ends: list[int] = []
         for k, (a, b) in enumerate(zip(atoms.starts, atoms.ends)):
             ab, bb = to_bytes(a), to_bytes(b)
-            if self._overlapped(ab, bb) <= budget or _count(enc, self.text[a:b]) <= budget:
+            # an estimate can be a few tokens short (a character split across tokens at an end): count near the budget
+            if self._overlapped(ab, bb) <= budget - 8 or _count(enc, self.text[a:b]) <= budget:
                 pieces = [(a, b)]
                 byte_starts.append(ab)
                 byte_ends.append(bb)
@@ -608,17 +618,21 @@ class _Plan:
         """An over-long atom in pieces of at most ``budget`` tokens, cut after a space in
         the last third of a piece where there is one, else between tokens."""
         text, enc, budget = self.text, self.enc, self.budget
-        window = budget * 16  # characters: more than ``budget`` tokens of any text but a run of one character
+        window = budget * 6  # characters; doubled while they hold fewer than ``budget`` tokens
         while a < b:
-            hi = min(b, a + window)
-            ids = enc.encode(text[a:hi], disallowed_special=())
-            if len(ids) <= budget and hi == b:
+            while True:
+                hi = min(b, a + window)
+                ids = enc.encode(text[a:hi], disallowed_special=())
+                if len(ids) > budget or hi == b:
+                    break
+                window *= 2
+            if len(ids) <= budget:
                 yield a, b
                 return
-            offsets = [*enc.decode_with_offsets(ids)[1], hi - a]
-            limit = min(budget, len(ids))
+            starts = list(itertools.accumulate(map(self.lengths.__getitem__, ids[:budget]), initial=0))
+            limit = budget
             while True:
-                cut = a + offsets[limit]
+                cut = a + _char_offset(text[a:hi], starts[limit])
                 space = text.rfind(" ", a + (cut - a) * 2 // 3, cut + 1)
                 end = max(space if space > a else cut, a + 1)
                 piece_end = end
@@ -629,7 +643,6 @@ class _Plan:
                     break
                 if limit == 1:  # one character is at most four tokens, well within any budget
                     end = piece_end = a + 1
-                    n = _count(enc, text[a:end])
                     break
                 limit = max(1, limit - max(1, n - budget))
             yield a, piece_end
@@ -723,16 +736,17 @@ class _Plan:
 
     def finish(self, ranges: list[tuple[int, int]], max_tokens: int, overlap_tokens: int,
                encoding: str) -> list[Chunk]:
-        """The chunks of ``ranges``, each with its overlap, counted exactly; a chunk over
-        ``max_tokens`` (counts are not quite additive) loses overlap, then is halved."""
+        """The chunks of ``ranges``, each with the longest overlap that keeps it within
+        ``max_tokens``, counted exactly; a range counted over ``max_tokens`` without
+        overlap (the estimate is off by a token or two at its ends) is packed again."""
         text, enc = self.text, self.enc
         chunks: list[Chunk] = []
-        k = 0
+        k, cut_before = 0, False
         while k < len(ranges):
             lo, hi = ranges[k]
             start, end = self.starts[lo], self.ends[hi - 1]
             text_start, n = start, -1
-            if chunks and overlap_tokens and not self.headings[lo]:
+            if chunks and overlap_tokens and not self.headings[lo] and not cut_before:
                 for candidate in self._overlaps(ranges[k - 1], lo, overlap_tokens):
                     if _count(enc, text[candidate:chunks[-1].end]) <= overlap_tokens:
                         total = _count(enc, text[candidate:end])
@@ -744,6 +758,12 @@ class _Plan:
                 if n > max_tokens and hi - lo > 1:
                     ranges[k:k + 1] = self._repack(lo, hi, n - max_tokens)
                     continue
+            cut_before = n > max_tokens
+            if cut_before:  # one atom whose estimate was short: cut by tokens, with no overlap after it
+                for a, b in self._cut(start, end):
+                    chunks.append(Chunk(text[a:b], len(chunks), self.context(lo, hi), a, b, a, None, encoding))
+                k += 1
+                continue
             chunks.append(Chunk(text[text_start:end], len(chunks), self.context(lo, hi), start, end, text_start, n,
                                 encoding))
             k += 1
@@ -779,10 +799,11 @@ class _Plan:
             return [self.starts[k] for k in starts + [k for k in allowed if k not in starts]]
         a, b = self.starts[hi - 1], self.ends[hi - 1]
         ids = self.enc.encode(self.text[a:b], disallowed_special=())
-        offsets = self.enc.decode_with_offsets(ids)[1]
+        ends = list(itertools.accumulate(map(self.lengths.__getitem__, reversed(ids)), initial=0))
+        size = ends[-1]
         out: list[int] = []
-        for back in range(overlap_tokens, max(overlap_tokens // 2, 1) - 1, -1):
-            pos = a + offsets[len(ids) - back]
+        for back in range(min(overlap_tokens, len(ids)), max(overlap_tokens // 2, 1) - 1, -1):
+            pos = a + _char_offset(self.text[a:b], size - ends[back])
             if pos > a and not self.text[pos - 1].isspace():
                 space = _SPACE.search(self.text, pos, b)
                 if space is not None:
@@ -808,6 +829,17 @@ class _ByteOffsets:
     def within(self, char: int, byte: int, later: int) -> int:
         """The byte offset of ``later``, given that of an earlier ``char``, out of order."""
         return later if self.ascii else byte + len(self.text[char:later].encode("utf-8", "surrogatepass"))
+
+
+def _char_offset(text: str, byte: int) -> int:
+    """The character offset of UTF-8 byte offset ``byte`` of ``text``; inside a
+    character, the offset of that character (it goes with what follows)."""
+    if text.isascii():
+        return byte
+    data = text.encode("utf-8", "surrogatepass")
+    while 0 < byte < len(data) and data[byte] & 0xC0 == 0x80:
+        byte -= 1
+    return len(data[:byte].decode("utf-8", "surrogatepass"))
 
 
 class _TokenLengths(dict[int, int]):
