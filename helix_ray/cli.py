@@ -1,17 +1,21 @@
 """``helix``: one CLI with lazy imports, so ``helix --help`` is instant.
 
-    helix ingest SOURCE... --store DIR [--format auto|jsonl|parquet|markdown|transcript|locomo]
+    helix ingest SOURCE... --store DIR [--format auto|jsonl|parquet|markdown|transcript|locomo] [--runner ray|local]
     helix recall QUERY --store DIR --user USER [--budget TOKENS] [--k N] [--explain] [--json]
     helix stats --store DIR [--json]
     helix quarantine --store DIR [--reason CODE] [--limit N] [--json]      the records an ingest rejected
     helix doctor --store DIR      check a store's folder, database, generation, files and keys
     helix eval {locomo,beir,longmemeval} --data PATH [--systems LIST] [--adapt-on SPLIT] [--json OUT]
     helix adapt --store DIR (--pairs FILE.jsonl | --from-feedback) [--ridge R] | --remove      fit the query adapter
-    helix demo [--store DIR]      ingest the shipped sample set and answer a query
+    helix demo [--store DIR] [--in-process]      ingest the shipped sample set and answer a query
     helix serve --store DIR [--host 127.0.0.1] [--port 8000] [--no-auth] [--graph auto|split|compact|inline] [--ha-proxy]
     helix keys create|list|revoke --store DIR [--user USER | KEY_ID]
     helix mcp (--store DIR --user USER [--project P] | --server URL --key KEY) [--http [--port N]]
     helix --version
+
+Quiet by default: an ingest shows its progress on stderr (one bar on a terminal, else a
+line per stage) and Ray's own output stays in its session folder; ``-v``/``--verbose`` on
+the commands that may start Ray (ingest, compact, demo, serve) shows it too.
 
 Exit codes: 0 done; 1 done, but with nothing to show for it (an ingest that accepted no
 record, a doctor that found a problem); 2 refused (a bad argument, a missing store: the
@@ -65,8 +69,10 @@ def _ingest_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     s.add_argument("--runner", default="ray", choices=("ray", "local"),
                    help="ray: Ray Data on a local Ray or RAY_ADDRESS (default); local: one process")
     s.add_argument("--config", help="ingest YAML (see configs/ingest.yaml)")
-    s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (a bar on a terminal, else a line per stage)")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
+    _verbose_argument(s)
 
 
 def _recall_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -157,6 +163,7 @@ def _compact_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     s.add_argument("--store", required=True)
     s.add_argument("--runner", default="local", choices=("ray", "local"))
     s.add_argument("--json", action="store_true")
+    _verbose_argument(s)
 
 
 def _demo_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -167,6 +174,7 @@ def _demo_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--runner", default="ray", choices=("ray", "local"))
     s.add_argument("--in-process", action="store_true",
                    help="answer with helix_ray.Memory in this process instead of through the Serve application")
+    _verbose_argument(s)
 
 
 def _serve_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -187,6 +195,14 @@ def _serve_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                         "docs/operations.md); only for a Ray this command starts")
     s.add_argument("--ingest-config", help="ingest YAML for online writes and compaction (see configs/ingest.yaml)")
     s.add_argument("--retrieval-config", help="retrieval YAML: the base settings (see configs/retrieval.yaml)")
+    _verbose_argument(s)
+
+
+def _verbose_argument(s: argparse.ArgumentParser) -> None:
+    """``-v/--verbose`` of the commands that may start Ray."""
+    s.add_argument("-v", "--verbose", action="store_true",
+                   help="also show Ray's own output (its INFO lines, its workers' output, Ray Data's plans and "
+                        "progress); without it Ray's logs stay in its session folder")
 
 
 def _keys_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -225,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
         # the same from Ray (OMP_NUM_THREADS=1 with fractional CPUs). Must be set before
         # numpy loads; an explicit setting wins.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if getattr(args, "verbose", False):
+        from helix_ray.runtime import show_ray_output
+
+        show_ray_output()
     try:
         return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": _demo,
                 "adapt": cli_adapt.adapt, "serve": _serve, "keys": _keys, "compact": _compact,
@@ -459,7 +479,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     ours = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")  # a local Ray this command starts
     print(f"== ingest {sample} → {args.store} (runner: {args.runner})")
-    report = ingest(sources, args.store, config=IngestConfig(), runner=args.runner, show_progress=False)
+    report = ingest(sources, args.store, config=IngestConfig(), runner=args.runner)
     print(_format_report(report))
     if args.in_process:
         with Memory(args.store) as mem:
@@ -467,10 +487,10 @@ def _demo(args: argparse.Namespace) -> int:
             result = mem.recall(args.query, user="dana", budget_tokens=400, k=6)
             print(_format_result(result))
         return 0
-    return _demo_over_http(Path(args.store), args.query, ours)
+    return _demo_over_http(Path(args.store), args.query, ours, quiet=not args.verbose)
 
 
-def _demo_over_http(store: Path, query: str, ours: bool) -> int:
+def _demo_over_http(store: Path, query: str, ours: bool, *, quiet: bool = True) -> int:
     """The demo's recall through the server: the Helix Serve application on this Ray
     (127.0.0.1, a free port, the inline graph), a key for user dana, one
     ``POST /v1/recall`` — the request an agent or ``curl`` sends — then the key is
@@ -485,7 +505,7 @@ def _demo_over_http(store: Path, query: str, ours: bool) -> int:
     keys = KeyStore(store)
     key, record = keys.create("dana")
     try:
-        run(store, host="127.0.0.1", port=port, graph="inline")
+        run(store, host="127.0.0.1", port=port, graph="inline", quiet=quiet)
         host, port = serving_address("127.0.0.1", port)  # a cluster's Serve may run already, on its own port
         print(f"\n== serve {store} on http://{host}:{port} (Ray Serve, inline graph; `helix serve` runs the same)")
         url = f"http://{host}:{port}/v1/recall"
@@ -526,7 +546,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"helix serve: binding {args.host}: the API is reachable from other machines.", file=sys.stderr)
     serve_forever(args.store, host=args.host, port=args.port, auth=not args.no_auth, create=True,
-                  ingest_config=args.ingest_config, retrieval=retrieval, graph=serve_graph(args.graph))
+                  ingest_config=args.ingest_config, retrieval=retrieval, graph=serve_graph(args.graph),
+                  quiet=not args.verbose)
     return 0
 
 
