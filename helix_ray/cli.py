@@ -276,13 +276,31 @@ def _as_typed(exc: Any, parser: argparse.ArgumentParser, command: str) -> Any:
     return InvalidArgument(flag, exc.received, exc.allowed, exc.fix)
 
 
+def _load_config(model: Any, path: str | None, flag: str, overrides: dict[str, Any] | None = None,
+                 typed: tuple[str, Any] | None = None) -> Any:
+    """``load_config(model, path, overrides)``, its errors naming what the user typed
+    rather than the model: ``flag`` and the file, or ``typed`` (the flag and value that
+    ``overrides`` holds) when there is no file."""
+    from helix_ray.config import load_config
+    from helix_ray.errors import InvalidArgument
+
+    try:
+        return load_config(model, path, overrides)
+    except InvalidArgument as exc:
+        named, received = (flag, path) if path is not None else typed or (None, None)
+        if named is None:
+            raise
+        raise InvalidArgument(named, received, exc.allowed, exc.fix) from None
+
+
 def _ingest_config(args: argparse.Namespace):
-    from helix_ray.config import IngestConfig, load_config
+    from helix_ray.config import IngestConfig
 
     overrides: dict[str, Any] = {}
     if getattr(args, "user", None):
         overrides = {"validation": {"default_user": args.user}}
-    return load_config(IngestConfig, getattr(args, "config", None), overrides)
+    return _load_config(IngestConfig, getattr(args, "config", None), "--config", overrides,
+                        ("--user", getattr(args, "user", None)))
 
 
 def _ingest(args: argparse.Namespace) -> int:
@@ -312,8 +330,9 @@ def _format_report(report) -> str:
     if report.quarantine_reasons:
         lines.append("  quarantine: " + ", ".join(f"{k} ×{v}" for k, v in report.quarantine_reasons.items()))
     state = "published" if report.published else "unchanged (nothing new)"
-    lines.append(f"generation {report.generation}: {state}, {report.total_memories} "
-                 f"memor{'y' if report.total_memories == 1 else 'ies'}")
+    memories = f"{report.total_memories} memor{'y' if report.total_memories == 1 else 'ies'}"
+    lines.append(f"generation {report.generation}: {state}, {memories}" if report.generation is not None else
+                 f"no generation: nothing to publish, {memories}")
     lines.append("  seconds: " + ", ".join(f"{k} {v}" for k, v in report.seconds.items()))
     return "\n".join(lines)
 
@@ -323,13 +342,13 @@ def _recall(args: argparse.Namespace) -> int:
     memories at all (or the store no generation), a sentence on stderr: an empty answer
     is a true one (a new user's first session), and an agent's hook that recalls before
     every prompt must not fail on it; the sentence still catches a mistyped --user."""
-    from helix_ray.config import RetrievalConfig, load_config
+    from helix_ray.config import RetrievalConfig
     from helix_ray.memory import Memory
 
     if not Path(args.store).exists():  # Memory would create an empty store and find nothing in it
         raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR` "
                                 "or `helix serve --store DIR`.")
-    config = load_config(RetrievalConfig, args.config) if args.config else None
+    config = _load_config(RetrievalConfig, args.config, "--config") if args.config else None
     with Memory(args.store, retrieval=config) as mem:
         result = mem.recall(args.query, user=args.user, budget_tokens=args.budget, k=args.k, project=args.project,
                             types=args.types, since=args.since, until=args.until, explain=args.explain)
@@ -533,9 +552,9 @@ def _serve(args: argparse.Namespace) -> int:
     if args.retrieval_config:
         import yaml
 
-        from helix_ray.config import RetrievalConfig, load_config
+        from helix_ray.config import RetrievalConfig
 
-        load_config(RetrievalConfig, args.retrieval_config)  # checked here, with the file's name
+        _load_config(RetrievalConfig, args.retrieval_config, "--retrieval-config")  # checked before Ray starts
         retrieval = yaml.safe_load(Path(args.retrieval_config).read_text()) or {}
     if args.ha_proxy:
         if os.environ.get("RAY_ADDRESS"):
