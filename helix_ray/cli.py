@@ -520,6 +520,7 @@ def _demo_over_http(store: Path, query: str, ours: bool, *, quiet: bool = True) 
     from helix_ray.serve.keys import KeyStore
     from helix_ray.serve.server import _take_down, run, serving_address
 
+    _serve_driver_logs(quiet)
     port = spare_port()  # Serve binds it after Ray has started: not a port Ray's processes may take
     keys = KeyStore(store)
     key, record = keys.create("dana")
@@ -564,10 +565,23 @@ def _serve(args: argparse.Namespace) -> int:
         os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"  # read by Serve when it starts, in every Ray process
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"helix serve: binding {args.host}: the API is reachable from other machines.", file=sys.stderr)
+    _serve_driver_logs(quiet=not args.verbose)
     serve_forever(args.store, host=args.host, port=args.port, auth=not args.no_auth, create=True,
                   ingest_config=args.ingest_config, retrieval=retrieval, graph=serve_graph(args.graph),
                   quiet=not args.verbose)
     return 0
+
+
+def _serve_driver_logs(quiet: bool) -> None:
+    """Serve's logger in this process: warnings only when ``quiet``, else Serve's INFO
+    lines (it started, it connected to itself, the application is ready), which Helix
+    says in its own words. Set after importing Serve, which sets it up at import; the
+    replicas and the controller keep their own logs in Ray's session folder."""
+    import logging
+
+    import ray.serve  # noqa: F401 - sets up its logger
+
+    logging.getLogger("ray.serve").setLevel(logging.WARNING if quiet else logging.INFO)
 
 
 def serve_graph(choice: str) -> str:
