@@ -28,11 +28,12 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from helix_ray import cli_adapt, cli_store
+from helix_ray import cli_adapt, cli_serve, cli_store
+from helix_ray.cli_common import format_report, format_result, load_config_typed
+from helix_ray.cli_serve import serve_graph  # noqa: F401 - re-export for tests/test_cli_memory.py
 
 FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo")
 TYPES = ("episodic", "semantic", "procedural", "decision", "code")
@@ -246,8 +247,8 @@ def main(argv: list[str] | None = None) -> int:
 
         show_ray_output()
     try:
-        return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": _demo,
-                "adapt": cli_adapt.adapt, "serve": _serve, "keys": _keys, "compact": _compact,
+        return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": cli_serve.demo,
+                "adapt": cli_adapt.adapt, "serve": cli_serve.serve, "keys": _keys, "compact": _compact,
                 "quarantine": cli_store.quarantine, "doctor": cli_store.doctor, "mcp": _mcp}[args.command](args)
     except Exception as exc:  # noqa: BLE001 - the CLI prints a sentence, not a traceback
         from helix_ray.errors import HelixError, InvalidArgument
@@ -276,31 +277,14 @@ def _as_typed(exc: Any, parser: argparse.ArgumentParser, command: str) -> Any:
     return InvalidArgument(flag, exc.received, exc.allowed, exc.fix)
 
 
-def _load_config(model: Any, path: str | None, flag: str, overrides: dict[str, Any] | None = None,
-                 typed: tuple[str, Any] | None = None) -> Any:
-    """``load_config(model, path, overrides)``, its errors naming what the user typed
-    rather than the model: ``flag`` and the file, or ``typed`` (the flag and value that
-    ``overrides`` holds) when there is no file."""
-    from helix_ray.config import load_config
-    from helix_ray.errors import InvalidArgument
-
-    try:
-        return load_config(model, path, overrides)
-    except InvalidArgument as exc:
-        named, received = (flag, path) if path is not None else typed or (None, None)
-        if named is None:
-            raise
-        raise InvalidArgument(named, received, exc.allowed, exc.fix) from None
-
-
 def _ingest_config(args: argparse.Namespace):
     from helix_ray.config import IngestConfig
 
     overrides: dict[str, Any] = {}
     if getattr(args, "user", None):
         overrides = {"validation": {"default_user": args.user}}
-    return _load_config(IngestConfig, getattr(args, "config", None), "--config", overrides,
-                        ("--user", getattr(args, "user", None)))
+    return load_config_typed(IngestConfig, getattr(args, "config", None), "--config", overrides,
+                             ("--user", getattr(args, "user", None)))
 
 
 def _ingest(args: argparse.Namespace) -> int:
@@ -311,7 +295,7 @@ def _ingest(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.as_dict(), indent=1, default=str))
     else:
-        print(_format_report(report))
+        print(format_report(report))
     if report.accepted == 0:  # exit 1: a script that ingests and then recalls should stop here
         why = (f"all {report.quarantined} records were quarantined; `helix quarantine --store {args.store}` lists "
                "them with their reasons" if report.read else
@@ -319,22 +303,6 @@ def _ingest(args: argparse.Namespace) -> int:
         print(f"helix ingest: accepted nothing: {why}.", file=sys.stderr)
         return 1
     return 0
-
-
-def _format_report(report) -> str:
-    lines = [
-        f"read {report.read} records: {report.accepted} accepted, {report.quarantined} quarantined",
-        f"  new {report.new}, updated {report.updated}, unchanged {report.unchanged}, "
-        f"duplicates {report.duplicates}, embedded {report.embedded}",
-    ]
-    if report.quarantine_reasons:
-        lines.append("  quarantine: " + ", ".join(f"{k} ×{v}" for k, v in report.quarantine_reasons.items()))
-    state = "published" if report.published else "unchanged (nothing new)"
-    memories = f"{report.total_memories} memor{'y' if report.total_memories == 1 else 'ies'}"
-    lines.append(f"generation {report.generation}: {state}, {memories}" if report.generation is not None else
-                 f"no generation: nothing to publish, {memories}")
-    lines.append("  seconds: " + ", ".join(f"{k} {v}" for k, v in report.seconds.items()))
-    return "\n".join(lines)
 
 
 def _recall(args: argparse.Namespace) -> int:
@@ -348,7 +316,7 @@ def _recall(args: argparse.Namespace) -> int:
     if not Path(args.store).exists():  # Memory would create an empty store and find nothing in it
         raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR` "
                                 "or `helix serve --store DIR`.")
-    config = _load_config(RetrievalConfig, args.config, "--config") if args.config else None
+    config = load_config_typed(RetrievalConfig, args.config, "--config") if args.config else None
     with Memory(args.store, retrieval=config) as mem:
         result = mem.recall(args.query, user=args.user, budget_tokens=args.budget, k=args.k, project=args.project,
                             types=args.types, since=args.since, until=args.until, explain=args.explain)
@@ -358,7 +326,7 @@ def _recall(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.as_dict(), indent=1, default=str))
         return 0
-    print(_format_result(result))
+    print(format_result(result))
     if args.explain and result.explain is not None:
         import polars as pl
 
@@ -378,32 +346,6 @@ def _nothing_to_recall(result, store: str) -> str | None:
         return (f"user {result.user!r} has no memories in generation {result.generation} of {store}; check --user "
                 f"(`helix stats --store {store}` counts each user's memories).")
     return None
-
-
-def _format_result(result) -> str:
-    return _format_answer(result.as_dict())
-
-
-def _format_answer(answer: dict[str, Any], took_ms: list[float] | None = None) -> str:
-    """A recall answer — ``RecallResult.as_dict()``, or a ``POST /v1/recall`` body, which
-    has its shape — for a terminal; ``took_ms``: the HTTP round trips (first, last)."""
-    flags = answer.get("flags", {})
-    if flags.get("router_skip"):
-        return f"(no recall: {flags['route']['reason']})"
-    if not answer["items"]:
-        return "(no memories matched)"
-    lines = []
-    for n, item in enumerate(answer["items"], start=1):
-        cut = " [cut]" if item["truncated"] else ""
-        lines.append(f"[{n}] {item['id']} · {item['type']} · rank {item['rank']} · score {item['score']:.3f} · "
-                     f"{item['n_tokens']} tok{cut}")
-        lines.append("    " + item["text"].replace("\n", "\n    "))
-    timing = ", ".join(f"{k} {v:.1f}" for k, v in answer["timings_ms"].items())
-    where = "ms" if took_ms is None else (f"HTTP round trip {took_ms[-1]:.1f} ms ({took_ms[0]:.0f} ms for the "
-                                          "replica's first request); in the replica, ms")
-    lines.append(f"-- {len(answer['items'])} items, {answer['total_tokens']}/{answer['budget_tokens']} tokens, "
-                 f"generation {answer['generation']}; {where}: {timing}")
-    return "\n".join(lines)
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -485,111 +427,6 @@ def _compact(args: argparse.Namespace) -> int:
     print(json.dumps(outcome, indent=1, default=str) if args.json else
           ", ".join(f"{k}: {v}" for k, v in outcome.items()))
     return 0
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from helix_ray.config import IngestConfig
-    from helix_ray.ingest.run import ingest
-    from helix_ray.memory import Memory
-
-    sample = Path(__file__).parent / "samples" / "atlas"
-    sources = [sample / "memories.jsonl", sample / "notes", sample / "transcript.jsonl", sample / "bad_records.jsonl"]
-    import ray
-
-    ours = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")  # a local Ray this command starts
-    print(f"== ingest {sample} → {args.store} (runner: {args.runner})")
-    report = ingest(sources, args.store, config=IngestConfig(), runner=args.runner)
-    print(_format_report(report))
-    if args.in_process:
-        with Memory(args.store) as mem:
-            print(f"\n== recall {args.query!r} for user dana (budget 400 tokens), in process")
-            result = mem.recall(args.query, user="dana", budget_tokens=400, k=6)
-            print(_format_result(result))
-        return 0
-    return _demo_over_http(Path(args.store), args.query, ours, quiet=not args.verbose)
-
-
-def _demo_over_http(store: Path, query: str, ours: bool, *, quiet: bool = True) -> int:
-    """The demo's recall through the server: the Helix Serve application on this Ray
-    (127.0.0.1, a free port, the inline graph), a key for user dana, one
-    ``POST /v1/recall`` — the request an agent or ``curl`` sends — then the key is
-    revoked and what the demo started taken down (``ours``: the local Ray too)."""
-    import urllib.request
-
-    from helix_ray.runtime import spare_port
-    from helix_ray.serve.keys import KeyStore
-    from helix_ray.serve.server import _take_down, run, serving_address
-
-    _serve_driver_logs(quiet)
-    port = spare_port()  # Serve binds it after Ray has started: not a port Ray's processes may take
-    keys = KeyStore(store)
-    key, record = keys.create("dana")
-    try:
-        run(store, host="127.0.0.1", port=port, graph="inline", quiet=quiet)
-        host, port = serving_address("127.0.0.1", port)  # a cluster's Serve may run already, on its own port
-        print(f"\n== serve {store} on http://{host}:{port} (Ray Serve, inline graph; `helix serve` runs the same)")
-        url = f"http://{host}:{port}/v1/recall"
-        body = {"query": query, "budget_tokens": 400, "k": 6}
-        print(f"== POST {url} {json.dumps(body)} (user dana's API key)")
-        request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
-            "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-        took = []
-        for _ in range(2):  # the replica's first request loads what it had not touched yet
-            clock = time.perf_counter()
-            with urllib.request.urlopen(request, timeout=120) as response:
-                answer = json.load(response)
-            took.append((time.perf_counter() - clock) * 1000)
-        print(_format_answer(answer, took))
-    finally:
-        keys.revoke(record.key_id)
-        _take_down(ours)
-    return 0
-
-
-def _serve(args: argparse.Namespace) -> int:
-    from helix_ray.serve.server import serve_forever
-
-    retrieval: dict[str, Any] = {}
-    if args.retrieval_config:
-        import yaml
-
-        from helix_ray.config import RetrievalConfig
-
-        _load_config(RetrievalConfig, args.retrieval_config, "--retrieval-config")  # checked before Ray starts
-        retrieval = yaml.safe_load(Path(args.retrieval_config).read_text()) or {}
-    if args.ha_proxy:
-        if os.environ.get("RAY_ADDRESS"):
-            print("helix serve: --ha-proxy applies only to a Ray this command starts; set "
-                  "RAY_SERVE_ENABLE_HA_PROXY=1 where the cluster runs instead.", file=sys.stderr)
-            return 2
-        os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"  # read by Serve when it starts, in every Ray process
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"helix serve: binding {args.host}: the API is reachable from other machines.", file=sys.stderr)
-    _serve_driver_logs(quiet=not args.verbose)
-    serve_forever(args.store, host=args.host, port=args.port, auth=not args.no_auth, create=True,
-                  ingest_config=args.ingest_config, retrieval=retrieval, graph=serve_graph(args.graph),
-                  quiet=not args.verbose)
-    return 0
-
-
-def _serve_driver_logs(quiet: bool) -> None:
-    """Serve's logger in this process: warnings only when ``quiet``, else Serve's INFO
-    lines (it started, it connected to itself, the application is ready), which Helix
-    says in its own words. Set after importing Serve, which sets it up at import; the
-    replicas and the controller keep their own logs in Ray's session folder."""
-    import logging
-
-    import ray.serve  # noqa: F401 - sets up its logger
-
-    logging.getLogger("ray.serve").setLevel(logging.WARNING if quiet else logging.INFO)
-
-
-def serve_graph(choice: str) -> str:
-    """``--graph auto``: the inline graph (no hop) on a Ray this command starts, the split
-    graph (a deployment per stage, scaled across nodes) on a cluster given by RAY_ADDRESS."""
-    if choice != "auto":
-        return choice
-    return "split" if os.environ.get("RAY_ADDRESS") else "inline"
 
 
 def _keys(args: argparse.Namespace) -> int:
