@@ -1,17 +1,21 @@
 """``helix``: one CLI with lazy imports, so ``helix --help`` is instant.
 
-    helix ingest SOURCE... --store DIR [--format auto|jsonl|parquet|markdown|transcript|locomo]
+    helix ingest SOURCE... --store DIR [--format auto|jsonl|parquet|markdown|transcript|locomo] [--runner ray|local]
     helix recall QUERY --store DIR --user USER [--budget TOKENS] [--k N] [--explain] [--json]
     helix stats --store DIR [--json]
     helix quarantine --store DIR [--reason CODE] [--limit N] [--json]      the records an ingest rejected
     helix doctor --store DIR      check a store's folder, database, generation, files and keys
     helix eval {locomo,beir,longmemeval} --data PATH [--systems LIST] [--adapt-on SPLIT] [--json OUT]
     helix adapt --store DIR (--pairs FILE.jsonl | --from-feedback) [--ridge R] | --remove      fit the query adapter
-    helix demo [--store DIR]      ingest the shipped sample set and answer a query
+    helix demo [--store DIR] [--in-process]      ingest the shipped sample set and answer a query
     helix serve --store DIR [--host 127.0.0.1] [--port 8000] [--no-auth] [--graph auto|split|compact|inline] [--ha-proxy]
     helix keys create|list|revoke --store DIR [--user USER | KEY_ID]
     helix mcp (--store DIR --user USER [--project P] | --server URL --key KEY) [--http [--port N]]
     helix --version
+
+Quiet by default: an ingest shows its progress on stderr (one bar on a terminal, else a
+line per stage) and Ray's own output stays in its session folder; ``-v``/``--verbose`` on
+the commands that may start Ray (ingest, compact, demo, serve) shows it too.
 
 Exit codes: 0 done; 1 done, but with nothing to show for it (an ingest that accepted no
 record, a doctor that found a problem); 2 refused (a bad argument, a missing store: the
@@ -24,11 +28,12 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from helix_ray import cli_adapt, cli_store
+from helix_ray import cli_adapt, cli_serve, cli_store
+from helix_ray.cli_common import format_report, format_result, load_config_typed
+from helix_ray.cli_serve import serve_graph  # noqa: F401 - re-export for tests/test_cli_memory.py
 
 FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo")
 TYPES = ("episodic", "semantic", "procedural", "decision", "code")
@@ -65,8 +70,10 @@ def _ingest_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     s.add_argument("--runner", default="ray", choices=("ray", "local"),
                    help="ray: Ray Data on a local Ray or RAY_ADDRESS (default); local: one process")
     s.add_argument("--config", help="ingest YAML (see configs/ingest.yaml)")
-    s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (a bar on a terminal, else a line per stage)")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
+    _verbose_argument(s)
 
 
 def _recall_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -164,6 +171,7 @@ def _compact_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     s.add_argument("--store", required=True)
     s.add_argument("--runner", default="local", choices=("ray", "local"))
     s.add_argument("--json", action="store_true")
+    _verbose_argument(s)
 
 
 def _demo_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -174,6 +182,7 @@ def _demo_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--runner", default="ray", choices=("ray", "local"))
     s.add_argument("--in-process", action="store_true",
                    help="answer with helix_ray.Memory in this process instead of through the Serve application")
+    _verbose_argument(s)
 
 
 def _serve_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -194,6 +203,14 @@ def _serve_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                         "docs/operations.md); only for a Ray this command starts")
     s.add_argument("--ingest-config", help="ingest YAML for online writes and compaction (see configs/ingest.yaml)")
     s.add_argument("--retrieval-config", help="retrieval YAML: the base settings (see configs/retrieval.yaml)")
+    _verbose_argument(s)
+
+
+def _verbose_argument(s: argparse.ArgumentParser) -> None:
+    """``-v/--verbose`` of the commands that may start Ray."""
+    s.add_argument("-v", "--verbose", action="store_true",
+                   help="also show Ray's own output (its INFO lines, its workers' output, Ray Data's plans and "
+                        "progress); without it Ray's logs stay in its session folder")
 
 
 def _keys_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -232,9 +249,13 @@ def main(argv: list[str] | None = None) -> int:
         # the same from Ray (OMP_NUM_THREADS=1 with fractional CPUs). Must be set before
         # numpy loads; an explicit setting wins.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if getattr(args, "verbose", False):
+        from helix_ray.runtime import show_ray_output
+
+        show_ray_output()
     try:
-        return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": _demo,
-                "adapt": cli_adapt.adapt, "serve": _serve, "keys": _keys, "compact": _compact,
+        return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": cli_serve.demo,
+                "adapt": cli_adapt.adapt, "serve": cli_serve.serve, "keys": _keys, "compact": _compact,
                 "quarantine": cli_store.quarantine, "doctor": cli_store.doctor, "mcp": _mcp}[args.command](args)
     except Exception as exc:  # noqa: BLE001 - the CLI prints a sentence, not a traceback
         from helix_ray.errors import HelixError, InvalidArgument
@@ -264,12 +285,13 @@ def _as_typed(exc: Any, parser: argparse.ArgumentParser, command: str) -> Any:
 
 
 def _ingest_config(args: argparse.Namespace):
-    from helix_ray.config import IngestConfig, load_config
+    from helix_ray.config import IngestConfig
 
     overrides: dict[str, Any] = {}
     if getattr(args, "user", None):
         overrides = {"validation": {"default_user": args.user}}
-    return load_config(IngestConfig, getattr(args, "config", None), overrides)
+    return load_config_typed(IngestConfig, getattr(args, "config", None), "--config", overrides,
+                             ("--user", getattr(args, "user", None)))
 
 
 def _ingest(args: argparse.Namespace) -> int:
@@ -280,7 +302,7 @@ def _ingest(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.as_dict(), indent=1, default=str))
     else:
-        print(_format_report(report))
+        print(format_report(report))
     if report.accepted == 0:  # exit 1: a script that ingests and then recalls should stop here
         why = (f"all {report.quarantined} records were quarantined; `helix quarantine --store {args.store}` lists "
                "them with their reasons" if report.read else
@@ -290,33 +312,18 @@ def _ingest(args: argparse.Namespace) -> int:
     return 0
 
 
-def _format_report(report) -> str:
-    lines = [
-        f"read {report.read} records: {report.accepted} accepted, {report.quarantined} quarantined",
-        f"  new {report.new}, updated {report.updated}, unchanged {report.unchanged}, "
-        f"duplicates {report.duplicates}, embedded {report.embedded}",
-    ]
-    if report.quarantine_reasons:
-        lines.append("  quarantine: " + ", ".join(f"{k} ×{v}" for k, v in report.quarantine_reasons.items()))
-    state = "published" if report.published else "unchanged (nothing new)"
-    lines.append(f"generation {report.generation}: {state}, {report.total_memories} "
-                 f"memor{'y' if report.total_memories == 1 else 'ies'}")
-    lines.append("  seconds: " + ", ".join(f"{k} {v}" for k, v in report.seconds.items()))
-    return "\n".join(lines)
-
-
 def _recall(args: argparse.Namespace) -> int:
     """A recall that finds nothing exits 0, with no items and, when the user has no
     memories at all (or the store no generation), a sentence on stderr: an empty answer
     is a true one (a new user's first session), and an agent's hook that recalls before
     every prompt must not fail on it; the sentence still catches a mistyped --user."""
-    from helix_ray.config import RetrievalConfig, load_config
+    from helix_ray.config import RetrievalConfig
     from helix_ray.memory import Memory
 
     if not Path(args.store).exists():  # Memory would create an empty store and find nothing in it
         raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR` "
                                 "or `helix serve --store DIR`.")
-    config = load_config(RetrievalConfig, args.config) if args.config else None
+    config = load_config_typed(RetrievalConfig, args.config, "--config") if args.config else None
     with Memory(args.store, retrieval=config) as mem:
         result = mem.recall(args.query, user=args.user, budget_tokens=args.budget, k=args.k, project=args.project,
                             types=args.types, since=args.since, until=args.until, explain=args.explain)
@@ -326,7 +333,7 @@ def _recall(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.as_dict(), indent=1, default=str))
         return 0
-    print(_format_result(result))
+    print(format_result(result))
     if args.explain and result.explain is not None:
         import polars as pl
 
@@ -346,32 +353,6 @@ def _nothing_to_recall(result, store: str) -> str | None:
         return (f"user {result.user!r} has no memories in generation {result.generation} of {store}; check --user "
                 f"(`helix stats --store {store}` counts each user's memories).")
     return None
-
-
-def _format_result(result) -> str:
-    return _format_answer(result.as_dict())
-
-
-def _format_answer(answer: dict[str, Any], took_ms: list[float] | None = None) -> str:
-    """A recall answer — ``RecallResult.as_dict()``, or a ``POST /v1/recall`` body, which
-    has its shape — for a terminal; ``took_ms``: the HTTP round trips (first, last)."""
-    flags = answer.get("flags", {})
-    if flags.get("router_skip"):
-        return f"(no recall: {flags['route']['reason']})"
-    if not answer["items"]:
-        return "(no memories matched)"
-    lines = []
-    for n, item in enumerate(answer["items"], start=1):
-        cut = " [cut]" if item["truncated"] else ""
-        lines.append(f"[{n}] {item['id']} · {item['type']} · rank {item['rank']} · score {item['score']:.3f} · "
-                     f"{item['n_tokens']} tok{cut}")
-        lines.append("    " + item["text"].replace("\n", "\n    "))
-    timing = ", ".join(f"{k} {v:.1f}" for k, v in answer["timings_ms"].items())
-    where = "ms" if took_ms is None else (f"HTTP round trip {took_ms[-1]:.1f} ms ({took_ms[0]:.0f} ms for the "
-                                          "replica's first request); in the replica, ms")
-    lines.append(f"-- {len(answer['items'])} items, {answer['total_tokens']}/{answer['budget_tokens']} tokens, "
-                 f"generation {answer['generation']}; {where}: {timing}")
-    return "\n".join(lines)
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -461,96 +442,6 @@ def _compact(args: argparse.Namespace) -> int:
     print(json.dumps(outcome, indent=1, default=str) if args.json else
           ", ".join(f"{k}: {v}" for k, v in outcome.items()))
     return 0
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from helix_ray.config import IngestConfig
-    from helix_ray.ingest.run import ingest
-    from helix_ray.memory import Memory
-
-    sample = Path(__file__).parent / "samples" / "atlas"
-    sources = [sample / "memories.jsonl", sample / "notes", sample / "transcript.jsonl", sample / "bad_records.jsonl"]
-    import ray
-
-    ours = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")  # a local Ray this command starts
-    print(f"== ingest {sample} → {args.store} (runner: {args.runner})")
-    report = ingest(sources, args.store, config=IngestConfig(), runner=args.runner, show_progress=False)
-    print(_format_report(report))
-    if args.in_process:
-        with Memory(args.store) as mem:
-            print(f"\n== recall {args.query!r} for user dana (budget 400 tokens), in process")
-            result = mem.recall(args.query, user="dana", budget_tokens=400, k=6)
-            print(_format_result(result))
-        return 0
-    return _demo_over_http(Path(args.store), args.query, ours)
-
-
-def _demo_over_http(store: Path, query: str, ours: bool) -> int:
-    """The demo's recall through the server: the Helix Serve application on this Ray
-    (127.0.0.1, a free port, the inline graph), a key for user dana, one
-    ``POST /v1/recall`` — the request an agent or ``curl`` sends — then the key is
-    revoked and what the demo started taken down (``ours``: the local Ray too)."""
-    import urllib.request
-
-    from helix_ray.runtime import spare_port
-    from helix_ray.serve.keys import KeyStore
-    from helix_ray.serve.server import _take_down, run, serving_address
-
-    port = spare_port()  # Serve binds it after Ray has started: not a port Ray's processes may take
-    keys = KeyStore(store)
-    key, record = keys.create("dana")
-    try:
-        run(store, host="127.0.0.1", port=port, graph="inline")
-        host, port = serving_address("127.0.0.1", port)  # a cluster's Serve may run already, on its own port
-        print(f"\n== serve {store} on http://{host}:{port} (Ray Serve, inline graph; `helix serve` runs the same)")
-        url = f"http://{host}:{port}/v1/recall"
-        body = {"query": query, "budget_tokens": 400, "k": 6}
-        print(f"== POST {url} {json.dumps(body)} (user dana's API key)")
-        request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
-            "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-        took = []
-        for _ in range(2):  # the replica's first request loads what it had not touched yet
-            clock = time.perf_counter()
-            with urllib.request.urlopen(request, timeout=120) as response:
-                answer = json.load(response)
-            took.append((time.perf_counter() - clock) * 1000)
-        print(_format_answer(answer, took))
-    finally:
-        keys.revoke(record.key_id)
-        _take_down(ours)
-    return 0
-
-
-def _serve(args: argparse.Namespace) -> int:
-    from helix_ray.serve.server import serve_forever
-
-    retrieval: dict[str, Any] = {}
-    if args.retrieval_config:
-        import yaml
-
-        from helix_ray.config import RetrievalConfig, load_config
-
-        load_config(RetrievalConfig, args.retrieval_config)  # checked here, with the file's name
-        retrieval = yaml.safe_load(Path(args.retrieval_config).read_text()) or {}
-    if args.ha_proxy:
-        if os.environ.get("RAY_ADDRESS"):
-            print("helix serve: --ha-proxy applies only to a Ray this command starts; set "
-                  "RAY_SERVE_ENABLE_HA_PROXY=1 where the cluster runs instead.", file=sys.stderr)
-            return 2
-        os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"  # read by Serve when it starts, in every Ray process
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"helix serve: binding {args.host}: the API is reachable from other machines.", file=sys.stderr)
-    serve_forever(args.store, host=args.host, port=args.port, auth=not args.no_auth, create=True,
-                  ingest_config=args.ingest_config, retrieval=retrieval, graph=serve_graph(args.graph))
-    return 0
-
-
-def serve_graph(choice: str) -> str:
-    """``--graph auto``: the inline graph (no hop) on a Ray this command starts, the split
-    graph (a deployment per stage, scaled across nodes) on a cluster given by RAY_ADDRESS."""
-    if choice != "auto":
-        return choice
-    return "split" if os.environ.get("RAY_ADDRESS") else "inline"
 
 
 def _keys(args: argparse.Namespace) -> int:

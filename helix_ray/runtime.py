@@ -13,12 +13,31 @@ from helix_ray.errors import ClusterUnreachable
 
 log = logging.getLogger(__name__)
 
+#: Whether Ray's own output reaches this process's stderr (:func:`show_ray_output`).
+_ray_output = False
 
-def ensure_ray(*, num_cpus: int | None = None, quiet: bool = True, loopback: bool = False) -> str:
+
+def show_ray_output(show: bool = True) -> None:
+    """Let Ray's own output reach this process's stderr from now on (``helix --verbose``):
+    its INFO lines, what its workers print, Ray Data's execution plans and progress. Off
+    by default: Helix shows its own progress, and Ray's logs stay in its session folder
+    (``/tmp/ray/session_latest/logs`` by default). A choice of the program, as a logging setup is:
+    set it before Ray starts."""
+    global _ray_output
+    _ray_output = show
+
+
+def ray_output_shown() -> bool:
+    """What :func:`show_ray_output` last set."""
+    return _ray_output
+
+
+def ensure_ray(*, num_cpus: int | None = None, quiet: bool | None = None, loopback: bool = False) -> str:
     """Join ``RAY_ADDRESS`` when set, else start a local Ray; return which.
 
-    ``loopback`` puts the local node on 127.0.0.1 (Serve: its HTTP proxy and replicas
-    then listen there).
+    ``quiet`` (default: unless :func:`show_ray_output` said otherwise) keeps Ray's INFO
+    lines and its workers' output off this process's stderr. ``loopback`` puts the
+    local node on 127.0.0.1 (Serve: its HTTP proxy and replicas then listen there).
 
     A local Ray gets as many logical CPUs as the machine has cores (at least 2). Every
     Helix actor and replica asks for a fraction of a CPU, so nothing waits for a whole
@@ -29,6 +48,8 @@ def ensure_ray(*, num_cpus: int | None = None, quiet: bool = True, loopback: boo
 
     if ray.is_initialized():
         return "existing"
+    if quiet is None:
+        quiet = not _ray_output
     if not sys.stdout.isatty():  # Ray colours its workers' log prefixes: escape codes in a file
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     address = os.environ.get("RAY_ADDRESS")
@@ -74,6 +95,7 @@ def ensure_ray(*, num_cpus: int | None = None, quiet: bool = True, loopback: boo
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
     if loopback:
         kwargs["_node_ip_address"] = "127.0.0.1"
+    _token_auth_for_new_ray()
     ray.init(
         address="local",
         num_cpus=cpus,
@@ -81,6 +103,22 @@ def ensure_ray(*, num_cpus: int | None = None, quiet: bool = True, loopback: boo
         **kwargs,
     )
     return f"local ({cpus} CPUs)"
+
+
+def _token_auth_for_new_ray() -> None:
+    """Token authentication for the local Ray about to start, chosen explicitly.
+
+    With ``RAY_AUTH_MODE`` unset, Ray turns token auth on for a new local Ray and logs a
+    warning saying so and how to opt out; Helix makes the same choice itself (the mode
+    for this process and its children, Ray's config read again), so Ray has nothing to
+    warn about. An explicit ``RAY_AUTH_MODE`` wins."""
+    if os.environ.get("RAY_AUTH_MODE") is not None:
+        return
+    from ray._private.authentication.authentication_token_setup import (  # private: Ray's own switch, no public API
+        _enable_token_auth,
+    )
+
+    _enable_token_auth()
 
 
 def free_port() -> int:
@@ -226,8 +264,8 @@ def send_auth_token(address: str) -> bool:
     never for an explicit address such as ``RAY_ADDRESS``: joining a local cluster then
     retries and fails with a bare "Failed to connect".
     Helix applies Ray's own rule (``maybe_enable_token_auth_if_token_available``: token
-    mode, and Ray's config read again) to an explicit address too, but only one on this
-    machine (:func:`on_this_machine`): the token grants full control of the cluster that
+    mode when a token exists, and Ray's config read again; without the warning Ray logs
+    when it does so) to an explicit address too, but only one on this machine (:func:`on_this_machine`): the token grants full control of the cluster that
     made it, and is not sent to another host unless ``RAY_AUTH_MODE=token`` says so. A
     token sent to a cluster without auth is ignored. An explicit
     ``RAY_AUTH_MODE`` always wins.
@@ -236,10 +274,14 @@ def send_auth_token(address: str) -> bool:
     if mode is not None or not on_this_machine(address):
         return (mode or "").lower() == "token"
     from ray._private.authentication.authentication_token_setup import (  # private: Ray's own rule, no public API
-        maybe_enable_token_auth_if_token_available,
+        _enable_token_auth,
     )
+    from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]  # compiled; no stub
 
-    return bool(maybe_enable_token_auth_if_token_available(warn_if_disabled=False))
+    if not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
+        return False
+    _enable_token_auth()
+    return True
 
 
 def usable_cores() -> int:

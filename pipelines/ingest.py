@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -19,8 +20,8 @@ import pyarrow as pa
 import helix_ray.ingest.run as ingest_run
 from helix_ray.config import IngestConfig
 from helix_ray.ingest import stages
-from helix_ray.ingest.run import Run, read_validate_sign, timed
-from helix_ray.runtime import ensure_ray
+from helix_ray.ingest.run import Run, read_validate_sign, stage
+from helix_ray.runtime import ensure_ray, ray_output_shown
 
 log = logging.getLogger(__name__)
 
@@ -28,18 +29,17 @@ BLOCK = 256  # rows per Ray Data block (a multiple of BATCH; blocks are the acto
 ACTOR_MEMORY = 1792 * 1024**2  # what one embedding actor holds (two models and their arenas): told to Ray
 
 
-def run_stages(run: Run, items: list[dict[str, str]], stages_of: Callable[[Run, list[dict[str, str]]], None], *,
-               show_progress: bool) -> None:
+def run_stages(run: Run, items: list[dict[str, str]], stages_of: Callable[[Run, list[dict[str, str]]], None]) -> None:
     """``stages_of(run, items)`` with Ray Data: Ray started (or the cluster of
     ``RAY_ADDRESS`` joined), blocks kept in order, and ``run.feed`` the transform stage,
     ended after the run, or aborted when it fails."""
     import ray
 
-    with timed(run.report, "ray_start"):
+    with stage(run, "ray_start"):
         ensure_ray()
-    ray.data.DataContext.get_current().enable_progress_bars = show_progress
+    quiet_ray_data(not ray_output_shown())
     ray.data.DataContext.get_current().execution_options.preserve_order = True
-    feed = _TransformFeed(run.config)
+    feed = _TransformFeed(run.config, on_rows=run.progress.advance)
     run.feed = feed
     try:
         stages_of(run, items)
@@ -47,6 +47,24 @@ def run_stages(run: Run, items: list[dict[str, str]], stages_of: Callable[[Run, 
         feed.abort()
         raise
     feed.close()
+
+
+def quiet_ray_data(quiet: bool) -> None:
+    """Ray Data's own output in this process. ``quiet``: no execution plan and no
+    progress (the run shows its own, :mod:`helix_ray.ingest.progress`), and its console
+    handler shows errors only; its full log still goes to the Ray session's
+    ``logs/ray-data`` folder. Else Ray Data's defaults."""
+    import logging
+
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = not quiet
+    context.print_on_execution_start = not quiet
+    # Errors only, not warnings: with its progress bars off, Ray Data warns that they are.
+    for handler in logging.getLogger("ray.data").handlers:
+        if handler.get_name() == "console":
+            handler.setLevel(logging.ERROR if quiet else logging.INFO)
 
 
 def read_validate(items: list[dict[str, str]], config: IngestConfig) -> list[dict[str, Any]]:
@@ -81,10 +99,11 @@ class _TransformFeed:
     no CPU: the actors may hold every core.
     """
 
-    def __init__(self, config: IngestConfig):
+    def __init__(self, config: IngestConfig, on_rows: Callable[[int], None] = lambda rows: None):
         import threading
 
         self.config = config
+        self.on_rows = on_rows  # told how many rows each transformed block holds, as it arrives
         self.thread: threading.Thread | None = None
         self.mailbox: Any = None  # a Ray actor handle of _Mailbox
         self.stop = threading.Event()
@@ -101,10 +120,18 @@ class _TransformFeed:
         blocks = max(1, -(-max_rows // BLOCK))
         actors, memory = _embed_actors(config, blocks)
         ds = ray.data.read_datasource(_mailbox_source(self.mailbox, blocks), override_num_blocks=blocks,
-                                      num_cpus=0, concurrency=1) \
-            .map_batches(stages.Transform, fn_constructor_args=(config, config.embed_actor_threads),
-                         batch_size=ingest_run.BATCH, num_cpus=config.embed_actor_cpus, memory=memory,
-                         compute=ray.data.ActorPoolStrategy(size=actors))
+                                      num_cpus=0, concurrency=1)
+        with warnings.catch_warnings():
+            # max_restarts=0: an actor that dies fails the run (nothing is published; the
+            # previous generation stays current) instead of being restarted. Ray Data hands
+            # each pool actor its transform and context as object-store references, and Ray
+            # cannot promise to restart an actor built from those: with restarts on it logs
+            # an error line for every actor it starts. Ray Data takes max_restarts only
+            # among its remote arguments, which it marks deprecated.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            ds = ds.map_batches(stages.Transform, fn_constructor_args=(config, config.embed_actor_threads),
+                                batch_size=ingest_run.BATCH, num_cpus=config.embed_actor_cpus, memory=memory,
+                                compute=ray.data.ActorPoolStrategy(size=actors), max_restarts=0)
         self.thread = threading.Thread(target=self._drain, args=(ds,), name="helix-transform", daemon=True)
         self.thread.start()
 
@@ -115,6 +142,7 @@ class _TransformFeed:
                     break  # aborted: leaving the iterator shuts the execution down
                 if len(batch.get("seq", ())):
                     self.batches.append(batch)
+                    self.on_rows(len(batch["seq"]))
         except BaseException as exc:  # re-raised in the driver's thread by run()
             self.error = exc
 
@@ -231,6 +259,9 @@ def _embed_actors(config: IngestConfig, n_blocks: int) -> tuple[int, int]:
     fits = max(1, room // ACTOR_MEMORY)
     actors = max(1, min(config.embed_actors, n_blocks, fits))
     if actors < config.embed_actors and actors < n_blocks:
-        log.warning("embed_actors=%d but this Ray's memory (%.1f GiB) fits %d embedding actor(s) of %.1f GiB; "
-                    "running %d", config.embed_actors, room / 1024**3, fits, ACTOR_MEMORY / 1024**3, actors)
+        # A warning only when embed_actors was asked for: the default on a small host is
+        # nothing its user can act on.
+        say = log.warning if "embed_actors" in config.model_fields_set else log.info
+        say("embed_actors=%d but this Ray's memory (%.1f GiB) fits %d embedding actor(s) of %.1f GiB; running %d",
+            config.embed_actors, room / 1024**3, fits, ACTOR_MEMORY / 1024**3, actors)
     return actors, min(ACTOR_MEMORY, room)

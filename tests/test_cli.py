@@ -1,5 +1,6 @@
 """The CLI as a finished tool: --version, quarantine, doctor, exit codes that mean
-something, errors that name the flag typed, and one default budget for CLI and HTTP.
+something, errors that name the flag typed, one default budget for CLI and HTTP, and
+quiet output: an ingest's own progress, nothing from Ray unless --verbose.
 
 One real store (the shipped sample's memories and bad records, plus a Markdown folder
 with an empty section) is built once with the real ingest (``runner="local"``); tests
@@ -7,8 +8,10 @@ that break a store break a copy of it."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from helix_ray.cli import main
-from tests.helpers import SAMPLE
+from tests.helpers import SAMPLE, memory, write_jsonl
 
 NOTES = {"sub/ops.md": "---\nuser: dana\n---\n# Ops\n\n## Deploy\nRun make deploy from the release branch.\n\n## Empty\n\n"}
 
@@ -247,3 +250,154 @@ def test_cli_and_http_default_to_the_settings_budget(store, tmp_path, capsys):
     _, out, _ = helix(capsys, "recall", "why NATS", "--store", str(store), "--user", "dana", "--json",
                       "--config", str(tmp_path / "retrieval.yaml"))
     assert json.loads(out)["budget_tokens"] == 77 and json.loads(out)["total_tokens"] <= 77
+
+
+def test_config_errors_name_the_flag_and_the_file(tmp_path, capsys):
+    (tmp_path / "bad.yaml").write_text("foo: 1\n")
+    code, _, err = helix(capsys, "ingest", str(SAMPLE / "bad_records.jsonl"), "--store", str(tmp_path / "s"),
+                         "--runner", "local", "--config", str(tmp_path / "bad.yaml"))
+    assert code == 2 and err.startswith(f"helix ingest: Got --config='{tmp_path / 'bad.yaml'}'; it is not valid: foo: ")
+    code, _, err = helix(capsys, "serve", "--store", str(tmp_path / "s"), "--retrieval-config", str(tmp_path / "no.yaml"))
+    assert code == 2 and err == (f"helix serve: Got --retrieval-config='{tmp_path / 'no.yaml'}'; it must be an "
+                                 "existing YAML file.\n")
+
+
+# --------------------------------------------------------------------------- quiet output and progress
+
+#: The shapes of what Ray prints: its Python loggers, its C++ core ("[... E pid tid]
+#: core_worker.cc"), its workers' output ("(raylet) ..."), Ray Data's plans and progress,
+#: its warnings, and colour codes.
+RAY_SHAPES = [re.compile(p) for p in (
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\s+(DEBUG|INFO|WARNING|ERROR|CRITICAL) ",
+    r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [DIWEF] \d+ \d+\]",
+    r"^\(\w[^)]*\) ",
+    r"Running Dataset|Execution plan|execution finished|row/s\]|Progress bars|object store|Warning:|Token authentication",
+    "\x1b\\[",
+)]
+
+#: A small source: three memories and a record without text (quarantined).
+TEXTS = ("We chose NATS JetStream over Kafka for the event bus: one binary, no ZooKeeper.",
+         "Rotate the API keys with `make rotate-keys`; the old ones stay valid for a day.",
+         "The staging database is reset every Monday at 06:00 UTC from the nightly snapshot.")
+
+
+def _source(tmp_path: Path) -> Path:
+    return write_jsonl(tmp_path / "small.jsonl", [memory(i, t) for i, t in enumerate(TEXTS)] + [{"user": "dana"}])
+
+
+def _ray_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if any(shape.search(line) for shape in RAY_SHAPES)]
+
+
+def _stage_lines(err: str) -> list[str]:
+    return [re.sub(r" \(\d+\.\d s\)$", " (T)", line) for line in err.splitlines()]
+
+
+def test_an_ingest_off_a_terminal_prints_a_line_per_stage_and_its_report(tmp_path, capsys):
+    """Not on a terminal (a pipe, a log file), ingest shows one plain line per stage on
+    stderr and its report on stdout: nothing else."""
+    store = str(tmp_path / "store")
+    code, out, err = helix(capsys, "ingest", str(_source(tmp_path)), "--store", store, "--runner", "local")
+    assert code == 0 and not _ray_lines(out + err)
+    assert _stage_lines(err) == ["read + validate: 4 records, 1 quarantined (T)",
+                                 "dedup: 3 new, 0 updated, 0 unchanged, 0 duplicates (T)",
+                                 "embed: 3 embedded (T)",
+                                 "assemble: 3 memories (T)",
+                                 "publish: generation 1 (T)"]
+    assert out.splitlines()[:2] == ["read 4 records: 3 accepted, 1 quarantined",
+                                    "  new 3, updated 0, unchanged 0, duplicates 0, embedded 3"]
+    assert "generation 1: published, 3 memories" in out
+    code, out, err = helix(capsys, "ingest", str(_source(tmp_path)), "--store", store, "--runner", "local")
+    assert code == 0 and _stage_lines(err) == ["read + validate: 4 records, 1 quarantined (T)",
+                                               "dedup: 0 new, 0 updated, 3 unchanged, 0 duplicates (T)"]
+    assert "generation 1: unchanged (nothing new), 3 memories" in out
+
+
+def test_an_ingest_that_accepts_nothing_shows_its_stages_then_says_why(tmp_path, capsys):
+    code, out, err = helix(capsys, "ingest", str(SAMPLE / "bad_records.jsonl"), "--store", str(tmp_path / "a"),
+                           "--runner", "local")
+    assert code == 1 and "no generation: nothing to publish, 0 memories" in out
+    assert _stage_lines(err) == ["read + validate: 8 records, 8 quarantined (T)",
+                                 "dedup: 0 new, 0 updated, 0 unchanged, 0 duplicates (T)",
+                                 "helix ingest: accepted nothing: all 8 records were quarantined; `helix quarantine "
+                                 f"--store {tmp_path / 'a'}` lists them with their reasons."]
+
+
+def test_verbose_is_taken_by_the_commands_that_may_start_ray(tmp_path, capsys, monkeypatch):
+    from helix_ray import runtime
+    from helix_ray.cli import _parser
+
+    monkeypatch.setattr(runtime, "_ray_output", False)  # process-wide: put back after the test
+    for argv in (["ingest", "x", "--store", "s", "-v"], ["compact", "--store", "s", "--verbose"], ["demo", "-v"],
+                 ["serve", "--store", "s", "--verbose"]):
+        assert _parser().parse_args(argv).verbose, argv
+    assert not _parser().parse_args(["ingest", "x", "--store", "s"]).verbose
+    code, _, _ = helix(capsys, "ingest", str(SAMPLE / "bad_records.jsonl"), "--store", str(tmp_path / "a"),
+                       "--runner", "local", "--verbose")
+    assert code == 1 and runtime.ray_output_shown()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _frames(text: str) -> list[str]:
+    return [frame for frame in text.rstrip("\n").split("\r\x1b[K") if frame]
+
+
+def test_on_a_terminal_an_ingest_draws_one_bar(monkeypatch):
+    """One line, redrawn in place, that only moves forward and ends done at 100 %."""
+    from helix_ray import runtime
+    from helix_ray.ingest.progress import shown
+    from helix_ray.ingest.run import IngestReport
+
+    monkeypatch.setattr(runtime, "_ray_output", False)
+    monkeypatch.setenv("TERM", "xterm")
+    report = IngestReport(read=4, accepted=3, quarantined=1, new=3, embedded=3, total_memories=3)
+    terminal = _Terminal()
+    with shown(report, True, terminal) as progress:
+        for name in ("ray_start", "read_validate", "dedup", "expand_embed_annotate"):
+            progress.stage(name)
+        progress.advance(3)
+        for name in ("assemble", "publish", "record"):
+            progress.stage(name)
+        report.generation, report.published = 1, True
+    text = terminal.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n")
+    frames = _frames(text)
+    percents = [int(re.search(r"(\d+)%", frame).group(1)) for frame in frames]  # type: ignore[union-attr]
+    assert percents == sorted(percents) and percents[0] == 0
+    assert any(frame.startswith("embed ") and "3/3 rows" in frame for frame in frames)
+    assert frames[-1].startswith("done ") and " 100%" in frames[-1]
+
+    terminal = _Terminal()
+    with pytest.raises(RuntimeError), shown(IngestReport(), True, terminal) as progress:
+        progress.stage("read_validate")
+        raise RuntimeError("a source went away")
+    assert _frames(terminal.getvalue())[-1].startswith("failed ")
+
+    monkeypatch.setattr(runtime, "_ray_output", True)  # Ray writes lines of its own: no bar to tear
+    terminal = _Terminal()
+    with shown(IngestReport(read=2), True, terminal) as progress:
+        progress.stage("read_validate")
+    assert _stage_lines(terminal.getvalue()) == ["read + validate: 2 records, 0 quarantined (T)"]
+
+
+@pytest.mark.ray
+def test_an_ingest_on_ray_prints_only_its_own_lines(tmp_path):
+    """`helix ingest --runner ray` as a user runs it (a local Ray of its own), its output
+    a pipe: the stage lines and the report, not a line from Ray."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, "-m", "helix_ray.cli", "ingest", str(_source(tmp_path)), "--store",
+                           str(tmp_path / "store"), "--runner", "ray"], capture_output=True, text=True, timeout=600,
+                          env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not _ray_lines(done.stdout + done.stderr), done.stderr
+    assert _stage_lines(done.stderr) == ["start Ray: ready (T)",
+                                         "read + validate: 4 records, 1 quarantined (T)",
+                                         "dedup: 3 new, 0 updated, 0 unchanged, 0 duplicates (T)",
+                                         "embed: 3 embedded (T)",
+                                         "assemble: 3 memories (T)",
+                                         "publish: generation 1 (T)"], done.stderr
+    assert "generation 1: published, 3 memories" in done.stdout

@@ -49,6 +49,7 @@ from helix_ray.ingest.dedup import find_duplicates, signatures
 from helix_ray.ingest.graph import edges_table
 from helix_ray.ingest.previous import (OldThenNew, carried_over, fold_accesses, has_deletions, held_by,
                                        keep_folded_accesses, open_previous, retagged)
+from helix_ray.ingest.progress import NoProgress, Progress, shown
 from helix_ray.ingest.sources import FORMATS, detect_format
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import ACCESS_WATERMARK, Generation, current_generation_number
@@ -107,6 +108,7 @@ class Run:
     crash_after: str | None = None  # a generation file after which publishing raises (tests)
     computed: dict[str, stages.Computed] = dataclasses.field(default_factory=dict)  # see :func:`ingest`
     feed: TransformFeed | None = None  # runner="ray": started while stage 3 runs
+    progress: Progress = dataclasses.field(default_factory=NoProgress)
     empty_ok: bool = False  # publish a generation even when no record was read (:func:`initialise`)
 
 
@@ -153,6 +155,14 @@ def timed(report: IngestReport, name: str) -> Iterator[None]:
     report.seconds[name] = round(report.seconds.get(name, 0.0) + time.perf_counter() - start, 3)
 
 
+@contextmanager
+def stage(run: Run, name: str) -> Iterator[None]:
+    """Stage ``name`` of ``run``: shown by its progress, timed in its report (:func:`timed`)."""
+    run.progress.stage(name)
+    with timed(run.report, name):
+        yield
+
+
 def ingest(
     sources: Sequence[str | Path],
     store: str | Path,
@@ -171,7 +181,8 @@ def ingest(
     :class:`helix_ray.Memory`); otherwise this run opens the store's DuckDB file itself.
     ``computed`` (by memory id) holds stage 4–5 outputs made earlier under this
     ``config`` (the server's, for its online writes): a new memory whose text is the
-    same is not expanded, embedded nor token-encoded again.
+    same is not expanded, embedded nor token-encoded again. ``show_progress`` shows the
+    run on stderr: a bar on a terminal, else a line per stage (:mod:`.progress`).
     """
     config = config or IngestConfig()
     store = Path(store)
@@ -189,12 +200,14 @@ def ingest(
         raise InvalidArgument("sources", [], "give at least one file or folder to ingest")
 
     report = IngestReport()
-    with _writer(store, db) as db, _recorded_run(db, report, [i["path"] for i in items]):
-        run = Run(store, db, config, report, runner=runner, crash_after=crash_after, computed=computed or {})
+    with _writer(store, db) as db, _recorded_run(db, report, [i["path"] for i in items]), \
+            shown(report, show_progress) as progress:
+        run = Run(store, db, config, report, runner=runner, crash_after=crash_after, computed=computed or {},
+                  progress=progress)
         if runner == "local":
             _stages(run, items)
         else:
-            _ray_job().run_stages(run, items, _stages, show_progress=show_progress)
+            _ray_job().run_stages(run, items, _stages)
     return report
 
 
@@ -287,11 +300,11 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
     """Stages 1–8 of one run (the picture at the top of this module): a new generation
     published and recorded, or, when nothing changed, only the quarantine recorded."""
     report, config = run.report, run.config
-    with timed(report, "read_validate"):
+    with stage(run, "read_validate"):
         out = _read_validate(run, items)
     accepted = _accept(run, out)
 
-    with timed(report, "dedup"):
+    with stage(run, "dedup"):
         changes = _changes(run, accepted.latest)
         if _nothing_to_publish(run, accepted, changes):
             report.total_memories = len(changes.old_index)
@@ -307,16 +320,16 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
     new_cols = _expand_embed_annotate(run, todo, reuse, changes, kept)
 
     # Old rows keep their vectors; sorted so each tenant is one range.
-    with timed(report, "assemble"):
+    with stage(run, "assemble"):
         rows = NextRows(changes.previous, changes.old_rows, changes.old_index, kept.keep_old, todo, new_cols,
                         kept.sigs, kept.keep_new)
         data, node_names = assemble(rows, run.db, config)
     data.extra[ACCESS_WATERMARK] = changes.folded
     report.total_memories = data.memories.num_rows
 
-    with timed(report, "publish"):
+    with stage(run, "publish"):
         number = _publish(run, data)
-    with timed(report, "record"):
+    with stage(run, "record"):
         _record(run, number, data, node_names, rows, changes, kept, accepted.quarantined)
     _make_current(run, number)
 
@@ -494,7 +507,7 @@ def _expand_embed_annotate(run: Run, todo: list[dict[str, Any]], reuse: dict[int
     """Stages 4, 5 and 7a for the new or changed memories (``reuse``: by ``seq``, those
     whose outputs came with the run), as columns in ``todo``'s order (:func:`collect`)."""
     config = run.config
-    with timed(run.report, "expand_embed_annotate"):
+    with stage(run, "expand_embed_annotate"):
         batches = list(_transform(run, [r for r in todo if r["seq"] not in reuse]))
         if reuse:
             batches += _run_local_batches([r for r in todo if r["seq"] in reuse], [stages.Reuse(config, reuse)])
@@ -513,7 +526,9 @@ def _transform(run: Run, todo: list[dict[str, Any]]) -> Iterator[dict[str, np.nd
     if not todo:
         return
     if run.runner == "local":
-        yield from _run_local_batches(todo, [stages.Transform(run.config)])
+        for batch in _run_local_batches(todo, [stages.Transform(run.config)]):
+            run.progress.advance(len(batch["seq"]))
+            yield batch
         return
     assert run.feed is not None
     yield from run.feed.run(pa.table({

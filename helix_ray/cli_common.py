@@ -1,0 +1,67 @@
+"""What the ``helix`` commands share: how a report and a recall answer print, and
+configuration files loaded with errors that name the flag the user typed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def load_config_typed(model: Any, path: str | None, flag: str, overrides: dict[str, Any] | None = None,
+                      typed: tuple[str, Any] | None = None) -> Any:
+    """``load_config(model, path, overrides)``, its errors naming what the user typed
+    rather than the model: ``flag`` and the file, or ``typed`` (the flag and value that
+    ``overrides`` holds) when there is no file."""
+    from helix_ray.config import load_config
+    from helix_ray.errors import InvalidArgument
+
+    try:
+        return load_config(model, path, overrides)
+    except InvalidArgument as exc:
+        named, received = (flag, path) if path is not None else typed or (None, None)
+        if named is None:
+            raise
+        raise InvalidArgument(named, received, exc.allowed, exc.fix) from None
+
+
+def format_report(report) -> str:
+    """An ingest's report, for a terminal: what was read, what it did, what it published."""
+    lines = [
+        f"read {report.read} records: {report.accepted} accepted, {report.quarantined} quarantined",
+        f"  new {report.new}, updated {report.updated}, unchanged {report.unchanged}, "
+        f"duplicates {report.duplicates}, embedded {report.embedded}",
+    ]
+    if report.quarantine_reasons:
+        lines.append("  quarantine: " + ", ".join(f"{k} ×{v}" for k, v in report.quarantine_reasons.items()))
+    state = "published" if report.published else "unchanged (nothing new)"
+    memories = f"{report.total_memories} memor{'y' if report.total_memories == 1 else 'ies'}"
+    lines.append(f"generation {report.generation}: {state}, {memories}" if report.generation is not None else
+                 f"no generation: nothing to publish, {memories}")
+    lines.append("  seconds: " + ", ".join(f"{k} {v}" for k, v in report.seconds.items()))
+    return "\n".join(lines)
+
+
+def format_result(result) -> str:
+    """A :class:`~helix_ray.recall.result.RecallResult`, for a terminal."""
+    return format_answer(result.as_dict())
+
+
+def format_answer(answer: dict[str, Any], took_ms: list[float] | None = None) -> str:
+    """A recall answer — ``RecallResult.as_dict()``, or a ``POST /v1/recall`` body, which
+    has its shape — for a terminal; ``took_ms``: the HTTP round trips (first, last)."""
+    flags = answer.get("flags", {})
+    if flags.get("router_skip"):
+        return f"(no recall: {flags['route']['reason']})"
+    if not answer["items"]:
+        return "(no memories matched)"
+    lines = []
+    for n, item in enumerate(answer["items"], start=1):
+        cut = " [cut]" if item["truncated"] else ""
+        lines.append(f"[{n}] {item['id']} · {item['type']} · rank {item['rank']} · score {item['score']:.3f} · "
+                     f"{item['n_tokens']} tok{cut}")
+        lines.append("    " + item["text"].replace("\n", "\n    "))
+    timing = ", ".join(f"{k} {v:.1f}" for k, v in answer["timings_ms"].items())
+    where = "ms" if took_ms is None else (f"HTTP round trip {took_ms[-1]:.1f} ms ({took_ms[0]:.0f} ms for the "
+                                          "replica's first request); in the replica, ms")
+    lines.append(f"-- {len(answer['items'])} items, {answer['total_tokens']}/{answer['budget_tokens']} tokens, "
+                 f"generation {answer['generation']}; {where}: {timing}")
+    return "\n".join(lines)
