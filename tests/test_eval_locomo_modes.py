@@ -180,6 +180,7 @@ class FakeRecaller:
     def __init__(self, items: list[Item]) -> None:
         self.items = items
         self.calls: list[dict[str, Any]] = []
+        self.generation = SimpleNamespace(columns=SimpleNamespace(ids=np.asarray([i.id for i in items], dtype=object)))
 
     def recall(self, query: str, **kwargs: Any) -> Any:
         self.calls.append({"query": query, **kwargs})
@@ -232,14 +233,13 @@ def test_recall_items_count_as_their_documents() -> None:
 
 
 def test_rows_count_as_their_documents() -> None:
-    ids = np.asarray(["c1", "c2", "m3", "c4"], dtype=object)
-    chunked = SimpleNamespace(columns=SimpleNamespace(ids=ids, parents=["doc-a", "doc-a", None, "doc-b"]))
+    ids = np.asarray(["doc-a#chunk1", "doc-a#chunk2", "m3", "doc-b#chunk1"], dtype=object)
+    chunked = SimpleNamespace(columns=SimpleNamespace(ids=ids))
     assert runner._row_documents(chunked, [1, 2, 0, 3]) == ["doc-a", "m3", "doc-b"]
     assert runner._wide(chunked, 10) == runner.CHUNK_OVERFETCH * 10
-    for columns in (SimpleNamespace(ids=ids), SimpleNamespace(ids=ids, parents=[None] * 4)):
-        plain = SimpleNamespace(columns=columns)
-        assert runner._row_documents(plain, [1, 0, 1]) == ["c2", "c1"]
-        assert runner._wide(plain, 10) == 10
+    plain = SimpleNamespace(columns=SimpleNamespace(ids=np.asarray(["c1", "c2", "m3", "c4"], dtype=object)))
+    assert runner._row_documents(plain, [1, 0, 1]) == ["c2", "c1"]
+    assert runner._wide(plain, 10) == 10
 
 
 def test_evaluate_routes_queries_and_reports_categories(locomo: Path, tmp_path: Path, monkeypatch) -> None:

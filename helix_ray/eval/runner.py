@@ -37,6 +37,7 @@ from helix_ray.recall import dense, fuse, lexical
 from helix_ray.recall.embed import embed_query
 from helix_ray.recall.threads import encoder_threads
 from helix_ray.store.generation import Generation
+from helix_ray.schema import parent_of
 from helix_ray.tokens import token_counter
 
 log = logging.getLogger(__name__)
@@ -109,13 +110,12 @@ def _documents(ids: Iterable[str]) -> list[str]:
 
 
 def _parents(gen) -> Any:
-    """The generation's per-row parent ids (a chunk's document; None for a memory that is
-    not a chunk), or None when the store has no chunks."""
+    """The generation's per-row parent ids (a chunk's document, ``<parent>#chunk<n>``;
+    None for a memory that is not a chunk), or None when the store has no chunks."""
     columns = gen.columns
     if _LAST_COLUMNS[0] is not columns:  # a system's queries read one generation in a row
-        parents = getattr(columns, "parents", None)
-        chunked = parents is not None and any(p is not None and p != "" for p in parents)
-        _LAST_COLUMNS[:] = [columns, parents if chunked else None]
+        parents = [parent_of(str(i)) for i in columns.ids]
+        _LAST_COLUMNS[:] = [columns, parents if any(p is not None for p in parents) else None]
     return _LAST_COLUMNS[1]
 
 
@@ -205,7 +205,8 @@ def helix(disabled: Iterable[str] = (), overrides: dict[str, Any] | None = None)
     config = load_config(RetrievalConfig, overrides=overrides) if overrides else None
 
     def run(recaller, q: EvalQuery, k: int) -> list[str]:
-        result = recaller.recall(q.text, user=q.corpus_id, budget_tokens=EVAL_BUDGET, k=k, disabled=off | {"router"},
+        result = recaller.recall(q.text, user=q.corpus_id, budget_tokens=EVAL_BUDGET, k=min(_wide(recaller.generation, k), 200),
+                                 disabled=off | {"router"},
                                  config=config, now=question_time(q), **_context(q))
         return _item_documents(result.items)[:k]
 
