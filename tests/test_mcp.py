@@ -84,7 +84,8 @@ def test_lists_the_tools_with_schemas_and_descriptions(store):
                 assert tool.input_schema.get("additionalProperties") is False, tool.name
             recall = tools["recall"].input_schema
             assert recall["required"] == ["query"]
-            assert {"query", "budget_tokens", "k", "project", "types", "since", "until"} == set(recall["properties"])
+            assert {"query", "budget_tokens", "k", "project", "types", "since", "until", "context"} \
+                == set(recall["properties"])
             assert "user" not in recall["properties"] and "user" not in tools["remember"].input_schema["properties"]
             assert tools["recall"].output_schema is not None
 
@@ -165,6 +166,35 @@ def test_bad_arguments_are_tool_errors_with_helix_sentences_and_the_server_goes_
             missing = await call(s, "forget", memory_id="no-such-id")
             assert missing.is_error and "no-such-id" in text(missing), text(missing)
             assert recalled_ids(await call(s, "recall", query="why did we choose NATS for the event bus?"))
+
+    asyncio.run(run())
+
+
+def test_a_long_document_is_remembered_as_chunks_and_forgotten_whole(store):
+    """remember of a long text stores chunks (nothing cut); recall finds the chunk that
+    answers and names its parent; forget of the parent id removes every chunk; context
+    turns are taken, and a bad one is a tool error."""
+    tag = uuid.uuid4().hex[:8]
+    steps = [f"## Step {n}\n" + " ".join(f"Step {n} checks shard {m} of the {tag} cluster and logs it." for m in range(25))
+             for n in range(1, 7)]
+    doc = "\n\n".join([f"# Failover {tag}", *steps, "## Fencing\nFence the old primary with STONITH before promoting."])
+
+    async def run() -> None:
+        async with session(store, "dana") as s:
+            written = await call(s, "remember", text=doc, type="procedural")
+            assert not written.is_error, text(written)
+            parent = text(written)
+            found = await call(s, "recall", query=f"how do we fence the old primary in the {tag} failover?", k=5)
+            items = found.structured_content["items"]
+            assert items and items[0]["parent"] == parent and "STONITH" in items[0]["text"], items
+            followed = await call(s, "recall", query="and what comes before promoting it?",
+                                  context=[f"we are doing the {tag} failover", "the old primary is still up"])
+            assert not followed.is_error and any(i["parent"] == parent for i in followed.structured_content["items"])
+            bad = await s.call_tool("recall", {"query": "x", "context": "not a list"})
+            assert bad.is_error
+            assert not (await call(s, "forget", memory_id=parent)).is_error
+            gone = await call(s, "recall", query=f"how do we fence the old primary in the {tag} failover?", k=5)
+            assert all(i.get("parent") != parent for i in gone.structured_content["items"])
 
     asyncio.run(run())
 

@@ -550,3 +550,35 @@ def test_bad_context_says_what_is_allowed(tenant_memory, calls, context, receive
         tenant_memory.recall("anything", user="bob", context=context)
     assert received in str(err.value)
     assert (calls.bm25.n, calls.dense.n) == (0, 0)
+
+
+# --------------------------------------------------------------------------- time
+
+
+def test_a_time_expression_boosts_what_was_created_in_its_window(tenant_memory, tenant_store):
+    _, records = tenant_store
+    bob = sorted((r for r in records.values() if r["user"] == "bob"), key=lambda r: r["created_at"])
+    target = bob[len(bob) // 2]
+    day = dt.datetime.fromisoformat(target["created_at"]).date()
+    query = f"what did we change on {day:%B} {day.day}, {day.year}?"
+    timed = tenant_memory.recall(query, user="bob", k=20, now=NOW, explain=True)
+    plain = tenant_memory.recall(query, user="bob", k=20, now=NOW, disabled=frozenset({"time"}))
+    window = timed.flags["time"]["window"]
+    assert window["kind"] == "absolute" and window["start"].startswith(day.isoformat())
+    assert "time" not in plain.flags
+    score = {i.id: i.score for i in plain.items}
+    boosted = {i.id: i.score for i in timed.items}
+    boost = 1 + RetrievalConfig().time.window_boost
+    assert boosted[target["id"]] == pytest.approx(score[target["id"]] * boost, rel=1e-4)
+    others = [i for i in boosted if i in score and records[i]["created_at"][:10] != day.isoformat()]
+    assert others and all(boosted[i] == pytest.approx(score[i], rel=1e-4) for i in others)
+
+
+def test_time_words_are_read_against_now(tenant_memory):
+    asked = dt.datetime(2025, 3, 12, 15, 0, tzinfo=UTC)  # a Wednesday
+    result = tenant_memory.recall("what did we deploy yesterday?", user="bob", now=asked, explain=True)
+    window = result.flags["time"]["window"]
+    assert (window["core_start"], window["core_end"]) == ("2025-03-11T00:00:00+00:00", "2025-03-12T00:00:00+00:00")
+    off = tenant_memory.recall("what did we deploy yesterday?", user="bob", now=asked,
+                               config=config(time={"enabled": False}))
+    assert "time" not in off.flags

@@ -168,6 +168,24 @@ def test_write_is_recalled_within_one_second(alice):
     assert item["origin"] == "delta" and item["text"] == text
 
 
+def test_a_long_write_is_chunked_and_recalled_with_context_and_a_date(alice):
+    """A long text is stored as chunks (each named by its parent), found through the
+    conversation's context turns, and a question's time words are read against `now`."""
+    steps = [f"## Stage {n}\n" + " ".join(f"Stage {n} drains queue {m} of the osprey broker." for m in range(30))
+             for n in range(1, 6)]
+    doc = "\n\n".join(["# Osprey broker upgrade", *steps, "## Canary\nThe osprey canary runs in zone b for a day."])
+    written = alice.post("/v1/memories", json={"id": "alice-osprey", "text": doc, "created_at": "2025-03-04T10:00:00Z"})
+    assert written.status_code == 201 and written.json()["ids"] == ["alice-osprey"], written.text
+    result = recall(alice, "and where does its canary run?", context=["we are upgrading the osprey broker"],
+                    now="2025-03-10T09:00:00Z")
+    chunks = [i for i in result["items"] if i["parent"] == "alice-osprey"]
+    assert chunks and chunks[0]["id"].startswith("alice-osprey#chunk"), result["items"]
+    dated = recall(alice, "what did we upgrade last week?", now="2025-03-10T09:00:00Z", explain=True)
+    assert dated["flags"]["time"]["window"]["expression"] == "last week", dated["flags"]
+    assert alice.delete("/v1/memories/alice-osprey").status_code == 200
+    assert not [i for i in recall(alice, "osprey canary zone")["items"] if i["parent"] == "alice-osprey"]
+
+
 def test_batch_write_and_patch(alice):
     batch = {"memories": [
         {"id": "alice-b1", "text": "The nightly export job writes Parquet files to the cold bucket."},
@@ -352,6 +370,8 @@ def test_generation_swap_during_requests_loses_none(served, alice, ops):
     ({"query": "x", "budget_tokens": 10, "types": ["gossip"]}, 422, "each must be one of episodic"),
     ({"query": "x", "budget_tokens": 10, "k": 0}, 422, "Got k=0; it must be a whole number from 1 to 200"),
     ({"query": "x", "budget_tokens": 10, "since": "last tuesday"}, 422, "ISO-8601"),
+    ({"query": "x", "budget_tokens": 10, "now": "tomorrow"}, 422, "Got now='tomorrow'"),
+    ({"query": "x", "budget_tokens": 10, "context": ["ok", 3]}, 422, "context"),
     ({"query": "x", "budget_tokens": "many"}, 422, "budget_tokens"),
     ({"budget_tokens": 10}, 422, "'query' is required"),
     # It would match nothing, silently: a memory without a project has none, not "".
