@@ -299,7 +299,8 @@ def evaluate(
     by_corpus: dict[str, list[EvalQuery]] = {}
     for q in evalset.queries:
         by_corpus.setdefault(q.corpus_id, []).append(q)
-    variants = {base_system(name): load_config(IngestConfig, overrides=INGEST_VARIANTS[base_system(name)])
+    base = ingest_config.model_dump(mode="json")  # a variant changes the given settings, not the defaults
+    variants = {base_system(name): load_config(IngestConfig, overrides={**base, **INGEST_VARIANTS[base_system(name)]})
                 for name in chosen if base_system(name) in INGEST_VARIANTS}
     tuning: dict[str, list[EvalQuery]] = {}
     for q in (adapt_on.queries if adapt_on is not None else ()):
