@@ -4,7 +4,9 @@ seeded generated ones."""
 
 from __future__ import annotations
 
+import ast
 import base64
+import inspect
 import random
 import re
 import textwrap
@@ -12,6 +14,7 @@ import textwrap
 import pytest
 
 from helix_ray.ingest import chunk as chunk_module
+from helix_ray.ingest import chunk_parse
 from helix_ray.ingest.chunk import Chunk, detect_kind, encoder_text, split
 from helix_ray.tokens import token_counter
 
@@ -339,6 +342,26 @@ def test_bad_arguments_say_what_was_received_and_allowed(kwargs, message):
 ])
 def test_detect_kind(text, kind):
     assert detect_kind(text) == kind
+
+
+def test_the_parser_module_stands_alone():
+    """The parsers give atoms, boundary strengths and heading paths without the chunker,
+    which imports them and never the reverse."""
+    atoms = chunk_parse.parse("# Guide\n\n## Deploy\n\nRun it. Then check.\n", "markdown")
+    assert [atoms.text[a:b] for a, b in zip(atoms.starts, atoms.ends)] == [
+        "# Guide", "## Deploy", "Run it.", "Then check."]
+    assert atoms.strengths == [19, chunk_parse.GLUE, chunk_parse.GLUE, chunk_parse.SENTENCE]
+    assert atoms.paths == [("Guide",), ("Guide", "Deploy"), ("Guide", "Deploy"), ("Guide", "Deploy")]
+    assert atoms.headings == [True, True, False, False]
+    assert [chunk_parse.heading_title(line) for line in ("## Deploy ##", "#", "#hashtag", "text")] == [
+        "Deploy", "", None, None]
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(inspect.getsource(chunk_parse))):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported |= {f"{node.module}.{alias.name}" for alias in node.names} | {node.module or ""}
+    assert "helix_ray.ingest.chunk" not in imported
 
 
 # --------------------------------------------------------------------------- invariants on generated texts
