@@ -145,10 +145,11 @@ class ChunkConfig(_Strict):
     (title > heading path). Recall keeps the best chunks of a memory; PATCH and DELETE of
     the memory's id act on all of its chunks."""
 
-    max_tokens: int = Field(512, ge=64, le=8192)
+    max_tokens: int = Field(400, ge=64, le=8192)
     """Texts longer than this many tokens (cl100k) are chunked, each chunk at most this
-    long: the sentence encoder reads 512 word pieces, so nothing is cut unread."""
-    overlap_tokens: int = Field(48, ge=0, le=512)
+    long: what the sentence encoder reads whole (``embedder.max_chars`` characters, 512
+    word pieces; a cl100k token is ~4.3 characters and ~1.2 word pieces of English)."""
+    overlap_tokens: int = Field(40, ge=0, le=512)
     """Tokens of each chunk that repeat the end of the one before (on a sentence or line
     boundary where there is one), so a fact split across the cut is whole in one chunk."""
 
@@ -385,6 +386,10 @@ class RankConfig(_Strict):
     """Share of the similarity signal given to the candidate's own BM25 score (min-max
     normalised in the pool; 0 for a candidate outside the BM25 list): similarity =
     (1 − share) · the blend above + share · BM25."""
+    chunk_support: float = Field(0.0, ge=0.0, le=1.0)
+    """A long memory's best chunk gains this share of the score of its next best chunk
+    among the candidates: a memory that answers in several places outranks one that
+    matches once."""
     lexical_beyond_tokens: int = Field(0, ge=0)
     """The encoders read a memory's first tokens only (late interaction
     ``late.max_tokens``, the sentence encoder ~512); BM25 reads all of it. For a memory
@@ -440,7 +445,8 @@ class DiversityConfig(_Strict):
     mmr_lambda: float = Field(0.5, ge=0.0, le=1.0)
     """MMR λ (Carbonell & Goldstein 1998): 1 = relevance only, 0 = novelty only."""
     max_per_document: int = Field(2, ge=1, le=100)
-    """Best chunks kept per source document (sections of one Markdown file)."""
+    """Best chunks kept per document: a long memory's chunks, or the sections of one
+    Markdown file."""
     mode: Literal["auto", "mmr", "session", "none"] = "none"
     """``mmr``: MMR with ``mmr_lambda``; ``session``: best item per session first, then MMR
     (aggregation questions); ``auto``: session for questions such as "how many…" / "list
@@ -482,7 +488,7 @@ class TimeConfig(_Strict):
     boosts memories that state one ("yesterday", "on 8 May")."""
 
     enabled: bool = True
-    """Read time expressions in queries (explain shows the window under ``time``)."""
+    """Read time expressions in queries (the result's flags show the window under ``time``)."""
     window_boost: float = Field(0.3, ge=0.0, le=4.0)
     """A memory created inside the query's window scores (1 + this) times as much; inside
     its soft edges, proportionally less."""
@@ -494,8 +500,8 @@ class TimeConfig(_Strict):
 class ContextConfig(_Strict):
     """Conversational recall: ``recall(query, context=[recent turns])``. The query (the
     latest turn) keeps full weight; each context turn is searched on its own (BM25 and
-    dense) and its lists join the fusion with a weight that halves, by ``decay``, for
-    every turn further back, so old turns widen the candidate pool without steering it."""
+    dense) and its lists join the fusion with a weight multiplied by ``decay`` for every
+    turn further back, so old turns widen the candidate pool without steering it."""
 
     weight: float = Field(0.3, ge=0.0, le=1.0)
     """Fusion weight of the latest context turn's lists (the query's lists weigh 1)."""

@@ -539,3 +539,37 @@ def test_the_fingerprint_of_stages_4_and_5_follows_the_config_and_the_shipped_mo
     assert ours != base
     (tmp_path / "bge_small_en" / "model.onnx").write_bytes(b"x" * 11)  # another model, same name
     assert stages.fingerprint(IngestConfig()) != ours
+
+
+def _long_doc(topic: str, sections: int) -> str:
+    return "\n\n".join([f"# {topic}"] + [
+        f"## Part {n}\n" + " ".join(f"Part {n} of the {topic} notes covers shard {m} and its backup." for m in range(30))
+        for n in range(1, sections + 1)])
+
+
+def test_a_long_record_is_stored_as_chunks_and_a_new_version_leaves_none_behind(tmp_path):
+    """Ingest stores a long text as chunks <id>#chunk<n> (nothing cut, nothing
+    quarantined); ingesting the id again with a shorter text, or a long one again,
+    replaces every earlier chunk or the earlier whole memory."""
+    from helix_ray.schema import parent_of
+    from helix_ray.store.generation import Generation
+
+    store = tmp_path / "store"
+
+    def ids_after(text: str) -> list[str]:
+        source = write_jsonl(tmp_path / f"doc-{len(text)}.jsonl", [{"id": "doc", "text": text, "user": "dana"}])
+        report = ingest([source], store, runner="local", show_progress=False)
+        assert report.quarantined == 0, report
+        return sorted(Generation.open_current(store).memories.column("id").to_pylist())
+
+    long_text = _long_doc("heron", 8)
+    chunks = ids_after(long_text)
+    assert len(chunks) >= 4 and all(parent_of(i) == "doc" for i in chunks)
+    texts = Generation.open_current(store).memories.column("text").to_pylist()
+    assert any("Part 8 of the heron notes covers shard 29 and its backup." in t for t in texts)  # the end
+    assert ids_after("The heron notes moved to the wiki.") == ["doc"]
+    again = ids_after(_long_doc("okapi", 3))
+    assert "doc" not in again and all(parent_of(i) == "doc" for i in again) and len(again) < len(chunks)
+    with StoreDB(store) as db:
+        live = {i for i, (_, deleted) in db.known_hashes().items() if not deleted}
+    assert live == set(again)

@@ -57,6 +57,7 @@ def find_duplicates(
     texts: Sequence[str] | None = None,
     shingle: int = 3,
     settled: int = 0,
+    parents: Sequence[str | None] | None = None,
 ) -> list[tuple[int, int, float]]:
     """Return ``(dropped, kept, jaccard)`` index triples.
 
@@ -70,6 +71,10 @@ def find_duplicates(
     LSH band with a later item can then drop or be dropped, so the others are not
     visited: the same answer, for the cost of the new items rather than of the store
     (docs/benchmarks.md).
+
+    ``parents``: item i is a chunk of memory ``parents[i]`` (None: a whole memory). Chunks
+    of one memory are never duplicates of each other: a document that repeats itself
+    keeps every part.
     """
     from datasketch import LeanMinHash, MinHashLSH
 
@@ -103,6 +108,8 @@ def find_duplicates(
         mh = LeanMinHash(seed=1, hashvalues=sigs[i], scheme="affine32")
         best, best_sim = -1, -1.0
         for key in lsh.query(mh):
+            if parents is not None and parents[i] is not None and parents[i] == parents[key]:
+                continue
             sim = jaccard(sigs[i], sigs[key])
             if texts is not None and sim >= threshold - 0.15:
                 sim = exact_jaccard(texts[i], texts[key], shingle)

@@ -51,6 +51,7 @@ from helix_ray.ingest.previous import (OldThenNew, carried_over, fold_accesses, 
                                        keep_folded_accesses, open_previous, retagged)
 from helix_ray.ingest.progress import NoProgress, Progress, shown
 from helix_ray.ingest.sources import FORMATS, detect_format
+from helix_ray.schema import parent_of
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import ACCESS_WATERMARK, Generation, current_generation_number
 from helix_ray.store.publish import GenerationData, prune, publish, set_current
@@ -132,6 +133,7 @@ class Changes:
     old_rows: pa.Table  # the previous generation's rows that stay (:func:`previous.carried_over`)
     old_index: np.ndarray  # their row numbers there
     folded: int  # the access log position the new generation has folded up to
+    superseded: list[str] = dataclasses.field(default_factory=list)  # chunks (or a whole) a new version drops
 
 
 @dataclasses.dataclass
@@ -404,6 +406,8 @@ def _changes(run: Run, latest: dict[str, dict[str, Any]]) -> Changes:
     known = run.db.known_hashes()
     previous = open_previous(run.store, config)
     fresh, replaced, same_text = _compare(run, latest, known, previous)
+    superseded = superseded_parts(latest, known)
+    replaced |= set(superseded)  # not carried over: the memory's new version does not hold them
     run.computed = {r["id"]: run.computed[r["id"]] for r in fresh if _reusable(r, run.computed, config)}
     if run.feed is not None and len(fresh) > len(run.computed):
         run.feed.start(len(fresh) - len(run.computed))  # the embedding actors start while dedup runs
@@ -417,7 +421,16 @@ def _changes(run: Run, latest: dict[str, dict[str, Any]]) -> Changes:
     old_rows, old_index, folded, accesses = carried_over(previous, run.db, replaced, retags)
     keep_folded_accesses(fresh, previous, replaced)
     fold_accesses(fresh, accesses)
-    return Changes(previous, fresh, replaced, retags, old_rows, old_index, folded)
+    return Changes(previous, fresh, replaced, retags, old_rows, old_index, folded, superseded)
+
+
+def superseded_parts(latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]]) -> list[str]:
+    """Stored memories that a memory written again leaves behind: the chunks of a text
+    now shorter (or chunked otherwise), or its whole earlier version when it is now
+    stored as chunks (``<id>#chunk<n>``: :func:`helix_ray.schema.parent_of`)."""
+    written = {parent_of(i) or i for i in latest}
+    return sorted(i for i, (_, deleted) in known.items()
+                  if not deleted and i not in latest and ((parent_of(i) or i) in written))
 
 
 def _compare(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]],
@@ -489,6 +502,7 @@ def _deduplicate(run: Run, changes: Changes) -> Deduplicated:
         texts=OldThenNew(lambda i: texts[i].as_py(), [r["text"] for r in fresh], n_old),
         shingle=config.dedup.shingle,
         settled=n_old,  # the previous generation's rows: deduplicated when it was built
+        parents=[parent_of(i) for i in all_ids],
     )
     drop = {i for i, _, _ in dropped}
     links = [(all_ids[i], all_ids[j], s) for i, j, s in dropped]
@@ -582,6 +596,8 @@ def _record(run: Run, number: int, data: GenerationData, node_names: list[str], 
             db.delete([r["id"] for r in kept.dropped_rows])
         if kept.dropped_old_ids:
             db.delete(kept.dropped_old_ids)
+        if changes.superseded:
+            db.delete(changes.superseded)
         db.upsert_expansions(
             [r["id"] for r in todo], [json.loads(x) for x in new_cols["expansions"]],
             run.config.doc2query.backend,

@@ -195,7 +195,7 @@ class Recaller:
         pinned: bool | None = None,
         project_mode: str = "filter",
         explain: bool = False,
-        now: dt.datetime | None = None,
+        now: dt.datetime | str | None = None,
         context: Sequence[str] | None = None,
         last_access_overlay: AccessOverlay | None = None,
         disabled: frozenset[str] = frozenset(),
@@ -232,7 +232,7 @@ class Recaller:
     def plan(self, query: str, *, user: str, budget_tokens: int | None = None, k: int | None = None,
              project: str | None = None, types: Sequence[str] | str | None = None, since: Any = None,
              until: Any = None, pinned: bool | None = None, project_mode: str = "filter", explain: bool = False,
-             now: dt.datetime | None = None, context: Sequence[str] | None = None,
+             now: dt.datetime | str | None = None, context: Sequence[str] | None = None,
              disabled: frozenset[str] = frozenset(), config: RetrievalConfig | None = None,
              query_vector: np.ndarray | None = None) -> Plan:
         """Check the request, embed the query (unless ``query_vector`` is given) and its
@@ -276,7 +276,7 @@ class Recaller:
             weights = {name: (0.0 if name in disabled else w) for name, w in cfg.fusion.weights.items()}
             if not any(weights.values()):
                 weights = {"dense": 1.0, "bm25": 0.0}
-            now = now or dt.datetime.now(dt.timezone.utc)
+            now = scope.as_time("now", now) or dt.datetime.now(dt.timezone.utc)
             now_us = int((now if now.tzinfo else now.replace(tzinfo=dt.timezone.utc)).timestamp() * 1_000_000)
             window, asks = _time_of(query, now, cfg, disabled, flags)
             plan = Plan(query, user, sc, cfg, k, budget_tokens, explain, frozenset(disabled), now_us, weights,
@@ -338,7 +338,7 @@ class Recaller:
         lx, mask = plan.config.lexical, self._mask(plan)
         hits = lexical.search(self.generation.bm25, plan.query, start=start, end=end, mask=mask,
                               top_k=lx.top_k, strong_score=lx.strong_signal_score, strong_gap=lx.strong_signal_gap)
-        if not plan.context or hits.strong_signal:
+        if not plan.context or self.strong(plan, hits):  # a decisive query: no other list is fused
             return hits
         context = tuple(lexical.search(self.generation.bm25, turn.text, start=start, end=end, mask=mask,
                                        top_k=lx.top_k, strong_score=1.0, strong_gap=1.0).rows for turn in plan.context)
@@ -572,6 +572,7 @@ def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessO
         lexical_share=_lexical_share(cfg.rank, cols.n_tokens[rows]),
         context=found.context_cosine, context_share=cfg.context.similarity_share,
         boost=_time_boost(plan, rows, cols, gen),
+        parents=[parent_of(str(cols.ids[int(r)])) for r in rows] if cfg.rank.chunk_support > 0 else None,
     )
 
 

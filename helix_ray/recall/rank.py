@@ -41,6 +41,21 @@ def recency(last_access_us: np.ndarray, now_us: int, half_life_days: float) -> n
     return np.where(last_access_us > 0, np.power(0.5, age_days / half_life_days), 0.0)
 
 
+def support_from_siblings(scores: np.ndarray, parents: list[str | None], share: float) -> np.ndarray:
+    """Each parent's best-scoring chunk plus ``share`` × the score of its second best;
+    every other score unchanged."""
+    best: dict[str, list[int]] = {}
+    for i, parent in enumerate(parents):
+        if parent is not None:
+            best.setdefault(parent, []).append(i)
+    out = scores.copy()
+    for members in best.values():
+        if len(members) > 1:
+            first, second = sorted(members, key=lambda i: -scores[i])[:2]
+            out[first] += share * scores[second]
+    return out
+
+
 @dataclass(frozen=True)
 class Ranked:
     order: np.ndarray  # indices into the pool, best first
@@ -73,6 +88,7 @@ def rank(
     context: np.ndarray | None = None,
     context_share: float = 0.0,
     boost: np.ndarray | None = None,
+    parents: list[str | None] | None = None,
 ) -> Ranked:
     blend = config.similarity_blend
     similarity = blend * minmax(cosine) + (1 - blend) * minmax(fused)
@@ -101,5 +117,7 @@ def rank(
     scores = np.where(pinned, scores * config.pinned_boost, scores)
     if boost is not None:  # time-aware recall: per-candidate multipliers ≥ 1
         scores = scores * boost
+    if parents is not None and config.chunk_support > 0:
+        scores = support_from_siblings(scores, parents, config.chunk_support)
     order = np.lexsort((np.arange(len(scores)), -scores))
     return Ranked(order, scores, signals)
