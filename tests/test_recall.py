@@ -582,3 +582,17 @@ def test_time_words_are_read_against_now(tenant_memory):
     off = tenant_memory.recall("what did we deploy yesterday?", user="bob", now=asked,
                                config=config(time={"enabled": False}))
     assert "time" not in off.flags
+
+
+@pytest.mark.parametrize("query", ["what did we do last week?", "the bug from two weeks ago", "since March 2023",
+                                   "before May 2023", "in 2022", "what happened yesterday"])
+def test_window_weights_are_the_windows_own_weights(query):
+    from helix_ray import when
+    from helix_ray.recall.pipeline import window_weights
+
+    now = dt.datetime(2023, 5, 8, 13, 56, tzinfo=UTC)
+    window = when.query_window(query, now)
+    moments = [now - dt.timedelta(hours=h) for h in range(0, 24 * 500, 7)]
+    weights = window_weights(window, np.array([int(m.timestamp() * 1_000_000) for m in moments]))
+    assert weights == pytest.approx([window.weight(m) for m in moments], abs=1e-9)
+    assert weights.max() == 1.0

@@ -555,7 +555,7 @@ def test_a_long_write_is_stored_as_chunks_that_recall_patch_and_delete_treat_as_
     text = _runbook("heron")
     out = writer.add([{"id": "alice-runbook", "text": text, "project": "atlas"}], "alice")
     assert out["ids"] == ["alice-runbook"]  # the caller's id, not its chunks'
-    chunks = family(writer.core, "alice-runbook")
+    chunks = family(writer.core, "alice-runbook", "alice")
     count = token_counter()
     assert len(chunks) >= 3 and all(parent_of(c) == "alice-runbook" for c in chunks)
     texts = [writer.core.entries[c]["record"]["text"] for c in chunks]
@@ -567,7 +567,7 @@ def test_a_long_write_is_stored_as_chunks_that_recall_patch_and_delete_treat_as_
     assert top.get("parent") == "alice-runbook" and "snapshot 4417" in top["text"], found["items"]
 
     writer.patch("alice-runbook", {"pinned": True}, "alice")  # a field: every chunk
-    assert family(writer.core, "alice-runbook") == chunks
+    assert family(writer.core, "alice-runbook", "alice") == chunks
     assert all(writer.core.entries[c]["record"]["pinned"] for c in chunks)
     meta = json.loads(writer.core.entries[chunks[0]]["record"]["metadata"]) \
         if isinstance(writer.core.entries[chunks[0]]["record"]["metadata"], str) \
@@ -575,15 +575,15 @@ def test_a_long_write_is_stored_as_chunks_that_recall_patch_and_delete_treat_as_
     assert meta["chunk"]["parent"] == "alice-runbook" and meta["chunk"]["of"] == len(chunks)
 
     writer.patch("alice-runbook", {"text": "The heron runbook moved to the wiki."}, "alice")  # short now
-    assert family(writer.core, "alice-runbook") == ["alice-runbook"]
+    assert family(writer.core, "alice-runbook", "alice") == ["alice-runbook"]
     assert all(c in writer.core.tombstones for c in chunks)
 
     writer.patch("alice-runbook", {"text": _runbook("okapi", 4)}, "alice")  # long again: chunks replace it
-    again = family(writer.core, "alice-runbook")
+    again = family(writer.core, "alice-runbook", "alice")
     assert "alice-runbook" not in again and len(again) >= 2
 
     writer.delete("alice-runbook", "alice")
-    assert family(writer.core, "alice-runbook") == []
+    assert family(writer.core, "alice-runbook", "alice") == []
     writer.add([{"id": "alice-note", "text": "A short note, so that compaction has something to publish."}], "alice")
     assert writer.compact()["published"]
     from helix_ray.store.generation import Generation
@@ -598,10 +598,54 @@ def test_another_users_chunked_memory_cannot_be_deleted_or_patched(shells):
 
     writer = shells["writer"]
     writer.add([{"id": "bob-runbook", "text": _runbook("kestrel")}], "bob")
-    chunks = family(writer.core, "bob-runbook")
+    chunks = family(writer.core, "bob-runbook", "bob")
     for call in (lambda: writer.delete("bob-runbook", "alice"),
                  lambda: writer.patch("bob-runbook", {"pinned": True}, "alice")):
         with pytest.raises(ReplicaError, match="no such memory for user 'alice'"):
             call()
-    assert family(writer.core, "bob-runbook") == chunks
+    assert family(writer.core, "bob-runbook", "bob") == chunks
     assert not any(writer.core.entries[c]["record"]["pinned"] for c in chunks)
+
+
+def test_chunks_survive_compaction_as_they_are_and_one_patched_chunk_keeps_its_siblings(shells):
+    """A compaction reads chunks back without chunking them again; a PATCH of one chunk
+    (an id recall returned) changes that chunk alone, and its siblings outlive the next
+    compaction; DELETE of the parent after compaction removes every chunk."""
+    from helix_ray.schema import parent_of
+    from helix_ray.serve.writes import family
+    from helix_ray.store.generation import Generation
+
+    writer = shells["writer"]
+    writer.add([{"id": "alice-guide", "text": _runbook("plover")}], "alice")
+    chunks = family(writer.core, "alice-guide", "alice")
+    assert writer.compact()["published"]
+
+    def stored() -> list[str]:
+        ids = Generation.open_current(shells["store"]).memories.column("id").to_pylist()
+        return sorted(i for i in ids if i.startswith("alice-guide"))
+
+    assert stored() == sorted(chunks) and all(parent_of(i) == "alice-guide" for i in stored())
+    writer.patch(chunks[1], {"pinned": True}, "alice")
+    writer.add([{"id": "alice-other", "text": "Another note, for the compaction."}], "alice")
+    assert writer.compact()["published"]
+    assert stored() == sorted(chunks)
+    writer.delete("alice-guide", "alice")
+    writer.add([{"id": "alice-third", "text": "A third note, for the compaction."}], "alice")
+    assert writer.compact()["published"]
+    assert stored() == []
+
+
+def test_a_write_cannot_take_or_shadow_another_users_chunks(shells):
+    from helix_ray.errors import InvalidArgument
+    from helix_ray.serve.errors import ReplicaError
+    from helix_ray.serve.writes import family
+
+    writer = shells["writer"]
+    writer.add([{"id": "shared", "text": _runbook("dunlin")}], "bob")
+    bobs = family(writer.core, "shared", "bob")
+    for text in ("short", _runbook("alice's own")):
+        with pytest.raises(ReplicaError, match="belongs to another user"):
+            writer.add([{"id": "shared", "text": text}], "alice")
+    assert family(writer.core, "shared", "bob") == bobs and not any(c in writer.core.tombstones for c in bobs)
+    with pytest.raises((ReplicaError, InvalidArgument), match="#chunk"):
+        writer.add([{"id": "shared#chunk9", "text": "a chunk of my own"}], "alice")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import helix_ray.ingest.run as ingest_run
-from helix_ray.config import IngestConfig, RetrievalConfig, load_config
+from helix_ray.config import IngestConfig, RetrievalConfig, deep_merge, load_config
 from helix_ray.embedder import get_embedder
 from helix_ray.errors import InvalidArgument
 from helix_ray.eval.datasets import EvalQuery, EvalSet
@@ -300,7 +300,7 @@ def evaluate(
     for q in evalset.queries:
         by_corpus.setdefault(q.corpus_id, []).append(q)
     base = ingest_config.model_dump(mode="json")  # a variant changes the given settings, not the defaults
-    variants = {base_system(name): load_config(IngestConfig, overrides={**base, **INGEST_VARIANTS[base_system(name)]})
+    variants = {base_system(name): load_config(IngestConfig, overrides=deep_merge(base, INGEST_VARIANTS[base_system(name)]))
                 for name in chosen if base_system(name) in INGEST_VARIANTS}
     tuning: dict[str, list[EvalQuery]] = {}
     for q in (adapt_on.queries if adapt_on is not None else ()):

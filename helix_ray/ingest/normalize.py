@@ -35,7 +35,7 @@ from typing import Any
 
 from helix_ray.config import ChunkConfig, ValidationConfig
 from helix_ray.ingest import chunk
-from helix_ray.schema import MEMORY_SCHEMA, MEMORY_TYPES, chunk_id, content_hash
+from helix_ray.schema import MEMORY_SCHEMA, MEMORY_TYPES, chunk_id, content_hash, parent_of
 
 TYPE_PRIOR = {"episodic": 0.40, "semantic": 0.50, "code": 0.50, "procedural": 0.60, "decision": 0.70}
 
@@ -313,6 +313,10 @@ def normalise_one(raw: dict[str, Any], config: ValidationConfig, *, default_time
     else:
         raise Rejected("wrong_type", f"id must be a string, got {type(raw_id).__name__}")
     _check_id(mem_id)
+    parent = parent_of(mem_id)
+    if parent is not None and (metadata.get("chunk") or {}).get("parent") != parent:
+        raise Rejected("wrong_type", f"id {mem_id!r} ends in '#chunk<n>', which names a chunk Helix stores a long "
+                                     "memory as; give the memory's own id (a long text is chunked for you)")
     return {
         "id": mem_id,
         "text": text,
@@ -349,12 +353,19 @@ def normalise(
     return rows, quarantined
 
 
+#: Tokens kept free in each chunk for the line naming where it sits (title > headings).
+HEADING_TOKENS = 24
+
+
 def split_long(row: dict[str, Any], config: ChunkConfig) -> list[dict[str, Any]]:
     """A normalised row as the memories it is stored as: itself, or, when its text is
     longer than ``config.max_tokens``, one row per chunk: id ``<id>#chunk<n>``, the
     chunk's text under a line naming where it sits, and ``metadata.chunk`` = {parent, n,
     of, headings}. Every other field is the parent's."""
-    pieces = chunk.split(row["text"], max_tokens=config.max_tokens, overlap_tokens=config.overlap_tokens)
+    if parent_of(row["id"]) is not None:  # a chunk already (a compaction reads chunks back)
+        return [row]
+    room = max(config.max_tokens - HEADING_TOKENS, config.max_tokens // 2)  # the heading line comes on top
+    pieces = chunk.split(row["text"], max_tokens=room, overlap_tokens=min(config.overlap_tokens, room // 2))
     if len(pieces) <= 1:
         return [row]
     metadata = json.loads(row["metadata"])

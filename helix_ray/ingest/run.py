@@ -35,7 +35,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -406,7 +406,7 @@ def _changes(run: Run, latest: dict[str, dict[str, Any]]) -> Changes:
     known = run.db.known_hashes()
     previous = open_previous(run.store, config)
     fresh, replaced, same_text = _compare(run, latest, known, previous)
-    superseded = superseded_parts(latest, known)
+    superseded = superseded_parts(latest, known, run.db.owners)
     replaced |= set(superseded)  # not carried over: the memory's new version does not hold them
     run.computed = {r["id"]: run.computed[r["id"]] for r in fresh if _reusable(r, run.computed, config)}
     if run.feed is not None and len(fresh) > len(run.computed):
@@ -424,13 +424,29 @@ def _changes(run: Run, latest: dict[str, dict[str, Any]]) -> Changes:
     return Changes(previous, fresh, replaced, retags, old_rows, old_index, folded, superseded)
 
 
-def superseded_parts(latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]]) -> list[str]:
-    """Stored memories that a memory written again leaves behind: the chunks of a text
-    now shorter (or chunked otherwise), or its whole earlier version when it is now
-    stored as chunks (``<id>#chunk<n>``: :func:`helix_ray.schema.parent_of`)."""
-    written = {parent_of(i) or i for i in latest}
-    return sorted(i for i, (_, deleted) in known.items()
-                  if not deleted and i not in latest and ((parent_of(i) or i) in written))
+def superseded_parts(latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]],
+                     owners: Callable[[list[str]], dict[str, str]]) -> list[str]:
+    """Stored memories that a memory written again whole leaves behind: the chunks of a
+    text now shorter (or chunked otherwise), or its whole earlier version when it is now
+    stored as chunks (``<id>#chunk<n>``: :func:`helix_ray.schema.parent_of`). Only for a
+    memory whose new version is here complete (its whole row, or every chunk), and only
+    the writer's own: a chunk written back alone (a compaction of a PATCH of one chunk)
+    supersedes nothing. ``owners``: id → user of the live ones among some ids."""
+    counts: dict[str, int] = {}
+    complete: dict[str, str] = {}  # parent → user
+    for i, row in latest.items():
+        parent = parent_of(i)
+        if parent is None:
+            complete[i] = row["user"]
+            continue
+        counts[parent] = counts.get(parent, 0) + 1
+        of = (json.loads(row["metadata"]).get("chunk") or {}).get("of")
+        if counts[parent] == of:
+            complete[parent] = row["user"]
+    stale = [i for i, (_, deleted) in known.items()
+             if not deleted and i not in latest and (parent_of(i) or i) in complete]
+    mine = owners(stale)
+    return sorted(i for i in stale if mine.get(i) == complete[parent_of(i) or i])
 
 
 def _compare(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]],

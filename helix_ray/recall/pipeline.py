@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -527,12 +528,38 @@ def _time_boost(plan: Plan, rows: np.ndarray, cols: Any, gen: Any) -> np.ndarray
     t = plan.config.time
     boost = np.ones(len(rows))
     if plan.window is not None and t.window_boost > 0:
-        w = plan.window
-        created = [dt.datetime.fromtimestamp(int(us) / 1e6, dt.timezone.utc) for us in cols.created_at[rows]]
-        boost *= 1.0 + t.window_boost * np.array([w.weight(c) for c in created])
+        boost *= 1.0 + t.window_boost * window_weights(plan.window, np.asarray(cols.created_at[rows], np.int64))
     if plan.asks_when and t.when_boost > 0:
-        boost *= 1.0 + t.when_boost * np.array([when.has_time(gen.text(int(r))) for r in rows], dtype=np.float64)
+        boost *= 1.0 + t.when_boost * np.array([_states_time(gen.text(int(r))[:TIME_TEXT_CHARS]) for r in rows],
+                                                dtype=np.float64)
     return boost
+
+
+#: Characters of a memory read for whether it states a time (a chunk's or turn's opening).
+TIME_TEXT_CHARS = 400
+
+
+@functools.lru_cache(maxsize=65_536)
+def _states_time(text: str) -> bool:
+    return when.has_time(text)
+
+
+def window_weights(window: when.TimeWindow, created_us: np.ndarray) -> np.ndarray:
+    """:meth:`TimeWindow.weight` of each creation time (epoch µs), vectorised: 1 inside
+    the core window, falling linearly to 0 at the soft edges, 0 outside."""
+    def us(moment: dt.datetime) -> float:
+        try:
+            return moment.timestamp() * 1e6
+        except (OverflowError, ValueError, OSError):  # an open end (datetime.min / max)
+            return -np.inf if moment.year < 1970 else np.inf
+
+    start, core_start, core_end, end = (us(m) for m in (window.start, window.core_start, window.core_end, window.end))
+    t = created_us.astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rising = np.where(core_start > start, (t - start) / (core_start - start), 1.0)
+        falling = np.where(end > core_end, (end - t) / (end - core_end), 1.0)
+    weight = np.where(t < core_start, rising, np.where(t >= core_end, falling, 1.0))
+    return np.where((t >= start) & (t < end), np.clip(weight, 0.0, 1.0), 0.0)
 
 
 def _lexical_share(cfg: Any, n_tokens: np.ndarray) -> float | np.ndarray:
@@ -568,11 +595,12 @@ def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessO
         projects=cols.projects[rows], pinned=cols.pinned[rows], now_us=plan.now_us, config=cfg.rank,
         project=plan.scope.project if plan.scope.project_mode == "prefer" else None,
         disabled=frozenset(d for d in plan.disabled if d in rank.SIGNALS),
-        lexical=np.array([found.bm25_score.get(int(r), 0.0) for r in rows]) if found.bm25_score else None,
+        lexical=np.array([found.bm25_score.get(int(r), 0.0) for r in rows])
+        if found.bm25_score and (cfg.rank.lexical_weight or cfg.rank.lexical_beyond_tokens) else None,
         lexical_share=_lexical_share(cfg.rank, cols.n_tokens[rows]),
         context=found.context_cosine, context_share=cfg.context.similarity_share,
         boost=_time_boost(plan, rows, cols, gen),
-        parents=[parent_of(str(cols.ids[int(r)])) for r in rows] if cfg.rank.chunk_support > 0 else None,
+        parents=[_parent(str(cols.ids[int(r)])) for r in rows] if cfg.rank.chunk_support > 0 else None,
     )
 
 
@@ -592,7 +620,7 @@ def _drop_repeats(plan: Plan, found: Candidates, order: list[int], gen: Any, col
         order, dups = diversify.drop_near_duplicates(order, _gather(gen.minhash, found.rows),
                                                      cfg.diversity.dedup_threshold)
         found.dropped_by.update({i: "near_duplicate" for i in dups})
-    docs = [parent_of(str(cols.ids[int(r)])) or cols.documents[int(r)] for r in found.rows]
+    docs = [_parent(str(cols.ids[int(r)])) or cols.documents[int(r)] for r in found.rows]
     order, capped = diversify.cap_per_document(order, docs, cfg.diversity.max_per_document)
     found.dropped_by.update({i: "document_cap" for i in capped})
     return order
@@ -645,7 +673,7 @@ def _pack(plan: Plan, found: Candidates, selected: list[int], gen: Any,
             score=round(float(ranked.scores[p.row]), 6), n_tokens=p.n_tokens, truncated=p.truncated,
             created_at=iso(cols.created_at[r]), session_id=cols.sessions[r], project=cols.projects[r],
             signals={s: round(float(ranked.signals[s][p.row]), 4) for s in rank.SIGNALS},
-            parent=parent_of(str(cols.ids[r])),
+            parent=_parent(str(cols.ids[r])),
         ))
     return packed, result_items
 
@@ -669,6 +697,11 @@ def _nothing_found(plan: Plan, gen: Any, timings: dict[str, float], flags: dict[
     timings["total"] = elapsed_ms(started)
     return RecallResult(plan.query, plan.user, [], 0, plan.budget_tokens, timings, flags,
                         gen.number if gen is not None else None, empty_explain() if plan.explain else None)
+
+
+def _parent(memory_id: str) -> str | None:
+    """:func:`~helix_ray.schema.parent_of`, without a regex for the ids that are no chunk."""
+    return parent_of(memory_id) if "#chunk" in memory_id else None
 
 
 def _gather(column: Any, rows: np.ndarray) -> np.ndarray:

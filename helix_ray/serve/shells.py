@@ -328,12 +328,28 @@ class PipelineShell:
 def _visible(hits: Any, hidden: set[int], delta: DeltaSegment, generation: int) -> Any:
     """``hits`` without rows this snapshot hides: deleted or replaced generation rows,
     and delta entries it no longer holds (deleted or replaced since the leg ran) or that
-    this generation already holds. Runs before packing, so a delete that was answered
-    before this request arrived can never reach the result."""
-    if hits is None or not len(hits.rows):
+    this generation already holds; the lists of a recall's context turns likewise. Runs
+    before packing, so a delete that was answered before this request arrived can never
+    reach the result."""
+    if hits is None:
         return hits
+    context = tuple(rows[_shown(np.asarray(rows, dtype=np.int64), hidden, delta, generation)]
+                    for rows in getattr(hits, "context", ()))
     rows = np.asarray(hits.rows, dtype=np.int64)
+    keep = _shown(rows, hidden, delta, generation)
+    if keep.all() and not context:
+        return hits
+    if isinstance(hits, dense_mod.DenseHits):
+        return dense_mod.DenseHits(rows[keep], hits.similarities[keep], hits.first_pass, context)
+    return lexical_mod.LexicalHits(rows[keep], hits.scores[keep], hits.normalised[keep],
+                                   bool(hits.strong_signal and len(keep) and keep[0]), context)
+
+
+def _shown(rows: np.ndarray, hidden: set[int], delta: DeltaSegment, generation: int) -> np.ndarray:
+    """Which of ``rows`` this snapshot shows (see :func:`_visible`)."""
     keep = np.ones(len(rows), dtype=bool)
+    if not len(rows):
+        return keep
     if hidden:
         keep &= np.array([int(r) not in hidden for r in rows], dtype=bool)
     in_delta = rows >= DELTA_BASE
@@ -342,12 +358,7 @@ def _visible(hits: Any, hidden: set[int], delta: DeltaSegment, generation: int) 
         ok = pos >= 0
         ok[ok] = delta.live(generation)[pos[ok]]
         keep[np.flatnonzero(in_delta)] &= ok
-    if keep.all():
-        return hits
-    if isinstance(hits, dense_mod.DenseHits):
-        return dense_mod.DenseHits(rows[keep], hits.similarities[keep], hits.first_pass)
-    return lexical_mod.LexicalHits(rows[keep], hits.scores[keep], hits.normalised[keep],
-                                   bool(hits.strong_signal and keep[0]))
+    return keep
 
 
 #: After a compaction that lost a write-write conflict in DuckDB, the next try (seconds).

@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from helix_ray.errors import InvalidArgument, StoreError
 from helix_ray.ingest.dedup import signatures
-from helix_ray.schema import DERIVED_ID, MEMORY_SCHEMA, content_hash, parent_of
+from helix_ray.schema import CHUNK_ID, DERIVED_ID, MEMORY_SCHEMA, chunk_id, content_hash, parent_of
 from helix_ray.serve.delta_format import Tombstone
 from helix_ray.serve.errors import Conflict, Forbidden, NotFound
 
@@ -68,19 +68,29 @@ def add(core: WriterCore, records: list[dict[str, Any]], *, user: str | None, si
                                   f"memories[{first[row['id']]}] of this batch has that id already (an id left "
                                   "out is derived from user and text: the same text twice)",
                                   "Give each memory of a batch its own id, or send the later version alone.")
+    for n, (raw, row) in enumerate(zip(records, rows)):
+        if CHUNK_ID.match(row["id"]) and raw.get("id") is not None:
+            raise InvalidArgument("memory.id" if single else f"memories[{n}].id", row["id"],
+                                  "ids ending in '#chunk<n>' name the chunks Helix stores a long memory as",
+                                  "Give the memory's own id (without '#chunk<n>'): a long text is chunked "
+                                  "for you, and PATCH and DELETE of that id act on all of its chunks.")
     with core._lock:
-        for n, row in enumerate(rows):
-            owner = core.owner(row["id"])
-            if owner is not None and owner != row["user"]:
-                where = "the memory" if single else f"memories[{n}]"
-                raise Conflict(f"Got id={row['id']!r} in {where}; that id belongs to another user's memory. "
-                               "Leave id out (one is derived from user and text) or choose another.")
         stored, stale = _as_stored(core, rows)
-        write_rows(core, stored)  # publishes
-        if stale:
-            _delete_ids(core, stale)
-            core._publish()
+        for row in [*rows, *stored]:  # the ids written, and the ids their chunks take: none another user's
+            owner = _owner_of(core, row["id"])
+            if owner is not None and owner != row["user"]:
+                where = "the memory" if single else f"memories[{rows.index(_parent_row(rows, row))}]"
+                raise Conflict(f"Got id={(parent_of(row['id']) or row['id'])!r} in {where}; that id belongs to "
+                               "another user's memory. Leave id out (one is derived from user and text) or "
+                               "choose another.")
+        write_rows(core, stored, stale)
         return {"ids": [r["id"] for r in rows], "delta_version": core.version, "generation": core.generation}
+
+
+def _parent_row(rows: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:
+    """The row of ``rows`` (as validated) that ``row`` (one of its chunks, or itself) stores."""
+    parent = parent_of(row["id"])
+    return next((r for r in rows if r["id"] in (row["id"], parent)), row)
 
 
 def patch(core: WriterCore, memory_id: str, fields: dict[str, Any], *, user: str | None) -> dict[str, Any]:
@@ -91,9 +101,12 @@ def patch(core: WriterCore, memory_id: str, fields: dict[str, Any], *, user: str
     if unknown or not fields:
         raise InvalidArgument("fields", sorted(fields), f"a PATCH changes one or more of {', '.join(PATCHABLE)}")
     with core._lock:
-        ids = family(core, memory_id)
+        owner = _owner_of(core, memory_id)
+        if owner is None or (user is not None and owner != user):
+            raise NotFound(not_found(core, memory_id, user))
+        ids = family(core, memory_id, owner)
         records = [r for r in (record_of(core, i) for i in ids) if r is not None]
-        if not records or (user is not None and records[0]["user"] != user):
+        if not records:
             raise NotFound(not_found(core, memory_id, user))
         chunked = ids != [memory_id]
         if chunked and "text" not in fields:  # the same chunks, each with the new fields
@@ -107,10 +120,7 @@ def patch(core: WriterCore, memory_id: str, fields: dict[str, Any], *, user: str
             if "text" in fields and "salience" not in fields:
                 merged.pop("salience", None)  # derived from the text: derive it again
             stored, stale = _as_stored(core, [validate(core, merged, record["user"], where="memory")])
-            write_rows(core, stored)  # publishes
-            if stale:
-                _delete_ids(core, stale)
-                core._publish()
+            write_rows(core, stored, stale)
         return {"id": memory_id, "delta_version": core.version, "generation": core.generation}
 
 
@@ -138,15 +148,40 @@ def _without_chunk(value: Any) -> dict[str, Any]:
     return {k: v for k, v in _metadata(value).items() if k != "chunk"}
 
 
-def family(core: WriterCore, memory_id: str) -> list[str]:
-    """The live memories ``memory_id`` is stored as: itself, or its chunks in order."""
-    prefix = f"{memory_id}#chunk"
-    ids = {i for i in core.entries if i == memory_id or (i.startswith(prefix) and parent_of(i) == memory_id)}
-    rows = core.db.con.execute("SELECT id FROM memories WHERE NOT deleted AND (id = ? OR starts_with(id, ?))",
-                               [memory_id, prefix]).fetchall()
-    ids |= {r[0] for r in rows if r[0] == memory_id or parent_of(r[0]) == memory_id}
-    ids -= set(core.tombstones)
-    return sorted(ids, key=lambda i: (i != memory_id, len(i), i))
+def family(core: WriterCore, memory_id: str, user: str) -> list[str]:
+    """The live memories of ``user`` that ``memory_id`` is stored as: itself, or its
+    chunks in order."""
+    return families(core, [memory_id], user)[memory_id]
+
+
+def families(core: WriterCore, memory_ids: list[str], user: str) -> dict[str, list[str]]:
+    """:func:`family` of each of ``memory_ids``, with one scan of the database for them all."""
+    wanted = set(memory_ids)
+    found: dict[str, set[str]] = {i: set() for i in memory_ids}
+
+    def take(i: str) -> None:
+        parent = i if i in wanted else parent_of(i)
+        if parent in wanted:
+            found[parent].add(i)
+
+    for i, entry in core.entries.items():
+        if entry["user"] == user:
+            take(i)
+    rows = core.db.con.execute(
+        'SELECT id FROM memories WHERE NOT deleted AND "user" = ? AND (id IN (SELECT unnest(?::VARCHAR[])) '
+        "OR regexp_matches(id, '#chunk[1-9][0-9]*$'))", [user, sorted(wanted)]).fetchall()
+    for (i,) in rows:
+        if i not in core.tombstones:
+            take(i)
+    return {p: sorted(ids, key=lambda i: (i != p, len(i), i)) for p, ids in found.items()}
+
+
+def _owner_of(core: WriterCore, memory_id: str) -> str | None:
+    """The user of a live memory or of a long memory's chunks; None if there is none."""
+    owner = core.owner(memory_id)
+    if owner is not None:
+        return owner
+    return core.owner(chunk_id(memory_id, 1))
 
 
 def _as_stored(core: WriterCore, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -157,10 +192,14 @@ def _as_stored(core: WriterCore, rows: list[dict[str, Any]]) -> tuple[list[dict[
 
     stored: list[dict[str, Any]] = []
     stale: list[str] = []
+    by_user: dict[str, list[str]] = {}
+    for row in rows:
+        by_user.setdefault(row["user"], []).append(row["id"])
+    earlier = {(user, i): ids for user, wanted in by_user.items() for i, ids in families(core, wanted, user).items()}
     for row in rows:
         pieces = split_long(row, core.config.chunk)
         fresh = {p["id"] for p in pieces}
-        stale += [i for i in family(core, row["id"]) if i not in fresh]
+        stale += [i for i in earlier[(row["user"], row["id"])] if i not in fresh]
         stored += pieces
     return stored, stale
 
@@ -169,47 +208,11 @@ def delete(core: WriterCore, memory_id: str, *, user: str | None) -> dict[str, A
     """Delete a memory of ``user`` (all of its chunks, when it is stored as chunks): a log
     row per memory, the database rows marked, tombstones."""
     with core._lock:
-        ids = family(core, memory_id)
-        owner = core.owner(ids[0]) if ids else None
+        owner = _owner_of(core, memory_id)
         if owner is None or (user is not None and owner != user):
             raise NotFound(not_found(core, memory_id, user))
-        _delete_ids(core, ids)
-        core._publish()
+        write_rows(core, [], family(core, memory_id, owner))
         return {"id": memory_id, "deleted": True, "delta_version": core.version, "generation": core.generation}
-
-
-def _delete_ids(core: WriterCore, ids: list[str]) -> None:
-    """Delete live memories ``ids`` in one transaction (the caller holds the lock and
-    publishes): log rows, database rows marked, delta entries replaced by tombstones."""
-    owners = {i: core.owner(i) for i in ids}
-    first = core.seq + 1
-    for attempt in range(DELETE_TRIES):
-        core.db.con.begin()
-        try:
-            for n, memory_id in enumerate(ids):
-                core.db.con.execute(
-                    "INSERT INTO serve_log (seq, op, id, \"user\", written_at) VALUES (?, 'delete', ?, ?, now())",
-                    [first + n, memory_id, owners[memory_id]])
-            core._drop_superseded(ids)
-            core.db.delete(ids)  # generation rows: the next generation drops them
-            core.db.con.commit()
-            break
-        except duckdb.TransactionException as exc:
-            # A compaction's pipeline writing the same row at this moment (it runs
-            # outside the lock, on a connection of its own): once it has, again.
-            core.db.con.rollback()
-            if attempt == DELETE_TRIES - 1:
-                raise StoreError(f"Could not delete {ids[0]!r} now: a compaction is writing that memory "
-                                 f"({str(exc).splitlines()[0][:120]}). Nothing was deleted; retry in a few "
-                                 "seconds.") from None
-            time.sleep(min(0.05 * 2 ** attempt, 1.0))
-        except BaseException:
-            core.db.con.rollback()
-            raise
-    core.seq = first + len(ids) - 1
-    for memory_id in ids:
-        core.entries.pop(memory_id, None)
-        core.tombstones[memory_id] = Tombstone(memory_id, owners[memory_id] or "", None)
 
 
 def validate(core: WriterCore, raw: Any, user: str | None, *, where: str) -> dict[str, Any]:
@@ -234,73 +237,122 @@ def validate(core: WriterCore, raw: Any, user: str | None, *, where: str) -> dic
                               f"it was rejected ({code}): {sentence}") from None
 
 
-def write_rows(core: WriterCore, rows: list[dict[str, Any]]) -> None:
-    """Transform ``rows`` (validated records), then make them durable and live: the
-    inbox file, the ``serve_log`` rows, the delta entries and a new snapshot."""
+def write_rows(core: WriterCore, rows: list[dict[str, Any]], deletes: list[str] | tuple[str, ...] = ()) -> None:
+    """Transform ``rows`` (validated records), then make them, and the deletion of the
+    live memories ``deletes`` (chunks a new version leaves behind, or a DELETE), durable
+    and live together: the inbox file, the ``serve_log`` rows and database marks in one
+    transaction, the delta entries and tombstones, then one new snapshot."""
     latest = {r["id"]: r for r in rows}  # a repeated id within a batch: the later record wins
     rows = list(latest.values())
-    batch = {"seq": np.arange(len(rows)), "text": np.array([r["text"] for r in rows], dtype=object),
-             "type": np.array([r["type"] for r in rows], dtype=object)}
-    batch = core._transform(batch)
-    vectors = np.asarray(batch["vector"], np.float32)
-    vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    num_perm = core._num_perm()
-    sigs = signatures([r["text"] for r in rows], num_perm=num_perm, shingle=core.config.dedup.shingle)
-    # Late-interaction tokens, so a fresh write is scored like a stored memory (None: off).
-    late_codes = [bytes(x) for x in batch["late_codes"]] if "late_codes" in batch else [None] * len(rows)
-    late_scales = [bytes(x) for x in batch["late_scales"]] if "late_scales" in batch else [None] * len(rows)
-    lexical_texts = []
-    for row, expansions in zip(rows, batch["expansions"]):
-        queries = json.loads(str(expansions))
-        lexical_texts.append(row["text"] + ("\n" + "\n".join(queries) if queries else ""))
-
-    # 1. the inbox file, as Memory.add writes it (ingest-ready records)
-    inbox = core.store / "inbox"
-    inbox.mkdir(parents=True, exist_ok=True)
-    path = inbox / f"{SERVED_PREFIX}{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
-    with open(path, "w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(ingest_record(row), ensure_ascii=False) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    # 2. the log rows in DuckDB, one transaction
+    deletes = [i for i in dict.fromkeys(deletes) if i not in latest]
+    owners = {i: core.owner(i) or "" for i in deletes}
+    put = _computed(core, rows) if rows else None
+    if rows:  # 1. the inbox file, as Memory.add writes it (ingest-ready records)
+        inbox = core.store / "inbox"
+        inbox.mkdir(parents=True, exist_ok=True)
+        path = inbox / f"{SERVED_PREFIX}{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
+        with open(path, "w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps(ingest_record(row), ensure_ascii=False) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    # 2. the log rows in DuckDB and the deleted rows marked, one transaction
     first = core.seq + 1
     seqs = list(range(first, first + len(rows)))
-    table = pa.table({
-        "seq": pa.array(seqs, pa.int64()),
-        "op": ["put"] * len(rows),
-        "id": [r["id"] for r in rows],
-        "user": [r["user"] for r in rows],
-        "record": [json.dumps(json_record(r), ensure_ascii=False) for r in rows],
-        "lexical": lexical_texts,
-        "n_tokens": pa.array([int(x) for x in batch["n_tokens"]], pa.int32()),
-        "vector": pa.array([v.tolist() for v in vectors], pa.list_(pa.float32())),
-        "minhash": pa.array([s.tolist() for s in sigs], pa.list_(pa.uint32())),
-        "late_codes": pa.array(late_codes, pa.binary()),
-        "late_scales": pa.array(late_scales, pa.binary()),
-        "computed_by": [core._fingerprint] * len(rows),
-    })
-    core.db.con.begin()
-    try:
-        core.db.con.register("incoming_serve_log", table)
-        core.db.con.execute(
-            'INSERT INTO serve_log (seq, op, id, "user", record, lexical, n_tokens, vector, minhash, written_at, '
-            'folded_into, late_codes, late_scales, computed_by) SELECT seq, op, id, "user", record, lexical, '
-            "n_tokens, vector, minhash, now(), NULL, late_codes, late_scales, computed_by FROM incoming_serve_log")
-        core.db.con.unregister("incoming_serve_log")
-        core._drop_superseded([r["id"] for r in rows])
-        core.db.con.commit()
-    except BaseException:
-        core.db.con.rollback()
-        raise
-    core.seq = seqs[-1]
+    dels = list(range(first + len(rows), first + len(rows) + len(deletes)))
+    for attempt in range(DELETE_TRIES):
+        core.db.con.begin()
+        try:
+            if put is not None:
+                core.db.con.register("incoming_serve_log", put.table(seqs))
+                core.db.con.execute(
+                    'INSERT INTO serve_log (seq, op, id, "user", record, lexical, n_tokens, vector, minhash, '
+                    "written_at, folded_into, late_codes, late_scales, computed_by) SELECT seq, op, id, \"user\", "
+                    "record, lexical, n_tokens, vector, minhash, now(), NULL, late_codes, late_scales, computed_by "
+                    "FROM incoming_serve_log")
+                core.db.con.unregister("incoming_serve_log")
+            for seq, memory_id in zip(dels, deletes):
+                core.db.con.execute(
+                    "INSERT INTO serve_log (seq, op, id, \"user\", written_at) VALUES (?, 'delete', ?, ?, now())",
+                    [seq, memory_id, owners[memory_id]])
+            core._drop_superseded([r["id"] for r in rows] + deletes)
+            if deletes:
+                core.db.delete(deletes)  # generation rows: the next generation drops them
+            core.db.con.commit()
+            break
+        except duckdb.TransactionException as exc:
+            # A compaction's pipeline writing the same row at this moment (it runs
+            # outside the lock, on a connection of its own): once it has, again.
+            core.db.con.rollback()
+            if attempt == DELETE_TRIES - 1:
+                raise StoreError(f"Could not write now: a compaction is writing {(deletes or [r['id'] for r in rows])[0]!r} "
+                                 f"({str(exc).splitlines()[0][:120]}). Nothing was written or deleted; retry in a "
+                                 "few seconds.") from None
+            time.sleep(min(0.05 * 2 ** attempt, 1.0))
+        except BaseException:
+            core.db.con.rollback()
+            raise
+    core.seq = first + len(rows) + len(deletes) - 1
     # 3. the delta, then a snapshot the replicas read
-    for seq, row, lex, n_tokens, vector, sig, codes, scales in zip(
-            seqs, rows, lexical_texts, batch["n_tokens"], vectors, sigs, late_codes, late_scales):
-        core.tombstones.pop(row["id"], None)
-        core.entries[row["id"]] = core._entry(seq, json_record(row), lex, int(n_tokens), vector, sig, None,
-                                              codes, scales, core._fingerprint)
+    if put is not None:
+        for seq, row, entry in zip(seqs, rows, put.entries(seqs)):
+            core.tombstones.pop(row["id"], None)
+            core.entries[row["id"]] = entry
+    for memory_id in deletes:
+        core.entries.pop(memory_id, None)
+        core.tombstones[memory_id] = Tombstone(memory_id, owners[memory_id], None)
     core._publish()
+
+
+class _Computed:
+    """What a put of ``rows`` computed (vectors, MinHash, late tokens, BM25 text): as the
+    log's rows and as delta entries."""
+
+    def __init__(self, core: WriterCore, rows: list[dict[str, Any]]):
+        self.core, self.rows = core, rows
+        batch = {"seq": np.arange(len(rows)), "text": np.array([r["text"] for r in rows], dtype=object),
+                 "type": np.array([r["type"] for r in rows], dtype=object)}
+        batch = core._transform(batch)
+        vectors = np.asarray(batch["vector"], np.float32)
+        self.vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        self.sigs = signatures([r["text"] for r in rows], num_perm=core._num_perm(), shingle=core.config.dedup.shingle)
+        # Late-interaction tokens, so a fresh write is scored like a stored memory (None: off).
+        n = len(rows)
+        self.late_codes = [bytes(x) for x in batch["late_codes"]] if "late_codes" in batch else [None] * n
+        self.late_scales = [bytes(x) for x in batch["late_scales"]] if "late_scales" in batch else [None] * n
+        self.n_tokens = [int(x) for x in batch["n_tokens"]]
+        self.lexical = []
+        for row, expansions in zip(rows, batch["expansions"]):
+            queries = json.loads(str(expansions))
+            self.lexical.append(row["text"] + ("\n" + "\n".join(queries) if queries else ""))
+
+    def table(self, seqs: list[int]) -> pa.Table:
+        rows = self.rows
+        return pa.table({
+            "seq": pa.array(seqs, pa.int64()),
+            "op": ["put"] * len(rows),
+            "id": [r["id"] for r in rows],
+            "user": [r["user"] for r in rows],
+            "record": [json.dumps(json_record(r), ensure_ascii=False) for r in rows],
+            "lexical": self.lexical,
+            "n_tokens": pa.array(self.n_tokens, pa.int32()),
+            "vector": pa.array([v.tolist() for v in self.vectors], pa.list_(pa.float32())),
+            "minhash": pa.array([s.tolist() for s in self.sigs], pa.list_(pa.uint32())),
+            "late_codes": pa.array(self.late_codes, pa.binary()),
+            "late_scales": pa.array(self.late_scales, pa.binary()),
+            "computed_by": [self.core._fingerprint] * len(rows),
+        })
+
+    def entries(self, seqs: list[int]) -> list[Any]:
+        core = self.core
+        return [core._entry(seq, json_record(row), lex, n, vector, sig, None, codes, scales, core._fingerprint)
+                for seq, row, lex, n, vector, sig, codes, scales in zip(
+                    seqs, self.rows, self.lexical, self.n_tokens, self.vectors, self.sigs, self.late_codes,
+                    self.late_scales)]
+
+
+def _computed(core: WriterCore, rows: list[dict[str, Any]]) -> _Computed:
+    return _Computed(core, rows)
 
 
 def record_of(core: WriterCore, memory_id: str) -> dict[str, Any] | None:
