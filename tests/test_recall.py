@@ -596,3 +596,46 @@ def test_window_weights_are_the_windows_own_weights(query):
     weights = window_weights(window, np.array([int(m.timestamp() * 1_000_000) for m in moments]))
     assert weights == pytest.approx([window.weight(m) for m in moments], abs=1e-9)
     assert weights.max() == 1.0
+
+
+# --------------------------------------------------------------------------- chunks
+
+
+@pytest.fixture(scope="module")
+def chunked_memory(tmp_path_factory):
+    """A store holding one long runbook (stored as chunks) and a short note."""
+    from helix_ray.ingest.run import ingest
+    from helix_ray.memory import Memory
+
+    folder = tmp_path_factory.mktemp("chunked")
+    parts = ["# Kestrel failover"] + [
+        f"## Phase {n}\n" + " ".join(f"Phase {n} moves tenant group {m} of the kestrel cluster and checks its lag."
+                                     for m in range(20)) for n in range(1, 7)]
+    parts.append("## Fencing\nFence the old kestrel primary with STONITH before the promotion; never skip it.")
+    records = [{"id": "runbook", "text": "\n\n".join(parts), "user": "dana", "type": "procedural"},
+               {"id": "note", "text": "The kestrel cluster pages the storage on-call.", "user": "dana"}]
+    (folder / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert ingest([folder / "m.jsonl"], folder / "store", runner="local", show_progress=False).published
+    mem = Memory(folder / "store", record_access=False)
+    yield mem
+    mem.close()
+
+
+def test_a_long_memory_is_recalled_by_its_chunk_and_named_by_its_parent(chunked_memory):
+    result = chunked_memory.recall("how do we fence the old kestrel primary?", user="dana", k=3, budget_tokens=120)
+    best = min(result.items, key=lambda i: i.rank)
+    assert best.parent == "runbook" and best.id.startswith("runbook#chunk") and "STONITH" in best.text
+    assert all(i.n_tokens <= 400 for i in result.items)  # a chunk, not the whole runbook
+
+
+def test_budget_left_over_widens_a_chunk_with_its_neighbours(chunked_memory):
+    question = "how do we fence the old kestrel primary?"
+    narrow = chunked_memory.recall(question, user="dana", k=1, budget_tokens=80)
+    wide = chunked_memory.recall(question, user="dana", k=1, budget_tokens=4000)
+    off = chunked_memory.recall(question, user="dana", k=1, budget_tokens=4000, config=config(pack={"widen_chunks": False}))
+    (a,), (b,), (c,) = narrow.items, wide.items, off.items
+    assert a.id == b.id == c.id and a.text == c.text
+    assert b.n_tokens > a.n_tokens and b.text.endswith("never skip it.") and "STONITH" in a.text
+    assert "Phase 6 moves tenant group 19" in b.text and "Phase 6 moves tenant group 19" not in a.text
+    assert b.text.count("never skip it.") == 1 and b.text.count("Phase 6 moves tenant group 19 ") <= 1
+    assert b.n_tokens <= 4000 and wide.total_tokens == b.n_tokens + RetrievalConfig().pack.separator_tokens

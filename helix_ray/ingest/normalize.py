@@ -361,7 +361,8 @@ def split_long(row: dict[str, Any], config: ChunkConfig) -> list[dict[str, Any]]
     """A normalised row as the memories it is stored as: itself, or, when its text is
     longer than ``config.max_tokens``, one row per chunk: id ``<id>#chunk<n>``, the
     chunk's text under a line naming where it sits, and ``metadata.chunk`` = {parent, n,
-    of, headings}. Every other field is the parent's."""
+    of, headings, own_from: where the chunk's own text starts, after that line and the
+    overlap}. Every other field is the parent's."""
     if parent_of(row["id"]) is not None:  # a chunk already (a compaction reads chunks back)
         return [row]
     room = max(config.max_tokens - HEADING_TOKENS, config.max_tokens // 2)  # the heading line comes on top
@@ -374,7 +375,8 @@ def split_long(row: dict[str, Any], config: ChunkConfig) -> list[dict[str, Any]]
     for n, piece in enumerate(pieces, start=1):
         # The first chunk starts as its text does (a section's text names its file and heading).
         text = chunk.encoder_text(piece, title if n > 1 else None)
-        part = {"parent": row["id"], "n": n, "of": len(pieces), "headings": list(piece.heading_path)}
+        part = {"parent": row["id"], "n": n, "of": len(pieces), "headings": list(piece.heading_path),
+                "own_from": len(text) - len(piece.own_text)}  # where the text stops repeating the one before
         out.append({**row, "id": chunk_id(row["id"], n), "text": text, "content_hash": content_hash(text, ""),
                     "metadata": _metadata_json({**metadata, "chunk": part})})
     return out

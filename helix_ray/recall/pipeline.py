@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import json
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -25,7 +26,8 @@ import numpy as np
 
 from helix_ray.config import RetrievalConfig
 from helix_ray.embedder import DIM
-from helix_ray.schema import parent_of
+from helix_ray.schema import CHUNK_ID, chunk_id, parent_of
+from helix_ray.tokens import token_counter
 from helix_ray import when
 from helix_ray.recall import dense, diversify, expand, fuse, late, lexical, pack, rank, rerank, scope
 from helix_ray.recall.embed import embed_query
@@ -663,6 +665,8 @@ def _pack(plan: Plan, found: Candidates, selected: list[int], gen: Any,
              for i in selected]
     packed = pack.pack(items, plan.budget_tokens, separator_tokens=cfg.pack.separator_tokens,
                        encoding_name=cfg.pack.encoding)
+    if cfg.pack.widen_chunks:
+        packed = _widen(plan, packed, gen, cols, rows)
     packed_set = {p.row for p in packed}
     found.dropped_by.update({i: "budget" for i in selected if i not in packed_set})
     result_items = []
@@ -676,6 +680,49 @@ def _pack(plan: Plan, found: Candidates, selected: list[int], gen: Any,
             parent=_parent(str(cols.ids[r])),
         ))
     return packed, result_items
+
+
+def _widen(plan: Plan, packed: list[pack.Packed], gen: Any, cols: Any, rows: np.ndarray) -> list[pack.Packed]:
+    """Packed chunks widened with their neighbouring chunks while the budget has room:
+    best items first, the next chunk's own text appended, then the previous chunk put in
+    front. Only neighbours stored next to each other in the generation (as ingest writes
+    a memory's chunks) are read; a chunk whose neighbours are elsewhere stays as it is."""
+    cfg = plan.config.pack
+    left = plan.budget_tokens - sum(p.n_tokens + cfg.separator_tokens for p in packed)
+    metadata = getattr(gen, "memories", None)
+    if left <= 0 or metadata is None or not any("#chunk" in str(cols.ids[int(rows[p.row])]) for p in packed):
+        return packed
+    metadata = metadata.column("metadata")
+    size = gen.size
+    taken = {int(rows[p.row]) for p in packed}
+    count = token_counter(cfg.encoding)
+
+    def own_from(row: int) -> int | None:
+        place = json.loads(metadata[row].as_py() or "{}").get("chunk") or {}
+        return place.get("own_from") if isinstance(place.get("own_from"), int) else None
+
+    out = list(packed)
+    for i in sorted(range(len(out)), key=lambda i: out[i].rank):
+        p, row = out[i], int(rows[out[i].row])
+        match = CHUNK_ID.match(str(cols.ids[row]))
+        if match is None or p.truncated:
+            continue
+        parent, n, text = match.group("parent"), int(match.group("n")), p.text
+        for step in (1, -1):
+            near = row + step
+            if not 0 <= near < size or near in taken or str(cols.ids[near]) != chunk_id(parent, n + step):
+                continue
+            start = own_from(near if step == 1 else row)
+            if start is None:
+                continue
+            wider = text + "\n" + gen.text(near)[start:] if step == 1 else gen.text(near) + "\n" + text[start:]
+            n_tokens = count(wider)
+            if n_tokens - out[i].n_tokens <= left:
+                left -= n_tokens - out[i].n_tokens
+                out[i] = dataclasses.replace(out[i], text=wider, n_tokens=n_tokens)
+                text = wider
+                taken.add(near)
+    return out
 
 
 class _Laps:
