@@ -301,3 +301,59 @@ def test_the_streamable_http_transport_serves_the_same_tools(store):
         server.terminate()
         code = server.wait(timeout=30)
     assert code == 0, "SIGTERM should close the store and exit cleanly"
+
+
+@pytest.mark.ray
+def test_the_server_option_reaches_a_running_helix_serve_with_the_keys_user(store):
+    """`helix mcp --server URL --key KEY` against a real `helix serve` on 127.0.0.1: the
+    tools act as the key's user (remember, then recall finds it at once, forget), and no
+    argument reaches another user's memories."""
+    import signal
+
+    import httpx
+
+    from helix_ray.runtime import spare_port
+
+    def cli(*args: str) -> str:
+        return subprocess.run([sys.executable, "-m", "helix_ray.cli", *args], capture_output=True, text=True,
+                              check=True, timeout=300, env=ENV, cwd=str(ROOT)).stdout
+
+    key = cli("keys", "create", "--store", str(store), "--user", "dana").split()[-1]
+    port = spare_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in ENV.items() if k != "RAY_ADDRESS"}
+    server = subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(store), "--port",
+                               str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                              cwd=str(ROOT))
+    fact = f"The heron relay moved to port 7443 ({uuid.uuid4().hex[:8]})."
+    try:
+        deadline = time.monotonic() + 300
+        healthy = False
+        while not healthy and time.monotonic() < deadline and server.poll() is None:
+            try:
+                healthy = httpx.get(f"{url}/healthz", timeout=10).status_code == 200
+            except httpx.TransportError:
+                time.sleep(1)
+        assert healthy, "helix serve did not become healthy"
+
+        async def run() -> None:
+            async with stdio_client(server_params("--server", url, "--key", key)) as (read, write):
+                async with ClientSession(read, write) as s:
+                    await s.initialize()
+                    written = await call(s, "remember", text=fact, type="decision")
+                    assert not written.is_error, text(written)
+                    memory_id = text(written)
+                    assert memory_id in recalled_ids(await call(s, "recall", query="which port does the heron relay use?"))
+                    other = await call(s, "recall", query="heron relay port", user="lee")
+                    assert other.is_error
+                    assert not (await call(s, "forget", memory_id=memory_id)).is_error
+                    assert memory_id not in recalled_ids(await call(s, "recall", query="heron relay port"))
+
+        asyncio.run(run())
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.communicate()

@@ -649,3 +649,27 @@ def test_a_write_cannot_take_or_shadow_another_users_chunks(shells):
     assert family(writer.core, "shared", "bob") == bobs and not any(c in writer.core.tombstones for c in bobs)
     with pytest.raises((ReplicaError, InvalidArgument), match="#chunk"):
         writer.add([{"id": "shared#chunk9", "text": "a chunk of my own"}], "alice")
+
+
+def test_served_recall_widens_a_compacted_chunk_with_its_neighbours(shells):
+    """Once compaction has folded a long memory into the generation, a Serve recall with
+    budget to spare returns the answering chunk with the chunk before it."""
+    from helix_ray.config import RetrievalConfig
+
+    writer = shells["writer"]
+    writer.add([{"id": "alice-widen", "text": _runbook("sandpiper")}], "alice")
+    assert writer.compact()["published"]
+    for shell in ("bm25", "dense", "ranker"):
+        asyncio.run(shells[shell].views.refresh())
+    question = "how do I roll back the sandpiper heron migration?"
+
+    def best(budget: int, **config) -> dict:
+        plan = shells["embedder"].plan(question, user="alice", config=RetrievalConfig(**config), budget_tokens=budget,
+                                       k=1)
+        lexical = asyncio.run(shells["bm25"].search(plan))
+        dense = asyncio.run(shells["dense"].search(plan))
+        return asyncio.run(shells["ranker"].finish(plan, lexical, dense))["items"][0]
+
+    narrow, wide = best(4000, pack={"widen_chunks": False}), best(4000)
+    assert narrow["id"] == wide["id"] and narrow["parent"] == "alice-widen"
+    assert wide["n_tokens"] > narrow["n_tokens"] and wide["text"].endswith(narrow["text"].split("\n", 1)[1])

@@ -686,14 +686,15 @@ def _widen(plan: Plan, packed: list[pack.Packed], gen: Any, cols: Any, rows: np.
     """Packed chunks widened with their neighbouring chunks while the budget has room:
     best items first, the next chunk's own text appended, then the previous chunk put in
     front. Only neighbours stored next to each other in the generation (as ingest writes
-    a memory's chunks) are read; a chunk whose neighbours are elsewhere stays as it is."""
+    a memory's chunks) are read; a chunk whose neighbours are elsewhere, or that a Serve
+    replica holds in its delta (written since the last compaction), stays as it is."""
     cfg = plan.config.pack
     left = plan.budget_tokens - sum(p.n_tokens + cfg.separator_tokens for p in packed)
-    metadata = getattr(gen, "memories", None)
-    if left <= 0 or metadata is None or not any("#chunk" in str(cols.ids[int(rows[p.row])]) for p in packed):
+    base = gen if hasattr(gen, "memories") else getattr(gen, "base", None)  # Serve: the generation under its delta
+    if left <= 0 or base is None or not any("#chunk" in str(cols.ids[int(rows[p.row])]) for p in packed):
         return packed
-    metadata = metadata.column("metadata")
-    size = gen.size
+    metadata = base.memories.column("metadata")
+    size = base.size  # rows past it are the delta's: their chunks stay as they are
     taken = {int(rows[p.row]) for p in packed}
     count = token_counter(cfg.encoding)
 
@@ -705,7 +706,7 @@ def _widen(plan: Plan, packed: list[pack.Packed], gen: Any, cols: Any, rows: np.
     for i in sorted(range(len(out)), key=lambda i: out[i].rank):
         p, row = out[i], int(rows[out[i].row])
         match = CHUNK_ID.match(str(cols.ids[row]))
-        if match is None or p.truncated:
+        if match is None or p.truncated or row >= size:
             continue
         parent, n, text = match.group("parent"), int(match.group("n")), p.text
         for step in (1, -1):
