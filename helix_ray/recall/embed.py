@@ -13,6 +13,11 @@ from helix_ray.embedder import Embedder
 
 def embed_query(embedder: Embedder, query: str) -> np.ndarray:
     """Unit-length float32 vector (dim,)."""
-    vector = embedder.embed_queries([query])[0].astype(np.float32)
-    norm = float(np.linalg.norm(vector))
-    return vector / norm if norm > 0 else vector
+    return embed_queries(embedder, [query])[0]
+
+
+def embed_queries(embedder: Embedder, queries: list[str]) -> np.ndarray:
+    """Unit-length float32 vectors (n, dim), one batch through the encoder."""
+    vectors = embedder.embed_queries(queries).astype(np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return np.divide(vectors, norms, out=vectors, where=norms > 0)

@@ -30,7 +30,7 @@ from helix_ray.schema import CHUNK_ID, chunk_id, parent_of
 from helix_ray.tokens import token_counter
 from helix_ray import when
 from helix_ray.recall import dense, diversify, expand, fuse, late, lexical, pack, rank, rerank, scope
-from helix_ray.recall.embed import embed_query
+from helix_ray.recall.embed import embed_queries, embed_query
 from helix_ray.recall.result import Candidates, RecallItem, RecallResult, empty_explain, explain_table, iso
 from helix_ray.recall.threads import (blas_on_caller, elapsed_ms, encode_tokens, encoder_threads, late_on,
                                       one_blas_thread, overlap_tokens, token_pool)
@@ -303,8 +303,7 @@ class Recaller:
         if not turns or not embed or "context" in disabled or c.weight <= 0:
             return ()
         clock = time.perf_counter()
-        vectors = self.embedder.embed_queries(list(turns)).astype(np.float32)
-        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        vectors = embed_queries(self.embedder, list(turns))
         if self.adapter is not None:
             vectors = np.stack([self.adapter.apply(v) for v in vectors])
         timings["embed_context"] = elapsed_ms(clock)

@@ -246,7 +246,7 @@ def write_rows(core: WriterCore, rows: list[dict[str, Any]], deletes: list[str] 
     rows = list(latest.values())
     deletes = [i for i in dict.fromkeys(deletes) if i not in latest]
     owners = {i: core.owner(i) or "" for i in deletes}
-    put = _computed(core, rows) if rows else None
+    put = _Computed(core, rows) if rows else None
     if rows:  # 1. the inbox file, as Memory.add writes it (ingest-ready records)
         inbox = core.store / "inbox"
         inbox.mkdir(parents=True, exist_ok=True)
@@ -349,10 +349,6 @@ class _Computed:
                 for seq, row, lex, n, vector, sig, codes, scales in zip(
                     seqs, self.rows, self.lexical, self.n_tokens, self.vectors, self.sigs, self.late_codes,
                     self.late_scales)]
-
-
-def _computed(core: WriterCore, rows: list[dict[str, Any]]) -> _Computed:
-    return _Computed(core, rows)
 
 
 def record_of(core: WriterCore, memory_id: str) -> dict[str, Any] | None:
