@@ -7,9 +7,11 @@ pool (a constant signal becomes 0: it cannot separate candidates); the others, a
     score = Σ_s w[type][s] · signal_s,   s ∈ {similarity, recency, salience, confidence, graph}
 
 with the weight table chosen by each memory's own type, times the project and pinned
-multipliers. Similarity blends cosine to the query with the fused RRF score (which
-carries the lexical evidence); recency decays exponentially from the last access (or
-creation) with a configurable half-life.
+multipliers and the time boosts (``boost``: the query's time window, a "when" question).
+Similarity blends cosine to the query (with late interaction) and the fused RRF score,
+then takes a share of the candidate's own BM25 score (``lexical_share``, larger for long
+memories) and of its cosine with a conversation's context turns; recency decays
+exponentially from the last access (or creation) with a configurable half-life.
 """
 
 from __future__ import annotations
