@@ -76,8 +76,10 @@ def add(core: WriterCore, records: list[dict[str, Any]], *, user: str | None, si
                                   "for you, and PATCH and DELETE of that id act on all of its chunks.")
     with core._lock:
         stored, stale = _as_stored(core, rows)
-        for row in [*rows, *stored]:  # the ids written, and the ids their chunks take: none another user's
-            owner = _owner_of(core, row["id"])
+        written = [*rows, *stored]  # the ids written, and the ids their chunks take: none another user's
+        owners = _owners_of(core, [r["id"] for r in written])
+        for row in written:
+            owner = owners.get(row["id"])
             if owner is not None and owner != row["user"]:
                 where = "the memory" if single else f"memories[{rows.index(_parent_row(rows, row))}]"
                 raise Conflict(f"Got id={(parent_of(row['id']) or row['id'])!r} in {where}; that id belongs to "
@@ -167,9 +169,10 @@ def families(core: WriterCore, memory_ids: list[str], user: str) -> dict[str, li
     for i, entry in core.entries.items():
         if entry["user"] == user:
             take(i)
-    rows = core.db.con.execute(
+    rows = core.db.con.execute(  # the ids themselves and their own chunks, not every chunk of the user
         'SELECT id FROM memories WHERE NOT deleted AND "user" = ? AND (id IN (SELECT unnest(?::VARCHAR[])) '
-        "OR regexp_matches(id, '#chunk[1-9][0-9]*$'))", [user, sorted(wanted)]).fetchall()
+        "OR (contains(id, '#chunk') AND regexp_extract(id, '^(.*)#chunk[1-9][0-9]*$', 1) "
+        "IN (SELECT unnest(?::VARCHAR[]))))", [user, sorted(wanted), sorted(wanted)]).fetchall()
     for (i,) in rows:
         if i not in core.tombstones:
             take(i)
@@ -178,10 +181,21 @@ def families(core: WriterCore, memory_ids: list[str], user: str) -> dict[str, li
 
 def _owner_of(core: WriterCore, memory_id: str) -> str | None:
     """The user of a live memory or of a long memory's chunks; None if there is none."""
-    owner = core.owner(memory_id)
-    if owner is not None:
-        return owner
-    return core.owner(chunk_id(memory_id, 1))
+    return _owners_of(core, [memory_id]).get(memory_id)
+
+
+def _owners_of(core: WriterCore, memory_ids: list[str]) -> dict[str, str]:
+    """:func:`_owner_of` of each of ``memory_ids`` that has one, with one database query:
+    the delta's entries first, its tombstones hide, then the database's live rows."""
+    asked = list(dict.fromkeys(i for m in memory_ids for i in (m, chunk_id(m, 1))))
+    found: dict[str, str] = {}
+    for i in asked:
+        entry = core.entries.get(i)
+        if entry is not None:
+            found[i] = entry["user"]
+    found.update(core.db.owners([i for i in asked if i not in found and i not in core.tombstones]))
+    return {m: found.get(m) or found[chunk_id(m, 1)] for m in memory_ids
+            if m in found or chunk_id(m, 1) in found}
 
 
 def _as_stored(core: WriterCore, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
