@@ -34,7 +34,12 @@ __all__ = [
 class EvalDoc:
     """One retrievable unit (a turn, a session, an abstract, a function).
 
-    ``id`` is unique within its corpus; ``created_at`` is ISO-8601 UTC or None.
+    ``id`` is unique within its corpus; ``created_at`` is ISO-8601 (UTC, or with its
+    offset) or None. ``type`` is the memory type the store gives the document (None: the
+    runner's rule, episodic for a turn, semantic otherwise); ``metadata`` is stored with
+    it (a code symbol's path and language, a commit's sha). ``metadata`` is left out of
+    the hash (a dict has none), so two docs that differ only there hash alike and
+    compare unequal.
     """
 
     id: str
@@ -42,6 +47,8 @@ class EvalDoc:
     created_at: str | None = None
     session_id: str | None = None
     speaker: str | None = None
+    type: str | None = None
+    metadata: dict[str, Any] | None = dataclasses.field(default=None, hash=False)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -53,18 +53,21 @@ def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config:
               show_progress: bool = False) -> Path:
     """Build (or reuse) the store of one corpus.
 
-    Memory types are given, not derived: a conversation turn (it has a session) is
-    ``episodic``, a document of a BEIR-style corpus ``semantic``. Ingest's type rules are
-    written for an agent's memories; on a homogeneous corpus they would scatter its
-    documents over the per-type weight rows (an abstract saying "we chose" becomes a
-    decision) and rank them by that accident (docs/quality.md).
+    Memory types are given, not derived: a document's own ``type`` when it has one (a
+    loader that reads memories, such as a repository's code and commits), else a
+    conversation turn (it has a session) is ``episodic`` and a document of a BEIR-style
+    corpus ``semantic``. Ingest's type rules are written for an agent's memories; on a
+    homogeneous corpus they would scatter its documents over the per-type weight rows (an
+    abstract saying "we chose" becomes a decision) and rank them by that accident
+    (docs/quality.md). A document's ``metadata`` is stored with it.
     """
     if not any(d.session_id for d in docs):  # no conversation turns: session_context cannot matter
         ingest_config = ingest_config.model_copy(update={"session_context": 0.0})
     rows = [{
         "id": d.id, "text": d.text, "user": corpus_id, "session_id": d.session_id,
-        "created_at": d.created_at or "2020-01-01T00:00:00Z", "type": "episodic" if d.session_id else "semantic",
-        "source": "eval", "metadata": {"speaker": d.speaker} if d.speaker else {},
+        "created_at": d.created_at or "2020-01-01T00:00:00Z",
+        "type": _given(d, "type") or ("episodic" if d.session_id else "semantic"),
+        "source": "eval", "metadata": {**({"speaker": d.speaker} if d.speaker else {}), **(_given(d, "metadata") or {})},
     } for d in docs]
     store = workdir / f"{corpus_id.replace('/', '_')}-{store_key(docs, ingest_config, [r['type'] for r in rows])}"
     if (store / "CURRENT").exists():
@@ -91,14 +94,24 @@ def _any_longer(docs: Sequence[Any], max_tokens: int) -> bool:
 def store_key(docs: Sequence[Any], ingest_config: IngestConfig, types: Sequence[str]) -> str:
     """What a store is built from, hashed: the ingest settings that change its content and
     every document (id, text, date, session), so a store is reused only for the same
-    documents (a turn corpus and a session corpus of one conversation never share one)."""
+    documents (a turn corpus and a session corpus of one conversation never share one).
+    Documents' own types and metadata count only when some document has them, so the
+    key of a corpus without them is what it always was."""
     content = ingest_config.model_dump(mode="json", exclude=RUNNER_ONLY)
     if not _any_longer(docs, ingest_config.chunk.max_tokens):  # nothing to chunk: the same store either way
         content.pop("chunk")
+    given = [(_given(d, "type"), json.dumps(_given(d, "metadata"), sort_keys=True)) for d in docs]
     return hashlib.sha1(json.dumps(
         [content, [(d.id, d.text, d.created_at, d.session_id) for d in docs]]
         + ([list(types)] if any(t != "episodic" for t in types) else [])
+        + ([given] if any(t is not None or m != "null" for t, m in given) else [])
     ).encode()).hexdigest()[:12]
+
+
+def _given(doc: Any, field: str) -> Any:
+    """``doc``'s own ``type`` or ``metadata`` (None when it gives none, or is a record
+    without the field)."""
+    return getattr(doc, field, None)
 
 
 # ----------------------------------------------------------------------------- documents, not chunks
