@@ -121,8 +121,9 @@ def _doctor_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _eval_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``helix eval``: systems side by side on a benchmark."""
     s = sub.add_parser("eval", help="score retrieval systems side by side on a benchmark")
-    s.add_argument("dataset", choices=("locomo", "beir", "longmemeval"))
-    s.add_argument("--data", required=True, help="locomo10.json, a BEIR folder, or a LongMemEval JSON file")
+    s.add_argument("dataset", choices=("locomo", "beir", "longmemeval", "repo"))
+    s.add_argument("--data", required=True, help="locomo10.json, a BEIR folder, a LongMemEval JSON file, or (repo) "
+                   "a JSONL of questions about a repository (tests/fixtures/repo_questions.jsonl)")
     s.add_argument("--systems", default=",".join(("bm25", "dense", "rrf", "helix")),
                    help="comma-separated: bm25, dense, rrf, helix, helix-rerank (cross-encoder on), helix-no-graph, "
                         "helix-mmr, helix-session, helix-no-recency, helix-no-strong-signal, helix-no-dedup, "
@@ -142,6 +143,10 @@ def _eval_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--query-context", type=int, default=0, metavar="N",
                    help="LoCoMo: give each question with N turns of its conversation before it (consecutive turns "
                         "of a session holding none of its evidence, drawn per question id); 0: the question alone")
+    s.add_argument("--repo", metavar="DIR", help="repo: the repository the questions are about (default: this "
+                   "Helix checkout); read from a copy at --commit made under --workdir")
+    s.add_argument("--commit", metavar="SHA", help="repo: the commit the questions were written against "
+                   "(default 6bbb424, that of tests/fixtures/repo_questions.jsonl)")
     s.add_argument("--ks", default="5,10", help="cut-offs for Recall@k / nDCG@k / MRR@k, comma-separated; each system "
                    "retrieves max(ks) items (BEIR's Recall@100: --ks 5,10,100)")
     s.add_argument("--workdir", default=".helix/eval-stores", help="where the per-corpus stores are built and reused")
@@ -373,15 +378,20 @@ def _stats(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     import logging
 
-    from helix_ray.eval import LOCOMO_HELDOUT, LOCOMO_TUNE, load_beir, load_locomo, load_longmemeval
+    from helix_ray.eval import LOCOMO_HELDOUT, LOCOMO_TUNE, load_beir, load_locomo, load_longmemeval, load_repo
+    from helix_ray.eval.repo import DEFAULT_COMMIT
     from helix_ray.eval.runner import evaluate, format_table
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.query_context and args.dataset != "locomo":
         raise ValueError(f"Got --query-context {args.query_context} with {args.dataset}; only LoCoMo gives the "
                          "turns of a question's conversation. Leave it out.")
-    if args.granularity and args.dataset == "beir":
-        raise ValueError("Got --granularity with beir; a BEIR document is what its corpus.jsonl holds. Leave it out.")
+    if args.granularity and args.dataset in ("beir", "repo"):
+        raise ValueError(f"Got --granularity with {args.dataset}; its documents are what the dataset holds (a corpus "
+                         "row, a function or a commit). Leave it out.")
+    if (args.repo or args.commit) and args.dataset != "repo":
+        raise ValueError(f"Got --repo or --commit with {args.dataset}; only `helix eval repo` reads a repository. "
+                         "Leave them out.")
     if args.dataset == "locomo":
         convs = {"tune": LOCOMO_TUNE, "heldout": LOCOMO_HELDOUT}.get(args.conversations or "", None)
         if convs is None and args.conversations:
@@ -390,6 +400,8 @@ def _eval(args: argparse.Namespace) -> int:
                               query_context=args.query_context)
     elif args.dataset == "beir":
         evalset = load_beir(args.data, split=args.split)
+    elif args.dataset == "repo":
+        evalset = load_repo(args.data, repo=args.repo, commit=args.commit or DEFAULT_COMMIT, workdir=Path(args.workdir))
     else:
         evalset = load_longmemeval(args.data, granularity=args.granularity or "session")
     from helix_ray.eval.runner import DEFAULT_SYSTEMS
@@ -424,7 +436,8 @@ def _eval(args: argparse.Namespace) -> int:
                                         *[f"recall@{k}" for k in ks if k > 10])))
     if args.json_out:
         options = {"granularity": args.granularity or {"locomo": "turn", "longmemeval": "session"}.get(args.dataset),
-                   "query_context": args.query_context, "conversations": args.conversations, "split": args.split}
+                   "query_context": args.query_context, "conversations": args.conversations, "split": args.split,
+                   "repo": args.repo, "commit": (args.commit or DEFAULT_COMMIT) if args.dataset == "repo" else None}
         Path(args.json_out).write_text(json.dumps({**report.as_dict(), "options": options}, indent=1))
     return 0
 

@@ -1,8 +1,9 @@
 """Evaluation harness: benchmark loaders and ranking metrics (pure Python + numpy).
 
-One loader module per benchmark (``locomo``, ``beir``, ``longmemeval``), each returning
-the records of ``datasets``; ``metrics`` scores a ranking; ``runner`` builds the stores
-and runs the systems side by side.
+One loader module per benchmark (``locomo``, ``beir``, ``longmemeval``; ``repo`` for
+questions about a repository's code and history), each returning the records of
+``datasets``; ``metrics`` scores a ranking; ``runner`` builds the stores and runs the
+systems side by side.
 
 Typical use::
 
@@ -38,6 +39,7 @@ from helix_ray.eval.metrics import (
     recall_at_k,
     summarise,
 )
+from helix_ray.eval.repo import load_repo
 
 __all__ = [
     "LOCOMO_CONVERSATIONS",
@@ -51,6 +53,7 @@ __all__ = [
     "load_beir",
     "load_locomo",
     "load_longmemeval",
+    "load_repo",
     "mean",
     "mrr_at_k",
     "ndcg_at_k",

@@ -67,7 +67,8 @@ def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config:
         "id": d.id, "text": d.text, "user": corpus_id, "session_id": d.session_id,
         "created_at": d.created_at or "2020-01-01T00:00:00Z",
         "type": _given(d, "type") or ("episodic" if d.session_id else "semantic"),
-        "source": "eval", "metadata": {**({"speaker": d.speaker} if d.speaker else {}), **(_given(d, "metadata") or {})},
+        "source": "eval",
+        "metadata": {**({"speaker": d.speaker} if d.speaker else {}), **(_given(d, "metadata") or {})},
     } for d in docs]
     store = workdir / f"{corpus_id.replace('/', '_')}-{store_key(docs, ingest_config, [r['type'] for r in rows])}"
     if (store / "CURRENT").exists():

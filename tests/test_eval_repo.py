@@ -1,0 +1,200 @@
+"""helix eval repo: questions about a repository's code and history, over a pristine copy
+of it at one commit (helix_ray/eval/repo.py), and the shipped question set about Helix."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from helix_ray.config import IngestConfig
+from helix_ray.eval.datasets import EvalDoc
+from helix_ray.eval.repo import DEFAULT_COMMIT, REPO_CORPUS, gold_id, load_repo, pristine_copy, read_questions
+from helix_ray.eval.runner import store_key
+from tests.helpers import REPO
+
+QUESTIONS = REPO / "tests" / "fixtures" / "repo_questions.jsonl"
+
+
+def _has_commit(commit: str) -> bool:
+    done = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
+    return done.returncode == 0
+
+
+needs_history = pytest.mark.skipif(not _has_commit(DEFAULT_COMMIT),
+                                   reason=f"the checkout's history does not hold {DEFAULT_COMMIT} (a shallow clone?)")
+
+
+def _git(repo: Path, *args: str, when: str = "2025-01-02T03:04:05+00:00") -> str:
+    env = {**os.environ, "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when}
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=Ann", "-c", "user.email=ann@example.org", *args],
+                          check=True, capture_output=True, text=True, env=env).stdout.strip()
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> tuple[Path, str, str]:
+    """A two-commit repository (any folder name): (folder, first sha, second sha)."""
+    repo = tmp_path / "some-project"
+    (repo / "pkg").mkdir(parents=True)
+    _git(repo, "init", "--quiet")
+    (repo / "pkg" / "mod.py").write_text("def top():\n    return 1\n\n\nclass Box:\n    def open(self):\n"
+                                         "        return top()\n")
+    _git(repo, "add", "pkg/mod.py")
+    _git(repo, "commit", "--quiet", "-m", "Add the box\n\nA box opens because top says so.")
+    first = _git(repo, "rev-parse", "HEAD")
+    (repo / "pkg" / "mod.py").write_text("def top():\n    return 2\n")
+    _git(repo, "commit", "--quiet", "-am", "Drop the box", when="2025-02-02T03:04:05+00:00")
+    return repo, first, _git(repo, "rev-parse", "HEAD")
+
+
+def _questions(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+# --------------------------------------------------------------------------- the shipped set
+
+
+def test_the_shipped_questions_are_well_formed() -> None:
+    rows = read_questions(QUESTIONS)
+    assert 30 <= len(rows) <= 50
+    assert len({r["id"] for r in rows}) == len(rows)
+    kinds = Counter(r["kind"] for r in rows)
+    assert set(kinds) == {"code", "history"} and kinds["code"] > kinds["history"] >= 10
+    for r in rows:
+        assert 1 <= len(r["gold"]) <= 3, r["id"]
+        for g in r["gold"]:
+            if g.startswith("commit:"):
+                assert len(g) == len("commit:") + 40, (r["id"], g)
+            else:
+                path, symbol = g.split("::")
+                assert path.endswith(".py") and symbol, (r["id"], g)
+
+
+@needs_history
+def test_every_gold_of_the_shipped_set_is_a_document_at_its_commit(tmp_path: Path) -> None:
+    evalset = load_repo(QUESTIONS, repo=REPO, commit=DEFAULT_COMMIT, workdir=tmp_path)
+    docs = evalset.corpora[REPO_CORPUS]
+    ids = {d.id for d in docs}
+    assert len(ids) == len(docs)
+    assert len(evalset.queries) == len(read_questions(QUESTIONS))
+    assert all(q.gold <= ids for q in evalset.queries)  # load_repo raises otherwise; said plainly here
+    assert {q.category for q in evalset.queries} == {"code", "history"}
+    assert {d.type for d in docs} >= {"code", "episodic"}
+    # The copy is named helix whatever the checkout's folder is called.
+    assert all(d.id.startswith(("code:helix:", "git:helix:")) for d in docs)
+
+
+# --------------------------------------------------------------------------- loading, on a tiny repository
+
+
+def test_gold_items_name_the_readers_ids() -> None:
+    assert gold_id("helix_ray/serve/keys.py::KeyStore.record_for", "helix") == \
+        "code:helix:helix_ray/serve/keys.py::KeyStore.record_for"
+    assert gold_id("commit:" + "ab" * 20, "helix") == "git:helix:" + "ab" * 6
+
+
+def test_a_tiny_repository_at_its_first_commit(tiny, tmp_path: Path) -> None:
+    repo, first, second = tiny
+    questions = _questions(tmp_path / "q.jsonl", [
+        {"id": "a", "query": "what opens the box?", "gold": ["pkg/mod.py::Box.open"], "kind": "code"},
+        {"id": "b", "query": "why does it open?", "gold": [f"commit:{first}", "pkg/mod.py::top"], "kind": "history"},
+    ])
+    evalset = load_repo(questions, repo=repo, commit=first[:7], workdir=tmp_path / "work")
+    docs = {d.id: d for d in evalset.corpora[REPO_CORPUS]}
+    assert {"code:helix:pkg/mod.py::top", "code:helix:pkg/mod.py::Box",
+            "code:helix:pkg/mod.py::Box.open", f"git:helix:{first[:12]}"} <= set(docs)
+    assert f"git:helix:{second[:12]}" not in docs  # history up to the commit asked for, not the branch's tip
+    commit = docs[f"git:helix:{first[:12]}"]
+    assert commit.type == "decision" and commit.metadata["git"]["commit"] == first  # "because" explains a choice
+    assert docs["code:helix:pkg/mod.py::Box.open"].type == "code"
+    assert [(q.id, q.category, sorted(q.gold)) for q in evalset.queries] == [
+        ("a", "code", ["code:helix:pkg/mod.py::Box.open"]),
+        ("b", "history", ["code:helix:pkg/mod.py::top", f"git:helix:{first[:12]}"])]
+
+
+def test_the_copy_is_made_once_and_left_alone_by_later_commits(tiny, tmp_path: Path) -> None:
+    repo, first, _ = tiny
+    copy = pristine_copy(repo, first, tmp_path / "work")
+    assert copy.name == "helix" and _git(copy, "rev-parse", "HEAD") == first
+    assert "class Box" in (copy / "pkg" / "mod.py").read_text()  # the file as it was then
+    inode = copy.stat().st_ino
+    (repo / "pkg" / "mod.py").write_text("changed in the working tree\n")
+    again = pristine_copy(repo, first, tmp_path / "work")
+    assert again == copy and again.stat().st_ino == inode and "class Box" in (again / "pkg" / "mod.py").read_text()
+    assert [p.name for p in copy.parent.iterdir()] == ["helix"]  # nothing left aside
+
+
+def test_a_gold_item_missing_from_the_corpus_names_its_question(tiny, tmp_path: Path) -> None:
+    repo, first, second = tiny
+    questions = _questions(tmp_path / "q.jsonl", [
+        {"id": "q7", "query": "what opens the box?", "gold": ["pkg/mod.py::Box.open"], "kind": "code"}])
+    with pytest.raises(ValueError, match=r"Question 'q7' .*pkg/mod.py::Box.open"):
+        load_repo(questions, repo=repo, commit=second, workdir=tmp_path / "work")  # Box is gone there
+    with pytest.raises(ValueError, match="does not hold"):
+        load_repo(questions, repo=repo, commit="f" * 40, workdir=tmp_path / "work")
+
+
+@pytest.mark.parametrize("row, said", [
+    ({"id": "a", "query": "q", "gold": ["x.py::f"], "kind": "docs"}, "kind"),
+    ({"id": "a", "query": "q", "gold": [], "kind": "code"}, "gold"),
+    ({"id": "a", "query": "q", "gold": ["just a name"], "kind": "code"}, "gold"),
+    ({"id": "a", "query": " ", "gold": ["x.py::f"], "kind": "code"}, "query"),
+])
+def test_malformed_questions_are_refused_with_what_is_allowed(tmp_path: Path, row: dict, said: str) -> None:
+    with pytest.raises(ValueError, match=f"Got {said}"):
+        read_questions(_questions(tmp_path / "q.jsonl", [row]))
+
+
+def test_a_repeated_question_id_is_refused(tmp_path: Path) -> None:
+    row = {"id": "a", "query": "q", "gold": ["x.py::f"], "kind": "code"}
+    with pytest.raises(ValueError, match="no other question has"):
+        read_questions(_questions(tmp_path / "q.jsonl", [row, row]))
+
+
+def test_own_types_and_metadata_key_a_store_only_when_given() -> None:
+    config = IngestConfig()
+    plain = [EvalDoc("a", "text one"), EvalDoc("b", "text two")]
+    typed = [EvalDoc("a", "text one", type="code"), EvalDoc("b", "text two")]
+    tagged = [EvalDoc("a", "text one", metadata={"code": {"path": "x.py"}}), EvalDoc("b", "text two")]
+    keys = {store_key(docs, config, ["semantic", "semantic"]) for docs in (plain, typed, tagged)}
+    assert len(keys) == 3
+    assert store_key(plain, config, ["semantic"] * 2) == store_key(list(plain), config, ["semantic"] * 2)
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.slow
+@needs_history
+def test_the_baselines_and_helix_score_the_shipped_set(tmp_path: Path) -> None:
+    """The whole path on Helix at its commit: about 2,500 code symbols and commits (3,000
+    memories once long ones are chunked) embedded into one store, four systems scored per
+    kind. Which system leads is not asserted here: it is a measured result."""
+    from helix_ray.eval.runner import evaluate, format_table
+
+    started = time.perf_counter()
+    evalset = load_repo(QUESTIONS, workdir=tmp_path)
+    report = evaluate(evalset, systems=["bm25", "dense", "rrf", "helix"], workdir=tmp_path, show_progress=False)
+    print(format_table(report), f"\n{time.perf_counter() - started:.0f} s")
+    for name, scores in report.systems.items():
+        assert scores["n"] == len(evalset.queries)
+        assert set(scores["per_category"]) == {"code", "history"}
+        assert 0 <= scores["recall@5"] <= scores["recall@10"] <= 1
+    assert max(s["recall@10"] for s in report.systems.values()) > 0
+
+
+def test_the_cli_refuses_repository_flags_where_they_mean_nothing(tmp_path: Path, capsys) -> None:
+    from helix_ray.cli import main
+
+    assert main(["eval", "beir", "--data", str(tmp_path), "--commit", "abc1234"]) == 2
+    assert "only `helix eval repo`" in capsys.readouterr().err
+    assert main(["eval", "repo", "--data", str(QUESTIONS), "--granularity", "turn",
+                 "--workdir", str(tmp_path / "stores")]) == 2
+    assert "Leave it out" in capsys.readouterr().err
+    assert not (tmp_path / "stores").exists()  # refused before any copy or store is made
