@@ -1,6 +1,7 @@
 """``helix``: one CLI with lazy imports, so ``helix --help`` is instant.
 
-    helix ingest SOURCE... --store DIR [--format auto|jsonl|parquet|markdown|transcript|locomo] [--runner ray|local]
+    helix ingest SOURCE... --store DIR [--format auto|jsonl|parquet|markdown|transcript|locomo|code|git] [--runner ray|local]
+    helix ingest REPO --format git [--since DATE] [--max N] --store DIR --user USER      commits as memories
     helix recall QUERY --store DIR --user USER [--budget TOKENS] [--k N] [--explain] [--json]
     helix stats --store DIR [--json]
     helix quarantine --store DIR [--reason CODE] [--limit N] [--json]      the records an ingest rejected
@@ -35,7 +36,7 @@ from helix_ray import cli_adapt, cli_serve, cli_store
 from helix_ray.cli_common import format_report, format_result, load_config_typed
 from helix_ray.cli_serve import serve_graph  # noqa: F401 - re-export for tests/test_cli_memory.py
 
-FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo")
+FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo", "code", "git")
 TYPES = ("episodic", "semantic", "procedural", "decision", "code")
 
 
@@ -63,9 +64,13 @@ def _parser() -> argparse.ArgumentParser:
 def _ingest_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``helix ingest``: read sources, publish a generation."""
     s = sub.add_parser("ingest", help="ingest sources into a store and publish a new generation")
-    s.add_argument("sources", nargs="+", help="files or folders (JSONL, Parquet, Markdown, transcripts, LoCoMo)")
+    s.add_argument("sources", nargs="+", help="files or folders (JSONL, Parquet, Markdown, transcripts, LoCoMo; "
+                   "a source tree with --format code, a git repository with --format git)")
     s.add_argument("--store", required=True, help="store folder (created if missing)")
-    s.add_argument("--format", default="auto", choices=FORMATS, help="source format (default: detect)")
+    s.add_argument("--format", default="auto", choices=FORMATS,
+                   help="source format (default: detect; code and git are never guessed)")
+    s.add_argument("--since", help="--format git: commits made on or after this date (YYYY-MM-DD)")
+    s.add_argument("--max", type=int, dest="max_commits", metavar="N", help="--format git: the newest N commits")
     s.add_argument("--user", help="tenant for records that name none")
     s.add_argument("--runner", default="ray", choices=("ray", "local"),
                    help="ray: Ray Data on a local Ray or RAY_ADDRESS (default); local: one process")
@@ -274,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: Library argument names whose flag is spelled otherwise; the rest are ``--<name>``.
-FLAGS = {"budget_tokens": "--budget", "types": "--type", "fmt": "--format"}
+FLAGS = {"budget_tokens": "--budget", "types": "--type", "fmt": "--format", "max_commits": "--max"}
 
 
 def _as_typed(exc: Any, parser: argparse.ArgumentParser, command: str) -> Any:
@@ -303,7 +308,8 @@ def _ingest(args: argparse.Namespace) -> int:
     from helix_ray.ingest.run import ingest
 
     report = ingest(args.sources, args.store, fmt=args.format, config=_ingest_config(args), runner=args.runner,
-                    show_progress=not args.no_progress and not args.json)
+                    show_progress=not args.no_progress and not args.json, since=args.since,
+                    max_commits=args.max_commits)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1, default=str))
     else:

@@ -28,7 +28,8 @@ def format_report(report) -> str:
     lines = [
         f"read {report.read} records: {report.accepted} accepted, {report.quarantined} quarantined",
         f"  new {report.new}, updated {report.updated}, unchanged {report.unchanged}, "
-        f"duplicates {report.duplicates}, embedded {report.embedded}",
+        f"duplicates {report.duplicates}, embedded {report.embedded}"
+        + (f", removed {report.removed} (gone from the tree)" if report.removed else ""),
     ]
     if report.quarantine_reasons:
         lines.append("  quarantine: " + ", ".join(f"{k} ×{v}" for k, v in report.quarantine_reasons.items()))

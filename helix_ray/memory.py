@@ -57,8 +57,10 @@ class Memory:
 
     # ------------------------------------------------------------------ ingest
     def ingest(self, sources: Sequence[str | Path] | str | Path, *, format: str = "auto", runner: str = "local",
-               show_progress: bool = False):
-        """Run the ingest pipeline over files or folders; returns its report."""
+               show_progress: bool = False, since: str | None = None, max_commits: int | None = None):
+        """Run the ingest pipeline over files or folders; returns its report. ``format``
+        ``"code"`` reads a source tree, ``"git"`` a repository's commits (``since``,
+        ``max_commits``: which ones)."""
         from helix_ray.ingest.run import ingest  # the ingest pipeline: a recall-only Memory never loads it
 
         if isinstance(sources, (str, Path)):
@@ -66,7 +68,7 @@ class Memory:
         self._flush_now()
         with self._db_lock:
             report = ingest(list(sources), self.store, fmt=format, config=self.ingest_config, runner=runner,
-                            show_progress=show_progress, db=self.db)
+                            show_progress=show_progress, db=self.db, since=since, max_commits=max_commits)
         if report.published:
             self._recaller = None  # the next recall opens the new generation
             self._overlay.clear()

@@ -224,9 +224,11 @@ def embedded_texts(source: Path, fmt: str, store: Path) -> list[str]:
     """The texts the pipeline embedded, in its order: every accepted row (read and
     validated again here) whose id made it into the published generation."""
     from helix_ray.ingest import stages
+    from helix_ray.ingest.sources import source_items
     from helix_ray.store.generation import Generation
 
-    out = stages.read_and_validate({"path": str(source.resolve()), "format": fmt}, config=ingest_config())
+    tasks, _ = source_items(source, fmt)  # a source tree: one task per file
+    out = [r for task in tasks for r in stages.read_and_validate(task, config=ingest_config())]
     rows = [json.loads(r["payload"]) for r in out if r["ok"]]
     latest: dict[str, str] = {}
     for row in rows:  # a repeated id: the later record wins, as in the pipeline
@@ -379,6 +381,7 @@ def bench_one(name: str, source: Path, fmt: str, work: Path, fraction: float = 1
         "duplicates": rep["duplicates"], "embedded": n, "total_memories": rep["total_memories"],
         "pipeline": pipe, "embed_only": base, "all_pipeline_runs": pipes, "all_embed_only_runs": bases,
         "pipeline_mem_per_s": round(n / pipe["total_s"], 1),
+        "files": _files(source, fmt), "pipeline_files_per_s": round(_files(source, fmt) / pipe["total_s"], 1),
         "pipeline_mem_per_s_without_ray_start": round(n / pipe["total_without_ray_start_s"], 1),
         "ratio_pipeline_over_embed_only": round(pipe["total_s"] / base["embed_s"], 3),
         "ratio_pipeline_over_embed_only_without_ray_start": round(pipe["total_without_ray_start_s"] / base["embed_s"], 3),
@@ -396,6 +399,13 @@ def bench_one(name: str, source: Path, fmt: str, work: Path, fraction: float = 1
     return out
 
 
+def _files(source: Path, fmt: str) -> int:
+    """Files read: a source tree's (``--code``), else one."""
+    from helix_ray.ingest.sources import source_items
+
+    return len(source_items(source, fmt)[0]) if fmt == "code" else 1
+
+
 def table(results: list[dict[str, Any]]) -> str:
     cols = [r["dataset"] for r in results]
     lines = ["| | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
@@ -405,6 +415,7 @@ def table(results: list[dict[str, Any]]) -> str:
 
     row("read / accepted / duplicates", [f"{r['read']:,} / {r['accepted']:,} / {r['duplicates']:,}" for r in results])
     row("embedded (new memories)", [f"{r['embedded']:,}" for r in results])
+    row("files read / files per s", [f"{r['files']:,} / {r['pipeline_files_per_s']:.1f}" for r in results])
     for stage in STAGE_ORDER:
         row(f"pipeline: {stage} s", [f"{r['pipeline']['stages_s'].get(stage, 0):.1f}" for r in results])
     row("pipeline: unaccounted s", [f"{r['pipeline']['unaccounted_s']:.1f}" for r in results])
@@ -473,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-ray", action="store_true",
                     help="start Ray once, before the first round, and keep it for every round (as a notebook does); "
                          "rounds then leave out Ray's start")
+    ap.add_argument("--code", default=None, metavar="TREE",
+                    help="also a source tree read with --format code (e.g. the installed ray package)")
     ap.add_argument("--no-late", action="store_true",
                     help="ingest without late-interaction tokens (the pipeline then embeds with one encoder, the "
                          "embed-only baseline's)")
@@ -481,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if args.no_late:
         INGEST_OVERRIDES["late_interaction"] = {"enabled": False}
+    if args.code:  # code memories name no user
+        INGEST_OVERRIDES["validation"] = {"default_user": "bench"}
     global WARM_RAY
     WARM_RAY = args.warm_ray
     for item in args.pipeline_env:
@@ -513,6 +528,9 @@ def main(argv: list[str] | None = None) -> int:
                 stats = write_jsonl(args.n, str(synth), seed=args.seed)
                 print(f"[synthetic] wrote {synth} in {time.perf_counter() - t0:.1f}s: {json.dumps(stats)}", flush=True)
             results.append(bench_one(f"synthetic-{args.n // 1000}k", synth, "jsonl", work, args.baseline_fraction,
+                                     not args.no_sorted_reference, args.synthetic_repeats))
+        if args.code:
+            results.append(bench_one("code", Path(args.code).resolve(), "code", work, args.baseline_fraction,
                                      not args.no_sorted_reference, args.synthetic_repeats))
     finally:
         if not args.work:

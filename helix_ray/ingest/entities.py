@@ -7,10 +7,17 @@ them joined: "Grafana Cloud"), ``date`` (ISO dates, "8 May 2023", "March 3").
 
 An entity's key is ``kind:normalised text`` (lower case); the graph links memories that
 mention the same key within one tenant.
+
+Code and commits name more than their text shows (:func:`from_metadata`): a code memory
+is linked to its file (``path``), to the symbol it defines and to the names it calls
+(``identifier``), a commit to every file it touched. So a commit and the functions of
+the files it changed share an entity node, and so do a function and the functions it
+calls: graph expansion carries a question from one to the other.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 _URL = re.compile(r"https?://[^\s)>\]\"'`]+")
@@ -34,6 +41,46 @@ _STOP_NAMES = frozenset(
     "Monday Tuesday Wednesday Thursday Friday Saturday Sunday Today Yesterday Tomorrow".split()
     + _MONTHS.split("|")
 )
+
+
+def from_metadata(metadata: str | dict | None, text: str = "") -> list[str]:
+    """The entity keys that a code memory's or a commit's metadata names (JSON text or a
+    dict; any other memory: none): ``metadata.code`` gives its ``path``, its symbol (the
+    short name and the dotted one) and the ``names`` it refers to; ``metadata.git`` the
+    ``files`` it touched, and the last part of each dotted name its message mentions
+    (``errors.callers_mistake`` → the function ``callers_mistake``)."""
+    if isinstance(metadata, str):
+        try:
+            metadata = json.loads(metadata)
+        except json.JSONDecodeError:
+            return []
+    if not isinstance(metadata, dict):
+        return []
+    found: dict[str, None] = {}
+    code, git = metadata.get("code"), metadata.get("git")
+    if isinstance(code, dict):
+        if code.get("path"):
+            found[f"path:{str(code['path']).lower()}"] = None
+        symbol = str(code.get("symbol") or "")
+        if symbol and not symbol.startswith("<"):
+            found[f"identifier:{symbol.rsplit('.', 1)[-1].lower()}"] = None
+            if code.get("module"):
+                found[f"identifier:{code['module']}.{symbol}".lower()] = None
+        for name in code.get("names") or ():
+            found[f"identifier:{str(name).lower()}"] = None
+    if isinstance(git, dict):
+        for path in git.get("files") or ():
+            found[f"path:{str(path).lower()}"] = None
+        for m in _DOTTED.finditer(text):
+            last = m.group(0).rsplit(".", 1)[-1].lower()
+            if len(last) >= 3 and last not in _SUFFIXES:  # keys.py names a file, not a function py
+                found[f"identifier:{last}"] = None
+    return list(found)
+
+
+_DOTTED = re.compile(r"(?<![/\w])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+\b")
+_SUFFIXES = frozenset("py pyi md js jsx ts tsx go rs java rb json yaml yml toml sh txt cfg ini sql html css lock "
+                      "ipynb whl gz zip".split())
 
 
 def extract(text: str) -> list[str]:

@@ -50,7 +50,7 @@ from helix_ray.ingest.graph import edges_table
 from helix_ray.ingest.previous import (OldThenNew, carried_over, fold_accesses, has_deletions, held_by,
                                        keep_folded_accesses, open_previous, retagged)
 from helix_ray.ingest.progress import NoProgress, Progress, shown
-from helix_ray.ingest.sources import FORMATS, detect_format
+from helix_ray.ingest.sources import FORMATS, TreeScope, source_items
 from helix_ray.schema import parent_of
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import ACCESS_WATERMARK, Generation, current_generation_number
@@ -75,6 +75,7 @@ class IngestReport:
     new: int = 0
     updated: int = 0
     retagged: int = 0  # of ``updated``: same text, other fields changed (no re-embedding)
+    removed: int = 0  # code memories a source tree read again no longer holds (deleted)
     embedded: int = 0
     reused: int = 0
     total_memories: int = 0
@@ -111,6 +112,8 @@ class Run:
     feed: TransformFeed | None = None  # runner="ray": started while stage 3 runs
     progress: Progress = dataclasses.field(default_factory=NoProgress)
     empty_ok: bool = False  # publish a generation even when no record was read (:func:`initialise`)
+    scopes: tuple[TreeScope, ...] = ()  # the source trees read whole (:func:`sources.source_items`)
+    quarantined: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # this run's, as stored
 
 
 @dataclasses.dataclass
@@ -176,6 +179,8 @@ def ingest(
     crash_after: str | None = None,
     db: StoreDB | None = None,
     computed: dict[str, stages.Computed] | None = None,
+    since: str | None = None,
+    max_commits: int | None = None,
 ) -> IngestReport:
     """Ingest ``sources`` into ``store`` and publish a new generation if anything changed.
 
@@ -185,6 +190,8 @@ def ingest(
     ``config`` (the server's, for its online writes): a new memory whose text is the
     same is not expanded, embedded nor token-encoded again. ``show_progress`` shows the
     run on stderr: a bar on a terminal, else a line per stage (:mod:`.progress`).
+    ``since`` and ``max_commits``: which commits a ``git`` source gives (the newest
+    ``max_commits`` made on or after ``since``).
     """
     config = config or IngestConfig()
     store = Path(store)
@@ -192,12 +199,15 @@ def ingest(
         raise InvalidArgument("runner", runner, "allowed runners are 'ray' and 'local'")
     if fmt not in FORMATS:
         raise InvalidArgument("format", fmt, f"allowed formats are {', '.join(FORMATS)}")
-    items = []
+    items: list[dict[str, Any]] = []
+    scopes: list[TreeScope] = []
     for source in sources:
         path = Path(source)
         if not path.exists():
             raise InvalidArgument("source", str(path), "it must be an existing file or folder")
-        items.append({"path": str(path.resolve()), "format": detect_format(path) if fmt == "auto" else fmt})
+        tasks, scope = source_items(path, fmt, since=since, max_commits=max_commits)
+        items += tasks
+        scopes += [scope] if scope else []
     if not items:
         raise InvalidArgument("sources", [], "give at least one file or folder to ingest")
 
@@ -205,7 +215,7 @@ def ingest(
     with _writer(store, db) as db, _recorded_run(db, report, [i["path"] for i in items]), \
             shown(report, show_progress) as progress:
         run = Run(store, db, config, report, runner=runner, crash_after=crash_after, computed=computed or {},
-                  progress=progress)
+                  progress=progress, scopes=tuple(scopes))
         if runner == "local":
             _stages(run, items)
         else:
@@ -305,6 +315,7 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
     with stage(run, "read_validate"):
         out = _read_validate(run, items)
     accepted = _accept(run, out)
+    run.quarantined = accepted.quarantined
 
     with stage(run, "dedup"):
         changes = _changes(run, accepted.latest)
@@ -407,6 +418,9 @@ def _changes(run: Run, latest: dict[str, dict[str, Any]]) -> Changes:
     previous = open_previous(run.store, config)
     fresh, replaced, same_text = _compare(run, latest, known, previous)
     superseded = superseded_parts(latest, known, run.db.owners)
+    gone = vanished(run, latest, known)
+    report.removed = len(gone)
+    superseded = sorted(set(superseded) | set(gone))
     replaced |= set(superseded)  # not carried over: the memory's new version does not hold them
     run.computed = {r["id"]: run.computed[r["id"]] for r in fresh if _reusable(r, run.computed, config)}
     if run.feed is not None and len(fresh) > len(run.computed):
@@ -447,6 +461,27 @@ def superseded_parts(latest: dict[str, dict[str, Any]], known: dict[str, tuple[s
              if not deleted and i not in latest and (parent_of(i) or i) in complete]
     mine = owners(stale)
     return sorted(i for i in stale if mine.get(i) == complete[parent_of(i) or i])
+
+
+def vanished(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]]) -> list[str]:
+    """Stored code memories that a source tree read whole (``run.scopes``) no longer
+    holds: the symbol was renamed or deleted, or its file removed. They are deleted, not
+    left to be recalled as if the code still said so. Only the ingesting user's, and not
+    those of a file present but not read this time (skipped, or quarantined whole)."""
+    if not run.scopes:
+        return []
+    prefixes = tuple(scope.prefix for scope in run.scopes)
+    repos = {prefix.split(":")[1] for prefix in prefixes}  # code:<repo>:<folder>/
+    unread = tuple(u for scope in run.scopes for u in scope.unread) + tuple(
+        f"code:{repo}:{q['position'].removesuffix(', whole file')}::" for q in run.quarantined
+        for repo in repos if str(q.get("position") or "").endswith(", whole file"))
+    users = {row["user"] for i, row in latest.items() if i.startswith(prefixes)}
+    if not users and run.config.validation.default_user:
+        users = {run.config.validation.default_user}
+    stale = [i for i, (_, deleted) in known.items()
+             if not deleted and i not in latest and i.startswith(prefixes) and not i.startswith(unread)]
+    owners = run.db.owners(stale)
+    return sorted(i for i in stale if owners.get(i) in users)
 
 
 def _compare(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]],
@@ -499,6 +534,7 @@ def _deduplicate(run: Run, changes: Changes) -> Deduplicated:
     n_old = old_rows.num_rows
     users = old_rows.column("user").to_pylist() + [r["user"] for r in fresh]
     all_ids = old_rows.column("id").to_pylist() + [r["id"] for r in fresh]
+    sources = old_rows.column("source").to_pylist() + [r["source"] for r in fresh]
     old_sigs = previous.minhash[changes.old_index] if previous is not None and len(changes.old_index) else np.zeros(
         (0, config.dedup.num_perm), np.uint32)
     if old_sigs.shape[1:] != (config.dedup.num_perm,):  # dedup.num_perm changed since: sign the old rows again
@@ -518,7 +554,7 @@ def _deduplicate(run: Run, changes: Changes) -> Deduplicated:
         texts=OldThenNew(lambda i: texts[i].as_py(), [r["text"] for r in fresh], n_old),
         shingle=config.dedup.shingle,
         settled=n_old,  # the previous generation's rows: deduplicated when it was built
-        parents=[parent_of(i) for i in all_ids],
+        parents=[never_paired(i, s) for i, s in zip(all_ids, sources)],
     )
     drop = {i for i, _, _ in dropped}
     links = [(all_ids[i], all_ids[j], s) for i, j, s in dropped]
@@ -530,6 +566,13 @@ def _deduplicate(run: Run, changes: Changes) -> Deduplicated:
         dropped_rows=[fresh[i] for i in range(len(fresh)) if n_old + i in drop],
         dropped_old_ids=[all_ids[i] for i in range(n_old) if i in drop],
     )
+
+
+def never_paired(memory_id: str, source: str) -> str | None:
+    """The group of memories that are never near-duplicates of each other, or None:
+    the code memories and commits read from one repository (two functions with the same
+    body are still two functions, at two places), and the chunks of one memory."""
+    return source if source.startswith(("code:", "git:")) else parent_of(memory_id)
 
 
 def _expand_embed_annotate(run: Run, todo: list[dict[str, Any]], reuse: dict[int, stages.Computed],
@@ -565,13 +608,14 @@ def _transform(run: Run, todo: list[dict[str, Any]]) -> Iterator[dict[str, np.nd
         "seq": pa.array([r["seq"] for r in todo], pa.int64()),
         "text": [r["text"] for r in todo],
         "type": [r["type"] for r in todo],
+        "metadata": [r["metadata"] for r in todo],
     }))
 
 
 def _run_local_batches(rows: list[dict[str, Any]], transforms: Sequence[Any]) -> Iterator[dict[str, np.ndarray]]:
     for start in range(0, len(rows), BATCH):
         chunk = rows[start : start + BATCH]
-        batch = {k: np.array([r[k] for r in chunk], dtype=object) for k in ("seq", "text", "type")}
+        batch = {k: np.array([r[k] for r in chunk], dtype=object) for k in ("seq", "text", "type", "metadata")}
         for fn in transforms:
             batch = fn(batch)
         yield batch

@@ -16,10 +16,15 @@ Formats:
   text, timestamp, user?, project?}``; each turn is one episodic memory.
 - ``locomo``: the LoCoMo benchmark file; each conversation's ``sample_id`` is the user,
   each turn one episodic memory with id ``<sample_id>:<dia_id>``.
+- ``code``: a source tree (or one file): one ``code`` memory per Python function, method
+  and class, blocks of other languages (:mod:`helix_ray.ingest.code`). Read one file per
+  task: :func:`source_items` lists the tree.
+- ``git``: a repository's commits, one memory each (:mod:`helix_ray.ingest.git`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -29,7 +34,9 @@ from typing import Any, Iterator, Sequence
 
 from helix_ray.errors import InvalidArgument
 
-FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo")
+FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo", "code", "git")
+#: Options of the formats that take some (``helix ingest --since/--max``).
+GIT_OPTIONS = ("since", "max_commits")
 #: Files that hold memories in a format other than Markdown.
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 MARKDOWN_SUFFIXES = (".md", ".markdown")
@@ -43,7 +50,8 @@ def detect_format(path: Path) -> str:
             return "markdown"
         raise InvalidArgument(
             "source", str(path), "a folder source must hold Markdown (.md or .markdown) files",
-            "Pass the files themselves for JSONL or Parquet.",
+            "Pass the files themselves for JSONL or Parquet; for a source tree pass --format code, for its "
+            "commits --format git.",
         )
     suffix = path.suffix.lower()
     if suffix in MARKDOWN_SUFFIXES:
@@ -82,15 +90,81 @@ def _first_json_value(path: Path) -> Any:
         return None
 
 
-def read_source(path: str | Path, fmt: str = "auto") -> Iterator[RawRecord]:
-    """Yield the raw records of one source."""
+@dataclasses.dataclass(frozen=True)
+class TreeScope:
+    """What one read of a source tree covers whole: the stored code memories whose ids
+    start with ``prefix`` and that the read no longer finds were removed from the tree,
+    except those of the ``unread`` files (id prefixes ``code:<repo>:<file>::``: present
+    but skipped this time, e.g. grown past the size limit)."""
+
+    prefix: str
+    unread: tuple[str, ...] = ()
+
+
+def _checked(path: str | Path, fmt: str) -> tuple[Path, str]:
+    """``path`` as a Path that exists, and ``fmt`` a format, detected if ``auto``."""
     path = Path(path)
     if not path.exists():
         raise InvalidArgument("source", str(path), "it must be an existing file or folder")
     if fmt not in FORMATS:
         raise InvalidArgument("format", fmt, f"allowed formats are {', '.join(FORMATS)}")
-    if fmt == "auto":
-        fmt = detect_format(path)
+    return path, detect_format(path) if fmt == "auto" else fmt
+
+
+def source_items(path: str | Path, fmt: str, **options: Any) -> tuple[list[dict[str, Any]], TreeScope | None]:
+    """The read tasks of one source, ``{"path", "format", "options"}`` each: one per file
+    of a source tree (so Ray Data reads a tree's files in parallel, not the driver in a
+    loop), one for any other source; and for a tree, what it covers (:class:`TreeScope`).
+    ``options``: ``since`` and ``max_commits`` for ``git``; no other format takes any. A
+    task's options travel as JSON text (Ray Data would merge the tasks' dicts into one
+    Arrow struct, filling absent keys with nulls): :func:`read_source` takes them decoded."""
+    path, fmt = _checked(path, fmt)
+    given = {k: v for k, v in options.items() if v is not None}
+    if given and fmt != "git":
+        flags = ", ".join(f"--{'max' if k == 'max_commits' else k}" for k in given)
+        raise InvalidArgument("format", fmt, f"{flags} apply to --format git only", "Drop them, or pass --format git.")
+    if fmt == "code":
+        from helix_ray.ingest import code
+
+        info = code.repo_identity(path)
+        files, skipped = code.tree_files(path, info)
+        if not files:
+            reasons = sorted({reason for _, reason in skipped})
+            raise InvalidArgument("source", str(path), "a --format code source must hold source files Helix reads "
+                                  f"(Python, JavaScript, Go, Rust...); it holds none"
+                                  + (f": {len(skipped)} files skipped ({'; '.join(reasons[:5])})" if skipped else ""),
+                                  "Pass the folder of the code, or --format markdown for documents.")
+        scope = TreeScope(_tree_prefix(path, info), tuple(f"code:{info.name}:{rel}::" for rel, _ in skipped))
+        return [{"path": str(info.toplevel / rel), "format": "code",
+                 "options": json.dumps({"rel": rel, "info": _plain(info)})} for rel in files], scope
+    return [{"path": str(path.resolve()), "format": fmt, "options": json.dumps(given)}], None
+
+
+def _plain(info: Any) -> dict[str, Any]:
+    """A :class:`~helix_ray.ingest.code.RepoInfo` as JSON-able values, to travel in a task."""
+    return {**dataclasses.asdict(info), "toplevel": str(info.toplevel)}
+
+
+def _tree_prefix(path: Path, info: Any) -> str:
+    """The ids a read of ``path`` covers whole: ``code:<repo>:<folder>/``, or the one
+    file's ``code:<repo>:<file>::``."""
+    rel = path.resolve().relative_to(info.toplevel).as_posix()
+    if path.is_file():
+        return f"code:{info.name}:{rel}::"
+    return f"code:{info.name}:" + ("" if rel == "." else rel + "/")
+
+
+def read_source(path: str | Path, fmt: str = "auto", **options: Any) -> Iterator[RawRecord]:
+    """Yield the raw records of one source (``options``: one of :func:`source_items`' tasks)."""
+    path, fmt = _checked(path, fmt)
+    if fmt == "code":
+        yield from read_code(path, **options)
+        return
+    if fmt == "git":
+        from helix_ray.ingest import git
+
+        yield from git.read_git(path, **{k: v for k, v in options.items() if k in GIT_OPTIONS})
+        return
     reader = {
         "jsonl": read_jsonl,
         "parquet": read_parquet,
@@ -99,6 +173,20 @@ def read_source(path: str | Path, fmt: str = "auto") -> Iterator[RawRecord]:
         "locomo": read_locomo,
     }[fmt]
     yield from reader(path)
+
+
+def read_code(path: Path, *, rel: str | None = None, info: dict[str, Any] | None = None) -> Iterator[RawRecord]:
+    """One file of a tree (``rel`` and ``info`` given: a task of :func:`source_items`), or
+    every file of the tree at ``path``."""
+    from helix_ray.ingest import code
+
+    if rel is not None and info is not None:
+        yield from code.read_code_file(path, rel=rel, info=code.RepoInfo(**{**info, "toplevel": Path(info["toplevel"])}))
+        return
+    found = code.repo_identity(path)
+    files, _skipped = code.tree_files(path, found)
+    for name in files:
+        yield from code.read_code_file(found.toplevel / name, rel=name, info=found)
 
 
 def read_jsonl(path: Path) -> Iterator[RawRecord]:

@@ -34,7 +34,7 @@ def read_and_validate(item: dict[str, Any], *, config: IngestConfig) -> list[dic
     """
     path, fmt = item["path"], item["format"]
     default_time = dt.datetime.fromtimestamp(_mtime(path), tz=dt.timezone.utc)
-    raws = list(read_source(path, fmt))
+    raws = list(read_source(path, fmt, **json.loads(item.get("options") or "{}")))
     rows, quarantined = normalise(raws, config.validation, default_time=default_time, chunking=config.chunk)
     out = [{"ok": True, "payload": json.dumps(r, default=_json_time)} for r in rows]
     out += [{"ok": False, "payload": json.dumps(q)} for q in quarantined]
@@ -96,7 +96,8 @@ class Embed:
 
 
 class Annotate:
-    """Stage 7a: entities, MinHash signatures and token counts per memory."""
+    """Stage 7a: entities (from the text, and for code and commits from what their
+    metadata names: :func:`entities.from_metadata`) and token counts per memory."""
 
     def __init__(self, config: IngestConfig):
         self.config = config
@@ -104,7 +105,9 @@ class Annotate:
 
     def __call__(self, batch: Batch) -> Batch:
         texts = [str(t) for t in batch["text"]]
-        batch["entities"] = np.array([json.dumps(entities.extract(t)) for t in texts], dtype=object)
+        metas = batch["metadata"] if "metadata" in batch else [None] * len(texts)
+        batch["entities"] = np.array([json.dumps(list(dict.fromkeys(entities.extract(t) + entities.from_metadata(m, t))))
+                                      for t, m in zip(texts, metas)], dtype=object)
         batch["n_tokens"] = np.array([self.count_tokens(t) for t in texts], dtype=np.int32)
         return batch
 
