@@ -493,3 +493,19 @@ def test_reads_this_repositorys_keys_module():
     assert key_store["text"].startswith(f"{rel} · helix_ray.serve.keys.KeyStore (class)\n")
     assert key_store["metadata"]["code"]["module"] == "helix_ray.serve.keys"
     assert f"code:{info.name}:{rel}::KeyStore.create" in records
+
+
+def test_a_folder_the_enclosing_repository_ignores_is_read_as_its_own_tree(tmp_path):
+    """A virtualenv's package inside a project: asked for by name, it is read (with its
+    own name), not found empty because the project's .gitignore hides it."""
+    project = tmp_path / "project"
+    pkg = project / ".venv" / "lib" / "somepkg"
+    pkg.mkdir(parents=True)
+    (project / ".gitignore").write_text(".venv/\n")
+    (pkg / "core.py").write_text("def run():\n    return 1\n")
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    info = repo_identity(pkg)
+    assert info.name == "somepkg" and info.toplevel == pkg.resolve() and info.commit is None
+    files, _ = tree_files(pkg, info)
+    assert files == ["core.py"]
+    assert [r["id"] for r in read_code_file(pkg / "core.py", rel="core.py", info=info)] == ["code:somepkg:core.py::run"]

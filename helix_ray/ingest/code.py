@@ -146,7 +146,9 @@ def _git(cwd: Path, *args: str) -> str | None:
 
 def repo_identity(root: Path) -> RepoInfo:
     """The repository ``root`` (a folder or one file) belongs to: its git work tree
-    when it is in one (and git is on PATH), else the folder itself (a file's folder)."""
+    when it is in one (and git is on PATH), else the folder itself (a file's folder).
+    A folder the enclosing work tree ignores (a virtualenv's ``site-packages`` inside a
+    project) is read as a tree of its own: asked for by name, it is not the project."""
     root = Path(root)
     if not root.exists():
         raise InvalidArgument("root", str(root), "it must be an existing file or folder")
@@ -154,7 +156,7 @@ def repo_identity(root: Path) -> RepoInfo:
     if not folder.is_dir():
         folder = folder.parent
     top = (_git(folder, "rev-parse", "--show-toplevel") or "").strip()
-    if not top:
+    if not top or _git(folder, "check-ignore", "-q", str(folder)) is not None:
         return RepoInfo(name=_folder_name(folder), toplevel=folder)
     toplevel = Path(top)
     head = (_git(toplevel, "log", "-1", "--format=%H %ct") or "").split()
@@ -207,7 +209,11 @@ def tree_files(root: Path, info: RepoInfo) -> tuple[list[str], list[tuple[str, s
 
 def _git_files(top: Path, root_rel: str) -> list[str] | None:
     """What git would add under ``root_rel``: tracked files and untracked ones not
-    ignored. None when ``top`` is not in a git work tree."""
+    ignored. None when ``top`` is not the top of a git work tree (a folder inside one
+    that it ignores: :func:`repo_identity`)."""
+    found = (_git(top, "rev-parse", "--show-toplevel") or "").strip()
+    if not found or Path(found).resolve() != top.resolve():
+        return None
     out = _git(top, "--literal-pathspecs", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--",
                root_rel or ".")
     if out is None:
