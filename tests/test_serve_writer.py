@@ -625,6 +625,11 @@ def test_chunks_survive_compaction_as_they_are_and_one_patched_chunk_keeps_its_s
         return sorted(i for i in ids if i.startswith("alice-guide"))
 
     assert stored() == sorted(chunks) and all(parent_of(i) == "alice-guide" for i in stored())
+    delta, writer.core.entries = writer.core.entries, {}  # what the database alone holds
+    try:
+        assert family(writer.core, "alice-guide", "alice") == chunks
+    finally:
+        writer.core.entries = delta
     writer.patch(chunks[1], {"pinned": True}, "alice")
     writer.add([{"id": "alice-other", "text": "Another note, for the compaction."}], "alice")
     assert writer.compact()["published"]

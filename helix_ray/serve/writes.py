@@ -169,10 +169,12 @@ def families(core: WriterCore, memory_ids: list[str], user: str) -> dict[str, li
     for i, entry in core.entries.items():
         if entry["user"] == user:
             take(i)
-    rows = core.db.con.execute(  # the ids themselves and their own chunks, not every chunk of the user
-        'SELECT id FROM memories WHERE NOT deleted AND "user" = ? AND (id IN (SELECT unnest(?::VARCHAR[])) '
-        "OR (contains(id, '#chunk') AND regexp_extract(id, '^(.*)#chunk[1-9][0-9]*$', 1) "
-        "IN (SELECT unnest(?::VARCHAR[]))))", [user, sorted(wanted), sorted(wanted)]).fetchall()
+    # The ids themselves and their chunks: ids between "<id>#chunk" and "<id>#chunl" (what
+    # starts with "<id>#chunk"; take() keeps the real chunk ids). A range of the primary
+    # key, not a pattern matched against each of the user's rows.
+    rows = core.db.con.execute(
+        'SELECT m.id FROM memories m, (SELECT unnest(?::VARCHAR[]) AS p) w WHERE NOT m.deleted AND m."user" = ? '
+        "AND (m.id = w.p OR (m.id > w.p || '#chunk' AND m.id < w.p || '#chunl'))", [sorted(wanted), user]).fetchall()
     for (i,) in rows:
         if i not in core.tombstones:
             take(i)
