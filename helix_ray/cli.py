@@ -137,6 +137,8 @@ def _eval_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "or 'all'; a Helix system with '+ctx' appended (helix+ctx) gets --query-context's turns "
                         "as recall's context instead of joined before the question")
     s.add_argument("--split", default="test", help="BEIR qrels split (test, train, dev)")
+    s.add_argument("--as-code", action="store_true",
+                   help="beir: read each document as a Python file with the code reader (--format code), e.g. CoSQA")
     s.add_argument("--adapt-on", metavar="SPLIT",
                    help="fit a query adapter on labelled queries never scored and run every system through it: "
                         "BEIR, a qrels split (dev, train); LoCoMo, 'tune' or comma-separated conversations (one "
@@ -395,6 +397,9 @@ def _eval(args: argparse.Namespace) -> int:
     if args.granularity and args.dataset in ("beir", "repo"):
         raise ValueError(f"Got --granularity with {args.dataset}; its documents are what the dataset holds (a corpus "
                          "row, a function or a commit). Leave it out.")
+    if args.as_code and args.dataset != "beir":
+        raise ValueError(f"Got --as-code with {args.dataset}; it reads the snippets of a BEIR corpus (CoSQA) as code. "
+                         "Leave it out.")
     if (args.repo or args.commit) and args.dataset != "repo":
         raise ValueError(f"Got --repo or --commit with {args.dataset}; only `helix eval repo` reads a repository. "
                          "Leave them out.")
@@ -406,6 +411,10 @@ def _eval(args: argparse.Namespace) -> int:
                               query_context=args.query_context)
     elif args.dataset == "beir":
         evalset = load_beir(args.data, split=args.split)
+        if args.as_code:
+            from helix_ray.eval.repo import snippets_as_code
+
+            evalset = snippets_as_code(evalset, Path(args.workdir))
     elif args.dataset == "repo":
         evalset = load_repo(args.data, repo=args.repo, commit=args.commit or DEFAULT_COMMIT, workdir=Path(args.workdir))
     else:

@@ -200,3 +200,19 @@ def test_the_cli_refuses_repository_flags_where_they_mean_nothing(tmp_path: Path
                  "--workdir", str(tmp_path / "stores")]) == 2
     assert "Leave it out" in capsys.readouterr().err
     assert not (tmp_path / "stores").exists()  # refused before any copy or store is made
+
+
+def test_snippets_read_as_code_keep_their_ids_and_gold(tmp_path: Path) -> None:
+    """`helix eval beir --as-code`: each snippet becomes what --format code stores (a
+    header naming the symbol, type code, the names it calls), under its own id."""
+    from helix_ray.eval.datasets import EvalQuery, EvalSet
+    from helix_ray.eval.repo import snippets_as_code
+
+    docs = [EvalDoc("7", "def write_bool(stream, n):\n    stream.write(encode(n))\n"), EvalDoc("8", "not python {")]
+    query = EvalQuery("q", "write a boolean", frozenset({"7"}), None, "cosqa")
+    out = snippets_as_code(EvalSet("cosqa", {"cosqa": docs}, [query]), tmp_path)
+    first, second = out.corpora["cosqa"]
+    assert first.id == "7" and first.type == "code" and first.text.startswith("s7.py · s7.write_bool (function)\n")
+    assert first.metadata["code"]["names"] == ["encode", "write"]
+    assert second.id == "8" and second.type == "code"  # not Python: a block, still one memory
+    assert out.queries == [query]

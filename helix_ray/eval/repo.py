@@ -37,7 +37,7 @@ from helix_ray.ingest import git as git_reader
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_COMMIT", "REPO_CORPUS", "gold_id", "load_repo", "pristine_copy", "read_questions",
-           "repo_documents"]
+           "repo_documents", "snippets_as_code"]
 
 #: The commit ``tests/fixtures/repo_questions.jsonl`` was written against.
 DEFAULT_COMMIT = "6bbb424"
@@ -190,3 +190,29 @@ def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def _git_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in _REPO_ENV}
+
+
+def snippets_as_code(evalset: EvalSet, workdir: Path) -> EvalSet:
+    """``evalset`` with each document read as a Python file by the code reader (what
+    ``helix ingest --format code`` stores: a header line naming the file and the
+    qualified symbol, type ``code``, the names it calls in its metadata, linked in the
+    graph by them), one memory per document: a corpus of snippets (CoSQA) evaluated as a
+    source tree would hold them. Each snippet is written to ``workdir`` as ``s<id>.py``."""
+    folder = Path(workdir) / f"{evalset.name}-as-code"
+    folder.mkdir(parents=True, exist_ok=True)
+    info = code_reader.RepoInfo(name=evalset.name, toplevel=folder)
+    corpora: dict[str, list[EvalDoc]] = {}
+    for corpus_id, docs in evalset.corpora.items():
+        out = corpora.setdefault(corpus_id, [])
+        for doc in docs:
+            path = folder / f"s{doc.id}.py"
+            path.write_text(doc.text, encoding="utf-8")
+            records = [r for r in code_reader.read_code_file(path, rel=path.name, info=info) if "_reject" not in r]
+            body = [r for r in records if r["metadata"]["code"]["symbol"] != "<module>"] or records
+            if not body:  # nothing the reader takes: the snippet as it is
+                out.append(doc)
+                continue
+            names = sorted({n for r in body for n in r["metadata"]["code"].get("names") or ()})
+            meta = {"code": {**body[0]["metadata"]["code"], "names": names}}
+            out.append(EvalDoc(doc.id, "\n".join(r["text"] for r in body), doc.created_at, type="code", metadata=meta))
+    return EvalSet(f"{evalset.name}-as-code", corpora, evalset.queries)
