@@ -15,6 +15,7 @@ import pytest
 from helix_ray.errors import InvalidArgument
 from helix_ray.ingest.code import (
     RepoInfo,
+    is_test_file,
     gitignore_rules,
     is_ignored,
     read_code_file,
@@ -509,3 +510,13 @@ def test_a_folder_the_enclosing_repository_ignores_is_read_as_its_own_tree(tmp_p
     files, _ = tree_files(pkg, info)
     assert files == ["core.py"]
     assert [r["id"] for r in read_code_file(pkg / "core.py", rel="core.py", info=info)] == ["code:somepkg:core.py::run"]
+
+
+@pytest.mark.parametrize("rel, test", [
+    ("tests/test_keys.py", True), ("pkg/test_keys.py", True), ("keys_test.go", True), ("src/app.spec.ts", True),
+    ("web/__tests__/a.js", True), ("src/FooTest.java", True), ("conftest.py", True),
+    ("helix_ray/serve/keys.py", False), ("contest.py", False), ("latest/app.py", False), ("testdata.py", False),
+])
+def test_test_files_are_told_apart(rel, test):
+    """Test code is marked (metadata.code.test) and so less salient than the code it tests."""
+    assert is_test_file(rel) is test

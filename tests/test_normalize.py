@@ -51,6 +51,8 @@ def test_conversation_turn_is_episodic():
 def test_salience_prior_markers_errors_and_pin():
     assert derive_salience("plain fact", "semantic", False) == 0.5
     assert derive_salience("Always run make lint", "procedural", False) == pytest.approx(0.75)
+    assert derive_salience("def test_x(): ...", "code", False, {"code": {"test": True}}) == pytest.approx(0.3)
+    assert derive_salience("def x(): ...", "code", False, {"code": {"test": False}}) == pytest.approx(0.5)
     assert derive_salience("got psycopg2.OperationalError", "semantic", False) == pytest.approx(0.6)
     assert derive_salience("Never force-push: it raised a GitError", "decision", False) == pytest.approx(0.95)
     assert derive_salience("plain fact", "episodic", True) == 0.9

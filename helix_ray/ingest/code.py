@@ -469,6 +469,8 @@ def read_code_file(path: Path, *, rel: str, info: RepoInfo) -> Iterator[RawRecor
         }
         if module is not None:
             code_meta["module"] = module
+        if is_test_file(rel):
+            code_meta["test"] = True
         yield {
             "id": f"code:{info.name}:{rel}::{piece.symbol}",
             "text": f"{rel} · {piece.title} ({kind_label})\n{piece.body.rstrip()}",
@@ -479,6 +481,18 @@ def read_code_file(path: Path, *, rel: str, info: RepoInfo) -> Iterator[RawRecor
             "_source": str(path),
             "_position": f"{rel}, lines {piece.first}-{piece.last}",
         }
+
+
+_TEST_NAME = re.compile(r"^(?:test_.*\.py|.*_test\.(?:py|go|rb|rs)|.*\.(?:test|spec)\.[jt]sx?|conftest\.py|.*Tests?\.(?:java|kt|cs|swift))$")
+_TEST_DIRS = frozenset({"test", "tests", "__tests__", "spec", "testing"})
+
+
+def is_test_file(rel: str) -> bool:
+    """Whether ``rel`` holds tests (``tests/…``, ``test_x.py``, ``x_test.go``,
+    ``x.spec.ts``, ``FooTest.java``…): recorded as ``metadata.code.test``, and test code
+    is less salient than the code it tests (:func:`helix_ray.ingest.normalize.derive_salience`)."""
+    parts = rel.split("/")
+    return bool(_TEST_NAME.match(parts[-1])) or any(p in _TEST_DIRS for p in parts[:-1])
 
 
 def shebang_language(text: str) -> str | None:

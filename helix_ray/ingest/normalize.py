@@ -17,7 +17,8 @@ Derivation rules (each tested in ``tests/test_normalize.py``):
 ``salience`` = type prior (episodic .40, semantic .50, code .50, procedural .60,
 decision .70) + .15 for an explicit marker ("always", "never", "important", "must",
 "critical", "remember") + .10 for an error string (``...Error``, ``Exception``,
-``Traceback``, ``FATAL``, ``exit code``) ; a pinned memory gets at least .90; capped at 1.
+``Traceback``, ``FATAL``, ``exit code``) − .20 for test code (``metadata.code.test``); a
+pinned memory gets at least .90; capped at 1.
 
 ``confidence`` by source: user-confirmed (``source`` user / human / confirmed, or
 ``metadata.confirmed``) .90; documents (markdown) .80; what was said in a conversation
@@ -38,6 +39,9 @@ from helix_ray.ingest import chunk
 from helix_ray.schema import MEMORY_SCHEMA, MEMORY_TYPES, chunk_id, content_hash, parent_of
 
 TYPE_PRIOR = {"episodic": 0.40, "semantic": 0.50, "code": 0.50, "procedural": 0.60, "decision": 0.70}
+#: Salience a test gives up (``metadata.code.test``, :func:`helix_ray.ingest.code.is_test_file`):
+#: asked where something is done, an agent wants the code that does it, not its test.
+TEST_DISCOUNT = 0.20
 
 _FENCE = re.compile(r"```")
 _DECISION = re.compile(
@@ -85,8 +89,11 @@ def derive_type(text: str, *, conversational: bool = False) -> str:
     return "semantic"
 
 
-def derive_salience(text: str, mem_type: str, pinned: bool) -> float:
+def derive_salience(text: str, mem_type: str, pinned: bool, metadata: dict[str, Any] | None = None) -> float:
     value = TYPE_PRIOR[mem_type]
+    code = (metadata or {}).get("code")
+    if isinstance(code, dict) and code.get("test") is True:  # a test: less salient than the code it tests
+        value -= TEST_DISCOUNT
     if _MARKER.search(text):
         value += 0.15
     if _ERROR.search(text):
@@ -302,7 +309,7 @@ def normalise_one(raw: dict[str, Any], config: ValidationConfig, *, default_time
         conversational = "speaker" in metadata or source.split(":", 1)[0] in _CONVERSATION
         mem_type = derive_type(text, conversational=conversational)
     if salience is None:
-        salience = derive_salience(text, mem_type, pinned)
+        salience = derive_salience(text, mem_type, pinned, metadata)
     if confidence is None:
         confidence = derive_confidence(source, metadata)
     raw_id = raw.get("id")
