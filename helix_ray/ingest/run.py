@@ -201,11 +201,8 @@ def ingest(
         raise InvalidArgument("format", fmt, f"allowed formats are {', '.join(FORMATS)}")
     items: list[dict[str, Any]] = []
     scopes: list[TreeScope] = []
-    for source in sources:
-        path = Path(source)
-        if not path.exists():
-            raise InvalidArgument("source", str(path), "it must be an existing file or folder")
-        tasks, scope = source_items(path, fmt, since=since, max_commits=max_commits)
+    for source in sources:  # each must exist: source_items says so
+        tasks, scope = source_items(source, fmt, since=since, max_commits=max_commits)
         items += tasks
         scopes += [scope] if scope else []
     if not items:
