@@ -30,7 +30,7 @@ def demo(args: argparse.Namespace) -> int:
     report = ingest(sources, args.store, config=IngestConfig(), runner=args.runner)
     print(format_report(report))
     if args.in_process:
-        with Memory(args.store) as mem:
+        with Memory(args.store, warm=False) as mem:
             print(f"\n== recall {args.query!r} for user dana (budget 400 tokens), in process")
             result = mem.recall(args.query, user="dana", budget_tokens=400, k=6)
             print(format_result(result))

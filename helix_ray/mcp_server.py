@@ -18,6 +18,7 @@ is the protocol.
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -26,7 +27,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, AsyncIterator, Protocol
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -55,6 +56,11 @@ class Backend(Protocol):
                      context: list[str] | None = None) -> dict[str, Any]: ...
 
     async def remember(self, record: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def warm(self) -> None:
+        """Pay the first question's start-up costs now (the server's start), not at the
+        agent's first ``recall``."""
+        ...
 
     async def forget(self, memory_id: str) -> dict[str, Any]: ...
 
@@ -96,6 +102,7 @@ class Local:
         self._accessed: list[tuple[str, str, int]] = []  # recall hits not yet in the access log
         self._settings: Any = None  # a Pointer to the live settings file, made at the first recall
         self._checked: tuple[int, Any] | None = None  # (the Pointer's version, its checked settings)
+        self._warmed: asyncio.Event | None = None  # set when the warm-up's question is answered
 
     def _config(self) -> Any:
         """The retrieval settings: a server's live overrides, if one ever ran on this store,
@@ -111,11 +118,33 @@ class Local:
             self._checked = (self._settings.version, check_settings({}, overrides))
         return self._checked[1]
 
+    async def warm(self) -> None:
+        """One question of this user through every stage, then the generation's files
+        into the page cache (:mod:`helix_ray.recall.warm`); a recall that comes first waits
+        for the question, not for the files."""
+        from helix_ray.recall.warm import ROLE_FILES, WARM_QUERY, read_through
+        from helix_ray.store.generation import Generation
+
+        self._warmed = asyncio.Event()
+        config = self._config()
+        try:
+            await self.pipeline.recall(WARM_QUERY, user=self.user, config=config, budget_tokens=DEFAULT_BUDGET_TOKENS,
+                                       k=config.default_k, project=None, types=None, since=None, until=None)
+        except Exception:  # noqa: BLE001 - the first real recall reports what is wrong
+            log.warning("warming the store failed; the first recall pays the start-up cost", exc_info=True)
+            return
+        finally:
+            self._warmed.set()
+        path = Generation.open_current(self.store).path
+        await asyncio.to_thread(read_through, path, ROLE_FILES["all"])
+
     async def recall(self, query: str, *, budget_tokens: int, k: int | None, project: str | None,
                      types: list[str] | None, since: str | None, until: str | None,
                      context: list[str] | None = None) -> dict[str, Any]:
         from helix_ray.recall.scope import check_context, make_scope
 
+        if self._warmed is not None:
+            await self._warmed.wait()
         config = self._config()
         request: dict[str, Any] = dict(budget_tokens=budget_tokens, k=config.default_k if k is None else k,
                                        project=project, types=types, since=since, until=until)
@@ -221,6 +250,9 @@ class Remote:
 
     async def stats(self) -> dict[str, Any]:
         return await asyncio.to_thread(self._call, "GET", "/v1/stats")
+
+    async def warm(self) -> None:
+        pass  # the server's replicas warm themselves before they report healthy
 
     def close(self) -> None:
         pass
@@ -341,8 +373,16 @@ def build_server(backend: Backend, *, project: str | None = None) -> MCPServer:
         store's current generation."""
         return await _helix(backend.stats())
 
+    @contextlib.asynccontextmanager
+    async def warm_at_start(_server: MCPServer) -> AsyncIterator[None]:
+        warming = asyncio.create_task(backend.warm())  # tools answer meanwhile; recall waits for it
+        try:
+            yield None
+        finally:
+            warming.cancel()
+
     return MCPServer(
-        "helix", version=__version__, log_level="WARNING",
+        "helix", version=__version__, log_level="WARNING", lifespan=warm_at_start,
         tools=[_strict(Tool.from_function(fn)) for fn in (recall, remember, forget, feedback, stats)],
         instructions=f"Long-term memory of user {backend.user!r} across sessions. Call `recall` before answering "
                      "questions about this project's history, decisions, conventions or earlier work; call "

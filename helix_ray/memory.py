@@ -8,12 +8,18 @@
 One :class:`Memory` is the single writer of its store's DuckDB file (DuckDB allows one
 writing process). Recall reads only the memory-mapped generation; the accesses it
 records go to DuckDB from a background thread, off the query path.
+
+Opening a store with a generation warms it in the background (``warm=True``, see
+:mod:`helix_ray.recall.warm`): the encoders load and one question runs through every
+stage, then the generation's files are read into the page cache. A recall that comes
+before the first part is done waits for it rather than loading everything a second time.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import queue
 import threading
@@ -30,6 +36,7 @@ from helix_ray.schema import MemoryRecord
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import Generation, current_generation_number
 
+log = logging.getLogger(__name__)
 
 class Memory:
     def __init__(
@@ -39,13 +46,16 @@ class Memory:
         retrieval: RetrievalConfig | None = None,
         ingest: IngestConfig | None = None,
         record_access: bool = True,
+        warm: bool = True,
     ):
         self.store = Path(store)
         self.retrieval_config = retrieval or RetrievalConfig()
         self.ingest_config = ingest or IngestConfig()
         self.db = StoreDB(self.store)
         self._db_lock = threading.Lock()
-        self._recaller: Any = None  # a Recaller, opened by the first recall
+        self._recaller: Any = None  # a Recaller, opened by the first recall (or the warm-up)
+        self._recaller_lock = threading.Lock()  # one Recaller built at a time
+        self._warm = threading.Event()  # set when the warm-up's question is answered (or there is none)
         self._adapter = adapter.watch(self.store, self.ingest_config.embedder.name)  # re-read when replaced
         self._overlay: dict[str, int] = {}  # id → last access (µs) since the generation was built
         self._accesses: queue.Queue = queue.Queue()
@@ -54,6 +64,10 @@ class Memory:
         if record_access:
             self._writer = threading.Thread(target=self._flush_accesses, name="helix-access-log", daemon=True)
             self._writer.start()
+        if warm and current_generation_number(self.store) is not None:
+            threading.Thread(target=self._warm_up, name="helix-warm", daemon=True).start()
+        else:
+            self._warm.set()
 
     # ------------------------------------------------------------------ ingest
     def ingest(self, sources: Sequence[str | Path] | str | Path, *, format: str = "auto", runner: str = "local",
@@ -70,7 +84,8 @@ class Memory:
             report = ingest(list(sources), self.store, fmt=format, config=self.ingest_config, runner=runner,
                             show_progress=show_progress, db=self.db, since=since, max_commits=max_commits)
         if report.published:
-            self._recaller = None  # the next recall opens the new generation
+            with self._recaller_lock:
+                self._recaller = None  # the next recall opens the new generation
             self._overlay.clear()
         return report
 
@@ -98,19 +113,46 @@ class Memory:
     # ------------------------------------------------------------------ recall
     @property
     def recaller(self):
-        if self._recaller is None:
-            from helix_ray.recall.pipeline import Recaller  # loads scipy: on the first recall, not at import
+        with self._recaller_lock:
+            if self._recaller is None:
+                self._recaller = self._open_recaller()
+            recaller = self._recaller
+        recaller.adapter = self._adapter.read()  # `helix adapt` while open: the next recall uses it
+        return recaller
 
-            generation = None
-            if current_generation_number(self.store) is not None:
-                generation = Generation.open_current(self.store, expect_embedder=self.ingest_config.embedder.name,
-                                                     expect_dim=DIM)
-            # Half the cores per query encoder when the two run side by side.
-            threads = encoder_threads(generation, self.retrieval_config)
-            embedder = get_embedder(self.ingest_config.embedder, threads)
-            self._recaller = Recaller(generation, embedder, self.retrieval_config, threads=threads)
-        self._recaller.adapter = self._adapter.read()  # `helix adapt` while open: the next recall uses it
-        return self._recaller
+    def _open_recaller(self):
+        from helix_ray.recall.pipeline import Recaller  # loads scipy: on the first recall, not at import
+
+        generation = None
+        if current_generation_number(self.store) is not None:
+            generation = Generation.open_current(self.store, expect_embedder=self.ingest_config.embedder.name,
+                                                 expect_dim=DIM)
+        # Half the cores per query encoder when the two run side by side.
+        threads = encoder_threads(generation, self.retrieval_config)
+        embedder = get_embedder(self.ingest_config.embedder, threads)
+        return Recaller(generation, embedder, self.retrieval_config, threads=threads)
+
+    def _warm_up(self) -> None:
+        """The background warm-up: one question through every stage, then the page cache."""
+        from helix_ray.recall.warm import ROLE_FILES, read_through, warm_recaller
+
+        generation = None
+        try:
+            recaller = self.recaller
+            generation = recaller.generation
+            warm_recaller(recaller)
+        except Exception:  # noqa: BLE001 - a store that cannot open says so at the first recall
+            log.debug("warm-up could not open the store", exc_info=True)
+        finally:
+            self._warm.set()
+        if generation is not None and not self._closed.is_set():
+            read_through(generation.path, ROLE_FILES["all"])
+
+    def ready(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the warm-up's question to be answered; True
+        once it is (at once when the store was opened with ``warm=False`` or has no
+        generation). Recall never needs this: it waits by itself."""
+        return self._warm.wait(timeout)
 
     def feedback(self, query: str, *, user: str, memory_ids: Sequence[str] | str) -> int:
         """Say which recalled memories answered ``query`` for ``user``: labelled queries
@@ -141,6 +183,7 @@ class Memory:
         """Recall ``user``'s memories for ``query``; see :meth:`Recaller.recall`."""
         from helix_ray.recall.pipeline import IdAccessOverlay  # loads scipy: on the first recall, not at import
 
+        self._warm.wait()
         recaller = self.recaller
         overlay = None
         if self._overlay and recaller.columns is not None:

@@ -536,3 +536,19 @@ def test_a_ray_address_that_cannot_be_a_cluster_is_named_before_joining():
     own = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET]
     assert own and all(on_this_machine(f"{ip}:6379") for ip in own)  # this machine's interfaces
     assert not any(on_this_machine(a) for a in ("192.0.2.77:6379", "nosuchhost.invalid:6379"))
+
+
+def test_opening_a_store_warms_it_in_the_background(tenant_store):
+    store, _ = tenant_store
+    with Memory(store, record_access=False, warm=False) as cold:
+        assert cold.ready(0) and cold._recaller is None  # nothing loaded before the first recall
+        expected = [i.id for i in cold.recall("deploy rollback", user="alice").items]
+    with Memory(store, record_access=False) as mem:
+        assert mem.ready(120), "the warm-up answered its question"
+        recaller = mem._recaller
+        assert recaller is not None and recaller._token_encoder is not None  # both encoders loaded
+        made = recaller.generation.__dict__  # cached_property values: what the first question built
+        assert {"bm25", "columns", "vectors", "graph"} <= made.keys()
+        # the warm-up's recaller is the one recall uses, and answers as a cold one does
+        assert [i.id for i in mem.recall("deploy rollback", user="alice").items] == expected
+        assert mem._recaller is recaller

@@ -357,3 +357,29 @@ def test_the_server_option_reaches_a_running_helix_serve_with_the_keys_user(stor
         except subprocess.TimeoutExpired:
             server.kill()
             server.communicate()
+
+
+def test_the_server_warms_the_store_when_it_starts(store):
+    """At start, before any tool call, the server asks one question of its user through
+    every stage: the first `recall` an agent makes does not load the encoders or the
+    generation's columns."""
+    from mcp import Client
+
+    from helix_ray import mcp_server
+
+    backend = mcp_server.Local(store, "dana")
+
+    async def main() -> None:
+        async with Client(mcp_server.build_server(backend)):
+            for _ in range(600):  # no tool called: only the start can have warmed it
+                if backend._warmed is not None and backend._warmed.is_set():
+                    break
+                await asyncio.sleep(0.1)
+            assert backend._warmed is not None and backend._warmed.is_set(), "the warm-up ran at start"
+            # the skip-retrieval router's reference embeddings: made by the first question only
+            assert backend.pipeline.embedder.recaller._router is not None
+
+    try:
+        asyncio.run(main())
+    finally:
+        backend.close()

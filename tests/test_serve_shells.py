@@ -222,3 +222,23 @@ def test_a_swap_keeps_the_old_generation_for_requests_in_flight(shells):
     *_, fresh = local_recall(shells, "vault token refresh when rotating keys")
     assert fresh["generation"] == old + 1
     assert {i["origin"] for i in fresh["items"] if i["id"] == "alice-swap"} == {"generation"}
+
+
+def test_a_replica_is_warm_before_it_answers(tenant_store, tmp_path):
+    """Construction (what Serve waits for before a replica is healthy) loads both query
+    encoders when the generation has passage tokens, and reads each role's files."""
+    from helix_ray.recall.warm import ROLE_FILES, read_through
+    from helix_ray.serve.shells import EmbedderShell
+    from helix_ray.store.generation import Generation
+
+    store, _ = tenant_store
+    assert Generation.open_current(store).manifest.get("late"), "the tenant store has passage tokens"
+    assert EmbedderShell(store=store).recaller._token_encoder is not None
+    assert EmbedderShell().recaller._token_encoder is None  # no store: whether tokens are needed is unknown
+
+    folder = Generation.open_current(store).path
+    sizes = {role: read_through(folder, names) for role, names in ROLE_FILES.items()}
+    assert sizes["bm25"] == sum(p.stat().st_size for p in (folder / "bm25").rglob("*") if p.is_file()) > 0
+    assert 0 < sizes["dense"] < sizes["all"] and sizes["ranker"] < sizes["all"]
+    everything = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    assert sizes["all"] < everything == read_through(folder)  # knn/ and mentions are the next ingest's

@@ -37,6 +37,7 @@ from helix_ray.recall import adapter
 from helix_ray.recall import dense as dense_mod
 from helix_ray.recall import lexical as lexical_mod
 from helix_ray.recall.pipeline import IdAccessOverlay, Plan, Recaller
+from helix_ray.recall.warm import WARM_QUERY
 from helix_ray.runtime import usable_cores
 from helix_ray.serve.access_log import AccessTail, accesses_path
 from helix_ray.serve.errors import ReplicaError, boundary
@@ -125,6 +126,11 @@ class EmbedderShell:
         self._has_late = Pointer(Path(store) / "CURRENT", _generation_has_late) if store is not None else None
         # The store's query adapter, read again when `helix adapt` replaces it.
         self._adapter = adapter.watch(store, embedder.name) if store is not None else None
+        # Before the replica reports healthy: the encoders' first runs (and the token
+        # encoder's load, when the generation has passage tokens) are not a request's.
+        embedder.embed_queries([WARM_QUERY])
+        if self._has_late is not None and self._has_late.read():
+            self.recaller.token_encoder.encode_query(WARM_QUERY)
 
     @boundary
     def plan(self, query: str, *, user: str, config: RetrievalConfig, alone: bool = False, resolve: bool = True,

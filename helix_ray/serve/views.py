@@ -33,6 +33,7 @@ from helix_ray.config import RetrievalConfig
 from helix_ray.errors import StoreError
 from helix_ray.recall import scope as scope_mod
 from helix_ray.recall.pipeline import Recaller
+from helix_ray.recall.warm import ROLE_FILES, read_through
 from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, SegmentCache
 from helix_ray.serve.delta_format import current_delta_version, delta_dir
 from helix_ray.store.generation import Generation, current_generation_number
@@ -72,8 +73,10 @@ class GenerationView:
         return np.array(sorted(r for r in rows if r >= 0), dtype=np.int64)
 
     def warm(self, role: str) -> None:
-        """Touch what ``role`` reads on every request, so the first request does not pay."""
+        """Build what ``role`` reads on every request and read its files into the page
+        cache, so the first request does not pay for either."""
         gen = self.generation
+        read_through(gen.path, ROLE_FILES[role])
         _ = gen.memories, gen.vectors, gen.binary, gen.scope_columns  # the legs' and the ranker's filters
         if role in ("bm25", "all"):
             _ = gen.bm25
