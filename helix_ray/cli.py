@@ -6,6 +6,9 @@
     helix stats --store DIR [--json]
     helix quarantine --store DIR [--reason CODE] [--limit N] [--json]      the records an ingest rejected
     helix doctor --store DIR      check a store's folder, database, generation, files and keys
+    helix backup --store DIR OUT      a checked copy of a store (not while `helix serve` holds it)
+    helix restore BACKUP DIR      a backup back into a new folder
+    helix forget-user --store DIR USER [--compact]      delete every memory, key and trace of a user
     helix eval {locomo,beir,longmemeval,repo} --data PATH [--systems LIST] [--adapt-on SPLIT] [--json OUT]
     helix adapt --store DIR (--pairs FILE.jsonl | --from-feedback) [--ridge R] | --remove      fit the query adapter
     helix demo [--store DIR] [--in-process]      ingest the shipped sample set and answer a query
@@ -51,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     _stats_arguments(sub)
     _quarantine_arguments(sub)
     _doctor_arguments(sub)
+    _backup_arguments(sub)
     _eval_arguments(sub)
     _adapt_arguments(sub)
     _compact_arguments(sub)
@@ -121,6 +125,25 @@ def _doctor_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     s = sub.add_parser("doctor", help="check a store (folder, DuckDB, CURRENT, manifest, files, keys) and say how "
                                       "to fix what is wrong; exits 1 if anything is")
     s.add_argument("--store", required=True)
+
+
+def _backup_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix backup``, ``helix restore``, ``helix forget-user``: a store as a whole."""
+    s = sub.add_parser("backup", help="copy a store (current generation, database, delta, inbox, keys, adapter) "
+                                      "into a new folder, with a manifest of sizes and checksums")
+    s.add_argument("--store", required=True)
+    s.add_argument("out", help="the backup folder (new, or empty)")
+    s = sub.add_parser("restore", help="restore a backup into a new folder, after checking it against its manifest")
+    s.add_argument("backup", help="a folder `helix backup` wrote")
+    s.add_argument("store", help="the store folder to create (new, or empty)")
+    s = sub.add_parser("forget-user", help="delete every memory, chunk, expansion, entity, edge, access, feedback "
+                                           "and key of a user from a store (not while `helix serve` holds it)")
+    s.add_argument("--store", required=True)
+    s.add_argument("user", help="the user id (as in --user of recall, or a record's user)")
+    s.add_argument("--compact", action="store_true",
+                   help="also publish a generation without the user's rows now, and delete the older generations "
+                        "and delta snapshots that hold them (else the next compaction or ingest leaves them out)")
+    s.add_argument("--json", action="store_true")
 
 
 def _eval_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -268,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": cli_serve.demo,
                 "adapt": cli_adapt.adapt, "serve": cli_serve.serve, "keys": _keys, "compact": _compact,
-                "quarantine": cli_store.quarantine, "doctor": cli_store.doctor, "mcp": _mcp}[args.command](args)
+                "quarantine": cli_store.quarantine, "doctor": cli_store.doctor, "mcp": _mcp,
+                "backup": cli_store.backup, "restore": cli_store.restore,
+                "forget-user": cli_store.forget_user}[args.command](args)
     except Exception as exc:  # noqa: BLE001 - the CLI prints a sentence, not a traceback
         from helix_ray.errors import HelixError, InvalidArgument
 

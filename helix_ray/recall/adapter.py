@@ -42,6 +42,8 @@ class QueryAdapter:
     ridge: float
     pairs: int
     created_at: str = ""
+    #: The users whose queries it was fitted on (None: not recorded, an older file).
+    users: tuple[str, ...] | None = None
 
     def apply(self, vector: np.ndarray) -> np.ndarray:
         """``unit(vector @ W)`` for one vector or a matrix of row vectors."""
@@ -54,7 +56,8 @@ class QueryAdapter:
         path = Path(store) / ADAPTER_FILE
         tmp = path.with_name(f".{ADAPTER_FILE}.{os.getpid()}.tmp")
         meta = {"embedder": self.embedder, "ridge": self.ridge, "pairs": self.pairs,
-                "created_at": self.created_at or dt.datetime.now(dt.timezone.utc).isoformat()}
+                "created_at": self.created_at or dt.datetime.now(dt.timezone.utc).isoformat(),
+                "users": None if self.users is None else list(self.users)}
         with open(tmp, "wb") as fh:
             np.savez(fh, matrix=self.matrix.astype(np.float32), meta=np.array(json.dumps(meta)))
             fh.flush()
@@ -82,7 +85,28 @@ def load(store: str | Path, *, expect_embedder: str, expect_dim: int) -> QueryAd
             f"{matrix.shape[0]}-d vectors; this store's embedder is {expect_embedder!r} ({expect_dim}-d). "
             "Fit it again with `helix adapt --store DIR --pairs FILE`, or delete the file."
         )
-    return QueryAdapter(matrix, meta["embedder"], float(meta["ridge"]), int(meta["pairs"]), meta.get("created_at", ""))
+    users = meta.get("users")
+    return QueryAdapter(matrix, meta["embedder"], float(meta["ridge"]), int(meta["pairs"]), meta.get("created_at", ""),
+                        None if users is None else tuple(users))
+
+
+def forget_user(store: str | Path, user: str) -> bool:
+    """Remove the store's adapter if it was fitted on ``user``'s queries, or on those of
+    users it does not record (a file written before it did); True if it was removed.
+    A fitted map cannot unlearn one user's pairs: fit it again on what feedback is left
+    (`helix adapt --from-feedback`)."""
+    path = Path(store) / ADAPTER_FILE
+    if not path.is_file():
+        return False
+    try:
+        with np.load(path) as data:
+            users = json.loads(str(data["meta"])).get("users")
+    except (OSError, KeyError, ValueError):
+        users = None
+    if users is not None and user not in users:
+        return False
+    path.unlink()
+    return True
 
 
 def watch(store: str | Path, embedder: str) -> Pointer:
@@ -231,6 +255,7 @@ def fit_pairs_across(parts: Sequence[tuple[Any, Sequence[dict]]], embedder, *, r
     questions about conversations); each query is scored against its own store, and
     cross-validation leaves one store out at a time."""
     used, n_pairs, skipped_pairs, skipped_ids = [], 0, 0, 0
+    users: set[str] = set()
     part_of: list[int] = []
     for part, (generation, pairs) in enumerate(parts):
         n_pairs += len(pairs)
@@ -244,6 +269,7 @@ def fit_pairs_across(parts: Sequence[tuple[Any, Sequence[dict]]], embedder, *, r
             skipped_ids += len(set(ids)) - len(gold)
             if gold:
                 used.append((generation, query, span, gold))
+                users.add(user)
                 part_of.append(part)
             else:
                 skipped_pairs += 1
@@ -269,7 +295,7 @@ def fit_pairs_across(parts: Sequence[tuple[Any, Sequence[dict]]], embedder, *, r
                                  groups=part_of if len(set(part_of)) > 1 else None)
     gain = ranks[f"ridge={chosen:g}"] - ranks["identity"]
     stderr = float(gain.std(ddof=1) / np.sqrt(len(gain))) if len(gain) > 1 else float("inf")
-    adapter = QueryAdapter(fit(queries, targets, chosen), embedder.name, chosen, len(used))
+    adapter = QueryAdapter(fit(queries, targets, chosen), embedder.name, chosen, len(used), users=tuple(sorted(users)))
     report = {"queries": len(used), "pairs": n_pairs, "skipped_queries": skipped_pairs,
               "skipped_ids": skipped_ids, "ridge": chosen,
               "cv_mrr@10": {k: round(float(v.mean()), 4) for k, v in ranks.items()},

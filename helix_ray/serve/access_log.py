@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from helix_ray.serve.delta_format import write_text_atomic
+from helix_ray.store.pointer import write_text_atomic
 
 
 def accesses_path(store: Path) -> Path:

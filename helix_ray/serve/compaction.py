@@ -37,9 +37,12 @@ KEEP_FOLDED = 50
 COMPACTION_PREFIX = "compact-"
 
 
-def compact(core: WriterCore) -> dict[str, Any]:
+def compact(core: WriterCore, *, rebuild: bool = False) -> dict[str, Any]:
     """Fold the live delta (and the deletions since the last compaction) into the
-    next generation with the ingest pipeline; return what happened.
+    next generation with the ingest pipeline; return what happened. ``rebuild``: run
+    the pipeline even when the delta holds nothing, so that rows the database no
+    longer lists (a forgotten user's, :mod:`helix_ray.store.erase`) leave the
+    generation.
 
     The pipeline runs on a snapshot, outside the writer's lock: writes, PATCHes,
     DELETEs, accesses and stats go on while it builds (it rebuilds every index). What
@@ -53,7 +56,7 @@ def compact(core: WriterCore) -> dict[str, Any]:
             core._mark_open_deletes()
             pending = [e for e in core.entries.values() if e["folded_into"] == NOT_FOLDED]
             open_tombstones = [t for t in core.tombstones.values() if t.applies_below is None]
-            if not pending and not open_tombstones:
+            if not pending and not open_tombstones and not rebuild:
                 core.last_compaction = {"published": False, "reason": "nothing to compact",
                                         "generation": core.generation}
                 return core.last_compaction

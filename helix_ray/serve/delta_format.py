@@ -106,17 +106,6 @@ def _write_arrow(path: Path, table: pa.Table) -> None:
     os.replace(tmp, path)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` whole: written aside, fsynced, renamed in (a reader
-    sees the old file or the new one, never a part)."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def write_segment(store: Path, table: pa.Table) -> str:
     """A new immutable segment file of :func:`delta_schema` rows; returns its name. It
     is not part of any snapshot until a manifest lists it (:func:`publish_manifest`)."""
@@ -161,6 +150,12 @@ def publish_manifest(store: Path, version: int, segments: Sequence[str], *, dead
 _LISTED: dict[Path, list[str]] = {}
 #: A temporary file older than this (seconds) is left over from a writer that crashed.
 _STALE_TMP_S = 300.0
+
+
+def drop_history(store: Path) -> None:
+    """Delete every snapshot but the newest, and the segments only those listed: after
+    a user is forgotten, older snapshots would still list their writes."""
+    _prune(delta_dir(store), keep=1)
 
 
 def _prune(folder: Path, keep: int) -> None:

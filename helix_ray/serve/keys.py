@@ -143,6 +143,18 @@ class KeyStore:
         self._stat = None
         return key, record
 
+    def forget(self, user: str) -> int:
+        """Remove every key of ``user`` from the file (revoked ones too: a record names
+        its user); return how many went."""
+        if not self.path.exists():
+            return 0
+        with self._locked() as data:
+            before = len(data["keys"])
+            data["keys"] = [k for k in data["keys"] if k["user"] != user]
+            removed = before - len(data["keys"])
+        self._stat = None
+        return removed
+
     def revoke(self, key_id: str) -> KeyRecord:
         with self._locked() as data:
             for k in data["keys"]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from helix_ray.config import deep_merge
 from helix_ray.serve.api import check_settings
-from helix_ray.serve.delta_format import write_text_atomic
+from helix_ray.store.pointer import write_text_atomic
 
 SETTINGS_FILE = "serve-settings.json"
 

@@ -369,11 +369,11 @@ class WriterCore:
             return sum(1 for e in self.entries.values()
                        if e["folded_into"] == NOT_FOLDED and e["seq"] not in self.unfoldable)
 
-    def compact(self) -> dict[str, Any]:
+    def compact(self, *, rebuild: bool = False) -> dict[str, Any]:
         """Fold the live delta (and the deletions since the last compaction) into the
         next generation with the ingest pipeline; return what happened
-        (:func:`compaction.compact`)."""
-        return compaction.compact(self)
+        (:func:`compaction.compact`; ``rebuild``: even when the delta is empty)."""
+        return compaction.compact(self, rebuild=rebuild)
 
     # ---------------------------------------------------------------- settings
     def patch_settings(self, patch: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:

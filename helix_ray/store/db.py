@@ -5,7 +5,8 @@ from the previous generation), ``expansions`` (doc2query), ``entities`` and ``ed
 (the typed graph, as rows), ``quarantine`` (rejected records with their reason and
 position: nothing is lost), ``duplicates`` (dropped → kept links), ``access_log``
 (recall hits, folded into ``last_accessed_at`` / ``access_count`` at the next
-generation) and ``ingest_runs``.
+generation), ``erased`` (ids of forgotten users' memories, :mod:`helix_ray.store.erase`)
+and ``ingest_runs``.
 
 DuckDB allows one writer process or many readers, not both: exactly one process opens
 the file read-write (the ingest driver, a :class:`helix_ray.Memory`, or the Serve writer
@@ -44,6 +45,7 @@ CREATE TABLE IF NOT EXISTS quarantine (
 CREATE TABLE IF NOT EXISTS duplicates (dropped_id VARCHAR, kept_id VARCHAR, jaccard REAL, ingest_run VARCHAR);
 CREATE TABLE IF NOT EXISTS access_log (id VARCHAR, "user" VARCHAR, accessed_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS feedback ("user" VARCHAR, query VARCHAR, memory_id VARCHAR, given_at TIMESTAMPTZ);
+CREATE TABLE IF NOT EXISTS erased (id VARCHAR);
 CREATE TABLE IF NOT EXISTS recorded_generations (generation INTEGER, ingest_run VARCHAR);
 CREATE TABLE IF NOT EXISTS ingest_runs (
     run_id VARCHAR PRIMARY KEY, started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, sources VARCHAR,
@@ -55,6 +57,23 @@ MEMORY_COLUMNS = (
     "id, text, type, \"user\", project, session_id, created_at, last_accessed_at, access_count, "
     "salience, confidence, pinned, source, metadata, content_hash, n_tokens"
 )
+
+
+def sql_path(path: Path) -> str:
+    """``path`` as a quoted SQL string literal (for ``ATTACH``)."""
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+def copy_database(con: Any, source: str, target: Path) -> None:
+    """Copy the database ``con`` has attached as ``source`` into the new file ``target``
+    with DuckDB's ``COPY FROM DATABASE``: committed rows only (a write-ahead log's
+    included), tables in their row order, so ``rowid`` positions stay; freed blocks of
+    the source, which may hold deleted rows' bytes, are not copied."""
+    con.execute(f"ATTACH {sql_path(target)} AS copy_target")
+    try:
+        con.execute(f"COPY FROM DATABASE {source} TO copy_target")
+    finally:
+        con.execute("DETACH copy_target")
 
 
 class StoreDB:
@@ -222,19 +241,24 @@ class StoreDB:
     def deleted_ids(self) -> set[str]:
         """Every memory marked deleted — also one dropped as a duplicate once, then written
         again and deleted (:meth:`known_hashes` counts a dropped one as not deleted, so
-        compaction needs this list to leave such a memory out of later generations)."""
-        return {row[0] for row in self.con.execute("SELECT id FROM memories WHERE deleted").fetchall()}
+        compaction needs this list to leave such a memory out of later generations) — and
+        every memory of a forgotten user (``erased``; one written again since is not)."""
+        return {row[0] for row in self.con.execute(
+            "SELECT id FROM memories WHERE deleted UNION "
+            "SELECT id FROM erased WHERE id NOT IN (SELECT id FROM memories)").fetchall()}
 
     def access_summary(self, after: int = 0) -> tuple[dict[str, tuple[dt.datetime, int]], int]:
         """Per memory id, its latest access and how many there were, over the access-log
         rows from position ``after`` on (those a previous generation has not folded
         yet), and the position the next fold starts from. The log is append-only, so a
-        position (``rowid``) names the same access for good."""
+        position (``rowid``) names the same access for good: a forgotten user's rows are
+        blanked (id null), not deleted."""
         # Times leave DuckDB as epoch microseconds: its TIMESTAMPTZ → Python path needs pytz.
         upto = self.row("SELECT coalesce(max(rowid) + 1, 0) FROM access_log")
         end = int(upto[0]) if upto is not None else 0
         rows = self.con.execute("SELECT id, epoch_us(max(accessed_at)), count(*) FROM access_log "
-                                "WHERE rowid >= ? AND rowid < ? GROUP BY id", [int(after), end]).fetchall()
+                                "WHERE rowid >= ? AND rowid < ? AND id IS NOT NULL GROUP BY id",
+                                [int(after), end]).fetchall()
         utc = dt.timezone.utc
         return {i: (dt.datetime.fromtimestamp(t / 1e6, tz=utc), c) for i, t, c in rows}, max(end, int(after))
 

@@ -113,8 +113,8 @@ class Generation:
             problems.append(f"dimension {dim!r} (expected {expect_dim})")
         if problems:
             raise ManifestMismatch(
-                f"Cannot open generation {self.path}: found " + "; ".join(problems)
-                + ". Re-ingest with this version and embedder, or open it with the matching ones."
+                f"Cannot open generation {self.path}: found " + "; ".join(problems) + ". "
+                + _version_remedy(m.get("format_version"))
             )
         self.number: int = m["generation"]
         self.partitions: dict[str, tuple[int, int]] = {
@@ -230,6 +230,20 @@ class Generation:
             index = hnsw.open_view(self.path / self._partition_files[user])
             self._dense[user] = index
         return index
+
+
+def _version_remedy(found: Any) -> str:
+    """How to open a generation whose manifest this Helix refused, by its format
+    version: a newer one needs a newer Helix; an older one is not converted in place by
+    any command, its sources go into a new store."""
+    if isinstance(found, int) and found > FORMAT_VERSION:
+        return (f"Format {found} was written by a newer Helix: upgrade this one (`pip install -U helix-ray`, or "
+                "update the checkout) to open it; no command converts a generation to an older format.")
+    if isinstance(found, int) and found < FORMAT_VERSION:
+        return (f"Format {found} was written by an older Helix, and no command converts a generation in place: "
+                "ingest the sources again into a new store (`helix ingest SOURCE --store NEWDIR`), or serve this "
+                "one with the Helix version that wrote it.")
+    return "Re-ingest with this version and embedder, or open it with the matching ones."
 
 
 @dataclass

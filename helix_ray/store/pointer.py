@@ -1,11 +1,24 @@
-"""A small file re-read only when it changed: store pointers (``CURRENT``), the live
-settings, the query adapter. Shared by Serve's replicas and :class:`helix_ray.Memory`."""
+"""Small files of a store: re-read only when they changed (:class:`Pointer`: store
+pointers such as ``CURRENT``, the live settings, the query adapter; shared by Serve's
+replicas and :class:`helix_ray.Memory`), and replaced whole (:func:`write_text_atomic`)."""
 
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 from typing import Any, Callable
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` whole: written aside, fsynced, renamed in (a reader
+    sees the old file or the new one, never a part)."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
 
 
 class Pointer:

@@ -1,0 +1,152 @@
+"""Forgetting a user: every row of theirs leaves the store's database at once.
+
+:func:`forget_user` deletes, in one transaction, the user's memories (chunks
+included: a chunk is a memory of its own), their doc2query expansions, entities and
+the edges that touch either, duplicate links, feedback, quarantined records that name
+the user, and the online writes' log (``serve_log``); access-log rows are blanked, not
+deleted, because a generation records how far into the log it has folded by row
+position. The ingest-ready copies of online writes in ``inbox/`` lose the user's
+lines. The database file is then rewritten into a fresh one (:func:`rewrite_database`):
+DuckDB reuses freed blocks but does not wipe them, so deleted text stays readable in
+the file until it is.
+
+What the user's rows in the served generation become is the next compaction's work:
+the ids are kept in ``erased`` (ids only) so that no later generation carries those
+rows over, and a generation built after this holds none of them. API keys live in
+``keys.json`` (:meth:`helix_ray.serve.keys.KeyStore.forget`) and the query adapter in
+``query_adapter.npz`` (:func:`helix_ray.recall.adapter.forget_user`); the caller
+removes those too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from helix_ray.errors import InvalidArgument, StoreError
+from helix_ray.store.db import DB_FILE, StoreDB, copy_database, sql_path
+from helix_ray.store.pointer import write_text_atomic
+
+#: Tables whose rows name the user in a ``"user"`` column, besides ``memories``.
+USER_TABLES = ("entities", "feedback", "serve_log")
+
+
+def forget_user(store: str | Path, user: str, *, db: StoreDB | None = None) -> dict[str, int]:
+    """Delete every row of ``user`` from ``store``'s database in one transaction, and
+    their lines from the inbox files; return how many of each went.
+
+    ``db``: the store's open writer (a serving Writer holds the file). Without it this
+    opens the database, and afterwards rewrites the file so no freed block keeps a
+    deleted row's bytes; with it, the caller closes its connection and calls
+    :func:`rewrite_database` before opening it again."""
+    if not isinstance(user, str) or not user.strip():
+        raise InvalidArgument("user", user, "it must be a non-empty user id")
+    store = Path(store)
+    if not (store / DB_FILE).is_file():
+        raise FileNotFoundError(f"Store {store} holds no {DB_FILE}: it is not a Helix store; check --store.")
+    own = db is None
+    if db is None:
+        try:
+            db = StoreDB(store)
+        except StoreError:
+            raise StoreError(
+                f"Cannot forget user {user!r} in {store}: another process holds its database (a `helix serve` or an "
+                "ingest), and DuckDB lets one process write it. Stop the server (its writes are durable in the "
+                "database) or wait for the ingest, run this again, then start the server again.") from None
+    try:
+        counts = _delete_rows(db, user)
+    finally:
+        if own:
+            db.close()
+    counts["inbox_lines"] = _scrub_inbox(store, user)
+    if own:
+        rewrite_database(store)
+    return counts
+
+
+def _delete_rows(db: StoreDB, user: str) -> dict[str, int]:
+    con = db.con
+    tables = {row[0] for row in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    con.begin()
+    try:
+        con.execute('CREATE TEMP TABLE forgotten AS SELECT id FROM memories WHERE "user" = ?'
+                    + (' UNION SELECT id FROM serve_log WHERE "user" = ?' if "serve_log" in tables else ""),
+                    [user, user] if "serve_log" in tables else [user])
+        prefix = user + "|"  # an entity's node name in ``edges``
+        statements: dict[str, tuple[str, list[Any]]] = {
+            "expansions": ("DELETE FROM expansions WHERE id IN (SELECT id FROM forgotten)", []),
+            "edges": ("DELETE FROM edges WHERE src IN (SELECT id FROM forgotten) OR dst IN (SELECT id FROM forgotten) "
+                      "OR starts_with(src, ?) OR starts_with(dst, ?)", [prefix, prefix]),
+            "duplicates": ("DELETE FROM duplicates WHERE dropped_id IN (SELECT id FROM forgotten) "
+                           "OR kept_id IN (SELECT id FROM forgotten)", []),
+            "access_log": ('UPDATE access_log SET id = NULL, "user" = NULL '
+                           'WHERE "user" = ? OR id IN (SELECT id FROM forgotten)', [user]),
+            "feedback": ('DELETE FROM feedback WHERE "user" = ? OR memory_id IN (SELECT id FROM forgotten)', [user]),
+            "quarantine": ("DELETE FROM quarantine WHERE try(json_extract_string(raw, '$.user')) = ?", [user]),
+            **{t: (f'DELETE FROM {t} WHERE "user" = ?', [user]) for t in USER_TABLES if t in tables},
+            "memories": ('DELETE FROM memories WHERE "user" = ?', [user]),
+        }
+        counts = {"ids": _one(db, "SELECT count(*) FROM forgotten")}
+        con.execute("INSERT INTO erased SELECT id FROM forgotten WHERE id NOT IN (SELECT id FROM erased)")
+        for table, (sql, params) in statements.items():
+            counts[table] = _one(db, sql, params)
+        con.execute("DROP TABLE forgotten")
+        con.commit()
+    except BaseException:
+        con.rollback()
+        raise
+    return counts
+
+
+def _one(db: StoreDB, sql: str, params: list[Any] | None = None) -> int:
+    """A statement's row count (DuckDB returns it as the result of a DELETE/UPDATE)."""
+    row = db.row(sql, params)
+    return int(row[0]) if row is not None else 0
+
+
+def rewrite_database(store: str | Path) -> None:
+    """Copy the store's database into a fresh file and put that in its place: only live
+    rows are copied, so the old file's freed blocks (deleted rows' bytes) go with it. The
+    file must be closed by every process (DuckDB then lets this one open it)."""
+    import duckdb
+
+    path = Path(store) / DB_FILE
+    fresh = path.with_name(f".{DB_FILE}.{uuid.uuid4().hex[:8]}")
+    con = duckdb.connect()
+    try:
+        con.execute(f"ATTACH {sql_path(path)} AS old")
+        con.execute("CHECKPOINT old")  # no write-ahead log left to replay onto the new file
+        copy_database(con, "old", fresh)
+        con.execute("DETACH old")
+        os.replace(fresh, path)
+    except BaseException:
+        fresh.unlink(missing_ok=True)
+        raise
+    finally:
+        con.close()
+
+
+def _scrub_inbox(store: Path, user: str) -> int:
+    """Remove ``user``'s records from the JSONL files under ``inbox/`` (each rewritten
+    and renamed into place); return how many lines went."""
+    removed = 0
+    inbox = store / "inbox"
+    for path in sorted(inbox.rglob("*.jsonl")) if inbox.is_dir() else []:
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if _user_of(line) != user]
+        if len(kept) == len(lines):
+            continue
+        removed += len(lines) - len(kept)
+        write_text_atomic(path, "".join(kept))
+    return removed
+
+
+def _user_of(line: str) -> Any:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record.get("user") if isinstance(record, dict) else None
