@@ -327,7 +327,7 @@ def store_nn_cosine(store: Path, seed: int) -> dict[str, float]:
     vectors = gen.vectors
     sample = np.random.default_rng(seed + 1).choice(len(vectors), 500, replace=False)
     t0 = time.perf_counter()
-    nn = dist(top1_cosine(np.asarray(vectors), np.sort(sample)))
+    nn = dist(top1_cosine(np.asarray(vectors, dtype=np.float32), np.sort(sample)))
     log(f"top-1 NN cosine over 500 sampled memories: {nn} ({time.perf_counter() - t0:.0f}s)")
     del gen, vectors
     gc.collect()

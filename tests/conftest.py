@@ -43,11 +43,11 @@ def tenant_store(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
 @pytest.fixture(scope="session")
 def tenant_memory(tenant_store):
     """A read-side :class:`helix_ray.Memory` over :func:`tenant_store` (no access log, so
-    recalls do not change later rankings)."""
+    recalls do not change later rankings) and no warm-up (tests count the stages' calls)."""
     from helix_ray.memory import Memory
 
     store, _ = tenant_store
-    mem = Memory(store, record_access=False)
+    mem = Memory(store, record_access=False, warm=False)
     yield mem
     mem.close()
 
@@ -65,7 +65,7 @@ def atlas_memory(tmp_path_factory):
     report = ingest([SAMPLES / "memories.jsonl", SAMPLES / "notes", SAMPLES / "transcript.jsonl"], store,
                     runner="local", show_progress=False)
     assert report.published, report
-    mem = Memory(store, record_access=False)
+    mem = Memory(store, record_access=False, warm=False)
     yield mem
     mem.close()
 

@@ -125,7 +125,7 @@ def test_a_carried_hnsw_index_holds_every_row_under_its_new_number(tmp_path):
     assert gen.manifest["carry"]["dense_removed"] == {"dana": 1}
     index = gen.dense_index("dana")
     assert len(index) == end - start
-    int8 = quantize_int8(np.asarray(gen.vectors))
+    int8 = quantize_int8(np.asarray(gen.vectors, dtype=np.float32))
     rows = np.arange(start, end)
     np.testing.assert_array_equal(index.get(rows.astype(np.uint64)), int8[start:end])
     found = index.search(int8[start:end], 1)

@@ -142,7 +142,7 @@ def _manifest_version(store: Path) -> None:
 
 
 @pytest.mark.parametrize("damage, name, says", [
-    (lambda s: _truncate(s / "generations" / "000001" / "vectors.f32.npy"), "files", "vectors.f32.npy does not read"),
+    (lambda s: _truncate(s / "generations" / "000001" / "vectors.f16.npy"), "files", "vectors.f16.npy does not read"),
     (lambda s: (s / "generations" / "000001" / "graph" / "types.npy").unlink(), "files", "graph/types.npy is missing"),
     (lambda s: _shorten(s / "generations" / "000001" / "minhash.npy"), "files",
      "minhash.npy has 10 rows; the manifest implies 204"),

@@ -639,3 +639,30 @@ def test_budget_left_over_widens_a_chunk_with_its_neighbours(chunked_memory):
     assert "Phase 6 moves tenant group 19" in b.text and "Phase 6 moves tenant group 19" not in a.text
     assert b.text.count("never skip it.") == 1 and b.text.count("Phase 6 moves tenant group 19 ") <= 1
     assert b.n_tokens <= 4000 and wide.total_tokens == b.n_tokens + RetrievalConfig().pack.separator_tokens
+
+
+def test_vectors_are_stored_as_float16_and_a_float32_generation_still_ranks_the_same(tenant_store, tmp_path):
+    """A generation keeps its sentence vectors as float16; one written by an earlier
+    version (float32 ``vectors.f32.npy``) opens and ranks identically."""
+    import shutil
+
+    from helix_ray.memory import Memory
+    from helix_ray.store.doctor import check_store
+    from helix_ray.store.generation import Generation
+
+    store = tmp_path / "store"
+    shutil.copytree(tenant_store[0], store)
+    folder = Generation.open_current(store).path
+    assert Generation.open_current(store).vectors.dtype == np.float16
+    queries = ["deploy rollback", "the flaky test in CI", "which port does the gateway use"]
+
+    def ranked() -> list[list[tuple[str, float]]]:
+        with Memory(store, record_access=False, warm=False) as mem:
+            return [[(i.id, round(i.score, 6)) for i in mem.recall(q, user="alice").items] for q in queries]
+
+    as_float16 = ranked()
+    np.save(folder / "vectors.f32.npy", np.load(folder / "vectors.f16.npy").astype(np.float32))
+    (folder / "vectors.f16.npy").unlink()
+    assert Generation.open_current(store).vectors.dtype == np.float32
+    assert ranked() == as_float16 and any(as_float16)
+    assert all(c.ok for c in check_store(store)), [c for c in check_store(store) if not c.ok]

@@ -138,14 +138,14 @@ def test_restore_refuses_a_damaged_backup_and_a_folder_in_use(store, tmp_path, c
     assert "exists and is not an empty folder" in capsys.readouterr().err
     assert main(["backup", "--store", str(store), str(occupied)]) == 2
     capsys.readouterr()
-    vectors = tmp_path / "backup" / "generations" / "000001" / "vectors.f32.npy"
+    vectors = tmp_path / "backup" / "generations" / "000001" / "vectors.f16.npy"
     data = bytearray(vectors.read_bytes())
     data[-1] ^= 0xFF
     vectors.unlink()  # a hard link to the store's file: replace it, do not write through it
     vectors.write_bytes(bytes(data))
     assert main(["restore", str(tmp_path / "backup"), str(tmp_path / "restored")]) == 2
     err = capsys.readouterr().err
-    assert "vectors.f32.npy does not match its SHA-256" in err and "Nothing was restored" in err
+    assert "vectors.f16.npy does not match its SHA-256" in err and "Nothing was restored" in err
     assert not (tmp_path / "restored").exists()
 
 

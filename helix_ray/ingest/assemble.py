@@ -67,7 +67,9 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig) -> tuple[Generat
     table = pa.concat_tables([old_table, new_table])
     old_vectors = np.asarray(previous.vectors[previous_rows]) if previous is not None and keep_old \
         else np.zeros((0, DIM), np.float32)
-    vectors = np.concatenate([old_vectors, new_cols["vector"]]).astype(np.float32)
+    # The values the generation stores (float16): the kNN, graph and indexes built from them
+    # are the ones the next ingest carries over for these rows.
+    vectors = np.concatenate([old_vectors, new_cols["vector"]]).astype(np.float16).astype(np.float32)
     sigs = rows.sigs
     minhash = np.concatenate([sigs[keep_old], sigs[[rows.n_old + i for i in rows.keep_new]]]) if len(sigs) else sigs
     old_texts = old_table.column("text").to_pylist()

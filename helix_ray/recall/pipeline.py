@@ -496,7 +496,7 @@ def _late_interaction(plan: Plan, found: Candidates, gen: Any, wants_late: bool,
                       flags: dict[str, Any]) -> None:
     """The candidates' sentence vectors and their cosine with the query; with the
     query's tokens and the generation's, MaxSim (ColBERT late interaction) too."""
-    found.vectors = _gather(gen.vectors, found.rows)
+    found.vectors = _gather(gen.vectors, found.rows).astype(np.float32, copy=False)  # stored as float16
     found.cosine = found.vectors @ plan.query_vector
     if plan.context:
         weights = np.array([t.weight for t in plan.context])

@@ -51,9 +51,10 @@ def warm_recaller(recaller: Any, user: str | None = None) -> bool:
 #: What each serving role reads of a generation (top-level names; "all": the whole
 #: query path). ``knn/`` and ``mentions.arrow`` are read by the next ingest only.
 ROLE_FILES: dict[str, tuple[str, ...]] = {
-    "dense": ("vectors.f32.npy", "binary.npy", "dense"),
+    "dense": ("vectors.f16.npy", "vectors.f32.npy", "binary.npy", "dense"),
     "bm25": ("bm25",),
-    "ranker": ("memories.arrow", "vectors.f32.npy", "minhash.npy", "graph", "entities.arrow", "late"),
+    "ranker": ("memories.arrow", "vectors.f16.npy", "vectors.f32.npy", "minhash.npy", "graph", "entities.arrow",
+               "late"),
 }
 ROLE_FILES["all"] = tuple(dict.fromkeys(name for names in ROLE_FILES.values() for name in names))
 

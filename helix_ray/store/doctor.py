@@ -20,7 +20,7 @@ from helix_ray.config import EmbedderConfig
 from helix_ray.embedder import DIM
 from helix_ray.errors import StoreError
 from helix_ray.store.db import DB_FILE
-from helix_ray.store.generation import Generation, current_generation_number, generations_dir
+from helix_ray.store.generation import Generation, current_generation_number, generations_dir, vector_file
 
 #: What to do with a generation whose files are missing or damaged. Not "point CURRENT
 #: back": the next ingest rolls forward to the newest generation the database records.
@@ -151,7 +151,7 @@ def _expected_files(generation: Generation) -> dict[str, int | None]:
     only that it exists and reads)."""
     m, n = generation.manifest, generation.size
     entities = int(m["counts"]["entities"])
-    files: dict[str, int | None] = {"memories.arrow": n, "vectors.f32.npy": n, "binary.npy": n, "minhash.npy": n,
+    files: dict[str, int | None] = {"memories.arrow": n, vector_file(generation.path): n, "binary.npy": n, "minhash.npy": n,
                                     "entities.arrow": entities, "graph/indptr.npy": n + entities + 1}
     files.update({f"graph/{name}.npy": None for name in ("indices", "weights", "types")})
     files.update({f"bm25/{name}": None for name in ("params.index.json", "vocab.index.json", "data.csc.index.npy",

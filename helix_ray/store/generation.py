@@ -10,7 +10,9 @@ A store folder holds ``helix.duckdb`` (see :mod:`helix_ray.store.db`) and
 ``memories.arrow``               :data:`GENERATION_SCHEMA` rows, Arrow IPC; the row
                                  number is the memory's internal id. Rows are
                                  grouped by user: a tenant is one contiguous range
-``vectors.f32.npy``              float32 embeddings (N × dim), for rescoring
+``vectors.f16.npy``              float16 embeddings (N × dim), for rescoring and
+                                 ranking (``vectors.f32.npy``, float32, in
+                                 generations written by earlier versions)
 ``binary.npy``                   sign bits (N × dim/8), for the first-pass scan
 ``dense/p<k>.usearch``           HNSW over int8 vectors, one per tenant partition
 ``bm25/``                        bm25s index over text + doc2query expansions, and
@@ -72,6 +74,21 @@ ACCESS_WATERMARK = "access_log_folded"
 
 def generations_dir(store: Path) -> Path:
     return store / "generations"
+
+
+#: The sentence vectors' file: float16 holds half of float32's bytes and ranks as float32
+#: does (nDCG@10 and Recall@10 equal to the third decimal on LoCoMo and SciFact,
+#: docs/benchmarks.md); ``vectors.f32.npy`` is what earlier versions wrote.
+VECTORS_FILE = "vectors.f16.npy"
+_VECTOR_FILES = (VECTORS_FILE, "vectors.f32.npy")
+
+
+def vector_file(folder: Path) -> str:
+    """The name of the sentence vectors' file in generation ``folder``."""
+    for name in _VECTOR_FILES:
+        if (folder / name).is_file():
+            return name
+    return VECTORS_FILE  # neither: the reader's error names the current one
 
 
 def current_generation_number(store: Path) -> int | None:
@@ -159,7 +176,9 @@ class Generation:
 
     @cached_property
     def vectors(self) -> np.ndarray:
-        return np.load(self.path / "vectors.f32.npy", mmap_mode="r")
+        """The sentence vectors, memory-mapped: float16 (or float32 in an older generation);
+        a reader that multiplies many of them converts the rows it took to float32."""
+        return np.load(self.path / vector_file(self.path), mmap_mode="r")
 
     @cached_property
     def binary(self) -> np.ndarray:

@@ -35,6 +35,7 @@ from helix_ray.store.generation import (
     FORMAT,
     FORMAT_VERSION,
     SCHEMA_HASH,
+    VECTORS_FILE,
     current_generation_number,
     generations_dir,
 )
@@ -201,14 +202,15 @@ def _next_number(store: Path) -> tuple[int, int]:
 
 
 def _write_rows(staging: _Staging, table: pa.Table, data: GenerationData) -> np.ndarray:
-    """``memories.arrow``, the float32 vectors, their sign-bit codes and the MinHash
-    signatures; returns the vectors as written (contiguous float32)."""
+    """``memories.arrow``, the vectors (float16), their sign-bit codes and the MinHash
+    signatures; returns the vectors given, as contiguous float32 (the indexes are built
+    from them)."""
     tmp = staging.folder
     _save_arrow(tmp / "memories.arrow", table)
     staging.done(tmp / "memories.arrow")
     vectors = np.ascontiguousarray(data.vectors, dtype=np.float32)
-    _save_npy(tmp / "vectors.f32.npy", vectors)
-    staging.done(tmp / "vectors.f32.npy")
+    _save_npy(tmp / VECTORS_FILE, vectors.astype(np.float16))
+    staging.done(tmp / VECTORS_FILE)
     _save_npy(tmp / "binary.npy", binary_codes(vectors))
     staging.done(tmp / "binary.npy")
     _save_npy(tmp / "minhash.npy", data.minhash.astype(np.uint32))
