@@ -42,5 +42,18 @@ class ManifestMismatch(StoreError):
     """A generation's manifest is unknown or does not match what the reader expects."""
 
 
+class GenerationDamaged(StoreError):
+    """A generation's files or manifest differ from what was published (missing,
+    truncated, altered): the message names each file, what was expected and what was
+    found; ``problems`` holds those sentences alone, one per file."""
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.problems = tuple(problems)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.problems))
+
+
 class ClusterUnreachable(HelixError):
     """``RAY_ADDRESS`` names a Ray cluster this process could not join."""

@@ -34,7 +34,7 @@ from helix_ray.recall import adapter
 from helix_ray.recall.threads import encoder_threads
 from helix_ray.schema import MemoryRecord
 from helix_ray.store.db import StoreDB
-from helix_ray.store.generation import Generation, current_generation_number
+from helix_ray.store.generation import current_generation_number, open_good_generation
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +123,9 @@ class Memory:
     def _open_recaller(self):
         from helix_ray.recall.pipeline import Recaller  # loads scipy: on the first recall, not at import
 
-        generation = None
-        if current_generation_number(self.store) is not None:
-            generation = Generation.open_current(self.store, expect_embedder=self.ingest_config.embedder.name,
-                                                 expect_dim=DIM)
+        # None before the first ingest; a damaged current generation falls back to the previous one
+        generation = open_good_generation(self.store, expect_embedder=self.ingest_config.embedder.name,
+                                          expect_dim=DIM)
         # Half the cores per query encoder when the two run side by side.
         threads = encoder_threads(generation, self.retrieval_config)
         embedder = get_embedder(self.ingest_config.embedder, threads)

@@ -161,12 +161,14 @@ def test_a_store_built_without_tokens_gets_them_on_the_next_ingest(tmp_path):
 
 
 def test_a_reader_refuses_tokens_of_another_encoder(tmp_path):
+    from helix_ray.store.integrity import seal
+
     store = tmp_path / "store"
     ingest([write_jsonl(tmp_path / "a.jsonl", [memory(0, NATS)])], store, runner="local", show_progress=False)
     path = Generation.open_current(store).path / "manifest.json"
     manifest = json.loads(path.read_text())
     manifest["late"]["encoder"] = "some-other-colbert"
-    path.write_text(json.dumps(manifest))
+    path.write_text(json.dumps(seal(manifest)))  # as that encoder's Helix would have written it
     with pytest.raises(ManifestMismatch, match="some-other-colbert"):
         _ = Generation.open_current(store).late
 

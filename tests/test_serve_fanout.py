@@ -392,6 +392,7 @@ def test_a_cancelled_request_does_not_cancel_the_generation_load_others_wait_for
     import shutil
 
     from helix_ray.serve.views import StoreViews
+    from helix_ray.store.integrity import seal
 
     store = tmp_path / "store"
     shutil.copytree(tenant_store[0], store)
@@ -400,7 +401,7 @@ def test_a_cancelled_request_does_not_cancel_the_generation_load_others_wait_for
     newer = store / "generations" / f"{first + 1:06d}"
     shutil.copytree(store / "generations" / f"{first:06d}", newer)
     manifest = json.loads((newer / "manifest.json").read_text())
-    (newer / "manifest.json").write_text(json.dumps({**manifest, "generation": first + 1}))
+    (newer / "manifest.json").write_text(json.dumps(seal({**manifest, "generation": first + 1})))
     opened = []
     real_open = views._open
 

@@ -36,7 +36,7 @@ from helix_ray.recall.pipeline import Recaller
 from helix_ray.recall.warm import ROLE_FILES, read_through
 from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, SegmentCache
 from helix_ray.serve.delta_format import current_delta_version, delta_dir
-from helix_ray.store.generation import Generation, current_generation_number
+from helix_ray.store.generation import Generation, open_good_generation
 from helix_ray.store.pointer import Pointer
 from helix_ray.token_encoder import PassageTokens
 
@@ -279,14 +279,21 @@ class StoreViews:
         self._gen_pointer = Pointer(self.store / "CURRENT", _read_int)
         self._delta_pointer = Pointer(delta_dir(self.store) / "CURRENT", _read_int)
         self.latest: int | None = None
-        number = current_generation_number(self.store)
-        if number is not None:  # open synchronously at start: the replica is not ready before
-            self._install(self._open(number))
+        self._damaged_current: int | None = None  # a CURRENT found damaged, not tried again
+        # Open synchronously at start: the replica is not ready before.
+        generation = open_good_generation(self.store, **self._expect())
+        if generation is not None:
+            self._install(self._view(generation))
 
     # ---------------------------------------------------------------- generations
+    def _expect(self) -> dict[str, Any]:
+        return {k: v for k, v in self.expect.items() if v}
+
     def _open(self, number: int) -> GenerationView:
-        path = self.store / "generations" / f"{number:06d}"
-        view = GenerationView(Generation(path, **{k: v for k, v in self.expect.items() if v}))
+        return self._view(Generation(self.store / "generations" / f"{number:06d}", **self._expect()))
+
+    def _view(self, generation: Generation) -> GenerationView:
+        view = GenerationView(generation)
         view.warm(self.role)
         return view
 
@@ -303,8 +310,9 @@ class StoreViews:
             for key in [k for k in self.recallers if k[0] == oldest]:
                 self.recallers.pop(key)
 
-    async def generation(self, number: int | None = None) -> GenerationView | None:
-        """Generation ``number`` (default: this replica's newest), opened if needed."""
+    async def generation(self, number: int | None = None, opened: Generation | None = None) -> GenerationView | None:
+        """Generation ``number`` (default: this replica's newest), opened if needed
+        (``opened``: already open)."""
         number = self.latest if number is None else number
         if number is None:
             return None
@@ -313,7 +321,9 @@ class StoreViews:
             return view
         future = self._loading.get(number)
         if future is None:
-            future = asyncio.get_running_loop().run_in_executor(None, self._open, number)
+            loop = asyncio.get_running_loop()
+            future = loop.run_in_executor(None, self._open, number) if opened is None else \
+                loop.run_in_executor(None, self._view, opened)
             self._loading[number] = future
             future.add_done_callback(functools.partial(self._loaded, number))
         # Shielded: a caller cancelled while it waits (a client gone, the ingress giving
@@ -327,12 +337,20 @@ class StoreViews:
             self._install(future.result())
 
     async def refresh(self) -> bool:
-        """Open the store's current generation if it is newer; True if it swapped."""
+        """Open the store's current generation if it is newer; True if it swapped. A
+        damaged one is passed over for the newest whole one since this replica's (see
+        :func:`open_good_generation`), or none: the replica keeps what it serves."""
         number = self._gen_pointer.read()
-        if number is None or (self.latest is not None and number <= self.latest):
+        if number is None or number == self._damaged_current or (self.latest is not None and number <= self.latest):
             return False
-        await self.generation(number)
-        log.info("%s replica now serves generation %d", self.role, number)
+        good = await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(open_good_generation, self.store, newer_than=self.latest, **self._expect()))
+        if good is None or good.number != number:
+            self._damaged_current = number
+        if good is None:
+            return False
+        await self.generation(good.number, good)
+        log.info("%s replica now serves generation %d", self.role, good.number)
         return True
 
     async def watch(self, interval_s: float = 0.5) -> None:

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Iterator
 import pyarrow as pa
 
 from helix_ray.errors import StoreError
+from helix_ray.store.integrity import RESTORE
 
 DB_FILE = "helix.duckdb"
 
@@ -76,6 +77,11 @@ def copy_database(con: Any, source: str, target: Path) -> None:
         con.execute("DETACH copy_target")
 
 
+def _damaged(path: Path, mode: str, exc: Exception) -> StoreError:
+    return StoreError(f"Cannot open {path} ({mode}): it is damaged ({str(exc).splitlines()[0]}). "
+                      f"`helix doctor --store {path.parent}` checks the whole store. {RESTORE}.")
+
+
 class StoreDB:
     """The single writer of a store's DuckDB file."""
 
@@ -84,16 +90,25 @@ class StoreDB:
 
         self.path = Path(store) / DB_FILE
         Path(store).mkdir(parents=True, exist_ok=True)
+        mode = "read-only" if read_only else "read-write"
         try:
             self.con = duckdb.connect(str(self.path), read_only=read_only)
         except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower():
+                raise _damaged(self.path, mode, exc) from None
             raise StoreError(
-                f"Cannot open {self.path} ({'read-only' if read_only else 'read-write'}): {exc}. "
+                f"Cannot open {self.path} ({mode}): {exc}. "
                 "DuckDB allows one writing process or many readers: stop the other process "
                 "(an ingest, a `helix serve`) or send the write through it."
             ) from None
+        except duckdb.Error as exc:  # a block whose checksum does not match
+            raise _damaged(self.path, mode, exc) from None
         if not read_only:
-            self.con.execute(DDL)
+            try:
+                self.con.execute(DDL)
+            except duckdb.Error as exc:
+                self.con.close()
+                raise _damaged(self.path, mode, exc) from None
 
     def sibling(self) -> "StoreDB":
         """Another connection to this database, for another thread (a DuckDB connection

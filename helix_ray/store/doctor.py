@@ -1,10 +1,12 @@
 """``helix doctor``: check a store folder and say, per check, what is wrong and how to fix it.
 
 Each check reads; none repairs. :func:`check_store` returns one :class:`Check` per step
-that applies, in this order: the folder, the DuckDB database (opened read-only), the
-``CURRENT`` pointer, the current generation's manifest, the files that manifest implies
-(with the row counts it records), and ``keys.json``. A store without a generation yet
-(a new ``helix serve`` store) has nothing for the last three generation checks.
+that applies, in this order: the folder, the DuckDB database (opened read-only, every
+table read whole so DuckDB checks every block's checksum), the ``CURRENT`` pointer, the
+current generation's manifest (and its own checksum), its files (the row counts the
+manifest implies; the size and CRC-32 it records for each), and ``keys.json``. A store
+without a generation yet (a new ``helix serve`` store) has nothing for the last three
+generation checks.
 """
 
 from __future__ import annotations
@@ -18,14 +20,10 @@ from typing import Any, Callable, get_args
 
 from helix_ray.config import EmbedderConfig
 from helix_ray.embedder import DIM
-from helix_ray.errors import StoreError
+from helix_ray.errors import GenerationDamaged, StoreError
 from helix_ray.store.db import DB_FILE
 from helix_ray.store.generation import Generation, current_generation_number, generations_dir, vector_file
-
-#: What to do with a generation whose files are missing or damaged. Not "point CURRENT
-#: back": the next ingest rolls forward to the newest generation the database records.
-REBUILD = ("Restore the store folder from a backup, or rebuild it from your sources into a new folder "
-           "(`helix ingest SOURCE... --store NEW_DIR`): an ingest into this store would carry the damaged files over.")
+from helix_ray.store.integrity import REBUILD, file_problem
 
 
 @dataclass(frozen=True)
@@ -81,11 +79,15 @@ def _database(store: Path) -> Check:
     try:
         memories, quarantined = (con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]  # type: ignore[index]
                                  for t in ("memories WHERE NOT deleted", "quarantine"))
+        tables = [name for (name,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
+        for table in tables:  # every block read, so DuckDB checks each one's checksum
+            con.execute(f'SELECT sum(hash(COLUMNS(*))) FROM "{table}"').fetchall()
     except duckdb.Error as exc:
         return _unreadable(path, str(exc))
     finally:
         con.close()
-    return Check("database", True, f"{DB_FILE} opens read-only: {memories} memories, {quarantined} quarantined")
+    return Check("database", True, f"{DB_FILE} opens read-only and its {len(tables)} tables read whole: "
+                 f"{memories} memories, {quarantined} quarantined")
 
 
 def _locked(path: Path, message: str) -> Check:
@@ -130,11 +132,11 @@ def _manifest(store: Path) -> tuple[Check, Generation | None]:
     number = current_generation_number(store)
     path = generations_dir(store) / f"{number:06d}"
     try:
-        generation = Generation(path, expect_dim=DIM)
-    except StoreError as exc:  # ManifestMismatch too: the sentence says what it found and expected
+        generation = Generation(path, expect_dim=DIM, verify="manifest")  # the files: one by one, below
+    except GenerationDamaged as exc:
+        return Check("manifest", False, "; ".join(exc.problems), REBUILD), None
+    except StoreError as exc:  # ManifestMismatch: the sentence says what it found and expected
         return Check("manifest", False, str(exc), REBUILD), None
-    except (KeyError, TypeError) as exc:
-        return Check("manifest", False, f"{path / 'manifest.json'} lacks or misstates {exc}", REBUILD), None
     m = generation.manifest
     name = (m.get("embedder") or {}).get("name")
     known = get_args(EmbedderConfig.model_fields["name"].annotation)
@@ -169,22 +171,28 @@ def _expected_files(generation: Generation) -> dict[str, int | None]:
 
 
 def _files(generation: Generation) -> Check:
-    """Every file the manifest implies exists and reads, with the rows it records."""
+    """Every file the manifest implies exists and reads, with the rows it records, and
+    every file it records has the size and CRC-32 recorded (each file is read whole)."""
     problems = []
-    files = _expected_files(generation)
-    for relative, rows in files.items():
-        problem = _file_problem(generation.path / relative, rows)
+    implied = _expected_files(generation)
+    recorded = generation.manifest.get("files") or {}
+    for relative in [*implied, *(name for name in recorded if name not in implied)]:
+        problem = _file_problem(generation.path / relative, implied.get(relative), recorded.get(relative))
         if problem:
             problems.append(f"{relative} {problem}")
     where = f"generations/{generation.path.name}"
     if problems:
-        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        return Check("files", False, f"{where}: " + "; ".join(problems[:3]) + more, REBUILD)
-    return Check("files", True, f"{where}: {len(files)} files present, with the rows the manifest records")
+        return Check("files", False, f"{where}: " + "; ".join(problems), REBUILD)
+    if not recorded:
+        return Check("files", True, f"{where}: {len(implied)} files present, with the rows the manifest records; "
+                     "no checksums recorded; the next ingest or compaction records them")
+    return Check("files", True, f"{where}: {len(recorded)} files with the sizes and CRC-32s the manifest records; "
+                 f"{len(implied)} of them with the rows it implies")
 
 
-def _file_problem(path: Path, rows: int | None) -> str | None:
-    """What is wrong with one file, or None."""
+def _file_problem(path: Path, rows: int | None, recorded: dict[str, Any] | None) -> str | None:
+    """What is wrong with one file, or None: missing, unreadable, other rows than the
+    manifest implies, another size or CRC-32 than it records."""
     if not path.is_file():
         return "is missing"
     try:
@@ -193,7 +201,7 @@ def _file_problem(path: Path, rows: int | None) -> str | None:
         return f"does not read ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
     if rows is not None and found is not None and found != rows:
         return f"has {found} rows; the manifest implies {rows}"
-    return None
+    return file_problem(path, recorded, checksum=True) if recorded else None
 
 
 def _rows(path: Path) -> int | None:

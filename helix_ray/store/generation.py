@@ -37,26 +37,32 @@ Publishing (:mod:`helix_ray.store.publish`) is atomic: files are written into
 ``generations/.tmp-*``, fsynced, the folder renamed to its number, then ``CURRENT`` is
 replaced by rename. A reader that opens ``CURRENT`` sees a whole generation or the
 previous one, never a partial one.
+
+The manifest records every other file's size and CRC-32, and a CRC-32 of itself
+(:mod:`helix_ray.store.integrity`); opening checks them. A generation damaged later (a
+truncated copy, a failing disk) is refused by name, and :func:`open_good_generation`
+falls back to the newest earlier generation that is whole.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import logging
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from helix_ray.errors import ManifestMismatch, StoreError
+from helix_ray.errors import GenerationDamaged, ManifestMismatch, StoreError
 from helix_ray.index import hnsw
 from helix_ray.index.bm25 import BM25Index, load_bm25, load_terms
 from helix_ray.index.csr import CSRGraph
 from helix_ray.schema import GENERATION_SCHEMA
+from helix_ray.store import integrity
 from helix_ray.token_encoder import NAME as LATE_NAME
 from helix_ray.token_encoder import PassageTokens
 
@@ -66,6 +72,11 @@ SCHEMA_HASH = hashlib.sha1(GENERATION_SCHEMA.to_string().encode()).hexdigest()[:
 ENTITY_SCHEMA = pa.schema(
     [("node", pa.int64()), ("user", pa.string()), ("key", pa.string()), ("df", pa.int32())]
 )
+
+#: How much of a generation :class:`Generation` checks when it opens (see its docstring).
+Verify = Literal["manifest", "open", "full"]
+
+log = logging.getLogger(__name__)
 
 #: The manifest key holding how far into the store's access log (``rowid``) a generation
 #: has folded recall hits into ``last_accessed_at`` / ``access_count``.
@@ -102,18 +113,18 @@ class Generation:
     """A published generation, memory-mapped. Cheap to open; pages load on use.
 
     Opening checks the manifest against what this code reads and what the caller
-    expects (``expect_embedder``), and refuses a mismatch with a message saying both.
+    expects (``expect_embedder``), and refuses a mismatch with a message saying both
+    (:class:`ManifestMismatch`). It also checks the files against the checksums the
+    manifest records (:mod:`helix_ray.store.integrity`), as ``verify`` says: "open"
+    (the default) every size and the smallest files' CRC-32s, "full" every CRC-32,
+    "manifest" only the manifest's own; a difference raises :class:`GenerationDamaged`
+    naming each file.
     """
 
-    def __init__(self, path: Path, *, expect_embedder: str | None = None, expect_dim: int | None = None):
+    def __init__(self, path: Path, *, expect_embedder: str | None = None, expect_dim: int | None = None,
+                 verify: Verify = "open"):
         self.path = Path(path)
-        manifest_path = self.path / "manifest.json"
-        if not manifest_path.is_file():
-            raise StoreError(f"{self.path} is not a generation: manifest.json is missing.")
-        try:
-            self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ManifestMismatch(f"{manifest_path} is not valid JSON ({exc}).") from None
+        self.manifest: dict[str, Any] = integrity.read_manifest(self.path)
         m = self.manifest
         problems = []
         if m.get("format") != FORMAT:
@@ -128,17 +139,24 @@ class Generation:
             problems.append(f"embedder {embedder!r} (this reader embeds queries with {expect_embedder!r})")
         if expect_dim and dim != expect_dim:
             problems.append(f"dimension {dim!r} (expected {expect_dim})")
+        if m.get("format") == FORMAT and m.get("format_version") == FORMAT_VERSION:
+            integrity.check_manifest(self.path, m)  # another format may checksum itself otherwise
         if problems:
             raise ManifestMismatch(
                 f"Cannot open generation {self.path}: found " + "; ".join(problems) + ". "
                 + _version_remedy(m.get("format_version"))
             )
-        self.number: int = m["generation"]
-        self.partitions: dict[str, tuple[int, int]] = {
-            p["user"]: (p["start"], p["end"]) for p in m["partitions"]
-        }
-        self._partition_files = {p["user"]: p["dense"] for p in m["partitions"]}
+        try:
+            self.number: int = m["generation"]
+            self.partitions: dict[str, tuple[int, int]] = {
+                p["user"]: (p["start"], p["end"]) for p in m["partitions"]
+            }
+            self._partition_files = {p["user"]: p["dense"] for p in m["partitions"]}
+        except (KeyError, TypeError) as exc:
+            raise integrity.damaged(self.path, [f"manifest.json lacks or misstates {exc}"]) from None
         self._dense: dict[str, Any] = {}
+        if verify != "manifest":
+            integrity.verify_files(self.path, m, full=verify == "full")
 
     @classmethod
     def open_current(cls, store: Path, **expect: Any) -> "Generation":
@@ -263,6 +281,51 @@ def _version_remedy(found: Any) -> str:
                 "ingest the sources again into a new store (`helix ingest SOURCE --store NEWDIR`), or serve this "
                 "one with the Helix version that wrote it.")
     return "Re-ingest with this version and embedder, or open it with the matching ones."
+
+
+def open_good_generation(store: Path, *, newer_than: int | None = None, **expect: Any) -> Generation | None:
+    """The store's current generation; when it is damaged, the newest earlier one on disk
+    that opens whole, with a warning naming the damaged ones (recall goes on from the
+    previous generation until the store is restored). :class:`helix_ray.Memory` and the
+    serving replicas both open through this, so they fall back alike.
+
+    ``expect`` is :class:`Generation`'s ``expect_embedder`` / ``expect_dim``. With
+    ``newer_than`` (the generation a replica already serves), only generations newer than
+    it are tried, and None means none of them is whole. Returns None when the store has
+    no ``CURRENT``. Raises :class:`GenerationDamaged` naming every damaged generation when
+    none opens; a current generation this Helix cannot read raises
+    :class:`ManifestMismatch` as :class:`Generation` does.
+    """
+    store = Path(store)
+    current = current_generation_number(store)
+    if current is None:
+        return None
+    earlier = sorted((int(p.name) for p in generations_dir(store).iterdir() if p.name.isdigit()
+                      and int(p.name) < current), reverse=True)
+    damaged: list[str] = []
+    for number in [current, *earlier]:
+        if newer_than is not None and number <= newer_than:
+            break
+        try:
+            generation = Generation(generations_dir(store) / f"{number:06d}", **expect)
+        except GenerationDamaged as exc:
+            damaged.append(str(exc))
+            continue
+        except StoreError as exc:  # an earlier generation this reader cannot read is no fallback
+            if number == current:
+                raise
+            damaged.append(str(exc))
+            continue
+        if damaged:
+            log.warning("%s Recall goes on from generation %d, the newest earlier one that opens whole.",
+                        " ".join(damaged), number)
+        return generation
+    if newer_than is not None:
+        if damaged:
+            log.warning("%s Recall goes on from generation %d.", " ".join(damaged), newer_than)
+        return None
+    raise GenerationDamaged(" ".join(damaged) + (" No earlier generation opens whole either." if earlier else
+                                                 " The store keeps no earlier generation to fall back to."))
 
 
 @dataclass

@@ -4,7 +4,8 @@
 
 :func:`publish` goes in steps, each its own function: the rows and vectors, the HNSW
 index of each tenant, the BM25 index, what the next ingest carries over, the graph, the
-late-interaction tokens, the manifest last; then every file and folder is fsynced and
+late-interaction tokens, the manifest last (with every other file's size and CRC-32, and
+its own: :mod:`helix_ray.store.integrity`); then every file and folder is fsynced and
 the folder renamed from ``generations/.tmp-*`` to its number. A crash at any step leaves
 only a ``.tmp-*`` folder, which the next publish deletes.
 """
@@ -39,6 +40,7 @@ from helix_ray.store.generation import (
     current_generation_number,
     generations_dir,
 )
+from helix_ray.store.integrity import record_files, seal
 from helix_ray.token_encoder import DIM as LATE_DIM
 from helix_ray.token_encoder import NAME as LATE_NAME
 from helix_ray.token_encoder import PassageTokens
@@ -178,7 +180,8 @@ def publish(
     manifest = _manifest(data, number, previous, parts, analyzer, hnsw, carry)
     if data.late is not None:
         manifest["late"] = _write_late(staging, data.late, n)
-    (staging.folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    manifest["files"] = record_files(staging.folder)
+    (staging.folder / "manifest.json").write_text(json.dumps(seal(manifest), indent=1))
     staging.done(staging.folder / "manifest.json")
 
     _rename_durably(staging.folder, root / f"{number:06d}")
