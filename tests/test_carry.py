@@ -164,3 +164,19 @@ def test_terms_taken_and_joined_index_as_the_texts_do(tmp_path, analyzer):
         tokens = x.query_tokens(query)
         assert tokens and tokens == y.query_tokens(query)
         np.testing.assert_array_equal(x.scores(tokens), y.scores(tokens))
+
+
+def test_one_new_memory_in_a_tenant_with_an_hnsw_index_carries_its_neighbours(tmp_path):
+    """A single new row is searched in the carried index alone: usearch answers one
+    query with 1-D arrays, which the nearest-neighbour lists still take."""
+    config = IngestConfig(late_interaction={"enabled": False}, hnsw_min_rows=0)
+    store = tmp_path / "store"
+    ingest([write_jsonl(tmp_path / "a.jsonl", _rows(0, 40, seed=6, users=("dana",)))], store, runner="local",
+           config=config)
+    report = ingest([write_jsonl(tmp_path / "b.jsonl", _rows(100, 1, seed=7, users=("dana",)))], store,
+                    runner="local", config=config)
+    assert report.published
+    gen = Generation.open_current(store)
+    row = gen.columns.id_to_row[_rows(100, 1, seed=7, users=("dana",))[0]["id"]]
+    neighbours, _ = gen.knn
+    assert neighbours[row][0] == row and (neighbours[row][1:] >= 0).any()  # itself first, then others

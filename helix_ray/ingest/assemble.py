@@ -264,8 +264,9 @@ def _semantic_knn(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previo
             dense_indexes[user] = index
 
             def search(rows: np.ndarray, index=index, k=k) -> tuple[np.ndarray, np.ndarray]:
-                matches = index.search(int8[rows], k, threads=0)
-                return matches.keys.astype(np.int64), 1.0 - matches.distances.astype(np.float32)
+                matches = index.search(int8[rows], k, threads=0)  # one row: usearch answers 1-D
+                keys = matches.keys.astype(np.int64).reshape(len(rows), -1)
+                return keys, 1.0 - matches.distances.astype(np.float32).reshape(len(rows), -1)
 
             def similarity(rows: np.ndarray, candidates: np.ndarray) -> np.ndarray:  # as usearch's i8 cosine
                 a, b = int8[rows].astype(np.float32), int8[candidates].astype(np.float32)
