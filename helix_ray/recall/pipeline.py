@@ -601,7 +601,7 @@ def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessO
         lexical_share=_lexical_share(cfg.rank, cols.n_tokens[rows]),
         context=found.context_cosine, context_share=cfg.context.similarity_share,
         boost=_time_boost(plan, rows, cols, gen),
-        parents=[_parent(str(cols.ids[int(r)])) for r in rows] if cfg.rank.chunk_support > 0 else None,
+        parents=[_parent(str(i)) for i in cols.ids[rows]] if cfg.rank.chunk_support > 0 else None,
     )
 
 
@@ -621,7 +621,8 @@ def _drop_repeats(plan: Plan, found: Candidates, order: list[int], gen: Any, col
         order, dups = diversify.drop_near_duplicates(order, _gather(gen.minhash, found.rows),
                                                      cfg.diversity.dedup_threshold)
         found.dropped_by.update({i: "near_duplicate" for i in dups})
-    docs = [_parent(str(cols.ids[int(r)])) or cols.documents[int(r)] for r in found.rows]
+    rows = np.asarray(found.rows, dtype=np.int64)
+    docs = [_parent(str(i)) or d for i, d in zip(cols.ids[rows], cols.documents[rows])]
     order, capped = diversify.cap_per_document(order, docs, cfg.diversity.max_per_document)
     found.dropped_by.update({i: "document_cap" for i in capped})
     return order

@@ -148,11 +148,10 @@ class _Joined:
         rows = np.asarray(key, dtype=np.int64)
         in_delta = rows >= DELTA_BASE
         if not in_delta.any():
-            return self.base[rows] if isinstance(self.base, np.ndarray) else [self.base[int(r)] for r in rows]
+            return self.base[rows]  # a numpy array or a StringColumn: both take an array of rows
         extra = np.asarray(self.extra)
         base_part = rows[~in_delta]
-        base_values = np.asarray(self.base[base_part]) if isinstance(self.base, np.ndarray) \
-            else np.asarray([self.base[int(r)] for r in base_part], dtype=object)
+        base_values = np.asarray(self.base[base_part])
         dtype = base_values.dtype if base_values.dtype == extra.dtype else np.result_type(base_values, extra) \
             if base_values.dtype != object and extra.dtype != object else object
         out = np.empty((len(rows),) + extra.shape[1:], dtype=dtype)

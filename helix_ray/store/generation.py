@@ -51,7 +51,7 @@ import logging
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -328,45 +328,85 @@ def open_good_generation(store: Path, *, newer_than: int | None = None, **expect
                                                  " The store keeps no earlier generation to fall back to."))
 
 
+class StringColumn:
+    """One string column of a generation's rows, read when asked: ``column[row]`` is a
+    ``str`` (or None), ``column[rows]`` and ``column[a:b]`` an object array. The bytes stay
+    in the memory-mapped Arrow file, shared by every process that maps it, and no Python
+    string is made for a row no request reads. ``transform`` maps each value read (e.g.
+    a source to its document)."""
+
+    def __init__(self, array: pa.ChunkedArray, transform: Callable[[Any], Any] | None = None):
+        self.array = array
+        self._transform = transform
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, (int, np.integer)):
+            value = self.array[int(key)].as_py()
+            return self._transform(value) if self._transform else value
+        if isinstance(key, slice):
+            values = self.array[key].to_pylist()
+        else:
+            values = self.array.take(pa.array(np.asarray(key, dtype=np.int64))).to_pylist()
+        return self._objects(values)
+
+    def __iter__(self) -> Iterator[Any]:
+        for chunk in self.array.chunks:
+            yield from self._objects(chunk.to_pylist())
+
+    def _objects(self, values: list[Any]) -> np.ndarray:
+        out = np.empty(len(values), dtype=object)
+        out[:] = [self._transform(v) for v in values] if self._transform else values
+        return out
+
+
+def _document(source: str | None) -> str | None:
+    """The document a row is a section of: its Markdown source, else None."""
+    return source if source is not None and source.startswith("markdown:") else None
+
+
 @dataclass
 class MemoryColumns:
-    """Numpy views of the columns the query path reads per candidate."""
+    """The columns the query path reads per candidate: the strings as
+    :class:`StringColumn` over the memory-mapped rows, the numbers as numpy arrays
+    (a few bytes per row, made once per process)."""
 
-    ids: np.ndarray  # object
-    types: np.ndarray  # object
-    projects: np.ndarray  # object
-    sessions: np.ndarray  # object
+    ids: StringColumn
+    types: StringColumn
+    projects: StringColumn
+    sessions: StringColumn
     created_at: np.ndarray  # int64 microseconds
     last_accessed_at: np.ndarray  # int64 microseconds, 0 where never accessed
     salience: np.ndarray  # float32
     confidence: np.ndarray  # float32
     pinned: np.ndarray  # bool
     n_tokens: np.ndarray  # int32
-    documents: list[str | None]  # source document of a section (Markdown file), else None
-    id_to_row: dict[str, int]
+    documents: StringColumn  # source document of a section (Markdown file), else None
 
     @classmethod
     def from_table(cls, table: pa.Table) -> "MemoryColumns":
-        def ts(name: str) -> np.ndarray:
-            return table.column(name).cast(pa.int64()).to_numpy(zero_copy_only=False)
-
-        created = ts("created_at")
+        created = table.column("created_at").cast(pa.int64()).to_numpy(zero_copy_only=False)
         last = table.column("last_accessed_at").cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
-        ids = np.asarray(table.column("id").to_pylist(), dtype=object)
         return cls(
-            ids=ids,
-            types=np.asarray(table.column("type").to_pylist(), dtype=object),
-            projects=np.asarray(table.column("project").to_pylist(), dtype=object),
-            sessions=np.asarray(table.column("session_id").to_pylist(), dtype=object),
+            ids=StringColumn(table.column("id")),
+            types=StringColumn(table.column("type")),
+            projects=StringColumn(table.column("project")),
+            sessions=StringColumn(table.column("session_id")),
             created_at=created,
             last_accessed_at=last,
             salience=table.column("salience").to_numpy().astype(np.float32),
             confidence=table.column("confidence").to_numpy().astype(np.float32),
             pinned=table.column("pinned").to_numpy(zero_copy_only=False).astype(bool),
             n_tokens=table.column("n_tokens").to_numpy().astype(np.int32),
-            documents=[s if s.startswith("markdown:") else None for s in table.column("source").to_pylist()],
-            id_to_row={mid: i for i, mid in enumerate(ids)},
+            documents=StringColumn(table.column("source"), _document),
         )
+
+    @cached_property
+    def id_to_row(self) -> dict[str, int]:
+        """Memory id → row, built on first use (not on the query path)."""
+        return {mid: i for i, mid in enumerate(self.ids)}
 
 
 @dataclass
