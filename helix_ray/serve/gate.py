@@ -73,8 +73,11 @@ def _refusal(scope: dict[str, Any]) -> Optional[JSONResponse]:
 
 
 def _admin_only(method: str, path: str) -> bool:
-    """What changes the server for every user: live settings, compaction, the adapter."""
-    return path.startswith("/v1/admin/") or (path.rstrip("/") == "/v1/settings" and method in ("PATCH", "DELETE"))
+    """What changes the server for every user: live settings, compaction, the adapter.
+    A method these paths do not take is not refused here: the router answers it, 405."""
+    if path.startswith("/v1/admin/"):
+        return method == "POST"
+    return path.rstrip("/") == "/v1/settings" and method in ("PATCH", "DELETE")
 
 
 def not_admin(user: str) -> str:
