@@ -16,8 +16,8 @@ from collections import deque
 from typing import Annotated, Any, Callable, Mapping, Sequence
 
 import numpy as np
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError,
-                      field_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt,
+                      ValidationError, field_validator)
 
 from helix_ray.config import DEFAULT_BUDGET_TOKENS, RetrievalConfig, deep_merge
 from helix_ray.errors import InvalidArgument, short_repr
@@ -74,6 +74,8 @@ NON_BLANK = f"[^{SPACE}]"
 #: A string with a character that is neither white space, a control character nor an
 #: invisible format character (a query needs a letter, digit, symbol or punctuation mark).
 PRINTABLE = rf"[^{SPACE}\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u206f\ufeff]"
+#: A string without a control character (an id the API's paths can name again).
+NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*$"
 #: An ISO-8601 date (the whole day) or date and time (no offset: UTC).
 TIME = {"anyOf": [{"format": "date"}, {"format": "date-time"}]}
 TYPE_ENUM = {"type": "string", "enum": list(MEMORY_TYPES)}
@@ -105,8 +107,8 @@ class RecallRequest(_Request):
     until: str | None = Field(None, description="ISO-8601 time: only memories created at or before it (a date "
                                                 "alone, e.g. 2025-03-14, means the end of that day, UTC).",
                               json_schema_extra=declare(**TIME))
-    k: WholeNumber | None = Field(None, description="Items selected before packing (1–200; default from the settings).",
-                          json_schema_extra=declare(minimum=1, maximum=200))
+    k: WholeNumber | None = Field(None, description="Items selected before packing (1–200; default from the "
+                                  "settings).", json_schema_extra=declare(minimum=1, maximum=200))
     context: list[str] | None = Field(None, description="The conversation's recent turns, oldest first, when the "
                                       "query is its latest turn: each is searched too, the latest weighing most "
                                       f"(at most {MAX_CONTEXT_TURNS} turns of at most {MAX_QUERY_CHARS} characters; "
@@ -176,8 +178,8 @@ class MemoryIn(_Request):
     id: str | None = Field(None, description=f"Any non-blank string of at most {MAX_ID_CHARS} characters with no "
                            "control character; '/' is fine. Not one of the shape Helix derives (20 hex digits) unless "
                            "it is this memory's own, nor ending in '#chunk<n>'.",
-                           json_schema_extra=declare(minLength=1, maxLength=MAX_ID_CHARS,
-                                                     pattern=r"^[^\x00-\x1f\x7f-\x9f]*$", allOf=[{"pattern": NON_BLANK}]))
+                           json_schema_extra=declare(minLength=1, maxLength=MAX_ID_CHARS, pattern=NO_CONTROL,
+                                                     allOf=[{"pattern": NON_BLANK}]))
     user: str | None = Field(None, description="Defaults to the API key's user.")
     type: str | None = Field(None, json_schema_extra=declare(enum=list(MEMORY_TYPES)))
     project: str | None = None
@@ -187,10 +189,11 @@ class MemoryIn(_Request):
     confidence: StrictFloat | None = Field(None, json_schema_extra=declare(minimum=0, maximum=1))
     pinned: StrictBool | None = None  # true or false, as ingest requires; not "yes"
     source: str | None = None
-    metadata: dict[str, Any] | None = Field(None, description=f"Any JSON object nesting at most {MAX_METADATA_DEPTH} "
-                                            "levels; `turn`, if given, orders a session's memories.", json_schema_extra=declare(
-                                                properties={"turn": {"type": ["integer", "null"], "minimum": 0,
-                                                                     "maximum": MAX_TURN}}))
+    metadata: dict[str, Any] | None = Field(
+        None, description=f"Any JSON object nesting at most {MAX_METADATA_DEPTH} levels; `turn`, if given, orders a "
+                          "session's memories.",
+        json_schema_extra=declare(properties={"turn": {"type": ["integer", "null"], "minimum": 0,
+                                                       "maximum": MAX_TURN}}))
 
     @field_validator("metadata")
     @classmethod
