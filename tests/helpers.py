@@ -148,10 +148,11 @@ class LocalHandle:
 
 
 @contextlib.contextmanager
-def ingress_app(store: Path, *, auth: bool = True):
+def ingress_app(store: Path, *, auth: bool = True, **args: Any):
     """The HTTP application of ``helix serve`` without Ray: the ingress over the inline
     graph (it runs every recall stage itself) and a Writer shell, both in this process.
-    Yields the FastAPI app, to call with any ASGI client.
+    Yields the FastAPI app, to call with any ASGI client; ``args``: more
+    :class:`helix_ray.serve.app.ServeArgs`.
 
     Serve makes the ingress's endpoints methods whose ``self`` is the replica's servable
     (``serve.get_replica_context().servable_object``): here, this process's ingress."""
@@ -161,6 +162,7 @@ def ingress_app(store: Path, *, auth: bool = True):
 
     from helix_ray.serve import app as app_module
     from helix_ray.serve import keys as keys_module
+    from helix_ray.serve import ratelimit
     from helix_ray.serve.shells import WriterShell
 
     writer = WriterShell(store, compact_interval_s=3600)
@@ -168,8 +170,9 @@ def ingress_app(store: Path, *, auth: bool = True):
     ingress = object.__new__(ingress_cls)
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(keys_module.SERVING, "store", None)  # the ingress registers its key store there
+        patch.setitem(ratelimit.SERVING, "limiter", None)  # and its rate limiter
         ingress_cls.__init__(ingress, None, None, None, None, LocalHandle(writer),
-                             {"store": str(store), "graph": "inline", "auth": auth})
+                             {"store": str(store), "graph": "inline", "auth": auth, **args})
         context = types.SimpleNamespace(servable_object=ingress)
         patch.setattr(ray.serve, "get_replica_context", lambda: context)
         try:

@@ -171,7 +171,7 @@ def test_limits_are_declared_in_the_schema(contract_app):
     assert (batch["minItems"], batch["maxItems"], batch["uniqueItems"]) == (1, 1000, True)
     assert spec["components"]["schemas"]["MemoryPatch"]["minProperties"] == 1
     assert sorted(spec["paths"]["/v1/feedback"]["post"]["responses"]) == ["201", "401", "403", "404", "411", "413",
-                                                                           "422", "503"]
+                                                                           "422", "429", "503"]
 
 
 def test_an_oversized_body_is_refused_before_it_is_read(user_client):
@@ -207,3 +207,36 @@ def test_no_cors_headers_by_default(contract_app, user_client):
     for response in (user_client.options("/v1/recall", headers=origin),
                      user_client.get("/v1/settings", headers={"Origin": "https://elsewhere.example"})):
         assert not any(h.lower().startswith("access-control-") for h in response.headers), response.headers
+
+
+def test_a_key_over_its_rate_limit_gets_429_with_retry_after(tenant_store, tmp_path):
+    """Protects: with ``rate_limit`` set, each key has its own token bucket; the one over
+    it waits (429, Retry-After), the others do not; unset, nothing is limited."""
+    from starlette.testclient import TestClient
+
+    from helix_ray.serve.keys import KeyStore
+
+    store = tmp_path / "store"
+    shutil.copytree(tenant_store[0], store)
+    busy, calm = KeyStore(store).create("alice")[0], KeyStore(store).create("bob")[0]
+    with ingress_app(store, rate_limit=0.5, rate_burst=3) as app, TestClient(app) as client:
+        answers = [client.get("/v1/settings", headers={"Authorization": f"Bearer {busy}"}) for _ in range(4)]
+        assert [a.status_code for a in answers] == [200, 200, 200, 429]
+        assert answers[-1].headers["retry-after"] == "2" and "more than 0.5 requests per second" \
+            in answers[-1].json()["detail"]
+        assert client.get("/v1/settings", headers={"Authorization": f"Bearer {calm}"}).status_code == 200
+        assert client.get("/healthz").status_code == 200  # no key, no bucket
+    with ingress_app(store) as app, TestClient(app) as client:
+        assert {client.get("/v1/settings", headers={"Authorization": f"Bearer {busy}"}).status_code
+                for _ in range(30)} == {200}
+
+
+def test_the_rate_limiter_refills_at_its_rate():
+    from helix_ray.serve.ratelimit import RateLimiter
+
+    limiter = RateLimiter(rate=2.0, burst=2)
+    assert [limiter.wait("k", now=0.0) for _ in range(3)] == [0.0, 0.0, 0.5]
+    assert limiter.wait("k", now=0.25) == 0.25  # half a token back
+    assert limiter.wait("k", now=0.5) == 0.0 and limiter.wait("other", now=0.5) == 0.0
+    with pytest.raises(ValueError, match="rate must be > 0"):
+        RateLimiter(rate=0, burst=1)

@@ -34,6 +34,8 @@ class ErrorOut(BaseModel):
 #: store is swapping generations or Serve is replacing replicas.
 RETRY_AFTER_S = 2
 
+_RETRY_AFTER = {"description": "Seconds to wait before retrying.", "schema": {"type": "integer", "minimum": 1}}
+
 #: Every error answer a route can give, as FastAPI's ``responses=`` takes it; a route
 #: picks its own with :func:`errors`.
 ERROR_RESPONSES: dict[int, dict[str, Any]] = {
@@ -46,11 +48,14 @@ ERROR_RESPONSES: dict[int, dict[str, Any]] = {
     411: {"description": "A chunked body without Content-Length."},
     413: {"description": "A body over the size limit (32 MiB)."},
     422: {"description": "A field is unknown, missing or out of range, or the body is not UTF-8 JSON."},
+    429: {"description": "The key sent more requests than its rate limit (when the server sets one); "
+                         "`Retry-After` says when to send again.", "headers": {"Retry-After": _RETRY_AFTER}},
     503: {"description": "The store cannot be read or searched right now (a generation swap, replicas being "
-                         "replaced); `Retry-After` says when to try again.",
-          "headers": {"Retry-After": {"description": "Seconds to wait before retrying.",
-                                      "schema": {"type": "integer", "minimum": 1}}}},
+                         "replaced); `Retry-After` says when to try again.", "headers": {"Retry-After": _RETRY_AFTER}},
 }
+
+#: The gate's answers to any request to a ``/v1/`` route (:mod:`helix_ray.serve.gate`).
+KEYED = (401, 429)
 
 #: The gate's answers (:mod:`helix_ray.serve.gate`) to any request with a body.
 BODY = (411, 413, 422)
@@ -75,8 +80,12 @@ def recall_response(out: dict[str, Any]) -> Response:
         return Response(RecallResponse.model_validate(out).model_dump_json(), media_type="application/json")
 
 
-def error_response(status: int, message: str) -> JSONResponse:
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+def error_response(status: int, message: str, *, retry_after: int | None = None) -> JSONResponse:
+    """``{"detail": message}`` with ``status``; a 503 says when to retry (``Retry-After``:
+    ``retry_after`` seconds, :data:`RETRY_AFTER_S` by default), a 429 too."""
+    if status == 503:
+        retry_after = retry_after or RETRY_AFTER_S
+    headers = {"Retry-After": str(retry_after)} if retry_after else None
     return JSONResponse(status_code=status, content={"detail": message}, headers=headers)
 
 
@@ -105,7 +114,8 @@ async def http_error(request: Request, exc: HTTPException) -> Response:
     bodies the models reject)."""
     method, path = request.method, request.url.path
     if exc.status_code == 405:
-        allowed = allowed_methods(request.app, path) or [m.strip() for m in (exc.headers or {}).get("Allow", "").split(",")]
+        allowed = allowed_methods(request.app, path) \
+            or [m.strip() for m in (exc.headers or {}).get("Allow", "").split(",")]
         return JSONResponse(status_code=405, headers={"Allow": ", ".join(allowed)}, content={
             "detail": f"Got {method} {path}; this path takes {' or '.join(allowed)}. The methods of each path are "
                       "in the OpenAPI schema at /docs."})
