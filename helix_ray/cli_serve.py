@@ -93,7 +93,11 @@ def serve(args: argparse.Namespace) -> int:
                   "RAY_SERVE_ENABLE_HA_PROXY=1 where the cluster runs instead.", file=sys.stderr)
             return 2
         os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"  # read by Serve when it starts, in every Ray process
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
+    from helix_ray.runtime import is_loopback
+    from helix_ray.serve.server import check_exposure
+
+    check_exposure(args.host, auth=not args.no_auth)  # before Ray starts
+    if not is_loopback(args.host):
         print(f"helix serve: binding {args.host}: the API is reachable from other machines.", file=sys.stderr)
     _serve_driver_logs(quiet=not args.verbose)
     serve_forever(args.store, host=args.host, port=args.port, auth=not args.no_auth, create=True,

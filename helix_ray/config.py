@@ -536,9 +536,10 @@ class RetrievalConfig(_Strict):
     rerank: RerankConfig = RerankConfig()
     diversity: DiversityConfig = DiversityConfig()
     pack: PackConfig = PackConfig()
-    default_budget_tokens: int = Field(DEFAULT_BUDGET_TOKENS, ge=1)
+    default_budget_tokens: int = Field(DEFAULT_BUDGET_TOKENS, ge=1, le=10_000_000)
     """Token budget of a recall that names none (the CLI without --budget, an HTTP recall
-    without budget_tokens)."""
+    without budget_tokens); at most a recall's own largest budget
+    (``recall.scope.MAX_BUDGET_TOKENS``)."""
     default_k: int = Field(10, ge=1, le=200)
     """Items selected before packing when a recall names no k."""
 

@@ -233,20 +233,35 @@ def _unreachable(address: str, wait_s: float = 20.0) -> str | None:
         time.sleep(0.5)
 
 
+def _addresses(host: str) -> set[str]:
+    """The IP addresses ``host`` (a name or an address) stands for; none if it resolves
+    to nothing."""
+    import socket
+
+    try:
+        return {str(info[4][0]).split("%")[0] for info in socket.getaddrinfo(host, None)}
+    except (OSError, UnicodeError):
+        return set()
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` means this machine only: a loopback address (127.0.0.1, ::1) or
+    a name all of whose addresses are (``localhost``). ``0.0.0.0`` and ``::``, every
+    interface, are not."""
+    import ipaddress
+
+    ips = _addresses(host)
+    return bool(ips) and all(ipaddress.ip_address(ip).is_loopback for ip in ips)
+
+
 def on_this_machine(address: str) -> bool:
     """Whether a ``RAY_ADDRESS`` names a cluster on this machine: ``auto``, a loopback
     host, or a name or address of one of this machine's network interfaces."""
-    import ipaddress
-    import socket
-
     target = _host_port(address)
     if target is None:
         return address.strip() in ("", "auto", "local")
-    try:
-        ips = {str(info[4][0]).split("%")[0] for info in socket.getaddrinfo(target[0], None)}
-    except OSError:
-        return False
-    if ips and all(ipaddress.ip_address(ip).is_loopback for ip in ips):
+    ips = _addresses(target[0])
+    if is_loopback(target[0]):
         return True
     import psutil
 

@@ -1,16 +1,19 @@
 """Small builders shared by tests (data the tests make themselves), and the helpers the
-Serve tests share: a recall over HTTP checked against the documented schema, and a
-recall through the stage shells in this process."""
+Serve tests share: a recall over HTTP checked against the documented schema, a recall
+through the stage shells in this process, and the HTTP application without Ray."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import os
 import random
 from pathlib import Path
 from typing import Any, Iterable
+
+import pytest
 
 from helix_ray.schema import MEMORY_TYPES
 
@@ -129,3 +132,51 @@ def local_recall(parts, query: str, user: str = "alice", **config):
     lexical = asyncio.run(parts["bm25"].search(plan))
     dense = asyncio.run(parts["dense"].search(plan))
     return plan, lexical, dense, asyncio.run(parts["ranker"].finish(plan, lexical, dense))
+
+
+class LocalHandle:
+    """A Serve ``DeploymentHandle`` stand-in over a shell in this process:
+    ``handle.method.remote(...)`` awaits the shell's method in a thread, as Serve runs
+    the Writer's sync methods."""
+
+    def __init__(self, shell: Any):
+        self.shell = shell
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.shell, name)
+        return type("Method", (), {"remote": staticmethod(lambda *a, **k: asyncio.to_thread(method, *a, **k))})()
+
+
+@contextlib.contextmanager
+def ingress_app(store: Path, *, auth: bool = True, **args: Any):
+    """The HTTP application of ``helix serve`` without Ray: the ingress over the inline
+    graph (it runs every recall stage itself) and a Writer shell, both in this process.
+    Yields the FastAPI app, to call with any ASGI client; ``args``: more
+    :class:`helix_ray.serve.app.ServeArgs`.
+
+    Serve makes the ingress's endpoints methods whose ``self`` is the replica's servable
+    (``serve.get_replica_context().servable_object``): here, this process's ingress."""
+    import types
+
+    import ray.serve
+
+    from helix_ray.serve import app as app_module
+    from helix_ray.serve import keys as keys_module
+    from helix_ray.serve import ratelimit
+    from helix_ray.serve.shells import WriterShell
+
+    writer = WriterShell(store, compact_interval_s=3600)
+    ingress_cls = next(c for c in type.mro(app_module.HelixAPI.func_or_class) if "recall" in vars(c))
+    ingress = object.__new__(ingress_cls)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(keys_module.SERVING, "store", None)  # the ingress registers its key store there
+        patch.setitem(ratelimit.SERVING, "limiter", None)  # and its rate limiter
+        ingress_cls.__init__(ingress, None, None, None, None, LocalHandle(writer),
+                             {"store": str(store), "graph": "inline", "auth": auth, **args})
+        context = types.SimpleNamespace(servable_object=ingress)
+        patch.setattr(ray.serve, "get_replica_context", lambda: context)
+        try:
+            yield app_module.api
+        finally:
+            writer._stop.set()
+            writer.core.close()

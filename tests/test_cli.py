@@ -262,6 +262,22 @@ def test_config_errors_name_the_flag_and_the_file(tmp_path, capsys):
                                  "existing YAML file.\n")
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7"])
+def test_serve_refuses_no_auth_on_an_address_other_machines_reach(tmp_path, capsys, host):
+    """Protects: a keyless server is never exposed; refused before Ray starts (no store made)."""
+    code, _, err = helix(capsys, "serve", "--store", str(tmp_path / "s"), "--host", host, "--no-auth")
+    assert code == 2 and err.startswith(f"helix serve: Got --host={host!r}; a server without API keys (--no-auth) "
+                                        "binds a loopback address only"), err
+    assert "drop --no-auth" in err and not (tmp_path / "s").exists()
+
+
+def test_loopback_names_and_addresses():
+    from helix_ray.runtime import is_loopback
+
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "192.0.2.7", "", "no such host.invalid"))
+
+
 # --------------------------------------------------------------------------- quiet output and progress
 
 #: The shapes of what Ray prints: its Python loggers, its C++ core ("[... E pid tid]

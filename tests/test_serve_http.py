@@ -503,7 +503,7 @@ def test_admin_fits_the_query_adapter_from_feedback_and_replicas_use_it(served, 
     refused = alice.post("/v1/admin/adapt", json={"force": True})
     assert refused.status_code == 403 and "admin key" in refused.json()["detail"]
     none = ops.post("/v1/admin/adapt", json={"users": ["bob"]})
-    assert none.status_code == 422 and "records no feedback of user 'bob'" in none.json()["detail"], none.text
+    assert none.status_code == 409 and "records no feedback of user 'bob'" in none.json()["detail"], none.text
     try:
         fitted = ops.post("/v1/admin/adapt", json={"users": ["alice"], "force": True})
         assert fitted.status_code == 200, fitted.text

@@ -5,25 +5,80 @@ Request models reject unknown fields (``extra="forbid"``). JSON types are checke
 the models; values (an empty query, a budget of 0, an unknown memory type) are checked
 by the same functions the library uses (:func:`helix_ray.recall.scope.make_scope`,
 :func:`helix_ray.ingest.normalize.normalise_one`), so the HTTP error carries the same
-sentence as the Python error.
+sentence as the Python error. The OpenAPI schema declares those value checks too
+(:func:`declare`), so that a request the schema calls valid is one the server takes.
 """
 
 from __future__ import annotations
 
 import json
 from collections import deque
-from typing import Any, Mapping, Sequence
+from typing import Annotated, Any, Callable, Mapping, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt,
+                      ValidationError, field_validator)
 
 from helix_ray.config import DEFAULT_BUDGET_TOKENS, RetrievalConfig, deep_merge
 from helix_ray.errors import InvalidArgument, short_repr
+from helix_ray.ingest.normalize import MAX_ID_CHARS, MAX_METADATA_DEPTH, MAX_TURN
+from helix_ray.recall.adapter import MAX_FEEDBACK_IDS, MAX_FEEDBACK_QUERY_CHARS
+from helix_ray.recall.scope import MAX_BUDGET_TOKENS, MAX_CONTEXT_TURNS, MAX_QUERY_CHARS
 from helix_ray.schema import MEMORY_TYPES
+
+#: Most memories one ``POST /v1/memories`` writes.
+MAX_BATCH = 1000
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def declare(**constraints: Any) -> Callable[[dict[str, Any]], None]:
+    """JSON Schema keywords for a field whose value the library checks, and words the
+    error for: they go into the OpenAPI schema (on the field's non-null branch), not
+    into pydantic, which would answer with its own sentence instead of Helix's."""
+    def apply(schema: dict[str, Any]) -> None:
+        for branch in schema.get("anyOf", [schema]):
+            if branch.get("type") != "null":
+                branch.update(constraints)
+    return apply
+
+
+def not_null(**constraints: Any) -> Callable[[dict[str, Any]], None]:
+    """:func:`declare` for an optional field that may be left out but not sent as null
+    (the library refuses a null there)."""
+    def apply(schema: dict[str, Any]) -> None:
+        branches = [b for b in schema.pop("anyOf", [schema]) if b.get("type") != "null"]
+        schema.update(branches[0], **constraints)
+        schema.pop("default", None)
+    return apply
+
+
+def whole(value: Any) -> Any:
+    """A float with no fraction as the int it is: JSON Schema's ``integer`` is any
+    number without a fraction (6.0 too), and strict ints (no ``true``, no ``"6"``) would
+    refuse it."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+#: An integer as JSON Schema reads one: 6 or 6.0, never ``true`` or ``"6"``.
+WholeNumber = Annotated[StrictInt, BeforeValidator(whole)]
+
+
+#: The characters ``str.strip()`` removes (``str.isspace``), spelt out: a regex ``\s``
+#: means another set in Python than in the JSON Schema (ECMA-262) dialect.
+SPACE = r"\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+#: A string with a character ``str.strip()`` keeps.
+NON_BLANK = f"[^{SPACE}]"
+#: A string with a character that is neither white space, a control character nor an
+#: invisible format character (a query needs a letter, digit, symbol or punctuation mark).
+PRINTABLE = rf"[^{SPACE}\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u206f\ufeff]"
+#: A string without a control character (an id the API's paths can name again).
+NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*$"
+#: An ISO-8601 date (the whole day) or date and time (no offset: UTC).
+TIME = {"anyOf": [{"format": "date"}, {"format": "date-time"}]}
+TYPE_ENUM = {"type": "string", "enum": list(MEMORY_TYPES)}
 
 
 # ----------------------------------------------------------------------------- recall
@@ -33,24 +88,37 @@ class RecallRequest(_Request):
     """A recall request. ``user`` may be left out when an API key is sent: the key's
     user is used (and a different ``user`` is refused)."""
 
-    query: str = Field(description="The question to recall memories for (non-empty, at most 8000 characters).")
-    budget_tokens: int | None = Field(None, description="Token budget of the packed result (cl100k tokens, > 0; "
-                                                        "default `default_budget_tokens` of the settings, "
-                                                        f"{DEFAULT_BUDGET_TOKENS}).")
+    query: str = Field(description="The question to recall memories for: at most 8000 characters, with a "
+                                   "letter, digit, symbol or punctuation mark among them.",
+                       json_schema_extra=declare(minLength=1, maxLength=MAX_QUERY_CHARS, pattern=PRINTABLE))
+    budget_tokens: WholeNumber | None = Field(None, description="Token budget of the packed result (cl100k tokens, "
+                                      f"1–{MAX_BUDGET_TOKENS:,}; default `default_budget_tokens` of the settings, "
+                                      f"{DEFAULT_BUDGET_TOKENS}).",
+                                      json_schema_extra=declare(minimum=1, maximum=MAX_BUDGET_TOKENS))
     user: str | None = Field(None, description="The tenant; defaults to the API key's user.")
-    project: str | None = Field(None, description="Only memories of this project.")
-    types: list[str] | None = Field(None, description="Only these memory types: episodic, semantic, procedural, "
-                                                       "decision, code.")
-    since: str | None = Field(None, description="ISO-8601 time: only memories created at or after it.")
+    project: str | None = Field(None, description="Only memories of this project (a non-blank name).",
+                                json_schema_extra=declare(minLength=1, pattern=NON_BLANK))
+    types: list[str] | None = Field(None, description="Only these memory types (at least one): episodic, semantic, "
+                                    "procedural, decision, code.",
+                                    json_schema_extra=declare(minItems=1, items=TYPE_ENUM))
+    since: str | None = Field(None, description="ISO-8601 time: only memories created at or after it (not later "
+                                                "than `until`).",
+                              json_schema_extra=declare(**TIME))
     until: str | None = Field(None, description="ISO-8601 time: only memories created at or before it (a date "
-                                                "alone, e.g. 2025-03-14, means the end of that day, UTC).")
-    k: int | None = Field(None, description="Items selected before packing (1–200; default from the settings).")
+                                                "alone, e.g. 2025-03-14, means the end of that day, UTC).",
+                              json_schema_extra=declare(**TIME))
+    k: WholeNumber | None = Field(None, description="Items selected before packing (1–200; default from the "
+                                  "settings).", json_schema_extra=declare(minimum=1, maximum=200))
     context: list[str] | None = Field(None, description="The conversation's recent turns, oldest first, when the "
                                       "query is its latest turn: each is searched too, the latest weighing most "
-                                      "(at most 64; the latest 8 are read).")
+                                      f"(at most {MAX_CONTEXT_TURNS} turns of at most {MAX_QUERY_CHARS} characters; "
+                                      "the latest 8 are read).",
+                                      json_schema_extra=declare(maxItems=MAX_CONTEXT_TURNS, items={
+                                          "type": "string", "maxLength": MAX_QUERY_CHARS}))
     now: str | None = Field(None, description="ISO-8601 time the question is asked at (default: the server's clock); "
-                            "time words in the query ('last week') are read against it.")
-    explain: bool = Field(False, description="Return every candidate's ranks, signals and fate.")
+                            "time words in the query ('last week') are read against it.",
+                            json_schema_extra=declare(**TIME))
+    explain: StrictBool = Field(False, description="Return every candidate's ranks, signals and fate.")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"query": "why did we choose NATS for the event bus?", "budget_tokens": 400, "k": 6}]})
@@ -92,40 +160,80 @@ class RecallResponse(BaseModel):
 # ----------------------------------------------------------------------------- memories
 
 
+def whole_turn(metadata: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``metadata`` with a ``turn`` of 12.0 as 12 (:func:`whole`): ingest takes whole
+    numbers only, and JSON does not tell 12.0 from 12."""
+    if metadata is not None and isinstance(metadata.get("turn"), float):
+        return {**metadata, "turn": whole(metadata["turn"])}
+    return metadata
+
+
 class MemoryIn(_Request):
     """One memory to write. Missing ``type``, ``salience`` and ``confidence`` are derived
     by the ingest rules; a missing ``id`` is a stable hash of user and text."""
 
-    text: str
-    id: str | None = Field(None, min_length=1, pattern=r"\S", description="Any non-blank string; '/' is fine.")
+    text: str = Field(description="The memory: non-blank (at most `validation.max_text_chars` characters, 2,000,000 "
+                                  "by default; a long one is stored as chunks).",
+                      json_schema_extra=declare(minLength=1, pattern=NON_BLANK))
+    id: str | None = Field(None, description=f"Any non-blank string of at most {MAX_ID_CHARS} characters with no "
+                           "control character; '/' is fine. Not one of the shape Helix derives (20 hex digits) unless "
+                           "it is this memory's own, nor ending in '#chunk<n>'.",
+                           json_schema_extra=declare(minLength=1, maxLength=MAX_ID_CHARS, pattern=NO_CONTROL,
+                                                     allOf=[{"pattern": NON_BLANK}]))
     user: str | None = Field(None, description="Defaults to the API key's user.")
-    type: str | None = None
+    type: str | None = Field(None, json_schema_extra=declare(enum=list(MEMORY_TYPES)))
     project: str | None = None
     session_id: str | None = None
-    created_at: str | None = Field(None, description="ISO-8601; defaults to now.")
-    salience: float | None = None
-    confidence: float | None = None
+    created_at: str | None = Field(None, description="ISO-8601; defaults to now.", json_schema_extra=declare(**TIME))
+    salience: StrictFloat | None = Field(None, json_schema_extra=declare(minimum=0, maximum=1))
+    confidence: StrictFloat | None = Field(None, json_schema_extra=declare(minimum=0, maximum=1))
     pinned: StrictBool | None = None  # true or false, as ingest requires; not "yes"
     source: str | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = Field(
+        None, description=f"Any JSON object nesting at most {MAX_METADATA_DEPTH} levels; `turn`, if given, orders a "
+                          "session's memories.",
+        json_schema_extra=declare(properties={"turn": {"type": ["integer", "null"], "minimum": 0,
+                                                       "maximum": MAX_TURN}}))
+
+    @field_validator("metadata")
+    @classmethod
+    def _whole_turn(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return whole_turn(value)
+
+    @field_validator("id")
+    @classmethod
+    def _id_not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("an id must hold a character that is not white space (or leave id out: a stable "
+                             "hash of user and text is used)")
+        return value
 
 
 class MemoryBatch(_Request):
-    memories: list[MemoryIn] = Field(description="1 to 1000 memories, written together.")
+    memories: list[MemoryIn] = Field(description=f"1 to {MAX_BATCH} memories, written together.")
 
 
 class MemoryPatch(_Request):
-    """Fields to change; the others keep their value."""
+    """Fields to change (at least one); the others keep their value. A null ``type``,
+    ``salience`` or ``confidence`` is derived again; a null ``project``, ``session_id``,
+    ``source`` or ``metadata`` clears it."""
 
-    text: str | None = None
-    type: str | None = None
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+
+    text: str | None = Field(None, json_schema_extra=not_null(minLength=1, pattern=NON_BLANK))
+    type: str | None = Field(None, json_schema_extra=declare(enum=list(MEMORY_TYPES)))
     project: str | None = None
     session_id: str | None = None
-    salience: float | None = None
-    confidence: float | None = None
-    pinned: StrictBool | None = None  # true or false, as ingest requires; not "yes"
+    salience: StrictFloat | None = Field(None, json_schema_extra=declare(minimum=0, maximum=1))
+    confidence: StrictFloat | None = Field(None, json_schema_extra=declare(minimum=0, maximum=1))
+    pinned: StrictBool | None = Field(None, json_schema_extra=not_null())  # true or false, as ingest requires
     source: str | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = Field(None, json_schema_extra=MemoryIn.model_fields["metadata"].json_schema_extra)
+
+    @field_validator("metadata")
+    @classmethod
+    def _whole_turn(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return whole_turn(value)
 
 
 class WriteResponse(BaseModel):
@@ -138,8 +246,12 @@ class FeedbackIn(_Request):
     """The memories of a recall that answered the query: labelled queries from which
     ``helix adapt --from-feedback`` fits the store's query adapter."""
 
-    query: str = Field(max_length=4000)
-    memory_ids: list[str] = Field(min_length=1, max_length=100)
+    query: str = Field(max_length=MAX_FEEDBACK_QUERY_CHARS, description="The query the memories answered "
+                       f"(non-blank, at most {MAX_FEEDBACK_QUERY_CHARS} characters).",
+                       json_schema_extra=declare(minLength=1, pattern=NON_BLANK))
+    memory_ids: list[str] = Field(min_length=1, max_length=MAX_FEEDBACK_IDS, description="Ids of this user's "
+                                  "memories (a 404 names those it does not hold).",
+                                  json_schema_extra=declare(items={"type": "string", "minLength": 1}))
     user: str | None = Field(None, description="Defaults to the API key's user.")
 
 
@@ -151,8 +263,9 @@ class AdaptIn(_Request):
     """Fit the store's query adapter on the recorded feedback (``helix adapt
     --from-feedback`` without stopping the server)."""
 
-    users: list[str] | None = Field(None, description="Only these users' feedback (default: every user's).")
-    force: bool = Field(False, description="Save the adapter even if cross-validation shows no gain.")
+    users: list[str] | None = Field(None, description="Only these users' feedback (at least one user; default: "
+                                    "every user's).", json_schema_extra=declare(minItems=1))
+    force: StrictBool = Field(False, description="Save the adapter even if cross-validation shows no gain.")
 
 
 class MemoryChanged(BaseModel):
@@ -184,6 +297,36 @@ class SettingsResponse(BaseModel):
     knobs: dict[str, str] = Field(LIVE_KNOBS, description="The knobs meant for live tuning and their ranges.")
 
 
+def settings_patch_schema() -> dict[str, Any]:
+    """The OpenAPI schema of a ``PATCH /v1/settings`` body: :class:`RetrievalConfig`'s,
+    every key optional (a patch names what it changes and is deep-merged into the live
+    overrides), unknown keys refused, and its two tables' keys named: the fusion lists and
+    the memory types. Rules between keys stay in words (one fusion weight > 0)."""
+    schema = RetrievalConfig.model_json_schema()
+    defs = schema.pop("$defs")
+
+    def partial(node: Any) -> Any:
+        if isinstance(node, list):
+            return [partial(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:
+            node = {**defs[node["$ref"].rsplit("/", 1)[1]], **{k: v for k, v in node.items() if k != "$ref"}}
+        return {k: partial(v) for k, v in node.items() if k != "required"}
+
+    out = partial(schema)
+    weights = out["properties"]["fusion"]["properties"]["weights"]
+    weights.update(properties={name: {"type": "number", "minimum": 0} for name in ("dense", "bm25")},
+                   additionalProperties=False, description="Each >= 0, one > 0 (a patch that names one changes "
+                   "that one only).", **{"not": {"required": ["dense", "bm25"], "properties": {
+                       "dense": {"maximum": 0}, "bm25": {"maximum": 0}}}})
+    rows = out["properties"]["rank"]["properties"]["type_weights"]
+    row = rows.pop("additionalProperties")
+    rows.update(properties={t: row for t in MEMORY_TYPES}, additionalProperties=False)
+    out["properties"]["pack"]["properties"]["encoding"]["enum"] = [RetrievalConfig().pack.encoding]
+    return out
+
+
 def check_settings(base: dict[str, Any], overrides: dict[str, Any],
                    received: dict[str, Any] | None = None) -> RetrievalConfig:
     """The effective config for ``base`` ← ``overrides``; :class:`InvalidArgument`
@@ -192,13 +335,21 @@ def check_settings(base: dict[str, Any], overrides: dict[str, Any],
 
     Checked as JSON, strictly: ``true`` is not the number 1, nor ``"yes"`` a boolean
     (lax validation would take both and keep them in the overrides as they were sent)."""
-    merged = deep_merge(deep_merge(RetrievalConfig().model_dump(mode="json"), base), overrides)
+    merged = _whole_numbers(deep_merge(deep_merge(RetrievalConfig().model_dump(mode="json"), base), overrides))
     try:  # onto the defaults: a patch may name one weight of one type's row
         return RetrievalConfig.model_validate_json(json.dumps(merged), strict=True)
     except ValidationError as exc:
         raise InvalidArgument("settings", overrides if received is None else received,
                               "; ".join(_setting_errors(exc)),
                               "GET /v1/settings lists every key and its current value.") from None
+
+
+def _whole_numbers(value: Any) -> Any:
+    """``value`` with :func:`whole` applied inside it: an int setting may be sent as 6.0
+    (a float setting takes an int as it is)."""
+    if isinstance(value, dict):
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    return whole(value)
 
 
 def _setting_errors(exc: ValidationError) -> list[str]:
@@ -253,6 +404,15 @@ def request_error_sentence(errors: Sequence[Mapping[str, Any]]) -> str:
         else:
             parts.append(f"Got {where}={short_repr(err.get('input'))}; {err.get('msg', 'invalid value')}")
     return "; ".join(p.rstrip(".") for p in parts) + "."
+
+
+def undecodable_body(exc: UnicodeDecodeError) -> InvalidArgument:
+    """The 422 for a body that is not UTF-8: said as such, with the byte that is not
+    (a JSON reader would call it malformed JSON, FastAPI "an error parsing the body")."""
+    around = exc.object[max(0, exc.start - 20):exc.start + 20]
+    return InvalidArgument("body", around, f"a request body must be JSON encoded in UTF-8, and byte "
+                           f"0x{exc.object[exc.start]:02x} at position {exc.start} is not UTF-8",
+                           "Encode the body as UTF-8 and send it with Content-Type: application/json.")
 
 
 def _where(loc: Sequence[Any]) -> str:

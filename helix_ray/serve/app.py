@@ -43,6 +43,7 @@ from helix_ray.ingest.run import initialise
 from helix_ray.recall.pipeline import Recaller
 from helix_ray.recall.scope import as_time, check_context, make_scope
 from helix_ray.serve import keys as keys_module
+from helix_ray.serve import ratelimit
 from helix_ray.serve.api import (
     AdaptIn,
     FeedbackIn,
@@ -55,6 +56,7 @@ from helix_ray.serve.api import (
     SettingsResponse,
     WriteResponse,
     check_settings,
+    settings_patch_schema,
 )
 from helix_ray.serve.bodies import PARSE_ON_LOOP_BYTES, WRITE_BODY, write_records
 from helix_ray.serve.deployments import BM25, CPUS, RETRIEVER_AUTOSCALING, DenseANN, Embedder, Pipeline, Ranker, Writer
@@ -62,7 +64,8 @@ from helix_ray.serve.errors import Forbidden
 from helix_ray.serve.fanout import SplitGraph
 from helix_ray.serve.gate import Gate, bearer, not_admin
 from helix_ray.serve.keys import KeyStore
-from helix_ray.serve.responses import ERRORS, ErrorOut, add_error_handlers, recall_response
+from helix_ray.serve.ratelimit import RateLimiter
+from helix_ray.serve.responses import BODY, KEYED, add_error_handlers, errors, recall_response
 from helix_ray.serve.settings import settings_path
 from helix_ray.serve.shells import PipelineShell
 from helix_ray.store.pointer import Pointer
@@ -102,6 +105,11 @@ class ServeArgs(BaseModel):
                                       "flagged in `flags.degraded` — e.g. while Serve replaces a failed replica "
                                       "(seconds), instead of waiting for it. An Embedder with no answer after twice "
                                       "this: BM25 alone answers, on a plan made without the query vector, flagged.")
+
+    rate_limit: float = Field(0.0, ge=0, description="Requests per second each API key may send to one ingress "
+                                                      "replica, on average (a token bucket; over it: 429 with "
+                                                      "Retry-After). 0: no limit.")
+    rate_burst: int = Field(20, ge=1, description="...and at once: the bucket's size.")
 
     @model_validator(mode="after")
     def _check_replicas(self) -> "ServeArgs":
@@ -168,6 +176,8 @@ class HelixAPI(SplitGraph):
             if self.args.graph == "inline" else None
         self.keys = KeyStore(self.store) if self.args.auth else None
         keys_module.SERVING["store"] = self.keys  # for the key-first middleware
+        ratelimit.SERVING["limiter"] = RateLimiter(self.args.rate_limit, self.args.rate_burst) \
+            if self.args.rate_limit and self.keys is not None else None
         self.latency = LatencyWindow()
         self._generation = Pointer(self.store / "CURRENT", _read_int)
         self._delta = Pointer(self.store / "delta" / "CURRENT", _read_int)
@@ -240,7 +250,8 @@ class HelixAPI(SplitGraph):
         return user
 
     # ---------------------------------------------------------------- recall
-    @api.post("/v1/recall", response_model=RecallResponse, responses=ERRORS, tags=["recall"],
+    @api.post("/v1/recall", response_model=RecallResponse, responses=errors(*KEYED, 403, *BODY, 503),
+              tags=["recall"],
               summary="Recall a user's memories for a query, packed into a token budget")
     async def recall(self, body: RecallRequest, authorization: Optional[str] = Header(None)) -> Response:
         clock = time.perf_counter()
@@ -298,7 +309,8 @@ class HelixAPI(SplitGraph):
 
 
     # ---------------------------------------------------------------- writes
-    @api.post("/v1/memories", status_code=201, response_model=WriteResponse, responses=ERRORS, tags=["memories"],
+    @api.post("/v1/memories", status_code=201, response_model=WriteResponse, tags=["memories"],
+              responses=errors(*KEYED, 403, 409, *BODY, 503),
               summary="Write one memory or a batch; durable before the answer, recallable at once",
               openapi_extra=WRITE_BODY)
     async def write(self, request: Request, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
@@ -313,8 +325,8 @@ class HelixAPI(SplitGraph):
                                   "API keys (--no-auth)")
         return await self.writer.add.remote(records, user, single)
 
-    @api.patch("/v1/memories/{memory_id:path}", response_model=MemoryChanged, responses={**ERRORS, 404: {
-        "model": ErrorOut, "description": "No such memory for this user."}}, tags=["memories"],
+    @api.patch("/v1/memories/{memory_id:path}", response_model=MemoryChanged, tags=["memories"],
+               responses=errors(*KEYED, 404, *BODY, 503),
                summary="Change fields of a memory (a new version replaces it at once)")
     async def patch_memory(self, memory_id: str, body: MemoryPatch,
                            authorization: Optional[str] = Header(None)) -> dict[str, Any]:
@@ -325,25 +337,26 @@ class HelixAPI(SplitGraph):
                                   + ", ".join(MemoryPatch.model_fields))
         return await self.writer.patch.remote(memory_id, fields, user)
 
-    @api.delete("/v1/memories/{memory_id:path}", response_model=MemoryChanged, responses={**ERRORS, 404: {
-        "model": ErrorOut, "description": "No such memory for this user."}}, tags=["memories"],
+    @api.delete("/v1/memories/{memory_id:path}", response_model=MemoryChanged, tags=["memories"],
+                responses=errors(*KEYED, 404, 503),
                 summary="Delete a memory: never returned again, also before compaction")
     async def delete_memory(self, memory_id: str, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
         return await self.writer.delete.remote(memory_id, self.authenticate(authorization))
 
-    @api.post("/v1/feedback", status_code=201, response_model=FeedbackOut, responses=ERRORS, tags=["recall"],
+    @api.post("/v1/feedback", status_code=201, response_model=FeedbackOut, tags=["recall"],
+              responses=errors(*KEYED, 403, 404, *BODY, 503),
               summary="Say which recalled memories answered a query (labelled queries for the query adapter)")
     async def feedback(self, body: FeedbackIn, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
         user = self.user_for(authorization, body.user)
         return await self.writer.feedback.remote(body.query, body.memory_ids, user)
 
-    @api.post("/v1/admin/adapt", responses=ERRORS, tags=["admin"],
+    @api.post("/v1/admin/adapt", responses=errors(*KEYED, 403, 409, *BODY, 503), tags=["admin"],
               summary="Fit the query adapter on the recorded feedback; the replicas use it from their next request")
     async def adapt(self, body: AdaptIn = Body(AdaptIn()), authorization: Optional[str] = Header(None)) -> dict[str, Any]:
         self.require_admin(authorization)
         return await self.writer.adapt.remote(body.users, body.force)
 
-    @api.post("/v1/admin/compact", responses=ERRORS, tags=["admin"],
+    @api.post("/v1/admin/compact", responses=errors(*KEYED, 403, 503), tags=["admin"],
               summary="Fold the delta into the next generation now (ingest pipeline)")
     async def compact(self, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
         self.require_admin(authorization)
@@ -354,14 +367,15 @@ class HelixAPI(SplitGraph):
         config = self.config()
         return {"effective": config.model_dump(), "overrides": self._overrides.read(), "base": self.base}
 
-    @api.get("/v1/settings", response_model=SettingsResponse, responses=ERRORS, tags=["settings"],
+    @api.get("/v1/settings", response_model=SettingsResponse, responses=errors(*KEYED, 503), tags=["settings"],
              summary="The retrieval settings every recall uses now")
     async def get_settings(self, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
         self.authenticate(authorization)
         return self._settings()
 
-    @api.patch("/v1/settings", response_model=SettingsResponse, responses=ERRORS, tags=["settings"],
-               summary="Change retrieval settings live (no restart); persisted in the store")
+    @api.patch("/v1/settings", response_model=SettingsResponse, responses=errors(*KEYED, 403, *BODY, 503),
+               tags=["settings"], summary="Change retrieval settings live (no restart); persisted in the store",
+               openapi_extra={"requestBody": {"content": {"application/json": {"schema": settings_patch_schema()}}}})
     async def patch_settings(self, authorization: Optional[str] = Header(None), patch: dict[str, Any] = Body(
             ..., examples=[{"fusion": {"k": 30, "weights": {"bm25": 0.5}}, "diversity": {"mmr_lambda": 0.7}}],
             description="A partial RetrievalConfig, deep-merged into the live overrides. Typical knobs: "
@@ -372,7 +386,8 @@ class HelixAPI(SplitGraph):
         await self.writer.patch_settings.remote(patch, self.base)
         return self._settings()
 
-    @api.delete("/v1/settings", response_model=SettingsResponse, responses=ERRORS, tags=["settings"],
+    @api.delete("/v1/settings", response_model=SettingsResponse, responses=errors(*KEYED, 403, 503),
+                tags=["settings"],
                 summary="Drop the live overrides (back to the deployment's user_config)")
     async def reset_settings(self, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
         self.require_admin(authorization)
@@ -380,14 +395,15 @@ class HelixAPI(SplitGraph):
         return self._settings()
 
     # ---------------------------------------------------------------- health, stats
-    @api.get("/healthz", tags=["admin"], summary="Liveness: the ingress answers and the store has a generation")
+    @api.get("/healthz", responses=errors(503), tags=["admin"],
+             summary="Liveness: the ingress answers and the store has a generation")
     async def healthz(self) -> dict[str, Any]:
         generation = self._generation.read()
         if generation is None:
             raise StoreError(f"Store {self.store} has no published generation.")
         return {"status": "ok", "generation": generation, "delta_version": self._delta.read() or 0}
 
-    @api.get("/v1/stats", responses=ERRORS, tags=["admin"],
+    @api.get("/v1/stats", responses=errors(*KEYED, 503), tags=["admin"],
              summary="Generation, counts, delta size, p50/p95 per stage over recent requests")
     async def stats(self, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
         record = self.keys.record_for(bearer(authorization)) if self.keys is not None else None

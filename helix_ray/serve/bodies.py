@@ -13,7 +13,7 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 
-from helix_ray.serve.api import MemoryBatch, MemoryIn
+from helix_ray.serve.api import MAX_BATCH, MemoryBatch, MemoryIn, undecodable_body
 
 _MEMORY_SCHEMA = MemoryIn.model_json_schema()
 _MEMORY_LIST = TypeAdapter(list[MemoryIn])
@@ -29,6 +29,8 @@ def write_records(body: bytes) -> tuple[list[dict[str, Any]], bool]:
     not memories raises the 422's :class:`RequestValidationError`."""
     try:
         payload = json.loads(body)
+    except UnicodeDecodeError as exc:
+        raise undecodable_body(exc) from None
     except ValueError as exc:  # JSONDecodeError says where; a UnicodeDecodeError does not
         pos = getattr(exc, "pos", None)
         raise RequestValidationError([{"type": "json_invalid", "loc": ("body", *([] if pos is None else [pos])),
@@ -51,9 +53,14 @@ def write_records(body: bytes) -> tuple[list[dict[str, Any]], bool]:
     return [m.model_dump(exclude_none=True) for m in items], single
 
 
+#: A batch: each memory its own id (one left out derives from user and text, so the
+#: same text twice is refused too).
+_BATCH = {"type": "array", "items": _MEMORY_SCHEMA, "minItems": 1, "maxItems": MAX_BATCH, "uniqueItems": True,
+          "description": f"1 to {MAX_BATCH} memories, each with its own id (or text, when the id is left out)."}
+
 WRITE_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {"anyOf": [
     _MEMORY_SCHEMA,
     {"type": "object", "title": "MemoryBatch", "required": ["memories"], "additionalProperties": False,
-     "properties": {"memories": {"type": "array", "items": _MEMORY_SCHEMA, "minItems": 1, "maxItems": 1000}}},
-    {"type": "array", "items": _MEMORY_SCHEMA, "minItems": 1, "maxItems": 1000},
+     "properties": {"memories": _BATCH}},
+    _BATCH,
 ]}}}}}

@@ -1,8 +1,9 @@
 """The gate every request passes before its body is read: API keys and body size.
 
 One plain ASGI middleware (:class:`Gate`) answers, before any endpoint runs, a request
-without a valid key (401), a user's key on an admin route (403), a body over
-:data:`MAX_BODY_BYTES` (413) and a chunked body without a length (411). The endpoints
+without a valid key (401), a user's key on an admin route (403), a key over its rate
+limit (429, :mod:`helix_ray.serve.ratelimit`), a body over :data:`MAX_BODY_BYTES` (413)
+and a chunked body without a length (411). The endpoints
 read the key's user and rights with :func:`bearer`.
 """
 
@@ -14,6 +15,7 @@ from fastapi.responses import JSONResponse
 
 from helix_ray.errors import HelixError, short_repr
 from helix_ray.serve import keys as keys_module
+from helix_ray.serve import ratelimit
 from helix_ray.serve.errors import Unauthorized, message_of, status_of
 from helix_ray.serve.responses import error_response
 
@@ -28,7 +30,8 @@ class Gate:
     response stream per request):
 
     - first, a request without a valid key gets its 401 (a 422, 413 or 411 about its body
-      would answer an unknown caller), and a user's key on an admin route its 403;
+      would answer an unknown caller), a user's key on an admin route its 403, and a key
+      over its rate limit its 429;
     - then a body over :data:`MAX_BODY_BYTES` gets its 413, a chunked one without a length 411.
 
     The handlers still read the key's user and rights. The key store is the one this
@@ -61,6 +64,13 @@ def _refusal(scope: dict[str, Any]) -> Optional[JSONResponse]:
             return error_response(status_of(exc) or 401, message_of(exc))
         if not record.admin and _admin_only(scope["method"], path):
             return error_response(403, not_admin(record.user))
+        limiter = ratelimit.SERVING["limiter"]
+        wait = limiter.wait(record.key_id) if limiter is not None else 0.0
+        if limiter is not None and wait > 0:
+            return error_response(429, f"This API key (id {record.key_id}) sent more than {limiter.rate:g} requests "
+                                  f"per second (bursts of {limiter.burst}); wait {ratelimit.retry_after(wait)} s "
+                                  "(Retry-After) and send fewer, or ask for a higher rate_limit.",
+                                  retry_after=ratelimit.retry_after(wait))
     size = headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
         return error_response(413, f"Got a request body of {int(size):,} bytes; the limit is {MAX_BODY_BYTES:,}. Send "
@@ -73,8 +83,11 @@ def _refusal(scope: dict[str, Any]) -> Optional[JSONResponse]:
 
 
 def _admin_only(method: str, path: str) -> bool:
-    """What changes the server for every user: live settings, compaction, the adapter."""
-    return path.startswith("/v1/admin/") or (path.rstrip("/") == "/v1/settings" and method in ("PATCH", "DELETE"))
+    """What changes the server for every user: live settings, compaction, the adapter.
+    A method these paths do not take is not refused here: the router answers it, 405."""
+    if path.startswith("/v1/admin/"):
+        return method == "POST"
+    return path.rstrip("/") == "/v1/settings" and method in ("PATCH", "DELETE")
 
 
 def not_admin(user: str) -> str:

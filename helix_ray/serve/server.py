@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from helix_ray.errors import InvalidArgument
-from helix_ray.runtime import bind_error, ensure_ray, reserve_port, spare_port
+from helix_ray.runtime import bind_error, ensure_ray, is_loopback, reserve_port, spare_port
 from helix_ray.serve.keys import KeyStore
 
 log = logging.getLogger(__name__)
@@ -218,6 +218,7 @@ def run(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: b
 
     from helix_ray.serve.app import ServeArgs, build_app  # Ray Serve and FastAPI: loaded when serving starts
 
+    check_exposure(host, auth)
     # Checks the store before starting Ray (and with create=True starts a new one).
     app = build_app(ServeArgs(store=str(store), auth=auth, **args))
     if starts_own_ray():
@@ -235,6 +236,17 @@ def run(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: b
     host, port = serving_address(host, port)
     log.info("Helix serving %s on http://%s:%d (Ray: %s)", store, host, port, how)
     return handle
+
+
+def check_exposure(host: str, auth: bool) -> None:
+    """Refuse a server without API keys on an address other machines can reach: every
+    caller would read and write every user's memories."""
+    if not auth and not is_loopback(host):
+        raise InvalidArgument("host", host, "a server without API keys (--no-auth) binds a loopback address only "
+                              "(127.0.0.1, ::1, localhost): on any other, whoever reaches the port reads and writes "
+                              "every user's memories",
+                              "Bind 127.0.0.1, or keep the keys: drop --no-auth and create one with `helix keys "
+                              "create --store DIR --user USER`.")
 
 
 def serving_address(host: str, port: int) -> tuple[str, int]:

@@ -49,7 +49,7 @@ from helix_ray.serve.delta_format import (
     publish_manifest,
     write_segment,
 )
-from helix_ray.serve.errors import NotFound
+from helix_ray.serve.errors import Conflict, NotFound
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import ACCESS_WATERMARK, Generation, current_generation_number
 
@@ -350,7 +350,12 @@ class WriterCore:
         The recall replicas pick a saved adapter up with their next request."""
         with self._lock:
             pairs = self.db.feedback_pairs(users)
-        adapter.require_feedback(pairs, users, how="POST /v1/feedback")
+        try:
+            adapter.require_feedback(pairs, users, how="POST /v1/feedback")
+        except InvalidArgument as exc:
+            if users == []:  # names no user: the request's own mistake (422)
+                raise
+            raise Conflict(str(exc)) from None  # a valid request the store has no feedback for yet (409)
         return adapter.fit_store(self.store, pairs, embedder=get_embedder(self.config.embedder), force=force)
 
     # ---------------------------------------------------------------- compaction

@@ -32,13 +32,13 @@ import pyarrow as pa
 from helix_ray.errors import InvalidArgument, StoreError
 from helix_ray.ingest.dedup import signatures
 from helix_ray.schema import CHUNK_ID, DERIVED_ID, MEMORY_SCHEMA, chunk_id, content_hash, parent_of
+from helix_ray.serve.api import MAX_BATCH
 from helix_ray.serve.delta_format import Tombstone
 from helix_ray.serve.errors import Conflict, Forbidden, NotFound
 
 if TYPE_CHECKING:
     from helix_ray.serve.writer import WriterCore
 
-MAX_BATCH = 1000
 #: A DELETE meeting a compaction's write of the same row waits and tries again, ~5 s in all.
 DELETE_TRIES = 9
 #: Inbox file name of a served write's copy (a compaction's input is ``compaction.COMPACTION_PREFIX``).
