@@ -257,6 +257,8 @@ def _keys_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     k.add_argument("--user", required=True)
     k.add_argument("--admin", action="store_true",
                    help="may also change the live settings and compact (shared by every user)")
+    k.add_argument("--expires", metavar="DURATION",
+                   help="valid for this long, then refused: 90d, 12h or 30m (default: until revoked)")
     k = keys.add_parser("list", help="list the keys (ids, users, revoked), never the keys themselves")
     k.add_argument("--store", required=True)
     k = keys.add_parser("revoke", help="revoke a key by its id")
@@ -498,20 +500,22 @@ def _compact(args: argparse.Namespace) -> int:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.serve.keys import KeyStore, parse_duration
 
     keys = KeyStore(args.store)
     if args.keys_command == "create":
         if not Path(args.store).is_dir():
             raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR`.")
-        key, record = keys.create(args.user, admin=args.admin)
+        key, record = keys.create(args.user, admin=args.admin,
+                                  expires_in=parse_duration(args.expires) if args.expires else None)
         print(key)
-        print(f"({'admin ' if record.admin else ''}key {record.key_id} for user {record.user!r}; only its hash is stored in {keys.path}, "
+        until = f", valid until {record.expires_at}" if record.expires_at else ""
+        print(f"({'admin ' if record.admin else ''}key {record.key_id} for user {record.user!r}{until}; only its hash is stored in {keys.path}, "
               "so copy it now. Send it as 'Authorization: Bearer <key>'.)", file=sys.stderr)
     elif args.keys_command == "list":
         for r in keys.records():
             print(f"{r.key_id}  user={r.user}  created={r.created_at}{'  admin' if r.admin else ''}"
-                  f"{'  REVOKED' if r.revoked else ''}")
+                  f"{f'  expires={r.expires_at}' if r.expires_at else ''}{'  REVOKED' if r.revoked else ''}")
     else:
         record = keys.revoke(args.key_id)
         print(f"revoked key {record.key_id} of user {record.user!r}")

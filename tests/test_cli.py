@@ -417,3 +417,31 @@ def test_an_ingest_on_ray_prints_only_its_own_lines(tmp_path):
                                          "assemble: 3 memories (T)",
                                          "publish: generation 1 (T)"], done.stderr
     assert "generation 1: published, 3 memories" in done.stdout
+
+
+def test_a_key_that_expires_is_refused_from_then_on(tmp_path, capsys, monkeypatch):
+    import datetime as dt
+
+    from helix_ray.cli import main
+    from helix_ray.serve import keys as keys_mod
+    from helix_ray.serve.errors import Unauthorized
+
+    store = tmp_path / "store"
+    store.mkdir()
+    assert main(["keys", "create", "--store", str(store), "--user", "dana", "--expires", "12h"]) == 0
+    out = capsys.readouterr()
+    key = out.out.strip()
+    assert "valid until" in out.err
+    assert main(["keys", "list", "--store", str(store)]) == 0
+    assert "expires=" in capsys.readouterr().out
+    store_keys = keys_mod.KeyStore(store)
+    assert store_keys.user_for(key) == "dana"  # valid now
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=12, seconds=1)
+    monkeypatch.setattr(keys_mod, "_now", lambda: later)
+    with pytest.raises(Unauthorized, match=r"expired at .*helix keys create"):
+        store_keys.user_for(key)
+    # a key without --expires is valid until revoked
+    forever, _ = store_keys.create("lee")
+    assert store_keys.user_for(forever) == "lee"
+    assert main(["keys", "create", "--store", str(store), "--user", "dana", "--expires", "soon"]) == 2
+    assert "Got --expires='soon'" in capsys.readouterr().err

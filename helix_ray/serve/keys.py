@@ -16,6 +16,10 @@ The file is created with mode 0600.
 A key with ``admin`` set may also change what every user shares: the live retrieval
 settings and compaction (``helix keys create --admin``). It still reads and writes only
 its own user's memories.
+
+A key may expire (``helix keys create --expires 90d``): from ``expires_at`` on it is
+refused like a revoked one, with a sentence that says so. Rotation needs no restart:
+create the new key, move clients to it, revoke (or let expire) the old one.
 """
 
 from __future__ import annotations
@@ -49,6 +53,23 @@ class KeyRecord:
     created_at: str
     revoked: bool = False
     admin: bool = False
+    expires_at: str | None = None  # ISO 8601 UTC; None: never
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+_DURATION = re.compile(r"^\s*(\d+)\s*([dhm])\s*$")
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """``90d``, ``12h`` or ``30m`` as a timedelta; :class:`InvalidArgument` otherwise."""
+    match = _DURATION.match(text or "")
+    if not match or int(match.group(1)) <= 0:
+        raise InvalidArgument("--expires", text, "give a positive number of days, hours or minutes: 90d, 12h, 30m")
+    unit = {"d": "days", "h": "hours", "m": "minutes"}[match.group(2)]
+    return dt.timedelta(**{unit: int(match.group(1))})
 
 
 def _digest(key: str) -> str:
@@ -106,6 +127,11 @@ class KeyStore:
                 "The API key is not valid for this store (unknown, revoked or mistyped). "
                 "Create one with `helix keys create --store DIR --user USER`."
             )
+        if record.expires_at is not None and dt.datetime.fromisoformat(record.expires_at) <= _now():
+            raise Unauthorized(
+                f"The API key {record.key_id} expired at {record.expires_at}. Create a new one with "
+                "`helix keys create --store DIR --user USER [--expires 90d]`."
+            )
         return record
 
     # ---------------------------------------------------------------- writing
@@ -127,18 +153,24 @@ class KeyStore:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def create(self, user: str, *, admin: bool = False) -> tuple[str, KeyRecord]:
-        """A new key for ``user``: (the key, to show once; its stored record)."""
+    def create(self, user: str, *, admin: bool = False,
+               expires_in: dt.timedelta | None = None) -> tuple[str, KeyRecord]:
+        """A new key for ``user``: (the key, to show once; its stored record).
+        ``expires_in``: how long it is valid (None: until revoked)."""
         if not isinstance(user, str) or not user.strip():
             raise InvalidArgument("user", user, "it must be a non-empty user id")
+        if expires_in is not None and expires_in <= dt.timedelta(0):
+            raise InvalidArgument("expires_in", expires_in, "a key must be valid for some time; give a positive "
+                                  "duration such as 90d or 12h")
+        now = _now()
+        expires_at = (now + expires_in).isoformat() if expires_in is not None else None
         with self._locked() as data:
             taken = {k["key_id"] for k in data["keys"]}
             key_id = secrets.token_hex(4)
             while key_id in taken:
                 key_id = secrets.token_hex(4)
             key = f"hx_{key_id}_{secrets.token_urlsafe(32)}"
-            record = KeyRecord(key_id, user, _digest(key), dt.datetime.now(dt.timezone.utc).isoformat(),
-                               admin=bool(admin))
+            record = KeyRecord(key_id, user, _digest(key), now.isoformat(), admin=bool(admin), expires_at=expires_at)
             data["keys"].append(record.__dict__)
         self._stat = None
         return key, record
