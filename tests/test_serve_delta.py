@@ -243,3 +243,29 @@ def test_online_writes_carry_late_interaction_tokens_through_a_restart(shells):
     row = next(r for r in out["explain"] if r["id"] == "alice-heron")
     assert row["late_maxsim"] == pytest.approx(float(direct[0]), abs=0.02)
     assert out["items"][0]["id"] == "alice-heron"
+
+
+def test_an_online_write_gets_the_graph_score_it_gets_after_compaction(shells):
+    """A write in the delta has no edges yet, but as a seed of graph expansion it holds
+    the restart mass every seed holds: its graph signal is not zeroed for being new, so
+    a memory recalled right after it is written ranks as it does once compacted."""
+    from helix_ray.config import RetrievalConfig
+
+    text = "The staging NATS cluster is now called nats-blue after the October migration."
+    shells["writer"].add([{"id": "alice-nats", "text": text}], "alice")
+
+    def row() -> dict:
+        plan = shells["embedder"].plan("what did we rename the staging message broker to", user="alice",
+                                       config=RetrievalConfig(), budget_tokens=400, k=8, explain=True)
+        lexical = asyncio.run(shells["bm25"].search(plan))
+        out = asyncio.run(shells["ranker"].finish(plan, lexical, asyncio.run(shells["dense"].search(plan))))
+        assert out["flags"]["graph"]["method"] == "ppr"  # expansion ran (a strong signal would skip it)
+        return next(r for r in out["explain"] if r["id"] == "alice-nats")
+
+    before = row()
+    assert before["rrf_score"] > 0 and before["graph_ppr"] > 0, before
+    assert shells["writer"].compact()["published"]
+    asyncio.run(shells["ranker"].views.refresh())
+    after = row()
+    assert after["graph_ppr"] > 0
+    assert abs(before["graph"] - after["graph"]) < 0.35, (before, after)

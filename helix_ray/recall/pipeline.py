@@ -469,10 +469,14 @@ def _expand(gen, pool_rows: np.ndarray, fused_score: dict[int, float], start: in
     weights = np.array([fused_score[int(r)] for r in seeds])
     result = expand.ppr(gen.graph, seeds, weights, damping=g.damping, max_hops=g.max_hops, max_nodes=g.max_nodes,
                         iterations=g.iterations, tolerance=g.tolerance, max_degree=g.max_degree)
-    memory = (result.nodes >= start) & (result.nodes < end)
-    nodes, scores = result.nodes[memory], result.scores[memory]
-    if mask is not None:
-        keep = mask[nodes - start]
+    # Memories: the tenant's rows, and candidates numbered past them (a Serve replica's
+    # online writes, which have no edges yet but hold a seed's restart mass).
+    in_range = (result.nodes >= start) & (result.nodes < end)
+    memory = in_range | np.isin(result.nodes, pool_rows)
+    nodes, scores, in_range = result.nodes[memory], result.scores[memory], in_range[memory]
+    if mask is not None:  # the scope filter, over the tenant's rows; candidates are in scope already
+        keep = ~in_range
+        keep[in_range] = mask[nodes[in_range] - start]
         nodes, scores = nodes[keep], scores[keep]
     # Vectorised: the subgraph holds up to max_nodes memories, and a Python loop over
     # them would cost as much as PPR itself.
