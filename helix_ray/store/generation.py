@@ -179,7 +179,7 @@ class Generation:
 
     @cached_property
     def columns(self) -> "MemoryColumns":
-        return MemoryColumns.from_table(self.memories)
+        return MemoryColumns.from_table(self.memories, self.scope_columns)
 
     @cached_property
     def scope_columns(self) -> "ScopeColumns":
@@ -374,8 +374,8 @@ class MemoryColumns:
     (a few bytes per row, made once per process)."""
 
     ids: StringColumn
-    types: StringColumn
-    projects: StringColumn
+    types: "Coded"
+    projects: "Coded"
     sessions: StringColumn
     created_at: np.ndarray  # int64 microseconds
     last_accessed_at: np.ndarray  # int64 microseconds, 0 where never accessed
@@ -386,13 +386,16 @@ class MemoryColumns:
     documents: StringColumn  # source document of a section (Markdown file), else None
 
     @classmethod
-    def from_table(cls, table: pa.Table) -> "MemoryColumns":
+    def from_table(cls, table: pa.Table, scope: "ScopeColumns | None" = None) -> "MemoryColumns":
+        """``scope``: the same rows' :class:`ScopeColumns`, whose type and project codes
+        (four bytes a row) these columns then share."""
+        scope = scope or ScopeColumns.from_table(table)
         created = table.column("created_at").cast(pa.int64()).to_numpy(zero_copy_only=False)
         last = table.column("last_accessed_at").cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
         return cls(
             ids=StringColumn(table.column("id")),
-            types=StringColumn(table.column("type")),
-            projects=StringColumn(table.column("project")),
+            types=scope.types,
+            projects=scope.projects,
             sessions=StringColumn(table.column("session_id")),
             created_at=created,
             last_accessed_at=last,
@@ -441,6 +444,23 @@ class Coded:
         encoded = column.combine_chunks().dictionary_encode()  # one dictionary for every row
         codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
         return cls(codes, {str(v): i for i, v in enumerate(encoded.dictionary.to_pylist())})
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __getitem__(self, key: Any) -> Any:
+        """The value of a row (None where null), or an object array of rows' values."""
+        if isinstance(key, (int, np.integer)):
+            return self._names[self.codes[int(key)]]
+        return self._names[self.codes[key]]
+
+    @cached_property
+    def _names(self) -> np.ndarray:
+        """Each code's value, then None: code -1 (null) indexes the last slot."""
+        names = np.empty(len(self.values) + 1, dtype=object)
+        for value, code in self.values.items():
+            names[code] = value
+        return names
 
     def isin(self, start: int, end: int, wanted: Iterable[str]) -> np.ndarray:
         """Whether each row in [start, end) holds one of ``wanted``."""
