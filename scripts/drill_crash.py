@@ -442,6 +442,281 @@ def drill_ingest(work: Path, steps: list[str], rounds: int, rng: random.Random) 
 
 # ----------------------------------------------------------------------------- Serve
 
+#: What a Serve round kills: every process of ``helix serve``'s session (its process
+#: group and the Ray workers, which sit in groups of their own), the driver alone, or
+#: the Writer replica's process.
+SERVE_TARGETS = ("session", "driver", "writer")
+WRITER_TITLE = "ServeReplica:helix:Writer"
+START_TIMEOUT_S = 300.0
+
+
+class Server:
+    """One ``helix serve`` of ``store`` on a spare 127.0.0.1 port, in a session of its own."""
+
+    def __init__(self, store: Path, log: Path, port: int | None = None):
+        from helix_ray.runtime import spare_port
+
+        self.store, self.port = store, port or spare_port()
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        env["PYTHONPATH"] = str(ROOT)
+        self.log = log.with_name(f"{log.stem}-{uuid.uuid4().hex[:6]}.log")
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(store),
+                                          "--port", str(self.port)], start_new_session=True, env=env,
+                                         stdout=out, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self) -> bool:
+        """Whether this server says it serves (not another one on the port) and answers."""
+        import httpx
+
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if "Helix is serving" not in self.log.read_text(errors="replace"):
+                time.sleep(0.5)
+                continue
+            try:
+                if httpx.get(self.url + "/healthz", timeout=5).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        return False
+
+    def session(self) -> list[Any]:
+        """The live processes of this server's session (the driver's and Ray's)."""
+        import psutil
+
+        out = []
+        for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+            try:
+                if os.getsid(proc.pid) == self.proc.pid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                    out.append(proc)
+            except (OSError, psutil.Error):
+                continue
+        return out
+
+    def kill(self, target: str) -> str:
+        """SIGKILL ``target`` (one of :data:`SERVE_TARGETS`); returns what was killed."""
+        if target == "driver":
+            self.proc.send_signal(signal.SIGKILL)
+            return f"driver {self.proc.pid}"
+        procs = self.session()
+        if target == "writer":
+            procs = [p for p in procs if WRITER_TITLE in " ".join(p.info["cmdline"] or [])]
+        for proc in procs:
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except OSError:
+                pass
+        return f"{target}: {len(procs)} processes"
+
+    def stop(self) -> None:
+        """SIGTERM (``helix serve`` takes Serve and Ray down), then SIGKILL of what is left."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                pass
+        self.reap()
+
+    def outliving(self, grace_s: float) -> list[str]:
+        """The session's processes still there after ``grace_s`` (their titles)."""
+        deadline = time.monotonic() + grace_s
+        while self.session() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return [" ".join(p.info["cmdline"] or [])[:60] for p in self.session()]
+
+    def reap(self) -> None:
+        """SIGKILL what is left of the session."""
+        for proc in self.session():
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except OSError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.wait(30)
+
+
+class Burst:
+    """Concurrent writers against one server: each thread writes memories of its own
+    ids, sometimes a new text of one, sometimes deletes one (each id's writes in order,
+    so the ledger knows which one is last)."""
+
+    def __init__(self, url: str, key: str, ledger: Ledger, rng: random.Random, threads: int = 4):
+        self.url, self.key, self.ledger = url, key, ledger
+        self.lock = threading.Lock()
+        self.halt = threading.Event()
+        self.seeds = [rng.randrange(10**6) for _ in range(threads)]
+        self.errors: dict[str, int] = {}
+        self.threads = [threading.Thread(target=self.worker, args=(n,), daemon=True) for n in range(threads)]
+
+    def start(self) -> "Burst":
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.halt.set()
+        for thread in self.threads:
+            thread.join(70)
+
+    def note(self, what: str) -> None:
+        with self.lock:
+            self.errors[what] = self.errors.get(what, 0) + 1
+
+    def worker(self, n: int) -> None:
+        import httpx
+
+        rng = random.Random(self.seeds[n])
+        mine: list[str] = []
+        with httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=60) as client:
+            for k in range(10**6):
+                if self.halt.is_set():
+                    return
+                roll = rng.random()
+                try:
+                    if mine and roll < 0.15:
+                        memory_id = mine.pop(rng.randrange(len(mine)))
+                        with self.lock:
+                            self.ledger.attempt(memory_id, None)
+                        status = client.delete(f"/v1/memories/{memory_id}").status_code
+                        if status == 200:
+                            with self.lock:
+                                self.ledger.delete(memory_id)
+                        else:
+                            mine.append(memory_id)  # its delete may be retried later
+                    else:
+                        memory_id = rng.choice(mine) if mine and roll < 0.3 else f"t{self.seeds[n]}-{n}-{k}"
+                        word = tag()
+                        with self.lock:
+                            self.ledger.attempt(memory_id, word)
+                        body = record(memory_id, word, rng)
+                        del body["user"]  # the key's user
+                        status = client.post("/v1/memories", json=body).status_code
+                        if status == 201:
+                            with self.lock:
+                                self.ledger.put(memory_id, word)
+                            if memory_id not in mine:
+                                mine.append(memory_id)
+                    if status >= 400:
+                        self.note(str(status))
+                        time.sleep(0.2)
+                except httpx.HTTPError as exc:
+                    self.note(type(exc).__name__)
+                    time.sleep(0.2)
+
+
+def http_check(url: str, key: str, ledger: Ledger) -> Outcome:
+    """Recall each acknowledged memory by its word through the server, then one write."""
+    import httpx
+
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
+        def found(word: str) -> dict[str, str]:
+            response = client.post("/v1/recall", json={"query": word, "k": 5, "budget_tokens": 400})
+            response.raise_for_status()
+            return {item["id"]: item["text"] for item in response.json()["items"]}
+
+        outcome = check(ledger, found, True)
+        after = client.post("/v1/memories", json={"id": f"after-{uuid.uuid4().hex[:8]}", "text": "Written after "
+                                                  f"the restart {tag()}: {sentence(random.Random())}."})
+        if after.status_code != 201:
+            outcome.opened, outcome.why = False, f"a write after the restart got {after.status_code}: {after.text[:200]}"
+    return outcome
+
+
+def doctor_problems(store: Path) -> str:
+    from helix_ray.store.doctor import check_store
+
+    return "; ".join(f"{c.name}: {c.found}" for c in check_store(store) if not c.ok)
+
+
+def new_serve_store(store: Path) -> tuple[str, str]:
+    """A store with an empty generation and two API keys: (user key, admin key)."""
+    from helix_ray.ingest.run import initialise
+    from helix_ray.serve.keys import KeyStore
+
+    shutil.rmtree(store, ignore_errors=True)
+    initialise(store)
+    keys = KeyStore(store)
+    return keys.create(USER)[0], keys.create("drill-admin", admin=True)[0]
+
+
+def serve_round(store: Path, keys: tuple[str, str], ledger: Ledger, target: str, compaction: bool,
+                rng: random.Random, log: Path) -> tuple[Outcome, bool]:
+    """One round: serve, write in a burst (and compact), kill ``target``, start again
+    (or, for the Writer, wait for Serve's new one) and check. Returns the outcome and
+    whether the kill came (a server that did not start is a failed round)."""
+    import httpx
+
+    key, admin = keys
+    server = Server(store, log)
+    try:
+        if not server.wait_ready():
+            return Outcome(0, [], [], False, f"helix serve did not start within {START_TIMEOUT_S:.0f} s"), False
+        burst = Burst(server.url, key, ledger, rng).start()
+        if compaction:
+            time.sleep(rng.uniform(2.0, 5.0))  # writes for the compaction to fold
+            threading.Thread(target=lambda: httpx.post(server.url + "/v1/admin/compact", timeout=300,
+                                                       headers={"Authorization": f"Bearer {admin}"}),
+                             daemon=True).start()
+            time.sleep(rng.uniform(0.2, 4.0))
+        else:
+            time.sleep(rng.uniform(1.0, 8.0))
+        killed = server.kill(target)
+        if target == "writer":
+            time.sleep(rng.uniform(2.0, 5.0))  # the burst meets the Writer's absence, then its successor
+        burst.stop()
+        print(f"    round: killed {killed}; errors seen {burst.errors}", file=sys.stderr, flush=True)
+        if target == "writer":
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while time.monotonic() < deadline:  # the first write Serve's new Writer answers
+                try:
+                    outcome = http_check(server.url, key, ledger)
+                    return outcome, True
+                except httpx.HTTPError:
+                    time.sleep(1.0)
+            return Outcome(0, [], [], False, "no new Writer within the start timeout"), True
+        left = server.outliving(grace_s=15.0)
+        problems = doctor_problems(store) if not left else ""
+        # Started again on the same port, as an operator would, with whatever outlived the kill.
+        restarted = Server(store, log, port=server.port)
+        if not restarted.wait_ready():
+            restarted.stop()
+            server.reap()
+            why = f"helix serve did not start again while {len(left)} processes outlived the kill ({left[:3]})"
+            restarted = Server(store, log, port=server.port)
+            if not restarted.wait_ready():
+                restarted.stop()
+                return Outcome(0, [], [], False, why + "; nor after they were killed"), True
+            problems = "; ".join(w for w in (why, problems) if w)
+        try:
+            outcome = http_check(restarted.url, key, ledger)
+        finally:
+            restarted.stop()
+    finally:
+        server.stop()
+    if problems:
+        outcome.opened = False
+        outcome.why = "; ".join(w for w in (problems, outcome.why) if w)
+    return outcome, True
+
+
+def drill_serve(work: Path, targets: list[str], rounds: int, rng: random.Random, *, compaction: bool) -> list[Row]:
+    rows = []
+    name = "serve-compaction" if compaction else "serve-writes"
+    for target in targets:
+        store = work / f"{name}-{target}"
+        keys = new_serve_store(store)
+        ledger, row = Ledger(), Row(f"{name}@{target}")
+        for _ in range(rounds):
+            outcome, killed = serve_round(store, keys, ledger, target, compaction, rng, work / f"{name}.log")
+            row.add(ledger, outcome, killed=killed)
+        rows.append(row)
+        print_row(row)
+    return rows
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -453,6 +728,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="kills per kill point (default: 3)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default="/tmp/helix-crash-drill")
+    ap.add_argument("--targets", default=",".join(SERVE_TARGETS),
+                    help=f"comma-separated kill targets of the serve scenarios (default: {','.join(SERVE_TARGETS)})")
     ap.add_argument("--steps", default=None, help="comma-separated kill points of memory-add / ingest (default: all)")
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
@@ -469,6 +746,11 @@ def main(argv: list[str] | None = None) -> int:
         rows += drill_memory_add(work, chosen, rounds, rng)
     if args.scenario in ("ingest", "all"):
         rows += drill_ingest(work, [s for s in chosen if s != "inbox"], rounds, rng)
+    targets = args.targets.split(",")
+    if args.scenario in ("serve-writes", "all"):
+        rows += drill_serve(work, targets, rounds, rng, compaction=False)
+    if args.scenario in ("serve-compaction", "all"):
+        rows += drill_serve(work, targets, rounds, rng, compaction=True)
     bad = [r for r in rows if r.lost or r.resurrected or not r.opened]
     return 1 if bad else 0
 
