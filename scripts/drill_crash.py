@@ -1,36 +1,41 @@
 """Crash drills: SIGKILL a writer mid-write, restart, and count what survived.
 
     .venv/bin/python scripts/drill_crash.py [--scenario memory-add|ingest|serve-writes|serve-compaction|all]
-        [--rounds 3] [--seed 0] [--work /tmp/helix-crash-drill]
+        [--rounds 3] [--seed 0] [--steps STEP,...] [--targets session,driver,writer] [--work DIR]
 
-Each scenario prints one table row per kill point: the scenario, the rounds run, the
-writes acknowledged (over all rounds), those recovered after the restart, those lost,
-those resurrected, and whether the store opened without repair (``helix doctor`` finds
-nothing, and the next write after the restart succeeds) every time.
+Each scenario prints one table row per kill point: the rounds run and how many were
+killed before they finished, the memories acknowledged (over all rounds, each checked
+by its last acknowledged write), those recovered after the restart, those lost, those
+resurrected, and whether the store opened without repair every time (``helix
+doctor``'s checks pass after the kill, the restarted writer takes the next write).
 
 - ``memory-add``: a child process runs ``Memory.add`` in a loop (new memories and new
-  texts of earlier ones) and prints each acknowledged one. It is killed at a named
+  texts of earlier ones) and prints each acknowledged one. It kills itself at a named
   step of publishing (:data:`STEPS`: the inbox file written, each generation file
   staged, the folder renamed, the database mid-transaction and committed, ``CURRENT``
-  moved) by a hook the child installs on itself, or at a random time (``random``).
-- ``ingest``: the same for ``helix ingest --runner local`` (the CLI in a child process)
-  of a JSONL file of new and changed records; after the kill a second ingest of the
-  same file must complete.
+  moved, old generations pruned), or the drill kills it at a random time (``random``).
+  The next child adds to what the kill left; the drill recalls every acknowledged
+  memory with a fresh :class:`helix_ray.Memory`.
+- ``ingest``: the same for ``helix ingest --runner local`` (the CLI, in a child) of a
+  JSONL file of new records and new texts of earlier ones; after the kill a second
+  ingest of the same file must complete.
 - ``serve-writes``: ``helix serve`` on a spare port takes a burst of concurrent
-  ``POST /v1/memories`` and ``DELETE``s of acknowledged ids; the whole process group is
-  killed at a random time (``driver``), or only the Writer replica's process
-  (``writer``). ``helix serve`` restarts on the same store and every acknowledged write
-  must be recalled, no acknowledged delete come back.
-- ``serve-compaction``: the same, with ``POST /v1/admin/compact`` in flight when the
-  kill comes.
+  ``POST /v1/memories`` and ``DELETE``s of acknowledged ids, killed at a random time:
+  every process of its session (``session``: the driver's process group and the Ray
+  workers, which sit in groups of their own), the driver alone (``driver``), or the
+  Writer replica's process (``writer``, which Serve replaces; checked on the same
+  server). ``helix serve`` then starts again on the same store and port (waiting while
+  the killed server's connections close) and recalls every acknowledged memory.
+- ``serve-compaction``: the same, killed while ``POST /v1/admin/compact`` runs.
 
 Acknowledged means: ``Memory.add`` or ``helix ingest`` returned, or the server answered
-201 / 200. An update's old text found again, or a deleted memory found at all, counts as
-resurrected. The kill points are hooks the child installs on itself (no product code
-knows about them); the random ones use a seeded RNG (``--seed``).
+201 / 200. A write in flight at the kill may land or not. An acknowledged new text whose
+older one is found again, or a deleted memory found at all, counts as resurrected. The
+kill points are hooks the child installs on itself (no product code knows about them);
+the random ones come from a seeded RNG (``--seed``).
 
-Ray-backed scenarios start ``helix serve`` twice a round (~20–40 s each): their default
-is three rounds; ``--rounds 20 --scenario serve-writes`` runs more.
+The Serve scenarios start ``helix serve`` twice a round (~20–40 s each); more rounds:
+``--scenario serve-writes --rounds 20``.
 """
 
 from __future__ import annotations
@@ -374,24 +379,29 @@ def local_check(store: Path, ledger: Ledger) -> Outcome:
         return check(ledger, found, not problems, "; ".join(problems))
 
 
+def fresh(work: Path, scenario: str, step: str) -> tuple[Path, Ledger, Row]:
+    """An empty store folder for ``scenario`` killed at ``step``, its ledger and row."""
+    store = work / f"{scenario}-{step.replace(':', '-')}"
+    shutil.rmtree(store, ignore_errors=True)
+    return store, Ledger(), Row(f"{scenario}@{step}")
+
+
 def drill_memory_add(work: Path, steps: list[str], rounds: int, rng: random.Random, *,
                      kill_on: int | None = None, show: bool = True) -> list[Row]:
     """``memory-add``: one store per kill point, ``rounds`` children killed in each;
     each child first adds to what the kills before it left. A child is killed at its
-    ``kill_on``-th add (None: the 1st to 3rd, at random)."""
+    ``kill_on``-th add (None: the 2nd to 4th, at random)."""
     rows = []
     for step in steps:
-        store = work / f"memory-add-{step.replace(':', '-')}"
-        shutil.rmtree(store, ignore_errors=True)
-        ledger, row = Ledger(), Row(f"memory-add@{step}")
+        store, ledger, row = fresh(work, "memory-add", step)
         for _ in range(rounds):
             seed = rng.randrange(10**6)
             if step == "random":
-                code = follow(spawn("memory-add", "--store", str(store), "--seed", str(seed)), ledger,
-                              kill_after_s=rng.uniform(1.0, 8.0))
+                code = follow(spawn("memory-add", "--store", str(store), "--seed", str(seed), "--limit", "10000"),
+                              ledger, kill_after_s=rng.uniform(1.0, 8.0))
             else:
                 code = follow(spawn("memory-add", "--store", str(store), "--seed", str(seed), "--kill-at", step,
-                                    "--kill-on", str(kill_on or rng.randint(1, 3))), ledger)
+                                    "--kill-on", str(kill_on or rng.randint(2, 4))), ledger)
             outcome = local_check(store, ledger)
             if code not in (0, KILLED):
                 outcome.opened, outcome.why = False, f"Memory.add failed after the restart (exit {code})"
@@ -408,9 +418,7 @@ def drill_ingest(work: Path, steps: list[str], rounds: int, rng: random.Random) 
     file again: that run must complete."""
     rows = []
     for step in steps:
-        store = work / f"ingest-{step.replace(':', '-')}"
-        shutil.rmtree(store, ignore_errors=True)
-        ledger, row = Ledger(), Row(f"ingest@{step}")
+        store, ledger, row = fresh(work, "ingest", step)
         for r in range(rounds):
             source = store.parent / f"{store.name}-round{r}.jsonl"
             known = list(ledger.live)
@@ -465,11 +473,14 @@ class Server:
                                           "--port", str(self.port)], start_new_session=True, env=env,
                                          stdout=out, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.port}"
+        self.ready = False
 
     def wait_ready(self) -> bool:
         """Whether this server says it serves (not another one on the port) and answers."""
         import httpx
 
+        if self.ready:
+            return True
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline and self.proc.poll() is None:
             if "Helix is serving" not in self.log.read_text(errors="replace"):
@@ -477,6 +488,7 @@ class Server:
                 continue
             try:
                 if httpx.get(self.url + "/healthz", timeout=5).status_code == 200:
+                    self.ready = True
                     return True
             except httpx.HTTPError:
                 pass
@@ -643,6 +655,24 @@ def new_serve_store(store: Path) -> tuple[str, str]:
     return keys.create(USER)[0], keys.create("drill-admin", admin=True)[0]
 
 
+#: ``helix serve``'s refusal of a port whose last server's connections are closing.
+PORT_CLOSING = "connections of the server that last used it are still closing"
+
+
+def restart(store: Path, log: Path, port: int) -> Server:
+    """``helix serve`` on ``port`` again; while the killed server's connections are still
+    closing (TIME_WAIT, up to a minute) it refuses the port and says so: start it again
+    then, as its message asks."""
+    deadline = time.monotonic() + 120
+    while True:
+        server = Server(store, log, port=port)
+        ready = server.wait_ready()
+        if ready or time.monotonic() > deadline or PORT_CLOSING not in server.log.read_text(errors="replace"):
+            return server
+        server.stop()
+        time.sleep(5)
+
+
 def serve_round(store: Path, keys: tuple[str, str], ledger: Ledger, target: str, compaction: bool,
                 rng: random.Random, log: Path) -> tuple[Outcome, bool]:
     """One round: serve, write in a burst (and compact), kill ``target``, start again
@@ -681,12 +711,12 @@ def serve_round(store: Path, keys: tuple[str, str], ledger: Ledger, target: str,
         left = server.outliving(grace_s=15.0)
         problems = doctor_problems(store) if not left else ""
         # Started again on the same port, as an operator would, with whatever outlived the kill.
-        restarted = Server(store, log, port=server.port)
+        restarted = restart(store, log, server.port)
         if not restarted.wait_ready():
             restarted.stop()
             server.reap()
             why = f"helix serve did not start again while {len(left)} processes outlived the kill ({left[:3]})"
-            restarted = Server(store, log, port=server.port)
+            restarted = restart(store, log, server.port)
             if not restarted.wait_ready():
                 restarted.stop()
                 return Outcome(0, [], [], False, why + "; nor after they were killed"), True
