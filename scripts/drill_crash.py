@@ -428,7 +428,7 @@ def drill_ingest(work: Path, steps: list[str], rounds: int, rng: random.Random) 
                 ledger.attempt(i, w)
             kill = ("--kill-at", step) if step != "random" else ()
             code = follow(spawn("ingest", "--store", str(store), "--source", str(source), *kill), ledger,
-                          kill_after_s=rng.uniform(0.5, 5.0) if step == "random" else None)
+                          kill_after_s=rng.uniform(0.1, 2.5) if step == "random" else None)
             if code == 0:  # not killed: acknowledged
                 for i, w in batch.items():
                     ledger.put(i, w)
