@@ -57,3 +57,37 @@ class GenerationDamaged(StoreError):
 
 class ClusterUnreachable(HelixError):
     """``RAY_ADDRESS`` names a Ray cluster this process could not join."""
+
+
+class DiskFull(StoreError):
+    """The filesystem a store is on has no space left (ENOSPC) for a write; nothing
+    half-written became current. Serve answers it with HTTP 507."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self),))
+
+
+#: errno of a full filesystem (ENOSPC) and of a user's exhausted disk quota (EDQUOT).
+DISK_FULL_ERRNOS = (28, 122)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it was raised from or while handling, says the disk
+    is full: an ``OSError`` with errno ENOSPC or EDQUOT, numpy's short write ("1152
+    requested and 992 written", an ``OSError`` without an errno), or a DuckDB error
+    that says "No space left on device"."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current)
+        if isinstance(current, OSError) and (current.errno in DISK_FULL_ERRNOS or
+                                             (" requested and " in text and text.endswith(" written"))):
+            return True
+        if "No space left on device" in text or "Disk quota exceeded" in text:
+            return True
+        current = current.__cause__ or current.__context__
+    return False

@@ -29,12 +29,13 @@ from typing import Any, Iterable, Sequence
 
 from helix_ray.config import IngestConfig, RetrievalConfig
 from helix_ray.embedder import DIM, get_embedder
-from helix_ray.errors import InvalidArgument
+from helix_ray.errors import InvalidArgument, is_disk_full
 from helix_ray.recall import adapter
 from helix_ray.recall.threads import encoder_threads
 from helix_ray.schema import MemoryRecord
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import current_generation_number, open_good_generation
+from helix_ray.store.space import disk_full
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +104,18 @@ class Memory:
         inbox = self.store / "inbox"
         inbox.mkdir(parents=True, exist_ok=True)
         path = inbox / f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
-        with open(path, "w", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(json.dumps(row, default=_json_default, ensure_ascii=False) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            with open(path, "w", encoding="utf-8") as fh:
+                for row in rows:
+                    fh.write(json.dumps(row, default=_json_default, ensure_ascii=False) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            path.unlink(missing_ok=True)  # a part of the records is no write
+            if is_disk_full(exc):
+                raise disk_full(self.store, "writing the inbox file",
+                                need_bytes=len(json.dumps(rows, default=str))) from exc
+            raise
         return self.ingest([path], format="jsonl", runner=runner)
 
     # ------------------------------------------------------------------ recall

@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from helix_ray.config import IngestConfig
-from helix_ray.errors import InvalidArgument, StoreError
+from helix_ray.errors import InvalidArgument, StoreError, is_disk_full
 from helix_ray.ingest import stages
 from helix_ray.ingest.assemble import NextRows, assemble, bm25_analyzer, collect, memory_table, session_context
 from helix_ray.ingest.dedup import find_duplicates, signatures
@@ -55,6 +55,7 @@ from helix_ray.schema import parent_of
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import ACCESS_WATERMARK, Generation, current_generation_number
 from helix_ray.store.publish import GenerationData, prune, publish, set_current
+from helix_ray.store.space import disk_full
 
 log = logging.getLogger(__name__)
 
@@ -209,14 +210,19 @@ def ingest(
         raise InvalidArgument("sources", [], "give at least one file or folder to ingest")
 
     report = IngestReport()
-    with _writer(store, db) as db, _recorded_run(db, report, [i["path"] for i in items]), \
-            shown(report, show_progress) as progress:
-        run = Run(store, db, config, report, runner=runner, crash_after=crash_after, computed=computed or {},
-                  progress=progress, scopes=tuple(scopes))
-        if runner == "local":
-            _stages(run, items)
-        else:
-            _ray_job().run_stages(run, items, _stages)
+    try:
+        with _writer(store, db) as db, _recorded_run(db, report, [i["path"] for i in items]), \
+                shown(report, show_progress) as progress:
+            run = Run(store, db, config, report, runner=runner, crash_after=crash_after, computed=computed or {},
+                      progress=progress, scopes=tuple(scopes))
+            if runner == "local":
+                _stages(run, items)
+            else:
+                _ray_job().run_stages(run, items, _stages)
+    except Exception as exc:
+        if is_disk_full(exc):  # CURRENT moves last: the previous generation is still the current one
+            raise disk_full(store, "ingesting") from exc
+        raise
     return report
 
 

@@ -29,12 +29,13 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from helix_ray.errors import InvalidArgument, StoreError
+from helix_ray.errors import InvalidArgument, StoreError, is_disk_full
 from helix_ray.ingest.dedup import signatures
 from helix_ray.schema import CHUNK_ID, DERIVED_ID, MEMORY_SCHEMA, chunk_id, content_hash, parent_of
 from helix_ray.serve.api import MAX_BATCH
 from helix_ray.serve.delta_format import Tombstone
 from helix_ray.serve.errors import Conflict, Forbidden, NotFound
+from helix_ray.store.space import disk_full
 
 if TYPE_CHECKING:
     from helix_ray.serve.writer import WriterCore
@@ -264,14 +265,7 @@ def write_rows(core: WriterCore, rows: list[dict[str, Any]], deletes: list[str] 
     owners = {i: core.owner(i) or "" for i in deletes}
     put = _Computed(core, rows) if rows else None
     if rows:  # 1. the inbox file, as Memory.add writes it (ingest-ready records)
-        inbox = core.store / "inbox"
-        inbox.mkdir(parents=True, exist_ok=True)
-        path = inbox / f"{SERVED_PREFIX}{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
-        with open(path, "w", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(json.dumps(ingest_record(row), ensure_ascii=False) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        _write_inbox(core, rows)
     # 2. the log rows in DuckDB and the deleted rows marked, one transaction
     first = core.seq + 1
     seqs = list(range(first, first + len(rows)))
@@ -299,13 +293,19 @@ def write_rows(core: WriterCore, rows: list[dict[str, Any]], deletes: list[str] 
         except duckdb.TransactionException as exc:
             # A compaction's pipeline writing the same row at this moment (it runs
             # outside the lock, on a connection of its own): once it has, again.
+            if is_disk_full(exc):  # a commit that failed to write its log has ended the transaction
+                _rollback_if_open(core)
+                raise disk_full(core.store, "logging the writes in the database") from exc
             core.db.con.rollback()
             if attempt == DELETE_TRIES - 1:
                 raise StoreError(f"Could not write now: a compaction is writing {(deletes or [r['id'] for r in rows])[0]!r} "
                                  f"({str(exc).splitlines()[0][:120]}). Nothing was written or deleted; retry in a "
                                  "few seconds.") from None
             time.sleep(min(0.05 * 2 ** attempt, 1.0))
-        except BaseException:
+        except BaseException as exc:
+            if is_disk_full(exc):
+                _rollback_if_open(core)
+                raise disk_full(core.store, "logging the writes in the database") from exc
             core.db.con.rollback()
             raise
     core.seq = first + len(rows) + len(deletes) - 1
@@ -318,6 +318,31 @@ def write_rows(core: WriterCore, rows: list[dict[str, Any]], deletes: list[str] 
         core.entries.pop(memory_id, None)
         core.tombstones[memory_id] = Tombstone(memory_id, owners[memory_id], None)
     core._publish()
+
+
+def _rollback_if_open(core: WriterCore) -> None:
+    try:
+        core.db.con.rollback()
+    except duckdb.Error:  # no transaction is open
+        pass
+
+
+def _write_inbox(core: WriterCore, rows: list[dict[str, Any]]) -> None:
+    """The fsynced JSONL copy of ``rows`` in ``inbox/``; on a full disk, no part of it."""
+    inbox = core.store / "inbox"
+    inbox.mkdir(parents=True, exist_ok=True)
+    path = inbox / f"{SERVED_PREFIX}{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
+    lines = [json.dumps(ingest_record(row), ensure_ascii=False) + "\n" for row in rows]
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.writelines(lines)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        path.unlink(missing_ok=True)
+        if is_disk_full(exc):
+            raise disk_full(core.store, "writing the inbox file", need_bytes=sum(map(len, lines))) from exc
+        raise
 
 
 class _Computed:

@@ -1,0 +1,789 @@
+"""Crash drills: SIGKILL a writer mid-write, restart, and count what survived.
+
+    .venv/bin/python scripts/drill_crash.py [--scenario memory-add|ingest|serve-writes|serve-compaction|all]
+        [--rounds 3] [--seed 0] [--steps STEP,...] [--targets session,driver,writer] [--work DIR]
+
+Each scenario prints one table row per kill point: the rounds run and how many were
+killed before they finished, the memories acknowledged (over all rounds, each checked
+by its last acknowledged write), those recovered after the restart, those lost, those
+resurrected, and whether the store opened without repair every time (``helix
+doctor``'s checks pass after the kill, the restarted writer takes the next write).
+
+- ``memory-add``: a child process runs ``Memory.add`` in a loop (new memories and new
+  texts of earlier ones) and prints each acknowledged one. It kills itself at a named
+  step of publishing (:data:`STEPS`: the inbox file written, each generation file
+  staged, the folder renamed, the database mid-transaction and committed, ``CURRENT``
+  moved, old generations pruned), or the drill kills it at a random time (``random``).
+  The next child adds to what the kill left; the drill recalls every acknowledged
+  memory with a fresh :class:`helix_ray.Memory`.
+- ``ingest``: the same for ``helix ingest --runner local`` (the CLI, in a child) of a
+  JSONL file of new records and new texts of earlier ones; after the kill a second
+  ingest of the same file must complete.
+- ``serve-writes``: ``helix serve`` on a spare port takes a burst of concurrent
+  ``POST /v1/memories`` and ``DELETE``s of acknowledged ids, killed at a random time:
+  every process of its session (``session``: the driver's process group and the Ray
+  workers, which sit in groups of their own), the driver alone (``driver``), or the
+  Writer replica's process (``writer``, which Serve replaces; checked on the same
+  server). ``helix serve`` then starts again on the same store and port (waiting while
+  the killed server's connections close) and recalls every acknowledged memory.
+- ``serve-compaction``: the same, killed while ``POST /v1/admin/compact`` runs.
+
+Acknowledged means: ``Memory.add`` or ``helix ingest`` returned, or the server answered
+201 / 200. A write in flight at the kill may land or not. An acknowledged new text whose
+older one is found again, or a deleted memory found at all, counts as resurrected. The
+kill points are hooks the child installs on itself (no product code knows about them);
+the random ones come from a seeded RNG (``--seed``).
+
+The Serve scenarios start ``helix serve`` twice a round (~20–40 s each); more rounds:
+``--scenario serve-writes --rounds 20``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+USER = "dana"
+WORDS = ("cache queue index parser worker lease shard replica token budget schema migration retry timeout "
+         "socket buffer cursor ledger quota tenant router planner vector graph commit branch rollback").split()
+
+#: The generation files (and folders) ``helix_ray.store.publish`` stages, in order: a
+#: kill point each, right after the file is written.
+STAGED = ("memories.arrow", "vectors.f32.npy", "binary.npy", "minhash.npy", "bm25", "mentions.arrow", "knn",
+          "graph", "entities.arrow", "late", "manifest.json")
+#: Kill points of one local ingest, in the order they are met.
+STEPS = ("inbox", *(f"staged:{name}" for name in STAGED), "renamed", "db-uncommitted", "db-committed",
+         "current", "pruned")
+KILLED = -signal.SIGKILL
+
+
+# ----------------------------------------------------------------------------- what was acknowledged
+
+
+def sentence(rng: random.Random) -> str:
+    """Ten words at random: two drill memories share few shingles, so near-duplicate
+    removal keeps both."""
+    return " ".join(rng.sample(WORDS, 10))
+
+
+def tag() -> str:
+    """A word no other memory holds: BM25 finds exactly the memory that carries it."""
+    return "drill" + uuid.uuid4().hex[:12]
+
+
+def record(memory_id: str, word: str, rng: random.Random) -> dict[str, Any]:
+    return {"id": memory_id, "user": USER, "text": f"Drill note {word}: {sentence(rng)}.", "source": "drill"}
+
+
+@dataclass
+class Ledger:
+    """What the writers acknowledged: each live memory's newest word, the words its
+    earlier texts had, and the deleted memories' last words. ``tried`` holds the writes
+    sent since a memory's last acknowledged one (a put's word, None for a delete): a
+    write in flight at the kill may land or not, and either is right."""
+
+    live: dict[str, str] = field(default_factory=dict)
+    replaced: dict[str, list[str]] = field(default_factory=dict)
+    deleted: dict[str, str] = field(default_factory=dict)
+    tried: dict[str, list[str | None]] = field(default_factory=dict)
+
+    def attempt(self, memory_id: str, word: str | None) -> None:
+        self.tried.setdefault(memory_id, []).append(word)
+
+    def put(self, memory_id: str, word: str) -> None:
+        self.tried.pop(memory_id, None)
+        if memory_id in self.live:
+            self.replaced.setdefault(memory_id, []).append(self.live[memory_id])
+        self.deleted.pop(memory_id, None)
+        self.live[memory_id] = word
+
+    def delete(self, memory_id: str) -> None:
+        self.tried.pop(memory_id, None)
+        self.deleted[memory_id] = self.live.pop(memory_id)
+
+    def take(self, line: str) -> None:
+        """One line a child printed: ``try put ID WORD``, ``ack put ID WORD``, ``try
+        delete ID`` or ``ack delete ID``."""
+        parts = line.split()
+        if parts[:2] == ["try", "put"]:
+            self.attempt(parts[2], parts[3])
+        elif parts[:2] == ["try", "delete"]:
+            self.attempt(parts[2], None)
+        elif parts[:2] == ["ack", "put"]:
+            self.put(parts[2], parts[3])
+        elif parts[:2] == ["ack", "delete"]:
+            self.delete(parts[2])
+
+
+@dataclass
+class Outcome:
+    """One check after a restart."""
+
+    recovered: int
+    lost: list[str]
+    resurrected: list[str]
+    opened: bool
+    why: str = ""
+
+
+def check(ledger: Ledger, found: Callable[[str], dict[str, str]], opened: bool, why: str = "") -> Outcome:
+    """Look up every acknowledged memory by its words: ``found(word)`` gives id → text
+    of the memories recall returns for that word. A live memory is recovered when its
+    last acknowledged text is found, or the text of a write in flight at the kill (or
+    nothing, when that write was a delete)."""
+    lost, resurrected, recovered = [], [], 0
+
+    def holds(memory_id: str, word: str) -> bool:
+        text = found(word).get(memory_id)
+        return text is not None and word in text
+
+    for memory_id, word in ledger.live.items():
+        in_flight = ledger.tried.get(memory_id, [])
+        if any(holds(memory_id, w) for w in [word, *in_flight] if w is not None) or None in in_flight:
+            recovered += 1
+        else:
+            lost.append(memory_id)
+        resurrected += [f"{memory_id} (old text)" for old in ledger.replaced.get(memory_id, [])
+                        if holds(memory_id, old)]
+    for memory_id, word in ledger.deleted.items():
+        if memory_id in found(word):
+            resurrected.append(memory_id)
+        else:
+            recovered += 1
+    return Outcome(recovered, lost, resurrected, opened, why)
+
+
+@dataclass
+class Row:
+    """One kill point's table row. ``acknowledged`` counts memories (a memory written
+    three times is checked once, by its last acknowledged write); ``lost`` and
+    ``resurrected`` count the distinct memories any check found so."""
+
+    scenario: str
+    rounds: int = 0
+    kills: int = 0
+    acknowledged: int = 0
+    recovered: int = 0
+    lost: set[str] = field(default_factory=set)
+    resurrected: set[str] = field(default_factory=set)
+    opened: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, ledger: Ledger, outcome: Outcome, *, killed: bool) -> None:
+        """A round's check, over everything acknowledged so far in this store."""
+        self.rounds += 1
+        self.kills += killed
+        self.acknowledged = len(ledger.live) + len(ledger.deleted)
+        self.recovered = outcome.recovered
+        self.lost |= set(outcome.lost)
+        self.resurrected |= set(outcome.resurrected)
+        self.opened = self.opened and outcome.opened
+        if outcome.why:
+            self.notes.append(outcome.why)
+        self.notes += [f"lost {i}" for i in outcome.lost[:3]] + [f"resurrected {i}" for i in outcome.resurrected[:3]]
+
+    def cells(self) -> list[str]:
+        return [self.scenario, str(self.rounds), str(self.kills), str(self.acknowledged), str(self.recovered), str(len(self.lost)),
+                str(len(self.resurrected)), "yes" if self.opened else "no"]
+
+
+HEADER = ["scenario", "rounds", "killed", "acknowledged", "recovered", "lost", "resurrected", "opened without repair"]
+
+
+def print_row(row: Row) -> None:
+    print("| " + " | ".join(row.cells()) + " |", flush=True)
+    for note in row.notes[:5]:
+        print(f"|   ! {note}", flush=True)
+
+
+# ----------------------------------------------------------------------------- kill points (in the child)
+
+
+def die() -> None:
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def install_kill_point(step: str, on_call: int) -> None:
+    """SIGKILL this process at ``step`` (one of :data:`STEPS`) of its ``on_call``-th
+    ingest (1-based). Wraps the functions each step ends with, in this process only."""
+    import helix_ray.ingest.run as run
+    import helix_ray.store.db as db
+    import helix_ray.store.publish as publish
+
+    calls = {"n": 0}
+
+    def armed() -> bool:
+        return calls["n"] == on_call
+
+    original_ingest = run.ingest
+
+    def counted_ingest(*args: Any, **kwargs: Any) -> Any:
+        # Memory.add and `helix ingest` both look it up here at call time.
+        calls["n"] += 1
+        if armed() and step == "inbox":  # Memory.add: the inbox file is written and fsynced
+            die()
+        return original_ingest(*args, **kwargs)
+
+    run.ingest = counted_ingest  # type: ignore[assignment]
+    done = publish._Staging.done
+
+    def staged(self: Any, path: Path) -> None:
+        done(self, path)
+        if armed() and step == f"staged:{path.name}":
+            die()
+
+    publish._Staging.done = staged  # type: ignore[method-assign]
+    after(publish, "_rename_durably", lambda: armed() and step == "renamed")
+    before(db.StoreDB, "record_generation", lambda: armed() and step == "db-uncommitted")
+    after(run, "_record", lambda: armed() and step == "db-committed")
+    before(run, "prune", lambda: armed() and step == "current")
+    after(run, "prune", lambda: armed() and step == "pruned")
+
+
+def before(owner: Any, name: str, when: Callable[[], bool]) -> None:
+    original = getattr(owner, name)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if when():
+            die()
+        return original(*args, **kwargs)
+
+    setattr(owner, name, wrapped)
+
+
+def after(owner: Any, name: str, when: Callable[[], bool]) -> None:
+    original = getattr(owner, name)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        if when():
+            die()
+        return out
+
+    setattr(owner, name, wrapped)
+
+
+def child_memory_add(store: Path, seed: int, limit: int) -> None:
+    """Add memories one call at a time (every third a new text of an earlier one),
+    printing each acknowledged one, until killed or ``limit`` calls."""
+    from helix_ray.memory import Memory
+
+    rng = random.Random(seed)
+    mem = Memory(store, warm=False, record_access=False)
+    print("ready", flush=True)
+    acked: list[str] = []
+    for n in range(limit):
+        memory_id = rng.choice(acked) if acked and n % 3 == 2 else f"s{seed}-{n}"
+        word = tag()
+        print(f"try put {memory_id} {word}", flush=True)
+        mem.add([record(memory_id, word, rng)])
+        acked.append(memory_id)
+        print(f"ack put {memory_id} {word}", flush=True)
+    mem.close()
+
+
+def child_ingest(store: Path, source: Path) -> int:
+    """``helix ingest SOURCE --store STORE --runner local``, in this process."""
+    from helix_ray.cli import main
+
+    print("ready", flush=True)
+    return main(["ingest", str(source), "--store", str(store), "--runner", "local", "--json"])
+
+
+def child_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=("memory-add", "ingest"))
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kill-at", default=None, choices=STEPS)
+    ap.add_argument("--kill-on", type=int, default=1, help="which ingest of this process the kill point is armed for")
+    ap.add_argument("--limit", type=int, default=12)
+    ap.add_argument("--source", default=None)
+    args = ap.parse_args(argv)
+    if args.kill_at:
+        install_kill_point(args.kill_at, args.kill_on)
+    if args.what == "memory-add":
+        child_memory_add(Path(args.store), args.seed, args.limit)
+        return 0
+    return child_ingest(Path(args.store), Path(args.source))
+
+
+# ----------------------------------------------------------------------------- running a child
+
+
+def spawn(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def follow(proc: subprocess.Popen, ledger: Ledger, kill_after_s: float | None = None,
+           timeout_s: float = 300.0) -> int:
+    """Read the child's acknowledgements until it exits; SIGKILL it ``kill_after_s``
+    seconds after it says ``ready`` (None: let it run). Returns its exit code (an
+    error's stderr is shown)."""
+    ready = threading.Event()
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("ready"):
+                ready.set()
+            ledger.take(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    if kill_after_s is not None and ready.wait(timeout_s):
+        time.sleep(kill_after_s)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+    code = proc.wait(timeout_s)
+    reader.join(10)
+    if code not in (0, KILLED):
+        tail = proc.stderr.read()[-1500:] if proc.stderr else ""
+        print(f"  child exited {code}: {tail}", file=sys.stderr, flush=True)
+    return code
+
+
+# ----------------------------------------------------------------------------- local checks
+
+
+def local_check(store: Path, ledger: Ledger) -> Outcome:
+    """After a kill: ``helix doctor``'s checks, then a fresh :class:`Memory` recalls each
+    acknowledged memory by its word."""
+    from helix_ray.memory import Memory
+    from helix_ray.store.doctor import check_store
+
+    problems = [f"{c.name}: {c.found}" for c in check_store(store) if not c.ok]
+    with Memory(store, warm=False, record_access=False) as mem:
+        def found(word: str) -> dict[str, str]:
+            return {item.id: item.text for item in mem.recall(word, user=USER, k=5).items}
+        return check(ledger, found, not problems, "; ".join(problems))
+
+
+def fresh(work: Path, scenario: str, step: str) -> tuple[Path, Ledger, Row]:
+    """An empty store folder for ``scenario`` killed at ``step``, its ledger and row."""
+    store = work / f"{scenario}-{step.replace(':', '-')}"
+    shutil.rmtree(store, ignore_errors=True)
+    return store, Ledger(), Row(f"{scenario}@{step}")
+
+
+def drill_memory_add(work: Path, steps: list[str], rounds: int, rng: random.Random, *,
+                     kill_on: int | None = None, show: bool = True) -> list[Row]:
+    """``memory-add``: one store per kill point, ``rounds`` children killed in each;
+    each child first adds to what the kills before it left. A child is killed at its
+    ``kill_on``-th add (None: the 2nd to 4th, at random)."""
+    rows = []
+    for step in steps:
+        store, ledger, row = fresh(work, "memory-add", step)
+        for _ in range(rounds):
+            seed = rng.randrange(10**6)
+            if step == "random":
+                code = follow(spawn("memory-add", "--store", str(store), "--seed", str(seed), "--limit", "10000"),
+                              ledger, kill_after_s=rng.uniform(1.0, 8.0))
+            else:
+                code = follow(spawn("memory-add", "--store", str(store), "--seed", str(seed), "--kill-at", step,
+                                    "--kill-on", str(kill_on or rng.randint(2, 4))), ledger)
+            outcome = local_check(store, ledger)
+            if code not in (0, KILLED):
+                outcome.opened, outcome.why = False, f"Memory.add failed after the restart (exit {code})"
+            row.add(ledger, outcome, killed=code == KILLED)
+        rows.append(row)
+        if show:
+            print_row(row)
+    return rows
+
+
+def drill_ingest(work: Path, steps: list[str], rounds: int, rng: random.Random) -> list[Row]:
+    """``ingest``: each round writes a file of new records and new texts of earlier
+    ones, runs ``helix ingest`` on it until the kill, checks the store, then ingests the
+    file again: that run must complete."""
+    rows = []
+    for step in steps:
+        store, ledger, row = fresh(work, "ingest", step)
+        for r in range(rounds):
+            source = store.parent / f"{store.name}-round{r}.jsonl"
+            known = list(ledger.live)
+            batch = dict((rng.choice(known) if known and n % 3 == 2 else f"r{r}-{n}", tag()) for n in range(20))
+            source.write_text("".join(json.dumps(record(i, w, rng)) + "\n" for i, w in batch.items()))
+            for i, w in batch.items():
+                ledger.attempt(i, w)
+            kill = ("--kill-at", step) if step != "random" else ()
+            code = follow(spawn("ingest", "--store", str(store), "--source", str(source), *kill), ledger,
+                          kill_after_s=rng.uniform(0.1, 2.5) if step == "random" else None)
+            if code == 0:  # not killed: acknowledged
+                for i, w in batch.items():
+                    ledger.put(i, w)
+            outcome = local_check(store, ledger)
+            again = follow(spawn("ingest", "--store", str(store), "--source", str(source)), Ledger())
+            if again != 0:
+                outcome.opened, outcome.why = False, f"the ingest after the kill exited {again}"
+            elif code != 0:
+                for i, w in batch.items():
+                    ledger.put(i, w)
+            row.add(ledger, outcome, killed=code == KILLED)
+        final = local_check(store, ledger)  # the last round's second ingest, checked
+        row.add(ledger, final, killed=False)
+        row.rounds -= 1
+        rows.append(row)
+        print_row(row)
+    return rows
+
+
+# ----------------------------------------------------------------------------- Serve
+
+#: What a Serve round kills: every process of ``helix serve``'s session (its process
+#: group and the Ray workers, which sit in groups of their own), the driver alone, or
+#: the Writer replica's process.
+SERVE_TARGETS = ("session", "driver", "writer")
+WRITER_TITLE = "ServeReplica:helix:Writer"
+START_TIMEOUT_S = 300.0
+
+
+class Server:
+    """One ``helix serve`` of ``store`` on a spare 127.0.0.1 port, in a session of its own."""
+
+    def __init__(self, store: Path, log: Path, port: int | None = None):
+        from helix_ray.runtime import spare_port
+
+        self.store, self.port = store, port or spare_port()
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        env["PYTHONPATH"] = str(ROOT)
+        self.log = log.with_name(f"{log.stem}-{uuid.uuid4().hex[:6]}.log")
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(store),
+                                          "--port", str(self.port)], start_new_session=True, env=env,
+                                         stdout=out, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ready = False
+
+    def wait_ready(self) -> bool:
+        """Whether this server says it serves (not another one on the port) and answers."""
+        import httpx
+
+        if self.ready:
+            return True
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if "Helix is serving" not in self.log.read_text(errors="replace"):
+                time.sleep(0.5)
+                continue
+            try:
+                if httpx.get(self.url + "/healthz", timeout=5).status_code == 200:
+                    self.ready = True
+                    return True
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        return False
+
+    def session(self) -> list[Any]:
+        """The live processes of this server's session (the driver's and Ray's)."""
+        import psutil
+
+        out = []
+        for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+            try:
+                if os.getsid(proc.pid) == self.proc.pid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                    out.append(proc)
+            except (OSError, psutil.Error):
+                continue
+        return out
+
+    def kill(self, target: str) -> str:
+        """SIGKILL ``target`` (one of :data:`SERVE_TARGETS`); returns what was killed."""
+        if target == "driver":
+            self.proc.send_signal(signal.SIGKILL)
+            return f"driver {self.proc.pid}"
+        procs = self.session()
+        if target == "writer":
+            procs = [p for p in procs if WRITER_TITLE in " ".join(p.info["cmdline"] or [])]
+        for proc in procs:
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except OSError:
+                pass
+        return f"{target}: {len(procs)} processes"
+
+    def stop(self) -> None:
+        """SIGTERM (``helix serve`` takes Serve and Ray down), then SIGKILL of what is left."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                pass
+        self.reap()
+
+    def outliving(self, grace_s: float) -> list[str]:
+        """The session's processes still there after ``grace_s`` (their titles)."""
+        deadline = time.monotonic() + grace_s
+        while self.session() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return [" ".join(p.info["cmdline"] or [])[:60] for p in self.session()]
+
+    def reap(self) -> None:
+        """SIGKILL what is left of the session."""
+        for proc in self.session():
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except OSError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.wait(30)
+
+
+class Burst:
+    """Concurrent writers against one server: each thread writes memories of its own
+    ids, sometimes a new text of one, sometimes deletes one (each id's writes in order,
+    so the ledger knows which one is last)."""
+
+    def __init__(self, url: str, key: str, ledger: Ledger, rng: random.Random, threads: int = 4):
+        self.url, self.key, self.ledger = url, key, ledger
+        self.lock = threading.Lock()
+        self.halt = threading.Event()
+        self.seeds = [rng.randrange(10**6) for _ in range(threads)]
+        self.errors: dict[str, int] = {}
+        self.threads = [threading.Thread(target=self.worker, args=(n,), daemon=True) for n in range(threads)]
+
+    def start(self) -> "Burst":
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.halt.set()
+        for thread in self.threads:
+            thread.join(70)
+
+    def note(self, what: str) -> None:
+        with self.lock:
+            self.errors[what] = self.errors.get(what, 0) + 1
+
+    def worker(self, n: int) -> None:
+        import httpx
+
+        rng = random.Random(self.seeds[n])
+        mine: list[str] = []
+        with httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=60) as client:
+            for k in range(10**6):
+                if self.halt.is_set():
+                    return
+                roll = rng.random()
+                try:
+                    if mine and roll < 0.15:
+                        memory_id = mine.pop(rng.randrange(len(mine)))
+                        with self.lock:
+                            self.ledger.attempt(memory_id, None)
+                        status = client.delete(f"/v1/memories/{memory_id}").status_code
+                        if status == 200:
+                            with self.lock:
+                                self.ledger.delete(memory_id)
+                        else:
+                            mine.append(memory_id)  # its delete may be retried later
+                    else:
+                        memory_id = rng.choice(mine) if mine and roll < 0.3 else f"t{self.seeds[n]}-{n}-{k}"
+                        word = tag()
+                        with self.lock:
+                            self.ledger.attempt(memory_id, word)
+                        body = record(memory_id, word, rng)
+                        del body["user"]  # the key's user
+                        status = client.post("/v1/memories", json=body).status_code
+                        if status == 201:
+                            with self.lock:
+                                self.ledger.put(memory_id, word)
+                            if memory_id not in mine:
+                                mine.append(memory_id)
+                    if status >= 400:
+                        self.note(str(status))
+                        time.sleep(0.2)
+                except httpx.HTTPError as exc:
+                    self.note(type(exc).__name__)
+                    time.sleep(0.2)
+
+
+def http_check(url: str, key: str, ledger: Ledger) -> Outcome:
+    """Recall each acknowledged memory by its word through the server, then one write."""
+    import httpx
+
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
+        def found(word: str) -> dict[str, str]:
+            response = client.post("/v1/recall", json={"query": word, "k": 5, "budget_tokens": 400})
+            response.raise_for_status()
+            return {item["id"]: item["text"] for item in response.json()["items"]}
+
+        outcome = check(ledger, found, True)
+        after = client.post("/v1/memories", json={"id": f"after-{uuid.uuid4().hex[:8]}", "text": "Written after "
+                                                  f"the restart {tag()}: {sentence(random.Random())}."})
+        if after.status_code != 201:
+            outcome.opened, outcome.why = False, f"a write after the restart got {after.status_code}: {after.text[:200]}"
+    return outcome
+
+
+def doctor_problems(store: Path) -> str:
+    from helix_ray.store.doctor import check_store
+
+    return "; ".join(f"{c.name}: {c.found}" for c in check_store(store) if not c.ok)
+
+
+def new_serve_store(store: Path) -> tuple[str, str]:
+    """A store with an empty generation and two API keys: (user key, admin key)."""
+    from helix_ray.ingest.run import initialise
+    from helix_ray.serve.keys import KeyStore
+
+    shutil.rmtree(store, ignore_errors=True)
+    initialise(store)
+    keys = KeyStore(store)
+    return keys.create(USER)[0], keys.create("drill-admin", admin=True)[0]
+
+
+#: ``helix serve``'s refusal of a port whose last server's connections are closing.
+PORT_CLOSING = "connections of the server that last used it are still closing"
+
+
+def restart(store: Path, log: Path, port: int) -> Server:
+    """``helix serve`` on ``port`` again; while the killed server's connections are still
+    closing (TIME_WAIT, up to a minute) it refuses the port and says so: start it again
+    then, as its message asks."""
+    deadline = time.monotonic() + 120
+    while True:
+        server = Server(store, log, port=port)
+        ready = server.wait_ready()
+        if ready or time.monotonic() > deadline or PORT_CLOSING not in server.log.read_text(errors="replace"):
+            return server
+        server.stop()
+        time.sleep(5)
+
+
+def serve_round(store: Path, keys: tuple[str, str], ledger: Ledger, target: str, compaction: bool,
+                rng: random.Random, log: Path) -> tuple[Outcome, bool]:
+    """One round: serve, write in a burst (and compact), kill ``target``, start again
+    (or, for the Writer, wait for Serve's new one) and check. Returns the outcome and
+    whether the kill came (a server that did not start is a failed round)."""
+    import httpx
+
+    key, admin = keys
+    server = Server(store, log)
+    try:
+        if not server.wait_ready():
+            return Outcome(0, [], [], False, f"helix serve did not start within {START_TIMEOUT_S:.0f} s"), False
+        burst = Burst(server.url, key, ledger, rng).start()
+        if compaction:
+            time.sleep(rng.uniform(2.0, 5.0))  # writes for the compaction to fold
+            threading.Thread(target=lambda: httpx.post(server.url + "/v1/admin/compact", timeout=300,
+                                                       headers={"Authorization": f"Bearer {admin}"}),
+                             daemon=True).start()
+            time.sleep(rng.uniform(0.2, 4.0))
+        else:
+            time.sleep(rng.uniform(1.0, 8.0))
+        killed = server.kill(target)
+        if target == "writer":
+            time.sleep(rng.uniform(2.0, 5.0))  # the burst meets the Writer's absence, then its successor
+        burst.stop()
+        print(f"    round: killed {killed}; errors seen {burst.errors}", file=sys.stderr, flush=True)
+        if target == "writer":
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while time.monotonic() < deadline:  # the first write Serve's new Writer answers
+                try:
+                    outcome = http_check(server.url, key, ledger)
+                    return outcome, True
+                except httpx.HTTPError:
+                    time.sleep(1.0)
+            return Outcome(0, [], [], False, "no new Writer within the start timeout"), True
+        left = server.outliving(grace_s=15.0)
+        problems = doctor_problems(store) if not left else ""
+        # Started again on the same port, as an operator would, with whatever outlived the kill.
+        restarted = restart(store, log, server.port)
+        if not restarted.wait_ready():
+            restarted.stop()
+            server.reap()
+            why = f"helix serve did not start again while {len(left)} processes outlived the kill ({left[:3]})"
+            restarted = restart(store, log, server.port)
+            if not restarted.wait_ready():
+                restarted.stop()
+                return Outcome(0, [], [], False, why + "; nor after they were killed"), True
+            problems = "; ".join(w for w in (why, problems) if w)
+        try:
+            outcome = http_check(restarted.url, key, ledger)
+        finally:
+            restarted.stop()
+    finally:
+        server.stop()
+    if problems:
+        outcome.opened = False
+        outcome.why = "; ".join(w for w in (problems, outcome.why) if w)
+    return outcome, True
+
+
+def drill_serve(work: Path, targets: list[str], rounds: int, rng: random.Random, *, compaction: bool) -> list[Row]:
+    rows = []
+    name = "serve-compaction" if compaction else "serve-writes"
+    for target in targets:
+        store = work / f"{name}-{target}"
+        keys = new_serve_store(store)
+        ledger, row = Ledger(), Row(f"{name}@{target}")
+        for _ in range(rounds):
+            outcome, killed = serve_round(store, keys, ledger, target, compaction, rng, work / f"{name}.log")
+            row.add(ledger, outcome, killed=killed)
+        rows.append(row)
+        print_row(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        return child_main(argv[1:])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenario", default="all",
+                    choices=("memory-add", "ingest", "serve-writes", "serve-compaction", "all"))
+    ap.add_argument("--rounds", type=int, default=None, help="kills per kill point (default: 3)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--work", default="/tmp/helix-crash-drill")
+    ap.add_argument("--targets", default=",".join(SERVE_TARGETS),
+                    help=f"comma-separated kill targets of the serve scenarios (default: {','.join(SERVE_TARGETS)})")
+    ap.add_argument("--steps", default=None, help="comma-separated kill points of memory-add / ingest (default: all)")
+    args = ap.parse_args(argv)
+    rng = random.Random(args.seed)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    rounds = args.rounds or 3
+    print("| " + " | ".join(HEADER) + " |\n|" + "---|" * len(HEADER), flush=True)
+    rows: list[Row] = []
+    chosen = args.steps.split(",") if args.steps else [*STEPS, "random"]
+    unknown = set(chosen) - {*STEPS, "random"}
+    if unknown:
+        ap.error(f"unknown kill points {sorted(unknown)}; choose from {', '.join(STEPS)}, random")
+    if args.scenario in ("memory-add", "all"):
+        rows += drill_memory_add(work, chosen, rounds, rng)
+    if args.scenario in ("ingest", "all"):
+        rows += drill_ingest(work, [s for s in chosen if s != "inbox"], rounds, rng)
+    targets = args.targets.split(",")
+    if args.scenario in ("serve-writes", "all"):
+        rows += drill_serve(work, targets, rounds, rng, compaction=False)
+    if args.scenario in ("serve-compaction", "all"):
+        rows += drill_serve(work, targets, rounds, rng, compaction=True)
+    bad = [r for r in rows if r.lost or r.resurrected or not r.opened]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
