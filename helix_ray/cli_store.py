@@ -1,8 +1,8 @@
 """The ``helix`` commands over a store as a whole: ``quarantine`` and ``doctor`` look
 into it, ``backup`` and ``restore`` copy it, ``forget-user`` erases a user from it. They
 print; the work is :class:`helix_ray.store.db.StoreDB`'s, :mod:`helix_ray.store.doctor`'s,
-:mod:`helix_ray.store.backup`'s and :mod:`helix_ray.store.erase`'s. Imports stay inside the functions (``helix --help``
-loads none of them)."""
+:mod:`helix_ray.store.backup`'s and :mod:`helix_ray.serve.forget`'s. Imports stay inside the functions
+(``helix --help`` loads none of them)."""
 
 from __future__ import annotations
 
@@ -101,60 +101,43 @@ def restore(args: argparse.Namespace) -> int:
 
 
 def forget_user(args: argparse.Namespace) -> int:
-    """``helix forget-user``: the user's rows out of the database, their keys and the
-    adapter fitted on their queries out of the folder; with ``--compact``, out of the
-    served generation and every file that held them too."""
-    from helix_ray.recall import adapter
-    from helix_ray.serve.keys import KeyStore
-    from helix_ray.store.erase import forget_user as erase
+    """``helix forget-user``: the user's rows out of the database and the delta, their
+    keys and the adapter fitted on their queries out of the folder; with ``--compact``,
+    out of the served generation and every file that held them too. The work is the
+    single writer's (:mod:`helix_ray.serve.forget`), as for ``DELETE /v1/users/{user}``."""
+    from helix_ray.serve.errors import NotFound
+    from helix_ray.serve.writer import WriterCore
+    from helix_ray.store.db import DatabaseHeld
 
     store = _existing_store(args.store)
-    outcome: dict[str, Any] = {"database": erase(store, args.user)}
-    outcome["keys"] = KeyStore(store).forget(args.user)
-    outcome["adapter_removed"] = adapter.forget_user(store, args.user)
-    if args.compact:
-        outcome["compaction"] = _compact_without(store)
-    rows = outcome["database"]
-    found = rows["ids"] or any(rows[k] for k in ("entities", "feedback", "access_log", "inbox_lines")) \
-        or outcome["keys"] or outcome["adapter_removed"]
-    if not found:  # exit 1: most likely a mistyped user id
+    try:
+        writer = WriterCore(store)  # its start replays the online writes' log into a new delta snapshot
+    except DatabaseHeld:
+        raise DatabaseHeld(
+            f"Cannot forget user {args.user!r} in {store}: another process holds its database (a `helix serve` or "
+            "an ingest), and DuckDB lets one process write it. With `helix serve` running, ask it: `DELETE "
+            f"/v1/users/{args.user}` with an admin key (docs/http-api.md). Else wait for the ingest, or stop the "
+            "server (its writes are durable in the database), and run this again.") from None
+    try:
+        outcome = writer.forget_user(args.user, compact=args.compact)
+    except NotFound:  # exit 1: most likely a mistyped user id
         print(f"helix forget-user: store {args.store} holds nothing of user {args.user!r}; check the id "
               f"(`helix stats --store {args.store}` counts each user's memories).", file=sys.stderr)
-    if args.json:
-        print(json.dumps(outcome, indent=1, default=str))
-    if args.json or not found:
-        return 0 if found else 1
-    adapter_note = "; the query adapter (refit: helix adapt --from-feedback)" if outcome["adapter_removed"] else ""
-    print(f"forgot user {args.user!r}: {rows['memories']} memories, {rows['expansions']} expansions, "
-          f"{rows['entities']} entities, {rows['edges']} edges, {rows['access_log']} accesses, {rows['feedback']} "
-          f"feedback rows, {rows.get('serve_log', 0)} online writes, {rows['inbox_lines']} inbox lines, "
-          f"{outcome['keys']} keys{adapter_note}")
-    if args.compact:
-        print(f"generation {outcome['compaction']['generation']} holds none of them; older generations and delta "
-              "snapshots deleted")
-    else:
-        print(f"the current generation holds them until the next one is published (an ingest or a compaction "
-              f"that folds writes); `helix forget-user --store {args.store} {args.user} --compact` publishes it now")
-    return 0
-
-
-def _compact_without(store: Path) -> dict[str, Any]:
-    """After :func:`helix_ray.store.erase.forget_user`: a generation published without
-    the forgotten rows (a compaction that runs even when the delta is empty), then every
-    other generation and delta snapshot deleted, and ``erased`` emptied (no generation
-    left holds those ids) in a database file rewritten once more."""
-    from helix_ray.serve.delta_format import drop_history
-    from helix_ray.serve.writer import WriterCore
-    from helix_ray.store.erase import rewrite_database
-    from helix_ray.store.publish import prune
-
-    writer = WriterCore(store)  # its start replays the log, now without the user, into a new snapshot
-    try:
-        outcome = writer.compact(rebuild=True)
-        writer.db.con.execute("DELETE FROM erased")
+        return 1
     finally:
-        writer.db.close()
-    prune(store, keep=1)
-    drop_history(store)
-    rewrite_database(store)
-    return outcome
+        writer.close()
+    if args.json:
+        print(json.dumps(outcome, indent=1))
+        return 0
+    adapter_note = "; the query adapter (refit: helix adapt --from-feedback)" if outcome["adapter_removed"] else ""
+    print(f"forgot user {args.user!r}: {outcome['memories']} memories ({outcome['chunks']} chunks), "
+          f"{outcome['expansions']} expansions, {outcome['entities']} entities, {outcome['edges']} edges, "
+          f"{outcome['access_rows']} accesses, {outcome['feedback']} feedback rows, {outcome['online_writes']} "
+          f"online writes, {outcome['inbox_lines']} inbox lines, {outcome['keys']} keys{adapter_note}")
+    if outcome["compacted"]:
+        print(f"generation {outcome['generation']} holds none of them; older generations and delta snapshots "
+              "deleted")
+    else:
+        print(f"the current generation holds them until the next one is published (an ingest or a compaction); "
+              f"`helix forget-user --store {args.store} {args.user} --compact` publishes it now")
+    return 0

@@ -544,6 +544,31 @@ def test_stats_report_generation_delta_and_latency(alice, bob, ops):
         assert stats["latency_ms"][stage]["p95"] >= stats["latency_ms"][stage]["p50"] >= 0
 
 
+def test_an_admin_forgets_a_user_through_the_writer_deployment(served, alice, ops):
+    """Protects: ``DELETE /v1/users/{user}`` reaches the Writer deployment in both
+    graphs, and once its compaction has deleted the generations before the new one, the
+    replicas recall on (the erasure's own checks: tests/test_serve_forget.py)."""
+    from helix_ray.serve.keys import KeyStore
+
+    url, _, store = served
+    erin = KeyStore(store).create("erin")[0]
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {erin}"}, timeout=60) as client:
+        assert client.post("/v1/memories", json={"text": "Erin keeps the VOLE-3390 runbook."}).status_code == 201
+    assert ops.post("/v1/admin/compact").json()["published"]  # into a generation, which the replicas open
+    assert alice.delete("/v1/users/erin").status_code == 403
+    unknown = ops.delete("/v1/users/nobody-here")
+    assert unknown.status_code == 404 and "holds nothing of that user" in unknown.json()["detail"], unknown.text
+    generation = ops.get("/v1/stats").json()["generation"]
+    gone = ops.delete("/v1/users/erin", timeout=300)
+    assert gone.status_code == 200, gone.text
+    assert (gone.json()["memories"], gone.json()["keys"], gone.json()["compacted"]) == (1, 1, True), gone.text
+    assert gone.json()["generation"] > generation
+    assert not [p for p in store.rglob("*") if p.is_file() and b"VOLE-3390" in p.read_bytes()]
+    assert [p.name for p in (store / "generations").iterdir() if p.name.isdigit()] == [f"{gone.json()['generation']:06d}"]
+    for _ in range(5):
+        assert ids(recall(alice, STRONG_ERROR))[0] == STRONG_ID
+
+
 def _kill_replicas(deployment: str) -> list[str]:
     """Kill every live replica of one of the app's deployments, as a crash would (Serve's
     controller notices and starts new ones); returns the killed actors' names."""

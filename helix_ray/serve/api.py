@@ -275,6 +275,31 @@ class MemoryChanged(BaseModel):
     generation: int | None = None
 
 
+class UserForgotten(BaseModel):
+    """What ``DELETE /v1/users/{user}`` erased: rows deleted from the database (access-log
+    rows blanked), lines from the inbox files, keys from ``keys.json``."""
+
+    user: str
+    memories: int = Field(description="Memory rows, chunks included.")
+    chunks: int = Field(description="Of those, chunks of long memories ('<id>#chunk<n>').")
+    expansions: int = Field(description="doc2query expansions of those memories.")
+    entities: int
+    edges: int = Field(description="Graph edges touching the memories or the entities.")
+    duplicates: int = Field(description="Links between a dropped near-duplicate and the memory kept.")
+    feedback: int
+    access_rows: int = Field(description="Access-log rows (recall hits), blanked: the log keeps its positions.")
+    online_writes: int = Field(description="Rows of the online writes' log (puts and deletes).")
+    inbox_lines: int = Field(description="Lines of the inbox files (online writes waiting for compaction).")
+    quarantined: int = Field(description="Rejected records naming the user.")
+    keys: int = Field(description="API keys of the user (revoked ones too).")
+    adapter_removed: bool = Field(description="The query adapter was fitted on the user's queries and is gone: "
+                                              "fit it again with POST /v1/admin/adapt.")
+    compacted: bool = Field(description="The generation served now holds none of the user's rows (a compaction "
+                                        "published it, or it held none) and every older generation and delta "
+                                        "snapshot is deleted; false: the next compaction leaves the rows out.")
+    generation: int | None = Field(description="The generation served now.")
+
+
 # ----------------------------------------------------------------------------- settings
 
 #: The knobs ``PATCH /v1/settings`` is meant for (any RetrievalConfig key is accepted).

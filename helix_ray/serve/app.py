@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Literal, Optional, cast
 
-from fastapi import Body, FastAPI, Header, Request
+from fastapi import Body, FastAPI, Header, Query, Request
+from fastapi import Path as PathParameter
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
@@ -51,9 +52,11 @@ from helix_ray.serve.api import (
     LatencyWindow,
     MemoryChanged,
     MemoryPatch,
+    NON_BLANK,
     RecallRequest,
     RecallResponse,
     SettingsResponse,
+    UserForgotten,
     WriteResponse,
     check_settings,
     settings_patch_schema,
@@ -229,8 +232,9 @@ class HelixAPI(SplitGraph):
         return self.keys.user_for(bearer(authorization))
 
     def require_admin(self, authorization: Optional[str]) -> None:
-        """Settings and compaction change the server for every user: admin keys only
-        (any caller when the server runs without keys, bound to 127.0.0.1)."""
+        """Settings and compaction change the server for every user, and forgetting a
+        user erases one: admin keys only (any caller when the server runs without keys,
+        bound to 127.0.0.1)."""
         if self.keys is None:
             return
         record = self.keys.record_for(bearer(authorization))
@@ -361,6 +365,20 @@ class HelixAPI(SplitGraph):
     async def compact(self, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
         self.require_admin(authorization)
         return await self.writer.compact.remote()
+
+    @api.delete("/v1/users/{user:path}", response_model=UserForgotten, tags=["admin"],
+                responses=errors(*KEYED, 403, 404, 422, 503),
+                summary="Forget a user: every memory, write, feedback row, recall hit and key of theirs, and "
+                        "(compact) every generation that held them")
+    async def forget_user(self, user: str = PathParameter(description="The user id, as a key or a memory names it.",
+                                                          json_schema_extra={"pattern": NON_BLANK}),
+                          compact: bool = Query(True, description="Also publish a generation without the user's "
+                                                "rows now and delete every older generation and delta snapshot "
+                                                "(the request lasts as long as a compaction); false: the next "
+                                                "compaction leaves them out."),
+                          authorization: Optional[str] = Header(None)) -> dict[str, Any]:
+        self.require_admin(authorization)
+        return await self.writer.forget_user.remote(user, compact)
 
     # ---------------------------------------------------------------- settings
     def _settings(self) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """The gate every request passes before its body is read: API keys and body size.
 
 One plain ASGI middleware (:class:`Gate`) answers, before any endpoint runs, a request
-without a valid key (401), a user's key on an admin route (403), a key over its rate
-limit (429, :mod:`helix_ray.serve.ratelimit`), a body over :data:`MAX_BODY_BYTES` (413)
-and a chunked body without a length (411). The endpoints
-read the key's user and rights with :func:`bearer`.
+without a valid key (401), a user's key on an admin route (403: changing the settings,
+``/v1/admin/``, ``DELETE /v1/users/``), a key over its rate limit (429,
+:mod:`helix_ray.serve.ratelimit`), a body over :data:`MAX_BODY_BYTES` (413) and a chunked
+body without a length (411). The endpoints read the key's user and rights with
+:func:`bearer`.
 """
 
 from __future__ import annotations
@@ -83,16 +84,19 @@ def _refusal(scope: dict[str, Any]) -> Optional[JSONResponse]:
 
 
 def _admin_only(method: str, path: str) -> bool:
-    """What changes the server for every user: live settings, compaction, the adapter.
-    A method these paths do not take is not refused here: the router answers it, 405."""
+    """What changes the server for every user (live settings, compaction, the adapter)
+    or erases one. A method these paths do not take is not refused here: the router
+    answers it, 405."""
     if path.startswith("/v1/admin/"):
         return method == "POST"
+    if path.startswith("/v1/users/"):
+        return method == "DELETE"
     return path.rstrip("/") == "/v1/settings" and method in ("PATCH", "DELETE")
 
 
 def not_admin(user: str) -> str:
     return (f"This API key (user {user!r}) cannot change what every user shares (live settings, compaction, the "
-            "query adapter). Use an admin key: `helix keys create --store DIR --user USER --admin`.")
+            "query adapter) or forget a user. Use an admin key: `helix keys create --store DIR --user USER --admin`.")
 
 
 def bearer(authorization: Optional[str]) -> Optional[str]:

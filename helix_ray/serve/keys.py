@@ -177,8 +177,8 @@ class KeyStore:
 
     def forget(self, user: str) -> int:
         """Remove every key of ``user`` from the file (revoked ones too: a record names
-        its user); return how many went."""
-        if not self.path.exists():
+        its user); return how many went. Without one, the file is left as it is."""
+        if not any(record.user == user for record in self.records()):
             return 0
         with self._locked() as data:
             before = len(data["keys"])

@@ -42,7 +42,7 @@ ERROR_RESPONSES: dict[int, dict[str, Any]] = {
     401: {"description": "No API key, or one this store does not know (when the server runs with keys)."},
     403: {"description": "The key belongs to another user than the request names, or a user's key asked for "
                          "what only an admin key may change."},
-    404: {"description": "No such memory for this user."},
+    404: {"description": "No such memory for this user; for DELETE /v1/users, no such user in the store."},
     409: {"description": "The request conflicts with the store's state (an id another user's memory holds; "
                          "no feedback to fit an adapter on)."},
     411: {"description": "A chunked body without Content-Length."},

@@ -8,7 +8,7 @@ EmbedderShell   embedder, router                        ``Recaller.plan`` → :c
 DenseShell      generations (mmap), delta snapshots     ``Recaller.dense_leg`` + delta cosine
 BM25Shell       generations (mmap), delta snapshots     ``Recaller.lexical_leg`` + delta BM25
 RankerShell     generations (mmap), delta snapshots     ``Recaller.finish`` over generation + delta
-WriterShell     the store's DuckDB file (one writer)    add / patch / delete / compact
+WriterShell     the store's DuckDB file (one writer)    add / patch / delete / compact / forget
 =============== ======================================= ==================================
 
 Between replicas travel the :class:`Plan` (the checked request, its config and the
@@ -448,6 +448,10 @@ class WriterShell:
     @boundary
     def compact(self) -> dict[str, Any]:
         return self.core.compact()
+
+    @boundary
+    def forget_user(self, user: str, compact: bool) -> dict[str, Any]:
+        return self.core.forget_user(user, compact=compact)
 
     @boundary
     def stats(self) -> dict[str, Any]:

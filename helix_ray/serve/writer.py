@@ -9,6 +9,7 @@ the modules of each concern:
 =================================== ==================================================
 :mod:`helix_ray.serve.writes`       POST, PATCH, DELETE: validate, embed, make durable
 :mod:`helix_ray.serve.compaction`   fold the delta into the next generation
+:mod:`helix_ray.serve.forget`       erase a user from the database, delta and generations
 :mod:`helix_ray.serve.access_log`   the recent recall hits the replicas read
 :mod:`helix_ray.serve.settings`     the live retrieval overrides
 :mod:`helix_ray.serve.delta_format` the delta's segment files and manifests
@@ -36,7 +37,7 @@ from helix_ray.embedder import DIM, get_embedder
 from helix_ray.errors import InvalidArgument
 from helix_ray.ingest import stages
 from helix_ray.recall import adapter
-from helix_ray.serve import compaction, settings, writes
+from helix_ray.serve import compaction, forget, settings, writes
 from helix_ray.serve.access_log import accesses_path, append_accesses, rewrite_accesses
 from helix_ray.serve.delta_format import (
     MERGE_SMALL_AT,
@@ -86,11 +87,14 @@ class WriterCore:
         self.store = Path(store)
         self.config = ingest or IngestConfig()
         self.compact_runner = compact_runner
-        self.db = StoreDB(self.store)  # raises StoreError when another process holds the file
-        self.db.con.execute(LOG_DDL)
+        self.db = self._open_database()  # raises DatabaseHeld when another process holds the file
         self.dim = DIM
         self._lock = threading.RLock()
         self._compacting = threading.Lock()
+        self._forgetting = threading.Lock()  # one erasure at a time: each ends by emptying ``erased``
+        #: user → when they were forgotten (epoch µs): recall hits made before it and
+        #: reported after it (the ingress sends them in batches) are not logged.
+        self.forgotten: dict[str, int] = {}
         self._transform = stages.Transform(self.config)  # ingest's stages 4–7a, the same for a write
         self._fingerprint = stages.fingerprint(self.config)  # a put's outputs are reused under the same one
         self.entries: dict[str, dict[str, Any]] = {}
@@ -126,6 +130,11 @@ class WriterCore:
                 "(minutes per 10^5 memories on two cores; writes are served from the delta meanwhile). To serve "
                 "the store as it was built, give an ingest config with `late_interaction: {enabled: false}` "
                 "(`helix serve --ingest-config FILE`).", current.number, self.store, f"{current.size:,}")
+
+    def _open_database(self) -> StoreDB:
+        db = StoreDB(self.store)
+        db.con.execute(LOG_DDL)
+        return db
 
     # ---------------------------------------------------------------- state
     @property
@@ -291,8 +300,10 @@ class WriterCore:
         then the replicas read them from :func:`accesses_path` (the latest per id), so
         recency moves for served recalls as it does for an open ``Memory``."""
         utc = dt.timezone.utc
-        rows = [(str(i), str(u), dt.datetime.fromtimestamp(int(t) / 1e6, tz=utc)) for i, u, t in hits]
         with self._lock:
+            if self.forgotten:
+                hits = [(i, u, t) for i, u, t in hits if int(t) > self.forgotten.get(str(u), -1)]
+            rows = [(str(i), str(u), dt.datetime.fromtimestamp(int(t) / 1e6, tz=utc)) for i, u, t in hits]
             self.db.log_access(rows)
             fresh: dict[str, int] = {}
             for memory_id, _, micros in hits:
@@ -379,6 +390,12 @@ class WriterCore:
         next generation with the ingest pipeline; return what happened
         (:func:`compaction.compact`; ``rebuild``: even when the delta is empty)."""
         return compaction.compact(self, rebuild=rebuild)
+
+    # ---------------------------------------------------------------- erasure
+    def forget_user(self, user: str, *, compact: bool = True) -> dict[str, Any]:
+        """Erase ``user`` from the store: database, delta, keys, query adapter and, with
+        ``compact``, every generation (:func:`forget.forget_user`)."""
+        return forget.forget_user(self, user, compact=compact)
 
     # ---------------------------------------------------------------- settings
     def patch_settings(self, patch: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:

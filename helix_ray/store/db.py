@@ -77,6 +77,10 @@ def copy_database(con: Any, source: str, target: Path) -> None:
         con.execute("DETACH copy_target")
 
 
+class DatabaseHeld(StoreError):
+    """Another process holds the database file (DuckDB admits one writing process)."""
+
+
 def _damaged(path: Path, mode: str, exc: Exception) -> StoreError:
     return StoreError(f"Cannot open {path} ({mode}): it is damaged ({str(exc).splitlines()[0]}). "
                       f"`helix doctor --store {path.parent}` checks the whole store. {RESTORE}.")
@@ -96,7 +100,7 @@ class StoreDB:
         except duckdb.IOException as exc:
             if "lock" not in str(exc).lower():
                 raise _damaged(self.path, mode, exc) from None
-            raise StoreError(
+            raise DatabaseHeld(
                 f"Cannot open {self.path} ({mode}): {exc}. "
                 "DuckDB allows one writing process or many readers: stop the other process "
                 "(an ingest, a `helix serve`) or send the write through it."

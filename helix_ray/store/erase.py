@@ -12,10 +12,10 @@ the file until it is.
 
 What the user's rows in the served generation become is the next compaction's work:
 the ids are kept in ``erased`` (ids only) so that no later generation carries those
-rows over, and a generation built after this holds none of them. API keys live in
-``keys.json`` (:meth:`helix_ray.serve.keys.KeyStore.forget`) and the query adapter in
-``query_adapter.npz`` (:func:`helix_ray.recall.adapter.forget_user`); the caller
-removes those too.
+rows over, and a generation built after this holds none of them. The single writer
+runs the whole erasure (:mod:`helix_ray.serve.forget`: ``DELETE /v1/users/{user}`` and
+``helix forget-user``), the delta, the API keys in ``keys.json`` and the query adapter
+included.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from helix_ray.errors import InvalidArgument, StoreError
+from helix_ray.errors import InvalidArgument
 from helix_ray.store.db import DB_FILE, StoreDB, copy_database, sql_path
 from helix_ray.store.pointer import write_text_atomic
 
@@ -34,36 +34,17 @@ from helix_ray.store.pointer import write_text_atomic
 USER_TABLES = ("entities", "feedback", "serve_log")
 
 
-def forget_user(store: str | Path, user: str, *, db: StoreDB | None = None) -> dict[str, int]:
+def forget_user(store: str | Path, user: str, *, db: StoreDB) -> dict[str, int]:
     """Delete every row of ``user`` from ``store``'s database in one transaction, and
     their lines from the inbox files; return how many of each went.
 
-    ``db``: the store's open writer (a serving Writer holds the file). Without it this
-    opens the database, and afterwards rewrites the file so no freed block keeps a
-    deleted row's bytes; with it, the caller closes its connection and calls
-    :func:`rewrite_database` before opening it again."""
+    ``db``: the store's open writer (:class:`helix_ray.serve.writer.WriterCore`'s). The
+    file still holds the deleted rows' bytes in freed blocks: the caller closes its
+    connection and calls :func:`rewrite_database` before opening it again."""
     if not isinstance(user, str) or not user.strip():
         raise InvalidArgument("user", user, "it must be a non-empty user id")
-    store = Path(store)
-    if not (store / DB_FILE).is_file():
-        raise FileNotFoundError(f"Store {store} holds no {DB_FILE}: it is not a Helix store; check --store.")
-    own = db is None
-    if db is None:
-        try:
-            db = StoreDB(store)
-        except StoreError:
-            raise StoreError(
-                f"Cannot forget user {user!r} in {store}: another process holds its database (a `helix serve` or an "
-                "ingest), and DuckDB lets one process write it. Stop the server (its writes are durable in the "
-                "database) or wait for the ingest, run this again, then start the server again.") from None
-    try:
-        counts = _delete_rows(db, user)
-    finally:
-        if own:
-            db.close()
-    counts["inbox_lines"] = _scrub_inbox(store, user)
-    if own:
-        rewrite_database(store)
+    counts = _delete_rows(db, user)
+    counts["inbox_lines"] = _scrub_inbox(Path(store), user)
     return counts
 
 
@@ -89,7 +70,9 @@ def _delete_rows(db: StoreDB, user: str) -> dict[str, int]:
             **{t: (f'DELETE FROM {t} WHERE "user" = ?', [user]) for t in USER_TABLES if t in tables},
             "memories": ('DELETE FROM memories WHERE "user" = ?', [user]),
         }
-        counts = {"ids": _one(db, "SELECT count(*) FROM forgotten")}
+        counts = {"ids": _one(db, "SELECT count(*) FROM forgotten"),
+                  "chunks": _one(db, "SELECT count(*) FROM memories WHERE \"user\" = ? AND contains(id, '#chunk')",
+                                 [user])}
         con.execute("INSERT INTO erased SELECT id FROM forgotten WHERE id NOT IN (SELECT id FROM erased)")
         for table, (sql, params) in statements.items():
             counts[table] = _one(db, sql, params)
