@@ -28,7 +28,8 @@ class Conflict(HelixError):
 
 
 STATUS = {"Unauthorized": 401, "Forbidden": 403, "NotFound": 404, "Conflict": 409,
-          "InvalidArgument": 422, "StoreError": 503, "ManifestMismatch": 503, "StaleLegs": 503}
+          "InvalidArgument": 422, "StoreError": 503, "ManifestMismatch": 503, "StaleLegs": 503,
+          "DiskFull": 507}  # the message says what to free; the current generation keeps serving
 
 
 class ReplicaError(HelixError):
