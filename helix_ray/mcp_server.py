@@ -119,11 +119,10 @@ class Local:
         return self._checked[1]
 
     async def warm(self) -> None:
-        """One question of this user through every stage, then the generation's files
-        into the page cache (:mod:`helix_ray.recall.warm`); a recall that comes first waits
-        for the question, not for the files."""
-        from helix_ray.recall.warm import ROLE_FILES, WARM_QUERY, read_through
-        from helix_ray.store.generation import Generation
+        """One question of this user through every stage (:mod:`helix_ray.recall.warm`);
+        a recall that comes first waits for it. The generation's files are in the page
+        cache already: each of the pipeline's shells read its role's when it opened."""
+        from helix_ray.recall.warm import WARM_QUERY
 
         self._warmed = asyncio.Event()
         config = self._config()
@@ -132,11 +131,8 @@ class Local:
                                        k=config.default_k, project=None, types=None, since=None, until=None)
         except Exception:  # noqa: BLE001 - the first real recall reports what is wrong
             log.warning("warming the store failed; the first recall pays the start-up cost", exc_info=True)
-            return
         finally:
             self._warmed.set()
-        path = Generation.open_current(self.store).path
-        await asyncio.to_thread(read_through, path, ROLE_FILES["all"])
 
     async def recall(self, query: str, *, budget_tokens: int, k: int | None, project: str | None,
                      types: list[str] | None, since: str | None, until: str | None,

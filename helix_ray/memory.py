@@ -39,6 +39,7 @@ from helix_ray.store.space import disk_full
 
 log = logging.getLogger(__name__)
 
+
 class Memory:
     def __init__(
         self,

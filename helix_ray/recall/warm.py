@@ -17,6 +17,8 @@ import logging
 from pathlib import Path
 from typing import Any, Iterable
 
+from helix_ray.store.generation import VECTOR_FILES
+
 log = logging.getLogger(__name__)
 
 #: The question the warm-up asks: ordinary words, so both legs and every stage run.
@@ -51,10 +53,9 @@ def warm_recaller(recaller: Any, user: str | None = None) -> bool:
 #: What each serving role reads of a generation (top-level names; "all": the whole
 #: query path). ``knn/`` and ``mentions.arrow`` are read by the next ingest only.
 ROLE_FILES: dict[str, tuple[str, ...]] = {
-    "dense": ("vectors.f16.npy", "vectors.f32.npy", "binary.npy", "dense"),
+    "dense": (*VECTOR_FILES, "binary.npy", "dense"),
     "bm25": ("bm25",),
-    "ranker": ("memories.arrow", "vectors.f16.npy", "vectors.f32.npy", "minhash.npy", "graph", "entities.arrow",
-               "late"),
+    "ranker": ("memories.arrow", *VECTOR_FILES, "minhash.npy", "graph", "entities.arrow", "late"),
 }
 ROLE_FILES["all"] = tuple(dict.fromkeys(name for names in ROLE_FILES.values() for name in names))
 

@@ -91,12 +91,12 @@ def generations_dir(store: Path) -> Path:
 #: does (nDCG@10 and Recall@10 equal to the third decimal on LoCoMo and SciFact,
 #: docs/benchmarks.md); ``vectors.f32.npy`` is what earlier versions wrote.
 VECTORS_FILE = "vectors.f16.npy"
-_VECTOR_FILES = (VECTORS_FILE, "vectors.f32.npy")
+VECTOR_FILES = (VECTORS_FILE, "vectors.f32.npy")  # this version's name, then the earlier one
 
 
 def vector_file(folder: Path) -> str:
     """The name of the sentence vectors' file in generation ``folder``."""
-    for name in _VECTOR_FILES:
+    for name in VECTOR_FILES:
         if (folder / name).is_file():
             return name
     return VECTORS_FILE  # neither: the reader's error names the current one
