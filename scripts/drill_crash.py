@@ -58,13 +58,15 @@ from typing import Any, Callable, Iterator
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from helix_ray.store.generation import VECTORS_FILE  # noqa: E402
+
 USER = "dana"
 WORDS = ("cache queue index parser worker lease shard replica token budget schema migration retry timeout "
          "socket buffer cursor ledger quota tenant router planner vector graph commit branch rollback").split()
 
 #: The generation files (and folders) ``helix_ray.store.publish`` stages, in order: a
 #: kill point each, right after the file is written.
-STAGED = ("memories.arrow", "vectors.f32.npy", "binary.npy", "minhash.npy", "bm25", "mentions.arrow", "knn",
+STAGED = ("memories.arrow", VECTORS_FILE, "binary.npy", "minhash.npy", "bm25", "mentions.arrow", "knn",
           "graph", "entities.arrow", "late", "manifest.json")
 #: Kill points of one local ingest, in the order they are met.
 STEPS = ("inbox", *(f"staged:{name}" for name in STAGED), "renamed", "db-uncommitted", "db-committed",
