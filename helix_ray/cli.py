@@ -170,6 +170,10 @@ def _eval_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--granularity", choices=("turn", "session"),
                    help="what a document is: LoCoMo, a dialogue turn (default) or a whole session; LongMemEval, "
                         "a session (default) or a turn")
+    s.add_argument("--haystack", type=int, default=0, metavar="N",
+                   help="LoCoMo: the chosen conversations in one store, every N consecutive sessions of a "
+                        "conversation joined into one document (N 3: ~2,000 tokens, as LongMemEval's chat "
+                        "sessions); implies --granularity session")
     s.add_argument("--query-context", type=int, default=0, metavar="N",
                    help="LoCoMo: give each question with N turns of its conversation before it (consecutive turns "
                         "of a session holding none of its evidence, drawn per question id); 0: the question alone")
@@ -414,6 +418,7 @@ def _eval(args: argparse.Namespace) -> int:
     import logging
 
     from helix_ray.eval import LOCOMO_HELDOUT, LOCOMO_TUNE, load_beir, load_locomo, load_longmemeval, load_repo
+    from helix_ray.eval.locomo import as_haystack
     from helix_ray.eval.repo import DEFAULT_COMMIT
     from helix_ray.eval.runner import evaluate, format_table
 
@@ -430,12 +435,21 @@ def _eval(args: argparse.Namespace) -> int:
     if (args.repo or args.commit) and args.dataset != "repo":
         raise ValueError(f"Got --repo or --commit with {args.dataset}; only `helix eval repo` reads a repository. "
                          "Leave them out.")
+    if args.haystack:
+        if args.dataset != "locomo" or args.granularity == "turn" or args.haystack < 1:
+            raise ValueError(f"Got --haystack {args.haystack} with {args.dataset}"
+                             f"{' and --granularity turn' if args.granularity == 'turn' else ''}; it joins LoCoMo "
+                             "sessions into long documents: give a count of at least 1, with `helix eval locomo` "
+                             "and without --granularity turn.")
+        args.granularity = "session"
     if args.dataset == "locomo":
         convs = {"tune": LOCOMO_TUNE, "heldout": LOCOMO_HELDOUT}.get(args.conversations or "", None)
         if convs is None and args.conversations:
             convs = tuple(c.strip() for c in args.conversations.split(","))
         evalset = load_locomo(args.data, conversations=convs, granularity=args.granularity or "turn",
                               query_context=args.query_context)
+        if args.haystack:
+            evalset = as_haystack(evalset, args.haystack)
     elif args.dataset == "beir":
         evalset = load_beir(args.data, split=args.split)
         if args.as_code:
@@ -478,7 +492,8 @@ def _eval(args: argparse.Namespace) -> int:
                                         *[f"recall@{k}" for k in ks if k > 10])))
     if args.json_out:
         options = {"granularity": args.granularity or {"locomo": "turn", "longmemeval": "session"}.get(args.dataset),
-                   "query_context": args.query_context, "conversations": args.conversations, "split": args.split,
+                   "query_context": args.query_context, "haystack": args.haystack or None,
+                   "conversations": args.conversations, "split": args.split,
                    "repo": args.repo, "commit": (args.commit or DEFAULT_COMMIT) if args.dataset == "repo" else None}
         Path(args.json_out).write_text(json.dumps({**report.as_dict(), "options": options}, indent=1))
     return 0
