@@ -14,6 +14,7 @@
     helix demo [--store DIR] [--in-process]      ingest the shipped sample set and answer a query
     helix serve --store DIR [--host 127.0.0.1] [--port 8000] [--no-auth] [--graph auto|split|compact|inline] [--ha-proxy]
     helix keys create|list|revoke --store DIR [--user USER | KEY_ID]
+    helix audit --store DIR [--since TIME] [--limit N] [--json]      who did which admin action, and how it ended
     helix mcp (--store DIR --user USER [--project P] | --server URL --key KEY) [--http [--port N]]
     helix --version
 
@@ -61,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     _demo_arguments(sub)
     _serve_arguments(sub)
     _keys_arguments(sub)
+    _audit_arguments(sub)
     _mcp_arguments(sub)
     return p
 
@@ -269,6 +271,16 @@ def _keys_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     k.add_argument("key_id")
     k.add_argument("--store", required=True)
 
+def _audit_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix audit``: the store's audit log of admin actions."""
+    s = sub.add_parser("audit", help="the store's audit log: each admin action (keys, compaction, settings, "
+                                     "adapter, forget-user, backup, restore), who did it and how it ended")
+    s.add_argument("--store", required=True)
+    s.add_argument("--since", help="ISO-8601 time (UTC without an offset): only records at or after it")
+    s.add_argument("--limit", type=int, default=100, help="the newest N records, oldest first (default 100)")
+    s.add_argument("--json", action="store_true", help="one JSON record per line, as stored")
+
+
 def _mcp_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``helix mcp``: the tools for coding agents (Model Context Protocol)."""
     s = sub.add_parser("mcp", help="serve recall/remember/forget to a coding agent over MCP (stdio)")
@@ -294,21 +306,26 @@ def main(argv: list[str] | None = None) -> int:
         from helix_ray.runtime import show_ray_output
 
         show_ray_output()
+    command = {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": cli_serve.demo,
+               "adapt": cli_adapt.adapt, "serve": cli_serve.serve, "keys": _keys, "compact": _compact,
+               "quarantine": cli_store.quarantine, "doctor": cli_store.doctor, "mcp": _mcp,
+               "backup": cli_store.backup, "restore": cli_store.restore,
+               "forget-user": cli_store.forget_user, "audit": cli_store.audit}[args.command]
     try:
-        return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": cli_serve.demo,
-                "adapt": cli_adapt.adapt, "serve": cli_serve.serve, "keys": _keys, "compact": _compact,
-                "quarantine": cli_store.quarantine, "doctor": cli_store.doctor, "mcp": _mcp,
-                "backup": cli_store.backup, "restore": cli_store.restore,
-                "forget-user": cli_store.forget_user}[args.command](args)
+        code = command(args)
     except Exception as exc:  # noqa: BLE001 - the CLI prints a sentence, not a traceback
         from helix_ray.errors import HelixError, InvalidArgument
 
         if isinstance(exc, InvalidArgument):
             exc = _as_typed(exc, parser, args.command)
         if isinstance(exc, (HelixError, ValueError, FileNotFoundError)):
+            cli_store.record(args, 2, str(exc))
             print(f"helix {args.command}: {exc}", file=sys.stderr)
             return 2
+        cli_store.record(args, None, f"{type(exc).__name__}: {exc}")
         raise
+    cli_store.record(args, code)
+    return code
 
 
 #: Library argument names whose flag is spelled otherwise; the rest are ``--<name>``.
@@ -534,7 +551,7 @@ def _keys(args: argparse.Namespace) -> int:
     else:
         record = keys.revoke(args.key_id)
         print(f"revoked key {record.key_id} of user {record.user!r}")
-    return 0
+    return 0  # keys made and revoked are recorded in the audit log by the KeyStore
 
 
 def _mcp(args: argparse.Namespace) -> int:
