@@ -519,6 +519,12 @@ class ContextConfig(_Strict):
     similarity_share: float = Field(0.15, ge=0.0, le=1.0)
     """Share of the ranking's similarity signal given to the candidates' cosine with the
     context turns (weighted as their lists are); the rest is the query's own."""
+    split_transcript: bool = True
+    """A query that is a transcript — lines ``"<speaker>: <text>"`` of two or more
+    speakers, as an agent may paste its recent window — and comes without ``context`` is
+    read as its last line (the query) and the turns before it (the context), instead of
+    one long string (``helix_ray.recall.scope.split_transcript``; explain shows it as
+    the ``query_split`` flag)."""
 
 
 class RetrievalConfig(_Strict):

@@ -540,6 +540,39 @@ def test_context_can_bring_in_what_only_the_conversation_names(tenant_memory, te
     assert [i.id for i in with_context.items] != [i.id for i in alone.items] or target_id in [i.id for i in alone.items]
 
 
+@pytest.mark.parametrize("query, expected", [
+    ("Ana: we moved the backups\nBen: and the restore?\nAna: it failed twice\nwhat happened after that?",
+     ("what happened after that?", ("Ana: we moved the backups", "Ben: and the restore?", "Ana: it failed twice"))),
+    ("User: hi\nAssistant: hello, how can I help?\nthe cache we chose was\nUser: which one was it?",
+     ("User: which one was it?", ("User: hi", "Assistant: hello, how can I help?\nthe cache we chose was"))),
+    ("schema migration rollback", None),
+    ("Ana: one line\nand a question?", None),  # one speaker line
+    ("ValueError: invalid literal\nTraceback (most recent call last):\nwhy does parsing fail?", None),
+    ("error: x\nnote: y\nerror: z\nwhat does the compiler want?", None),
+    ("ERROR: disk\nINFO: retry\nERROR: disk\nwhy?", None),
+    ("Host: a\nAccept: b\nServer: c\nwhy a 415?", None),  # three labels, none repeated: headers
+])
+def test_a_pasted_transcript_is_split_into_its_last_line_and_the_turns(query, expected):
+    from helix_ray.recall.scope import split_transcript
+
+    assert split_transcript(query) == expected
+
+
+def test_a_transcript_query_recalls_as_its_last_line_with_the_turns_as_context(tenant_memory, calls):
+    turns = ["Ana: we moved the nightly backups last week", "Ben: then the restore failed twice", "Ana: ok"]
+    pasted = "\n".join([*turns, "and what happened after that?"])
+    split = tenant_memory.recall(pasted, user="bob", explain=True)
+    assert split.flags["query_split"] == {"query": "and what happened after that?", "context_turns": 3}
+    assert (calls.bm25.n, calls.dense.n) == (4, 4)  # the last line, then each turn
+    given = tenant_memory.recall("and what happened after that?", user="bob", context=turns)
+    assert [i.id for i in split.items] == [i.id for i in given.items]
+    whole = tenant_memory.recall(pasted, user="bob", config=config(context={"split_transcript": False}),
+                                 explain=True)
+    assert "query_split" not in whole.flags
+    kept = tenant_memory.recall(pasted, user="bob", context=["an explicit turn"], explain=True)
+    assert "query_split" not in kept.flags  # context given: the query is taken as it is
+
+
 @pytest.mark.parametrize("context, received", [
     ("a single string", "context="),
     ([1, 2], "context[0]="),

@@ -248,6 +248,11 @@ class Recaller:
         turns = scope.check_context(context)
         timings: dict[str, float] = {}
         flags: dict[str, Any] = {"router_skip": False, "strong_signal_skip": False, "degraded": []}
+        if not turns and cfg.context.split_transcript and "context" not in disabled:
+            split = scope.split_transcript(query)
+            if split is not None:  # a pasted window of turns: its last line asks
+                query, turns = split
+                flags["query_split"] = {"query": query, "context_turns": len(turns)}
         clock = time.perf_counter()
         query_tokens = pending = None
         has_memories = self.generation is None or user in self.generation.partitions  # else nothing to re-score

@@ -97,6 +97,52 @@ def check_context(context: object) -> tuple[str, ...]:
     return tuple(turns)
 
 
+#: A transcript line: a speaker's label (a name or a role, at most four words), a colon, text.
+_TURN = re.compile(r"^\s*(?P<label>[^\W\d_][\w.'’ ]{0,39}?)\s*:\s+\S")
+#: Labels of log and compiler lines, which look like turns and are not.
+_NOT_SPEAKERS = frozenset({"error", "warning", "warn", "info", "debug", "note", "fatal", "trace", "critical",
+                           "caused by", "exception", "traceback", "hint", "help", "file", "todo", "fixme"})
+#: Role labels written in capitals that are speakers all the same.
+_ROLES = frozenset({"user", "assistant", "human", "ai", "system", "bot", "me", "you", "q", "a"})
+
+
+def _speaker(line: str) -> str | None:
+    """The speaker label ``line`` starts with, or None."""
+    match = _TURN.match(line)
+    if match is None:
+        return None
+    label = match.group("label").strip()
+    lowered = label.lower()
+    if len(label.split()) > 4 or lowered in _NOT_SPEAKERS or lowered.endswith(("error", "exception", "warning")):
+        return None
+    if label.isupper() and lowered not in _ROLES:  # ERROR, INFO, HTTP, ...
+        return None
+    return lowered
+
+
+def split_transcript(query: str) -> tuple[str, tuple[str, ...]] | None:
+    """A query that is a conversation's recent turns — lines ``"<speaker>: <text>"`` of
+    two or more speakers, a speaker's line repeated once there are three or more, as an
+    agent pastes its window — as ``(its last line, the turns before it, oldest first)``,
+    the two that :meth:`Recaller.recall` takes as ``query`` and ``context``; None for any
+    other query (one line, a log, a stack trace, headers). A line without a label carries
+    on the turn before it."""
+    lines = [line.strip() for line in query.splitlines() if line.strip()]
+    if len(lines) < 3:
+        return None
+    speakers = [_speaker(line) for line in lines]
+    labelled = [s for s in speakers if s is not None]
+    if len(labelled) < 2 or len(set(labelled)) < 2 or (len(labelled) > 2 and len(set(labelled)) == len(labelled)):
+        return None
+    turns: list[str] = []
+    for line, speaker in zip(lines[:-1], speakers[:-1]):
+        if speaker is None and turns:
+            turns[-1] += "\n" + line
+        else:
+            turns.append(line)
+    return lines[-1], tuple(turns)
+
+
 def make_scope(
     *,
     query: object,
