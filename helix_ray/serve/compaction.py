@@ -23,10 +23,12 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from helix_ray.errors import is_disk_full
 from helix_ray.schema import content_hash
 from helix_ray.serve.delta_format import NOT_FOLDED, Tombstone
 from helix_ray.serve.writes import SERVED_PREFIX, ingest_record
 from helix_ray.store.generation import Generation
+from helix_ray.store.space import disk_full
 
 if TYPE_CHECKING:
     from helix_ray.serve.writer import WriterCore
@@ -66,11 +68,19 @@ def compact(core: WriterCore, *, rebuild: bool = False) -> dict[str, Any]:
             before = sorted(p for p in inbox.glob("*.jsonl"))
             source = inbox / (f"{COMPACTION_PREFIX}{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-"
                               f"{uuid.uuid4().hex[:6]}.jsonl")
-            with open(source, "w", encoding="utf-8") as fh:
-                for entry in sorted(pending, key=lambda e: e["seq"]):
-                    fh.write(json.dumps(ingest_record(entry["record"]), ensure_ascii=False) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+            lines = [json.dumps(ingest_record(e["record"]), ensure_ascii=False) + "\n"
+                     for e in sorted(pending, key=lambda e: e["seq"])]
+            try:
+                with open(source, "w", encoding="utf-8") as fh:
+                    fh.writelines(lines)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            except OSError as exc:
+                source.unlink(missing_ok=True)
+                if is_disk_full(exc):
+                    raise disk_full(core.store, "writing the compaction's input file",
+                                    need_bytes=sum(map(len, lines))) from exc
+                raise
             db = core.db.sibling()  # a DuckDB connection is not for two threads at once
         try:
             report = ingest([source], core.store, fmt="jsonl", config=core.config, runner=core.compact_runner,

@@ -317,7 +317,12 @@ def write_rows(core: WriterCore, rows: list[dict[str, Any]], deletes: list[str] 
     for memory_id in deletes:
         core.entries.pop(memory_id, None)
         core.tombstones[memory_id] = Tombstone(memory_id, owners[memory_id], None)
-    core._publish()
+    try:
+        core._publish()
+    except OSError as exc:  # logged already: the next write's snapshot (or a restart's) holds it
+        if is_disk_full(exc):
+            raise disk_full(core.store, "publishing the delta snapshot") from exc
+        raise
 
 
 def _rollback_if_open(core: WriterCore) -> None:
