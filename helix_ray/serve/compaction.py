@@ -11,24 +11,19 @@ the :class:`~helix_ray.serve.writer.WriterCore` whose state they change; its
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import os
 import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from helix_ray.errors import is_disk_full
 from helix_ray.schema import content_hash
 from helix_ray.serve.delta_format import NOT_FOLDED, Tombstone
-from helix_ray.serve.writes import SERVED_PREFIX, ingest_record
+from helix_ray.serve.writes import SERVED_PREFIX, write_inbox_file
 from helix_ray.store.generation import Generation
-from helix_ray.store.space import disk_full
 
 if TYPE_CHECKING:
     from helix_ray.serve.writer import WriterCore
@@ -64,23 +59,10 @@ def compact(core: WriterCore, *, rebuild: bool = False) -> dict[str, Any]:
                 return core.last_compaction
             upto = core.seq  # the log rows this compaction folds
             inbox = core.store / "inbox"
-            inbox.mkdir(parents=True, exist_ok=True)
             before = sorted(p for p in inbox.glob("*.jsonl"))
-            source = inbox / (f"{COMPACTION_PREFIX}{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-"
-                              f"{uuid.uuid4().hex[:6]}.jsonl")
-            lines = [json.dumps(ingest_record(e["record"]), ensure_ascii=False) + "\n"
-                     for e in sorted(pending, key=lambda e: e["seq"])]
-            try:
-                with open(source, "w", encoding="utf-8") as fh:
-                    fh.writelines(lines)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-            except OSError as exc:
-                source.unlink(missing_ok=True)
-                if is_disk_full(exc):
-                    raise disk_full(core.store, "writing the compaction's input file",
-                                    need_bytes=sum(map(len, lines))) from exc
-                raise
+            source = write_inbox_file(core.store, COMPACTION_PREFIX,
+                                      [e["record"] for e in sorted(pending, key=lambda e: e["seq"])],
+                                      "writing the compaction's input file")
             db = core.db.sibling()  # a DuckDB connection is not for two threads at once
         try:
             report = ingest([source], core.store, fmt="jsonl", config=core.config, runner=core.compact_runner,

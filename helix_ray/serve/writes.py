@@ -23,6 +23,7 @@ import json
 import os
 import time
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -333,10 +334,17 @@ def _rollback_if_open(core: WriterCore) -> None:
 
 
 def _write_inbox(core: WriterCore, rows: list[dict[str, Any]]) -> None:
-    """The fsynced JSONL copy of ``rows`` in ``inbox/``; on a full disk, no part of it."""
-    inbox = core.store / "inbox"
+    """The fsynced JSONL copy of ``rows`` in ``inbox/``."""
+    write_inbox_file(core.store, SERVED_PREFIX, rows, "writing the inbox file")
+
+
+def write_inbox_file(store: Path, prefix: str, rows: list[dict[str, Any]], doing: str) -> Path:
+    """``rows`` as ingest reads them, one a line, in a new fsynced file of ``store``'s
+    ``inbox/`` named ``prefix`` + the time; on a full disk, no part of it (a
+    :class:`~helix_ray.errors.DiskFull` saying it was ``doing`` that)."""
+    inbox = store / "inbox"
     inbox.mkdir(parents=True, exist_ok=True)
-    path = inbox / f"{SERVED_PREFIX}{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
+    path = inbox / f"{prefix}{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
     lines = [json.dumps(ingest_record(row), ensure_ascii=False) + "\n" for row in rows]
     try:
         with open(path, "w", encoding="utf-8") as fh:
@@ -346,8 +354,9 @@ def _write_inbox(core: WriterCore, rows: list[dict[str, Any]]) -> None:
     except OSError as exc:
         path.unlink(missing_ok=True)
         if is_disk_full(exc):
-            raise disk_full(core.store, "writing the inbox file", need_bytes=sum(map(len, lines))) from exc
+            raise disk_full(store, doing, need_bytes=sum(map(len, lines))) from exc
         raise
+    return path
 
 
 class _Computed:
