@@ -135,10 +135,10 @@ def computed_outputs(core: WriterCore, pending: list[dict[str, Any]]) -> dict[st
 def retire_inbox(inbox: Path, before: list[Path], source: Path, *, published: bool) -> None:
     """After a compaction: the inbox files of the writes it covered, and its own input.
 
-    A served write's file (``serve-*``) is a copy of what ``serve_log`` holds until a
-    generation does; once one is published, the files of the writes before the
-    compaction are deleted (kept, there would be one file per write for ever). Any
-    other file (``Memory.add``'s, left by an ingest that failed) and the compaction's
+    A write's file (``serve-*``: served, or ``Memory.add``'s) is a copy of what
+    ``serve_log`` holds until a generation does; once one is published, the files of
+    the writes before the compaction are deleted (kept, there would be one file per
+    write for ever). Any other file (a JSONL someone left there) and the compaction's
     input move to ``inbox/folded/``, as do the served files when nothing was published
     (``serve_log`` keeps those writes pending); of the inputs, and of those served
     files, the newest :data:`KEEP_FOLDED` each stay."""

@@ -6,12 +6,12 @@ A write is, in order:
    a bad record is a 422 naming the record and the reason, and nothing is written);
 2. expanded, embedded, annotated and signed by the ingest stage functions
    (:class:`helix_ray.ingest.stages.Transform`, MinHash);
-3. made durable: an fsynced JSONL file in ``inbox/`` (what ``Memory.add`` writes) and a
+3. made durable: an fsynced JSONL file in ``inbox/`` (ingest-ready records) and a
    committed row per memory in the ``serve_log`` table of the store's DuckDB file
    (with its vector, so a restarted writer rebuilds the delta without re-embedding);
 4. published to the replicas as a new delta snapshot (:mod:`helix_ray.serve.delta`).
 
-Only then is the request answered. The functions take the
+Only then is the request (or ``Memory.add``) answered. The functions take the
 :class:`~helix_ray.serve.writer.WriterCore` that owns the state; its ``add``, ``patch``
 and ``delete`` methods are the entry points.
 """
@@ -265,7 +265,7 @@ def write_rows(core: WriterCore, rows: list[dict[str, Any]], deletes: list[str] 
     deletes = [i for i in dict.fromkeys(deletes) if i not in latest]
     owners = {i: core.owner(i) or "" for i in deletes}
     put = _Computed(core, rows) if rows else None
-    if rows:  # 1. the inbox file, as Memory.add writes it (ingest-ready records)
+    if rows:  # 1. the inbox file (ingest-ready records)
         _write_inbox(core, rows)
     # 2. the log rows in DuckDB and the deleted rows marked, one transaction
     first = core.seq + 1
