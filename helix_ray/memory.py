@@ -33,7 +33,7 @@ import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from helix_ray.config import IngestConfig, RetrievalConfig
 from helix_ray.embedder import DIM, get_embedder
@@ -41,11 +41,10 @@ from helix_ray.errors import InvalidArgument
 from helix_ray.recall import adapter
 from helix_ray.recall.threads import encoder_threads
 from helix_ray.schema import MemoryRecord
-from helix_ray.serve.api import MAX_BATCH
-from helix_ray.serve.shells import Compactor, recall_over
-from helix_ray.serve.views import StoreViews
-from helix_ray.serve.writer import WriterCore
 from helix_ray.store.generation import current_generation_number
+
+if TYPE_CHECKING:
+    from helix_ray.serve.views import StoreViews
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +89,8 @@ class Memory:
         self.store = Path(store)
         self.retrieval_config = retrieval or RetrievalConfig()
         self.ingest_config = ingest or IngestConfig()
+        from helix_ray.serve.writer import WriterCore  # loads duckdb and the ingest stages: at open, not import
+
         # The Writer: replays serve_log into the delta; raises DatabaseHeld when another
         # process holds the DuckDB file.
         self._core = WriterCore(self.store, ingest=self.ingest_config, warn_tokens=compact_interval_s is not None)
@@ -109,6 +110,8 @@ class Memory:
             self._access_log.start()
         self._compactor = None
         if compact_interval_s is not None:
+            from helix_ray.serve.shells import Compactor  # loads the recall stages (scipy)
+
             self._compactor = Compactor(self._core, interval_s=compact_interval_s, max_pending=compact_max_pending,
                                         before=self._flush_now, after=self._compacted)
         if warm and current_generation_number(self.store) is not None:
@@ -144,6 +147,8 @@ class Memory:
         compaction folds them into the next generation. A record with the id of an
         existing memory replaces it. More than the Writer's batch (1,000) are written
         in batches, each durable as it returns; for a bulk load, :meth:`ingest` a file."""
+        from helix_ray.serve.api import MAX_BATCH
+
         rows = [_plain(r.to_row() if isinstance(r, MemoryRecord) else r) for r in records]
         if not rows:
             raise InvalidArgument("records", [], "give at least one memory record")
@@ -213,6 +218,8 @@ class Memory:
     def _current(self):
         """The recaller, the generation view and the newest delta snapshot, the
         generation opened again when ``CURRENT`` moved (one ``stat`` when it did not)."""
+        from helix_ray.serve.views import StoreViews  # loads the recall stages (scipy): at the first recall
+
         with self._recaller_lock:
             if self._views is None:
                 # No files read here: the warm-up reads them in the background.
@@ -288,6 +295,7 @@ class Memory:
         """Recall ``user``'s memories for ``query``, over the generation and the writes
         not folded into it yet; see :meth:`Recaller.recall`."""
         from helix_ray.recall.pipeline import IdAccessOverlay  # loads scipy: on the first recall, not at import
+        from helix_ray.serve.shells import recall_over
 
         self._warm.wait()
         recaller, view, delta = self._current()
