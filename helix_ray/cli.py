@@ -1,7 +1,7 @@
 """``helix``: one CLI with lazy imports, so ``helix --help`` is instant.
 
     helix ingest SOURCE... --store DIR [--format auto|jsonl|parquet|markdown|transcript|locomo|code|git] [--runner ray|local]
-    helix ingest REPO --format git [--since DATE] [--max N] --store DIR --user USER      commits as memories
+    helix ingest REPO --format code|git [--repo-name NAME] --store DIR --user USER      its code or its commits
     helix recall QUERY --store DIR --user USER [--budget TOKENS] [--k N] [--explain] [--json]
     helix stats --store DIR [--json]
     helix quarantine --store DIR [--reason CODE] [--limit N] [--json]      the records an ingest rejected
@@ -14,6 +14,7 @@
     helix demo [--store DIR] [--in-process]      ingest the shipped sample set and answer a query
     helix serve --store DIR [--host 127.0.0.1] [--port 8000] [--no-auth] [--graph auto|split|compact|inline] [--ha-proxy]
     helix keys create|list|revoke --store DIR [--user USER | KEY_ID]
+    helix audit --store DIR [--since TIME] [--limit N] [--json]      who did which admin action, and how it ended
     helix mcp (--store DIR --user USER [--project P] | --server URL --key KEY) [--http [--port N]]
     helix --version
 
@@ -61,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     _demo_arguments(sub)
     _serve_arguments(sub)
     _keys_arguments(sub)
+    _audit_arguments(sub)
     _mcp_arguments(sub)
     return p
 
@@ -75,6 +77,9 @@ def _ingest_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="source format (default: detect; code and git are never guessed)")
     s.add_argument("--since", help="--format git: commits made on or after this date (YYYY-MM-DD)")
     s.add_argument("--max", type=int, dest="max_commits", metavar="N", help="--format git: the newest N commits")
+    s.add_argument("--repo-name", metavar="NAME", help="--format code or git: the repository's name in the "
+                   "memories' ids, code:<user>/<NAME>:... (letters, digits, '.', '_', '-'; default: its folder's "
+                   "name); two repositories in folders of one name need two")
     s.add_argument("--user", help="tenant for records that name none")
     s.add_argument("--runner", default="ray", choices=("ray", "local"),
                    help="ray: Ray Data on a local Ray or RAY_ADDRESS (default); local: one process")
@@ -170,6 +175,10 @@ def _eval_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--granularity", choices=("turn", "session"),
                    help="what a document is: LoCoMo, a dialogue turn (default) or a whole session; LongMemEval, "
                         "a session (default) or a turn")
+    s.add_argument("--haystack", type=int, default=0, metavar="N",
+                   help="LoCoMo: the chosen conversations in one store, every N consecutive sessions of a "
+                        "conversation joined into one document (N 3: ~2,000 tokens, as LongMemEval's chat "
+                        "sessions); implies --granularity session")
     s.add_argument("--query-context", type=int, default=0, metavar="N",
                    help="LoCoMo: give each question with N turns of its conversation before it (consecutive turns "
                         "of a session holding none of its evidence, drawn per question id); 0: the question alone")
@@ -265,6 +274,16 @@ def _keys_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     k.add_argument("key_id")
     k.add_argument("--store", required=True)
 
+def _audit_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix audit``: the store's audit log of admin actions."""
+    s = sub.add_parser("audit", help="the store's audit log: each admin action (keys, compaction, settings, "
+                                     "adapter, forget-user, backup, restore), who did it and how it ended")
+    s.add_argument("--store", required=True)
+    s.add_argument("--since", help="ISO-8601 time (UTC without an offset): only records at or after it")
+    s.add_argument("--limit", type=int, default=100, help="the newest N records, oldest first (default 100)")
+    s.add_argument("--json", action="store_true", help="one JSON record per line, as stored")
+
+
 def _mcp_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``helix mcp``: the tools for coding agents (Model Context Protocol)."""
     s = sub.add_parser("mcp", help="serve recall/remember/forget to a coding agent over MCP (stdio)")
@@ -290,21 +309,26 @@ def main(argv: list[str] | None = None) -> int:
         from helix_ray.runtime import show_ray_output
 
         show_ray_output()
+    command = {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": cli_serve.demo,
+               "adapt": cli_adapt.adapt, "serve": cli_serve.serve, "keys": _keys, "compact": _compact,
+               "quarantine": cli_store.quarantine, "doctor": cli_store.doctor, "mcp": _mcp,
+               "backup": cli_store.backup, "restore": cli_store.restore,
+               "forget-user": cli_store.forget_user, "audit": cli_store.audit}[args.command]
     try:
-        return {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": cli_serve.demo,
-                "adapt": cli_adapt.adapt, "serve": cli_serve.serve, "keys": _keys, "compact": _compact,
-                "quarantine": cli_store.quarantine, "doctor": cli_store.doctor, "mcp": _mcp,
-                "backup": cli_store.backup, "restore": cli_store.restore,
-                "forget-user": cli_store.forget_user}[args.command](args)
+        code = command(args)
     except Exception as exc:  # noqa: BLE001 - the CLI prints a sentence, not a traceback
         from helix_ray.errors import HelixError, InvalidArgument
 
         if isinstance(exc, InvalidArgument):
             exc = _as_typed(exc, parser, args.command)
         if isinstance(exc, (HelixError, ValueError, FileNotFoundError)):
+            cli_store.record(args, 2, str(exc))
             print(f"helix {args.command}: {exc}", file=sys.stderr)
             return 2
+        cli_store.record(args, None, f"{type(exc).__name__}: {exc}")
         raise
+    cli_store.record(args, code)
+    return code
 
 
 #: Library argument names whose flag is spelled otherwise; the rest are ``--<name>``.
@@ -338,7 +362,7 @@ def _ingest(args: argparse.Namespace) -> int:
 
     report = ingest(args.sources, args.store, fmt=args.format, config=_ingest_config(args), runner=args.runner,
                     show_progress=not args.no_progress and not args.json, since=args.since,
-                    max_commits=args.max_commits)
+                    max_commits=args.max_commits, repo_name=args.repo_name)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1, default=str))
     else:
@@ -415,6 +439,7 @@ def _eval(args: argparse.Namespace) -> int:
     import logging
 
     from helix_ray.eval import LOCOMO_HELDOUT, LOCOMO_TUNE, load_beir, load_locomo, load_longmemeval, load_repo
+    from helix_ray.eval.locomo import as_haystack
     from helix_ray.eval.repo import DEFAULT_COMMIT
     from helix_ray.eval.runner import evaluate, format_table
 
@@ -431,12 +456,21 @@ def _eval(args: argparse.Namespace) -> int:
     if (args.repo or args.commit) and args.dataset != "repo":
         raise ValueError(f"Got --repo or --commit with {args.dataset}; only `helix eval repo` reads a repository. "
                          "Leave them out.")
+    if args.haystack:
+        if args.dataset != "locomo" or args.granularity == "turn" or args.haystack < 1:
+            raise ValueError(f"Got --haystack {args.haystack} with {args.dataset}"
+                             f"{' and --granularity turn' if args.granularity == 'turn' else ''}; it joins LoCoMo "
+                             "sessions into long documents: give a count of at least 1, with `helix eval locomo` "
+                             "and without --granularity turn.")
+        args.granularity = "session"
     if args.dataset == "locomo":
         convs = {"tune": LOCOMO_TUNE, "heldout": LOCOMO_HELDOUT}.get(args.conversations or "", None)
         if convs is None and args.conversations:
             convs = tuple(c.strip() for c in args.conversations.split(","))
         evalset = load_locomo(args.data, conversations=convs, granularity=args.granularity or "turn",
                               query_context=args.query_context)
+        if args.haystack:
+            evalset = as_haystack(evalset, args.haystack)
     elif args.dataset == "beir":
         evalset = load_beir(args.data, split=args.split)
         if args.as_code:
@@ -479,7 +513,8 @@ def _eval(args: argparse.Namespace) -> int:
                                         *[f"recall@{k}" for k in ks if k > 10])))
     if args.json_out:
         options = {"granularity": args.granularity or {"locomo": "turn", "longmemeval": "session"}.get(args.dataset),
-                   "query_context": args.query_context, "conversations": args.conversations, "split": args.split,
+                   "query_context": args.query_context, "haystack": args.haystack or None,
+                   "conversations": args.conversations, "split": args.split,
                    "repo": args.repo, "commit": (args.commit or DEFAULT_COMMIT) if args.dataset == "repo" else None}
         Path(args.json_out).write_text(json.dumps({**report.as_dict(), "options": options}, indent=1))
     return 0
@@ -520,7 +555,7 @@ def _keys(args: argparse.Namespace) -> int:
     else:
         record = keys.revoke(args.key_id)
         print(f"revoked key {record.key_id} of user {record.user!r}")
-    return 0
+    return 0  # keys made and revoked are recorded in the audit log by the KeyStore
 
 
 def _mcp(args: argparse.Namespace) -> int:

@@ -29,7 +29,8 @@ def format_report(report) -> str:
         f"read {report.read} records: {report.accepted} accepted, {report.quarantined} quarantined",
         f"  new {report.new}, updated {report.updated}, unchanged {report.unchanged}, "
         f"duplicates {report.duplicates}, embedded {report.embedded}"
-        + (f", removed {report.removed} (gone from the tree)" if report.removed else ""),
+        + (f", removed {report.removed} (gone from the tree)" if report.removed else "")
+        + (f", renamed {report.renamed} (their ids now name their user)" if report.renamed else ""),
     ]
     if report.quarantine_reasons:
         lines.append("  quarantine: " + ", ".join(f"{k} ×{v}" for k, v in report.quarantine_reasons.items()))

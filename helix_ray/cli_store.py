@@ -1,8 +1,10 @@
 """The ``helix`` commands over a store as a whole: ``quarantine`` and ``doctor`` look
-into it, ``backup`` and ``restore`` copy it, ``forget-user`` erases a user from it. They
-print; the work is :class:`helix_ray.store.db.StoreDB`'s, :mod:`helix_ray.store.doctor`'s,
-:mod:`helix_ray.store.backup`'s and :mod:`helix_ray.serve.forget`'s. Imports stay inside the functions
-(``helix --help`` loads none of them)."""
+into it, ``backup`` and ``restore`` copy it, ``forget-user`` erases a user from it,
+``audit`` shows who did which admin action. They print; the work is
+:class:`helix_ray.store.db.StoreDB`'s, :mod:`helix_ray.store.doctor`'s,
+:mod:`helix_ray.store.backup`'s, :mod:`helix_ray.serve.forget`'s and
+:mod:`helix_ray.store.audit`'s. :func:`record` appends the admin commands to the audit
+log. Imports stay inside the functions (``helix --help`` loads none of them)."""
 
 from __future__ import annotations
 
@@ -141,3 +143,71 @@ def forget_user(args: argparse.Namespace) -> int:
         print(f"the current generation holds them until the next one is published (an ingest or a compaction); "
               f"`helix forget-user --store {args.store} {args.user} --compact` publishes it now")
     return 0
+
+
+def audit(args: argparse.Namespace) -> int:
+    """``helix audit``: the newest records of the store's audit log, oldest first."""
+    from helix_ray.errors import InvalidArgument
+    from helix_ray.recall.scope import as_time
+    from helix_ray.store import audit as audit_log
+
+    if not audit_log.is_store(args.store):
+        raise FileNotFoundError(f"Store {args.store} does not exist or holds no Helix store; check --store.")
+    if args.limit < 1:
+        raise InvalidArgument("--limit", args.limit, "it must be a whole number ≥ 1")
+    records = audit_log.read(args.store, since=as_time("--since", args.since), limit=args.limit)
+    if args.json:
+        for r in records:
+            print(json.dumps(r, ensure_ascii=False))
+        return 0
+    for r in records:
+        who = r["actor"] + (f" ({r['actor_user']})" if r.get("actor_user") else "")
+        what = r["action"] + (f" {r['target']}" if r.get("target") else "")
+        ended = r["outcome"] + (f" {r['status']}" if r.get("status") is not None else "")
+        extra = "".join(f"  {name}={json.dumps(r[name], ensure_ascii=False)}"
+                        for name in ("params", "result") if r.get(name))
+        print(f"{r['time']}  {who}  {what}  {ended}{extra}")
+        if r.get("detail"):
+            print(f"{'':<34}{r['detail']}")
+    files = audit_log.files(args.store)
+    print(f"-- {len(records)} record{'s' if len(records) != 1 else ''}"
+          + (f" (log: {', '.join(str(f) for f in files)})" if files else " (no admin action recorded yet)"))
+    return 0
+
+
+def record(args: argparse.Namespace, code: int | None, detail: str | None = None) -> None:
+    """Append a command that changes a store as a whole (``forget-user``, ``backup``,
+    ``restore``, ``compact``, ``adapt``) to that store's audit log, as done by
+    ``cli:<os user>``: ``ok`` for exit code 0, ``refused`` for another (``detail``: its
+    sentence), ``failed`` for an unexpected error (``code`` None). The keys' commands are
+    recorded by the key store itself."""
+    entry = _admin_command(args)
+    if entry is None:
+        return
+    from helix_ray.store import audit as audit_log
+
+    store, target, params = entry
+    outcome: audit_log.Outcome = "ok" if code == 0 else "failed" if code is None else "refused"
+    try:
+        audit_log.append(store, actor=audit_log.local_actor(), action=args.command, target=target, params=params,
+                         outcome=outcome, status=code, detail=detail)
+    except OSError as exc:  # the command's own outcome stands; say that it went unrecorded
+        print(f"helix {args.command}: could not append to the audit log of {store}: {exc}", file=sys.stderr)
+
+
+def _admin_command(args: argparse.Namespace) -> tuple[Path, str | None, dict[str, Any]] | None:
+    """(store, target, params) of an admin command, None for any other."""
+    command = args.command
+    if command == "forget-user":
+        return Path(args.store), args.user, {"compact": args.compact}
+    if command == "backup":
+        return Path(args.store), str(Path(args.out).resolve()), {}
+    if command == "restore":  # recorded in the store it made (or, refused, the store it would not overwrite)
+        return Path(args.store), str(Path(args.store).resolve()), {"backup": str(Path(args.backup).resolve())}
+    if command == "compact":
+        return Path(args.store), None, {"runner": args.runner}
+    if command == "adapt":
+        return Path(args.store), None, {"pairs": args.pairs, "from_feedback": args.from_feedback,
+                                        "users": args.users, "ridge": args.ridge, "force": args.force,
+                                        "remove": args.remove}
+    return None

@@ -121,11 +121,14 @@ class Memory:
 
     # ------------------------------------------------------------------ ingest
     def ingest(self, sources: Sequence[str | Path] | str | Path, *, format: str = "auto", runner: str = "local",
-               show_progress: bool = False, since: str | None = None, max_commits: int | None = None):
+               show_progress: bool = False, since: str | None = None, max_commits: int | None = None,
+               repo_name: str | None = None):
         """Run the ingest pipeline over files or folders; returns its report. ``format``
         ``"code"`` reads a source tree, ``"git"`` a repository's commits (``since``,
-        ``max_commits``: which ones). Writes still in the delta are folded first (a
-        compaction), so an ingested record is not hidden by an earlier write of its id."""
+        ``max_commits``: which ones), as memories of ``ingest.validation.default_user``
+        whose ids name the repository ``repo_name`` (default: its folder's name). Writes
+        still in the delta are folded first (a compaction), so an ingested record is not
+        hidden by an earlier write of its id."""
         from helix_ray.ingest.run import ingest  # the ingest pipeline: a recall-only Memory never loads it
 
         if isinstance(sources, (str, Path)):
@@ -133,7 +136,8 @@ class Memory:
         self._fold()  # a write made while this runs is as new as the ingest: either may win
         with self._core._compacting, self._db_lock:  # no compaction, write or access flush meanwhile
             report = ingest(list(sources), self.store, fmt=format, config=self.ingest_config, runner=runner,
-                            show_progress=show_progress, db=self.db, since=since, max_commits=max_commits)
+                            show_progress=show_progress, db=self.db, since=since, max_commits=max_commits,
+                            repo_name=repo_name)
         if report.published:
             self._overlay.clear()
         return report

@@ -227,7 +227,7 @@ def embedded_texts(source: Path, fmt: str, store: Path) -> list[str]:
     from helix_ray.ingest.sources import source_items
     from helix_ray.store.generation import Generation
 
-    tasks, _ = source_items(source, fmt)  # a source tree: one task per file
+    tasks, _ = source_items(source, fmt, user=ingest_config().validation.default_user)  # a tree: a task per file
     out = [r for task in tasks for r in stages.read_and_validate(task, config=ingest_config())]
     rows = [json.loads(r["payload"]) for r in out if r["ok"]]
     latest: dict[str, str] = {}
@@ -403,7 +403,7 @@ def _files(source: Path, fmt: str) -> int:
     """Files read: a source tree's (``--code``), else one."""
     from helix_ray.ingest.sources import source_items
 
-    return len(source_items(source, fmt)[0]) if fmt == "code" else 1
+    return len(source_items(source, fmt, user=ingest_config().validation.default_user)[0]) if fmt == "code" else 1
 
 
 def table(results: list[dict[str, Any]]) -> str:

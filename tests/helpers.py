@@ -161,6 +161,7 @@ def ingress_app(store: Path, *, auth: bool = True, **args: Any):
     import ray.serve
 
     from helix_ray.serve import app as app_module
+    from helix_ray.serve import audit
     from helix_ray.serve import keys as keys_module
     from helix_ray.serve import ratelimit
     from helix_ray.serve.shells import WriterShell
@@ -171,6 +172,7 @@ def ingress_app(store: Path, *, auth: bool = True, **args: Any):
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(keys_module.SERVING, "store", None)  # the ingress registers its key store there
         patch.setitem(ratelimit.SERVING, "limiter", None)  # and its rate limiter
+        patch.setitem(audit.SERVING, "store", None)  # and its store, for the audit log
         ingress_cls.__init__(ingress, None, None, None, None, LocalHandle(writer),
                              {"store": str(store), "graph": "inline", "auth": auth, **args})
         context = types.SimpleNamespace(servable_object=ingress)

@@ -3,6 +3,7 @@ re-read incrementally, symbols that left the tree deleted, recalled from the CLI
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -92,16 +93,17 @@ def test_a_tree_and_its_commits_become_linked_memories(tmp_path, repo):
     assert history.accepted == 2
     gen = Generation.open_current(store)
     ids = set(gen.memories.column("id").to_pylist())
-    assert {"code:shop:auth.py::check_key", "code:shop:server.py::handle_request"} <= ids
+    assert {"code:dev/shop:auth.py::check_key", "code:dev/shop:server.py::handle_request"} <= ids
     assert not any("generated" in i for i in ids), "a .gitignore'd folder is not read"
     types = dict(zip(gen.memories.column("id").to_pylist(), gen.memories.column("type").to_pylist()))
-    commits = sorted(i for i in ids if i.startswith("git:shop:"))
+    commits = sorted(i for i in ids if i.startswith("git:dev/shop:"))
     assert sorted(types[c] for c in commits) == ["decision", "episodic"]
     decision = next(c for c in commits if types[c] == "decision")
     # The commit that touched server.py reaches that file's functions through the graph,
     # and a caller reaches the function it calls.
-    assert _row(gen, "code:shop:server.py::start_proxy") in _two_hops(gen, _row(gen, decision))
-    assert _row(gen, "code:shop:auth.py::check_key") in _two_hops(gen, _row(gen, "code:shop:server.py::handle_request"))
+    assert _row(gen, "code:dev/shop:server.py::start_proxy") in _two_hops(gen, _row(gen, decision))
+    caller = _row(gen, "code:dev/shop:server.py::handle_request")
+    assert _row(gen, "code:dev/shop:auth.py::check_key") in _two_hops(gen, caller)
 
 
 def test_a_tree_read_again_embeds_what_changed_and_deletes_what_left(tmp_path, repo):
@@ -113,14 +115,14 @@ def test_a_tree_read_again_embeds_what_changed_and_deletes_what_left(tmp_path, r
     assert second.embedded == 1, "only rotate_key's text changed"
     assert second.removed == 1 and second.total_memories == first.total_memories - 1
     gen = Generation.open_current(store)
-    assert "code:shop:server.py::start_proxy" not in gen.columns.id_to_row
+    assert "code:dev/shop:server.py::start_proxy" not in gen.columns.id_to_row
     with StoreDB(store) as db:
-        assert db.known_hashes()["code:shop:server.py::start_proxy"][1], "marked deleted in the database"
+        assert db.known_hashes()["code:dev/shop:server.py::start_proxy"][1], "marked deleted in the database"
     # A file skipped this time (no longer UTF-8) keeps its memories.
     (repo / "auth.py").write_bytes(b"def check_key(\xff):\n    pass\n")
     third = ingest([repo], store, fmt="code", runner="local", config=_user("dev"))
     assert third.removed == 0
-    assert "code:shop:auth.py::check_key" in Generation.open_current(store).columns.id_to_row
+    assert "code:dev/shop:auth.py::check_key" in Generation.open_current(store).columns.id_to_row
 
 
 def test_a_subfolder_read_whole_deletes_only_under_it(tmp_path, repo):
@@ -132,7 +134,7 @@ def test_a_subfolder_read_whole_deletes_only_under_it(tmp_path, repo):
     report = ingest([repo / "lib"], store, fmt="code", runner="local", config=_user("dev"))
     assert report.removed == 1
     ids = Generation.open_current(store).columns.id_to_row
-    assert "code:shop:lib/util.py::helper_two" not in ids and "code:shop:auth.py::check_key" in ids
+    assert "code:dev/shop:lib/util.py::helper_two" not in ids and "code:dev/shop:auth.py::check_key" in ids
 
 
 def test_commit_options_are_for_git_sources_only(tmp_path, repo):
@@ -152,17 +154,141 @@ def test_the_cli_recalls_the_function_and_the_decision(tmp_path, repo, capsys):
     capsys.readouterr()
     assert main(["recall", "where are API keys checked?", "--store", store, "--user", "dev", "--json"]) == 0
     top = _first_id(capsys.readouterr().out)
-    assert top == "code:shop:auth.py::check_key"
+    assert top == "code:dev/shop:auth.py::check_key"
     assert main(["recall", "why is HAProxy opt-in?", "--store", store, "--user", "dev", "--json"]) == 0
-    assert _first_id(capsys.readouterr().out).startswith("git:shop:")
+    assert _first_id(capsys.readouterr().out).startswith("git:dev/shop:")
 
 
 def _first_id(out: str) -> str:
-    import json
-
     return json.loads(out)["items"][0]["id"]
 
 
+def _cli_ingest(repo: Path, store: Path, fmt: str, *extra: str) -> int:
+    from helix_ray.cli import main
+
+    return main(["ingest", str(repo), "--format", fmt, "--store", str(store), "--runner", "local", "--no-progress",
+                 "--json", *extra])
+
+
+def test_two_users_ingest_one_repository_into_one_store(tmp_path, repo, capsys):
+    """Ids name their user: the second user's read of the same tree and history is
+    accepted whole (no id conflict), linked within that user's memories, and each user
+    recalls their own memories only."""
+    from helix_ray.cli import main
+
+    store = tmp_path / "store"
+    for user in ("dev", "ops"):
+        for fmt in ("code", "git"):
+            assert _cli_ingest(repo, store, fmt, "--user", user) == 0
+            report = json.loads(capsys.readouterr().out)
+            assert report["quarantined"] == 0 and report["new"] == report["accepted"] > 0, (user, fmt, report)
+    gen = Generation.open_current(store)
+    ids = gen.columns.id_to_row
+    for user in ("dev", "ops"):
+        decision = next(i for i in ids if i.startswith(f"git:{user}/shop:")
+                        and gen.memories.column("type")[ids[i]].as_py() == "decision")
+        linked = {gen.memories.column("id")[r].as_py() for r in _two_hops(gen, ids[decision])}
+        assert f"code:{user}/shop:server.py::start_proxy" in linked
+        assert all(i.startswith((f"code:{user}/", f"git:{user}/")) for i in linked), "links stay in the tenant"
+        assert main(["recall", "where are API keys checked?", "--store", str(store), "--user", user, "--json"]) == 0
+        items = json.loads(capsys.readouterr().out)["items"]
+        assert items[0]["id"] == f"code:{user}/shop:auth.py::check_key"
+        assert all(item["id"].startswith((f"code:{user}/shop:", f"git:{user}/shop:")) for item in items)
+
+
+def _make_repo(root: Path, files: dict[str, str]) -> Path:
+    root.mkdir(parents=True)
+    _git(root, "init", "-q", "-b", "main")
+    for rel, text in files.items():
+        (root / rel).write_text(text)
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", f"Add {', '.join(files)}")
+    return root
+
+
+def test_two_repositories_in_folders_of_one_name_are_kept_apart_by_their_names(tmp_path):
+    billing = _make_repo(tmp_path / "work" / "app", {"invoice.py": "def total(lines):\n    return sum(lines)\n"})
+    search = _make_repo(tmp_path / "home" / "app", {"index.py": "def lookup(term):\n    return [term]\n"})
+    store = tmp_path / "store"
+    with pytest.raises(InvalidArgument, match="one name names one repository") as raised:
+        ingest([billing, search], store, fmt="code", runner="local", config=_user("dev"))
+    assert raised.value.name == "repo_name"
+    for folder, name in ((billing, "billing"), (search, "search")):
+        assert ingest([folder], store, fmt="code", runner="local", config=_user("dev"), repo_name=name).removed == 0
+        assert ingest([folder], store, fmt="git", runner="local", config=_user("dev"), repo_name=name).accepted == 1
+    ids = set(Generation.open_current(store).columns.id_to_row)
+    assert {"code:dev/billing:invoice.py::total", "code:dev/search:index.py::lookup"} <= ids
+    assert sum(i.startswith(("git:dev/billing:", "git:dev/search:")) for i in ids) == 2
+
+
+def test_memory_ingest_names_the_repository(tmp_path, repo):
+    from helix_ray import Memory
+
+    with Memory(tmp_path / "store", ingest=_user("dev"), warm=False) as mem:
+        report = mem.ingest(repo, format="git", repo_name="shop-v2")
+    assert report.accepted == 2
+    ids = Generation.open_current(tmp_path / "store").columns.id_to_row
+    assert sorted(i.rpartition(":")[0] for i in ids) == ["git:dev/shop-v2", "git:dev/shop-v2"]
+
+
+@pytest.mark.parametrize("name", ["my app", "team/app", "app:v2", "", "a" * 101])
+def test_a_bad_repo_name_is_refused_saying_what_a_name_may_hold(tmp_path, repo, capsys, name):
+    assert _cli_ingest(repo, tmp_path / "store", "code", "--user", "dev", "--repo-name", name) == 2
+    err = capsys.readouterr().err
+    assert f"Got --repo-name={name!r}" in err and "each a letter, digit, '.', '_' or '-'" in err
+    assert not (tmp_path / "store").exists(), "refused before the store is touched"
+
+
+def test_a_tree_or_history_needs_its_user_and_repo_name_needs_a_tree_or_history(tmp_path, repo, capsys):
+    for fmt in ("code", "git"):
+        assert _cli_ingest(repo, tmp_path / "store", fmt) == 2
+        assert "Got --user=None; code and commit memories are one user's" in capsys.readouterr().err
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text('{"text": "a note", "user": "dev"}\n')
+    assert _cli_ingest(notes, tmp_path / "store", "jsonl", "--repo-name", "shop") == 2
+    assert "--repo-name applies to --format code and --format git only" in capsys.readouterr().err
+
+
+def _old_ids(repo: Path, user: str) -> list[dict]:
+    """``user``'s memories of ``repo`` as a store made before ids named their user holds
+    them: ``code:shop:...`` and ``git:shop:...`` (newest commit first)."""
+    from helix_ray.ingest.sources import read_source, source_items
+
+    tasks = source_items(repo, "code", user=user)[0] + source_items(repo, "git", user=user)[0]
+    records = [r for t in tasks for r in read_source(t["path"], t["format"], **json.loads(t["options"]))]
+    return [{**{k: v for k, v in r.items() if not k.startswith("_")}, "id": r["id"].replace(f":{user}/", ":", 1)}
+            for r in records]
+
+
+def test_a_store_whose_ids_do_not_name_their_user_is_renamed_by_the_next_read(tmp_path, repo):
+    """Ingesting again a repository that a store made before ids named their user holds
+    replaces that user's old ids with today's, so nothing is recalled twice: all of a
+    tree (a symbol gone since is removed), and the commits read (one not read this time
+    keeps its old id until it is). Another user's old ids stay theirs: there, dev read
+    the code and the older commit, ops the newest commit (dev's read of it was refused)."""
+    old = _old_ids(repo, "dev")
+    newest, older = (r["id"] for r in old if r["id"].startswith("git:"))
+    old = [{**r, "user": "ops"} if r["id"] == newest else r for r in old]
+    old.append({**old[0], "id": "code:shop:server.py::retired", "text": "def retired():\n    pass"})
+    source = tmp_path / "old.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in old))
+    store = tmp_path / "store"
+    assert ingest([source], store, fmt="jsonl", runner="local").accepted == len(old)
+    dev_code = [r["id"] for r in old if r["id"].startswith("code:shop:")]
+
+    code = ingest([repo], store, fmt="code", runner="local", config=_user("dev"))
+    assert (code.renamed, code.removed, code.quarantined) == (len(dev_code) - 1, 1, 0)  # removed: retired
+    history = ingest([repo], store, fmt="git", runner="local", config=_user("dev"), max_commits=1)
+    assert (history.new, history.renamed, history.quarantined) == (1, 0, 0), "ops's old id of it stays ops's"
+    assert older in Generation.open_current(store).columns.id_to_row, "the commit not read keeps its old id"
+    assert ingest([repo], store, fmt="git", runner="local", config=_user("dev")).renamed == 1
+    ids = set(Generation.open_current(store).columns.id_to_row)
+    assert not ids & {*dev_code, older}
+    assert {i.replace(":", ":dev/", 1) for i in [*dev_code, newest, older] if "retired" not in i} <= ids
+    assert newest in ids
+    with StoreDB(store) as db:
+        known = db.known_hashes()
+        assert all(known[i][1] for i in [*dev_code, older]), "marked deleted in the database"
 def _user(user: str):
     from helix_ray.config import IngestConfig
 

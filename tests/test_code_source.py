@@ -25,7 +25,7 @@ from helix_ray.ingest.code import (
 from tests.helpers import REPO
 
 COMMIT_TIME = "2025-03-01T10:00:00+00:00"
-RECORD_KEYS = {"id", "text", "type", "source", "created_at", "metadata", "_source", "_position"}
+RECORD_KEYS = {"id", "text", "type", "user", "source", "created_at", "metadata", "_source", "_position"}
 
 
 @pytest.fixture(autouse=True)
@@ -61,7 +61,7 @@ def write(root: Path, files: dict[str, str | bytes]) -> Path:
 def read(root: Path, rel: str, info: RepoInfo | None = None) -> dict[str, dict]:
     """id → record of one file."""
     info = info or repo_identity(root)
-    return {r["id"]: r for r in read_code_file(root / rel, rel=rel, info=info)}
+    return {r["id"]: r for r in read_code_file(root / rel, rel=rel, info=info, user="ann")}
 
 
 def symbols(records: dict[str, dict]) -> list[str]:
@@ -80,6 +80,15 @@ def test_repo_identity_in_git_from_the_top_a_subfolder_and_a_file(tmp_path):
     for root in (repo, repo / "pkg", repo / "pkg" / "mod.py"):
         info = repo_identity(root)
         assert info == RepoInfo(name="myrepo", toplevel=repo.resolve(), commit=head, committed_at=COMMIT_TIME)
+
+
+def test_repo_identity_takes_a_name_or_makes_one_from_the_folder(tmp_path):
+    """A folder's name becomes a repository name with what a name may not hold as '_'."""
+    odd = write(tmp_path / "my project:2", {"a.py": "X = 1\n"})
+    assert repo_identity(odd).name == "my_project_2"
+    assert repo_identity(odd, "billing.v2").name == "billing.v2"
+    with pytest.raises(InvalidArgument, match="each a letter, digit, '.', '_' or '-'"):
+        repo_identity(odd, "my project")
 
 
 def test_repo_identity_outside_git_before_a_commit_and_without_git(tmp_path, monkeypatch):
@@ -266,14 +275,14 @@ def test_python_symbols_kinds_and_ids(tmp_path):
     stamp = dt.datetime(2024, 5, 6, 7, 8, 9, tzinfo=dt.timezone.utc).timestamp()
     os.utime(root / "pkg/shapes.py", (stamp, stamp))
     records = read(root, "pkg/shapes.py")
-    prefix = "code:proj:pkg/shapes.py::"
+    prefix = "code:ann/proj:pkg/shapes.py::"
     assert list(records) == [prefix + s for s in (
         "<module>", "area", "draw", "Circle", "Circle.area", "Circle.diameter", "Circle.diameter~2",
         "Circle.Meta", "Circle.Meta.label")]
     kinds = [r["metadata"]["code"]["kind"] for r in records.values()]
     assert kinds == ["module", "function", "function", "class", "method", "method", "method", "class", "method"]
     for record in records.values():
-        assert set(record) == RECORD_KEYS  # no "user": the ingest gives it
+        assert set(record) == RECORD_KEYS and record["user"] == "ann"  # whom the id names
         assert record["type"] == "code" and record["source"] == "code:proj"
         assert record["created_at"] == "2024-05-06T07:08:09+00:00"  # no git: the file's mtime
         meta = record["metadata"]["code"]
@@ -327,10 +336,10 @@ def test_python_module_memory_only_with_content(tmp_path):
         "src/lib/core.py": "def g():\n    return 1\n",
     })
     init = read(root, "pkg/__init__.py")
-    assert list(init) == ["code:proj:pkg/__init__.py::<module>"]
-    assert init["code:proj:pkg/__init__.py::<module>"]["metadata"]["code"]["module"] == "pkg"
+    assert list(init) == ["code:ann/proj:pkg/__init__.py::<module>"]
+    assert init["code:ann/proj:pkg/__init__.py::<module>"]["metadata"]["code"]["module"] == "pkg"
     assert symbols(read(root, "pkg/imports_only.py")) == ["f"]
-    core = read(root, "src/lib/core.py")["code:proj:src/lib/core.py::g"]
+    core = read(root, "src/lib/core.py")["code:ann/proj:src/lib/core.py::g"]
     assert core["metadata"]["code"]["module"] == "lib.core"  # the src layout
     assert core["text"].startswith("src/lib/core.py · lib.core.g (function)\n")
 
@@ -346,12 +355,12 @@ def test_python_names(tmp_path):
         "    super().__init__()\n"
         "    return helpers.Collector(items).finish()\n"
     )})
-    record = read(root, "walker.py")["code:proj:walker.py::walk"]
+    record = read(root, "walker.py")["code:ann/proj:walker.py::walk"]
     # Called and attribute names in source order; not itself, builtins, dunders or short names.
     assert record["metadata"]["code"]["names"] == ["children", "visit_node", "Collector", "finish"]
     many = "def big():\n" + "".join(f"    call_{i}()\n" for i in range(80))
     write(root, {"big.py": many})
-    assert len(read(root, "big.py")["code:proj:big.py::big"]["metadata"]["code"]["names"]) == 50
+    assert len(read(root, "big.py")["code:ann/proj:big.py::big"]["metadata"]["code"]["names"]) == 50
 
 
 def test_python_syntax_error_falls_back_to_blocks(tmp_path):
@@ -362,10 +371,10 @@ def test_python_syntax_error_falls_back_to_blocks(tmp_path):
     records = read(root, "broken.py")
     assert symbols(records) == ["ok", "broken", "Thing"]
     assert {r["metadata"]["code"]["kind"] for r in records.values()} == {"block"}
-    broken = records["code:proj:broken.py::broken"]
+    broken = records["code:ann/proj:broken.py::broken"]
     assert broken["text"] == "broken.py · broken (python)\n# Half written.\ndef broken(:\n    pass"
     assert broken["metadata"]["code"]["module"] == "broken"
-    assert "import os" in records["code:proj:broken.py::ok"]["text"]  # a file's opening goes with the first
+    assert "import os" in records["code:ann/proj:broken.py::ok"]["text"]  # a file's opening goes with the first
 
 
 # --------------------------------------------------------------------------- other languages
@@ -421,38 +430,38 @@ def test_javascript_split_at_definitions_with_comments_attached(tmp_path):
     root = write(tmp_path / "proj", {"web/app.js": JS})
     records = read(root, "web/app.js")
     assert symbols(records) == ["parse", "Store", "helper", "block4"]
-    parse = records["code:proj:web/app.js::parse"]
+    parse = records["code:ann/proj:web/app.js::parse"]
     assert parse["text"].split("\n")[:3] == ["web/app.js · parse (javascript)", 'import fs from "fs";',
                                              "const DEBUG = false;"]
     assert "// Parse reads the config.\n// It never throws.\nexport function parse(text) {" in parse["text"]
     assert "/**" not in parse["text"]
-    store = records["code:proj:web/app.js::Store"]
+    store = records["code:ann/proj:web/app.js::Store"]
     assert store["text"].split("\n")[1] == "/**" and store["metadata"]["code"]["lines"] == [10, 15]
     assert store["metadata"]["code"]["names"] == ["get", "load"]
     assert store["metadata"]["code"]["kind"] == "block" and store["metadata"]["code"]["language"] == "javascript"
     assert "module" not in store["metadata"]["code"]
-    assert records["code:proj:web/app.js::block4"]["text"].endswith("return helper(2);\n}")
+    assert records["code:ann/proj:web/app.js::block4"]["text"].endswith("return helper(2);\n}")
 
 
 def test_go_split_at_definitions_with_receivers_and_repeats(tmp_path):
     root = write(tmp_path / "proj", {"cmd/main.go": GO})
     records = read(root, "cmd/main.go")
     assert symbols(records) == ["Server", "Server.Start", "init", "main", "init~2"]
-    server = records["code:proj:cmd/main.go::Server"]["text"]
+    server = records["code:ann/proj:cmd/main.go::Server"]["text"]
     assert server.startswith("cmd/main.go · Server (go)\npackage main\n") and "// Server serves.\ntype" in server
-    start = records["code:proj:cmd/main.go::Server.Start"]
+    start = records["code:ann/proj:cmd/main.go::Server.Start"]
     assert start["text"].split("\n")[1] == "// Start starts the server."
     assert start["metadata"]["code"]["names"] == ["listen"]
-    assert records["code:proj:cmd/main.go::main"]["metadata"]["code"]["names"] == ["Println"]
-    assert records["code:proj:cmd/main.go::init~2"]["metadata"]["code"]["names"] == ["setup"]
+    assert records["code:ann/proj:cmd/main.go::main"]["metadata"]["code"]["names"] == ["Println"]
+    assert records["code:ann/proj:cmd/main.go::init~2"]["metadata"]["code"]["names"] == ["setup"]
 
 
 # --------------------------------------------------------------------------- stability and bad files
 
 
 @pytest.mark.parametrize("rel, content, moved", [
-    ("pkg/shapes.py", SHAPES, "code:proj:pkg/shapes.py::draw"),
-    ("cmd/main.go", GO, "code:proj:cmd/main.go::main"),
+    ("pkg/shapes.py", SHAPES, "code:ann/proj:pkg/shapes.py::draw"),
+    ("cmd/main.go", GO, "code:ann/proj:cmd/main.go::main"),
 ])
 def test_ids_and_texts_stable_when_a_blank_line_is_added(tmp_path, rel, content, moved):
     """A re-ingest after an edit that moves code without changing it keeps ids and texts
@@ -472,7 +481,7 @@ def test_ids_and_texts_stable_when_a_blank_line_is_added(tmp_path, rel, content,
 
 def test_invalid_utf8_is_one_bad_record(tmp_path):
     root = write(tmp_path / "proj", {"bad.py": b"A = '\xff\xfe'\ndef f():\n    pass\n"})
-    records = list(read_code_file(root / "bad.py", rel="bad.py", info=repo_identity(root)))
+    records = list(read_code_file(root / "bad.py", rel="bad.py", info=repo_identity(root), user="ann"))
     assert len(records) == 1
     bad = records[0]
     assert set(bad) == {"_source", "_position", "_code", "_reject", "_raw"}
@@ -489,11 +498,11 @@ def test_reads_this_repositorys_keys_module():
     records = read(REPO, rel, info)
     tree = ast.parse((REPO / rel).read_text(encoding="utf-8"))
     top = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-    assert top and all(f"code:{info.name}:{rel}::{name}" in records for name in top)
-    key_store = records[f"code:{info.name}:{rel}::KeyStore"]
+    assert top and all(f"code:ann/{info.name}:{rel}::{name}" in records for name in top)
+    key_store = records[f"code:ann/{info.name}:{rel}::KeyStore"]
     assert key_store["text"].startswith(f"{rel} · helix_ray.serve.keys.KeyStore (class)\n")
     assert key_store["metadata"]["code"]["module"] == "helix_ray.serve.keys"
-    assert f"code:{info.name}:{rel}::KeyStore.create" in records
+    assert f"code:ann/{info.name}:{rel}::KeyStore.create" in records
 
 
 def test_a_folder_the_enclosing_repository_ignores_is_read_as_its_own_tree(tmp_path):
@@ -509,7 +518,8 @@ def test_a_folder_the_enclosing_repository_ignores_is_read_as_its_own_tree(tmp_p
     assert info.name == "somepkg" and info.toplevel == pkg.resolve() and info.commit is None
     files, _ = tree_files(pkg, info)
     assert files == ["core.py"]
-    assert [r["id"] for r in read_code_file(pkg / "core.py", rel="core.py", info=info)] == ["code:somepkg:core.py::run"]
+    records = read_code_file(pkg / "core.py", rel="core.py", info=info, user="ann")
+    assert [r["id"] for r in records] == ["code:ann/somepkg:core.py::run"]
 
 
 @pytest.mark.parametrize("rel, test", [

@@ -94,6 +94,27 @@ def test_session_gold_and_the_same_questions_as_turns(locomo: Path) -> None:
     assert [q.text for q in sessions.queries] == [q.text for q in turns.queries]
 
 
+def test_haystack_joins_sessions_of_every_conversation_into_one_store(locomo: Path) -> None:
+    from helix_ray.eval.locomo import HAYSTACK, as_haystack
+
+    sessions = load_locomo(locomo, granularity="session")
+    hay = as_haystack(sessions, 2)
+    assert list(hay.corpora) == [HAYSTACK]
+    docs = {d.id: d for d in hay.corpora[HAYSTACK]}
+    assert list(docs) == ["conv-a:sessions_1-2", "conv-a:sessions_3-3", "conv-b:sessions_1-2", "conv-b:sessions_3-3"]
+    one, two = (d.text for d in sessions.corpora["conv-a"][:2])
+    assert docs["conv-a:sessions_1-2"].text == one + "\n\n" + two  # each session keeps its date line
+    assert docs["conv-a:sessions_1-2"].created_at == "2023-05-08T13:56:00Z"
+    gold = {q.id: set(q.gold) for q in hay.queries}
+    assert gold["conv-a:q1"] == {"conv-a:sessions_1-2"}  # evidence in sessions 1 and 2: one document
+    assert gold["conv-b:q2"] == {"conv-b:sessions_3-3"}
+    assert [q.question_date for q in hay.queries] == [q.question_date for q in sessions.queries]
+    assert {q.corpus_id for q in hay.queries} == {HAYSTACK}
+    assert as_haystack(sessions, 1).corpora[HAYSTACK][0].text == one
+    with pytest.raises(ValueError, match="at least 1"):
+        as_haystack(sessions, 0)
+
+
 def test_question_date_is_the_conversations_last_session(locomo: Path) -> None:
     for granularity in ("turn", "session"):
         for q in load_locomo(locomo, granularity=granularity).queries:
@@ -161,6 +182,8 @@ def test_cli_refuses_what_it_cannot_run(locomo: Path, tmp_path: Path, capsys) ->
     assert main(["eval", "locomo", "--data", str(locomo), "--systems", "bm25+ctx",
                  "--workdir", str(tmp_path / "stores")]) == 2
     assert "+ctx" in capsys.readouterr().err
+    assert main(["eval", "locomo", "--data", str(locomo), "--haystack", "2", "--granularity", "turn"]) == 2
+    assert "--haystack" in capsys.readouterr().err
     assert not (tmp_path / "stores").exists()  # refused before any store is built
 
 

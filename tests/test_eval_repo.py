@@ -87,7 +87,7 @@ def test_every_gold_of_the_shipped_set_is_a_document_at_its_commit(tmp_path: Pat
     assert {q.category for q in evalset.queries} == {"code", "history"}
     assert {d.type for d in docs} >= {"code", "episodic"}
     # The copy is named helix whatever the checkout's folder is called.
-    assert all(d.id.startswith(("code:helix:", "git:helix:")) for d in docs)
+    assert all(d.id.startswith(("code:helix-repo/helix:", "git:helix-repo/helix:")) for d in docs)
 
 
 # --------------------------------------------------------------------------- loading, on a tiny repository
@@ -95,8 +95,9 @@ def test_every_gold_of_the_shipped_set_is_a_document_at_its_commit(tmp_path: Pat
 
 def test_gold_items_name_the_readers_ids() -> None:
     assert gold_id("helix_ray/serve/keys.py::KeyStore.record_for", "helix") == \
-        "code:helix:helix_ray/serve/keys.py::KeyStore.record_for"
-    assert gold_id("commit:" + "ab" * 20, "helix") == "git:helix:" + "ab" * 6
+        "code:helix-repo/helix:helix_ray/serve/keys.py::KeyStore.record_for"
+    assert gold_id("commit:" + "ab" * 20, "helix") == "git:helix-repo/helix:" + "ab" * 6
+    assert gold_id("a.py::f", "shop", user="dev") == "code:dev/shop:a.py::f"  # what --user dev ingests
 
 
 def test_a_tiny_repository_at_its_first_commit(tiny, tmp_path: Path) -> None:
@@ -107,15 +108,15 @@ def test_a_tiny_repository_at_its_first_commit(tiny, tmp_path: Path) -> None:
     ])
     evalset = load_repo(questions, repo=repo, commit=first[:7], workdir=tmp_path / "work")
     docs = {d.id: d for d in evalset.corpora[REPO_CORPUS]}
-    assert {"code:helix:pkg/mod.py::top", "code:helix:pkg/mod.py::Box",
-            "code:helix:pkg/mod.py::Box.open", f"git:helix:{first[:12]}"} <= set(docs)
-    assert f"git:helix:{second[:12]}" not in docs  # history up to the commit asked for, not the branch's tip
-    commit = docs[f"git:helix:{first[:12]}"]
+    assert {"code:helix-repo/helix:pkg/mod.py::top", "code:helix-repo/helix:pkg/mod.py::Box",
+            "code:helix-repo/helix:pkg/mod.py::Box.open", f"git:helix-repo/helix:{first[:12]}"} <= set(docs)
+    assert f"git:helix-repo/helix:{second[:12]}" not in docs  # history up to the commit asked for, not the tip
+    commit = docs[f"git:helix-repo/helix:{first[:12]}"]
     assert commit.type == "decision" and commit.metadata["git"]["commit"] == first  # "because" explains a choice
-    assert docs["code:helix:pkg/mod.py::Box.open"].type == "code"
+    assert docs["code:helix-repo/helix:pkg/mod.py::Box.open"].type == "code"
     assert [(q.id, q.category, sorted(q.gold)) for q in evalset.queries] == [
-        ("a", "code", ["code:helix:pkg/mod.py::Box.open"]),
-        ("b", "history", ["code:helix:pkg/mod.py::top", f"git:helix:{first[:12]}"])]
+        ("a", "code", ["code:helix-repo/helix:pkg/mod.py::Box.open"]),
+        ("b", "history", ["code:helix-repo/helix:pkg/mod.py::top", f"git:helix-repo/helix:{first[:12]}"])]
 
 
 def test_the_copy_is_made_once_and_left_alone_by_later_commits(tiny, tmp_path: Path) -> None:

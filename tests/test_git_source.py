@@ -83,23 +83,31 @@ def by_name(records: list[dict], shas: dict[str, str]) -> dict[str, dict]:
 
 def test_every_commit_newest_first_with_ids_source_and_position(shop):
     repo, shas = shop
-    records = list(read_git(repo))
+    records = list(read_git(repo, user="ann"))
     assert [r["metadata"]["git"]["commit"] for r in records] == [
         shas["fixtures"], shas["merge"], shas["sqlite"], shas["move"], shas["add"]]
     for r in records:
         sha = r["metadata"]["git"]["commit"]
-        assert r["id"] == f"git:shop:{sha[:12]}"
+        assert r["id"] == f"git:ann/shop:{sha[:12]}"
         assert r["source"] == "git:shop" and r["session_id"] is None
         assert r["_source"] == str(repo) and r["_position"] == f"commit {sha[:12]}"
         assert r["metadata"]["git"]["repo"] == "shop" and r["metadata"]["git"]["author"] == "Ann Example"
-        assert "user" not in r
+        assert r["user"] == "ann"  # whom the id names
+
+
+def test_the_id_names_the_user_and_the_repository_name_given(shop):
+    """A user's '/', ':' and '%' are written %XX: ``<user>/<repo>:`` reads back one way."""
+    repo, shas = shop
+    first = next(read_git(repo, user="eng/ann:100%", name="shop-v2"))
+    assert first["id"] == f"git:eng%2Fann%3A100%25/shop-v2:{shas['fixtures'][:12]}"
+    assert first["source"] == "git:shop-v2" and first["metadata"]["git"]["repo"] == "shop-v2"
 
 
 def test_record_of_a_rename_without_body(shop):
     """A rename counts under its new path only; a message without a body is its subject
     and the Files line."""
     repo, shas = shop
-    move = by_name(list(read_git(repo)), shas)["move"]
+    move = by_name(list(read_git(repo, user="ann")), shas)["move"]
     assert move["text"] == "Move notes under docs\n\nFiles: app.py (+1 -1), docs/notes.txt (+0 -0)"
     assert move["type"] == "episodic"
     assert move["created_at"] == "2024-02-01T12:00:00+00:00"
@@ -110,18 +118,18 @@ def test_record_of_a_rename_without_body(shop):
 
 def test_binary_file_counts_nothing_and_no_address_is_kept(shop):
     repo, shas = shop
-    add = by_name(list(read_git(repo)), shas)["add"]
+    add = by_name(list(read_git(repo, user="ann")), shas)["add"]
     assert add["text"] == ("Add the app\n\nFirst version of the shop.\n\nSigned-off-by: Ann Example\n\n"
                            "Files: app.py (+3 -0), logo.png (binary), notes.txt (+10 -0)")
     assert add["metadata"]["git"]["files"] == ["app.py", "logo.png", "notes.txt"]
     assert (add["metadata"]["git"]["insertions"], add["metadata"]["git"]["deletions"]) == (13, 0)
     assert add["created_at"] == "2024-01-10T09:00:00+01:00"  # the author's own offset
-    assert not any("@" in repr(r) for r in read_git(repo))
+    assert not any("@" in repr(r) for r in read_git(repo, user="ann"))
 
 
 def test_choice_with_reason_is_a_decision_and_merge_has_no_files(shop):
     repo, shas = shop
-    records = by_name(list(read_git(repo)), shas)
+    records = by_name(list(read_git(repo, user="ann")), shas)
     sqlite, merge = records["sqlite"], records["merge"]
     assert sqlite["type"] == "decision"
     assert sqlite["text"] == ("Store orders in SQLite instead of JSON files\n\n"
@@ -135,7 +143,7 @@ def test_choice_with_reason_is_a_decision_and_merge_has_no_files(shop):
 
 def test_files_line_names_thirty_then_counts_the_rest(shop):
     repo, shas = shop
-    fixtures = by_name(list(read_git(repo)), shas)["fixtures"]
+    fixtures = by_name(list(read_git(repo, user="ann")), shas)["fixtures"]
     line = fixtures["text"].split("\n\n")[-1]
     assert line.startswith("Files: fixtures/order_00.json (+1 -0), ")
     assert line.endswith("fixtures/order_29.json (+1 -0), and 5 more")
@@ -147,7 +155,7 @@ def test_since_max_and_rev(shop):
     repo, shas = shop
 
     def commits(**kwargs) -> list[str]:
-        return [r["metadata"]["git"]["commit"] for r in read_git(repo, **kwargs)]
+        return [r["metadata"]["git"]["commit"] for r in read_git(repo, user="ann", **kwargs)]
 
     # A bare date is its midnight UTC: the move at 12:00 that day is in, the add is not.
     assert commits(since="2024-02-01") == [shas[n] for n in ("fixtures", "merge", "sqlite", "move")]
@@ -163,12 +171,12 @@ def test_since_max_and_rev(shop):
 
 def test_any_folder_inside_the_tree_and_a_bare_clone(shop, tmp_path):
     repo, shas = shop
-    inside = list(read_git(repo / "docs"))
-    assert inside[0]["id"] == f"git:shop:{shas['fixtures'][:12]}" and inside[0]["_source"] == str(repo)
+    inside = list(read_git(repo / "docs", user="ann"))
+    assert inside[0]["id"] == f"git:ann/shop:{shas['fixtures'][:12]}" and inside[0]["_source"] == str(repo)
     assert by_name(inside, shas)["move"]["metadata"]["git"]["files"] == ["app.py", "docs/notes.txt"]
     subprocess.run(["git", "clone", "-q", "--bare", str(repo), str(tmp_path / "shop.git")], check=True,
                    env={**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"})
-    bare = list(read_git(tmp_path / "shop.git"))
+    bare = list(read_git(tmp_path / "shop.git", user="ann"))
     assert [r["id"] for r in bare] == [r["id"] for r in inside]
     assert bare[0]["source"] == "git:shop"
 
@@ -183,8 +191,8 @@ def test_stopping_early_ends_the_git_process(shop, monkeypatch):
         return started[-1]
 
     monkeypatch.setattr(subprocess, "Popen", recording_popen)
-    records = read_git(repo)
-    assert next(records)["id"].startswith("git:shop:")
+    records = read_git(repo, user="ann")
+    assert next(records)["id"].startswith("git:ann/shop:")
     records.close()
     assert "log" in started[-1].args  # the rev-parse calls before it ran through subprocess.run
     assert all(proc.returncode is not None for proc in started)
@@ -197,7 +205,7 @@ def test_git_variables_of_the_caller_do_not_redirect_the_read(shop, tmp_path, mo
     other.mkdir()
     git(other, "init", "-q")
     monkeypatch.setenv("GIT_DIR", str(other / ".git"))
-    assert next(read_git(repo))["metadata"]["git"]["commit"] == shas["fixtures"]
+    assert next(read_git(repo, user="ann"))["metadata"]["git"]["commit"] == shas["fixtures"]
 
 
 @pytest.mark.parametrize("kwargs, name", [
@@ -208,11 +216,13 @@ def test_git_variables_of_the_caller_do_not_redirect_the_read(shop, tmp_path, mo
     ({"max_commits": -3}, "--max"),
     ({"rev": "no-such-branch"}, "rev"),
     ({"rev": "--all"}, "rev"),
+    ({"user": ""}, "user"),
+    ({"name": "my/shop"}, "repo_name"),
 ])
 def test_bad_arguments_are_refused_before_reading(shop, kwargs, name):
     repo, _ = shop
     with pytest.raises(InvalidArgument) as raised:
-        read_git(repo, **kwargs)  # raised at the call, not at the first record
+        read_git(repo, **{"user": "ann", **kwargs})  # raised at the call, not at the first record
     assert raised.value.name == name
 
 
@@ -223,7 +233,7 @@ def test_a_folder_outside_any_repository_is_refused(shop, tmp_path, monkeypatch)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # even if tmp is inside some repository
     for folder in (plain, tmp_path / "missing", repo / ".git", repo / "app.py"):
         with pytest.raises(InvalidArgument, match="must be a folder inside a git repository") as raised:
-            read_git(folder)
+            read_git(folder, user="ann")
         assert raised.value.name == "source" and raised.value.received == str(folder)
         assert "git -C <folder> status" in str(raised.value)
 
@@ -247,6 +257,6 @@ def test_is_decision(subject, body, expected):
 
 @pytest.mark.skipif(not (REPO / ".git").exists(), reason="a source tree without its git history")
 def test_this_repository():
-    records = list(read_git(REPO, max_commits=200))
+    records = list(read_git(REPO, user="ann", max_commits=200))
     assert records and len({r["id"] for r in records}) == len(records)
     assert all(r["id"].startswith("git:") and r["text"] for r in records)

@@ -65,6 +65,58 @@ def test_a_503_tells_the_client_when_to_retry():
     assert wrong.status_code == 422 and "retry-after" not in wrong.headers
 
 
+def test_a_write_whose_writer_replica_died_gets_503_saying_what_is_known(tenant_store, tmp_path):
+    """Protects: Ray's errors for a Writer replica that is gone become a 503 with
+    Retry-After — never a 500 — saying whether the write may have been made (the replica
+    died holding it) or was not (no replica took it); a recall's reads say nothing was
+    changed. (With Ray: the killed-replica test of tests/test_serve_http.py.)"""
+    import shutil
+
+    import ray.serve
+    from ray.exceptions import ActorDiedError
+    from ray.serve._private.common import DeploymentID
+    from ray.serve.exceptions import DeploymentUnavailableError
+    from starlette.testclient import TestClient
+
+    from helix_ray.serve.keys import KeyStore
+    from tests.helpers import ingress_app
+
+    store = tmp_path / "store"
+    shutil.copytree(tenant_store[0], store)
+    key = KeyStore(store).create("alice")[0]
+
+    class Gone:
+        def __init__(self, error):
+            self.error = error
+
+        def __getattr__(self, name):
+            async def remote(*args, **kwargs):
+                raise self.error
+            return type("Method", (), {"remote": staticmethod(remote)})()
+
+    died = ActorDiedError()
+    died.error_msg = ("The actor died unexpectedly before finishing this task.\n\tclass_name: "
+                      "ServeReplica:helix:Writer\n\tname: SERVE_REPLICA::helix#Writer#abc")
+    with ingress_app(store) as app, TestClient(app, raise_server_exceptions=False) as client:
+        ingress = ray.serve.get_replica_context().servable_object
+        headers = {"Authorization": f"Bearer {key}"}
+        ingress.writer = Gone(died)
+        written = client.post("/v1/memories", json={"text": "A note.", "id": "alice-note"}, headers=headers)
+        assert written.status_code == 503 and written.headers["retry-after"] == "2", written.text
+        said = written.json()["detail"]
+        assert said.startswith("The replica of the Writer deployment serving POST /v1/memories stopped before it "
+                               "answered (ActorDiedError)") and "may or may not have been made" in said, said
+        assert "the same ids get the same memories" in said
+        stats = client.get("/v1/stats", headers=headers)
+        assert stats.status_code == 503 and "Nothing was changed" in stats.json()["detail"]
+        ingress.writer = Gone(DeploymentUnavailableError(DeploymentID(name="Writer", app_name="helix")))
+        deleted = client.delete("/v1/memories/alice-00", headers=headers)
+        assert deleted.status_code == 503 and deleted.headers["retry-after"] == "2"
+        assert "no replica took it and nothing was changed" in deleted.json()["detail"], deleted.text
+        ingress.writer = Gone(RuntimeError("a bug"))  # anything else is still a 500
+        assert client.post("/v1/memories", json={"text": "x"}, headers=headers).status_code == 500
+
+
 class _Call:
     """Stands in for a DeploymentResponse: started at once, awaitable more than once,
     cancellable; a call given other calls as arguments waits for them first, as Serve

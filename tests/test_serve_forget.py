@@ -59,9 +59,18 @@ def _as(key: str) -> dict[str, str]:
 
 
 def _holding(store: Path, needle: str) -> list[str]:
-    """The files of ``store`` whose bytes contain ``needle``."""
+    """The files of ``store`` whose bytes contain ``needle``, but the audit log: it keeps
+    the record that the user was forgotten, naming them (:func:`_audited`)."""
     return sorted(str(p.relative_to(store)) for p in store.rglob("*")
-                  if p.is_file() and needle.encode() in p.read_bytes())
+                  if p.is_file() and needle.encode() in p.read_bytes() and p.parts[len(store.parts)] != "audit")
+
+
+def _audited(store: Path) -> list[dict]:
+    """The audit log's records, once checked to hold none of the forgotten user's texts."""
+    from helix_ray.store import audit
+
+    assert not [p for p in audit.files(store) if GONE_TAG.encode() in p.read_bytes()]
+    return audit.read(store)
 
 
 def _recall(client, key: str) -> dict:
@@ -108,6 +117,8 @@ def test_an_admin_forgets_a_user_and_no_file_holds_a_byte_of_theirs(served):
 
     time.sleep(ACCESS_FLUSH_S + 0.5)  # the Writer gets those hits, and does not log them
     assert _holding(store, GONE_TAG) == [] and _holding(store, GONE) == []
+    done = [(r["outcome"], r["status"]) for r in _audited(store) if (r["action"], r["target"]) == ("forget-user", GONE)]
+    assert done == [("refused", 403), ("ok", 200)]  # the 401 has no key to name
     assert client.post("/v1/recall", json={"query": QUERY}, headers=_as(keys[GONE])).status_code == 401
     assert kept_before <= {item["id"] for item in _recall(client, keys[KEPT])["items"]}
     assert client.delete(f"/v1/users/{GONE}", headers=_as(keys["admin"])).status_code == 404
@@ -142,7 +153,9 @@ def test_without_compact_the_generation_serves_them_until_asked_again(served):
 ])
 def test_an_unknown_or_blank_user_changes_nothing(served, path, status, says):
     client, keys, store = served
-    before = {p: p.stat().st_mtime_ns for p in store.rglob("*") if p.is_file()}
+    before = {p: p.stat().st_mtime_ns for p in store.rglob("*") if p.is_file() and p.parent.name != "audit"}
     answer = client.delete(path, headers=_as(keys["admin"]))
     assert answer.status_code == status and says in answer.json()["detail"], answer.text
-    assert {p: p.stat().st_mtime_ns for p in store.rglob("*") if p.is_file()} == before
+    assert {p: p.stat().st_mtime_ns for p in store.rglob("*") if p.is_file() and p.parent.name != "audit"} == before
+    assert (_audited(store)[-1]["action"], _audited(store)[-1]["outcome"], _audited(store)[-1]["status"]) == \
+        ("forget-user", "refused", status)

@@ -587,7 +587,9 @@ def _kill_replicas(deployment: str) -> list[str]:
 
 def test_killed_replicas_come_back_and_lose_no_acknowledged_write(served, alice, request):
     """Last in the file: it kills replicas. A write acknowledged before the Writer died is
-    replayed by the new one from DuckDB; a write sent while it is down waits for it;
+    replayed by the new one from DuckDB; a write the Writer held when it died gets a 503
+    with Retry-After (never a 500), and sent again it is written; a write sent while it
+    is down waits for it;
     recall never waits for a dead retriever leg longer than ``leg_timeout_s`` (it answers
     without the leg, flagged), nor for a dead Embedder longer than twice that (BM25 alone
     answers, flagged); a request sent while the ingress is down is answered by its
@@ -600,7 +602,18 @@ def test_killed_replicas_come_back_and_lose_no_acknowledged_write(served, alice,
     split = request.node.callspec.params["served"] == "split"
     killed = _kill_replicas("DenseANN")  # only the split graph has retriever deployments
     assert bool(killed) == split
+    # A batch the Writer is embedding when it dies: its answer is lost, and the client told so.
+    batch = [{"id": f"alice-held-{n:04d}", "text": f"Held write {n}: the drill batch names relay {n} of the "
+              "marmot cluster."} for n in range(1000)]
+    held: dict[str, httpx.Response] = {}
+    sender = threading.Thread(target=lambda: held.setdefault("answer", alice.post("/v1/memories", json=batch)))
+    sender.start()
+    time.sleep(0.5)  # in the Writer by now, and embedding for seconds more
     assert _kill_replicas("Writer")
+    sender.join()
+    lost = held["answer"]
+    assert lost.status_code == 503 and lost.headers["retry-after"] == "2", lost.text
+    assert "Writer deployment serving POST /v1/memories stopped before it answered" in lost.json()["detail"]
 
     if killed:  # a leg with no live replica: answered without it, not once Serve has replaced it
         clock = time.perf_counter()
@@ -617,6 +630,9 @@ def test_killed_replicas_come_back_and_lose_no_acknowledged_write(served, alice,
                                             "is lemon-heron."}).status_code == 201
     # The new Writer holds both: the first from its log, the second as written.
     assert alice.get("/v1/stats").json()["pending_writes"] == pending + 2
+    again = alice.post("/v1/memories", json=batch)  # the lost batch, sent again as its 503 says
+    assert again.status_code == 201 and len(again.json()["ids"]) == len(batch), again.text[:300]
+    assert "alice-held-0417" in ids(recall(alice, "which relay of the marmot cluster is named in held write 417?"))
     deadline = time.time() + 60
     while True:  # until the new DenseANN replica answers
         out = recall(alice, "what is the crash drill code word?")

@@ -76,9 +76,18 @@ def _recalled(store: Path, user: str) -> list[str]:
 
 
 def _holding(store: Path, needle: str) -> list[str]:
-    """The files of ``store`` whose bytes contain ``needle``."""
+    """The files of ``store`` whose bytes contain ``needle``, but the audit log: it keeps
+    the record that the user was forgotten, naming them (:func:`_audited`)."""
     return sorted(str(p.relative_to(store)) for p in store.rglob("*")
-                  if p.is_file() and needle.encode() in p.read_bytes())
+                  if p.is_file() and needle.encode() in p.read_bytes() and p.parts[len(store.parts)] != "audit")
+
+
+def _audited(store: Path) -> list[dict]:
+    """The audit log's records, once checked to hold none of the forgotten user's texts."""
+    from helix_ray.store import audit
+
+    assert not [p for p in audit.files(store) if GONE_TAG.encode() in p.read_bytes()]
+    return audit.read(store)
 
 
 @contextmanager
@@ -191,6 +200,9 @@ def test_forget_user_with_compact_leaves_no_byte_of_theirs(store, capsys):
     assert outcome["memories"] == 6 and outcome["online_writes"] == 1 and outcome["chunks"] == 0
     assert outcome["feedback"] == 1 and outcome["keys"] == 1 and outcome["compacted"]
     assert _holding(store, GONE_TAG) == [] and _holding(store, GONE) == []
+    last = _audited(store)[-1]
+    assert (last["action"], last["target"], last["params"], last["outcome"]) == ("forget-user", GONE,
+                                                                                 {"compact": True}, "ok")
     assert _recalled(store, GONE) == []
     assert kept_before <= set(_recalled(store, KEPT))
     generation = Generation.open_current(store)

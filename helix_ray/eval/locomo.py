@@ -316,6 +316,37 @@ def _sample_queries(sample: dict[str, Any], sessions: list[_Session], wanted_cat
     return queries
 
 
+#: The corpus id of :func:`as_haystack`'s one store.
+HAYSTACK = "haystack"
+
+
+def as_haystack(evalset: EvalSet, join: int) -> EvalSet:
+    """A session-granularity LoCoMo set as one long-document haystack: every conversation's
+    sessions in one corpus (:data:`HAYSTACK`), each ``join`` consecutive sessions of a
+    conversation joined into one document (each keeps its date line, a blank line between
+    them): id ``"<sample_id>:sessions_<first>-<last>"``, created_at the first session's.
+    Gold becomes the joined documents holding the evidence sessions; each question keeps
+    its own conversation's present as its date. With sessions of ~700 tokens, ``join`` 3
+    gives documents of ~2,000 tokens, as long as the chat sessions of LongMemEval's
+    haystacks."""
+    if not isinstance(join, int) or isinstance(join, bool) or join < 1:
+        raise ValueError(f"Got join={join!r}; give how many consecutive sessions make one document, an int "
+                         "of at least 1 (3 makes documents of about 2,000 tokens).")
+    docs: list[EvalDoc] = []
+    joined_of: dict[str, str] = {}
+    for sample_id, sessions in evalset.corpora.items():
+        for start in range(0, len(sessions), join):
+            group = sessions[start:start + join]
+            first, last = (d.id.rsplit("_", 1)[1] for d in (group[0], group[-1]))
+            doc_id = f"{sample_id}:sessions_{first}-{last}"
+            docs.append(EvalDoc(id=doc_id, text="\n\n".join(d.text for d in group), created_at=group[0].created_at,
+                                session_id=doc_id))
+            joined_of.update((d.id, doc_id) for d in group)
+    queries = [dataclasses.replace(q, corpus_id=HAYSTACK, gold=frozenset(joined_of[g] for g in q.gold))
+               for q in evalset.queries]
+    return EvalSet(name=evalset.name, corpora={HAYSTACK: docs}, queries=queries)
+
+
 def load_locomo(
     path: str | os.PathLike[str],
     categories: Iterable[int | str] | None = (1, 2, 3, 4),

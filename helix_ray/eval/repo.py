@@ -16,9 +16,10 @@ runner's per-category tables split the two. ``tests/fixtures/repo_questions.json
 holds such questions about Helix itself at commit ``6bbb424``.
 
 The copy is a local clone checked out at the commit, in a folder named ``helix`` under
-``workdir`` (document ids read ``code:helix:...`` and ``git:helix:...`` whatever the
-source folder is called), made once and reused: the working tree of the repository
-itself moves, the copy does not.
+``workdir``, made once and reused: the working tree of the repository itself moves, the
+copy does not. Document ids are those ``helix ingest --format code|git --user
+helix-repo`` gives the copy (``code:helix-repo/helix:...``, ``git:helix-repo/helix:...``),
+whatever the source folder is called.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 from helix_ray.eval.datasets import EvalDoc, EvalQuery, EvalSet, _read_jsonl, _require_file
 from helix_ray.ingest import code as code_reader
 from helix_ray.ingest import git as git_reader
+from helix_ray.ingest.repo_ids import code_id, commit_id, default_repo_name
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,7 @@ __all__ = ["DEFAULT_COMMIT", "REPO_CORPUS", "gold_id", "load_repo", "pristine_co
 
 #: The commit ``tests/fixtures/repo_questions.jsonl`` was written against.
 DEFAULT_COMMIT = "6bbb424"
-#: The one corpus (and store) of a repository evaluation.
+#: The one corpus (and store) of a repository evaluation, and its user.
 REPO_CORPUS = "helix-repo"
 #: The copy's folder name: the readers name their ids after it.
 COPY_NAME = "helix"
@@ -72,7 +74,7 @@ def load_repo(questions: str | os.PathLike[str], *, repo: str | os.PathLike[str]
     known = {d.id for d in docs}
     queries = []
     for row in asked:
-        gold = {item: gold_id(item, copy.name) for item in row["gold"]}
+        gold = {item: gold_id(item, copy.name, REPO_CORPUS) for item in row["gold"]}
         missing = [item for item, doc_id in gold.items() if doc_id not in known]
         if missing:
             raise ValueError(
@@ -112,12 +114,14 @@ def read_questions(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def gold_id(item: str, name: str) -> str:
-    """The document id of a gold item in repository ``name``'s corpus:
-    ``path::symbol`` → ``code:<name>:path::symbol``, ``commit:<sha>`` → ``git:<name>:<sha[:12]>``."""
+def gold_id(item: str, name: str, user: str = REPO_CORPUS) -> str:
+    """The document id of a gold item in repository ``name``'s corpus of ``user``:
+    ``path::symbol`` → ``code:<user>/<name>:path::symbol``, ``commit:<sha>`` →
+    ``git:<user>/<name>:<sha[:12]>``."""
     if item.startswith(_COMMIT):
-        return f"git:{name}:{item[len(_COMMIT):][:12]}"
-    return f"code:{name}:{item}"
+        return commit_id(user, name, item[len(_COMMIT):])
+    path, _, symbol = item.partition("::")
+    return code_id(user, name, path, symbol)
 
 
 def pristine_copy(repo: str | os.PathLike[str], commit: str, workdir: str | os.PathLike[str]) -> Path:
@@ -154,8 +158,8 @@ def repo_documents(copy: Path, commit: str) -> list[EvalDoc]:
     paths, skipped = code_reader.tree_files(copy, info)
     records: list[dict[str, Any]] = []
     for rel in paths:
-        records.extend(code_reader.read_code_file(copy / rel, rel=rel, info=info))
-    records.extend(git_reader.read_git(copy, rev=commit))
+        records.extend(code_reader.read_code_file(copy / rel, rel=rel, info=info, user=REPO_CORPUS))
+    records.extend(git_reader.read_git(copy, user=REPO_CORPUS, rev=commit))
     unread = [r for r in records if "_reject" in r]  # a file the reader could not parse: ingest would quarantine it
     docs: dict[str, EvalDoc] = {}
     for r in records:
@@ -200,14 +204,15 @@ def snippets_as_code(evalset: EvalSet, workdir: Path) -> EvalSet:
     source tree would hold them. Each snippet is written to ``workdir`` as ``s<id>.py``."""
     folder = Path(workdir) / f"{evalset.name}-as-code"
     folder.mkdir(parents=True, exist_ok=True)
-    info = code_reader.RepoInfo(name=evalset.name, toplevel=folder)
+    info = code_reader.RepoInfo(name=default_repo_name(evalset.name), toplevel=folder)
     corpora: dict[str, list[EvalDoc]] = {}
     for corpus_id, docs in evalset.corpora.items():
         out = corpora.setdefault(corpus_id, [])
         for doc in docs:
             path = folder / f"s{doc.id}.py"
             path.write_text(doc.text, encoding="utf-8")
-            records = [r for r in code_reader.read_code_file(path, rel=path.name, info=info) if "_reject" not in r]
+            records = [r for r in code_reader.read_code_file(path, rel=path.name, info=info, user=corpus_id)
+                       if "_reject" not in r]
             body = [r for r in records if r["metadata"]["code"]["symbol"] != "<module>"] or records
             if not body:  # nothing the reader takes: the snippet as it is
                 out.append(doc)

@@ -8,10 +8,12 @@ which :mod:`helix_ray.ingest.normalize` then validates like any other source.
 Python is split with :mod:`ast`: a memory per function, method and class, and one
 ``<module>`` memory for a module's docstring and constants. Other languages are split
 at top-level definitions found by a few per-language regexes at column 0
-(:data:`DEFINITIONS`), comments above a definition going with it. A memory's id and
-text hold no line numbers (``code:<repo>:<path>::<symbol>``), so an edit that moves a
-function without renaming it keeps its id and, when its code did not change, its text:
-a re-ingest reuses the embedding. Lines and the commit are in ``metadata.code``.
+(:data:`DEFINITIONS`), comments above a definition going with it. A memory is one
+user's, and its id names that user and the repository
+(``code:<user>/<repo>:<path>::<symbol>``, :mod:`helix_ray.ingest.repo_ids`). Neither id
+nor text holds line numbers, so an edit that moves a function without renaming it keeps
+its id and, when its code did not change, its text: a re-ingest reuses the embedding.
+Lines and the commit are in ``metadata.code``.
 
 Which files are read
 --------------------
@@ -48,6 +50,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from helix_ray.errors import InvalidArgument
+from helix_ray.ingest.repo_ids import check_repo_name, default_repo_name, repo_prefix
 
 __all__ = ["LANGUAGES", "RepoInfo", "read_code_file", "repo_identity", "tree_files"]
 
@@ -113,10 +116,11 @@ MIN_NAME_CHARS = 3
 
 @dataclass(frozen=True)
 class RepoInfo:
-    """Where a source tree lives. ``name`` is the top folder's name, used in every id
-    (``code:<name>:<path>::<symbol>``); ``commit`` is HEAD's sha (40 hex digits; 64 in a
-    SHA-256 repository) and ``committed_at`` its commit time (ISO-8601, UTC), both None
-    outside git or before the first commit."""
+    """Where a source tree lives. ``name`` names the repository in every id
+    (``code:<user>/<name>:<path>::<symbol>``): the name asked for, or the top folder's
+    (:func:`~helix_ray.ingest.repo_ids.default_repo_name`); ``commit`` is HEAD's sha (40
+    hex digits; 64 in a SHA-256 repository) and ``committed_at`` its commit time
+    (ISO-8601, UTC), both None outside git or before the first commit."""
 
     name: str
     toplevel: Path
@@ -124,9 +128,7 @@ class RepoInfo:
     committed_at: str | None = None
 
     def __post_init__(self) -> None:
-        if not self.name or ":" in self.name:
-            raise InvalidArgument("name", self.name, "a repository name is non-empty and holds no ':' (ids are "
-                                  "code:<name>:<path>::<symbol>)", "Pass another name.")
+        check_repo_name(self.name, "name")
         if self.commit is not None and not re.fullmatch(r"[0-9a-f]{40}(?:[0-9a-f]{24})?", self.commit):
             raise InvalidArgument("commit", self.commit, "a commit is a lower-case hex sha (40 digits, 64 in a "
                                   "SHA-256 repository), or None")
@@ -144,30 +146,30 @@ def _git(cwd: Path, *args: str) -> str | None:
     return done.stdout.decode("utf-8", errors="surrogateescape")
 
 
-def repo_identity(root: Path) -> RepoInfo:
+def repo_identity(root: Path, name: str | None = None) -> RepoInfo:
     """The repository ``root`` (a folder or one file) belongs to: its git work tree
     when it is in one (and git is on PATH), else the folder itself (a file's folder).
     A folder the enclosing work tree ignores (a virtualenv's ``site-packages`` inside a
-    project) is read as a tree of its own: asked for by name, it is not the project."""
+    project) is read as a tree of its own: asked for by name, it is not the project.
+    ``name`` names the repository in ids; by default, its top folder's name does."""
     root = Path(root)
     if not root.exists():
         raise InvalidArgument("root", str(root), "it must be an existing file or folder")
+    if name is not None:
+        check_repo_name(name)
     folder = root.resolve()
     if not folder.is_dir():
         folder = folder.parent
     top = (_git(folder, "rev-parse", "--show-toplevel") or "").strip()
     if not top or _git(folder, "check-ignore", "-q", str(folder)) is not None:
-        return RepoInfo(name=_folder_name(folder), toplevel=folder)
+        return RepoInfo(name=name or default_repo_name(folder.name), toplevel=folder)
     toplevel = Path(top)
+    name = name or default_repo_name(toplevel.name)
     head = (_git(toplevel, "log", "-1", "--format=%H %ct") or "").split()
     if len(head) != 2:  # a repository with no commit yet
-        return RepoInfo(name=_folder_name(toplevel), toplevel=toplevel)
+        return RepoInfo(name=name, toplevel=toplevel)
     committed_at = dt.datetime.fromtimestamp(int(head[1]), tz=dt.timezone.utc).isoformat()
-    return RepoInfo(name=_folder_name(toplevel), toplevel=toplevel, commit=head[0], committed_at=committed_at)
-
-
-def _folder_name(folder: Path) -> str:
-    return folder.name.replace(":", "_") or "root"
+    return RepoInfo(name=name, toplevel=toplevel, commit=head[0], committed_at=committed_at)
 
 
 # --------------------------------------------------------------------------- which files
@@ -431,11 +433,13 @@ class _Piece:
     names: list[str]
 
 
-def read_code_file(path: Path, *, rel: str, info: RepoInfo) -> Iterator[RawRecord]:
+def read_code_file(path: Path, *, rel: str, info: RepoInfo, user: str) -> Iterator[RawRecord]:
     """The raw records of one source file (``rel``: its path relative to
-    ``info.toplevel``, POSIX): one per function, method, class and module memory for
-    Python, one per top-level definition for the other languages. A file that cannot
-    be read or is not UTF-8 yields one bad record (quarantined by normalise)."""
+    ``info.toplevel``, POSIX), memories of ``user``: one per function, method, class and
+    module memory for Python, one per top-level definition for the other languages. A
+    file that cannot be read or is not UTF-8 yields one bad record (quarantined by
+    normalise)."""
+    id_prefix = repo_prefix("code", user, info.name)
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -472,9 +476,10 @@ def read_code_file(path: Path, *, rel: str, info: RepoInfo) -> Iterator[RawRecor
         if is_test_file(rel):
             code_meta["test"] = True
         yield {
-            "id": f"code:{info.name}:{rel}::{piece.symbol}",
+            "id": f"{id_prefix}{rel}::{piece.symbol}",
             "text": f"{rel} · {piece.title} ({kind_label})\n{piece.body.rstrip()}",
             "type": "code",
+            "user": user,
             "source": f"code:{info.name}",
             "created_at": created_at,
             "metadata": {"code": code_meta},

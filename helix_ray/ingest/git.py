@@ -5,18 +5,19 @@ standard library only) and streams its output: a commit is parsed and yielded as
 as its bytes have arrived, so a long history is never held in memory as a whole. Each
 commit becomes::
 
-    {"id": "git:<name>:<sha[:12]>", "type": "decision" | "episodic",
+    {"id": "git:<user>/<name>:<sha[:12]>", "type": "decision" | "episodic",
      "text": "<subject>\\n\\n<body>\\n\\nFiles: a.py (+3 -1), logo.png (binary), ...",
-     "source": "git:<name>", "created_at": "<author date, ISO 8601 with its offset>",
-     "session_id": None,
+     "user": "<user>", "source": "git:<name>",
+     "created_at": "<author date, ISO 8601 with its offset>", "session_id": None,
      "metadata": {"git": {"repo", "commit", "author", "files", "insertions", "deletions"}},
      "_source": "<toplevel folder>", "_position": "commit <sha[:12]>"}
 
-``<name>`` is the folder name of the work tree's top (of a bare repository, its folder
-name without ``.git``). The Files line names at most :data:`MAX_FILES_NAMED` paths, then
-says how many more; ``metadata.git.files`` lists all of them, POSIX paths relative to the
-top. A rename counts under its new path; a binary file counts 0 lines. No ``user`` key
-(the ingest fills it in), and no e-mail address anywhere: the author is a name (after
+``<user>`` is whose memories they are (the id names them: :mod:`helix_ray.ingest.repo_ids`),
+``<name>`` the name asked for, by default that of the work tree's top folder (of a bare
+repository, its folder name without ``.git``). The Files line names at most
+:data:`MAX_FILES_NAMED` paths, then says how many more; ``metadata.git.files`` lists all
+of them, POSIX paths relative to the top. A rename counts under its new path; a binary
+file counts 0 lines. No e-mail address anywhere: the author is a name (after
 ``.mailmap``), ``<ann@x.org>`` in the message (``Signed-off-by: Ann <ann@x.org>``) is
 removed, and any other address, in the message or as an author name, becomes
 ``[email]``. Bodies are kept whole; the ingest chunks long memories itself.
@@ -70,8 +71,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from helix_ray.errors import InvalidArgument
+from helix_ray.ingest.repo_ids import SHA_DIGITS, check_repo_name, default_repo_name, repo_prefix
 
-__all__ = ["MAX_FILES_NAMED", "is_decision", "read_git"]
+__all__ = ["MAX_FILES_NAMED", "is_decision", "locate", "read_git"]
 
 #: Paths named in a commit's Files line; the rest are counted ("and 12 more").
 MAX_FILES_NAMED = 30
@@ -123,23 +125,28 @@ def is_decision(subject: str, body: str) -> bool:
     return bool(_CHOICE.search(message)) and not _REFACTOR.search(message)
 
 
-def read_git(repo: Path, *, since: str | None = None, max_commits: int | None = None,
-             rev: str = "HEAD") -> Iterator[dict[str, Any]]:
-    """One raw memory record per commit reachable from ``rev``, newest first, as an
-    iterator that reads ``git log`` as it goes.
+def read_git(repo: Path, *, user: str, name: str | None = None, since: str | None = None,
+             max_commits: int | None = None, rev: str = "HEAD") -> Iterator[dict[str, Any]]:
+    """One raw memory record of ``user`` per commit reachable from ``rev``, newest first,
+    as an iterator that reads ``git log`` as it goes.
 
-    ``repo`` is any folder inside a git work tree, or a bare repository. ``since`` (an ISO
-    date or datetime) keeps commits committed at or after it; ``max_commits`` (1 or more)
-    stops after that many. The arguments are checked here, before any record is read:
+    ``repo`` is any folder inside a git work tree, or a bare repository; ``name`` names it
+    in the ids (default: its folder's name). ``since`` (an ISO date or datetime) keeps
+    commits committed at or after it; ``max_commits`` (1 or more) stops after that many.
+    The arguments are checked here, before any record is read:
     :class:`~helix_ray.errors.InvalidArgument` for a folder outside a repository (or no
-    git on PATH), a ``since`` or ``max_commits`` out of range, or a ``rev`` that names no
-    commit."""
+    git on PATH), a ``name``, ``since`` or ``max_commits`` out of range, no ``user``, or
+    a ``rev`` that names no commit."""
     since_arg = _since_argument(since)
     if max_commits is not None and (isinstance(max_commits, bool) or not isinstance(max_commits, int)
                                     or max_commits < 1):
         raise InvalidArgument("--max", max_commits, "it must be a whole number of commits, 1 or more",
                               "Leave it out to read the whole history.")
-    toplevel, name = _locate(Path(repo))
+    if name is not None:
+        check_repo_name(name)
+    toplevel, folder = locate(Path(repo))
+    name = name or default_repo_name(folder)
+    id_prefix = repo_prefix("git", user, name)
     sha = _resolve(toplevel, rev)
     args = ["-c", "log.showSignature=false", "-c", "diff.relative=false", "log", "-z", "--numstat", "-M",
             "--no-color", "--no-ext-diff", "--no-textconv", "--encoding=UTF-8", f"--format={_LOG_FORMAT}"]
@@ -148,7 +155,7 @@ def read_git(repo: Path, *, since: str | None = None, max_commits: int | None = 
     if max_commits is not None:
         args.append(f"--max-count={max_commits}")
     args += [sha, "--"]
-    return (_commit_record(record, name, toplevel) for record in _stream_records(toplevel, args))
+    return (_commit_record(record, id_prefix, user, name, toplevel) for record in _stream_records(toplevel, args))
 
 
 def _since_argument(since: str | None) -> str | None:
@@ -191,8 +198,9 @@ def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
                               "git was not found on PATH: install git, then run the ingest again.") from None
 
 
-def _locate(repo: Path) -> tuple[Path, str]:
-    """(top folder, repository name) of the repository ``repo`` is in."""
+def locate(repo: Path) -> tuple[Path, str]:
+    """(top folder, its name) of the repository ``repo`` is in: a work tree's top, or a
+    bare repository's folder (its name without ``.git``)."""
     if not repo.is_dir():
         raise InvalidArgument("source", str(repo), _NOT_A_REPO, _NOT_A_REPO_FIX)
     probe = _git(repo, "rev-parse", "--is-bare-repository", "--is-inside-work-tree", "--absolute-git-dir")
@@ -259,8 +267,9 @@ def _stream_records(toplevel: Path, args: list[str]) -> Iterator[bytes]:
             proc.wait()
 
 
-def _commit_record(record: bytes, name: str, toplevel: Path) -> dict[str, Any]:
-    """One commit's raw record from its ``git log -z --numstat`` bytes."""
+def _commit_record(record: bytes, id_prefix: str, user: str, name: str, toplevel: Path) -> dict[str, Any]:
+    """One commit's raw record from its ``git log -z --numstat`` bytes (``id_prefix``:
+    ``git:<user>/<name>:``)."""
     sha_b, author_b, date_b, rest = record.split(b"\x1f", 3)
     header_end = rest.index(b"\x1f\0")  # a message holds no \0: the first one ends it
     subject_b, _, body_b = rest[:header_end].partition(b"\x1f")
@@ -273,9 +282,10 @@ def _commit_record(record: bytes, name: str, toplevel: Path) -> dict[str, Any]:
     deletions = sum(deleted or 0 for _, _, deleted in files)
     text = "\n\n".join(part for part in (subject, body, _files_line(files)) if part)
     return {
-        "id": f"git:{name}:{sha[:12]}",
+        "id": f"{id_prefix}{sha[:SHA_DIGITS]}",
         "type": "decision" if is_decision(subject, body) else "episodic",
         "text": text,
+        "user": user,
         "source": f"git:{name}",
         "created_at": date_b.decode("ascii"),
         "session_id": None,

@@ -50,7 +50,8 @@ from helix_ray.ingest.graph import edges_table
 from helix_ray.ingest.previous import (OldThenNew, carried_over, fold_accesses, has_deletions, held_by,
                                        keep_folded_accesses, open_previous, retagged)
 from helix_ray.ingest.progress import NoProgress, Progress, shown
-from helix_ray.ingest.sources import FORMATS, TreeScope, source_items
+from helix_ray.ingest.repo_ids import RepoScope
+from helix_ray.ingest.sources import FORMATS, source_items
 from helix_ray.schema import parent_of
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import ACCESS_WATERMARK, Generation, current_generation_number
@@ -77,6 +78,7 @@ class IngestReport:
     updated: int = 0
     retagged: int = 0  # of ``updated``: same text, other fields changed (no re-embedding)
     removed: int = 0  # code memories a source tree read again no longer holds (deleted)
+    renamed: int = 0  # code and commit memories stored under ids that did not name their user, now under their own
     embedded: int = 0
     reused: int = 0
     total_memories: int = 0
@@ -113,7 +115,7 @@ class Run:
     feed: TransformFeed | None = None  # runner="ray": started while stage 3 runs
     progress: Progress = dataclasses.field(default_factory=NoProgress)
     empty_ok: bool = False  # publish a generation even when no record was read (:func:`initialise`)
-    scopes: tuple[TreeScope, ...] = ()  # the source trees read whole (:func:`sources.source_items`)
+    scopes: tuple[RepoScope, ...] = ()  # the trees and histories read (:func:`sources.source_items`)
     quarantined: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # this run's, as stored
 
 
@@ -182,6 +184,7 @@ def ingest(
     computed: dict[str, stages.Computed] | None = None,
     since: str | None = None,
     max_commits: int | None = None,
+    repo_name: str | None = None,
 ) -> IngestReport:
     """Ingest ``sources`` into ``store`` and publish a new generation if anything changed.
 
@@ -192,7 +195,9 @@ def ingest(
     same is not expanded, embedded nor token-encoded again. ``show_progress`` shows the
     run on stderr: a bar on a terminal, else a line per stage (:mod:`.progress`).
     ``since`` and ``max_commits``: which commits a ``git`` source gives (the newest
-    ``max_commits`` made on or after ``since``).
+    ``max_commits`` made on or after ``since``). ``repo_name`` names the repository of a
+    ``code`` or ``git`` source in its memories' ids (``code:<user>/<repo>:...``; default:
+    its folder's name); their user is ``config.validation.default_user``.
     """
     config = config or IngestConfig()
     store = Path(store)
@@ -201,13 +206,15 @@ def ingest(
     if fmt not in FORMATS:
         raise InvalidArgument("format", fmt, f"allowed formats are {', '.join(FORMATS)}")
     items: list[dict[str, Any]] = []
-    scopes: list[TreeScope] = []
+    scopes: list[RepoScope] = []
     for source in sources:  # each must exist: source_items says so
-        tasks, scope = source_items(source, fmt, since=since, max_commits=max_commits)
+        tasks, scope = source_items(source, fmt, user=config.validation.default_user, repo_name=repo_name,
+                                    since=since, max_commits=max_commits)
         items += tasks
         scopes += [scope] if scope else []
     if not items:
         raise InvalidArgument("sources", [], "give at least one file or folder to ingest")
+    _one_repository_per_name(scopes)
 
     report = IngestReport()
     try:
@@ -224,6 +231,17 @@ def ingest(
             raise disk_full(store, "ingesting") from exc
         raise
     return report
+
+
+def _one_repository_per_name(scopes: Sequence[RepoScope]) -> None:
+    """Two repositories read in one run under one name would share ids: refused."""
+    seen: dict[str, str] = {}
+    for scope in scopes:
+        other = seen.setdefault(scope.repo, scope.toplevel)
+        if other != scope.toplevel:
+            raise InvalidArgument("repo_name", scope.repo, f"one name names one repository, and {other} and "
+                                  f"{scope.toplevel} are two", "Ingest them one at a time, each with its own "
+                                  "--repo-name.")
 
 
 def _ray_job() -> ModuleType:
@@ -421,9 +439,10 @@ def _changes(run: Run, latest: dict[str, dict[str, Any]]) -> Changes:
     previous = open_previous(run.store, config)
     fresh, replaced, same_text = _compare(run, latest, known, previous)
     superseded = superseded_parts(latest, known, run.db.owners)
-    gone = vanished(run, latest, known)
-    report.removed = len(gone)
-    superseded = sorted(set(superseded) | set(gone))
+    moved = renamed(run, latest, known)
+    gone = sorted(set(vanished(run, latest, known)) - set(moved))
+    report.removed, report.renamed = len(gone), len(moved)
+    superseded = sorted(set(superseded) | set(gone) | set(moved))
     replaced |= set(superseded)  # not carried over: the memory's new version does not hold them
     run.computed = {r["id"]: run.computed[r["id"]] for r in fresh if _reusable(r, run.computed, config)}
     if run.feed is not None and len(fresh) > len(run.computed):
@@ -469,22 +488,42 @@ def superseded_parts(latest: dict[str, dict[str, Any]], known: dict[str, tuple[s
 def vanished(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]]) -> list[str]:
     """Stored code memories that a source tree read whole (``run.scopes``) no longer
     holds: the symbol was renamed or deleted, or its file removed. They are deleted, not
-    left to be recalled as if the code still said so. Only the ingesting user's, and not
-    those of a file present but not read this time (skipped, or quarantined whole)."""
+    left to be recalled as if the code still said so. Only the ingesting user's (under
+    an id of today or of a store made before ids named their user:
+    :class:`~helix_ray.ingest.repo_ids.RepoScope`), and not those of a file present but
+    not read this time (skipped, or quarantined whole)."""
+    trees = [scope for scope in run.scopes if scope.whole is not None]
+    if not trees:
+        return []
+    unreadable = tuple(str(q.get("position") or "").removesuffix(", whole file") for q in run.quarantined
+                       if str(q.get("position") or "").endswith(", whole file"))
+    live = [i for i, (_, deleted) in known.items() if not deleted and i not in latest]
+    stale: dict[str, str] = {}  # id → the user whose tree it is in
+    for scope in trees:
+        covered, kept = scope.covered(), scope.kept(unreadable)
+        stale.update((i, scope.user) for i in live if i.startswith(covered) and not i.startswith(kept))
+    owners = run.db.owners(list(stale))
+    return sorted(i for i, user in stale.items() if owners.get(i) == user)
+
+
+def renamed(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]]) -> list[str]:
+    """Stored memories of a store made before code and commit ids named their user
+    (``code:<folder>:<path>::<symbol>``, ``git:<folder>:<sha12>``) that this run gives
+    again under their ids of today: deleted, so that a memory is not recalled twice. Only
+    those of the scope's user (another user's stay theirs until they read the repository
+    again). A chunk counts by its memory: the new version may be cut otherwise."""
     if not run.scopes:
         return []
-    prefixes = tuple(scope.prefix for scope in run.scopes)
-    repos = {prefix.split(":")[1] for prefix in prefixes}  # code:<repo>:<folder>/
-    unread = tuple(u for scope in run.scopes for u in scope.unread) + tuple(
-        f"code:{repo}:{q['position'].removesuffix(', whole file')}::" for q in run.quarantined
-        for repo in repos if str(q.get("position") or "").endswith(", whole file"))
-    users = {row["user"] for i, row in latest.items() if i.startswith(prefixes)}
-    if not users and run.config.validation.default_user:
-        users = {run.config.validation.default_user}
-    stale = [i for i, (_, deleted) in known.items()
-             if not deleted and i not in latest and i.startswith(prefixes) and not i.startswith(unread)]
-    owners = run.db.owners(stale)
-    return sorted(i for i in stale if owners.get(i) in users)
+    given = {parent_of(i) or i for i in latest}
+    found: dict[str, str] = {}  # old id → its user
+    for scope in run.scopes:
+        for i, (_, deleted) in known.items():
+            if not deleted and i.startswith(scope.legacy):
+                now = scope.current(i)
+                if (parent_of(now) or now) in given:
+                    found[i] = scope.user
+    owners = run.db.owners(list(found))
+    return sorted(i for i, user in found.items() if owners.get(i) == user)
 
 
 def _compare(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]],

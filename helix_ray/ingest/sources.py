@@ -20,6 +20,10 @@ Formats:
   and class, blocks of other languages (:mod:`helix_ray.ingest.code`). Read one file per
   task: :func:`source_items` lists the tree.
 - ``git``: a repository's commits, one memory each (:mod:`helix_ray.ingest.git`).
+
+``code`` and ``git`` records are one user's, named in their ids with the repository
+(``code:<user>/<repo>:...``, :mod:`helix_ray.ingest.repo_ids`): they need the user
+before they are read.
 """
 
 from __future__ import annotations
@@ -33,10 +37,13 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from helix_ray.errors import InvalidArgument
+from helix_ray.ingest.repo_ids import RepoScope, check_repo_name, check_user, default_repo_name, legacy_code_name
 
 FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo", "code", "git")
 #: Options of the formats that take some (``helix ingest --since/--max``).
-GIT_OPTIONS = ("since", "max_commits")
+GIT_OPTIONS = ("since", "max_commits", "user", "name")
+#: The formats whose records are one user's memories of one repository.
+REPO_FORMATS = ("code", "git")
 #: Files that hold memories in a format other than Markdown.
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 MARKDOWN_SUFFIXES = (".md", ".markdown")
@@ -90,17 +97,6 @@ def _first_json_value(path: Path) -> Any:
         return None
 
 
-@dataclasses.dataclass(frozen=True)
-class TreeScope:
-    """What one read of a source tree covers whole: the stored code memories whose ids
-    start with ``prefix`` and that the read no longer finds were removed from the tree,
-    except those of the ``unread`` files (id prefixes ``code:<repo>:<file>::``: present
-    but skipped this time, e.g. grown past the size limit)."""
-
-    prefix: str
-    unread: tuple[str, ...] = ()
-
-
 def _checked(path: str | Path, fmt: str) -> tuple[Path, str]:
     """``path`` as a Path that exists, and ``fmt`` a format, detected if ``auto``."""
     path = Path(path)
@@ -111,33 +107,54 @@ def _checked(path: str | Path, fmt: str) -> tuple[Path, str]:
     return path, detect_format(path) if fmt == "auto" else fmt
 
 
-def source_items(path: str | Path, fmt: str, **options: Any) -> tuple[list[dict[str, Any]], TreeScope | None]:
+def source_items(path: str | Path, fmt: str, *, user: str | None = None, repo_name: str | None = None,
+                 since: str | None = None, max_commits: int | None = None,
+                 ) -> tuple[list[dict[str, Any]], RepoScope | None]:
     """The read tasks of one source, ``{"path", "format", "options"}`` each: one per file
     of a source tree (so Ray Data reads a tree's files in parallel, not the driver in a
-    loop), one for any other source; and for a tree, what it covers (:class:`TreeScope`).
-    ``options``: ``since`` and ``max_commits`` for ``git``; no other format takes any. A
-    task's options travel as JSON text (Ray Data would merge the tasks' dicts into one
-    Arrow struct, filling absent keys with nulls): :func:`read_source` takes them decoded."""
-    path, fmt = _checked(path, fmt)
-    given = {k: v for k, v in options.items() if v is not None}
-    if given and fmt != "git":
-        flags = ", ".join(f"--{'max' if k == 'max_commits' else k}" for k in given)
-        raise InvalidArgument("format", fmt, f"{flags} apply to --format git only", "Drop them, or pass --format git.")
-    if fmt == "code":
-        from helix_ray.ingest import code
+    loop), one for any other source; and for a tree or a history, what the read gives
+    (:class:`~helix_ray.ingest.repo_ids.RepoScope`).
 
-        info = code.repo_identity(path)
-        files, skipped = code.tree_files(path, info)
-        if not files:
-            reasons = sorted({reason for _, reason in skipped})
-            raise InvalidArgument("source", str(path), "a --format code source must hold source files Helix reads "
-                                  f"(Python, JavaScript, Go, Rust...); it holds none"
-                                  + (f": {len(skipped)} files skipped ({'; '.join(reasons[:5])})" if skipped else ""),
-                                  "Pass the folder of the code, or --format markdown for documents.")
-        scope = TreeScope(_tree_prefix(path, info), tuple(f"code:{info.name}:{rel}::" for rel, _ in skipped))
-        return [{"path": str(info.toplevel / rel), "format": "code",
-                 "options": json.dumps({"rel": rel, "info": _plain(info)})} for rel in files], scope
-    return [{"path": str(path.resolve()), "format": fmt, "options": json.dumps(given)}], None
+    ``user`` (required for ``code`` and ``git``: their ids name it) owns the memories of a
+    tree or a history, which ``repo_name`` names in their ids (default: the repository's
+    folder); ``since`` and ``max_commits`` pick commits. A task's options travel as JSON
+    text (Ray Data would merge the tasks' dicts into one Arrow struct, filling absent keys
+    with nulls): :func:`read_source` takes them decoded."""
+    path, fmt = _checked(path, fmt)
+    commits_only = [flag for flag, value in (("--since", since), ("--max", max_commits)) if value is not None]
+    if commits_only and fmt != "git":
+        raise InvalidArgument("format", fmt, f"{', '.join(commits_only)} apply to --format git only",
+                              "Drop them, or pass --format git.")
+    if repo_name is not None and fmt not in REPO_FORMATS:
+        raise InvalidArgument("format", fmt, "--repo-name applies to --format code and --format git only",
+                              "Drop it, or pass --format code or git.")
+    if fmt not in REPO_FORMATS:
+        return [{"path": str(path.resolve()), "format": fmt, "options": "{}"}], None
+    if repo_name is not None:
+        check_repo_name(repo_name)
+    user = check_user(user)  # their ids name the user: none is an error here, before anything is read
+    if fmt == "git":
+        from helix_ray.ingest import git
+
+        toplevel, folder = git.locate(path)
+        given = {k: v for k, v in (("since", since), ("max_commits", max_commits), ("name", repo_name))
+                 if v is not None}
+        scope = RepoScope("git", user, repo_name or default_repo_name(folder), f"git:{folder}:", str(toplevel))
+        return [{"path": str(path.resolve()), "format": fmt, "options": json.dumps({**given, "user": user})}], scope
+    from helix_ray.ingest import code
+
+    info = code.repo_identity(path, repo_name)
+    files, skipped = code.tree_files(path, info)
+    if not files:
+        reasons = sorted({reason for _, reason in skipped})
+        raise InvalidArgument("source", str(path), "a --format code source must hold source files Helix reads "
+                              f"(Python, JavaScript, Go, Rust...); it holds none"
+                              + (f": {len(skipped)} files skipped ({'; '.join(reasons[:5])})" if skipped else ""),
+                              "Pass the folder of the code, or --format markdown for documents.")
+    scope = RepoScope("code", user, info.name, f"code:{legacy_code_name(info.toplevel)}:", str(info.toplevel),
+                      _tree_part(path, info), tuple(rel for rel, _ in skipped))
+    return [{"path": str(info.toplevel / rel), "format": "code",
+             "options": json.dumps({"rel": rel, "info": _plain(info), "user": user})} for rel in files], scope
 
 
 def _plain(info: Any) -> dict[str, Any]:
@@ -145,13 +162,14 @@ def _plain(info: Any) -> dict[str, Any]:
     return {**dataclasses.asdict(info), "toplevel": str(info.toplevel)}
 
 
-def _tree_prefix(path: Path, info: Any) -> str:
-    """The ids a read of ``path`` covers whole: ``code:<repo>:<folder>/``, or the one
-    file's ``code:<repo>:<file>::``."""
+def _tree_part(path: Path, info: Any) -> str:
+    """The part of the tree a read of ``path`` covers whole, as the ids under it go on
+    after ``code:<user>/<repo>:``: ``<folder>/``, ``""`` for the top, or the one file's
+    ``<file>::``."""
     rel = path.resolve().relative_to(info.toplevel).as_posix()
     if path.is_file():
-        return f"code:{info.name}:{rel}::"
-    return f"code:{info.name}:" + ("" if rel == "." else rel + "/")
+        return f"{rel}::"
+    return "" if rel == "." else rel + "/"
 
 
 def read_source(path: str | Path, fmt: str = "auto", **options: Any) -> Iterator[RawRecord]:
@@ -175,18 +193,21 @@ def read_source(path: str | Path, fmt: str = "auto", **options: Any) -> Iterator
     yield from reader(path)
 
 
-def read_code(path: Path, *, rel: str | None = None, info: dict[str, Any] | None = None) -> Iterator[RawRecord]:
-    """One file of a tree (``rel`` and ``info`` given: a task of :func:`source_items`), or
-    every file of the tree at ``path``."""
+def read_code(path: Path, *, user: str, rel: str | None = None, info: dict[str, Any] | None = None,
+              name: str | None = None) -> Iterator[RawRecord]:
+    """``user``'s memories of one file of a tree (``rel`` and ``info`` given: a task of
+    :func:`source_items`), or of every file of the tree at ``path`` (``name``: the
+    repository's name in ids, by default its folder's)."""
     from helix_ray.ingest import code
 
     if rel is not None and info is not None:
-        yield from code.read_code_file(path, rel=rel, info=code.RepoInfo(**{**info, "toplevel": Path(info["toplevel"])}))
+        info_read = code.RepoInfo(**{**info, "toplevel": Path(info["toplevel"])})
+        yield from code.read_code_file(path, rel=rel, info=info_read, user=user)
         return
-    found = code.repo_identity(path)
+    found = code.repo_identity(path, name)
     files, _skipped = code.tree_files(path, found)
-    for name in files:
-        yield from code.read_code_file(found.toplevel / name, rel=name, info=found)
+    for file in files:
+        yield from code.read_code_file(found.toplevel / file, rel=file, info=found, user=user)
 
 
 def read_jsonl(path: Path) -> Iterator[RawRecord]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from typing import Annotated, Any, Callable, Mapping, Sequence
+from typing import Annotated, Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt,
@@ -298,6 +298,34 @@ class UserForgotten(BaseModel):
                                         "published it, or it held none) and every older generation and delta "
                                         "snapshot is deleted; false: the next compaction leaves the rows out.")
     generation: int | None = Field(description="The generation served now.")
+
+
+# ----------------------------------------------------------------------------- audit
+
+#: Most records one ``GET /v1/admin/audit`` answers.
+MAX_AUDIT_RECORDS = 10_000
+
+
+class AuditRecordOut(BaseModel):
+    """One admin action of the store's audit log (:mod:`helix_ray.store.audit`)."""
+
+    time: str = Field(description="When it ended, ISO-8601 UTC.")
+    actor: str = Field(description="'key:<key id>' (an admin key over HTTP), 'cli:<os user>' (a command on the "
+                                   "host) or 'no-auth' (a server without keys).")
+    actor_user: str | None = Field(description="The user of the actor's key.")
+    action: str = Field(description="settings.patch, settings.reset, compact, adapt, forget-user, audit.read, "
+                                    "key.create, key.revoke, backup, restore.")
+    target: str | None = Field(description="What it acted on: the user forgotten, the key, the folder.")
+    params: dict[str, Any] = Field(description="What it was asked with (never a key, a memory's text or a query).")
+    outcome: Literal["ok", "refused", "failed"]
+    status: int | None = Field(description="The HTTP status of the answer, or the exit code of a command.")
+    detail: str | None = Field(None, description="The sentence of a refusal or failure.")
+    result: dict[str, Any] | None = Field(None, description="Counts the action reported (compact, adapt, "
+                                                            "forget-user).")
+
+
+class AuditResponse(BaseModel):
+    records: list[AuditRecordOut] = Field(description="The newest records, oldest first.")
 
 
 # ----------------------------------------------------------------------------- settings

@@ -43,10 +43,13 @@ from helix_ray.errors import InvalidArgument, StoreError
 from helix_ray.ingest.run import initialise
 from helix_ray.recall.pipeline import Recaller
 from helix_ray.recall.scope import as_time, check_context, make_scope
+from helix_ray.serve import audit as audit_module
 from helix_ray.serve import keys as keys_module
 from helix_ray.serve import ratelimit
 from helix_ray.serve.api import (
+    MAX_AUDIT_RECORDS,
     AdaptIn,
+    AuditResponse,
     FeedbackIn,
     FeedbackOut,
     LatencyWindow,
@@ -71,6 +74,7 @@ from helix_ray.serve.ratelimit import RateLimiter
 from helix_ray.serve.responses import BODY, KEYED, add_error_handlers, errors, recall_response
 from helix_ray.serve.settings import settings_path
 from helix_ray.serve.shells import PipelineShell
+from helix_ray.store.audit import read as read_audit
 from helix_ray.store.pointer import Pointer
 
 log = logging.getLogger(__name__)
@@ -179,6 +183,7 @@ class HelixAPI(SplitGraph):
             if self.args.graph == "inline" else None
         self.keys = KeyStore(self.store) if self.args.auth else None
         keys_module.SERVING["store"] = self.keys  # for the key-first middleware
+        audit_module.SERVING["store"] = self.store  # and its audit of admin requests
         ratelimit.SERVING["limiter"] = RateLimiter(self.args.rate_limit, self.args.rate_burst) \
             if self.args.rate_limit and self.keys is not None else None
         self.latency = LatencyWindow()
@@ -232,9 +237,9 @@ class HelixAPI(SplitGraph):
         return self.keys.user_for(bearer(authorization))
 
     def require_admin(self, authorization: Optional[str]) -> None:
-        """Settings and compaction change the server for every user, and forgetting a
-        user erases one: admin keys only (any caller when the server runs without keys,
-        bound to 127.0.0.1)."""
+        """Settings and compaction change the server for every user, forgetting a user
+        erases one, and the audit log names every admin's actions: admin keys only (any
+        caller when the server runs without keys, bound to 127.0.0.1)."""
         if self.keys is None:
             return
         record = self.keys.record_for(bearer(authorization))
@@ -379,6 +384,14 @@ class HelixAPI(SplitGraph):
                           authorization: Optional[str] = Header(None)) -> dict[str, Any]:
         self.require_admin(authorization)
         return await self.writer.forget_user.remote(user, compact)
+
+    @api.get("/v1/admin/audit", response_model=AuditResponse, responses=errors(*KEYED, 403, 422, 503), tags=["admin"],
+             summary="The newest records of the store's audit log: who did which admin action, and how it ended")
+    async def audit(self, limit: int = Query(100, ge=1, le=MAX_AUDIT_RECORDS, description="How many of the newest "
+                                             f"records (1–{MAX_AUDIT_RECORDS:,})."),
+                    authorization: Optional[str] = Header(None)) -> dict[str, Any]:
+        self.require_admin(authorization)
+        return {"records": await asyncio.to_thread(read_audit, self.store, limit=limit)}
 
     # ---------------------------------------------------------------- settings
     def _settings(self) -> dict[str, Any]:

@@ -1,11 +1,13 @@
 """Errors the HTTP API maps to a status code. Each message is one sentence a caller can
 act on, like :mod:`helix_ray.errors` (whose ``InvalidArgument`` becomes a 422 and whose
-``StoreError`` becomes a 503)."""
+``StoreError`` becomes a 503), and Ray's errors for a replica that is gone (a 503 saying
+whether the request was carried out: :func:`lost_replica`)."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import re
 from typing import Any, Callable
 
 from helix_ray.errors import HelixError
@@ -99,6 +101,58 @@ def status_of(exc: BaseException) -> int | None:
     if cause is not None and cause is not exc:
         return status_of(cause)
     return None
+
+
+#: Ray's and Serve's errors, by class name, for a call whose replica is gone or that no
+#: replica took, and whether the replica may have carried the call out. ``ActorDiedError``:
+#: the replica died after it took the call (Serve sends a call again on its own while no
+#: replica has taken it, and holds it while none is running); ``ActorUnavailableError``:
+#: the replica could not be reached, and Ray cannot tell whether the call ran. Both may
+#: have done their work: the Writer makes a write durable before it answers, and dying
+#: between the two loses the answer, not the write. ``DeploymentUnavailableError`` (the
+#: deployment failed to deploy) and ``BackPressureError`` (the handle's queue is full)
+#: refuse a call before any replica has it.
+REPLICA_LOST = {"ActorDiedError": True, "ActorUnavailableError": True,
+                "DeploymentUnavailableError": False, "BackPressureError": False}
+
+#: Ray's name of a replica actor's class: ``ServeReplica:<application>:<deployment>``.
+_REPLICA_CLASS = re.compile(r"ServeReplica:[^:\s]+:([A-Za-z0-9_.-]+)")
+
+#: What sending a change again does, by path (the first that starts the path).
+_RETRY = (("/v1/memories", "sending it again is safe: the same ids get the same memories, and a DELETE that was "
+                           "carried out answers 404"),
+          ("/v1/users/", "sending it again finishes the erasure, or answers 404 when it was complete"),
+          ("/v1/feedback", "sending it again may record the feedback twice"),
+          ("/v1/", "sending it again is safe: it gives the same result"))
+
+
+def lost_replica(exc: BaseException, method: str, path: str) -> str | None:
+    """The 503 sentence for ``exc`` when it is Ray's word that the replica serving the
+    call is gone (:data:`REPLICA_LOST`), else None: which deployment, whether the change
+    may have been made, and what sending it again does. ``method``/``path``: the
+    request's (a GET or a recall changes nothing)."""
+    kinds = [cls.__name__ for cls in type(exc).__mro__ if cls.__name__ in REPLICA_LOST]
+    if not kinds:
+        cause = getattr(exc, "cause", None) or exc.__cause__
+        return lost_replica(cause, method, path) if cause is not None and cause is not exc else None
+    kind = kinds[0]
+    named = _REPLICA_CLASS.search(str(getattr(exc, "error_msg", "") or exc))
+    deployment = getattr(getattr(exc, "_deployment_id", None), "name", None) or (named and named.group(1))
+    who = f"the {deployment} deployment" if deployment else "a deployment of the server"
+    changes = method.upper() not in ("GET", "HEAD") and path.rstrip("/") != "/v1/recall"
+    if not REPLICA_LOST[kind]:
+        why = "failed to deploy (the server log says why)" if kind == "DeploymentUnavailableError" else \
+            "has more calls queued than it takes"
+        return (f"{method} {path} was not carried out: {who} {why}, so no replica took it and nothing was "
+                "changed. Send it again after Retry-After seconds.")
+    retry = next(note for prefix, note in _RETRY if path.startswith(prefix))
+    if not changes:
+        return (f"The replica of {who} serving {method} {path} stopped before it answered ({kind}); Serve is "
+                "starting a new one. Nothing was changed; send the request again after Retry-After seconds.")
+    return (f"The replica of {who} serving {method} {path} stopped before it answered ({kind}); Serve is "
+            "starting a new one. The change may or may not have been made: what the replica had made durable "
+            "before it stopped is kept (the new replica serves it), what it had not was not made. Send the same "
+            f"request again after Retry-After seconds (it waits for the new replica); {retry}.")
 
 
 def callers_mistake(exc: BaseException) -> bool:

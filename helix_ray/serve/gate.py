@@ -5,7 +5,8 @@ without a valid key (401), a user's key on an admin route (403: changing the set
 ``/v1/admin/``, ``DELETE /v1/users/``), a key over its rate limit (429,
 :mod:`helix_ray.serve.ratelimit`), a body over :data:`MAX_BODY_BYTES` (413) and a chunked
 body without a length (411). The endpoints read the key's user and rights with
-:func:`bearer`.
+:func:`bearer`. A request to an admin route, refused or not, is recorded in the store's
+audit log (:mod:`helix_ray.serve.audit`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Optional
 from fastapi.responses import JSONResponse
 
 from helix_ray.errors import HelixError, short_repr
+from helix_ray.serve import audit
 from helix_ray.serve import keys as keys_module
 from helix_ray.serve import ratelimit
 from helix_ray.serve.errors import Unauthorized, message_of, status_of
@@ -45,10 +47,20 @@ class Gate:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            refusal = _refusal(scope)
-            if refusal is not None:
-                await refusal(scope, receive, send)
+            admin = audit.action_of(scope["method"], scope["path"])
+            store = audit.SERVING["store"]
+            if admin is not None and store is not None:  # recorded in the audit log, refused or not
+                await audit.recorded(self._gated, scope, receive, send, *admin, store)
                 return
+            await self._gated(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    async def _gated(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        refusal = _refusal(scope)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
         await self.app(scope, receive, send)
 
 
@@ -84,11 +96,11 @@ def _refusal(scope: dict[str, Any]) -> Optional[JSONResponse]:
 
 
 def _admin_only(method: str, path: str) -> bool:
-    """What changes the server for every user (live settings, compaction, the adapter)
-    or erases one. A method these paths do not take is not refused here: the router
-    answers it, 405."""
+    """What changes the server for every user (live settings, compaction, the adapter),
+    erases one, or reads who did (the audit log). A method these paths do not take is
+    not refused here: the router answers it, 405."""
     if path.startswith("/v1/admin/"):
-        return method == "POST"
+        return method == ("GET" if path.rstrip("/") == "/v1/admin/audit" else "POST")
     if path.startswith("/v1/users/"):
         return method == "DELETE"
     return path.rstrip("/") == "/v1/settings" and method in ("PATCH", "DELETE")
@@ -96,7 +108,8 @@ def _admin_only(method: str, path: str) -> bool:
 
 def not_admin(user: str) -> str:
     return (f"This API key (user {user!r}) cannot change what every user shares (live settings, compaction, the "
-            "query adapter) or forget a user. Use an admin key: `helix keys create --store DIR --user USER --admin`.")
+            "query adapter), read the audit log or forget a user. Use an admin key: `helix keys create --store DIR "
+            "--user USER --admin`.")
 
 
 def bearer(authorization: Optional[str]) -> Optional[str]:

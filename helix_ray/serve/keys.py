@@ -20,6 +20,9 @@ its own user's memories.
 A key may expire (``helix keys create --expires 90d``): from ``expires_at`` on it is
 refused like a revoked one, with a sentence that says so. Rotation needs no restart:
 create the new key, move clients to it, revoke (or let expire) the old one.
+
+Every key made or revoked through :class:`KeyStore` is recorded in the store's audit log
+(:mod:`helix_ray.store.audit`): its id, user, rights and expiry, never the key.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Iterator
 
 from helix_ray.errors import InvalidArgument
 from helix_ray.serve.errors import Unauthorized
+from helix_ray.store import audit
 
 KEYS_FILE = "keys.json"
 _KEY = re.compile(r"^hx_([0-9a-f]{8})_[A-Za-z0-9_-]{20,}$")
@@ -153,10 +157,22 @@ class KeyStore:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def create(self, user: str, *, admin: bool = False,
-               expires_in: dt.timedelta | None = None) -> tuple[str, KeyRecord]:
+    def create(self, user: str, *, admin: bool = False, expires_in: dt.timedelta | None = None,
+               actor: str | None = None) -> tuple[str, KeyRecord]:
         """A new key for ``user``: (the key, to show once; its stored record).
-        ``expires_in``: how long it is valid (None: until revoked)."""
+        ``expires_in``: how long it is valid (None: until revoked). Recorded in the
+        store's audit log as done by ``actor`` (default: ``cli:<os user>``)."""
+        params = {"user": user, "admin": bool(admin), "expires_in_s": None if expires_in is None
+                  else expires_in.total_seconds()}
+        try:
+            key, record = self._create(user, admin=admin, expires_in=expires_in)
+        except InvalidArgument as exc:
+            self._audit("key.create", actor, None, params, exc)
+            raise
+        self._audit("key.create", actor, record.key_id, {**params, "expires_at": record.expires_at}, None)
+        return key, record
+
+    def _create(self, user: str, *, admin: bool, expires_in: dt.timedelta | None) -> tuple[str, KeyRecord]:
         if not isinstance(user, str) or not user.strip():
             raise InvalidArgument("user", user, "it must be a non-empty user id")
         if expires_in is not None and expires_in <= dt.timedelta(0):
@@ -187,12 +203,30 @@ class KeyStore:
         self._stat = None
         return removed
 
-    def revoke(self, key_id: str) -> KeyRecord:
+    def revoke(self, key_id: str, *, actor: str | None = None) -> KeyRecord:
+        """Revoke the key ``key_id`` (its record stays, marked revoked); recorded in the
+        store's audit log as done by ``actor`` (default: ``cli:<os user>``)."""
         with self._locked() as data:
             for k in data["keys"]:
                 if k["key_id"] == key_id:
                     k["revoked"] = True
                     self._stat = None
-                    return KeyRecord(**k)
-        raise InvalidArgument("key_id", key_id, "no key of this store has that id",
-                              "See `helix keys list --store DIR`.")
+                    record = KeyRecord(**k)
+                    break
+            else:
+                record = None
+        if record is None:
+            refusal = InvalidArgument("key_id", key_id, "no key of this store has that id",
+                                      "See `helix keys list --store DIR`.")
+            self._audit("key.revoke", actor, key_id, {}, refusal)
+            raise refusal
+        self._audit("key.revoke", actor, key_id, {"user": record.user}, None)
+        return record
+
+    def _audit(self, action: str, actor: str | None, key_id: str | None, params: dict,
+               refusal: InvalidArgument | None) -> None:
+        """A key made or revoked (or refused) in the store's audit log."""
+        audit.append(self.store, actor=actor or audit.local_actor(), action=action,
+                     target=f"key:{key_id}" if key_id else None, params=params,
+                     outcome="ok" if refusal is None else "refused", status=None if refusal is None else 2,
+                     detail=None if refusal is None else str(refusal))

@@ -1,7 +1,8 @@
 """How answers and errors become HTTP responses.
 
 Every error is ``{"detail": sentence}`` with the status :func:`helix_ray.serve.errors.status_of`
-gives it (a request the models reject: 422 with the fields' ``errors`` too); a 503 carries
+gives it (a request the models reject: 422 with the fields' ``errors`` too; a call whose
+replica is gone: 503, :func:`helix_ray.serve.errors.lost_replica`); a 503 carries
 ``Retry-After``. A recall answer is sent as the pipeline built it.
 """
 
@@ -15,11 +16,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
+from ray.exceptions import RayError
+from ray.serve.exceptions import RayServeException
 from starlette.exceptions import HTTPException
 
 from helix_ray.errors import HelixError
 from helix_ray.serve.api import RecallResponse, request_error_sentence, undecodable_body
-from helix_ray.serve.errors import message_of, status_of
+from helix_ray.serve.errors import lost_replica, message_of, status_of
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +110,19 @@ async def unexpected(request: Request, exc: Exception) -> JSONResponse:
                        "the server log has the details.")
 
 
+async def replica_error(request: Request, exc: Exception) -> JSONResponse:
+    """Ray's error for a call to another deployment: a 503 saying whether the request was
+    carried out when the replica is gone (a client retries it), else as :func:`unexpected`.
+    Registered for Ray's error classes, so that it answers through Starlette's exception
+    middleware: the handler of ``Exception`` answers from the outermost one, which raises
+    the error again into the replica after the answer."""
+    sentence = lost_replica(exc, request.method, request.url.path)
+    if sentence is None:
+        return await unexpected(request, exc)
+    log.warning("%s %s: a replica it called is gone (%s)", request.method, request.url.path, type(exc).__name__)
+    return error_response(503, sentence)
+
+
 async def http_error(request: Request, exc: HTTPException) -> Response:
     """Starlette's own answers in Helix's words: no such path (404), a method the path
     does not take (405, its ``Allow`` naming every method the path takes, not only those
@@ -148,4 +164,6 @@ def add_error_handlers(app: FastAPI) -> None:
     app.exception_handler(RequestValidationError)(request_invalid)
     app.exception_handler(HTTPException)(http_error)
     app.exception_handler(HelixError)(helix_error)
+    for ray_error in (RayError, RayServeException):
+        app.exception_handler(ray_error)(replica_error)
     app.exception_handler(Exception)(unexpected)
