@@ -388,7 +388,8 @@ def _recall(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR` "
                                 "or `helix serve --store DIR`.")
     config = load_config_typed(RetrievalConfig, args.config, "--config") if args.config else None
-    with Memory(args.store, retrieval=config, warm=False) as mem:  # one question: nothing to warm for
+    # One question: nothing to warm for, and no compaction to start.
+    with Memory(args.store, retrieval=config, warm=False, compact_interval_s=None) as mem:
         result = mem.recall(args.query, user=args.user, budget_tokens=args.budget, k=args.k, project=args.project,
                             types=args.types, since=args.since, until=args.until, explain=args.explain)
     empty = _nothing_to_recall(result, args.store)
@@ -424,7 +425,7 @@ def _stats(args: argparse.Namespace) -> int:
 
     if not Path(args.store).exists():
         raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR`.")
-    with Memory(args.store, record_access=False, warm=False) as mem:
+    with Memory(args.store, record_access=False, warm=False, compact_interval_s=None) as mem:
         stats = mem.stats()
     if args.json:
         print(json.dumps(stats, indent=1, default=str))

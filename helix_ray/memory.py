@@ -1,13 +1,22 @@
-"""The front door: :class:`Memory` opens (or creates) a store, ingests, and recalls.
+"""The front door: :class:`Memory` opens (or creates) a store, ingests, writes and recalls.
 
 >>> mem = Memory("stores/atlas")
 >>> mem.ingest(["helix_ray/samples/atlas/memories.jsonl"])
+>>> mem.add([{"text": "We pinned uvicorn to 0.30 after the keep-alive bug.", "user": "dana"}])
 >>> result = mem.recall("why did we pick NATS?", user="dana", budget_tokens=512)
 >>> print(result.context())
 
 One :class:`Memory` is the single writer of its store's DuckDB file (DuckDB allows one
-writing process). Recall reads only the memory-mapped generation; the accesses it
-records go to DuckDB from a background thread, off the query path.
+writing process): it holds the store's :class:`~helix_ray.serve.writer.WriterCore`, the
+Writer ``helix serve`` runs, and shares its connection. :meth:`Memory.add`,
+:meth:`~Memory.patch` and :meth:`~Memory.delete` go through the Writer's write path
+(:mod:`helix_ray.serve.writes`): validated, chunked, embedded, logged durably in
+``serve_log`` and published to the delta segment before they return; the next recall
+finds them, and a restart replays the log. A background compaction folds the delta into
+the next generation (:meth:`Memory.compact` folds it now). Recall reads the
+memory-mapped generation and the delta, as the served path does
+(:func:`helix_ray.serve.shells.recall_over`); the accesses it records go to DuckDB from
+a background thread, off the query path.
 
 Opening a store with a generation warms it in the background (``warm=True``, see
 :mod:`helix_ray.recall.warm`): the encoders load and one question runs through every
@@ -20,27 +29,49 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
 import queue
 import threading
-import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from helix_ray.config import IngestConfig, RetrievalConfig
 from helix_ray.embedder import DIM, get_embedder
-from helix_ray.errors import InvalidArgument, is_disk_full
+from helix_ray.errors import InvalidArgument
 from helix_ray.recall import adapter
 from helix_ray.recall.threads import encoder_threads
 from helix_ray.schema import MemoryRecord
-from helix_ray.store.db import StoreDB
-from helix_ray.store.generation import current_generation_number, open_good_generation
-from helix_ray.store.space import disk_full
+from helix_ray.store.generation import current_generation_number
+
+if TYPE_CHECKING:
+    from helix_ray.serve.views import StoreViews
 
 log = logging.getLogger(__name__)
 
 
+#: Background compaction of an open Memory: at least this often while writes are
+#: pending (seconds), or as soon as :data:`COMPACT_MAX_PENDING` are. A compaction rebuilds
+#: the generation's indexes (seconds per 10^5 memories), so a notebook pays it seldom.
+COMPACT_INTERVAL_S = 300.0
+COMPACT_MAX_PENDING = 1000
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a write made durable: the ids it wrote (as given or derived; a long text is
+    stored as chunks ``<id>#chunk<n>`` under its id), the delta snapshot that holds it
+    and the generation that snapshot lies over."""
+
+    ids: tuple[str, ...]
+    delta_version: int
+    generation: int | None
+
+
 class Memory:
+    """A store opened in this process: ingest, write, recall, feedback. It holds the
+    store's DuckDB file (one writing process per store), so open one per store; its
+    methods may be called from several threads."""
+
     def __init__(
         self,
         store: str | Path,
@@ -49,23 +80,40 @@ class Memory:
         ingest: IngestConfig | None = None,
         record_access: bool = True,
         warm: bool = True,
+        compact_interval_s: float | None = COMPACT_INTERVAL_S,
+        compact_max_pending: int = COMPACT_MAX_PENDING,
     ):
+        """``compact_interval_s``: fold pending writes into a generation in the
+        background at least this often (seconds), or once ``compact_max_pending`` are
+        pending; None: only on :meth:`compact` (and before :meth:`ingest`)."""
         self.store = Path(store)
         self.retrieval_config = retrieval or RetrievalConfig()
         self.ingest_config = ingest or IngestConfig()
-        self.db = StoreDB(self.store)
-        self._db_lock = threading.Lock()
+        from helix_ray.serve.writer import WriterCore  # loads duckdb and the ingest stages: at open, not import
+
+        # The Writer: replays serve_log into the delta; raises DatabaseHeld when another
+        # process holds the DuckDB file.
+        self._core = WriterCore(self.store, ingest=self.ingest_config, warn_tokens=compact_interval_s is not None)
+        self.db = self._core.db  # one connection, the Writer's: use it under _db_lock
+        self._db_lock = self._core._lock
+        self._views: StoreViews | None = None  # the generations and delta snapshots recall reads
         self._recaller: Any = None  # a Recaller, opened by the first recall (or the warm-up)
-        self._recaller_lock = threading.Lock()  # one Recaller built at a time
+        self._recaller_lock = threading.Lock()  # one Recaller built at a time; guards _views
         self._warm = threading.Event()  # set when the warm-up's question is answered (or there is none)
         self._adapter = adapter.watch(self.store, self.ingest_config.embedder.name)  # re-read when replaced
         self._overlay: dict[str, int] = {}  # id → last access (µs) since the generation was built
         self._accesses: queue.Queue = queue.Queue()
         self._closed = threading.Event()
-        self._writer = None
+        self._access_log = None
         if record_access:
-            self._writer = threading.Thread(target=self._flush_accesses, name="helix-access-log", daemon=True)
-            self._writer.start()
+            self._access_log = threading.Thread(target=self._flush_accesses, name="helix-access-log", daemon=True)
+            self._access_log.start()
+        self._compactor = None
+        if compact_interval_s is not None:
+            from helix_ray.serve.shells import Compactor  # loads the recall stages (scipy)
+
+            self._compactor = Compactor(self._core, interval_s=compact_interval_s, max_pending=compact_max_pending,
+                                        before=self._flush_now, after=self._compacted)
         if warm and current_generation_number(self.store) is not None:
             threading.Thread(target=self._warm_up, name="helix-warm", daemon=True).start()
         else:
@@ -78,66 +126,124 @@ class Memory:
         """Run the ingest pipeline over files or folders; returns its report. ``format``
         ``"code"`` reads a source tree, ``"git"`` a repository's commits (``since``,
         ``max_commits``: which ones), as memories of ``ingest.validation.default_user``
-        whose ids name the repository ``repo_name`` (default: its folder's name)."""
+        whose ids name the repository ``repo_name`` (default: its folder's name). Writes
+        still in the delta are folded first (a compaction), so an ingested record is not
+        hidden by an earlier write of its id."""
         from helix_ray.ingest.run import ingest  # the ingest pipeline: a recall-only Memory never loads it
 
         if isinstance(sources, (str, Path)):
             sources = [sources]
-        self._flush_now()
-        with self._db_lock:
+        self._fold()  # a write made while this runs is as new as the ingest: either may win
+        with self._core._compacting, self._db_lock:  # no compaction, write or access flush meanwhile
             report = ingest(list(sources), self.store, fmt=format, config=self.ingest_config, runner=runner,
                             show_progress=show_progress, db=self.db, since=since, max_commits=max_commits,
                             repo_name=repo_name)
         if report.published:
-            with self._recaller_lock:
-                self._recaller = None  # the next recall opens the new generation
             self._overlay.clear()
         return report
 
-    def add(self, records: Iterable[dict[str, Any] | MemoryRecord], *, runner: str = "local"):
-        """Ingest records given in Python. They are first written durably to the store's
-        ``inbox/`` (fsynced JSONL), so an acknowledged add survives a crash mid-ingest."""
-        rows = [r.to_row() if isinstance(r, MemoryRecord) else dict(r) for r in records]
-        # A fixed source: the default, the inbox file's name, is new at each call and would
-        # count the same record added again as updated.
-        for row in rows:
-            if not row.get("source"):
-                row["source"] = "api"
+    # ------------------------------------------------------------------ writes
+    def add(self, records: Iterable[dict[str, Any] | MemoryRecord]) -> Written:
+        """Write memories given in Python (dicts or :class:`MemoryRecord`, each naming
+        its ``user``) through the Writer: validated, a long text chunked, embedded, then
+        durable (logged in the store's DuckDB file) and in the delta before this
+        returns; the next :meth:`recall` finds them, a restart replays them, and a
+        compaction folds them into the next generation. A record with the id of an
+        existing memory replaces it. More than the Writer's batch (1,000) are written
+        in batches, each durable as it returns; for a bulk load, :meth:`ingest` a file."""
+        from helix_ray.serve.api import MAX_BATCH
+
+        rows = [_plain(r.to_row() if isinstance(r, MemoryRecord) else r) for r in records]
         if not rows:
             raise InvalidArgument("records", [], "give at least one memory record")
-        inbox = self.store / "inbox"
-        inbox.mkdir(parents=True, exist_ok=True)
-        path = inbox / f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
-        try:
-            with open(path, "w", encoding="utf-8") as fh:
-                for row in rows:
-                    fh.write(json.dumps(row, default=_json_default, ensure_ascii=False) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-        except OSError as exc:
-            path.unlink(missing_ok=True)  # a part of the records is no write
-            if is_disk_full(exc):
-                raise disk_full(self.store, "writing the inbox file",
-                                need_bytes=len(json.dumps(rows, default=str))) from exc
-            raise
-        return self.ingest([path], format="jsonl", runner=runner)
+        for row in rows:
+            if isinstance(row, dict) and not row.get("source"):
+                row["source"] = "api"
+        self._ensure_generation()
+        ids: list[str] = []
+        out: dict[str, Any] = {}
+        for start in range(0, len(rows), MAX_BATCH):
+            out = self._core.add(rows[start:start + MAX_BATCH], user=None)
+            ids += out["ids"]
+        return Written(tuple(ids), out["delta_version"], out["generation"])
+
+    def patch(self, memory_id: str, *, user: str | None = None, **fields: Any) -> Written:
+        """Change ``fields`` of memory ``memory_id`` (any of text, type, project,
+        session_id, salience, confidence, pinned, metadata, source): a new version,
+        durable and recallable as :meth:`add`'s. A memory stored as chunks changes as a
+        whole. ``user``: refuse unless it is that user's memory."""
+        out = self._core.patch(memory_id, fields, user=user)
+        return Written((out["id"],), out["delta_version"], out["generation"])
+
+    def delete(self, memory_id: str, *, user: str | None = None) -> Written:
+        """Delete memory ``memory_id`` (all of its chunks, when it is stored as chunks):
+        durable before this returns, and never recalled again. ``user``: refuse unless
+        it is that user's memory."""
+        out = self._core.delete(memory_id, user=user)
+        return Written((out["id"],), out["delta_version"], out["generation"])
+
+    def compact(self) -> dict[str, Any]:
+        """Fold the pending writes (and deletions) into the next generation now; returns
+        what happened (``published``, ``generation``, ``folded``, ...). The background
+        compaction does this on its own; recall sees the same memories before and after."""
+        report = self._fold()
+        if report.get("published"):
+            self._compacted(report)
+        return report
+
+    def _fold(self) -> dict[str, Any]:
+        self._flush_now()  # the hits so far reach the generation's recency columns
+        return self._core.compact()
+
+    def _compacted(self, report: dict[str, Any]) -> None:
+        """After a compaction published: open the new generation here, not in the next recall."""
+        from helix_ray.recall.warm import warm_recaller
+
+        if not self._closed.is_set():
+            recaller, view, _ = self._current()
+            if view is not None:
+                warm_recaller(recaller)  # what its first question builds (BM25, columns, graph)
+
+    def _ensure_generation(self) -> None:
+        """A new store's first write: an empty generation for the delta to lie over."""
+        if current_generation_number(self.store) is None:
+            from helix_ray.ingest.run import initialise
+
+            with self._db_lock:
+                initialise(self.store, config=self.ingest_config, db=self.db)
 
     # ------------------------------------------------------------------ recall
     @property
     def recaller(self):
-        with self._recaller_lock:
-            if self._recaller is None:
-                self._recaller = self._open_recaller()
-            recaller = self._recaller
-        recaller.adapter = self._adapter.read()  # `helix adapt` while open: the next recall uses it
-        return recaller
+        """The :class:`Recaller` over the current generation (without the delta): its
+        encoders, router and adapter plan every recall."""
+        return self._current()[0]
 
-    def _open_recaller(self):
+    def _current(self):
+        """The recaller, the generation view and the newest delta snapshot, the
+        generation opened again when ``CURRENT`` moved (one ``stat`` when it did not)."""
+        from helix_ray.serve.views import StoreViews  # loads the recall stages (scipy): at the first recall
+
+        with self._recaller_lock:
+            if self._views is None:
+                # No files read here: the warm-up reads them in the background.
+                self._views = StoreViews(self.store, role=None, expect_embedder=self.ingest_config.embedder.name,
+                                         expect_dim=DIM)
+            else:
+                self._views.refresh_now()
+            views = self._views
+            view = views.generations.get(views.latest) if views.latest is not None else None
+            generation = view.generation if view is not None else None
+            if self._recaller is None or self._recaller.generation is not generation:
+                self._recaller = self._open_recaller(generation)
+            recaller = self._recaller
+            delta = views.delta() if view is not None else None
+        recaller.adapter = self._adapter.read()  # `helix adapt` while open: the next recall uses it
+        return recaller, view, delta
+
+    def _open_recaller(self, generation):
         from helix_ray.recall.pipeline import Recaller  # loads scipy: on the first recall, not at import
 
-        # None before the first ingest; a damaged current generation falls back to the previous one
-        generation = open_good_generation(self.store, expect_embedder=self.ingest_config.embedder.name,
-                                          expect_dim=DIM)
         # Half the cores per query encoder when the two run side by side.
         threads = encoder_threads(generation, self.retrieval_config)
         embedder = get_embedder(self.ingest_config.embedder, threads)
@@ -173,8 +279,7 @@ class Memory:
         if not isinstance(user, str) or not user:
             raise InvalidArgument("user", user, "give the user who asked (a non-empty string)")
         with self._db_lock:
-            owners = self.db.owners(ids)
-            foreign = [m for m in ids if owners.get(m) != user]
+            foreign = [m for m in ids if self._core.owner(m) != user]  # a write in the delta is the user's too
             if foreign:
                 raise InvalidArgument("memory_ids", foreign[:5], f"user {user!r} has no memories with these ids; give "
                                       "ids from this user's recall results")
@@ -191,17 +296,27 @@ class Memory:
     def recall(self, query: str, *, user: str, budget_tokens: int | None = None, k: int | None = None,
                project: str | None = None, types: Sequence[str] | str | None = None, since: Any = None,
                until: Any = None, explain: bool = False, **options: Any):
-        """Recall ``user``'s memories for ``query``; see :meth:`Recaller.recall`."""
+        """Recall ``user``'s memories for ``query``, over the generation and the writes
+        not folded into it yet; see :meth:`Recaller.recall`."""
         from helix_ray.recall.pipeline import IdAccessOverlay  # loads scipy: on the first recall, not at import
+        from helix_ray.serve.shells import recall_over
 
         self._warm.wait()
-        recaller = self.recaller
-        overlay = None
-        if self._overlay and recaller.columns is not None:
-            overlay = IdAccessOverlay(recaller.columns.ids, self._overlay)
-        result = recaller.recall(query, user=user, budget_tokens=budget_tokens, k=k, project=project, types=types,
-                                 since=since, until=until, explain=explain, last_access_overlay=overlay, **options)
-        if self._writer is not None and result.items:
+        recaller, view, delta = self._current()
+        request = dict(budget_tokens=budget_tokens, k=k, project=project, types=types, since=since, until=until,
+                       explain=explain, **options)
+        if view is None or delta is None or (not len(delta) and not delta.tombstones):
+            overlay = None
+            if self._overlay and recaller.columns is not None:
+                overlay = IdAccessOverlay(recaller.columns.ids, self._overlay)
+            result = recaller.recall(query, user=user, last_access_overlay=overlay, **request)
+        else:
+            with self._recaller_lock:  # the views' caches are not for two threads at once
+                views = self._views
+                assert views is not None  # _current opened them
+                legs = views.recaller(view, delta), views.recaller(view, delta, joined=True)
+            result = recall_over(*legs, delta, recaller, query, user=user, accessed=self._overlay, **request)
+        if self._access_log is not None and result.items:
             now = dt.datetime.now(dt.timezone.utc)
             micros = int(now.timestamp() * 1_000_000)
             for item in result.items:
@@ -214,6 +329,7 @@ class Memory:
         self._flush_now()
         with self._db_lock:
             counts = self.db.counts()
+        counts["pending_writes"] = self._core.pending() + self._core.open_tombstones()  # not in a generation yet
         counts["generation"] = current_generation_number(self.store)
         found = self._adapter.read()  # None: recall uses raw vectors
         counts["query_adapter"] = None if found is None else {
@@ -226,12 +342,16 @@ class Memory:
             return self.db.quarantine(limit)
 
     def close(self) -> None:
+        """Stop the background compaction (one running ends first), record the last
+        accesses and close the DuckDB file. Pending writes stay in the log: the next
+        open replays them."""
         self._closed.set()
-        if self._writer is not None:
-            self._writer.join(timeout=5)
+        if self._compactor is not None:
+            self._compactor.stop(timeout_s=60)
+        if self._access_log is not None:
+            self._access_log.join(timeout=5)
         self._flush_now()
-        with self._db_lock:
-            self.db.close()
+        self._core.close()  # after a compaction still running (up to a minute)
 
     def __enter__(self) -> "Memory":
         return self
@@ -257,6 +377,13 @@ class Memory:
     def _flush_accesses(self) -> None:
         while not self._closed.wait(1.0):
             self._flush_now()
+
+
+def _plain(record: Any) -> Any:
+    """A record as the Writer takes one over HTTP: JSON values (times as ISO strings)."""
+    if not isinstance(record, dict):
+        return record  # the Writer says what it needs
+    return json.loads(json.dumps(record, default=_json_default, ensure_ascii=False))
 
 
 def _json_default(value: Any) -> str:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """``helix mcp`` latency beside in-process recall, on the same store in the same run.
 
-    .venv/bin/python scripts/bench_mcp.py [--store DIR --user USER] [--recalls 200] [--writes 30] [--adds 3] [--server]
+    .venv/bin/python scripts/bench_mcp.py [--store DIR --user USER] [--recalls 200] [--writes 30] [--server]
 
 On a copy of ``--store`` (default: the shipped sample, ingested into a temporary
 folder with ``runner="local"``), in order:
@@ -19,8 +19,8 @@ folder with ``runner="local"``), in order:
    local Ray), a key for ``--user`` (``helix keys create``), and steps 2–3 again through
    ``helix mcp --server URL --key KEY`` (each tool call one HTTP request to the server);
    the server is then stopped with SIGTERM, as Ctrl-C stops it, and the script checks
-   that none of the processes it started (Ray's among them) outlives it;
-5. ``--adds`` ``Memory.add`` calls of one memory each (an ingest per call), for contrast.
+   that none of the processes it started (Ray's among them) outlives it.
+(``Memory.add``, the same write path in process: ``scripts/bench_add.py``.)
 
 A store without a DuckDB record (``scripts/derived_store.py`` skips it) first gets one
 made from its generation (:func:`record_generation`), so the Writer's lookups on each
@@ -100,20 +100,21 @@ def sample_store(folder: Path) -> Path:
 
 
 def record_generation(store: Path) -> float:
-    """Give a store that has no ``helix.duckdb`` the record an ingest would have left of
-    its current generation's memories (the ``memories`` table and the generation it
-    describes), without running an ingest; returns the seconds it took. The Writer
-    answers ``remember`` with lookups in that table (who owns an id, a memory's earlier
-    chunks): without it they would search an empty table."""
+    """Give a store whose ``helix.duckdb`` holds no memories (or that has none) the
+    record an ingest would have left of its current generation's memories (the
+    ``memories`` table and the generation it describes), without running an ingest;
+    returns the seconds it took (0: it had one). The Writer answers ``remember`` with
+    lookups in that table (who owns an id, a memory's earlier chunks), and an ingest
+    builds the next generation from it: without it they would see an empty store."""
     from helix_ray.schema import MEMORY_SCHEMA
-    from helix_ray.store.db import DB_FILE, StoreDB
+    from helix_ray.store.db import StoreDB
     from helix_ray.store.generation import Generation
 
-    if (store / DB_FILE).exists():
-        return 0.0
     clock = time.perf_counter()
     gen = Generation.open_current(store)
     with StoreDB(store) as db:
+        if db.counts()["memories"] or not gen.size:
+            return 0.0
         run_id = db.start_run(["bench_mcp: the generation's memories, recorded without an ingest"])
         db.upsert_memories(gen.memories.select([*MEMORY_SCHEMA.names, "content_hash", "n_tokens"]), run_id)
         db.record_generation(gen.number, run_id)
@@ -278,25 +279,12 @@ def healthy(url: str) -> bool:
         return False
 
 
-def memory_add(store: Path, user: str, adds: int) -> list[float]:
-    from helix_ray.memory import Memory
-
-    out = []
-    with Memory(store, record_access=False) as mem:
-        for n in range(adds):
-            clock = time.perf_counter()
-            mem.add([{"text": f"Added note {n} {uuid.uuid4().hex[:6]}: deploys freeze on Fridays.", "user": user}])
-            out.append((time.perf_counter() - clock) * 1000)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", help="a store to copy (default: the shipped sample, ingested now)")
     ap.add_argument("--user", default="dana")
     ap.add_argument("--recalls", type=int, default=200)
     ap.add_argument("--writes", type=int, default=30)
-    ap.add_argument("--adds", type=int, default=3, help="Memory.add calls for contrast (0: none)")
     ap.add_argument("--server", action="store_true",
                     help="also through `helix serve` on the same copy, with `helix mcp --server URL --key KEY`")
     ap.add_argument("--json", default=None, help="write the rows, the session times and the host's load here")
@@ -320,14 +308,12 @@ def main(argv: list[str] | None = None) -> int:
         local = in_process(store, args.user, qs)
         here = asyncio.run(over_mcp(["--store", str(store), "--user", args.user], qs, args.writes, env))
         served, server = through_server(store, args.user, qs, args.writes, env) if args.server else (None, {})
-        adds = memory_add(store, args.user, args.adds) if args.adds else []
     rows = {"Memory.recall (in process)": local, "MCP recall, helix mcp --store (stdio)": here.recalls}
     if served is not None:
         rows["MCP recall, helix mcp --server (stdio + HTTP)"] = served.recalls
     rows["MCP remember, helix mcp --store (durable, delta)"] = here.remembers
     if served is not None:
         rows["MCP remember, helix mcp --server (durable, delta)"] = served.remembers
-    rows["Memory.add, one memory (an ingest per call)"] = adds
     rows = {name: ms for name, ms in rows.items() if ms}
 
     print(f"store: {args.store or 'shipped sample'}, user {args.user}; copied or ingested in {prepared_s:.1f} s"

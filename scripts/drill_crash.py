@@ -10,15 +10,18 @@ resurrected, and whether the store opened without repair every time (``helix
 doctor``'s checks pass after the kill, the restarted writer takes the next write).
 
 - ``memory-add``: a child process runs ``Memory.add`` in a loop (new memories and new
-  texts of earlier ones) and prints each acknowledged one. It kills itself at a named
-  step of publishing (:data:`STEPS`: the inbox file written, each generation file
-  staged, the folder renamed, the database mid-transaction and committed, ``CURRENT``
-  moved, old generations pruned), or the drill kills it at a random time (``random``).
-  The next child adds to what the kill left; the drill recalls every acknowledged
-  memory with a fresh :class:`helix_ray.Memory`.
+  texts of earlier ones), prints each acknowledged one and compacts after every second
+  add. It kills itself at a named step (:data:`STEPS`): of a write (:data:`WRITE_STEPS`:
+  the inbox copy fsynced, the log rows inserted and committed, the delta published) or
+  of a compaction (its input written; each generation file staged, the folder renamed,
+  the database mid-transaction and committed, ``CURRENT`` moved, old generations
+  pruned; the log marked folded; the delta published), or the drill kills it at a
+  random time (``random``). The next child adds to what the kill left; the drill
+  recalls every acknowledged memory with a fresh :class:`helix_ray.Memory`.
 - ``ingest``: the same for ``helix ingest --runner local`` (the CLI, in a child) of a
-  JSONL file of new records and new texts of earlier ones; after the kill a second
-  ingest of the same file must complete.
+  JSONL file of new records and new texts of earlier ones, killed at a step of
+  publishing (:data:`PUBLISH_STEPS`); after the kill a second ingest of the same file
+  must complete.
 - ``serve-writes``: ``helix serve`` on a spare port takes a burst of concurrent
   ``POST /v1/memories`` and ``DELETE``s of acknowledged ids, killed at a random time:
   every process of its session (``session``: the driver's process group and the Ray
@@ -68,9 +71,16 @@ WORDS = ("cache queue index parser worker lease shard replica token budget schem
 #: kill point each, right after the file is written.
 STAGED = ("memories.arrow", VECTORS_FILE, "binary.npy", "minhash.npy", "bm25", "mentions.arrow", "knn",
           "graph", "entities.arrow", "late", "manifest.json")
-#: Kill points of one local ingest, in the order they are met.
-STEPS = ("inbox", *(f"staged:{name}" for name in STAGED), "renamed", "db-uncommitted", "db-committed",
-         "current", "pruned")
+#: Kill points of publishing a generation (a local ingest, or a compaction's), in order.
+PUBLISH_STEPS = (*(f"staged:{name}" for name in STAGED), "renamed", "db-uncommitted", "db-committed", "current",
+                 "pruned")
+#: Kill points of one write through the Writer (``Memory.add``), in order: the inbox copy
+#: fsynced, the log rows inserted (uncommitted), committed, the delta snapshot published.
+WRITE_STEPS = ("write:inbox", "write:logged", "write:committed", "write:published")
+#: Kill points of ``Memory.add``'s scenario: a write's, then those of the compaction that
+#: folds the writes (its input written, the generation published, the log marked
+#: folded, the delta snapshot without the folded entries).
+STEPS = (*WRITE_STEPS, "compact:input", *PUBLISH_STEPS, "compact:folded", "compact:published")
 KILLED = -signal.SIGKILL
 
 
@@ -221,28 +231,47 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def install_kill_point(step: str, on_call: int) -> None:
-    """SIGKILL this process at ``step`` (one of :data:`STEPS`) of its ``on_call``-th
-    ingest (1-based). Wraps the functions each step ends with, in this process only."""
+def install_kill_point(step: str, on_call: int, *, writes: bool) -> None:
+    """SIGKILL this process at ``step`` (one of :data:`STEPS`). ``writes`` (the
+    memory-add child): armed from its ``on_call``-th add (1-based) on, a write's step in
+    a write, a compaction's in a compaction; else (``helix ingest``): at a publish step
+    of its ``on_call``-th ingest. Wraps the functions each step ends with, in this
+    process only."""
     import helix_ray.ingest.run as run
+    import helix_ray.serve.compaction as compaction
+    import helix_ray.serve.writes as writes_mod
     import helix_ray.store.db as db
     import helix_ray.store.publish as publish
+    from helix_ray.serve.writer import WriterCore
 
     calls = {"n": 0}
+    phase = {"now": ""}  # "write" or "compact" while one runs (memory-add)
 
-    def armed() -> bool:
-        return calls["n"] == on_call
+    def armed(kind: str = "compact") -> bool:
+        if not writes:
+            return calls["n"] == on_call
+        return calls["n"] >= on_call and phase["now"] == kind
 
-    original_ingest = run.ingest
+    def counted(owner: Any, name: str, kind: str | None) -> None:
+        original = getattr(owner, name)
 
-    def counted_ingest(*args: Any, **kwargs: Any) -> Any:
-        # Memory.add and `helix ingest` both look it up here at call time.
-        calls["n"] += 1
-        if armed() and step == "inbox":  # Memory.add: the inbox file is written and fsynced
-            die()
-        return original_ingest(*args, **kwargs)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            if kind is None or kind == "write":
+                calls["n"] += 1
+            if kind is not None:
+                phase["now"] = kind
+            try:
+                return original(*args, **kwargs)
+            finally:
+                phase["now"] = ""
 
-    run.ingest = counted_ingest  # type: ignore[assignment]
+        setattr(owner, name, wrapped)
+
+    if writes:  # the writes are counted, and a compaction's steps are armed while it runs
+        counted(writes_mod, "write_rows", "write")
+        counted(compaction, "compact", "compact")
+    else:  # `helix ingest`: its ingests are counted
+        counted(run, "ingest", None)
     done = publish._Staging.done
 
     def staged(self: Any, path: Path) -> None:
@@ -256,6 +285,13 @@ def install_kill_point(step: str, on_call: int) -> None:
     after(run, "_record", lambda: armed() and step == "db-committed")
     before(run, "prune", lambda: armed() and step == "current")
     after(run, "prune", lambda: armed() and step == "pruned")
+    after(writes_mod, "_write_inbox", lambda: armed("write") and step == "write:inbox")
+    after(WriterCore, "_drop_superseded", lambda: armed("write") and step == "write:logged")  # in the transaction
+    before(WriterCore, "_publish", lambda: armed("write") and step == "write:committed")
+    after(WriterCore, "_publish", lambda: armed("write") and step == "write:published")
+    after(db.StoreDB, "sibling", lambda: armed() and step == "compact:input")  # the input file is fsynced
+    after(compaction, "mark_folded", lambda: armed() and step == "compact:folded")
+    after(compaction, "retire_inbox", lambda: armed() and step == "compact:published")
 
 
 def before(owner: Any, name: str, when: Callable[[], bool]) -> None:
@@ -283,11 +319,12 @@ def after(owner: Any, name: str, when: Callable[[], bool]) -> None:
 
 def child_memory_add(store: Path, seed: int, limit: int) -> None:
     """Add memories one call at a time (every third a new text of an earlier one),
-    printing each acknowledged one, until killed or ``limit`` calls."""
+    printing each acknowledged one, and fold them into a generation after every second
+    add (``Memory.compact``), until killed or ``limit`` calls."""
     from helix_ray.memory import Memory
 
     rng = random.Random(seed)
-    mem = Memory(store, warm=False, record_access=False)
+    mem = Memory(store, warm=False, record_access=False, compact_interval_s=None)
     print("ready", flush=True)
     acked: list[str] = []
     for n in range(limit):
@@ -297,6 +334,8 @@ def child_memory_add(store: Path, seed: int, limit: int) -> None:
         mem.add([record(memory_id, word, rng)])
         acked.append(memory_id)
         print(f"ack put {memory_id} {word}", flush=True)
+        if n % 2 == 1:
+            mem.compact()
     mem.close()
 
 
@@ -314,12 +353,13 @@ def child_main(argv: list[str]) -> int:
     ap.add_argument("--store", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kill-at", default=None, choices=STEPS)
-    ap.add_argument("--kill-on", type=int, default=1, help="which ingest of this process the kill point is armed for")
+    ap.add_argument("--kill-on", type=int, default=1,
+                    help="memory-add: from which add on the kill point is armed; ingest: for which ingest")
     ap.add_argument("--limit", type=int, default=12)
     ap.add_argument("--source", default=None)
     args = ap.parse_args(argv)
     if args.kill_at:
-        install_kill_point(args.kill_at, args.kill_on)
+        install_kill_point(args.kill_at, args.kill_on, writes=args.what == "memory-add")
     if args.what == "memory-add":
         child_memory_add(Path(args.store), args.seed, args.limit)
         return 0
@@ -391,8 +431,9 @@ def fresh(work: Path, scenario: str, step: str) -> tuple[Path, Ledger, Row]:
 def drill_memory_add(work: Path, steps: list[str], rounds: int, rng: random.Random, *,
                      kill_on: int | None = None, show: bool = True) -> list[Row]:
     """``memory-add``: one store per kill point, ``rounds`` children killed in each;
-    each child first adds to what the kills before it left. A child is killed at its
-    ``kill_on``-th add (None: the 2nd to 4th, at random)."""
+    each child first adds to what the kills before it left. A child is killed at the
+    first kill point it meets from its ``kill_on``-th add on (None: the 2nd to 4th, at
+    random): a write's in that add, a compaction's in the compaction after it."""
     rows = []
     for step in steps:
         store, ledger, row = fresh(work, "memory-add", step)
@@ -777,7 +818,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario in ("memory-add", "all"):
         rows += drill_memory_add(work, chosen, rounds, rng)
     if args.scenario in ("ingest", "all"):
-        rows += drill_ingest(work, [s for s in chosen if s != "inbox"], rounds, rng)
+        rows += drill_ingest(work, [s for s in chosen if s in (*PUBLISH_STEPS, "random")], rounds, rng)
     targets = args.targets.split(",")
     if args.scenario in ("serve-writes", "all"):
         rows += drill_serve(work, targets, rounds, rng, compaction=False)

@@ -67,20 +67,19 @@ def test_cli_errors_are_sentences_not_tracebacks(tmp_path):
 
 def test_memory_add_is_durable_and_recallable(tmp_path):
     with Memory(tmp_path / "store") as mem:
-        report = mem.add([memory(1, "We pinned uvicorn to 0.30 after the keep-alive bug.")])
-        assert report.published
-        assert list((tmp_path / "store" / "inbox").glob("*.jsonl")), "the acknowledged write is on disk"
+        written = mem.add([memory(1, "We pinned uvicorn to 0.30 after the keep-alive bug.")])
+        assert written.ids == ("m001",) and written.generation is not None
         result = mem.recall("why did we pin uvicorn", user="dana")
         assert [i.id for i in result.items] == ["m001"]
         with pytest.raises(InvalidArgument, match="at least one"):
             mem.add([])
-    with Memory(tmp_path / "store") as again:  # a new process view of the same store
+    with Memory(tmp_path / "store") as again:  # a new process view of the same store: the log replayed
         assert again.recall("uvicorn keep-alive", user="dana").items[0].id == "m001"
-        # The same record again is no news: not counted as updated and no new generation,
-        # though its source (the inbox file's name) is new at each call.
+        # The same record again is no news: folded, it publishes nothing new.
+        assert again.compact()["published"]
         generation = again.stats()["generation"]
-        report = again.add([memory(1, "We pinned uvicorn to 0.30 after the keep-alive bug.")])
-        assert (report.unchanged, report.updated, report.published) == (1, 0, False)
+        again.add([memory(1, "We pinned uvicorn to 0.30 after the keep-alive bug.")])
+        assert again.compact()["published"] is False
         assert again.stats()["generation"] == generation
 
 
@@ -105,6 +104,7 @@ def test_next_generation_folds_accesses_into_last_accessed_at(tmp_path):
         mem.recall("gateway port", user="dana")
         mem.recall("gateway port", user="dana")
         mem.add([memory(1, "Dana prefers tabs over spaces.")])
+        mem.compact()
     gen = Generation.open_current(tmp_path / "store")
     row = gen.memories.to_pylist()[gen.columns.id_to_row["m000"]]
     assert row["access_count"] == 2 and row["last_accessed_at"] is not None
@@ -113,6 +113,7 @@ def test_next_generation_folds_accesses_into_last_accessed_at(tmp_path):
         mem.add([memory(2, "The gateway's TLS certificate renews monthly.")])
         mem.recall("gateway port", user="dana", k=1)
         mem.add([memory(3, "Lee reviews every schema migration.")])
+        mem.compact()
     gen = Generation.open_current(tmp_path / "store")
     row = gen.memories.to_pylist()[gen.columns.id_to_row["m000"]]
     assert row["access_count"] == 3

@@ -1,12 +1,13 @@
-"""``Memory.add`` killed (SIGKILL) at each step of publishing: nothing acknowledged is
-lost, no replaced text comes back, the store opens without repair.
+"""``Memory.add`` killed (SIGKILL) at each step of a write and of the compaction that
+folds it: nothing acknowledged is lost, no replaced text comes back, the store opens
+without repair.
 
 One round of ``scripts/drill_crash.py --scenario memory-add`` per kill point (a child
-process each, so about two minutes in all): the child adds two memories and a new text
-of the first, each acknowledged, and kills itself at that step of its fourth add; a
-fresh :class:`helix_ray.Memory` then recalls every acknowledged memory by a word only
-its last acknowledged text holds, finds no replaced text, and ``helix doctor``'s checks
-pass.
+process each, so a few minutes in all): the child adds memories, a new text of the first
+among them, and compacts after every second add; it kills itself at that step of its
+fourth add (a write's step) or of the compaction after it; a fresh
+:class:`helix_ray.Memory` then recalls every acknowledged memory by a word only its last
+acknowledged text holds, finds no replaced text, and ``helix doctor``'s checks pass.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _drill():
 
 
 @pytest.mark.slow
-def test_memory_add_killed_at_each_publish_step_loses_nothing(tmp_path):
+def test_memory_add_killed_at_each_write_and_compaction_step_loses_nothing(tmp_path):
     drill = _drill()
     rows = drill.drill_memory_add(tmp_path, list(drill.STEPS), 1, random.Random(0), kill_on=4, show=False)
     table = "\n".join(" | ".join(row.cells()) + "".join(f"\n  ! {n}" for n in row.notes) for row in rows)

@@ -134,11 +134,12 @@ def test_small_segments_merge_and_dead_entries_leave_the_files(shells, monkeypat
 
 def test_a_write_whose_publish_failed_is_in_the_next_snapshot(shells, monkeypatch):
     """A write is committed to DuckDB before its snapshot is published; when publishing
-    fails (a full disk), the caller gets the error, and the next publish carries the
+    fails (a full disk), the caller gets a DiskFull, and the next publish carries the
     write all the same: no later snapshot leaves a live entry out."""
     from helix_ray.serve import writer as writer_module
     from helix_ray.serve.delta import DeltaSegment
     from helix_ray.serve.delta_format import current_delta_version
+    from helix_ray.serve.errors import ReplicaError
 
     real, calls = writer_module.publish_manifest, []
 
@@ -150,9 +151,10 @@ def test_a_write_whose_publish_failed_is_in_the_next_snapshot(shells, monkeypatc
 
     monkeypatch.setattr(writer_module, "publish_manifest", full_disk_once)
     writer, store = shells["writer"], shells["store"]
-    with pytest.raises(OSError):
+    with pytest.raises(ReplicaError, match="while publishing the delta snapshot") as refused:
         writer.add([{"id": "alice-unpublished", "text": "The disk filled up while this note was published."}],
                    "alice")
+    assert refused.value.kind == "DiskFull"  # HTTP 507, as any full disk
     writer.add([{"id": "alice-after", "text": "The next write published fine."}], "alice")
     snapshot = DeltaSegment.load(store, current_delta_version(store))
     assert sorted(snapshot.ids.tolist()) == ["alice-after", "alice-unpublished"] and len(calls) == 2

@@ -140,7 +140,7 @@ def test_a_failed_compaction_leaves_no_input_behind_and_backs_off(shells, monkey
     monkeypatch.setattr(sh, "COMPACT_TICK_S", 0.02)
     monkeypatch.setattr(sh, "COMPACT_RETRY_S", 0.1)
     tries.clear()
-    writer.compact_max_pending = 1  # past it: the compactor's thread tries at its next tick
+    writer.compactor.max_pending = 1  # past it: the compactor's thread tries at its next tick
     deadline = time.monotonic() + 10
     while not tries and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -152,7 +152,7 @@ def test_a_failed_compaction_leaves_no_input_behind_and_backs_off(shells, monkey
     monkeypatch.setattr(ingest_module, "ingest", real)
     while writer.core.compactable() and time.monotonic() < deadline + 10:
         time.sleep(0.05)
-    writer.compact_max_pending = 2000
+    writer.compactor.max_pending = 2000
     assert writer.core.compactable() == 0 and writer.core.last_compaction["published"]
 
 

@@ -13,6 +13,7 @@ cores, in :mod:`~helix_ray.recall.threads`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime as dt
 import functools
@@ -182,6 +183,15 @@ class Recaller:
     @property
     def columns(self):
         return self.generation.columns if self.generation is not None else None
+
+    def over(self, generation: Any) -> "Recaller":
+        """This recaller's encoders, router and adapter over another generation-shaped
+        object (a generation joined with the Writer's delta, whose tenants and token
+        vectors :meth:`plan` then sees). The router is built here once, for both."""
+        other = copy.copy(self)
+        other._router = self.router
+        other.generation = generation
+        return other
 
     @one_blas_thread
     def recall(

@@ -11,12 +11,9 @@ the :class:`~helix_ray.serve.writer.WriterCore` whose state they change; its
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import os
 import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +22,7 @@ import pyarrow.compute as pc
 
 from helix_ray.schema import content_hash
 from helix_ray.serve.delta_format import NOT_FOLDED, Tombstone
-from helix_ray.serve.writes import SERVED_PREFIX, ingest_record
+from helix_ray.serve.writes import SERVED_PREFIX, write_inbox_file
 from helix_ray.store.generation import Generation
 
 if TYPE_CHECKING:
@@ -62,15 +59,10 @@ def compact(core: WriterCore, *, rebuild: bool = False) -> dict[str, Any]:
                 return core.last_compaction
             upto = core.seq  # the log rows this compaction folds
             inbox = core.store / "inbox"
-            inbox.mkdir(parents=True, exist_ok=True)
             before = sorted(p for p in inbox.glob("*.jsonl"))
-            source = inbox / (f"{COMPACTION_PREFIX}{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-"
-                              f"{uuid.uuid4().hex[:6]}.jsonl")
-            with open(source, "w", encoding="utf-8") as fh:
-                for entry in sorted(pending, key=lambda e: e["seq"]):
-                    fh.write(json.dumps(ingest_record(entry["record"]), ensure_ascii=False) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+            source = write_inbox_file(core.store, COMPACTION_PREFIX,
+                                      [e["record"] for e in sorted(pending, key=lambda e: e["seq"])],
+                                      "writing the compaction's input file")
             db = core.db.sibling()  # a DuckDB connection is not for two threads at once
         try:
             report = ingest([source], core.store, fmt="jsonl", config=core.config, runner=core.compact_runner,
@@ -143,10 +135,10 @@ def computed_outputs(core: WriterCore, pending: list[dict[str, Any]]) -> dict[st
 def retire_inbox(inbox: Path, before: list[Path], source: Path, *, published: bool) -> None:
     """After a compaction: the inbox files of the writes it covered, and its own input.
 
-    A served write's file (``serve-*``) is a copy of what ``serve_log`` holds until a
-    generation does; once one is published, the files of the writes before the
-    compaction are deleted (kept, there would be one file per write for ever). Any
-    other file (``Memory.add``'s, left by an ingest that failed) and the compaction's
+    A write's file (``serve-*``: served, or ``Memory.add``'s) is a copy of what
+    ``serve_log`` holds until a generation does; once one is published, the files of
+    the writes before the compaction are deleted (kept, there would be one file per
+    write for ever). Any other file (a JSONL someone left there) and the compaction's
     input move to ``inbox/folded/``, as do the served files when nothing was published
     (``serve_log`` keeps those writes pending); of the inputs, and of those served
     files, the newest :data:`KEEP_FOLDED` each stay."""

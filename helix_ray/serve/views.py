@@ -72,9 +72,12 @@ class GenerationView:
         rows = [self._row_of[i] for i in ids]
         return np.array(sorted(r for r in rows if r >= 0), dtype=np.int64)
 
-    def warm(self, role: str) -> None:
+    def warm(self, role: str | None) -> None:
         """Build what ``role`` reads on every request and read its files into the page
-        cache, so the first request does not pay for either."""
+        cache, so the first request does not pay for either (None: nothing; the caller
+        warms in its own time)."""
+        if role is None:
+            return
         gen = self.generation
         read_through(gen.path, ROLE_FILES[role])
         _ = gen.memories, gen.vectors, gen.binary, gen.scope_columns  # the legs' and the ranker's filters
@@ -260,10 +263,13 @@ class JoinedGeneration:
 class StoreViews:
     """The generations and delta snapshots one replica serves from.
 
-    ``role`` says what to warm when a generation opens: "dense", "bm25" or "ranker".
+    ``role`` says what to warm when a generation opens: "dense", "bm25", "ranker", "all"
+    or None (nothing: an open ``Memory`` warms in the background). A replica follows
+    ``CURRENT`` with :meth:`watch` on its event loop; a caller without one calls
+    :meth:`refresh_now`, and holds a lock of its own around the calls.
     """
 
-    def __init__(self, store: str | Path, *, role: str, expect_embedder: str | None = None,
+    def __init__(self, store: str | Path, *, role: str | None, expect_embedder: str | None = None,
                  expect_dim: int | None = None, keep_generations: int = 2, keep_recallers: int = 8):
         self.store = Path(store)
         self.role = role
@@ -335,21 +341,42 @@ class StoreViews:
         if not future.cancelled() and future.exception() is None:
             self._install(future.result())
 
-    async def refresh(self) -> bool:
-        """Open the store's current generation if it is newer; True if it swapped. A
-        damaged one is passed over for the newest whole one since this replica's (see
-        :func:`open_good_generation`), or none: the replica keeps what it serves."""
+    def _newer_current(self) -> int | None:
+        """The number ``CURRENT`` names, when it is newer than this replica's and not
+        known to be damaged."""
         number = self._gen_pointer.read()
         if number is None or number == self._damaged_current or (self.latest is not None and number <= self.latest):
-            return False
-        good = await asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(open_good_generation, self.store, newer_than=self.latest, **self._expect()))
+            return None
+        return number
+
+    def _good(self, number: int) -> Generation | None:
+        """The newest whole generation newer than this replica's (the current one, unless
+        it is damaged: see :func:`open_good_generation`); None: keep what it serves."""
+        good = open_good_generation(self.store, newer_than=self.latest, **self._expect())
         if good is None or good.number != number:
             self._damaged_current = number
+        return good
+
+    async def refresh(self) -> bool:
+        """Open the store's current generation if it is newer, off the event loop; True
+        if it swapped."""
+        number = self._newer_current()
+        if number is None:
+            return False
+        good = await asyncio.get_running_loop().run_in_executor(None, self._good, number)
         if good is None:
             return False
         await self.generation(good.number, good)
         log.info("%s replica now serves generation %d", self.role, good.number)
+        return True
+
+    def refresh_now(self) -> bool:
+        """:meth:`refresh` in the caller's thread (one ``stat`` when nothing changed)."""
+        number = self._newer_current()
+        good = None if number is None else self._good(number)
+        if good is None:
+            return False
+        self._install(self._view(good))
         return True
 
     async def watch(self, interval_s: float = 0.5) -> None:

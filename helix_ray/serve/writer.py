@@ -52,7 +52,7 @@ from helix_ray.serve.delta_format import (
 )
 from helix_ray.serve.errors import Conflict, NotFound
 from helix_ray.store.db import StoreDB
-from helix_ray.store.generation import ACCESS_WATERMARK, Generation, current_generation_number
+from helix_ray.store.generation import ACCESS_WATERMARK, current_generation_number, open_good_generation
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,10 @@ def _micros(value: dt.datetime) -> int:
 class WriterCore:
     """Owns the store's DuckDB file, the inbox and the delta segment."""
 
-    def __init__(self, store: str | Path, *, ingest: IngestConfig | None = None, compact_runner: str = "local"):
+    def __init__(self, store: str | Path, *, ingest: IngestConfig | None = None, compact_runner: str = "local",
+                 warn_tokens: bool = True):
+        """``warn_tokens``: say at start when the first compaction would encode every
+        memory's token vectors (:meth:`_warn_if_tokens_missing`)."""
         self.store = Path(store)
         self.config = ingest or IngestConfig()
         self.compact_runner = compact_runner
@@ -95,7 +98,8 @@ class WriterCore:
         #: user → when they were forgotten (epoch µs): recall hits made before it and
         #: reported after it (the ingress sends them in batches) are not logged.
         self.forgotten: dict[str, int] = {}
-        self._transform = stages.Transform(self.config)  # ingest's stages 4–7a, the same for a write
+        self._manifest_of: tuple[int, dict[str, Any]] | None = None  # (CURRENT's number, manifest read)
+        self._stages: stages.Transform | None = None  # ingest's stages 4–7a, built by the first put
         self._fingerprint = stages.fingerprint(self.config)  # a put's outputs are reused under the same one
         self.entries: dict[str, dict[str, Any]] = {}
         self.tombstones: dict[str, Tombstone] = {}
@@ -113,7 +117,16 @@ class WriterCore:
         self._publish(rewrite=True)  # one segment of every live entry: files left by an earlier run are not trusted
         self.recent_accesses: dict[str, int] = {}  # id → last access (epoch µs) not yet in a generation
         self._load_recent_accesses()
-        self._warn_if_tokens_missing()
+        if warn_tokens:
+            self._warn_if_tokens_missing()
+
+    @property
+    def _transform(self) -> stages.Transform:
+        """The ingest stages a put runs (the encoders load with the first one: an open
+        ``Memory`` that only recalls never loads the passage encoders)."""
+        if self._stages is None:
+            self._stages = stages.Transform(self.config)
+        return self._stages
 
     def _warn_if_tokens_missing(self) -> None:
         """Late interaction on, and a generation built without token vectors: the next
@@ -122,14 +135,16 @@ class WriterCore:
         start, with the fix."""
         if not self.config.late_interaction.enabled or self.generation is None:
             return
-        current = Generation.open_current(self.store)
-        if current.size and not current.manifest.get("late"):
+        manifest = self._manifest()
+        size = int((manifest.get("counts") or {}).get("memories") or 0)
+        if size and not manifest.get("late"):
             log.warning(
-                "Generation %d of %s holds no late-interaction token vectors, and this server's ingest settings "
-                "have late_interaction.enabled: its first compaction will encode the tokens of all %s memories "
-                "(minutes per 10^5 memories on two cores; writes are served from the delta meanwhile). To serve "
-                "the store as it was built, give an ingest config with `late_interaction: {enabled: false}` "
-                "(`helix serve --ingest-config FILE`).", current.number, self.store, f"{current.size:,}")
+                "Generation %d of %s holds no late-interaction token vectors, and these ingest settings have "
+                "late_interaction.enabled: the first compaction will encode the tokens of all %s memories (minutes "
+                "per 10^5 memories on two cores; writes are recalled from the delta meanwhile). To keep the store "
+                "as it was built, give an ingest config with `late_interaction: {enabled: false}` (`helix serve "
+                "--ingest-config FILE`; in Python, `Memory(store, ingest=IngestConfig(late_interaction={'enabled': "
+                "False}))`).", manifest.get("generation"), self.store, f"{size:,}")
 
     def _open_database(self) -> StoreDB:
         db = StoreDB(self.store)
@@ -141,11 +156,20 @@ class WriterCore:
     def generation(self) -> int | None:
         return current_generation_number(self.store)
 
+    def _manifest(self) -> dict[str, Any]:
+        """The manifest of the generation recall reads: the current one, or the newest
+        whole one when it is damaged (:func:`open_good_generation`); {} when there is
+        none. Read again only when ``CURRENT`` moves."""
+        number = self.generation
+        if number is None:
+            return {}
+        if self._manifest_of is None or self._manifest_of[0] != number:
+            good = open_good_generation(self.store)
+            self._manifest_of = (number, good.manifest if good is not None else {})
+        return self._manifest_of[1]
+
     def _num_perm(self) -> int:
-        if self.generation is not None:
-            manifest = Generation.open_current(self.store).manifest
-            return int((manifest.get("minhash") or {}).get("num_perm") or self.config.dedup.num_perm)
-        return self.config.dedup.num_perm
+        return int((self._manifest().get("minhash") or {}).get("num_perm") or self.config.dedup.num_perm)
 
     def _drop_superseded(self, ids: list[str] | None = None) -> None:
         """Delete the log's unfolded puts that a later row of the same id (a put or a
@@ -317,7 +341,7 @@ class WriterCore:
         folded (its manifest says how far it did)."""
         after = 0
         if self.generation is not None:
-            after = int(Generation.open_current(self.store).manifest.get(ACCESS_WATERMARK, 0))
+            after = int(self._manifest().get(ACCESS_WATERMARK, 0))
         summary, _ = self.db.access_summary(after)
         self.recent_accesses = {i: int(t.timestamp() * 1_000_000) for i, (t, _) in summary.items()}
         self._publish_accesses()

@@ -6,12 +6,12 @@ A write is, in order:
    a bad record is a 422 naming the record and the reason, and nothing is written);
 2. expanded, embedded, annotated and signed by the ingest stage functions
    (:class:`helix_ray.ingest.stages.Transform`, MinHash);
-3. made durable: an fsynced JSONL file in ``inbox/`` (what ``Memory.add`` writes) and a
+3. made durable: an fsynced JSONL file in ``inbox/`` (ingest-ready records) and a
    committed row per memory in the ``serve_log`` table of the store's DuckDB file
    (with its vector, so a restarted writer rebuilds the delta without re-embedding);
 4. published to the replicas as a new delta snapshot (:mod:`helix_ray.serve.delta`).
 
-Only then is the request answered. The functions take the
+Only then is the request (or ``Memory.add``) answered. The functions take the
 :class:`~helix_ray.serve.writer.WriterCore` that owns the state; its ``add``, ``patch``
 and ``delete`` methods are the entry points.
 """
@@ -23,6 +23,7 @@ import json
 import os
 import time
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -264,7 +265,7 @@ def write_rows(core: WriterCore, rows: list[dict[str, Any]], deletes: list[str] 
     deletes = [i for i in dict.fromkeys(deletes) if i not in latest]
     owners = {i: core.owner(i) or "" for i in deletes}
     put = _Computed(core, rows) if rows else None
-    if rows:  # 1. the inbox file, as Memory.add writes it (ingest-ready records)
+    if rows:  # 1. the inbox file (ingest-ready records)
         _write_inbox(core, rows)
     # 2. the log rows in DuckDB and the deleted rows marked, one transaction
     first = core.seq + 1
@@ -317,7 +318,12 @@ def write_rows(core: WriterCore, rows: list[dict[str, Any]], deletes: list[str] 
     for memory_id in deletes:
         core.entries.pop(memory_id, None)
         core.tombstones[memory_id] = Tombstone(memory_id, owners[memory_id], None)
-    core._publish()
+    try:
+        core._publish()
+    except OSError as exc:  # logged already: the next write's snapshot (or a restart's) holds it
+        if is_disk_full(exc):
+            raise disk_full(core.store, "publishing the delta snapshot") from exc
+        raise
 
 
 def _rollback_if_open(core: WriterCore) -> None:
@@ -328,10 +334,17 @@ def _rollback_if_open(core: WriterCore) -> None:
 
 
 def _write_inbox(core: WriterCore, rows: list[dict[str, Any]]) -> None:
-    """The fsynced JSONL copy of ``rows`` in ``inbox/``; on a full disk, no part of it."""
-    inbox = core.store / "inbox"
+    """The fsynced JSONL copy of ``rows`` in ``inbox/``."""
+    write_inbox_file(core.store, SERVED_PREFIX, rows, "writing the inbox file")
+
+
+def write_inbox_file(store: Path, prefix: str, rows: list[dict[str, Any]], doing: str) -> Path:
+    """``rows`` as ingest reads them, one a line, in a new fsynced file of ``store``'s
+    ``inbox/`` named ``prefix`` + the time; on a full disk, no part of it (a
+    :class:`~helix_ray.errors.DiskFull` saying it was ``doing`` that)."""
+    inbox = store / "inbox"
     inbox.mkdir(parents=True, exist_ok=True)
-    path = inbox / f"{SERVED_PREFIX}{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
+    path = inbox / f"{prefix}{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
     lines = [json.dumps(ingest_record(row), ensure_ascii=False) + "\n" for row in rows]
     try:
         with open(path, "w", encoding="utf-8") as fh:
@@ -341,8 +354,9 @@ def _write_inbox(core: WriterCore, rows: list[dict[str, Any]]) -> None:
     except OSError as exc:
         path.unlink(missing_ok=True)
         if is_disk_full(exc):
-            raise disk_full(core.store, "writing the inbox file", need_bytes=sum(map(len, lines))) from exc
+            raise disk_full(store, doing, need_bytes=sum(map(len, lines))) from exc
         raise
+    return path
 
 
 class _Computed:
@@ -419,10 +433,10 @@ def not_found(core: WriterCore, memory_id: str, user: str | None) -> str:
     gone = core.tombstones.get(memory_id)
     if gone is not None and (user is None or gone.user == user):
         return (f"Got id={memory_id!r}; that memory was deleted. A delete is final: to bring it back, "
-                "POST /v1/memories it again.")
+                "write it again (POST /v1/memories, or Memory.add).")
     who = f" for user {user!r}" if user is not None else ""
     return (f"Got id={memory_id!r}; there is no such memory{who}. Check the id (ids are returned by "
-            "POST /v1/memories and by recall).")
+            "POST /v1/memories or Memory.add, and by recall).")
 
 
 def iso(value: Any) -> Any:
