@@ -466,8 +466,8 @@ def test_malformed_writes_and_keys_get_4xx_sentences(served, alice):
 
 
 def test_an_id_with_a_slash_can_be_patched_and_deleted(alice):
-    """Markdown notes in subfolders get ids like md:notes/ops.md#rotate."""
-    memory_id = "md:notes/ops.md#rotate"
+    """Markdown notes in subfolders get ids like md:alice/notes/ops.md#rotate."""
+    memory_id = "md:alice/notes/ops.md#rotate"
     assert alice.post("/v1/memories", json={"id": memory_id, "text": "Rotate the ops keys monthly."}).status_code == 201
     path = "/v1/memories/" + memory_id.replace("#", "%23")
     patched = alice.patch(path, json={"pinned": True})

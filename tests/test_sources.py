@@ -32,7 +32,7 @@ def test_markdown_one_memory_per_section_with_front_matter():
     assert len(rows) == 30
     assert all(r["user"] == "dana" and r["project"] == "atlas" for r in rows)
     first = rows[0]
-    assert first["id"].startswith("md:") and "#" in first["id"]
+    assert "id" not in first and "#" in first["_md_section"]  # the id names the user, which validation settles
     assert first["source"].startswith("markdown:")
     assert first["metadata"]["section"] in first["text"]
 
@@ -71,7 +71,7 @@ def test_a_folder_reads_markdown_whatever_the_suffix_case(tmp_path):
     (folder / "README.MD").write_text("# Readme\n## Setup\nRun make setup.\n", encoding="utf-8")
     (folder / "notes.markdown").write_text("# Notes\n## Queue\nWe use NATS.\n", encoding="utf-8")
     assert detect_format(folder) == "markdown"
-    assert sorted(r["id"] for r in read_source(folder)) == ["md:README.MD#setup", "md:notes.markdown#queue"]
+    assert sorted(r["_md_section"] for r in read_source(folder)) == ["README.MD#setup", "notes.markdown#queue"]
 
 
 def test_markdown_sections_keep_distinct_ids(tmp_path):
@@ -87,8 +87,8 @@ def test_markdown_sections_keep_distinct_ids(tmp_path):
     good = [r for r in rows if "_reject" not in r]
     assert [r["text"].split("\n")[-1] for r in good] == ["one", "two", "three", "four", "five", "six", "seven",
                                                          "eight"]
-    assert len({r["id"] for r in good}) == 8 and not any(r["id"] == "fixed" for r in good)
-    assert good[0]["id"] == "md:a.md#notes" and good[2]["id"] == "md:a.md#c"
+    assert len({r["_md_section"] for r in good}) == 8 and not any("id" in r for r in good)
+    assert good[0]["_md_section"] == "a.md#notes" and good[2]["_md_section"] == "a.md#c"
     assert [r for r in rows if "_reject" in r][0]["_code"] == "empty_text"  # the title-only file, said so
     assert rows == list(read_source(folder, "markdown"))  # the same ids on every read
 

@@ -23,6 +23,10 @@ pinned memory gets at least .90; capped at 1.
 ``confidence`` by source: user-confirmed (``source`` user / human / confirmed, or
 ``metadata.confirmed``) .90; documents (markdown) .80; what was said in a conversation
 (transcript, LoCoMo) .70; anything else (api, agent) .60; inferred / llm .50.
+
+``id`` (when the record gives none) names the record's user: a Markdown section's is
+``md:<user>/<path>#<slug>``, any other record's the content hash of its user and text
+(:mod:`helix_ray.ingest.ids`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any
 
 from helix_ray.config import ChunkConfig, ValidationConfig
 from helix_ray.ingest import chunk
+from helix_ray.ingest.ids import SECTION_KEY, markdown_id
 from helix_ray.schema import MEMORY_SCHEMA, MEMORY_TYPES, chunk_id, content_hash, parent_of
 
 TYPE_PRIOR = {"episodic": 0.40, "semantic": 0.50, "code": 0.50, "procedural": 0.60, "decision": 0.70}
@@ -68,7 +73,7 @@ _MARKER = re.compile(r"\b(?:always|never|important|must|critical|remember)\b", r
 _ERROR = re.compile(r"\b\w*(?:Error|Exception)\b|Traceback|\bFATAL\b|\bexit code\b|\bpanicked\b|\bsegfault", re.I)
 
 _KNOWN_KEYS = frozenset(f.name for f in MEMORY_SCHEMA)
-_INTERNAL_KEYS = frozenset({"_source", "_position", "_reject", "_raw", "_code", "minhash"})
+_INTERNAL_KEYS = frozenset({"_source", "_position", "_reject", "_raw", "_code", SECTION_KEY, "minhash"})
 _CONFIRMED = {"user", "human", "confirmed", "user-confirmed"}
 _DOCUMENT_PREFIXES = ("markdown", "doc", "docs")
 _CONVERSATION = {"transcript", "locomo", "chat"}
@@ -314,7 +319,8 @@ def normalise_one(raw: dict[str, Any], config: ValidationConfig, *, default_time
         confidence = derive_confidence(source, metadata)
     raw_id = raw.get("id")
     if raw_id is None or raw_id == "":
-        mem_id = content_hash(text, user)
+        section = raw.get(SECTION_KEY)
+        mem_id = markdown_id(user, section) if isinstance(section, str) else content_hash(text, user)
     elif isinstance(raw_id, (str, int)) and not isinstance(raw_id, bool):
         mem_id = str(raw_id)
     else:

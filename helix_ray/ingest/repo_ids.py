@@ -3,14 +3,14 @@
 A code memory is ``code:<user>/<repo>:<path>::<symbol>``, a commit
 ``git:<user>/<repo>:<sha12>``. A store's ids are one space across its users and each
 memory is one user's, so an id a reader derives names its user, as the derived ids of
-other memories do (:func:`helix_ray.schema.content_hash` hashes the user with the
-text; a LoCoMo turn is ``<sample_id>:<dia_id>``): two users who ingest the same
+other memories do (:mod:`helix_ray.ingest.ids`): two users who ingest the same
 repository each get memories of their own, and one user's two repositories whose
 folders share a name are kept apart by giving them two names (``--repo-name``).
 
 ``<repo>`` is the name given, or by default the top folder's (:func:`default_repo_name`);
 :func:`check_repo_name` says what a name may hold. ``<user>`` is the user as given, with
-``%``, ``/``, ``:`` and control characters written ``%XX`` (:func:`user_part`), so that
+``%``, ``/``, ``:`` and control characters written ``%XX``
+(:func:`helix_ray.ingest.ids.user_part`, as in every id that names its user), so that
 ``<user>/<repo>:`` reads back one way only.
 
 Stores made before ids named their user hold ``code:<folder>:<path>::<symbol>`` and
@@ -27,14 +27,14 @@ import re
 from pathlib import Path
 
 from helix_ray.errors import InvalidArgument
+from helix_ray.ingest.ids import user_part
 
 __all__ = ["MAX_REPO_NAME_CHARS", "RepoScope", "check_repo_name", "check_user", "code_id", "commit_id",
-           "default_repo_name", "legacy_code_name", "repo_prefix", "user_part"]
+           "default_repo_name", "legacy_code_name", "repo_prefix"]
 
 MAX_REPO_NAME_CHARS = 100
 _REPO_NAME = re.compile(r"[\w.-]{1,%d}" % MAX_REPO_NAME_CHARS)
 _NOT_IN_NAME = re.compile(r"[^\w.-]+")
-_ESCAPED = re.compile(r"[%/:\x00-\x1f\x7f-\x9f]")
 #: A commit is named by the first 12 hex digits of its sha.
 SHA_DIGITS = 12
 
@@ -66,15 +66,10 @@ def check_user(user: str | None) -> str:
     return user
 
 
-def user_part(user: str) -> str:
-    """``user`` as written in an id: ``%``, ``/``, ``:`` and control characters as ``%XX``."""
-    return _ESCAPED.sub(lambda m: "".join(f"%{b:02X}" for b in m.group(0).encode("utf-8")), check_user(user))
-
-
 def repo_prefix(kind: str, user: str, repo: str) -> str:
     """``<kind>:<user>/<repo>:``, the start of every id of ``user``'s memories of ``repo``
     (``kind``: ``code`` or ``git``)."""
-    return f"{kind}:{user_part(user)}/{check_repo_name(repo, 'name')}:"
+    return f"{kind}:{user_part(check_user(user))}/{check_repo_name(repo, 'name')}:"
 
 
 def code_id(user: str, repo: str, rel: str, symbol: str) -> str:

@@ -47,6 +47,7 @@ from helix_ray.ingest import stages
 from helix_ray.ingest.assemble import NextRows, assemble, bm25_analyzer, collect, memory_table, session_context
 from helix_ray.ingest.dedup import find_duplicates, signatures
 from helix_ray.ingest.graph import edges_table
+from helix_ray.ingest.ids import legacy_markdown_id
 from helix_ray.ingest.previous import (OldThenNew, carried_over, fold_accesses, has_deletions, held_by,
                                        keep_folded_accesses, open_previous, retagged)
 from helix_ray.ingest.progress import NoProgress, Progress, shown
@@ -78,7 +79,7 @@ class IngestReport:
     updated: int = 0
     retagged: int = 0  # of ``updated``: same text, other fields changed (no re-embedding)
     removed: int = 0  # code memories a source tree read again no longer holds (deleted)
-    renamed: int = 0  # code and commit memories stored under ids that did not name their user, now under their own
+    renamed: int = 0  # memories stored under ids that did not name their user (code, commits, Markdown), now renamed
     embedded: int = 0
     reused: int = 0
     total_memories: int = 0
@@ -507,13 +508,12 @@ def vanished(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple
 
 
 def renamed(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]]) -> list[str]:
-    """Stored memories of a store made before code and commit ids named their user
-    (``code:<folder>:<path>::<symbol>``, ``git:<folder>:<sha12>``) that this run gives
-    again under their ids of today: deleted, so that a memory is not recalled twice. Only
-    those of the scope's user (another user's stay theirs until they read the repository
-    again). A chunk counts by its memory: the new version may be cut otherwise."""
-    if not run.scopes:
-        return []
+    """Stored memories of a store made before derived ids named their user
+    (``code:<folder>:<path>::<symbol>``, ``git:<folder>:<sha12>``, ``md:<path>#<slug>``)
+    that this run gives again under their ids of today: deleted, so that a memory is not
+    recalled twice. Only those of the user who gives them again (another user's stay
+    theirs until they read the source again). A chunk counts by its memory: the new
+    version may be cut otherwise."""
     given = {parent_of(i) or i for i in latest}
     found: dict[str, str] = {}  # old id → its user
     for scope in run.scopes:
@@ -523,7 +523,28 @@ def renamed(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[
                 if (parent_of(now) or now) in given:
                     found[i] = scope.user
     owners = run.db.owners(list(found))
-    return sorted(i for i, user in found.items() if owners.get(i) == user)
+    return sorted([i for i, user in found.items() if owners.get(i) == user] + _renamed_sections(run, latest, known))
+
+
+def _renamed_sections(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]]) -> list[str]:
+    """The stored Markdown sections of :func:`renamed`: ``md:<path>#<slug>`` of the user
+    whose ``md:<user>/<path>#<slug>`` this run gives, read from the same file. The file
+    tells an id of that form from one of today's whose user and path read alike
+    (``md:dev/x.md#s`` is dev's x.md today, and before, anyone's dev/x.md)."""
+    sections: dict[str, tuple[str, str]] = {}  # old id → (user, file) of the section given again
+    for i, row in latest.items():
+        old = legacy_markdown_id(parent_of(i) or i, row["user"])
+        if old is None:
+            continue
+        file = json.loads(row["metadata"]).get("file")
+        if isinstance(file, str):
+            sections[old] = (row["user"], file)
+    if not sections:
+        return []
+    found = {i: sections[parent_of(i) or i] for i, (_, deleted) in known.items()
+             if not deleted and i not in latest and (parent_of(i) or i) in sections}
+    stored = run.db.files(list(found))
+    return [i for i, section in found.items() if stored.get(i) == section]
 
 
 def _compare(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]],

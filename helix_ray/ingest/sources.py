@@ -11,7 +11,8 @@ Formats:
 - ``jsonl``: one memory object per line (fields of :data:`helix_ray.schema.MEMORY_SCHEMA`).
 - ``parquet``: one memory per row, same columns.
 - ``markdown``: a ``.md`` file or a folder of them; optional YAML front matter gives
-  defaults (user, project, created_at, type...); each ``##`` section is one memory.
+  defaults (user, project, created_at, type...); each ``##`` section is one memory,
+  ``md:<user>/<path>#<slug>`` (:mod:`helix_ray.ingest.ids`).
 - ``transcript``: JSONL (or a JSON list) of chat turns ``{session_id, speaker|role,
   text, timestamp, user?, project?}``; each turn is one episodic memory.
 - ``locomo``: the LoCoMo benchmark file; each conversation's ``sample_id`` is the user,
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from helix_ray.errors import InvalidArgument
+from helix_ray.ingest.ids import SECTION_KEY
 from helix_ray.ingest.repo_ids import RepoScope, check_repo_name, check_user, default_repo_name, legacy_code_name
 
 FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo", "code", "git")
@@ -263,7 +265,9 @@ def _files(folder: Path, suffixes: Sequence[str]) -> Iterator[Path]:
 
 def read_markdown(path: Path) -> Iterator[RawRecord]:
     """Each ``##`` section of each file is one memory; text before the first ``##``
-    (below a ``#`` title) is one memory too when it has content."""
+    (below a ``#`` title) is one memory too when it has content. A section brings no id
+    but its ``<path>#<slug>`` (:data:`~helix_ray.ingest.ids.SECTION_KEY`): its id,
+    ``md:<user>/<path>#<slug>``, names its user, which validation settles."""
     files = sorted(_files(path, MARKDOWN_SUFFIXES)) if path.is_dir() else [path]
     if path.is_dir():  # memories a folder holds but a folder source does not read: said, not dropped
         for other in sorted(_files(path, DATA_SUFFIXES)):
@@ -323,7 +327,7 @@ def read_markdown(path: Path) -> Iterator[RawRecord]:
             if not body:
                 record["text"] = ""
             record["metadata"] = {**(record.get("metadata") or {}), "file": rel, "section": heading}
-            record["id"] = f"md:{rel}#{slug}"
+            record[SECTION_KEY] = f"{rel}#{slug}"
             yield _tag(record, file, f"{rel}, section '{heading}'")
 
 

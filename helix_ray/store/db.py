@@ -341,6 +341,15 @@ class StoreDB:
             f'SELECT id, "user" FROM memories WHERE NOT deleted AND id IN ({", ".join("?" * len(ids))})',
             list(ids)).fetchall())
 
+    def files(self, ids: list[str]) -> dict[str, tuple[str, Any]]:
+        """id → (user, ``metadata.file``: the file a Markdown section was read from, None
+        for a memory read from no file) of each live memory among ``ids``."""
+        if not ids:
+            return {}
+        rows = self.con.execute(f'SELECT id, "user", metadata FROM memories WHERE NOT deleted AND id IN '
+                                f'({", ".join("?" * len(ids))})', list(ids)).fetchall()
+        return {i: (user, json.loads(metadata).get("file")) for i, user, metadata in rows}
+
     def feedback_pairs(self, users: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """Every (user, query) given feedback — of ``users`` only, if given — with the
         memories named for it, oldest first. A store without a ``feedback`` table, opened
