@@ -545,6 +545,10 @@ def test_context_can_bring_in_what_only_the_conversation_names(tenant_memory, te
      ("what happened after that?", ("Ana: we moved the backups", "Ben: and the restore?", "Ana: it failed twice"))),
     ("User: hi\nAssistant: hello, how can I help?\nthe cache we chose was\nUser: which one was it?",
      ("User: which one was it?", ("User: hi", "Assistant: hello, how can I help?\nthe cache we chose was"))),
+    ("**User:** hi\n**Assistant:** hello\n[10:02] User: and the cache?\nwhich cache did we pick?",
+     ("which cache did we pick?", ("**User:** hi", "**Assistant:** hello", "[10:02] User: and the cache?"))),
+    ("> Ana: we moved it\n> Ben: where to?\nwhere did they move it?",
+     ("where did they move it?", ("> Ana: we moved it", "> Ben: where to?"))),
     ("schema migration rollback", None),
     ("Ana: one line\nand a question?", None),  # one speaker line
     ("ValueError: invalid literal\nTraceback (most recent call last):\nwhy does parsing fail?", None),

@@ -97,8 +97,10 @@ def check_context(context: object) -> tuple[str, ...]:
     return tuple(turns)
 
 
-#: A transcript line: a speaker's label (a name or a role, at most four words), a colon, text.
-_TURN = re.compile(r"^\s*(?P<label>[^\W\d_][\w.'’ ]{0,39}?)\s*:\s+\S")
+#: A transcript line: a speaker's label (a name or a role, at most four words), a colon, text;
+#: the label may follow a quote mark, a list dash or a bracketed time, and be in bold.
+_TURN = re.compile(r"^\s*(?:[>*-]\s+)?(?:\[[^\]]{1,32}\]\s*)?(?P<bold>\*\*|__)?"
+                   r"(?P<label>[^\W\d_][\w.'’ ]{0,39}?)(?P=bold)?\s*:(?:\*\*|__)?\s+\S")
 #: Labels of log and compiler lines, which look like turns and are not.
 _NOT_SPEAKERS = frozenset({"error", "warning", "warn", "info", "debug", "note", "fatal", "trace", "critical",
                            "caused by", "exception", "traceback", "hint", "help", "file", "todo", "fixme"})
