@@ -498,6 +498,7 @@ class WriterShell:
         from helix_ray.serve.writer import WriterCore  # loads duckdb: only the Writer replica needs it
 
         self.core = WriterCore(store, ingest=ingest, compact_runner=compact_runner)
+        self.core.load_encoders()  # before the replica reports healthy, not in the first write
         self.compactor = Compactor(self.core, interval_s=compact_interval_s, max_pending=compact_max_pending)
         self._stop = self.compactor.stop_event  # set: no further background compaction
 

@@ -124,9 +124,15 @@ class WriterCore:
     def _transform(self) -> stages.Transform:
         """The ingest stages a put runs (the encoders load with the first one: an open
         ``Memory`` that only recalls never loads the passage encoders)."""
+        self.load_encoders()
+        assert self._stages is not None
+        return self._stages
+
+    def load_encoders(self) -> None:
+        """Load the passage encoders now rather than at the first write: a server's Writer
+        does it at start, so its first write costs what the others do."""
         if self._stages is None:
             self._stages = stages.Transform(self.config)
-        return self._stages
 
     def _warn_if_tokens_missing(self) -> None:
         """Late interaction on, and a generation built without token vectors: the next
