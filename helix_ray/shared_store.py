@@ -42,19 +42,21 @@ def open_shared(store: Path, ingest: IngestConfig) -> "SharedStore":
     (raises :class:`~helix_ray.store.db.DatabaseHeld` when another process does).
     ``ingest``: the Writer's config, when this opens it."""
     key = Path(store).resolve()
-    with _OPEN_LOCK:
-        shared = _OPEN.get(key)
-        if shared is None:
-            shared = _OPEN[key] = SharedStore(Path(store), key, ingest)
-        elif ingest != shared.ingest:
-            if shared.started:
-                log.warning("%s is open in this process already, and its Writer runs with another ingest config: "
-                            "this Memory's writes go through that Writer. To write with this config, close the "
-                            "store's other Memory objects first (or restart the process).", store)
-            else:
-                shared.ingest = ingest  # the Writer opens with the newest Memory's config
-        shared.refs += 1
-        return shared
+    while True:
+        with _OPEN_LOCK:
+            shared = _OPEN.get(key)
+            if shared is None:
+                shared = _OPEN[key] = SharedStore(Path(store), key, ingest)
+            if not shared.closing.is_set():
+                shared.refs += 1
+                if ingest != shared.ingest and not shared.started:
+                    shared.ingest = ingest  # the Writer opens with the newest Memory's config
+                elif ingest != shared.ingest:
+                    log.warning("%s is open in this process already, and its Writer runs with another ingest "
+                                "config: this Memory's writes go through that Writer. To write with this config, "
+                                "close the store's other Memory objects first (or restart the process).", store)
+                return shared
+        shared.closed.wait()  # the last Memory is closing it (a compaction may be ending): then a new one
 
 
 class SharedStore:
@@ -74,7 +76,8 @@ class SharedStore:
         self.after_compaction: dict[int, Callable[[dict[str, Any]], None]] = {}
         self.overlay: dict[str, int] = {}  # id → last access (µs) since the generation was built
         self.accesses: queue.Queue = queue.Queue()
-        self.closed = threading.Event()
+        self.closing = threading.Event()  # the last Memory closed: no new one joins
+        self.closed = threading.Event()  # the database is closed
         self._access_log = threading.Thread(target=self._flush_accesses, name="helix-access-log", daemon=True)
         self._access_log.start()
 
@@ -144,7 +147,7 @@ class SharedStore:
                 self.db.log_access(hits)
 
     def _flush_accesses(self) -> None:
-        while not self.closed.wait(1.0):
+        while not self.closing.wait(1.0):
             self.flush_accesses()
 
     # ------------------------------------------------------------------ close
@@ -156,17 +159,21 @@ class SharedStore:
             self.refs -= 1
             if self.refs > 0:
                 return
-            del _OPEN[self.key]
-        self.closed.set()
-        if self.compactor is not None:
-            self.compactor.stop(timeout_s=60)
-        self._access_log.join(timeout=5)
-        self.flush_accesses()
-        if self._core is not None:
-            self._core.close()  # after a compaction still running (up to a minute)
-        else:
-            with self.db_lock:
-                self.db.close()
+            self.closing.set()
+        try:
+            if self.compactor is not None:
+                self.compactor.stop(timeout_s=60)
+            self._access_log.join(timeout=5)
+            self.flush_accesses()
+            if self._core is not None:
+                self._core.close()  # after a compaction still running (up to a minute)
+            else:
+                with self.db_lock:
+                    self.db.close()
+        finally:
+            with _OPEN_LOCK:
+                del _OPEN[self.key]
+            self.closed.set()
 
 
 __all__ = ["SharedStore", "open_shared"]
