@@ -6,17 +6,19 @@
 >>> result = mem.recall("why did we pick NATS?", user="dana", budget_tokens=512)
 >>> print(result.context())
 
-One :class:`Memory` is the single writer of its store's DuckDB file (DuckDB allows one
-writing process): it holds the store's :class:`~helix_ray.serve.writer.WriterCore`, the
-Writer ``helix serve`` runs, and shares its connection. :meth:`Memory.add`,
-:meth:`~Memory.patch` and :meth:`~Memory.delete` go through the Writer's write path
-(:mod:`helix_ray.serve.writes`): validated, chunked, embedded, logged durably in
-``serve_log`` and published to the delta segment before they return; the next recall
-finds them, and a restart replays the log. A background compaction folds the delta into
-the next generation (:meth:`Memory.compact` folds it now). Recall reads the
-memory-mapped generation and the delta, as the served path does
-(:func:`helix_ray.serve.shells.recall_over`); the accesses it records go to DuckDB from
-a background thread, off the query path.
+A :class:`Memory` holds its store's DuckDB file (DuckDB allows one writing process) and,
+from its first write on, the store's :class:`~helix_ray.serve.writer.WriterCore`, the
+Writer ``helix serve`` runs; the ``Memory`` objects of one store in one process share
+both (:mod:`helix_ray.shared_store`), so opening it again (a notebook cell run twice)
+is safe. A ``Memory`` that only recalls changes nothing in the store but the access
+log. :meth:`Memory.add`, :meth:`~Memory.patch` and :meth:`~Memory.delete` go through
+the Writer's write path (:mod:`helix_ray.serve.writes`): validated, chunked, embedded,
+logged durably in ``serve_log`` and published to the delta segment before they return;
+the next recall finds them, and after a crash the next Writer replays the log. A
+background compaction folds the delta into the next generation (:meth:`Memory.compact`
+folds it now). Recall reads the memory-mapped generation and the delta, as the served
+path does (:func:`helix_ray.serve.shells.recall_over`); the accesses it records go to
+DuckDB from a background thread, off the query path.
 
 Opening a store with a generation warms it in the background (``warm=True``, see
 :mod:`helix_ray.recall.warm`): the encoders load and one question runs through every
@@ -29,7 +31,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,14 +38,16 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from helix_ray.config import IngestConfig, RetrievalConfig
 from helix_ray.embedder import DIM, get_embedder
-from helix_ray.errors import InvalidArgument
+from helix_ray.errors import DiskFull, InvalidArgument, StoreError
 from helix_ray.recall import adapter
 from helix_ray.recall.threads import encoder_threads
 from helix_ray.schema import MemoryRecord
+from helix_ray.shared_store import open_shared
 from helix_ray.store.generation import current_generation_number
 
 if TYPE_CHECKING:
     from helix_ray.serve.views import StoreViews
+    from helix_ray.serve.writer import WriterCore
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +72,9 @@ class Written:
 
 class Memory:
     """A store opened in this process: ingest, write, recall, feedback. It holds the
-    store's DuckDB file (one writing process per store), so open one per store; its
-    methods may be called from several threads."""
+    store's DuckDB file (one writing process per store); the ``Memory`` objects of one
+    store in this process share it and its Writer. Its methods may be called from
+    several threads."""
 
     def __init__(
         self,
@@ -85,35 +89,28 @@ class Memory:
     ):
         """``compact_interval_s``: fold pending writes into a generation in the
         background at least this often (seconds), or once ``compact_max_pending`` are
-        pending; None: only on :meth:`compact` (and before :meth:`ingest`)."""
+        pending; None: only on :meth:`compact` (and before :meth:`ingest`). One
+        background compaction runs per store: the first ``Memory`` of the store that asks
+        for one sets its interval. ``ingest``: also the Writer's config, when this
+        ``Memory`` is the store's first to write."""
         self.store = Path(store)
         self.retrieval_config = retrieval or RetrievalConfig()
         self.ingest_config = ingest or IngestConfig()
-        from helix_ray.serve.writer import WriterCore  # loads duckdb and the ingest stages: at open, not import
-
-        # The Writer: replays serve_log into the delta; raises DatabaseHeld when another
-        # process holds the DuckDB file.
-        self._core = WriterCore(self.store, ingest=self.ingest_config, warn_tokens=compact_interval_s is not None)
-        self.db = self._core.db  # one connection, the Writer's: use it under _db_lock
-        self._db_lock = self._core._lock
+        # Raises DatabaseHeld when another process holds the DuckDB file.
+        self._shared = open_shared(self.store, self.ingest_config)
+        self.db = self._shared.db  # shared by this store's Memory objects: use it under _db_lock
+        self._db_lock = self._shared.db_lock
         self._views: StoreViews | None = None  # the generations and delta snapshots recall reads
         self._recaller: Any = None  # a Recaller, opened by the first recall (or the warm-up)
         self._recaller_lock = threading.Lock()  # one Recaller built at a time; guards _views
         self._warm = threading.Event()  # set when the warm-up's question is answered (or there is none)
         self._adapter = adapter.watch(self.store, self.ingest_config.embedder.name)  # re-read when replaced
-        self._overlay: dict[str, int] = {}  # id → last access (µs) since the generation was built
-        self._accesses: queue.Queue = queue.Queue()
+        self._overlay = self._shared.overlay  # id → last access (µs) since the generation was built
+        self._record_access = record_access
         self._closed = threading.Event()
-        self._access_log = None
-        if record_access:
-            self._access_log = threading.Thread(target=self._flush_accesses, name="helix-access-log", daemon=True)
-            self._access_log.start()
-        self._compactor = None
+        self._shared.after_compaction[id(self)] = self._compacted
         if compact_interval_s is not None:
-            from helix_ray.serve.shells import Compactor  # loads the recall stages (scipy)
-
-            self._compactor = Compactor(self._core, interval_s=compact_interval_s, max_pending=compact_max_pending,
-                                        before=self._flush_now, after=self._compacted)
+            self._shared.compact_in_background(compact_interval_s, compact_max_pending)
         if warm and current_generation_number(self.store) is not None:
             threading.Thread(target=self._warm_up, name="helix-warm", daemon=True).start()
         else:
@@ -128,13 +125,27 @@ class Memory:
         ``max_commits``: which ones), as memories of ``ingest.validation.default_user``
         whose ids name the repository ``repo_name`` (default: its folder's name). Writes
         still in the delta are folded first (a compaction), so an ingested record is not
-        hidden by an earlier write of its id."""
+        hidden by an earlier write of its id; writes made meanwhile wait for the end and
+        are newer than what it ingests."""
         from helix_ray.ingest.run import ingest  # the ingest pipeline: a recall-only Memory never loads it
 
         if isinstance(sources, (str, Path)):
             sources = [sources]
-        self._fold()  # a write made while this runs is as new as the ingest: either may win
-        with self._core._compacting, self._db_lock:  # no compaction, write or access flush meanwhile
+        core = self._core()
+        # No compaction, write or access flush from the fold to the end of the ingest: a
+        # write left in the delta would hide the ingested record of its id, and the
+        # next compaction would write it over that record. Both locks are re-entrant:
+        # the fold (a compaction) takes them again.
+        with core._compacting, self._db_lock:
+            try:
+                self._fold()
+            except Exception as exc:
+                pending = self._shared.pending_writes()
+                raise (DiskFull if isinstance(exc, DiskFull) else StoreError)(
+                    f"Cannot ingest into {self.store}: the {pending} pending writes could not be folded into a "
+                    f"generation first ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}), so "
+                    "nothing was ingested. The writes stay durable and recallable in the delta. Fix the cause, "
+                    "then call ingest again (Memory.compact() tries the fold alone).") from exc
             report = ingest(list(sources), self.store, fmt=format, config=self.ingest_config, runner=runner,
                             show_progress=show_progress, db=self.db, since=since, max_commits=max_commits,
                             repo_name=repo_name)
@@ -159,11 +170,12 @@ class Memory:
         for row in rows:
             if isinstance(row, dict) and not row.get("source"):
                 row["source"] = "api"
+        core = self._core()
         self._ensure_generation()
         ids: list[str] = []
         out: dict[str, Any] = {}
         for start in range(0, len(rows), MAX_BATCH):
-            out = self._core.add(rows[start:start + MAX_BATCH], user=None)
+            out = core.add(rows[start:start + MAX_BATCH], user=None)
             ids += out["ids"]
         return Written(tuple(ids), out["delta_version"], out["generation"])
 
@@ -172,14 +184,14 @@ class Memory:
         session_id, salience, confidence, pinned, metadata, source): a new version,
         durable and recallable as :meth:`add`'s. A memory stored as chunks changes as a
         whole. ``user``: refuse unless it is that user's memory."""
-        out = self._core.patch(memory_id, fields, user=user)
+        out = self._core().patch(memory_id, fields, user=user)
         return Written((out["id"],), out["delta_version"], out["generation"])
 
     def delete(self, memory_id: str, *, user: str | None = None) -> Written:
         """Delete memory ``memory_id`` (all of its chunks, when it is stored as chunks):
         durable before this returns, and never recalled again. ``user``: refuse unless
         it is that user's memory."""
-        out = self._core.delete(memory_id, user=user)
+        out = self._core().delete(memory_id, user=user)
         return Written((out["id"],), out["delta_version"], out["generation"])
 
     def compact(self) -> dict[str, Any]:
@@ -192,8 +204,20 @@ class Memory:
         return report
 
     def _fold(self) -> dict[str, Any]:
+        core = self._core()
         self._flush_now()  # the hits so far reach the generation's recency columns
-        return self._core.compact()
+        return core.compact()
+
+    def _core(self) -> WriterCore:
+        """The store's Writer, opened by the first call of any of its ``Memory`` objects."""
+        self._check_open()
+        return self._shared.core()
+
+    def _check_open(self) -> None:
+        """A closed ``Memory`` acts no more (the store's other ones may still be open)."""
+        if self._closed.is_set():
+            raise StoreError(f"Got a call on a closed Memory of {self.store}; a closed Memory cannot be used again. "
+                             f"Open the store again: Memory({str(self.store)!r}).")
 
     def _compacted(self, report: dict[str, Any]) -> None:
         """After a compaction published: open the new generation here, not in the next recall."""
@@ -278,8 +302,9 @@ class Memory:
         query, ids = adapter.check_feedback(query, memory_ids)
         if not isinstance(user, str) or not user:
             raise InvalidArgument("user", user, "give the user who asked (a non-empty string)")
+        core = self._core()
         with self._db_lock:
-            foreign = [m for m in ids if self._core.owner(m) != user]  # a write in the delta is the user's too
+            foreign = [m for m in ids if core.owner(m) != user]  # a write in the delta is the user's too
             if foreign:
                 raise InvalidArgument("memory_ids", foreign[:5], f"user {user!r} has no memories with these ids; give "
                                       "ids from this user's recall results")
@@ -290,6 +315,7 @@ class Memory:
         """The labelled queries given so far (of ``users`` only, if given), oldest first:
         what :func:`helix_ray.recall.adapter.fit_pairs` takes. Use this, not ``self.db``:
         the access-log thread shares the DuckDB connection, which refuses a second caller."""
+        self._check_open()
         with self._db_lock:
             return self.db.feedback_pairs(users)
 
@@ -301,6 +327,7 @@ class Memory:
         from helix_ray.recall.pipeline import IdAccessOverlay  # loads scipy: on the first recall, not at import
         from helix_ray.serve.shells import recall_over
 
+        self._check_open()
         self._warm.wait()
         recaller, view, delta = self._current()
         request = dict(budget_tokens=budget_tokens, k=k, project=project, types=types, since=since, until=until,
@@ -316,20 +343,21 @@ class Memory:
                 assert views is not None  # _current opened them
                 legs = views.recaller(view, delta), views.recaller(view, delta, joined=True)
             result = recall_over(*legs, delta, recaller, query, user=user, accessed=self._overlay, **request)
-        if self._access_log is not None and result.items:
+        if self._record_access and result.items:
             now = dt.datetime.now(dt.timezone.utc)
             micros = int(now.timestamp() * 1_000_000)
             for item in result.items:
                 self._overlay[item.id] = micros
-                self._accesses.put((item.id, user, now))
+                self._shared.accesses.put((item.id, user, now))
         return result
 
     # ------------------------------------------------------------------ admin
     def stats(self) -> dict[str, Any]:
+        self._check_open()
         self._flush_now()
         with self._db_lock:
             counts = self.db.counts()
-        counts["pending_writes"] = self._core.pending() + self._core.open_tombstones()  # not in a generation yet
+        counts["pending_writes"] = self._shared.pending_writes()  # not in a generation yet
         counts["generation"] = current_generation_number(self.store)
         found = self._adapter.read()  # None: recall uses raw vectors
         counts["query_adapter"] = None if found is None else {
@@ -338,20 +366,21 @@ class Memory:
         return counts
 
     def quarantine(self, limit: int = 100) -> list[dict[str, Any]]:
+        self._check_open()
         with self._db_lock:
             return self.db.quarantine(limit)
 
     def close(self) -> None:
-        """Stop the background compaction (one running ends first), record the last
-        accesses and close the DuckDB file. Pending writes stay in the log: the next
-        open replays them."""
-        self._closed.set()
-        if self._compactor is not None:
-            self._compactor.stop(timeout_s=60)
-        if self._access_log is not None:
-            self._access_log.join(timeout=5)
-        self._flush_now()
-        self._core.close()  # after a compaction still running (up to a minute)
+        """Close this ``Memory``; the store's last one open in this process stops the
+        background compaction (one running ends first), records the last accesses and
+        closes the DuckDB file. Pending writes stay in the log: the next Writer replays
+        them. The store's other ``Memory`` objects go on working."""
+        with self._recaller_lock:  # closed once, also from two threads
+            if self._closed.is_set():
+                return
+            self._closed.set()
+        self._shared.after_compaction.pop(id(self), None)
+        self._shared.release()
 
     def __enter__(self) -> "Memory":
         return self
@@ -359,24 +388,9 @@ class Memory:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ access log
-    def _drain(self) -> list[tuple[str, str, dt.datetime]]:
-        hits = []
-        while True:
-            try:
-                hits.append(self._accesses.get_nowait())
-            except queue.Empty:
-                return hits
-
     def _flush_now(self) -> None:
-        hits = self._drain()
-        if hits:
-            with self._db_lock:
-                self.db.log_access(hits)
-
-    def _flush_accesses(self) -> None:
-        while not self._closed.wait(1.0):
-            self._flush_now()
+        """Log the recall hits not yet logged (the store's, from all its ``Memory`` objects)."""
+        self._shared.flush_accesses()
 
 
 def _plain(record: Any) -> Any:

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from helix_ray import Memory
+from helix_ray.errors import StoreError
 from helix_ray.serve.errors import NotFound
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import Generation, current_generation_number
@@ -147,3 +148,153 @@ def test_memory_works_inside_a_running_event_loop(store):
             return ids(mem, "when is the marten cache warmed?")
 
     assert asyncio.run(cell())[0] == "m014"
+
+
+def test_two_memory_objects_of_one_store_share_its_writer(store):
+    """A notebook cell ``mem = Memory(store)`` run twice: the old object lives on in its
+    threads. Both must write through one Writer (one log sequence, one delta), so that
+    neither undoes the other's writes nor folds a memory the other deleted."""
+    first = Memory(store, warm=False, compact_interval_s=None)
+    second = Memory(store, warm=False, compact_interval_s=None)
+    try:
+        first.add([memory(20, "The ibis queue drains at midnight.")])
+        second.add([memory(21, "The okapi cluster runs on arm nodes.")])
+        first.add([memory(22, "The quokka build caches its wheels.")])  # the next seq, not one the other used
+        second.delete("m001")
+        assert first.compact()["published"]  # folds the other's writes and its deletion too
+        second.add([memory(23, "The wombat alerts page the on-call twice.")])
+        first.delete("m020")
+        for mem in (first, second):
+            assert ids(mem, "when does the ibis queue drain?")[:1] != ["m020"]
+            assert ids(mem, "which nodes does the okapi cluster run on?")[0] == "m021"
+            assert ids(mem, "what does the quokka build cache?")[0] == "m022"
+            assert ids(mem, "how often do wombat alerts page?")[0] == "m023"
+            assert "m001" not in ids(mem, "what does Redis cache?")
+            assert mem.stats()["pending_writes"] == 2  # m023 and the deletion of m020
+        first.close()
+        with pytest.raises(StoreError, match="closed Memory"):
+            first.add([memory(24, "A closed Memory writes nothing.")])
+        second.add([memory(25, "The narwhal backups go to cold storage.")])  # the other one still writes
+        assert second.compact()["published"]
+        assert ids(second, "where do narwhal backups go?")[0] == "m025"
+    finally:
+        first.close()
+        second.close()
+    with Memory(store, warm=False, compact_interval_s=None) as again:
+        assert ids(again, "how often do wombat alerts page?")[0] == "m023"
+        assert "m020" not in ids(again, "when does the ibis queue drain?")
+        assert "m001" not in ids(again, "what does Redis cache?")
+
+
+def _files(store) -> dict[str, tuple[int, bytes]]:
+    return {str(p.relative_to(store)): (p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(store.rglob("*")) if p.is_file()}
+
+
+def test_recall_and_stats_change_nothing_in_the_store_but_the_access_log(store):
+    """``helix recall`` and ``helix stats`` only read: no Writer opens (no delta
+    published, no log replayed). A recall's hits go to the database's access log (the
+    recency signal), so ``helix.duckdb`` may change on a recall, nothing else; stats
+    records nothing."""
+    import json
+    import subprocess
+    import sys
+
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add([memory(30, "The gannet feed refreshes every five minutes.")])  # pending, in the delta
+    before = _files(store)
+
+    def helix(*args: str) -> str:
+        return subprocess.run([sys.executable, "-m", "helix_ray.cli", *args, "--store", str(store), "--json"],
+                              capture_output=True, text=True, check=True, timeout=300).stdout
+
+    assert json.loads(helix("stats"))["pending_writes"] == 1
+    assert _files(store) == before
+    found = json.loads(helix("recall", "how often does the gannet feed refresh?", "--user", "dana"))
+    assert found["items"][0]["id"] == "m030"  # the published delta, read without a Writer
+    after = _files(store)
+    assert {name for name in after if after[name] != before.get(name)} <= {"helix.duckdb", "helix.duckdb.wal"}
+    with StoreDB(store) as db:
+        assert db.row("SELECT count(*) FROM access_log WHERE id = 'm030'") == (1,)
+
+
+def test_ingest_folds_and_ingests_with_no_write_in_between(store, tmp_path, monkeypatch):
+    """A write that returns between the fold of the pending writes and the ingest would
+    stay in the delta over the ingested record of its id (and the next compaction would
+    write it over that record): it must wait for the ingest, and so be the newer one."""
+    import threading
+
+    from helix_ray.ingest import run
+
+    events: list[str] = []
+    real_ingest = run.ingest
+
+    def ingest(*args, **kw):
+        events.append("ingest")
+        return real_ingest(*args, **kw)
+
+    monkeypatch.setattr(run, "ingest", ingest)
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add([memory(31, "The pending write before the ingest.")])
+        real_fold = mem._fold
+
+        def fold():
+            report = real_fold()
+            events.clear()  # the fold's own pipeline run
+            writer = threading.Thread(target=lambda: (mem.add([memory(0, "The gateway moved to port 5443.")]),
+                                                      events.append("write")))
+            writer.start()
+            writer.join(timeout=3)  # returns here when a write can land between the fold and the ingest
+            return report
+
+        monkeypatch.setattr(mem, "_fold", fold)
+        report = mem.ingest(write_jsonl(tmp_path / "more.jsonl",
+                                        [memory(0, "The gateway listens on port 4443 per the new runbook.")]))
+        assert report.published
+        for _ in range(100):
+            if "write" in events:
+                break
+            time.sleep(0.1)
+        assert events == ["ingest", "write"]  # the write waited for the ingest: it is the newer one
+        top = mem.recall("which port does the gateway listen on?", user="dana").items[0]
+        assert top.id == "m000" and "5443" in top.text
+        mem.compact()
+        top = mem.recall("which port does the gateway listen on?", user="dana").items[0]
+        assert top.id == "m000" and "5443" in top.text
+
+
+def test_ingest_says_when_the_pending_writes_cannot_be_folded(store, tmp_path, monkeypatch):
+    from helix_ray.serve import compaction
+
+    def broken(core, **kw):
+        raise OSError("the inbox is read-only")
+
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add([memory(32, "A write the fold cannot take.")])
+        monkeypatch.setattr(compaction, "compact", broken)
+        with pytest.raises(StoreError, match=r"the 1 pending writes could not be folded.*inbox is read-only.*"
+                                             r"nothing was ingested"):
+            mem.ingest(write_jsonl(tmp_path / "more.jsonl", [memory(33, "Never ingested.")]))
+        assert ids(mem, "the fold cannot take")[0] == "m032"  # still in the delta
+
+
+def test_the_first_compaction_that_encodes_every_memorys_tokens_says_so_once(tmp_path, caplog):
+    """A store built without token vectors, opened with late interaction on and no
+    background compaction: ``compact`` still encodes them all, so it warns, once."""
+    import logging
+
+    from helix_ray.config import IngestConfig
+    from helix_ray.ingest.run import ingest
+
+    built = IngestConfig(late_interaction={"enabled": False})
+    ingest([write_jsonl(tmp_path / "base.jsonl", BASE)], tmp_path / "store", config=built, runner="local",
+           show_progress=False)
+    with caplog.at_level(logging.WARNING, logger="helix_ray.serve.writer"):
+        with Memory(tmp_path / "store", warm=False, compact_interval_s=None) as mem:
+            mem.add([memory(34, "The first write after the build.")])
+            assert not [r for r in caplog.records if "token vectors" in r.getMessage()]  # no compaction yet
+            mem.compact()
+            mem.add([memory(35, "The second write after the build.")])
+            mem.compact()
+    said = [r.getMessage() for r in caplog.records if "token vectors" in r.getMessage()]
+    assert len(said) == 1 and "encode the tokens of all 3 memories" in said[0], said

@@ -57,6 +57,7 @@ def compact(core: WriterCore, *, rebuild: bool = False) -> dict[str, Any]:
                 core.last_compaction = {"published": False, "reason": "nothing to compact",
                                         "generation": core.generation}
                 return core.last_compaction
+            core.warn_tokens_once()  # this one may encode every memory's token vectors
             upto = core.seq  # the log rows this compaction folds
             inbox = core.store / "inbox"
             before = sorted(p for p in inbox.glob("*.jsonl"))

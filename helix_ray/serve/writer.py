@@ -84,16 +84,21 @@ class WriterCore:
     """Owns the store's DuckDB file, the inbox and the delta segment."""
 
     def __init__(self, store: str | Path, *, ingest: IngestConfig | None = None, compact_runner: str = "local",
-                 warn_tokens: bool = True):
+                 warn_tokens: bool = True, db: StoreDB | None = None, lock: threading.RLock | None = None):
         """``warn_tokens``: say at start when the first compaction would encode every
-        memory's token vectors (:meth:`_warn_if_tokens_missing`)."""
+        memory's token vectors (:meth:`_warn_if_tokens_missing`); False: say it at the
+        first compaction that does. ``db``, ``lock``: a connection to the store's
+        database already open in this process and the lock its callers take (an open
+        ``Memory``'s); :meth:`close` closes it."""
         self.store = Path(store)
         self.config = ingest or IngestConfig()
         self.compact_runner = compact_runner
-        self.db = self._open_database()  # raises DatabaseHeld when another process holds the file
+        self.db = self._open_database(db)  # raises DatabaseHeld when another process holds the file
         self.dim = DIM
-        self._lock = threading.RLock()
-        self._compacting = threading.Lock()
+        self._lock = lock if lock is not None else threading.RLock()
+        # Re-entrant: Memory.ingest holds it across the fold (a compaction) and the ingest.
+        self._compacting = threading.RLock()
+        self._tokens_warned = False
         self._forgetting = threading.Lock()  # one erasure at a time: each ends by emptying ``erased``
         #: user → when they were forgotten (epoch µs): recall hits made before it and
         #: reported after it (the ingress sends them in batches) are not logged.
@@ -118,7 +123,7 @@ class WriterCore:
         self.recent_accesses: dict[str, int] = {}  # id → last access (epoch µs) not yet in a generation
         self._load_recent_accesses()
         if warn_tokens:
-            self._warn_if_tokens_missing()
+            self.warn_tokens_once()
 
     @property
     def _transform(self) -> stages.Transform:
@@ -133,6 +138,13 @@ class WriterCore:
         does it at start, so its first write costs what the others do."""
         if self._stages is None:
             self._stages = stages.Transform(self.config)
+
+    def warn_tokens_once(self) -> None:
+        """:meth:`_warn_if_tokens_missing`, the first time only (at start, or at the
+        first compaction that has something to fold)."""
+        if not self._tokens_warned:
+            self._tokens_warned = True
+            self._warn_if_tokens_missing()
 
     def _warn_if_tokens_missing(self) -> None:
         """Late interaction on, and a generation built without token vectors: the next
@@ -152,8 +164,8 @@ class WriterCore:
                 "--ingest-config FILE`; in Python, `Memory(store, ingest=IngestConfig(late_interaction={'enabled': "
                 "False}))`).", manifest.get("generation"), self.store, f"{size:,}")
 
-    def _open_database(self) -> StoreDB:
-        db = StoreDB(self.store)
+    def _open_database(self, db: StoreDB | None = None) -> StoreDB:
+        db = db if db is not None else StoreDB(self.store)
         db.con.execute(LOG_DDL)
         return db
 
