@@ -19,6 +19,7 @@ import pyarrow as pa
 
 import helix_ray.ingest.run as ingest_run
 from helix_ray.config import IngestConfig
+from helix_ray.errors import HelixError
 from helix_ray.ingest import stages
 from helix_ray.ingest.run import Run, read_validate_sign, stage
 from helix_ray.runtime import ensure_ray, ray_output_shown
@@ -27,6 +28,10 @@ log = logging.getLogger(__name__)
 
 BLOCK = 256  # rows per Ray Data block (a multiple of BATCH; blocks are the actors' unit of work)
 ACTOR_MEMORY = 1792 * 1024**2  # what one embedding actor holds (two models and their arenas): told to Ray
+#: Restarts of an embedding actor whose process died, each retrying the batch it held: a
+#: worker lost mid-ingest costs a model load, while one that dies on every batch (out of
+#: memory) fails the run instead of restarting forever.
+ACTOR_RESTARTS = 3
 
 
 def run_stages(run: Run, items: list[dict[str, str]], stages_of: Callable[[Run, list[dict[str, str]]], None]) -> None:
@@ -122,16 +127,18 @@ class _TransformFeed:
         ds = ray.data.read_datasource(_mailbox_source(self.mailbox, blocks), override_num_blocks=blocks,
                                       num_cpus=0, concurrency=1)
         with warnings.catch_warnings():
-            # max_restarts=0: an actor that dies fails the run (nothing is published; the
-            # previous generation stays current) instead of being restarted. Ray Data hands
-            # each pool actor its transform and context as object-store references, and Ray
-            # cannot promise to restart an actor built from those: with restarts on it logs
-            # an error line for every actor it starts. Ray Data takes max_restarts only
-            # among its remote arguments, which it marks deprecated.
+            # A pool actor whose process dies (the OOM killer, a lost worker) is restarted
+            # and the batch it held is run again, up to ACTOR_RESTARTS times: the run goes
+            # on, and every row is still embedded once. Ray Data hands each actor its
+            # transform as object-store references, which a restart needs: Ray logs an
+            # error line per run saying so, and the driver holds them until the stage ends.
+            # Ray Data takes max_restarts only among its remote arguments, which it marks
+            # deprecated.
             warnings.simplefilter("ignore", DeprecationWarning)
             ds = ds.map_batches(stages.Transform, fn_constructor_args=(config, config.embed_actor_threads),
                                 batch_size=ingest_run.BATCH, num_cpus=config.embed_actor_cpus, memory=memory,
-                                compute=ray.data.ActorPoolStrategy(size=actors), max_restarts=0)
+                                compute=ray.data.ActorPoolStrategy(size=actors), max_restarts=ACTOR_RESTARTS,
+                                max_task_retries=ACTOR_RESTARTS)
         self.thread = threading.Thread(target=self._drain, args=(ds,), name="helix-transform", daemon=True)
         self.thread.start()
 
@@ -152,6 +159,13 @@ class _TransformFeed:
         # The blocks go to the object store once; the mailbox holds their references.
         order = _longest_first(table.column("text").to_pylist(), BLOCK, self.config.embedder.batch_size)
         self._publish([ray.put(table.slice(i, BLOCK)) for i in order])
+        if isinstance(self.error, ray.exceptions.ActorDiedError):
+            raise HelixError(
+                f"An embedding actor's process died more often than it is restarted ({ACTOR_RESTARTS} times): "
+                f"{str(self.error).splitlines()[0]} Nothing was published, the store's current generation is "
+                "unchanged. If the machine is short of memory (`dmesg` shows the OOM killer), lower embed_actors "
+                "or embed_actor_threads in the ingest config (--config), then run the same ingest again."
+            ) from self.error
         if self.error is not None:
             raise self.error
         batches, self.batches = self.batches, []

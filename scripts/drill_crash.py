@@ -1,6 +1,7 @@
 """Crash drills: SIGKILL a writer mid-write, restart, and count what survived.
 
-    .venv/bin/python scripts/drill_crash.py [--scenario memory-add|ingest|serve-writes|serve-compaction|all]
+    .venv/bin/python scripts/drill_crash.py
+        [--scenario memory-add|ingest|ingest-worker|serve-writes|serve-compaction|all]
         [--rounds 3] [--seed 0] [--steps STEP,...] [--targets session,driver,writer] [--work DIR]
 
 Each scenario prints one table row per kill point: the rounds run and how many were
@@ -22,6 +23,13 @@ doctor``'s checks pass after the kill, the restarted writer takes the next write
   JSONL file of new records and new texts of earlier ones, killed at a step of
   publishing (:data:`PUBLISH_STEPS`); after the kill a second ingest of the same file
   must complete.
+- ``ingest-worker``: ``helix ingest --runner ray`` (the CLI, in a session of its own)
+  of :data:`WORKER_RECORDS` synthetic records (``scripts/synthetic.py``) into a fresh
+  store; once an embedding actor runs a batch (a process titled :data:`WORKER_TITLE`
+  doing ``.submit``) one such actor's process is SIGKILLed, never the driver nor Ray's
+  own. Ray Data restarts the actor and retries its batch: the ingest must exit 0 and the
+  published generation hold every input id exactly once, with a vector each. Were it to
+  fail instead, the same file is ingested again, which must complete likewise.
 - ``serve-writes``: ``helix serve`` on a spare port takes a burst of concurrent
   ``POST /v1/memories`` and ``DELETE``s of acknowledged ids, killed at a random time:
   every process of its session (``session``: the driver's process group and the Ray
@@ -32,8 +40,9 @@ doctor``'s checks pass after the kill, the restarted writer takes the next write
 - ``serve-compaction``: the same, killed while ``POST /v1/admin/compact`` runs.
 
 Acknowledged means: ``Memory.add`` or ``helix ingest`` returned, or the server answered
-201 / 200. A write in flight at the kill may land or not. An acknowledged new text whose
-older one is found again, or a deleted memory found at all, counts as resurrected. The
+201 / 200 (``ingest-worker``: the input's records; ids found more than once count as
+resurrected). A write in flight at the kill may land or not. An acknowledged new text
+whose older one is found again, or a deleted memory found at all, counts as resurrected. The
 kill points are hooks the child installs on itself (no product code knows about them);
 the random ones come from a seeded RNG (``--seed``).
 
@@ -54,14 +63,17 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from helix_ray.store.generation import VECTORS_FILE  # noqa: E402
+from helix_ray.store.generation import VECTORS_FILE, current_generation_number  # noqa: E402
 
 USER = "dana"
 WORDS = ("cache queue index parser worker lease shard replica token budget schema migration retry timeout "
@@ -491,6 +503,154 @@ def drill_ingest(work: Path, steps: list[str], rounds: int, rng: random.Random) 
     return rows
 
 
+# ----------------------------------------------------------------------------- a Ray worker lost mid-ingest
+
+#: The records ``ingest-worker`` ingests each round: enough that the embedding actors
+#: run batches for tens of seconds on two cores.
+WORKER_RECORDS = 2000
+#: The process title of a Ray Data embedding actor (``ray::`` and its task after it).
+WORKER_TITLE = "ray::MapWorker(MapBatches(Transform))"
+#: How long one ``helix ingest`` of a round may run before it counts as hung.
+INGEST_TIMEOUT_S = 600.0
+
+
+def session_processes(sid: int) -> list[Any]:
+    """The live processes of session ``sid`` (a child started in a session of its own,
+    and the Ray processes it started: they sit in process groups of their own)."""
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if os.getsid(proc.pid) == sid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return out
+
+
+def title(proc: Any) -> str:
+    """A process's title (Ray pads a worker's with empty arguments)."""
+    return " ".join(a for a in proc.info["cmdline"] or [] if a).strip()
+
+
+def kill_worker(ingest: subprocess.Popen, rng: random.Random, timeout_s: float) -> str:
+    """Wait until an embedding actor of ``ingest``'s session runs a batch, let it work a
+    random few seconds, then SIGKILL one actor that runs one. Returns what was killed
+    ("" when no batch ran before the ingest ended or ``timeout_s`` passed)."""
+    deadline = time.monotonic() + timeout_s
+    while ingest.poll() is None and time.monotonic() < deadline:
+        if any(title(p).startswith(WORKER_TITLE + ".submit") for p in session_processes(ingest.pid)):
+            break
+        time.sleep(0.2)
+    else:
+        return ""
+    time.sleep(rng.uniform(0.0, 8.0))
+    busy = [p for p in session_processes(ingest.pid) if title(p).startswith(WORKER_TITLE + ".submit")]
+    if not busy or ingest.poll() is not None:
+        return ""
+    victim = rng.choice(busy)
+    try:
+        victim.send_signal(signal.SIGKILL)
+    except OSError:
+        return ""
+    return f"{title(victim)} (pid {victim.pid})"
+
+
+def ray_ingest(store: Path, source: Path, log: Path) -> subprocess.Popen:
+    """``helix ingest SOURCE --store STORE --runner ray`` on a local Ray of its own, in a
+    session of its own, its output appended to ``log``."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(ROOT)
+    with open(log, "a") as out:
+        return subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "ingest", str(source), "--store", str(store),
+                                 "--runner", "ray", "--no-progress"], start_new_session=True, env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+
+
+def finish(ingest: subprocess.Popen, timeout_s: float) -> int:
+    """``ingest``'s exit code (SIGKILLed past ``timeout_s``), with what is left of its
+    session (Ray's processes, once the driver is gone) killed after a grace period."""
+    try:
+        code = ingest.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        ingest.send_signal(signal.SIGKILL)
+        code = ingest.wait(30)
+    deadline = time.monotonic() + 15
+    while session_processes(ingest.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for proc in session_processes(ingest.pid):
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except OSError:
+            pass
+    return code
+
+
+def generation_check(store: Path, ids: list[str]) -> Outcome:
+    """The published generation against the input's ``ids``: each found once (a chunk
+    counts for its parent), with a non-zero vector per row; ``helix doctor``'s checks.
+    ``resurrected`` holds the ids found twice or more, and any not in the input."""
+    from helix_ray.schema import parent_of
+    from helix_ray.store.generation import Generation
+
+    problems = [doctor_problems(store)]
+    gen = Generation.open_current(store)
+    rows = Counter(parent_of(i) or i for i in gen.memories.column("id").to_pylist())
+    lost = [i for i in ids if i not in rows]
+    extra = [f"{i} (x{n})" for i, n in rows.items() if n > 1] + [f"{i} (not in the input)" for i in
+                                                                  rows.keys() - set(ids)]
+    vectors = np.asarray(gen.vectors, dtype=np.float32)
+    if len(vectors) != gen.size:
+        problems.append(f"{len(vectors)} vectors for {gen.size} rows")
+    elif not np.abs(vectors).sum(axis=1).all():
+        problems.append(f"{int((np.abs(vectors).sum(axis=1) == 0).sum())} rows without a vector")
+    why = "; ".join(p for p in problems if p)
+    return Outcome(len(ids) - len(lost), lost, extra, not why, why)
+
+
+def drill_ingest_worker(work: Path, rounds: int, rng: random.Random, *, records: int = WORKER_RECORDS,
+                        show: bool = True) -> Row:
+    """``ingest-worker``: each round ingests ``records`` synthetic records into a fresh
+    store with ``--runner ray``, SIGKILLs an embedding actor mid-batch, and checks the
+    generation published; an ingest that failed is run again first, and must complete."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from synthetic import write_jsonl
+
+    row = Row("ingest-worker")
+    for r in range(rounds):
+        store = work / f"ingest-worker-round{r}"
+        source, log = work / f"ingest-worker-round{r}.jsonl", work / f"ingest-worker-round{r}.log"
+        shutil.rmtree(store, ignore_errors=True)
+        log.unlink(missing_ok=True)
+        write_jsonl(records, str(source), seed=rng.randrange(10**6))
+        ids = [json.loads(line)["id"] for line in source.read_text().splitlines()]
+        ingest = ray_ingest(store, source, log)
+        killed = kill_worker(ingest, rng, timeout_s=INGEST_TIMEOUT_S)
+        code = finish(ingest, INGEST_TIMEOUT_S)
+        why = "" if code == 0 else f"helix ingest exited {code} after the kill; see {log}"
+        if code != 0:
+            again = finish(ray_ingest(store, source, log), INGEST_TIMEOUT_S)
+            why += "; ingested again: " + ("exit 0" if again == 0 else f"exit {again} too")
+        print(f"    round {r}: killed {killed or 'nothing (no batch ran)'}; ingest exited {code}", file=sys.stderr,
+              flush=True)
+        outcome = generation_check(store, ids) if current_generation_number(store) else Outcome(0, ids, [], False, "")
+        outcome.opened = outcome.opened and code == 0
+        outcome.why = "; ".join(w for w in (why, outcome.why) if w)
+        row.rounds += 1
+        row.kills += bool(killed)
+        row.acknowledged += len(ids)
+        row.recovered += outcome.recovered
+        row.lost |= {f"round{r}:{i}" for i in outcome.lost}
+        row.resurrected |= {f"round{r}:{i}" for i in outcome.resurrected}
+        row.opened = row.opened and outcome.opened
+        row.notes += [outcome.why] if outcome.why else []
+        row.notes += [f"lost {i}" for i in outcome.lost[:3]] + [f"twice {i}" for i in outcome.resurrected[:3]]
+    if show:
+        print_row(row)
+    return row
+
+
 # ----------------------------------------------------------------------------- Serve
 
 #: What a Serve round kills: every process of ``helix serve``'s session (its process
@@ -540,16 +700,7 @@ class Server:
 
     def session(self) -> list[Any]:
         """The live processes of this server's session (the driver's and Ray's)."""
-        import psutil
-
-        out = []
-        for proc in psutil.process_iter(["pid", "cmdline", "status"]):
-            try:
-                if os.getsid(proc.pid) == self.proc.pid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                    out.append(proc)
-            except (OSError, psutil.Error):
-                continue
-        return out
+        return session_processes(self.proc.pid)
 
     def kill(self, target: str) -> str:
         """SIGKILL ``target`` (one of :data:`SERVE_TARGETS`); returns what was killed."""
@@ -797,7 +948,7 @@ def main(argv: list[str] | None = None) -> int:
         return child_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenario", default="all",
-                    choices=("memory-add", "ingest", "serve-writes", "serve-compaction", "all"))
+                    choices=("memory-add", "ingest", "ingest-worker", "serve-writes", "serve-compaction", "all"))
     ap.add_argument("--rounds", type=int, default=None, help="kills per kill point (default: 3)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default="/tmp/helix-crash-drill")
@@ -819,6 +970,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += drill_memory_add(work, chosen, rounds, rng)
     if args.scenario in ("ingest", "all"):
         rows += drill_ingest(work, [s for s in chosen if s in (*PUBLISH_STEPS, "random")], rounds, rng)
+    if args.scenario in ("ingest-worker", "all"):
+        rows.append(drill_ingest_worker(work, rounds, rng))
     targets = args.targets.split(",")
     if args.scenario in ("serve-writes", "all"):
         rows += drill_serve(work, targets, rounds, rng, compaction=False)

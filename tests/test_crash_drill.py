@@ -8,6 +8,9 @@ among them, and compacts after every second add; it kills itself at that step of
 fourth add (a write's step) or of the compaction after it; a fresh
 :class:`helix_ray.Memory` then recalls every acknowledged memory by a word only its last
 acknowledged text holds, finds no replaced text, and ``helix doctor``'s checks pass.
+
+One round of ``--scenario ingest-worker``: an embedding actor of ``helix ingest --runner
+ray`` SIGKILLed mid-batch, and the ingest still publishes every record once.
 """
 
 from __future__ import annotations
@@ -41,3 +44,20 @@ def test_memory_add_killed_at_each_write_and_compaction_step_loses_nothing(tmp_p
     assert sum(len(row.lost) for row in rows) == 0, table
     assert sum(len(row.resurrected) for row in rows) == 0, table
     assert all(row.opened for row in rows), table
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_ingest_with_an_embedding_actor_killed_mid_batch_completes_with_every_record_once(tmp_path):
+    """Issue 32: a Ray worker lost mid-ingest. ``helix ingest --runner ray`` of 1,500
+    synthetic records, one embedding actor SIGKILLed while it runs a batch: Ray Data
+    restarts it and retries the batch, so the ingest exits 0 and its generation holds
+    every input id once, each with a vector (with ``max_restarts=0`` the ingest exits
+    non-zero and ``opened`` is False)."""
+    drill = _drill()
+    row = drill.drill_ingest_worker(tmp_path, 1, random.Random(0), records=1500, show=False)
+    table = " | ".join(row.cells()) + "".join(f"\n  ! {n}" for n in row.notes)
+    assert row.kills == 1, f"no embedding actor was caught running a batch:\n{table}"
+    assert row.acknowledged == row.recovered == 1500, table
+    assert not row.lost and not row.resurrected, table
+    assert row.opened, table
