@@ -200,6 +200,13 @@ class IngestConfig(_Strict):
     """Embedding actors in the Ray Data pool; each loads both models once, so each costs
     their memory (docs/benchmarks.md). Set it to the cores the ingest may use, with
     ``embed_actor_threads`` 1."""
+    embed_actor_restarts: int | None = Field(None, ge=0, le=100)
+    """Restarts of an embedding actor whose process died, each running again the batch it
+    held. None: 3 when the ingest joins a cluster (``RAY_ADDRESS``), where a worker or a
+    node can be lost and the run goes on; 0 on a Ray of its own, where an actor that dies
+    was most likely killed for memory and the run stops at once with what to change
+    (nothing is published; running it again is safe). With restarts on, Ray logs one
+    error line per actor (ray-project/ray#57733)."""
     embed_actor_threads: int = Field(1, ge=0, le=256)
     """onnxruntime threads per embedding actor (0: onnxruntime's default, every core).
     One thread per actor and an actor per core: a multi-threaded session in a Ray Data

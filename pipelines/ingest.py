@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import warnings
 from typing import Any, Callable
 
@@ -28,10 +29,20 @@ log = logging.getLogger(__name__)
 
 BLOCK = 256  # rows per Ray Data block (a multiple of BATCH; blocks are the actors' unit of work)
 ACTOR_MEMORY = 1792 * 1024**2  # what one embedding actor holds (two models and their arenas): told to Ray
-#: Restarts of an embedding actor whose process died, each retrying the batch it held: a
-#: worker lost mid-ingest costs a model load, while one that dies on every batch (out of
-#: memory) fails the run instead of restarting forever.
+#: Restarts of an embedding actor whose process died on a cluster, each retrying the
+#: batch it held (``embed_actor_restarts`` None): a worker lost mid-ingest costs a model
+#: load, while one that dies on every batch (out of memory) fails the run instead of
+#: restarting forever.
 ACTOR_RESTARTS = 3
+
+
+def actor_restarts(config: IngestConfig) -> int:
+    """``config.embed_actor_restarts``, or by where the ingest runs: restarts on a cluster
+    (``RAY_ADDRESS``), none on a Ray of its own (an actor that dies there was most likely
+    killed for memory, and Ray logs an error line per actor it may restart)."""
+    if config.embed_actor_restarts is not None:
+        return config.embed_actor_restarts
+    return ACTOR_RESTARTS if os.environ.get("RAY_ADDRESS") else 0
 
 
 def run_stages(run: Run, items: list[dict[str, str]], stages_of: Callable[[Run, list[dict[str, str]]], None]) -> None:
@@ -114,6 +125,7 @@ class _TransformFeed:
         self.stop = threading.Event()
         self.batches: list[dict[str, np.ndarray]] = []
         self.error: BaseException | None = None
+        self.restarts = actor_restarts(config)
 
     def start(self, max_rows: int) -> None:
         import threading
@@ -124,21 +136,22 @@ class _TransformFeed:
         self.mailbox = ray.remote(num_cpus=0)(_Mailbox).remote()
         blocks = max(1, -(-max_rows // BLOCK))
         actors, memory = _embed_actors(config, blocks)
+        restarts = self.restarts
         ds = ray.data.read_datasource(_mailbox_source(self.mailbox, blocks), override_num_blocks=blocks,
                                       num_cpus=0, concurrency=1)
         with warnings.catch_warnings():
-            # A pool actor whose process dies (the OOM killer, a lost worker) is restarted
-            # and the batch it held is run again, up to ACTOR_RESTARTS times: the run goes
-            # on, and every row is still embedded once. Ray Data hands each actor its
-            # transform as object-store references, which a restart needs: Ray logs an
-            # error line per run saying so, and the driver holds them until the stage ends.
+            # A pool actor whose process dies (a lost worker or node) is restarted and the
+            # batch it held is run again, up to ``restarts`` times (actor_restarts): the
+            # run goes on, and every row is still embedded once. Ray Data hands each actor
+            # its transform as object-store references, which a restart needs: Ray logs an
+            # error line per actor saying so, and the driver holds them until the stage ends.
             # Ray Data takes max_restarts only among its remote arguments, which it marks
             # deprecated.
             warnings.simplefilter("ignore", DeprecationWarning)
             ds = ds.map_batches(stages.Transform, fn_constructor_args=(config, config.embed_actor_threads),
                                 batch_size=ingest_run.BATCH, num_cpus=config.embed_actor_cpus, memory=memory,
-                                compute=ray.data.ActorPoolStrategy(size=actors), max_restarts=ACTOR_RESTARTS,
-                                max_task_retries=ACTOR_RESTARTS)
+                                compute=ray.data.ActorPoolStrategy(size=actors), max_restarts=restarts,
+                                max_task_retries=restarts)
         self.thread = threading.Thread(target=self._drain, args=(ds,), name="helix-transform", daemon=True)
         self.thread.start()
 
@@ -160,11 +173,13 @@ class _TransformFeed:
         order = _longest_first(table.column("text").to_pylist(), BLOCK, self.config.embedder.batch_size)
         self._publish([ray.put(table.slice(i, BLOCK)) for i in order])
         if isinstance(self.error, ray.exceptions.ActorDiedError):
+            died = (f"died more often than it is restarted ({self.restarts} times)" if self.restarts else
+                    "died (embed_actor_restarts is 0 on a Ray of its own; set it in --config to restart actors)")
             raise HelixError(
-                f"An embedding actor's process died more often than it is restarted ({ACTOR_RESTARTS} times): "
-                f"{str(self.error).splitlines()[0]} Nothing was published, the store's current generation is "
-                "unchanged. If the machine is short of memory (`dmesg` shows the OOM killer), lower embed_actors "
-                "or embed_actor_threads in the ingest config (--config), then run the same ingest again."
+                f"An embedding actor's process {died}: {str(self.error).splitlines()[0]} Nothing was published, "
+                "the store's current generation is unchanged. If the machine is short of memory (`dmesg` shows "
+                "the OOM killer), lower embed_actors or embed_actor_threads in the ingest config (--config), then "
+                "run the same ingest again."
             ) from self.error
         if self.error is not None:
             raise self.error

@@ -559,13 +559,16 @@ def kill_worker(ingest: subprocess.Popen, rng: random.Random, timeout_s: float) 
 
 def ray_ingest(store: Path, source: Path, log: Path) -> subprocess.Popen:
     """``helix ingest SOURCE --store STORE --runner ray`` on a local Ray of its own, in a
-    session of its own, its output appended to ``log``."""
+    session of its own, its output appended to ``log``; its embedding actors restart as
+    on a cluster (``embed_actor_restarts`` 3, a config file beside ``log``)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(ROOT)
+    config = log.with_suffix(".yaml")
+    config.write_text("embed_actor_restarts: 3\n")
     with open(log, "a") as out:
         return subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "ingest", str(source), "--store", str(store),
-                                 "--runner", "ray", "--no-progress"], start_new_session=True, env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
+                                 "--runner", "ray", "--no-progress", "--config", str(config)],
+                                start_new_session=True, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def finish(ingest: subprocess.Popen, timeout_s: float) -> int:
