@@ -182,3 +182,19 @@ def ingress_app(store: Path, *, auth: bool = True, **args: Any):
         finally:
             writer._stop.set()
             writer.core.close()
+
+
+def files_holding(store: Path, needle: str) -> list[str]:
+    """The files of ``store`` whose bytes contain ``needle``, but the audit log: it keeps
+    the record that a user was forgotten, naming them (:func:`audit_without`)."""
+    return sorted(str(p.relative_to(store)) for p in store.rglob("*")
+                  if p.is_file() and needle.encode() in p.read_bytes() and p.parts[len(store.parts)] != "audit")
+
+
+def audit_without(store: Path, text: str) -> list[dict]:
+    """The audit log's records, once checked to hold none of ``text`` (a forgotten
+    user's memory text)."""
+    from helix_ray.store import audit
+
+    assert not [p for p in audit.files(store) if text.encode() in p.read_bytes()]
+    return audit.read(store)

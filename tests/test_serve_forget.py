@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TENANT_TOPICS, ingress_app, write_jsonl
+from tests.helpers import TENANT_TOPICS, audit_without, files_holding, ingress_app, write_jsonl
 
 #: The user forgotten and a tag in each of their texts; the user kept and theirs.
 GONE, GONE_TAG, KEPT, KEPT_TAG = "wombat-7", "XYLEM-5082", "kit", "kept-note"
@@ -58,21 +58,6 @@ def _as(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def _holding(store: Path, needle: str) -> list[str]:
-    """The files of ``store`` whose bytes contain ``needle``, but the audit log: it keeps
-    the record that the user was forgotten, naming them (:func:`_audited`)."""
-    return sorted(str(p.relative_to(store)) for p in store.rglob("*")
-                  if p.is_file() and needle.encode() in p.read_bytes() and p.parts[len(store.parts)] != "audit")
-
-
-def _audited(store: Path) -> list[dict]:
-    """The audit log's records, once checked to hold none of the forgotten user's texts."""
-    from helix_ray.store import audit
-
-    assert not [p for p in audit.files(store) if GONE_TAG.encode() in p.read_bytes()]
-    return audit.read(store)
-
-
 def _recall(client, key: str) -> dict:
     answer = client.post("/v1/recall", json={"query": QUERY, "k": 8}, headers=_as(key))
     assert answer.status_code == 200, answer.text
@@ -102,7 +87,7 @@ def test_an_admin_forgets_a_user_and_no_file_holds_a_byte_of_theirs(served):
     client, keys, store = served
     _use(client, keys)
     kept_before = {item["id"] for item in _recall(client, keys[KEPT])["items"]}
-    assert _holding(store, GONE_TAG) and _holding(store, GONE)
+    assert files_holding(store, GONE_TAG) and files_holding(store, GONE)
 
     refused = client.delete(f"/v1/users/{GONE}", headers=_as(keys[KEPT]))
     assert refused.status_code == 403 and "or forget a user" in refused.json()["detail"]
@@ -116,8 +101,9 @@ def test_an_admin_forgets_a_user_and_no_file_holds_a_byte_of_theirs(served):
     assert gone["compacted"] and gone["generation"] == 2, gone
 
     time.sleep(ACCESS_FLUSH_S + 0.5)  # the Writer gets those hits, and does not log them
-    assert _holding(store, GONE_TAG) == [] and _holding(store, GONE) == []
-    done = [(r["outcome"], r["status"]) for r in _audited(store) if (r["action"], r["target"]) == ("forget-user", GONE)]
+    assert files_holding(store, GONE_TAG) == [] and files_holding(store, GONE) == []
+    done = [(r["outcome"], r["status"]) for r in audit_without(store, GONE_TAG)
+            if (r["action"], r["target"]) == ("forget-user", GONE)]
     assert done == [("refused", 403), ("ok", 200)]  # the 401 has no key to name
     assert client.post("/v1/recall", json={"query": QUERY}, headers=_as(keys[GONE])).status_code == 401
     assert kept_before <= {item["id"] for item in _recall(client, keys[KEPT])["items"]}
@@ -140,11 +126,11 @@ def test_without_compact_the_generation_serves_them_until_asked_again(served):
     assert first.status_code == 200 and first.json()["memories"] == 6 and not first.json()["compacted"], first.text
     assert first.json()["generation"] == 1
     assert GONE_TAG.encode() not in (store / "helix.duckdb").read_bytes()
-    assert [p for p in _holding(store, GONE_TAG) if not p.startswith("generations/")] == []
+    assert [p for p in files_holding(store, GONE_TAG) if not p.startswith("generations/")] == []
     second = client.delete(f"/v1/users/{GONE}", headers=_as(keys["admin"]))
     assert second.status_code == 200, second.text
     assert second.json()["memories"] == 0 and second.json()["compacted"] and second.json()["generation"] == 2
-    assert _holding(store, GONE_TAG) == []
+    assert files_holding(store, GONE_TAG) == []
 
 
 @pytest.mark.parametrize("path, status, says", [
@@ -157,5 +143,5 @@ def test_an_unknown_or_blank_user_changes_nothing(served, path, status, says):
     answer = client.delete(path, headers=_as(keys["admin"]))
     assert answer.status_code == status and says in answer.json()["detail"], answer.text
     assert {p: p.stat().st_mtime_ns for p in store.rglob("*") if p.is_file() and p.parent.name != "audit"} == before
-    assert (_audited(store)[-1]["action"], _audited(store)[-1]["outcome"], _audited(store)[-1]["status"]) == \
-        ("forget-user", "refused", status)
+    last = audit_without(store, GONE_TAG)[-1]
+    assert (last["action"], last["outcome"], last["status"]) == ("forget-user", "refused", status)

@@ -22,7 +22,7 @@ from typing import Iterator
 import pytest
 
 from helix_ray.cli import main
-from tests.helpers import REPO, TENANT_TOPICS, write_jsonl
+from tests.helpers import REPO, TENANT_TOPICS, audit_without, files_holding, write_jsonl
 
 #: The user forgotten, a tag in each of their texts, and the user kept. Neither string
 #: occurs anywhere else, so finding one in a file means it holds that user's data.
@@ -73,21 +73,6 @@ def _recalled(store: Path, user: str) -> list[str]:
 
     with Memory(store, record_access=False) as mem:
         return [item.id for item in mem.recall(QUERY, user=user, k=8).items]
-
-
-def _holding(store: Path, needle: str) -> list[str]:
-    """The files of ``store`` whose bytes contain ``needle``, but the audit log: it keeps
-    the record that the user was forgotten, naming them (:func:`_audited`)."""
-    return sorted(str(p.relative_to(store)) for p in store.rglob("*")
-                  if p.is_file() and needle.encode() in p.read_bytes() and p.parts[len(store.parts)] != "audit")
-
-
-def _audited(store: Path) -> list[dict]:
-    """The audit log's records, once checked to hold none of the forgotten user's texts."""
-    from helix_ray.store import audit
-
-    assert not [p for p in audit.files(store) if GONE_TAG.encode() in p.read_bytes()]
-    return audit.read(store)
 
 
 @contextmanager
@@ -191,7 +176,7 @@ def test_forget_user_with_compact_leaves_no_byte_of_theirs(store, capsys):
     from helix_ray.serve.keys import KeyStore
     from helix_ray.store.generation import Generation
 
-    assert _holding(store, GONE_TAG) and _holding(store, GONE)
+    assert files_holding(store, GONE_TAG) and files_holding(store, GONE)
     with duckdb.connect(str(store / "helix.duckdb"), read_only=True) as con:
         accesses = con.execute("SELECT count(*), max(rowid) FROM access_log").fetchone()
     kept_before = set(_recalled(store, KEPT))
@@ -199,8 +184,8 @@ def test_forget_user_with_compact_leaves_no_byte_of_theirs(store, capsys):
     outcome = json.loads(capsys.readouterr().out)
     assert outcome["memories"] == 6 and outcome["online_writes"] == 1 and outcome["chunks"] == 0
     assert outcome["feedback"] == 1 and outcome["keys"] == 1 and outcome["compacted"]
-    assert _holding(store, GONE_TAG) == [] and _holding(store, GONE) == []
-    last = _audited(store)[-1]
+    assert files_holding(store, GONE_TAG) == [] and files_holding(store, GONE) == []
+    last = audit_without(store, GONE_TAG)[-1]
     assert (last["action"], last["target"], last["params"], last["outcome"]) == ("forget-user", GONE,
                                                                                  {"compact": True}, "ok")
     assert _recalled(store, GONE) == []
