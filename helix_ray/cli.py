@@ -536,7 +536,7 @@ def _compact(args: argparse.Namespace) -> int:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from helix_ray.serve.keys import KeyStore, parse_duration
+    from helix_ray.store.keys import KeyStore, parse_duration
 
     keys = KeyStore(args.store)
     if args.keys_command == "create":

@@ -107,7 +107,7 @@ def forget_user(args: argparse.Namespace) -> int:
     keys and the adapter fitted on their queries out of the folder; with ``--compact``,
     out of the served generation and every file that held them too. The work is the
     single writer's (:mod:`helix_ray.serve.forget`), as for ``DELETE /v1/users/{user}``."""
-    from helix_ray.serve.errors import NotFound
+    from helix_ray.errors import NotFound
     from helix_ray.serve.writer import WriterCore
     from helix_ray.store.db import DatabaseHeld
 

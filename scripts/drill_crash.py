@@ -844,7 +844,7 @@ def doctor_problems(store: Path) -> str:
 def new_serve_store(store: Path) -> tuple[str, str]:
     """A store with an empty generation and two API keys: (user key, admin key)."""
     from helix_ray.ingest.run import initialise
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
 
     shutil.rmtree(store, ignore_errors=True)
     initialise(store)

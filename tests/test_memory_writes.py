@@ -15,8 +15,7 @@ import time
 import pytest
 
 from helix_ray import Memory
-from helix_ray.errors import StoreError
-from helix_ray.serve.errors import NotFound
+from helix_ray.errors import NotFound, StoreError
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import Generation, current_generation_number
 from tests.helpers import memory, write_jsonl

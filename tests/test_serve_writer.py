@@ -367,8 +367,7 @@ def test_a_writer_says_at_start_when_its_first_compaction_would_encode_every_mem
 
 
 def test_writer_records_feedback_and_a_delete_takes_it_away(shells):
-    from helix_ray.errors import InvalidArgument
-    from helix_ray.serve.errors import NotFound
+    from helix_ray.errors import InvalidArgument, NotFound
 
     writer = shells["writer"]
     assert writer.core.feedback("how do we rotate keys", ["alice-01", "alice-02"], user="alice") == {"recorded": 2}

@@ -28,13 +28,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["build_app", "ServeArgs", "run", "KeyStore"]
+__all__ = ["build_app", "ServeArgs", "run"]
 
 _LAZY = {
     "build_app": "helix_ray.serve.app",
     "ServeArgs": "helix_ray.serve.app",
     "run": "helix_ray.serve.server",
-    "KeyStore": "helix_ray.serve.keys",
 }
 
 

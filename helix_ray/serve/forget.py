@@ -17,7 +17,7 @@ and ``helix forget-user`` both call :func:`forget_user` on the
    copied once more. Without it, the next compaction or ingest leaves their rows out.
 
 A user the store holds nothing of (no row, key or generation row: most likely a
-mistyped id) is a :class:`~helix_ray.serve.errors.NotFound`, and nothing changes.
+mistyped id) is a :class:`~helix_ray.errors.NotFound`, and nothing changes.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from helix_ray.errors import NotFound
 from helix_ray.recall import adapter
 from helix_ray.serve.delta_format import drop_history
-from helix_ray.serve.errors import NotFound
-from helix_ray.serve.keys import KeyStore
 from helix_ray.store import erase
 from helix_ray.store.generation import Generation
+from helix_ray.store.keys import KeyStore
 from helix_ray.store.publish import prune
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from helix_ray.config import IngestConfig
 from helix_ray.embedder import DIM, get_embedder
-from helix_ray.errors import InvalidArgument
+from helix_ray.errors import Conflict, InvalidArgument, NotFound
 from helix_ray.ingest import stages
 from helix_ray.recall import adapter
 from helix_ray.serve import compaction, forget, settings, writes
@@ -50,7 +50,6 @@ from helix_ray.serve.delta_format import (
     publish_manifest,
     write_segment,
 )
-from helix_ray.serve.errors import Conflict, NotFound
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import ACCESS_WATERMARK, current_generation_number, open_good_generation
 

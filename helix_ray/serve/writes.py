@@ -30,12 +30,11 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from helix_ray.errors import InvalidArgument, StoreError, is_disk_full
+from helix_ray.errors import Conflict, Forbidden, InvalidArgument, NotFound, StoreError, is_disk_full
 from helix_ray.ingest.dedup import signatures
 from helix_ray.schema import CHUNK_ID, DERIVED_ID, MEMORY_SCHEMA, chunk_id, content_hash, parent_of
 from helix_ray.serve.api import MAX_BATCH
 from helix_ray.serve.delta_format import Tombstone
-from helix_ray.serve.errors import Conflict, Forbidden, NotFound
 from helix_ray.store.space import disk_full
 
 if TYPE_CHECKING:
