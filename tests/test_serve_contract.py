@@ -48,7 +48,7 @@ def fuzz(app, key: str, store, *, examples: int = EXAMPLES, seed: int = SEED) ->
     ``DELETE /v1/users/{user}`` is never sent for a user of the store (:func:`foreign`)."""
     from schemathesis.engine import Status, events, from_schema
 
-    from helix_ray.serve.settings import settings_path
+    from helix_ray.live.settings import settings_path
 
     config = schemathesis.Config.from_dict({
         "seed": seed,

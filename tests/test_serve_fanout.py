@@ -443,7 +443,7 @@ def test_a_cancelled_request_does_not_cancel_the_generation_load_others_wait_for
     import json
     import shutil
 
-    from helix_ray.serve.views import StoreViews
+    from helix_ray.live.views import StoreViews
     from helix_ray.store.integrity import seal
 
     store = tmp_path / "store"

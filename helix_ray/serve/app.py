@@ -41,6 +41,8 @@ from helix_ray import __version__
 from helix_ray.config import IngestConfig, RetrievalConfig, deep_merge, load_config
 from helix_ray.errors import Forbidden, InvalidArgument, StoreError
 from helix_ray.ingest.run import initialise
+from helix_ray.live.inputs import NON_BLANK, check_settings
+from helix_ray.live.settings import settings_path
 from helix_ray.recall.pipeline import Recaller
 from helix_ray.recall.scope import as_time, check_context, make_scope
 from helix_ray.serve import audit as audit_module
@@ -55,13 +57,11 @@ from helix_ray.serve.api import (
     LatencyWindow,
     MemoryChanged,
     MemoryPatch,
-    NON_BLANK,
     RecallRequest,
     RecallResponse,
     SettingsResponse,
     UserForgotten,
     WriteResponse,
-    check_settings,
     settings_patch_schema,
 )
 from helix_ray.serve.bodies import PARSE_ON_LOOP_BYTES, WRITE_BODY, write_records
@@ -70,7 +70,6 @@ from helix_ray.serve.fanout import SplitGraph
 from helix_ray.serve.gate import Gate, bearer, not_admin
 from helix_ray.serve.ratelimit import RateLimiter
 from helix_ray.serve.responses import BODY, KEYED, add_error_handlers, errors, recall_response
-from helix_ray.serve.settings import settings_path
 from helix_ray.serve.shells import PipelineShell
 from helix_ray.store.audit import read as read_audit
 from helix_ray.store.keys import KeyStore
