@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from helix_ray.runtime import spare_port
     from helix_ray.serve.app import ServeArgs, build_app
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
     from helix_ray.serve.server import start_ray
 
     work = Path(tempfile.mkdtemp(prefix="helix-soak-"))

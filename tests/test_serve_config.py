@@ -74,8 +74,8 @@ def test_initialise_refuses_a_store_whose_generations_are_missing(tmp_path):
 def test_keys_store_only_hashes_and_map_to_users(tmp_path):
     import stat
 
-    from helix_ray.serve.errors import Unauthorized
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.errors import Unauthorized
+    from helix_ray.store.keys import KeyStore
 
     keys = KeyStore(tmp_path)
     key, record = keys.create("alice")
@@ -99,10 +99,9 @@ def test_without_keys_each_request_names_its_user(tmp_path):
     """--no-auth: no key is asked for, and the user must be in the request."""
     import types
 
-    from helix_ray.errors import InvalidArgument
+    from helix_ray.errors import Forbidden, InvalidArgument
     from helix_ray.serve.app import HelixAPI
-    from helix_ray.serve.errors import Forbidden
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
 
     cls = HelixAPI.func_or_class
     open_server = types.SimpleNamespace(keys=None)

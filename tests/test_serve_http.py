@@ -29,7 +29,7 @@ def served(request, tmp_path_factory):
     from ray import serve
 
     from helix_ray.serve import server
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
     from helix_ray.ingest.run import ingest
 
     folder = tmp_path_factory.mktemp("serve")
@@ -548,7 +548,7 @@ def test_an_admin_forgets_a_user_through_the_writer_deployment(served, alice, op
     """Protects: ``DELETE /v1/users/{user}`` reaches the Writer deployment in both
     graphs, and once its compaction has deleted the generations before the new one, the
     replicas recall on (the erasure's own checks: tests/test_serve_forget.py)."""
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
 
     url, _, store = served
     erin = KeyStore(store).create("erin")[0]

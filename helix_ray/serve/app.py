@@ -39,12 +39,14 @@ from ray.serve.handle import DeploymentHandle
 
 from helix_ray import __version__
 from helix_ray.config import IngestConfig, RetrievalConfig, deep_merge, load_config
-from helix_ray.errors import InvalidArgument, StoreError
+from helix_ray.errors import Forbidden, InvalidArgument, StoreError
 from helix_ray.ingest.run import initialise
+from helix_ray.live.inputs import NON_BLANK, check_settings
+from helix_ray.live.settings import settings_path
 from helix_ray.recall.pipeline import Recaller
 from helix_ray.recall.scope import as_time, check_context, make_scope
 from helix_ray.serve import audit as audit_module
-from helix_ray.serve import keys as keys_module
+from helix_ray.serve import gate as gate_module
 from helix_ray.serve import ratelimit
 from helix_ray.serve.api import (
     MAX_AUDIT_RECORDS,
@@ -55,26 +57,22 @@ from helix_ray.serve.api import (
     LatencyWindow,
     MemoryChanged,
     MemoryPatch,
-    NON_BLANK,
     RecallRequest,
     RecallResponse,
     SettingsResponse,
     UserForgotten,
     WriteResponse,
-    check_settings,
     settings_patch_schema,
 )
 from helix_ray.serve.bodies import PARSE_ON_LOOP_BYTES, WRITE_BODY, write_records
 from helix_ray.serve.deployments import BM25, CPUS, RETRIEVER_AUTOSCALING, DenseANN, Embedder, Pipeline, Ranker, Writer
-from helix_ray.serve.errors import Forbidden
 from helix_ray.serve.fanout import SplitGraph
 from helix_ray.serve.gate import Gate, bearer, not_admin
-from helix_ray.serve.keys import KeyStore
 from helix_ray.serve.ratelimit import RateLimiter
 from helix_ray.serve.responses import BODY, KEYED, add_error_handlers, errors, recall_response
-from helix_ray.serve.settings import settings_path
 from helix_ray.serve.shells import PipelineShell
 from helix_ray.store.audit import read as read_audit
+from helix_ray.store.keys import KeyStore
 from helix_ray.store.pointer import Pointer
 
 log = logging.getLogger(__name__)
@@ -182,7 +180,7 @@ class HelixAPI(SplitGraph):
         self.local = PipelineShell(self.store, ingest, self.args.watch_interval_s) \
             if self.args.graph == "inline" else None
         self.keys = KeyStore(self.store) if self.args.auth else None
-        keys_module.SERVING["store"] = self.keys  # for the key-first middleware
+        gate_module.SERVING["store"] = self.keys  # for the key-first middleware
         audit_module.SERVING["store"] = self.store  # and its audit of admin requests
         ratelimit.SERVING["limiter"] = RateLimiter(self.args.rate_limit, self.args.rate_burst) \
             if self.args.rate_limit and self.keys is not None else None

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from helix_ray.errors import InvalidArgument
 from helix_ray.runtime import bind_error, ensure_ray, is_loopback, reserve_port, spare_port
-from helix_ray.serve.keys import KeyStore
+from helix_ray.store.keys import KeyStore
 
 log = logging.getLogger(__name__)
 
