@@ -35,6 +35,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
 from ray.serve import Application, Deployment
+from ray.serve.config import BackpressureConfig
 from ray.serve.handle import DeploymentHandle
 
 from helix_ray import __version__
@@ -69,7 +70,7 @@ from helix_ray.serve.deployments import BM25, CPUS, RETRIEVER_AUTOSCALING, Dense
 from helix_ray.serve.fanout import SplitGraph
 from helix_ray.serve.gate import Gate, bearer, not_admin
 from helix_ray.serve.ratelimit import RateLimiter
-from helix_ray.serve.responses import BODY, KEYED, add_error_handlers, errors, recall_response
+from helix_ray.serve.responses import BODY, KEYED, RETRY_AFTER_S, add_error_handlers, errors, recall_response
 from helix_ray.serve.shells import PipelineShell
 from helix_ray.store.audit import read as read_audit
 from helix_ray.store.keys import KeyStore
@@ -115,6 +116,15 @@ class ServeArgs(BaseModel):
                                                       "replica, on average (a token bucket; over it: 429 with "
                                                       "Retry-After). 0: no limit.")
     rate_burst: int = Field(20, ge=1, description="...and at once: the bucket's size.")
+    max_queued_requests: int = Field(
+        64, ge=1, le=100_000,
+        description="Serve's `max_queued_requests` of every deployment: the requests each caller (the HTTP "
+                    "proxy for the HelixAPI ingress, an ingress replica for each stage or the Writer) keeps "
+                    "waiting while every replica it could send them to has its `max_ongoing_requests`. One more "
+                    "is refused at once: 503 with Retry-After, instead of a queue that grows without bound under "
+                    "overload. Higher: a burst waits longer instead of being refused. Clients sending one request "
+                    "at a time are never refused while they are fewer than this plus the deployment's "
+                    "`max_ongoing_requests` (the Writer's: 16; the ingress's: 128).")
 
     @model_validator(mode="after")
     def _check_replicas(self) -> "ServeArgs":
@@ -479,23 +489,29 @@ def build_app(args: ServeArgs) -> Application:
     args = args.model_copy(update={"store": str(store)})
     low, high = args.retriever_replicas
     scaling = {**RETRIEVER_AUTOSCALING, "min_replicas": low, "initial_replicas": low, "max_replicas": high}
-    writer = Writer.bind(str(store), ingest, compact_interval_s=args.compact_interval_s,
-                         compact_max_pending=args.compact_max_pending, compact_runner=args.compact_runner)
+    # Every caller's queue bounded: the proxy's to the ingress answers its 503 itself,
+    # with Retry-After from backpressure_config; a handle's raises BackPressureError in
+    # the ingress, which answers it as a 503 (helix_ray.serve.errors.lost_replica).
+    bounded = {"max_queued_requests": args.max_queued_requests}
+    writer = Writer.options(**bounded).bind(str(store), ingest, compact_interval_s=args.compact_interval_s,
+                                            compact_max_pending=args.compact_max_pending,
+                                            compact_runner=args.compact_runner)
     pipelines = {**scaling, "max_replicas": min(high, 2)}  # each holds the models and every stage
-    ingress = cast(Deployment, HelixAPI)  # what @serve.deployment made it; mypy keeps the class type
+    ingress = cast(Deployment, HelixAPI).options(  # what @serve.deployment made it; mypy keeps the class type
+        user_config={"retrieval": args.retrieval}, **bounded,
+        backpressure_config=BackpressureConfig(status_code=503, retry_after_s=RETRY_AFTER_S))
     if args.graph == "compact":
-        pipeline = Pipeline.options(autoscaling_config=pipelines).bind(str(store), ingest, args.watch_interval_s)
-        return ingress.options(user_config={"retrieval": args.retrieval}).bind(
-            None, None, None, None, writer, args.model_dump(), pipeline)
+        pipeline = Pipeline.options(autoscaling_config=pipelines, **bounded).bind(
+            str(store), ingest, args.watch_interval_s)
+        return ingress.bind(None, None, None, None, writer, args.model_dump(), pipeline)
     if args.graph == "inline":
-        return ingress.options(user_config={"retrieval": args.retrieval}, autoscaling_config=pipelines,
-                               ray_actor_options={"num_cpus": CPUS["pipeline"]}).bind(
+        return ingress.options(autoscaling_config=pipelines, ray_actor_options={"num_cpus": CPUS["pipeline"]}).bind(
             None, None, None, None, writer, args.model_dump(), None, ingest)
-    return ingress.options(user_config={"retrieval": args.retrieval}).bind(
-        Embedder.bind(ingest, str(store)),
-        DenseANN.options(autoscaling_config=scaling).bind(str(store), ingest, args.watch_interval_s),
-        BM25.options(autoscaling_config=scaling).bind(str(store), ingest, args.watch_interval_s),
-        Ranker.bind(str(store), ingest, args.watch_interval_s),
+    return ingress.bind(
+        Embedder.options(**bounded).bind(ingest, str(store)),
+        DenseANN.options(autoscaling_config=scaling, **bounded).bind(str(store), ingest, args.watch_interval_s),
+        BM25.options(autoscaling_config=scaling, **bounded).bind(str(store), ingest, args.watch_interval_s),
+        Ranker.options(**bounded).bind(str(store), ingest, args.watch_interval_s),
         writer,
         args.model_dump(),
     )
