@@ -20,12 +20,13 @@ requests flow.
 
 Several client counts (``--clients 8,32,64``) are run one after another on the same
 server and store, ``--minutes`` each. Each level reports its requests per second, p50 /
-p99 of the mix's recalls and of its writes (the POST), its answers by status (429 and 503,
-the server's refusals, apart from the other 5xx) and the RSS and PSS of every process of
-the Ray started here (Serve replicas, proxy, controller, raylet, GCS, dashboard, idle
-workers: the descendants of this process) at its start and every ``--rss-every-s``. Its
-memory verdict compares each process's last sample with its first after ``--warmup-s``:
-"flat" unless one grew by more than ``--flat-ratio`` and 8 MiB.
+p99 of the mix's recalls and of its writes (the POST) answered, and of those refused, its
+answers by status (429 and 503, the server's refusals, apart from the other 5xx) and the
+RSS and PSS of every process of the Ray started here (Serve replicas, proxy, controller,
+raylet, GCS, dashboard, idle workers: the descendants of this process) at its start and
+every ``--rss-every-s``. Its memory verdict compares each process's RSS at the end with
+its first sample after ``--warmup-s``: "flat" unless one grew by more than
+``--flat-ratio`` and 8 MiB.
 
 Every memory the soak writes carries a word of its own, so recall can look for it:
 
@@ -134,15 +135,21 @@ class Soak:
         self.visible_ms: list[float] = []
         self.session: Any = None
         # This level's (--clients): operations, answers by status (0: none, or not in TIMEOUT_S),
-        # and the latency of the mix's recalls and writes.
+        # and the latency of the mix's recalls and writes answered, and of those refused (429, 503).
         self.level_ops: dict[str, int] = {}
         self.statuses: dict[int, int] = {}
-        self.latency_ms: dict[str, list[float]] = {"recall": [], "write": []}
+        self.latency_ms: dict[str, list[float]] = {"recall": [], "write": [], "refused": []}
 
     def new_level(self) -> None:
         """Start a level's counts afresh; the totals, and what the soak wrote and deleted, go on."""
         self.level_ops, self.statuses = {}, {}
-        self.latency_ms = {"recall": [], "write": []}
+        self.latency_ms = {"recall": [], "write": [], "refused": []}
+
+    def note_latency(self, kind: str, status: int, since: float) -> None:
+        """The latency of one of the mix's requests, under ``kind`` if answered, else under
+        "refused" if the server refused it (429, 503)."""
+        if status < 300 or status in (429, 503):
+            self.latency_ms[kind if status < 300 else "refused"].append((time.perf_counter() - since) * 1000)
 
     def _fail(self, what: str) -> None:
         if len(self.broken) < 50:
@@ -181,7 +188,7 @@ class Soak:
         status, data = await self.call("POST", "/v1/recall", user, {"query": query, "budget_tokens": 512})
         if timed:
             self.window.append((time.perf_counter() - clock) * 1000)
-            self.latency_ms["recall"].append(self.window[-1])
+            self.note_latency("recall", status, clock)
         if status != 200:
             return []
         ids = [item["id"] for item in data["items"]]
@@ -205,7 +212,7 @@ class Soak:
         records = [{"text": f"Soak note {t}: {sentence()}", "type": "semantic", "project": "soak"} for t in tags]
         clock = time.perf_counter()
         status, data = await self.call("POST", "/v1/memories", user, records if batch > 1 else records[0])
-        self.latency_ms["write"].append((time.perf_counter() - clock) * 1000)
+        self.note_latency("write", status, clock)
         if status != 201:
             return
         for memory_id, tag in zip(data["ids"], tags):
@@ -428,7 +435,7 @@ def level_summary(clients: int, seconds: float, soak: Soak, rss: list[dict[str, 
     return {"clients": clients, "seconds": round(seconds, 1), "requests": requests,
             "requests_per_s": round(requests / seconds, 2), "ops": dict(soak.level_ops),
             "ops_per_s": round(sum(soak.level_ops.values()) / seconds, 2), "recall_ms": latency["recall"],
-            "write_ms": latency["write"], "statuses": {str(k): v for k, v in sorted(statuses.items())},
+            "write_ms": latency["write"], "refused_ms": latency["refused"], "statuses": {str(k): v for k, v in sorted(statuses.items())},
             "errors": errors, "rss_samples": rss,
             "memory": memory_verdict(rss, args.warmup_s, args.flat_ratio)}
 
@@ -491,7 +498,9 @@ def level_line(level: dict[str, Any]) -> str:
     return (f"{level['clients']:>3} clients: {level['requests_per_s']:.1f} req/s ({level['ops_per_s']:.1f} ops/s)  "
             f"recall p50 {level['recall_ms']['p50']} p99 {level['recall_ms']['p99']} ms (n {level['recall_ms']['n']})  "
             f"write p50 {level['write_ms']['p50']} p99 {level['write_ms']['p99']} ms (n {level['write_ms']['n']})  "
-            f"errors {level['errors']}  memory {memory['verdict']}"
+            f"errors {level['errors']}" + (f" (refused in p50 {level['refused_ms']['p50']} p99 "
+                                           f"{level['refused_ms']['p99']} ms)" if level["refused_ms"]["n"] else "")
+            + f"  memory {memory['verdict']}"
             + (f" (worst {worst[0]} x{worst[1]['ratio']})" if worst else "")
             + "  RSS MiB " + ", ".join(f"{role} {mib:.0f}" for role, mib in sorted(rss.items())))
 
