@@ -523,7 +523,7 @@ def _eval(args: argparse.Namespace) -> int:
 def _compact(args: argparse.Namespace) -> int:
     """Fold the writes a server took into the next generation. With a server running, its
     Writer holds the store (DuckDB has one writer): use POST /v1/admin/compact there."""
-    from helix_ray.serve.writer import WriterCore
+    from helix_ray.live.writer import WriterCore
 
     writer = WriterCore(args.store, compact_runner=args.runner)
     try:
@@ -536,7 +536,7 @@ def _compact(args: argparse.Namespace) -> int:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from helix_ray.serve.keys import KeyStore, parse_duration
+    from helix_ray.store.keys import KeyStore, parse_duration
 
     keys = KeyStore(args.store)
     if args.keys_command == "create":

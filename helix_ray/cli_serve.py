@@ -46,7 +46,7 @@ def _demo_over_http(store: Path, query: str, ours: bool, *, quiet: bool = True) 
     import urllib.request
 
     from helix_ray.runtime import spare_port
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
     from helix_ray.serve.server import _take_down, run, serving_address
 
     _serve_driver_logs(quiet)

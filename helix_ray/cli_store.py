@@ -2,7 +2,7 @@
 into it, ``backup`` and ``restore`` copy it, ``forget-user`` erases a user from it,
 ``audit`` shows who did which admin action. They print; the work is
 :class:`helix_ray.store.db.StoreDB`'s, :mod:`helix_ray.store.doctor`'s,
-:mod:`helix_ray.store.backup`'s, :mod:`helix_ray.serve.forget`'s and
+:mod:`helix_ray.store.backup`'s, :mod:`helix_ray.live.forget`'s and
 :mod:`helix_ray.store.audit`'s. :func:`record` appends the admin commands to the audit
 log. Imports stay inside the functions (``helix --help`` loads none of them)."""
 
@@ -106,9 +106,9 @@ def forget_user(args: argparse.Namespace) -> int:
     """``helix forget-user``: the user's rows out of the database and the delta, their
     keys and the adapter fitted on their queries out of the folder; with ``--compact``,
     out of the served generation and every file that held them too. The work is the
-    single writer's (:mod:`helix_ray.serve.forget`), as for ``DELETE /v1/users/{user}``."""
-    from helix_ray.serve.errors import NotFound
-    from helix_ray.serve.writer import WriterCore
+    single writer's (:mod:`helix_ray.live.forget`), as for ``DELETE /v1/users/{user}``."""
+    from helix_ray.errors import NotFound
+    from helix_ray.live.writer import WriterCore
     from helix_ray.store.db import DatabaseHeld
 
     store = _existing_store(args.store)

@@ -34,6 +34,22 @@ class InvalidArgument(HelixError, ValueError):
         return (type(self), (self.name, self.received, self.allowed, self.fix))
 
 
+class Unauthorized(HelixError):
+    """No API key, or one this store does not know (HTTP 401)."""
+
+
+class Forbidden(HelixError):
+    """A caller asked for another user's memories (HTTP 403)."""
+
+
+class NotFound(HelixError):
+    """No such memory, or nothing of such a user, in this store (HTTP 404)."""
+
+
+class Conflict(HelixError):
+    """The id is taken by another user's memory (HTTP 409)."""
+
+
 class StoreError(HelixError):
     """A store folder is missing, locked, or holds something this version cannot read."""
 

@@ -107,8 +107,8 @@ class Local:
     def _config(self) -> Any:
         """The retrieval settings: a server's live overrides, if one ever ran on this store,
         read and checked again only when the file changes (one ``stat`` per recall)."""
-        from helix_ray.serve.api import check_settings
-        from helix_ray.serve.settings import read_settings, settings_path
+        from helix_ray.live.inputs import check_settings
+        from helix_ray.live.settings import read_settings, settings_path
         from helix_ray.store.pointer import Pointer
 
         if self._settings is None:
@@ -159,7 +159,7 @@ class Local:
         asyncio.get_running_loop().run_in_executor(None, self.writer.accessed, hits)
 
     async def remember(self, record: dict[str, Any]) -> dict[str, Any]:
-        from helix_ray.serve.api import MemoryIn, request_error_sentence
+        from helix_ray.live.inputs import MemoryIn, request_error_sentence
 
         try:
             checked = MemoryIn.model_validate(record).model_dump(exclude_none=True)

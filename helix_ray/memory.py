@@ -7,17 +7,17 @@
 >>> print(result.context())
 
 A :class:`Memory` holds its store's DuckDB file (DuckDB allows one writing process) and,
-from its first write on, the store's :class:`~helix_ray.serve.writer.WriterCore`, the
+from its first write on, the store's :class:`~helix_ray.live.writer.WriterCore`, the
 Writer ``helix serve`` runs; the ``Memory`` objects of one store in one process share
 both (:mod:`helix_ray.shared_store`), so opening it again (a notebook cell run twice)
 is safe. A ``Memory`` that only recalls changes nothing in the store but the access
 log. :meth:`Memory.add`, :meth:`~Memory.patch` and :meth:`~Memory.delete` go through
-the Writer's write path (:mod:`helix_ray.serve.writes`): validated, chunked, embedded,
+the Writer's write path (:mod:`helix_ray.live.writes`): validated, chunked, embedded,
 logged durably in ``serve_log`` and published to the delta segment before they return;
 the next recall finds them, and after a crash the next Writer replays the log. A
 background compaction folds the delta into the next generation (:meth:`Memory.compact`
 folds it now). Recall reads the memory-mapped generation and the delta, as the served
-path does (:func:`helix_ray.serve.shells.recall_over`); the accesses it records go to
+path does (:func:`helix_ray.live.recall.recall_over`); the accesses it records go to
 DuckDB from a background thread, off the query path.
 
 Opening a store with a generation warms it in the background (``warm=True``, see
@@ -46,8 +46,8 @@ from helix_ray.shared_store import open_shared
 from helix_ray.store.generation import current_generation_number
 
 if TYPE_CHECKING:
-    from helix_ray.serve.views import StoreViews
-    from helix_ray.serve.writer import WriterCore
+    from helix_ray.live.views import StoreViews
+    from helix_ray.live.writer import WriterCore
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class Memory:
         compaction folds them into the next generation. A record with the id of an
         existing memory replaces it. More than the Writer's batch (1,000) are written
         in batches, each durable as it returns; for a bulk load, :meth:`ingest` a file."""
-        from helix_ray.serve.api import MAX_BATCH
+        from helix_ray.live.inputs import MAX_BATCH
 
         rows = [_plain(r.to_row() if isinstance(r, MemoryRecord) else r) for r in records]
         if not rows:
@@ -246,7 +246,7 @@ class Memory:
     def _current(self):
         """The recaller, the generation view and the newest delta snapshot, the
         generation opened again when ``CURRENT`` moved (one ``stat`` when it did not)."""
-        from helix_ray.serve.views import StoreViews  # loads the recall stages (scipy): at the first recall
+        from helix_ray.live.views import StoreViews  # loads the recall stages (scipy): at the first recall
 
         with self._recaller_lock:
             if self._views is None:
@@ -325,7 +325,7 @@ class Memory:
         """Recall ``user``'s memories for ``query``, over the generation and the writes
         not folded into it yet; see :meth:`Recaller.recall`."""
         from helix_ray.recall.pipeline import IdAccessOverlay  # loads scipy: on the first recall, not at import
-        from helix_ray.serve.shells import recall_over
+        from helix_ray.live.recall import recall_over
 
         self._check_open()
         self._warm.wait()

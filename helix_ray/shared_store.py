@@ -5,7 +5,7 @@ DuckDB lets a process open the same file twice, so two ``Memory`` objects on one
 two Writers would each keep their own log sequence, delta and compaction, and undo each
 other's writes. One :class:`SharedStore` per store folder (its resolved path) holds
 what must be single: the DuckDB connection and its lock, the Writer
-(:class:`~helix_ray.serve.writer.WriterCore`), the background compaction and the recall
+(:class:`~helix_ray.live.writer.WriterCore`), the background compaction and the recall
 hits not yet logged. The first :func:`open_shared` creates it, the last
 :meth:`SharedStore.release` closes it.
 
@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from helix_ray.config import IngestConfig
+from helix_ray.live.compactor import Compactor
 from helix_ray.store.db import StoreDB
 
 if TYPE_CHECKING:
-    from helix_ray.serve.shells import Compactor
-    from helix_ray.serve.writer import WriterCore
+    from helix_ray.live.writer import WriterCore
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class SharedStore:
         the first call; the background compaction starts with it when one was asked for."""
         with self._core_lock:
             if self._core is None:
-                from helix_ray.serve.writer import WriterCore  # loads the ingest stages: at the first write
+                from helix_ray.live.writer import WriterCore  # loads the ingest stages: at the first write
 
                 with self.db_lock:
                     # The token warning comes with the first compaction that needs it.
@@ -112,8 +112,6 @@ class SharedStore:
                     self._start_compactor(interval_s, max_pending)
 
     def _start_compactor(self, interval_s: float, max_pending: int) -> None:
-        from helix_ray.serve.shells import Compactor  # loads the recall stages (scipy)
-
         assert self._core is not None
         self.compactor = Compactor(self._core, interval_s=interval_s, max_pending=max_pending,
                                    before=self.flush_accesses, after=self._compacted)

@@ -347,7 +347,7 @@ def bench_store(prepared: dict[str, Any], args: argparse.Namespace, port: int) -
     from ray import serve
 
     from helix_ray.serve.app import ServeArgs, build_app
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
 
     store, queries, result = prepared["store"], prepared["queries"], prepared["result"]
     keys = {u: KeyStore(store).create(u)[0] for u in sorted({q["user"] for q in queries})}

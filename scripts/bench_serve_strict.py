@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return child(Path(args.store), args.requests, args.warmup, args.seed)
 
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
     from helix_ray.serve.server import starts_own_ray
 
     if not starts_own_ray():  # a cluster it joined would lose its Serve applications at each round's end

@@ -8,7 +8,7 @@ snapshot costs a replica.
 On a new, empty store (``helix_ray.ingest.run.initialise``) in a temporary folder, in one
 process, no Ray: the delta is filled to each of ``--sizes`` pending entries with batch
 writes, then ``--writes`` single-memory writes go through
-:class:`helix_ray.serve.writer.WriterCore` (what ``POST /v1/memories`` runs). For each
+:class:`helix_ray.live.writer.WriterCore` (what ``POST /v1/memories`` runs). For each
 write it measures the whole ``add`` (validation, doc2query, both encoders, DuckDB,
 inbox, snapshot), the snapshot publication alone, the bytes written under ``delta/``,
 and then what a replica does on its next request: read the new snapshot (with the
@@ -28,6 +28,7 @@ flushes of 100 new hits (what an ingress sends once a second under load): the Wr
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import tempfile
@@ -76,15 +77,25 @@ def print_table(results: list[dict[str, Any]]) -> None:
               f"{r['replica_load_ms']['p95']} | {r['first_bm25_ms']['p50']} / {r['first_bm25_ms']['p95']} |")
 
 
+def live_module(name: str) -> Any:
+    """``helix_ray.live.<name>``, or ``helix_ray.serve.<name>`` in a tree from before the
+    live store had a package of its own."""
+    try:
+        return importlib.import_module(f"helix_ray.live.{name}")
+    except ModuleNotFoundError:
+        return importlib.import_module(f"helix_ray.serve.{name}")
+
+
 def main() -> int:
     args = parse_args()
     sys.path.insert(0, args.tree)
 
-    from helix_ray.recall.scope import make_scope
-    from helix_ray.serve import delta as delta_mod
-    from helix_ray.serve.writer import WriterCore
     from helix_ray.ingest.run import initialise
-    from helix_ray.serve.delta_format import current_delta_version
+    from helix_ray.recall.scope import make_scope
+
+    delta_mod = live_module("delta")
+    WriterCore = live_module("writer").WriterCore
+    current_delta_version = live_module("delta_format").current_delta_version
 
     store = Path(tempfile.mkdtemp(prefix="helix-bench-writes-")) / "store"
     if args.store:
@@ -167,16 +178,15 @@ def main() -> int:
 def access_round(core: Any, store: Path, distinct: int, flushes: int) -> dict[str, Any]:
     """The access record filled to ``distinct`` ids, then ``flushes`` batches of 100 new
     hits: the Writer's ``accessed`` and a replica's next read, p50 / p95 ms."""
-    from helix_ray.serve import shells, writer
-
     try:
-        from helix_ray.serve import access_log
+        access_log = live_module("access_log")
     except ImportError:  # an older tree: the access file's code is in writer.py
-        access_log = writer
+        access_log = live_module("writer")
     if hasattr(access_log, "AccessTail"):
         tail = access_log.AccessTail(access_log.accesses_path(store))
         read = tail.read
     else:  # an older tree: the replica re-read the whole file when it changed
+        from helix_ray.serve import shells
         from helix_ray.store.pointer import Pointer
 
         read = Pointer(access_log.accesses_path(store), shells._read_accesses).read

@@ -263,11 +263,11 @@ def install_kill_point(step: str, on_call: int, *, writes: bool) -> None:
     of its ``on_call``-th ingest. Wraps the functions each step ends with, in this
     process only."""
     import helix_ray.ingest.run as run
-    import helix_ray.serve.compaction as compaction
-    import helix_ray.serve.writes as writes_mod
+    import helix_ray.live.compaction as compaction
+    import helix_ray.live.writes as writes_mod
     import helix_ray.store.db as db
     import helix_ray.store.publish as publish
-    from helix_ray.serve.writer import WriterCore
+    from helix_ray.live.writer import WriterCore
 
     calls = {"n": 0}
     phase = {"now": ""}  # "write" or "compact" while one runs (memory-add)
@@ -851,7 +851,7 @@ def doctor_problems(store: Path) -> str:
 def new_serve_store(store: Path) -> tuple[str, str]:
     """A store with an empty generation and two API keys: (user key, admin key)."""
     from helix_ray.ingest.run import initialise
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
 
     shutil.rmtree(store, ignore_errors=True)
     initialise(store)

@@ -37,7 +37,7 @@ def main() -> None:
 
     from helix_ray.runtime import spare_port
     from helix_ray.serve import server
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
     from helix_ray.ingest.run import ingest
     from tests.helpers import tenant_records
 

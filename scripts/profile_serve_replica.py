@@ -110,7 +110,7 @@ def main() -> int:
     from ray import serve
 
     from helix_ray.serve.app import ServeArgs, build_app
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
     from helix_ray.serve.server import start_ray
 
     start_ray(num_cpus=2)

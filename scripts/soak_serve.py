@@ -3,15 +3,30 @@
 
     RAY_SERVE_ENABLE_HA_PROXY=1 .venv/bin/python scripts/soak_serve.py \\
         --store /tmp/helixbench/recall/store-100000 --minutes 15 [--graph inline|split] \\
-        [--concurrency 4] [--compact-interval-s 120] [--compact-max-pending 400] [--json OUT]
+        [--clients 4] [--compact-interval-s 120] [--compact-max-pending 400] [--json OUT]
+
+    # load levels: a run of --minutes per client count, on one server, 90 % recall / 10 % write
+    nice -n 19 .venv/bin/python scripts/soak_serve.py --store /tmp/helixbench/recall/store-100000 \\
+        --clients 8,32,64 --minutes 10 --mix recall=90,write=10 --json /tmp/load.json
 
 Serves a hard-linked copy of ``--store`` (``bench_serve.py``'s setup: a local Ray of two
-CPUs, API keys, the application of ``helix serve``) and runs ``--concurrency`` clients
-for ``--minutes``, each picking its next request at random: recall (70 %), a write of
-one memory or of a batch of five (14 %), a PATCH of a memory's text (5 %), a DELETE (5 %),
-GET /v1/stats (4 %), a PATCH of the live settings with an admin key (2 %). Background
-compaction runs every ``--compact-interval-s`` or at ``--compact-max-pending`` writes, so
-generations are published and swapped while requests flow.
+CPUs, API keys, the application of ``helix serve``) and runs ``--clients`` clients for
+``--minutes``, each picking its next request at random from ``--mix``; by default recall
+(70 %), a write of one memory or of a batch of five (14 %), a PATCH of a memory's text
+(5 %), a DELETE (5 %), GET /v1/stats (4 %), a PATCH of the live settings with an admin
+key (2 %). Background compaction runs every ``--compact-interval-s`` or at
+``--compact-max-pending`` writes, so generations are published and swapped while
+requests flow.
+
+Several client counts (``--clients 8,32,64``) are run one after another on the same
+server and store, ``--minutes`` each. Each level reports its requests per second, p50 /
+p99 of the mix's recalls and of its writes (the POST) answered, and of those refused, its
+answers by status (429 and 503, the server's refusals, apart from the other 5xx) and the
+RSS and PSS of every process of the Ray started here (Serve replicas, proxy, controller,
+raylet, GCS, dashboard, idle workers: the descendants of this process) at its start and
+every ``--rss-every-s``. Its memory verdict compares each process's RSS at the end with
+its first sample after ``--warmup-s``: "flat" unless one grew by more than
+``--flat-ratio`` and 8 MiB.
 
 Every memory the soak writes carries a word of its own, so recall can look for it:
 
@@ -54,7 +69,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_serve as bs  # noqa: E402
 
+#: The default mix: each request kind and its weight (``--mix`` names a subset with its own).
 OPS = (("recall", 70), ("write", 10), ("batch", 4), ("patch", 5), ("delete", 5), ("stats", 4), ("settings", 2))
+#: A process whose RSS grew by less than this (MiB) is flat whatever its ratio.
+FLAT_FLOOR_MIB = 8.0
 VISIBLE_WITHIN_S = 1.0
 TIMEOUT_S = 60.0
 
@@ -74,9 +92,37 @@ def word() -> str:
     return "soak" + uuid.uuid4().hex[:12]
 
 
+def parse_mix(text: str) -> tuple[tuple[str, int], ...]:
+    """``recall=90,write=10`` as ``(("recall", 90), ("write", 10))``; kinds from :data:`OPS`."""
+    kinds = dict(OPS)
+    mix = []
+    for part in text.split(","):
+        name, _, weight = part.partition("=")
+        if name.strip() not in kinds or not weight.strip().isdigit():
+            raise SystemExit(f"Got --mix {text!r}; it must be KIND=WEIGHT pairs separated by commas, KIND one of "
+                             f"{', '.join(kinds)} and WEIGHT a whole number, e.g. recall=90,write=10.")
+        mix.append((name.strip(), int(weight)))
+    if not sum(w for _, w in mix):
+        raise SystemExit(f"Got --mix {text!r}; at least one weight must be above 0.")
+    return tuple(mix)
+
+
+def parse_clients(text: str) -> list[int]:
+    """``8,32,64`` as ``[8, 32, 64]``."""
+    try:
+        levels = [int(part) for part in text.split(",")]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        raise SystemExit(f"Got --clients {text!r}; it must be client counts of 1 or more separated by commas, "
+                         "e.g. 8,32,64.")
+    return levels
+
+
 class Soak:
-    def __init__(self, url: str, keys: dict[str, str], admin: str, queries: list[dict[str, str]]):
-        self.url, self.keys, self.admin, self.queries = url, keys, admin, queries
+    def __init__(self, url: str, keys: dict[str, str], admin: str, queries: list[dict[str, str]],
+                 mix: tuple[tuple[str, int], ...] = OPS):
+        self.url, self.keys, self.admin, self.queries, self.mix = url, keys, admin, queries, mix
         self.users = sorted(keys)
         self.owner: dict[str, str] = {}  # id → user, of every memory the soak wrote
         self.live: dict[str, tuple[str, str]] = {}  # id → (user, word it is found by now)
@@ -88,6 +134,22 @@ class Soak:
         self.broken: list[str] = []
         self.visible_ms: list[float] = []
         self.session: Any = None
+        # This level's (--clients): operations, answers by status (0: none, or not in TIMEOUT_S),
+        # and the latency of the mix's recalls and writes answered, and of those refused (429, 503).
+        self.level_ops: dict[str, int] = {}
+        self.statuses: dict[int, int] = {}
+        self.latency_ms: dict[str, list[float]] = {"recall": [], "write": [], "refused": []}
+
+    def new_level(self) -> None:
+        """Start a level's counts afresh; the totals, and what the soak wrote and deleted, go on."""
+        self.level_ops, self.statuses = {}, {}
+        self.latency_ms = {"recall": [], "write": [], "refused": []}
+
+    def note_latency(self, kind: str, status: int, since: float) -> None:
+        """The latency of one of the mix's requests, under ``kind`` if answered, else under
+        "refused" if the server refused it (429, 503)."""
+        if status < 300 or status in (429, 503):
+            self.latency_ms[kind if status < 300 else "refused"].append((time.perf_counter() - since) * 1000)
 
     def _fail(self, what: str) -> None:
         if len(self.broken) < 50:
@@ -96,16 +158,25 @@ class Soak:
 
     async def call(self, method: str, path: str, user: str | None, body: Any = None,
                    admin: bool = False) -> tuple[int, Any]:
+        import aiohttp
+
         key = self.admin if admin else self.keys[user or self.users[0]]
         route = f"{method} {path.split('/')[2] if path.count('/') > 1 else path}"
         try:
             async with self.session.request(method, self.url + path, json=body,
                                             headers={"Authorization": f"Bearer {key}"}) as response:
-                status, data = response.status, await response.json(content_type=None)
+                status, text = response.status, await response.text()
+            try:
+                data = json.loads(text)
+            except ValueError:  # Serve's own answers (its proxy refusing a request) are plain text
+                data = text
         except asyncio.TimeoutError:  # no answer within the client's timeout: as bad as a 5xx
             status, data = 0, f"no answer within {TIMEOUT_S} s"
+        except aiohttp.ClientError as exc:  # the connection refused or dropped: no answer either
+            status, data = 0, f"no answer: {type(exc).__name__}: {exc}"
+        self.statuses[status] = self.statuses.get(status, 0) + 1
         if status >= 400 or status == 0:
-            label = f"{route} {status or 'timeout'}"
+            label = f"{route} {status or 'no answer'}"
             self.errors[label] = self.errors.get(label, 0) + 1
             self.examples.setdefault(label, str(data)[:300])
             if status >= 500 or status == 0:
@@ -117,6 +188,7 @@ class Soak:
         status, data = await self.call("POST", "/v1/recall", user, {"query": query, "budget_tokens": 512})
         if timed:
             self.window.append((time.perf_counter() - clock) * 1000)
+            self.note_latency("recall", status, clock)
         if status != 200:
             return []
         ids = [item["id"] for item in data["items"]]
@@ -138,7 +210,9 @@ class Soak:
     async def write(self, user: str, batch: int) -> None:
         tags = [word() for _ in range(batch)]
         records = [{"text": f"Soak note {t}: {sentence()}", "type": "semantic", "project": "soak"} for t in tags]
+        clock = time.perf_counter()
         status, data = await self.call("POST", "/v1/memories", user, records if batch > 1 else records[0])
+        self.note_latency("write", status, clock)
         if status != 201:
             return
         for memory_id, tag in zip(data["ids"], tags):
@@ -178,10 +252,11 @@ class Soak:
             self._fail(f"deleted {memory_id!r} recalled right after its DELETE was answered")
 
     async def worker(self, deadline: float) -> None:
-        names, weights = zip(*OPS)
+        names, weights = zip(*self.mix)
         while time.monotonic() < deadline:
             op = random.choices(names, weights)[0]
             self.counts[op] = self.counts.get(op, 0) + 1
+            self.level_ops[op] = self.level_ops.get(op, 0) + 1
             user = random.choice(self.users)
             if op == "recall":
                 q = random.choice(self.queries)
@@ -262,6 +337,109 @@ def replica_pids(store: Path) -> dict[int, str]:
     return mine
 
 
+def ray_processes(store: Path) -> dict[int, str]:
+    """pid → role of every process of the Ray this script started (its descendants:
+    ``ray.init`` starts the GCS, raylet and dashboard, the raylet the workers), and of
+    this application's replicas wherever they run: a deployment's name, "proxy",
+    "controller", "raylet", "gcs", or the program's name ("dashboard.py", "IDLE" for a
+    pooled worker)."""
+    children: dict[int, list[int]] = {}
+    for pid_dir in Path("/proc").iterdir():
+        if pid_dir.name.isdigit():
+            try:
+                parent = int((pid_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(pid_dir.name))
+    out: dict[int, str] = {}
+    todo = list(children.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        out[pid] = process_role(argv)
+    return {**out, **replica_pids(store)}
+
+
+def process_role(argv: list[str]) -> str:
+    """What a Ray process is, from its command line (see :func:`ray_processes`)."""
+    line = " ".join(argv)
+    if "ServeReplica:helix:" in line:
+        return line.split("ServeReplica:helix:", 1)[1].split()[0].split(".")[0]
+    for marker, role in (("ProxyActor", "proxy"), ("ServeController", "controller"), ("gcs_server", "gcs")):
+        if marker in line:
+            return role
+    if os.path.basename(argv[0]) == "raylet" or "/raylet " in line:
+        return "raylet"
+    if argv[0].startswith("ray::"):
+        return argv[0][5:].split()[0] or "worker"
+    program = os.path.basename(argv[0])
+    script = next((arg for arg in argv[1:] if arg and not arg.startswith("-")), None)
+    return os.path.basename(script) if program.startswith("python") and script else program
+
+
+def process_memory(pids: dict[int, str]) -> dict[str, dict[str, Any]]:
+    """str(pid) → role, RSS and PSS (MiB) of each live process of ``pids``."""
+    out: dict[str, dict[str, Any]] = {}
+    for pid, role in pids.items():
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().split("\n")
+        except OSError:  # ended, or another user's
+            continue
+        kb = {line.split()[0][:-1]: int(line.split()[1]) for line in rollup[1:] if line.split()}
+        out[str(pid)] = {"role": role, "rss_mib": round(kb.get("Rss", 0) / 1024, 1),
+                         "pss_mib": round(kb.get("Pss", 0) / 1024, 1)}
+    return out
+
+
+def memory_verdict(samples: list[dict[str, Any]], warmup_s: float, flat_ratio: float) -> dict[str, Any]:
+    """Each process's RSS at the end over its RSS in the first sample taken ``warmup_s`` or
+    more into the level: "flat" unless one grew by more than ``flat_ratio`` and
+    :data:`FLAT_FLOOR_MIB`; "n/a" with fewer than two samples after the warm-up. The end is
+    the lower of the last two samples: a compaction's passing peak in the last one is not
+    growth, what stays is."""
+    after = [sample for sample in samples if sample["t_s"] >= warmup_s]
+    if len(after) < 2:
+        return {"verdict": f"n/a: {len(after)} sample(s) {warmup_s:g} s or more into the level, two needed"}
+    base, ends = after[0], after[-2:] if len(after) > 2 else after[-1:]
+    rows = {}
+    for pid, row in after[-1]["processes"].items():
+        seen = [sample["processes"][pid]["rss_mib"] for sample in ends if pid in sample["processes"]]
+        before = base["processes"].get(pid)
+        if before is None:  # started after the warm-up (a replica the autoscaler added)
+            continue
+        end = min(seen)
+        rows[f"{row['role']} {pid}"] = {"rss_mib": [before["rss_mib"], end],
+                                         "ratio": round(end / max(before["rss_mib"], 0.1), 3)}
+    grew = {name: row for name, row in rows.items()
+            if row["ratio"] > flat_ratio and row["rss_mib"][1] - row["rss_mib"][0] > FLAT_FLOOR_MIB}
+    worst = max(rows, key=lambda name: rows[name]["ratio"]) if rows else None
+    return {"verdict": "grew" if grew else "flat", "baseline_t_s": base["t_s"], "last_t_s": after[-1]["t_s"],
+            "worst": {worst: rows[worst]} if worst else {}, "grew": grew, "by_process": rows}
+
+
+def level_summary(clients: int, seconds: float, soak: Soak, rss: list[dict[str, Any]],
+                  args: argparse.Namespace) -> dict[str, Any]:
+    """One level's figures: throughput, latency of recall and of writes, answers by status,
+    every process's memory per sample and the verdict on it."""
+    statuses = soak.statuses
+    requests = sum(statuses.values())
+    errors = {"429": statuses.get(429, 0), "503": statuses.get(503, 0),
+              "5xx_other": sum(n for code, n in statuses.items() if code >= 500 and code != 503),
+              "4xx_other": sum(n for code, n in statuses.items() if 400 <= code < 500 and code != 429),
+              "no_answer": statuses.get(0, 0)}
+    latency = {kind: {**bs.pct(values), "n": len(values)} for kind, values in soak.latency_ms.items()}
+    return {"clients": clients, "seconds": round(seconds, 1), "requests": requests,
+            "requests_per_s": round(requests / seconds, 2), "ops": dict(soak.level_ops),
+            "ops_per_s": round(sum(soak.level_ops.values()) / seconds, 2), "recall_ms": latency["recall"],
+            "write_ms": latency["write"], "refused_ms": latency["refused"], "statuses": {str(k): v for k, v in sorted(statuses.items())},
+            "errors": errors, "rss_samples": rss,
+            "memory": memory_verdict(rss, args.warmup_s, args.flat_ratio)}
+
+
 def disk_mib(store: Path) -> dict[str, float]:
     """MiB on disk per top-level entry of the store (generations, delta, inbox, the
     DuckDB file, ...) and in all; a hard-linked file counts once; files and MiB."""
@@ -284,12 +462,54 @@ def disk_mib(store: Path) -> dict[str, float]:
     return out
 
 
+async def run_level(args: argparse.Namespace, store: Path, soak: Soak, clients: int) -> dict[str, Any]:
+    """``clients`` workers for ``--minutes``, with every process's memory sampled at the
+    start and every ``--rss-every-s``, and once more at the end."""
+    soak.new_level()
+    rss: list[dict[str, Any]] = []
+    started = time.monotonic()
+
+    def sample() -> None:
+        rss.append({"t_s": round(time.monotonic() - started, 1), "processes": process_memory(ray_processes(store))})
+
+    async def sampler() -> None:
+        while True:
+            sample()
+            await asyncio.sleep(args.rss_every_s)
+
+    bs.log(f"level: {clients} clients for {args.minutes} min")
+    watcher = asyncio.get_running_loop().create_task(sampler())
+    await asyncio.gather(*(soak.worker(started + args.minutes * 60) for _ in range(clients)))
+    watcher.cancel()
+    seconds = time.monotonic() - started
+    if seconds - rss[-1]["t_s"] > 5:
+        sample()
+    level = level_summary(clients, seconds, soak, rss, args)
+    bs.log(level_line(level))
+    return level
+
+
+def level_line(level: dict[str, Any]) -> str:
+    rss = {}
+    for row in level["rss_samples"][-1]["processes"].values():
+        rss[row["role"]] = rss.get(row["role"], 0.0) + row["rss_mib"]
+    memory = level["memory"]
+    worst = next(iter(memory.get("worst", {}).items()), None)
+    return (f"{level['clients']:>3} clients: {level['requests_per_s']:.1f} req/s ({level['ops_per_s']:.1f} ops/s)  "
+            f"recall p50 {level['recall_ms']['p50']} p99 {level['recall_ms']['p99']} ms (n {level['recall_ms']['n']})  "
+            f"write p50 {level['write_ms']['p50']} p99 {level['write_ms']['p99']} ms (n {level['write_ms']['n']})  "
+            f"errors {level['errors']}" + (f" (refused in p50 {level['refused_ms']['p50']} p99 "
+                                           f"{level['refused_ms']['p99']} ms)" if level["refused_ms"]["n"] else "")
+            + f"  memory {memory['verdict']}"
+            + (f" (worst {worst[0]} x{worst[1]['ratio']})" if worst else "")
+            + "  RSS MiB " + ", ".join(f"{role} {mib:.0f}" for role, mib in sorted(rss.items())))
+
+
 async def run(args: argparse.Namespace, store: Path, url: str, soak: Soak) -> dict[str, Any]:
     import aiohttp
 
     samples = []
     started = time.monotonic()
-    deadline = started + args.minutes * 60
 
     async def sampler() -> None:
         while True:
@@ -310,16 +530,16 @@ async def run(args: argparse.Namespace, store: Path, url: str, soak: Soak) -> di
                    f"errors {sample['errors']}  {procs}")
             bs.log(f"    disk MiB {sample['disk_mib']}")
 
-    connector = aiohttp.TCPConnector(limit=args.concurrency + 2)
+    connector = aiohttp.TCPConnector(limit=max(args.clients) + 2)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as session:
         soak.session = session
         watcher = asyncio.get_running_loop().create_task(sampler())
-        await asyncio.gather(*(soak.worker(deadline) for _ in range(args.concurrency)))
+        levels = [await run_level(args, store, soak, clients) for clients in args.clients]
         watcher.cancel()
         bs.log("final checks: every deleted memory, 200 live ones")
         final = await soak.final_checks()
         _, stats = await soak.call("GET", "/v1/stats", None, admin=True)
-    return {"samples": samples, "final": final, "last_compaction": stats.get("last_compaction"),
+    return {"levels": levels, "samples": samples, "final": final, "last_compaction": stats.get("last_compaction"),
             "generation": stats.get("generation"), "counts": soak.counts, "errors": soak.errors,
             "error_examples": soak.examples,
             "broken": soak.broken, "visible_ms": bs.pct(soak.visible_ms) | {"n": len(soak.visible_ms)}}
@@ -328,9 +548,20 @@ async def run(args: argparse.Namespace, store: Path, url: str, soak: Soak) -> di
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", required=True, help="a store to serve (from a hard-linked copy)")
-    ap.add_argument("--minutes", type=float, default=15.0)
+    ap.add_argument("--minutes", type=float, default=15.0, help="per level of --clients")
     ap.add_argument("--graph", choices=("split", "compact", "inline"), default="inline")
-    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--clients", "--concurrency", type=parse_clients, default=[4],
+                    help="concurrent clients; several, comma-separated (8,32,64), are run one after another")
+    ap.add_argument("--mix", type=parse_mix, default=OPS,
+                    help="request kinds and weights, e.g. recall=90,write=10 (default: " +
+                         ",".join(f"{name}={weight}" for name, weight in OPS) + ")")
+    ap.add_argument("--max-queued-requests", type=int, default=None,
+                    help="the application's max_queued_requests (default: ServeArgs')")
+    ap.add_argument("--rss-every-s", type=float, default=60.0, help="every process's memory, this often per level")
+    ap.add_argument("--warmup-s", type=float, default=60.0,
+                    help="the memory verdict's baseline: the first sample this far into a level")
+    ap.add_argument("--flat-ratio", type=float, default=1.10,
+                    help="a process whose RSS grew by more than this ratio (and 8 MiB) fails the memory verdict")
     ap.add_argument("--compact-interval-s", type=float, default=120.0)
     ap.add_argument("--compact-max-pending", type=int, default=400)
     ap.add_argument("--ingest-config", default=None,
@@ -347,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from helix_ray.runtime import spare_port
     from helix_ray.serve.app import ServeArgs, build_app
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
     from helix_ray.serve.server import start_ray
 
     work = Path(tempfile.mkdtemp(prefix="helix-soak-"))
@@ -362,17 +593,19 @@ def main(argv: list[str] | None = None) -> int:
         bs.log(f"starting a local Ray ({args.num_cpus} CPUs) and Serve on 127.0.0.1:{port}; store {store}")
         start_ray(num_cpus=args.num_cpus)
         serve.start(http_options={"host": "127.0.0.1", "port": port})
+        bounded = {} if args.max_queued_requests is None else {"max_queued_requests": args.max_queued_requests}
         serve.run(build_app(ServeArgs(store=str(store), graph=args.graph, retriever_replicas=(1, 2),
                                       compact_interval_s=args.compact_interval_s,
                                       compact_max_pending=args.compact_max_pending,
-                                      ingest_config=args.ingest_config)),
+                                      ingest_config=args.ingest_config, **bounded)),
                   name="helix", route_prefix="/", logging_config={"enable_access_log": False, "log_level": "WARNING"})
-        bs.log(f"soaking for {args.minutes} min: {args.concurrency} clients, {len(keys)} users, graph {args.graph}")
+        bs.log(f"soaking for {args.minutes} min per level: {args.clients} clients, {len(keys)} users, "
+               f"graph {args.graph}, mix {dict(args.mix)}")
         result = asyncio.run(run(args, store, f"http://127.0.0.1:{port}", Soak(f"http://127.0.0.1:{port}", keys,
-                                                                                  admin, queries)))
+                                                                                  admin, queries, args.mix)))
     finally:
         bs.shut_down(None, [work])
-    first, last = result["samples"][0], result["samples"][-1]
+    first, last = result["samples"][0], result["samples"][-1]  # --sample-s: at least one per 30 s
     growth = {name: {k: round(last["processes"][name][k] - p[k], 1)
                      for k in ("rss_mib", "pss_mib", "anon_mib", "file_mib", "fds", "threads")}
               for name, p in first["processes"].items() if name in last["processes"]}
@@ -381,6 +614,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: result[k] for k in ("counts", "errors", "error_examples", "final", "visible_ms", "generation",
                                              "growth_first_to_last_sample", "disk_growth_mib", "broken")},
                      indent=1, default=str))
+    for level in result["levels"]:
+        print(level_line(level))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), **result}, indent=1, default=str))
     failed = bool(result["broken"])  # a 5xx is one too

@@ -161,16 +161,14 @@ def ingress_app(store: Path, *, auth: bool = True, **args: Any):
     import ray.serve
 
     from helix_ray.serve import app as app_module
-    from helix_ray.serve import audit
-    from helix_ray.serve import keys as keys_module
-    from helix_ray.serve import ratelimit
+    from helix_ray.serve import audit, gate, ratelimit
     from helix_ray.serve.shells import WriterShell
 
     writer = WriterShell(store, compact_interval_s=3600)
     ingress_cls = next(c for c in type.mro(app_module.HelixAPI.func_or_class) if "recall" in vars(c))
     ingress = object.__new__(ingress_cls)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(keys_module.SERVING, "store", None)  # the ingress registers its key store there
+        patch.setitem(gate.SERVING, "store", None)  # the ingress registers its key store there
         patch.setitem(ratelimit.SERVING, "limiter", None)  # and its rate limiter
         patch.setitem(audit.SERVING, "store", None)  # and its store, for the audit log
         ingress_cls.__init__(ingress, None, None, None, None, LocalHandle(writer),

@@ -38,7 +38,7 @@ def test_admin_requests_are_recorded_with_actor_params_and_outcome(store, tenant
     is admin only; no key and no memory text reaches the file."""
     from starlette.testclient import TestClient
 
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
 
     user_key, user_record = KeyStore(store).create("bob")
     admin_key, admin_record = KeyStore(store).create("alice", admin=True)
@@ -99,7 +99,7 @@ def test_helix_audit_prints_the_log_and_records_the_commands(store, capsys):
     ``cli:<os user>`` (a refusal too, with its exit code and sentence); ``helix audit``
     prints the newest records, filters by time and prints JSON lines."""
     from helix_ray.cli import main
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
 
     _, record = KeyStore(store).create("carol")
     assert main(["keys", "revoke", "--store", str(store), record.key_id]) == 0

@@ -163,7 +163,7 @@ def test_doctor_names_each_problem_and_how_to_fix_it(copy, capsys, damage, name,
 
 
 def test_doctor_wants_keys_readable_by_their_owner_only(copy, capsys):
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
 
     KeyStore(copy).create("dana")
     assert helix(capsys, "doctor", "--store", str(copy))[0] == 0
@@ -423,8 +423,8 @@ def test_a_key_that_expires_is_refused_from_then_on(tmp_path, capsys, monkeypatc
     import datetime as dt
 
     from helix_ray.cli import main
-    from helix_ray.serve import keys as keys_mod
-    from helix_ray.serve.errors import Unauthorized
+    from helix_ray.errors import Unauthorized
+    from helix_ray.store import keys as keys_mod
 
     store = tmp_path / "store"
     store.mkdir()

@@ -254,7 +254,7 @@ def test_the_demo_answers_through_the_server(tmp_path):
     """`helix demo` (the README's main command) ingests the sample set, serves it with
     the Helix Serve application on 127.0.0.1 and answers over HTTP with an API key; then
     the key is revoked and what it started is stopped."""
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
 
     store = tmp_path / "demo-store"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}

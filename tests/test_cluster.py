@@ -84,7 +84,7 @@ def _applications(cluster) -> dict:
 def ingested(cluster, tmp_path_factory):
     """`helix ingest` of the sample's memories with RAY_ADDRESS (Ray Data on the
     cluster); dana's key."""
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
 
     store = tmp_path_factory.mktemp("cluster-store") / "store"
     done = subprocess.run([sys.executable, "-m", "helix_ray.cli", "ingest", str(SAMPLE / "memories.jsonl"),

@@ -493,15 +493,15 @@ def test_invalid_utf8_is_one_bad_record(tmp_path):
 
 
 def test_reads_this_repositorys_keys_module():
-    rel = "helix_ray/serve/keys.py"
+    rel = "helix_ray/store/keys.py"
     info = repo_identity(REPO)
     records = read(REPO, rel, info)
     tree = ast.parse((REPO / rel).read_text(encoding="utf-8"))
     top = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
     assert top and all(f"code:ann/{info.name}:{rel}::{name}" in records for name in top)
     key_store = records[f"code:ann/{info.name}:{rel}::KeyStore"]
-    assert key_store["text"].startswith(f"{rel} · helix_ray.serve.keys.KeyStore (class)\n")
-    assert key_store["metadata"]["code"]["module"] == "helix_ray.serve.keys"
+    assert key_store["text"].startswith(f"{rel} · helix_ray.store.keys.KeyStore (class)\n")
+    assert key_store["metadata"]["code"]["module"] == "helix_ray.store.keys"
     assert f"code:ann/{info.name}:{rel}::KeyStore.create" in records
 
 
@@ -525,7 +525,7 @@ def test_a_folder_the_enclosing_repository_ignores_is_read_as_its_own_tree(tmp_p
 @pytest.mark.parametrize("rel, test", [
     ("tests/test_keys.py", True), ("pkg/test_keys.py", True), ("keys_test.go", True), ("src/app.spec.ts", True),
     ("web/__tests__/a.js", True), ("src/FooTest.java", True), ("conftest.py", True),
-    ("helix_ray/serve/keys.py", False), ("contest.py", False), ("latest/app.py", False), ("testdata.py", False),
+    ("helix_ray/store/keys.py", False), ("contest.py", False), ("latest/app.py", False), ("testdata.py", False),
 ])
 def test_test_files_are_told_apart(rel, test):
     """Test code is marked (metadata.code.test) and so less salient than the code it tests."""

@@ -90,7 +90,7 @@ def test_online_writes_and_compaction_on_a_full_disk(small_fs):
     """The server's Writer (no Ray): a write and a compaction refused with DiskFull, the
     generation unchanged, and both go through once space is back."""
     from helix_ray.ingest.run import initialise
-    from helix_ray.serve.writer import WriterCore
+    from helix_ray.live.writer import WriterCore
 
     store = small_fs / "store"
     initialise(store)

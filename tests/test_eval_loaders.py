@@ -150,7 +150,7 @@ def test_locomo_errors(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"sample_id": "conv-1"}))
     with pytest.raises(ValueError, match="JSON list of samples"):
         load_locomo(bad)
-    with pytest.raises(ValueError, match="unknown conversations"):
+    with pytest.raises(ValueError, match="unknown conversations.*--conversations tune, heldout"):
         load_locomo(MINI_LOCOMO, conversations=["conv-26"])
     with pytest.raises(ValueError, match="Wrap a single one"):
         load_locomo(MINI_LOCOMO, conversations="conv-x1")

@@ -94,8 +94,8 @@ def test_every_gold_of_the_shipped_set_is_a_document_at_its_commit(tmp_path: Pat
 
 
 def test_gold_items_name_the_readers_ids() -> None:
-    assert gold_id("helix_ray/serve/keys.py::KeyStore.record_for", "helix") == \
-        "code:helix-repo/helix:helix_ray/serve/keys.py::KeyStore.record_for"
+    assert gold_id("helix_ray/store/keys.py::KeyStore.record_for", "helix") == \
+        "code:helix-repo/helix:helix_ray/store/keys.py::KeyStore.record_for"
     assert gold_id("commit:" + "ab" * 20, "helix") == "git:helix-repo/helix:" + "ab" * 6
     assert gold_id("a.py::f", "shop", user="dev") == "code:dev/shop:a.py::f"  # what --user dev ingests
 

@@ -33,3 +33,20 @@ def test_evaluate_compares_each_system_with_each_baseline(tmp_path):
     for base in ("bm25", "dense"):
         line = next(line for line in lines if line.strip().startswith(f"helix − {base}: "))
         assert "ndcg@10" in line and "recall@10" in line and "p=" in line
+
+
+def test_settings_of_the_ray_runner_alone_keep_a_store_reused():
+    """Eval builds its stores in one process: a setting that only schedules Ray Data's work
+    must not change a store's key, or every cached store is built again."""
+    from helix_ray.config import IngestConfig
+    from helix_ray.eval.runner import RUNNER_ONLY, store_key
+
+    evalset = load_beir(MINI)
+    docs = next(iter(evalset.corpora.values()))
+    base = store_key(docs, IngestConfig(), ["semantic"] * len(docs))
+    assert RUNNER_ONLY <= set(IngestConfig.model_fields)
+    assert {f for f in IngestConfig.model_fields if f.startswith("embed_actor")} <= RUNNER_ONLY
+    for field, value in {"embed_actors": 1, "embed_actor_threads": 3, "embed_actor_cpus": 0.5,
+                         "embed_actor_restarts": 5}.items():
+        assert store_key(docs, IngestConfig(**{field: value}), ["semantic"] * len(docs)) == base, field
+    assert store_key(docs, IngestConfig(session_context=0.5), ["semantic"] * len(docs)) != base

@@ -260,7 +260,7 @@ def test_a_generation_without_checksums_opens_as_before(copy, capsys):
 
 
 def test_a_replica_starts_on_the_previous_generation_when_current_is_damaged(copy, caplog):
-    from helix_ray.serve.views import StoreViews
+    from helix_ray.live.views import StoreViews
 
     truncate(copy / GEN2 / "binary.npy")
     with caplog.at_level(logging.WARNING, logger="helix_ray.store.generation"):
@@ -272,7 +272,7 @@ def test_a_replica_starts_on_the_previous_generation_when_current_is_damaged(cop
 def test_a_replica_keeps_serving_when_the_new_current_is_damaged(store, copy, caplog):
     """A running replica passes over a damaged new CURRENT, warns once, keeps its
     generation, and swaps when a whole one is published."""
-    from helix_ray.serve.views import StoreViews
+    from helix_ray.live.views import StoreViews
     from helix_ray.store.publish import set_current
 
     set_current(copy, 1)

@@ -15,8 +15,7 @@ import time
 import pytest
 
 from helix_ray import Memory
-from helix_ray.errors import StoreError
-from helix_ray.serve.errors import NotFound
+from helix_ray.errors import NotFound, StoreError
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import Generation, current_generation_number
 from tests.helpers import memory, write_jsonl
@@ -264,7 +263,7 @@ def test_ingest_folds_and_ingests_with_no_write_in_between(store, tmp_path, monk
 
 
 def test_ingest_says_when_the_pending_writes_cannot_be_folded(store, tmp_path, monkeypatch):
-    from helix_ray.serve import compaction
+    from helix_ray.live import compaction
 
     def broken(core, **kw):
         raise OSError("the inbox is read-only")
@@ -289,7 +288,7 @@ def test_the_first_compaction_that_encodes_every_memorys_tokens_says_so_once(tmp
     built = IngestConfig(late_interaction={"enabled": False})
     ingest([write_jsonl(tmp_path / "base.jsonl", BASE)], tmp_path / "store", config=built, runner="local",
            show_progress=False)
-    with caplog.at_level(logging.WARNING, logger="helix_ray.serve.writer"):
+    with caplog.at_level(logging.WARNING, logger="helix_ray.live.writer"):
         with Memory(tmp_path / "store", warm=False, compact_interval_s=None) as mem:
             mem.add([memory(34, "The first write after the build.")])
             assert not [r for r in caplog.records if "token vectors" in r.getMessage()]  # no compaction yet

@@ -32,6 +32,25 @@ def test_shipped_serve_configs_name_only_their_graphs_deployments(name, graph, t
     assert {"HelixAPI", "Writer"} <= listed
 
 
+@pytest.mark.parametrize("graph", ["split", "compact", "inline"])
+def test_every_deployment_bounds_its_callers_queue(graph, tenant_store):
+    """Protects the overload contract: no deployment of any graph keeps Serve's unbounded
+    default queue (``max_queued_requests=-1``), and the proxy's refusal of the ingress
+    says when to retry (a 503 with Retry-After, as Helix's own 503s)."""
+    from ray.serve._private.build_app import build_app as serve_build
+
+    from helix_ray.serve.app import ServeArgs, build_app
+    from helix_ray.serve.responses import RETRY_AFTER_S
+
+    built = serve_build(build_app(ServeArgs(store=str(tenant_store[0]), graph=graph, max_queued_requests=7)),
+                        name="helix").deployments
+    assert {d.name: d.max_queued_requests for d in built} == {d.name: 7 for d in built}
+    (ingress,) = (d for d in built if d.name == "HelixAPI")
+    assert (ingress.backpressure_config.status_code, ingress.backpressure_config.retry_after_s) == \
+        (503, RETRY_AFTER_S)
+    assert ServeArgs(store="x").max_queued_requests > 0
+
+
 def test_build_app_starts_a_new_store_only_when_asked(tmp_path):
     """``create`` (what `helix serve` sets) starts a new or empty folder as a store; without
     it, or on a folder holding other files, build_app refuses and writes nothing."""
@@ -74,8 +93,8 @@ def test_initialise_refuses_a_store_whose_generations_are_missing(tmp_path):
 def test_keys_store_only_hashes_and_map_to_users(tmp_path):
     import stat
 
-    from helix_ray.serve.errors import Unauthorized
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.errors import Unauthorized
+    from helix_ray.store.keys import KeyStore
 
     keys = KeyStore(tmp_path)
     key, record = keys.create("alice")
@@ -99,10 +118,9 @@ def test_without_keys_each_request_names_its_user(tmp_path):
     """--no-auth: no key is asked for, and the user must be in the request."""
     import types
 
-    from helix_ray.errors import InvalidArgument
+    from helix_ray.errors import Forbidden, InvalidArgument
     from helix_ray.serve.app import HelixAPI
-    from helix_ray.serve.errors import Forbidden
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
 
     cls = HelixAPI.func_or_class
     open_server = types.SimpleNamespace(keys=None)

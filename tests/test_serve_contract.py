@@ -27,7 +27,7 @@ SEED = 20260326
 @pytest.fixture(scope="module")
 def contract_app(tenant_store, tmp_path_factory):
     """(app, {role: key}, store) over a private copy of the tenant store."""
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
 
     store = tmp_path_factory.mktemp("contract") / "store"
     shutil.copytree(tenant_store[0], store)
@@ -48,7 +48,7 @@ def fuzz(app, key: str, store, *, examples: int = EXAMPLES, seed: int = SEED) ->
     ``DELETE /v1/users/{user}`` is never sent for a user of the store (:func:`foreign`)."""
     from schemathesis.engine import Status, events, from_schema
 
-    from helix_ray.serve.settings import settings_path
+    from helix_ray.live.settings import settings_path
 
     config = schemathesis.Config.from_dict({
         "seed": seed,
@@ -131,7 +131,7 @@ def _window_in_order(body: dict) -> bool:
 
 @pytest.mark.parametrize("role", ["user", "admin"])
 def test_every_answer_keeps_the_openapi_contract(contract_app, role):
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
 
     app, keys, store = contract_app
     sent, failures = fuzz(app, keys[role], store)
@@ -228,7 +228,7 @@ def test_a_key_over_its_rate_limit_gets_429_with_retry_after(tenant_store, tmp_p
     it waits (429, Retry-After), the others do not; unset, nothing is limited."""
     from starlette.testclient import TestClient
 
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
 
     store = tmp_path / "store"
     shutil.copytree(tenant_store[0], store)

@@ -10,13 +10,13 @@ import json
 import numpy as np
 import pytest
 
-from helix_ray.serve.delta import DELTA_BASE as DELTA_BASE_ROWS  # the delta's row ids start here
+from helix_ray.live.delta import DELTA_BASE as DELTA_BASE_ROWS  # the delta's row ids start here
 from tests.helpers import local_recall
 
 
 def test_merge_dense_orders_by_cosine_and_keeps_top_k():
     from helix_ray.recall.dense import DenseHits
-    from helix_ray.serve.delta import DELTA_BASE, merge_dense
+    from helix_ray.live.delta import DELTA_BASE, merge_dense
 
     base = DenseHits(np.array([4, 9, 2]), np.array([0.9, 0.7, 0.5], np.float32), "binary")
     extra = DenseHits(np.array([DELTA_BASE + 1, DELTA_BASE + 3]), np.array([0.8, 0.1], np.float32), "delta")
@@ -29,7 +29,7 @@ def test_merge_lexical_normalises_by_the_shared_ceiling():
     """Hand-computed: base raw [6, 3], delta raw [4.5]; ceiling over both 8 → normalised
     [.75, .5625, .375]; the strong signal (≥ .85) does not hold after the merge."""
     from helix_ray.recall.lexical import LexicalHits
-    from helix_ray.serve.delta import DELTA_BASE, DeltaLexical, merge_lexical
+    from helix_ray.live.delta import DELTA_BASE, DeltaLexical, merge_lexical
 
     base = LexicalHits(np.array([7, 1]), np.array([6.0, 3.0], np.float32), np.array([1.0, 0.5], np.float32), True)
     extra = DeltaLexical(np.array([DELTA_BASE + 5]), np.array([4.5], np.float32), ceiling=8.0)
@@ -51,8 +51,8 @@ def test_a_write_publishes_only_its_own_entries_and_replicas_parse_only_those(sh
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
-    from helix_ray.serve.delta import DeltaSegment
-    from helix_ray.serve.delta_format import current_delta_version
+    from helix_ray.live.delta import DeltaSegment
+    from helix_ray.live.delta_format import current_delta_version
 
     writer, store, views = shells["writer"], shells["store"], shells["bm25"].views
     texts = ["The canary fleet runs in eu-west-3.", "Billing exports land in the ledger bucket.",
@@ -102,9 +102,9 @@ def test_small_segments_merge_and_dead_entries_leave_the_files(shells, monkeypat
     """Small segments are merged once enough pile up; an entry replaced by a PATCH or
     deleted is dead in the manifest at once and gone from the files at the next rewrite;
     a store whose files hold more dead entries than live ones is rewritten whole."""
-    from helix_ray.serve import writer as writer_module
-    from helix_ray.serve.delta import DeltaSegment
-    from helix_ray.serve.delta_format import current_delta_version
+    from helix_ray.live import writer as writer_module
+    from helix_ray.live.delta import DeltaSegment
+    from helix_ray.live.delta_format import current_delta_version
 
     monkeypatch.setattr(writer_module, "MERGE_SMALL_AT", 3)
     monkeypatch.setattr(writer_module, "SMALL_SEGMENT", 2)
@@ -136,9 +136,9 @@ def test_a_write_whose_publish_failed_is_in_the_next_snapshot(shells, monkeypatc
     """A write is committed to DuckDB before its snapshot is published; when publishing
     fails (a full disk), the caller gets a DiskFull, and the next publish carries the
     write all the same: no later snapshot leaves a live entry out."""
-    from helix_ray.serve import writer as writer_module
-    from helix_ray.serve.delta import DeltaSegment
-    from helix_ray.serve.delta_format import current_delta_version
+    from helix_ray.live import writer as writer_module
+    from helix_ray.live.delta import DeltaSegment
+    from helix_ray.live.delta_format import current_delta_version
     from helix_ray.serve.errors import ReplicaError
 
     real, calls = writer_module.publish_manifest, []
@@ -167,8 +167,8 @@ def test_a_format_1_delta_snapshot_is_still_read(shells):
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
-    from helix_ray.serve.delta import DeltaSegment
-    from helix_ray.serve.delta_format import delta_dir
+    from helix_ray.live.delta import DeltaSegment
+    from helix_ray.live.delta_format import delta_dir
 
     writer, store = shells["writer"], shells["store"]
     writer.add([{"id": "alice-v1", "text": "The old snapshot format held every entry in one file."}], "alice")
@@ -219,9 +219,9 @@ def test_online_writes_carry_late_interaction_tokens_through_a_restart(shells):
     Writer, logged durably, published in the delta snapshot and read by the Ranker."""
     from helix_ray.config import RetrievalConfig
     from helix_ray.recall import late
-    from helix_ray.serve.delta import DeltaSegment
-    from helix_ray.serve.delta_format import current_delta_version
-    from helix_ray.serve.writer import WriterCore
+    from helix_ray.live.delta import DeltaSegment
+    from helix_ray.live.delta_format import current_delta_version
+    from helix_ray.live.writer import WriterCore
     from helix_ray.token_encoder import from_blobs, get_token_encoder, to_blobs
 
     text = "The staging Kafka cluster was renamed to heron-7 after the quota incident."

@@ -78,7 +78,7 @@ def test_a_write_whose_writer_replica_died_gets_503_saying_what_is_known(tenant_
     from ray.serve.exceptions import DeploymentUnavailableError
     from starlette.testclient import TestClient
 
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
     from tests.helpers import ingress_app
 
     store = tmp_path / "store"
@@ -443,7 +443,7 @@ def test_a_cancelled_request_does_not_cancel_the_generation_load_others_wait_for
     import json
     import shutil
 
-    from helix_ray.serve.views import StoreViews
+    from helix_ray.live.views import StoreViews
     from helix_ray.store.integrity import seal
 
     store = tmp_path / "store"

@@ -44,7 +44,7 @@ def served(built, tmp_path):
     admin key (of a third user) and a key for each user."""
     from starlette.testclient import TestClient
 
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
 
     store = tmp_path / "store"
     shutil.copytree(built, store)
@@ -82,7 +82,7 @@ def _use(client, keys: dict[str, str]) -> None:
 
 def test_an_admin_forgets_a_user_and_no_file_holds_a_byte_of_theirs(served):
     from helix_ray.serve.app import ACCESS_FLUSH_S
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
 
     client, keys, store = served
     _use(client, keys)

@@ -20,6 +20,11 @@ httpx = pytest.importorskip("httpx")
 pytestmark = pytest.mark.ray
 
 
+#: The served app's ``max_queued_requests``: low, so that a flood of a hundred writes
+#: overflows the Writer's queue (its 16 ongoing requests and this many waiting).
+FLOOD_QUEUE = 4
+
+
 @pytest.fixture(scope="module", params=["split", "inline"])
 def served(request, tmp_path_factory):
     """(base URL, {user: key}, store) for the app serving a fresh tenant store, once per
@@ -29,7 +34,7 @@ def served(request, tmp_path_factory):
     from ray import serve
 
     from helix_ray.serve import server
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
     from helix_ray.ingest.run import ingest
 
     folder = tmp_path_factory.mktemp("serve")
@@ -43,7 +48,8 @@ def served(request, tmp_path_factory):
     started = not ray.is_initialized()
     server.start_ray(num_cpus=4)  # a new local Ray (address="local"), never someone else's cluster
     port = spare_port()
-    server.run(store, port=port, compact_interval_s=3600, watch_interval_s=0.25, graph=request.param)
+    server.run(store, port=port, compact_interval_s=3600, watch_interval_s=0.25, graph=request.param,
+               max_queued_requests=FLOOD_QUEUE)
     yield f"http://127.0.0.1:{port}", keys, store
     serve.shutdown()
     if started:
@@ -548,7 +554,7 @@ def test_an_admin_forgets_a_user_through_the_writer_deployment(served, alice, op
     """Protects: ``DELETE /v1/users/{user}`` reaches the Writer deployment in both
     graphs, and once its compaction has deleted the generations before the new one, the
     replicas recall on (the erasure's own checks: tests/test_serve_forget.py)."""
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
 
     url, _, store = served
     erin = KeyStore(store).create("erin")[0]
@@ -570,6 +576,51 @@ def test_an_admin_forgets_a_user_through_the_writer_deployment(served, alice, op
     assert [p.name for p in (store / "generations").iterdir() if p.name.isdigit()] == [f"{gone.json()['generation']:06d}"]
     for _ in range(5):  # another user's write, made before the erasure, is still recalled first
         assert ids(recall(alice, "which migration did Alice pin to Tuesdays? KESTREL-7741"))[0] == "alice-kestrel"
+
+
+def test_a_flood_beyond_the_queue_bound_is_refused_at_once_with_503s(served, alice):
+    """Protects the overload contract (``max_queued_requests``): a hundred writes at once,
+    more than the Writer runs and queues, are not all kept waiting: those over the bound
+    get a 503 with Retry-After, sooner than the writes that went through, and never a
+    500; the writes answered 201 are stored, the refused ones not, and the server
+    answers normally afterwards."""
+    import asyncio
+
+    url, _, _ = served
+    flood = 100
+    pending = alice.get("/v1/stats").json()["pending_writes"]
+
+    async def send(client: "httpx.AsyncClient", n: int) -> tuple[int, float, httpx.Response]:
+        clock = time.perf_counter()
+        answer = await client.post("/v1/memories", json={"id": f"alice-flood-{n:03d}",
+                                                         "text": f"Flood write {n}: relay {n} of the otter ring."})
+        return answer.status_code, time.perf_counter() - clock, answer
+
+    async def burst() -> list[tuple[int, float, httpx.Response]]:
+        async with httpx.AsyncClient(base_url=url, headers=alice.headers, timeout=120,
+                                     limits=httpx.Limits(max_connections=flood)) as client:
+            return await asyncio.gather(*(send(client, n) for n in range(flood)))
+
+    answers = asyncio.run(burst())
+    statuses = sorted({status for status, _, _ in answers})
+    refused = [(took, answer) for status, took, answer in answers if status == 503]
+    written = [took for status, took, _ in answers if status == 201]
+    assert set(statuses) <= {201, 503}, [a.text[:200] for s, _, a in answers if s not in (201, 503)][:3]
+    assert refused, f"no write of {flood} at once was refused: the Writer's queue is not bounded"
+    assert written, "every write was refused"
+    assert all(a.headers.get("retry-after") == "2" for _, a in refused), [a.headers for _, a in refused][:3]
+    # The proxy refuses what its queue to the ingress cannot take (Serve's plain text); the
+    # ingress refuses what its queue to the Writer cannot, in Helix's words: some always.
+    by_ingress = [a.json()["detail"] for _, a in refused if a.headers["content-type"] == "application/json"]
+    assert len(by_ingress) + sum("dropped due to backpressure" in a.text for _, a in refused) == len(refused)
+    assert by_ingress and all("has more calls queued than it takes" in d and "nothing was changed" in d
+                              for d in by_ingress), by_ingress[:2]
+    assert max(took for took, _ in refused) < max(written), "a refused write waited as long as the slowest written"
+    # Every 201 is stored and no refused write is: "nothing was changed", as the 503 says.
+    assert alice.get("/v1/stats").json()["pending_writes"] == pending + len(written)
+    assert alice.post("/v1/memories", json={"id": "alice-after-flood", "text": "After the flood the otter ring "
+                                            "relays were renumbered."}).status_code == 201
+    assert "alice-after-flood" in ids(recall(alice, "what happened to the otter ring relays after the flood?"))
 
 
 def _kill_replicas(deployment: str) -> list[str]:

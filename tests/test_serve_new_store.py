@@ -35,7 +35,7 @@ def new_server(tmp_path_factory):
 
 
 def test_a_new_store_is_served_and_filled_online(new_server):
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
 
     url, store = new_server
     with httpx.Client(base_url=url, timeout=60) as anonymous:

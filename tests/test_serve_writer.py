@@ -15,7 +15,7 @@ from tests.helpers import STRONG_ERROR, STRONG_ID, local_recall, tenant_records
 
 
 def test_writer_rebuilds_the_delta_from_its_log_after_a_restart(shells):
-    from helix_ray.serve.writer import WriterCore
+    from helix_ray.live.writer import WriterCore
 
     writer = shells["writer"]
     writer.add([{"id": "alice-durable", "text": "The restart drill runs every second Thursday."}], "alice")
@@ -36,7 +36,7 @@ def test_a_delete_and_a_patch_survive_two_compactions_and_a_restart(shells):
     replaced, stay gone after a restart: the log's older put of each must not outlive the
     row that replaced it (pruned once a generation holds it), or the replay would make it
     live again and the next compaction publish it."""
-    from helix_ray.serve.writer import WriterCore
+    from helix_ray.live.writer import WriterCore
     from helix_ray.store.generation import Generation
 
     writer = shells["writer"]
@@ -75,7 +75,7 @@ def test_compaction_takes_what_the_writes_computed_instead_of_embedding_again(sh
     them again, also after a restart, and computes again only what another ingest config
     made."""
     from helix_ray.config import IngestConfig
-    from helix_ray.serve.writer import WriterCore
+    from helix_ray.live.writer import WriterCore
     from helix_ray.store.generation import Generation
 
     writer = shells["writer"]
@@ -118,7 +118,7 @@ def test_a_failed_compaction_leaves_no_input_behind_and_backs_off(shells, monkey
     ``compact_max_pending``, where a try at every tick would write one more copy of
     every pending write each time. Once the fault is gone, the next try folds them."""
     import helix_ray.ingest.run as ingest_module
-    from helix_ray.serve import shells as sh
+    from helix_ray.live import compactor
 
     writer = shells["writer"]
     writer.add([{"id": "alice-wren", "text": "The wren backup job runs nightly at two."}], "alice")
@@ -137,8 +137,8 @@ def test_a_failed_compaction_leaves_no_input_behind_and_backs_off(shells, monkey
     *_, out = local_recall(shells, "when does the wren backup job run?")
     assert "alice-wren" in [i["id"] for i in out["items"]]
 
-    monkeypatch.setattr(sh, "COMPACT_TICK_S", 0.02)
-    monkeypatch.setattr(sh, "COMPACT_RETRY_S", 0.1)
+    monkeypatch.setattr(compactor, "COMPACT_TICK_S", 0.02)
+    monkeypatch.setattr(compactor, "COMPACT_RETRY_S", 0.1)
     tries.clear()
     writer.compactor.max_pending = 1  # past it: the compactor's thread tries at its next tick
     deadline = time.monotonic() + 10
@@ -162,7 +162,7 @@ def test_served_files_of_compactions_that_publish_nothing_are_pruned(shells, mon
     of its memory: only the newest KEEP_FOLDED stay, as for the compactions' inputs. And
     the count of writes compaction could not fold is of those still in the delta, not of
     every one ever tried."""
-    from helix_ray.serve import compaction
+    from helix_ray.live import compaction
 
     monkeypatch.setattr(compaction, "KEEP_FOLDED", 1)
     writer = shells["writer"]
@@ -187,8 +187,8 @@ def test_writes_go_on_while_a_compaction_runs_and_what_they_changed_stays(shells
     import threading
 
     import helix_ray.ingest.run as ingest_module
-    from helix_ray.serve.delta_format import NOT_FOLDED
-    from helix_ray.serve.writer import WriterCore
+    from helix_ray.live.delta_format import NOT_FOLDED
+    from helix_ray.live.writer import WriterCore
     from helix_ray.store.generation import Generation
 
     writer = shells["writer"]
@@ -257,7 +257,7 @@ def test_a_delete_made_while_a_compaction_ran_holds_if_the_writer_stops_before_i
     import threading
 
     import helix_ray.ingest.run as ingest_module
-    from helix_ray.serve.writer import WriterCore
+    from helix_ray.live.writer import WriterCore
     from helix_ray.store.generation import Generation
 
     writer = shells["writer"]
@@ -349,7 +349,7 @@ def test_a_writer_says_at_start_when_its_first_compaction_would_encode_every_mem
     import logging
 
     from helix_ray.config import IngestConfig
-    from helix_ray.serve.writer import WriterCore
+    from helix_ray.live.writer import WriterCore
     from helix_ray.ingest.run import ingest
 
     source = tmp_path / "a.jsonl"
@@ -358,7 +358,7 @@ def test_a_writer_says_at_start_when_its_first_compaction_would_encode_every_mem
     ingest([source], tmp_path / "store", config=built, runner="local", show_progress=False)
     for config, warned in ((built, False), (IngestConfig(), True)):
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="helix_ray.serve.writer"):
+        with caplog.at_level(logging.WARNING, logger="helix_ray.live.writer"):
             core = WriterCore(tmp_path / "store", ingest=config)
             core.close()
         said = [r.getMessage() for r in caplog.records if "token vectors" in r.getMessage()]
@@ -367,8 +367,7 @@ def test_a_writer_says_at_start_when_its_first_compaction_would_encode_every_mem
 
 
 def test_writer_records_feedback_and_a_delete_takes_it_away(shells):
-    from helix_ray.errors import InvalidArgument
-    from helix_ray.serve.errors import NotFound
+    from helix_ray.errors import InvalidArgument, NotFound
 
     writer = shells["writer"]
     assert writer.core.feedback("how do we rotate keys", ["alice-01", "alice-02"], user="alice") == {"recorded": 2}
@@ -405,8 +404,8 @@ def test_replicas_read_only_the_hits_appended_since_they_last_looked(tmp_path, m
     """Recall hits are appended a batch per line; a replica's AccessTail parses only the
     new complete lines (a line still being written waits), starts over when the Writer
     rewrote the file (a new file by rename), and agrees with a whole read throughout."""
-    from helix_ray.serve import writer as writer_module
-    from helix_ray.serve.access_log import AccessTail, accesses_path, read_accesses
+    from helix_ray.live import writer as writer_module
+    from helix_ray.live.access_log import AccessTail, accesses_path, read_accesses
     from helix_ray.ingest.run import initialise
 
     store = tmp_path / "store"
@@ -460,8 +459,8 @@ def test_served_recency_moves_with_the_writers_recent_hits(shells):
     shells["writer"].accessed([(candidate, "alice", int(time.time() * 1_000_000))])
     assert recency_of(candidate) > max(before, 0.99)
     # Bounded: past MAX_RECENT_ACCESSES ids, the newest stay (the log keeps every hit).
-    from helix_ray.serve import writer as writer_module
-    from helix_ray.serve.access_log import accesses_path, read_accesses
+    from helix_ray.live import writer as writer_module
+    from helix_ray.live.access_log import accesses_path, read_accesses
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(writer_module, "MAX_RECENT_ACCESSES", 2)
@@ -548,7 +547,7 @@ def test_a_long_write_is_stored_as_chunks_that_recall_patch_and_delete_treat_as_
     recall finds the chunk that answers, names its parent, and PATCH and DELETE of the
     id act on every chunk; a shorter new text leaves no stale chunk behind."""
     from helix_ray.schema import parent_of
-    from helix_ray.serve.writes import family
+    from helix_ray.live.writes import family
     from helix_ray.tokens import token_counter
 
     writer = shells["writer"]
@@ -594,7 +593,7 @@ def test_a_long_write_is_stored_as_chunks_that_recall_patch_and_delete_treat_as_
 
 def test_another_users_chunked_memory_cannot_be_deleted_or_patched(shells):
     from helix_ray.serve.errors import ReplicaError
-    from helix_ray.serve.writes import family
+    from helix_ray.live.writes import family
 
     writer = shells["writer"]
     writer.add([{"id": "bob-runbook", "text": _runbook("kestrel")}], "bob")
@@ -612,7 +611,7 @@ def test_chunks_survive_compaction_as_they_are_and_one_patched_chunk_keeps_its_s
     (an id recall returned) changes that chunk alone, and its siblings outlive the next
     compaction; DELETE of the parent after compaction removes every chunk."""
     from helix_ray.schema import parent_of
-    from helix_ray.serve.writes import family
+    from helix_ray.live.writes import family
     from helix_ray.store.generation import Generation
 
     writer = shells["writer"]
@@ -643,7 +642,7 @@ def test_chunks_survive_compaction_as_they_are_and_one_patched_chunk_keeps_its_s
 def test_a_write_cannot_take_or_shadow_another_users_chunks(shells):
     from helix_ray.errors import InvalidArgument
     from helix_ray.serve.errors import ReplicaError
-    from helix_ray.serve.writes import family
+    from helix_ray.live.writes import family
 
     writer = shells["writer"]
     writer.add([{"id": "shared", "text": _runbook("dunlin")}], "bob")

@@ -40,8 +40,8 @@ def _records(user: str, tag: str) -> list[dict]:
 def built(tmp_path_factory) -> Path:
     from helix_ray.ingest.run import ingest
     from helix_ray.memory import Memory
-    from helix_ray.serve.keys import KeyStore
-    from helix_ray.serve.writer import WriterCore
+    from helix_ray.store.keys import KeyStore
+    from helix_ray.live.writer import WriterCore
 
     folder = tmp_path_factory.mktemp("lifecycle")
     source = write_jsonl(folder / "records.jsonl", _records(GONE, GONE_TAG) + _records(KEPT, "kept"))
@@ -90,7 +90,7 @@ def _held(store: Path) -> Iterator[None]:
 
 
 def _pending(store: Path) -> list[str]:
-    from helix_ray.serve.writer import WriterCore
+    from helix_ray.live.writer import WriterCore
 
     core = WriterCore(store)
     try:
@@ -173,7 +173,7 @@ def test_forget_user_with_compact_leaves_no_byte_of_theirs(store, capsys):
     key are all there."""
     import duckdb
 
-    from helix_ray.serve.keys import KeyStore
+    from helix_ray.store.keys import KeyStore
     from helix_ray.store.generation import Generation
 
     assert files_holding(store, GONE_TAG) and files_holding(store, GONE)

@@ -249,7 +249,8 @@ def _wanted_conversations(conversations: Iterable[str] | None, available: list[s
     if unknown:
         raise ValueError(
             f"Got unknown conversations {unknown} for {file!r}; available sample_ids are "
-            f"{available}. Pass a subset of those (e.g. LOCOMO_TUNE)."
+            f"{available}. Pass a subset of those (LOCOMO_TUNE or LOCOMO_HELDOUT; on the command "
+            "line, --conversations tune, heldout or sample ids separated by commas)."
         )
     return wanted
 

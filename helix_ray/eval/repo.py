@@ -7,7 +7,7 @@ type and metadata its reader gives. The questions are a JSON-lines file, one obj
 line::
 
     {"id": "q01", "query": "where are API keys checked?", "kind": "code",
-     "gold": ["helix_ray/serve/keys.py::KeyStore.record_for", "commit:<40-hex sha>"]}
+     "gold": ["helix_ray/store/keys.py::KeyStore.record_for", "commit:<40-hex sha>"]}
 
 A gold item is ``<path from the repository's top>::<symbol>`` (a function ``func``, a
 method ``Class.method``, a class ``Class``, as the code reader names them) or

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 Ranker = Callable[[Any, EvalQuery, int], list[str]]
 EVAL_BUDGET = 1_000_000  # tokens: retrieval metrics judge the ranking, not the packing
-RUNNER_ONLY = {"embed_actors", "embed_actor_threads", "embed_actor_cpus"}
+RUNNER_ONLY = {"embed_actors", "embed_actor_threads", "embed_actor_cpus", "embed_actor_restarts"}
 """IngestConfig fields that change how the Ray Data runner schedules work, not what a
 store holds (eval builds stores in-process): left out of a store's cache key."""
 

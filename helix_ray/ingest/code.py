@@ -514,8 +514,8 @@ def _bad(path: Path, rel: str, code: str, reason: str) -> RawRecord:
 
 
 def python_module(rel: str, info: RepoInfo) -> str:
-    """The dotted module a Python file defines, from its path: ``helix_ray/serve/keys.py``
-    → ``helix_ray.serve.keys``, ``pkg/__init__.py`` → ``pkg``; a leading ``src/`` (the
+    """The dotted module a Python file defines, from its path: ``helix_ray/store/keys.py``
+    → ``helix_ray.store.keys``, ``pkg/__init__.py`` → ``pkg``; a leading ``src/`` (the
     src layout) is not part of it; the repository's name for a top ``__init__.py``."""
     parts = rel.split("/")
     if len(parts) > 1 and parts[0] == "src":

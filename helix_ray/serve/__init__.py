@@ -1,19 +1,14 @@
-"""Helix on Ray Serve: the recall graph as deployments, the HTTP API, online writes.
+"""Helix on Ray Serve: the recall graph as deployments, and the HTTP API over the live
+store (:mod:`helix_ray.live`: the Writer, the delta, compaction, recall over both).
 
 Module map, in flow order::
 
-    api.py          HTTP request/response models, error sentences, settings checks (no Ray)
-    keys.py         API keys → users (keys.json in the store folder)
-    delta_format.py the delta's files: segment schema, manifests, tombstones
-    delta.py        a loaded delta snapshot, searched beside the generation; the merge
-    access_log.py   the recent recall hits the replicas read (delta/ACCESSES.jsonl)
-    settings.py     the live retrieval overrides (serve-settings.json)
-    views.py        per-replica generations and delta snapshots; the hot swap
-    shells.py       the deployment shells over Recaller.plan / legs / finish (no Ray)
-    writer.py       the single DuckDB writer: its state, the log replay, snapshots
-    writes.py       the write path: POST, PATCH, DELETE of memories
-    compaction.py   folding the delta into the next generation
+    api.py          HTTP request/response models, the settings patch schema (no Ray)
+    errors.py       Helix errors as HTTP statuses; errors across a replica boundary
+    shells.py       the deployment shells over Recaller.plan / live.recall / WriterCore (no Ray)
     deployments.py  the shells as Serve deployments (fractional CPUs, autoscaling)
+    ratelimit.py    the per-key token bucket
+    audit.py        admin requests recorded in the store's audit log
     gate.py         the ASGI gate: API keys and body size before a body is read
     responses.py    errors and recall answers as HTTP responses
     bodies.py       parsing and checking a write's body
@@ -28,13 +23,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["build_app", "ServeArgs", "run", "KeyStore"]
+__all__ = ["build_app", "ServeArgs", "run"]
 
 _LAZY = {
     "build_app": "helix_ray.serve.app",
     "ServeArgs": "helix_ray.serve.app",
     "run": "helix_ray.serve.server",
-    "KeyStore": "helix_ray.serve.keys",
 }
 
 

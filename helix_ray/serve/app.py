@@ -27,24 +27,29 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Literal, Optional, cast
+from typing import Any, Callable, Coroutine, Literal, Optional, cast
 
 from fastapi import Body, FastAPI, Header, Query, Request
 from fastapi import Path as PathParameter
 from fastapi.responses import Response
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
 from ray.serve import Application, Deployment
+from ray.serve.config import BackpressureConfig
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from helix_ray import __version__
 from helix_ray.config import IngestConfig, RetrievalConfig, deep_merge, load_config
-from helix_ray.errors import InvalidArgument, StoreError
+from helix_ray.errors import Forbidden, InvalidArgument, StoreError
 from helix_ray.ingest.run import initialise
+from helix_ray.live.inputs import NON_BLANK, check_settings
+from helix_ray.live.settings import settings_path
 from helix_ray.recall.pipeline import Recaller
 from helix_ray.recall.scope import as_time, check_context, make_scope
 from helix_ray.serve import audit as audit_module
-from helix_ray.serve import keys as keys_module
+from helix_ray.serve import gate as gate_module
 from helix_ray.serve import ratelimit
 from helix_ray.serve.api import (
     MAX_AUDIT_RECORDS,
@@ -55,26 +60,23 @@ from helix_ray.serve.api import (
     LatencyWindow,
     MemoryChanged,
     MemoryPatch,
-    NON_BLANK,
     RecallRequest,
     RecallResponse,
     SettingsResponse,
     UserForgotten,
     WriteResponse,
-    check_settings,
     settings_patch_schema,
 )
 from helix_ray.serve.bodies import PARSE_ON_LOOP_BYTES, WRITE_BODY, write_records
 from helix_ray.serve.deployments import BM25, CPUS, RETRIEVER_AUTOSCALING, DenseANN, Embedder, Pipeline, Ranker, Writer
-from helix_ray.serve.errors import Forbidden
 from helix_ray.serve.fanout import SplitGraph
 from helix_ray.serve.gate import Gate, bearer, not_admin
-from helix_ray.serve.keys import KeyStore
 from helix_ray.serve.ratelimit import RateLimiter
-from helix_ray.serve.responses import BODY, KEYED, add_error_handlers, errors, recall_response
-from helix_ray.serve.settings import settings_path
+from helix_ray.serve.responses import (BODY, KEYED, RETRY_AFTER_S, add_error_handlers, errors, recall_response,
+                                       replica_error)
 from helix_ray.serve.shells import PipelineShell
 from helix_ray.store.audit import read as read_audit
+from helix_ray.store.keys import KeyStore
 from helix_ray.store.pointer import Pointer
 
 log = logging.getLogger(__name__)
@@ -117,6 +119,16 @@ class ServeArgs(BaseModel):
                                                       "replica, on average (a token bucket; over it: 429 with "
                                                       "Retry-After). 0: no limit.")
     rate_burst: int = Field(20, ge=1, description="...and at once: the bucket's size.")
+    max_queued_requests: int = Field(
+        64, ge=1, le=100_000,
+        description="Serve's `max_queued_requests` of every deployment: the requests each caller (the HTTP "
+                    "proxy for the HelixAPI ingress, an ingress replica for each stage or the Writer) keeps "
+                    "waiting while every replica it could send them to has its `max_ongoing_requests`. One more "
+                    "is refused at once: 503 with Retry-After, instead of a queue that grows without bound under "
+                    "overload. Clients sending one request at a time are never refused while they are at most "
+                    "this many (a caller counts a request as queued while it picks a replica for it, so a "
+                    "burst of more at once may be refused before every replica is busy). Higher: a burst "
+                    "waits longer instead of being refused.")
 
     @model_validator(mode="after")
     def _check_replicas(self) -> "ServeArgs":
@@ -127,12 +139,34 @@ class ServeArgs(BaseModel):
         return self
 
 
+class RefusalsInHelixWords(APIRoute):
+    """A route whose handle call Serve refused before any replica took it (the callee's
+    queue full: ``BackPressureError``; it failed to deploy: ``DeploymentUnavailableError``)
+    answers Helix's 503: ``{"detail": sentence}`` saying nothing was changed, with
+    Retry-After (:func:`helix_ray.serve.responses.replica_error`). The exception handlers
+    cannot: Serve registers its own for these two classes on the ingress's app when the
+    replica starts (plain text, no Retry-After unless the callee configures one), and
+    those win over the handler of their base class."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def refused_in_helix_words(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (BackPressureError, DeploymentUnavailableError) as exc:
+                return await replica_error(request, exc)
+
+        return refused_in_helix_words
+
+
 api = FastAPI(
     title="Helix",
     version=__version__,
     description="Memory recall for coding agents. Every endpoint but /healthz needs "
                 "'Authorization: Bearer <key>' unless the server runs with --no-auth.",
 )
+api.router.route_class = RefusalsInHelixWords
 
 
 #: Recall hits are sent to the Writer's access log in batches, this often (seconds), and
@@ -182,7 +216,7 @@ class HelixAPI(SplitGraph):
         self.local = PipelineShell(self.store, ingest, self.args.watch_interval_s) \
             if self.args.graph == "inline" else None
         self.keys = KeyStore(self.store) if self.args.auth else None
-        keys_module.SERVING["store"] = self.keys  # for the key-first middleware
+        gate_module.SERVING["store"] = self.keys  # for the key-first middleware
         audit_module.SERVING["store"] = self.store  # and its audit of admin requests
         ratelimit.SERVING["limiter"] = RateLimiter(self.args.rate_limit, self.args.rate_burst) \
             if self.args.rate_limit and self.keys is not None else None
@@ -481,23 +515,31 @@ def build_app(args: ServeArgs) -> Application:
     args = args.model_copy(update={"store": str(store)})
     low, high = args.retriever_replicas
     scaling = {**RETRIEVER_AUTOSCALING, "min_replicas": low, "initial_replicas": low, "max_replicas": high}
-    writer = Writer.bind(str(store), ingest, compact_interval_s=args.compact_interval_s,
-                         compact_max_pending=args.compact_max_pending, compact_runner=args.compact_runner)
+    # Every caller's queue bounded: the proxy's to the ingress answers its 503 itself,
+    # with Retry-After from backpressure_config; a handle's raises BackPressureError in
+    # the ingress, which answers it as its own 503 (RefusalsInHelixWords).
+    queue = args.max_queued_requests
+    writer = Writer.options(max_queued_requests=queue).bind(
+        str(store), ingest, compact_interval_s=args.compact_interval_s, compact_max_pending=args.compact_max_pending,
+        compact_runner=args.compact_runner)
     pipelines = {**scaling, "max_replicas": min(high, 2)}  # each holds the models and every stage
-    ingress = cast(Deployment, HelixAPI)  # what @serve.deployment made it; mypy keeps the class type
+    ingress = cast(Deployment, HelixAPI).options(  # what @serve.deployment made it; mypy keeps the class type
+        user_config={"retrieval": args.retrieval}, max_queued_requests=queue,
+        backpressure_config=BackpressureConfig(status_code=503, retry_after_s=RETRY_AFTER_S))
     if args.graph == "compact":
-        pipeline = Pipeline.options(autoscaling_config=pipelines).bind(str(store), ingest, args.watch_interval_s)
-        return ingress.options(user_config={"retrieval": args.retrieval}).bind(
-            None, None, None, None, writer, args.model_dump(), pipeline)
+        pipeline = Pipeline.options(autoscaling_config=pipelines, max_queued_requests=queue).bind(
+            str(store), ingest, args.watch_interval_s)
+        return ingress.bind(None, None, None, None, writer, args.model_dump(), pipeline)
     if args.graph == "inline":
-        return ingress.options(user_config={"retrieval": args.retrieval}, autoscaling_config=pipelines,
-                               ray_actor_options={"num_cpus": CPUS["pipeline"]}).bind(
+        return ingress.options(autoscaling_config=pipelines, ray_actor_options={"num_cpus": CPUS["pipeline"]}).bind(
             None, None, None, None, writer, args.model_dump(), None, ingest)
-    return ingress.options(user_config={"retrieval": args.retrieval}).bind(
-        Embedder.bind(ingest, str(store)),
-        DenseANN.options(autoscaling_config=scaling).bind(str(store), ingest, args.watch_interval_s),
-        BM25.options(autoscaling_config=scaling).bind(str(store), ingest, args.watch_interval_s),
-        Ranker.bind(str(store), ingest, args.watch_interval_s),
+    return ingress.bind(
+        Embedder.options(max_queued_requests=queue).bind(ingest, str(store)),
+        DenseANN.options(autoscaling_config=scaling, max_queued_requests=queue).bind(
+            str(store), ingest, args.watch_interval_s),
+        BM25.options(autoscaling_config=scaling, max_queued_requests=queue).bind(
+            str(store), ingest, args.watch_interval_s),
+        Ranker.options(max_queued_requests=queue).bind(str(store), ingest, args.watch_interval_s),
         writer,
         args.model_dump(),
     )

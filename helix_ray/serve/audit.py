@@ -21,13 +21,12 @@ from typing import Any, Awaitable, Callable, Optional
 from urllib.parse import parse_qs
 
 from helix_ray.errors import HelixError
-from helix_ray.serve import keys as keys_module
 from helix_ray.store import audit
 
 log = logging.getLogger(__name__)
 
 #: The store of the ingress replica running in this process (None: not serving), set by
-#: :class:`helix_ray.serve.app.HelixAPI` as ``keys.SERVING`` is (see the gate).
+#: :class:`helix_ray.serve.app.HelixAPI` as ``gate.SERVING`` is.
 SERVING: dict[str, Optional[Path]] = {"store": None}
 
 #: Most bytes of an admin request's body read into its record's ``params``.
@@ -57,9 +56,9 @@ def action_of(method: str, path: str) -> Optional[tuple[str, Optional[str]]]:
 def actor_of(authorization: Optional[str]) -> tuple[str, Optional[str]]:
     """``("key:<id>", user)`` for a valid key, ``("no-auth", None)`` on a server without
     keys, ``("unknown", None)`` otherwise (such a request is refused, 401, unrecorded)."""
-    from helix_ray.serve.gate import bearer
+    from helix_ray.serve.gate import SERVING as KEYS, bearer
 
-    keys = keys_module.SERVING["store"]
+    keys = KEYS["store"]
     if keys is None:
         return "no-auth", None
     try:

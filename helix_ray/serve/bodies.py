@@ -1,7 +1,7 @@
 """The body of ``POST /v1/memories``: parsing, validation and its OpenAPI schema.
 
 A body is one memory object, ``{"memories": [...]}`` or a bare list; each record is
-checked against :class:`helix_ray.serve.api.MemoryIn`, and a body that is not JSON or not
+checked against :class:`helix_ray.live.inputs.MemoryIn`, and a body that is not JSON or not
 memories is the 422 of :class:`fastapi.exceptions.RequestValidationError`.
 """
 
@@ -13,7 +13,8 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 
-from helix_ray.serve.api import MAX_BATCH, MemoryBatch, MemoryIn, undecodable_body
+from helix_ray.live.inputs import MAX_BATCH, MemoryIn
+from helix_ray.serve.api import MemoryBatch, undecodable_body
 
 _MEMORY_SCHEMA = MemoryIn.model_json_schema()
 _MEMORY_LIST = TypeAdapter(list[MemoryIn])

@@ -1,7 +1,8 @@
-"""Errors the HTTP API maps to a status code. Each message is one sentence a caller can
-act on, like :mod:`helix_ray.errors` (whose ``InvalidArgument`` becomes a 422 and whose
-``StoreError`` becomes a 503), and Ray's errors for a replica that is gone (a 503 saying
-whether the request was carried out: :func:`lost_replica`)."""
+"""Helix errors as HTTP status codes. Each message is one sentence a caller can act on,
+raised from :mod:`helix_ray.errors` (``Unauthorized`` 401, ``Forbidden`` 403, ``NotFound``
+404, ``Conflict`` 409, ``InvalidArgument`` 422, ``StoreError`` 503, ``DiskFull`` 507), and
+Ray's errors for a replica that is gone (a 503 saying whether the request was carried
+out: :func:`lost_replica`)."""
 
 from __future__ import annotations
 
@@ -11,22 +12,6 @@ import re
 from typing import Any, Callable
 
 from helix_ray.errors import HelixError
-
-
-class Unauthorized(HelixError):
-    """No API key, or one this store does not know (401)."""
-
-
-class Forbidden(HelixError):
-    """A key asked for another user's memories (403)."""
-
-
-class NotFound(HelixError):
-    """No such memory for this user (404)."""
-
-
-class Conflict(HelixError):
-    """The id is taken by another user's memory (409)."""
 
 
 STATUS = {"Unauthorized": 401, "Forbidden": 403, "NotFound": 404, "Conflict": 409,

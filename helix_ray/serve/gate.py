@@ -15,16 +15,20 @@ from typing import Any, Optional
 
 from fastapi.responses import JSONResponse
 
-from helix_ray.errors import HelixError, short_repr
+from helix_ray.errors import HelixError, Unauthorized, short_repr
 from helix_ray.serve import audit
-from helix_ray.serve import keys as keys_module
 from helix_ray.serve import ratelimit
-from helix_ray.serve.errors import Unauthorized, message_of, status_of
+from helix_ray.serve.errors import message_of, status_of
 from helix_ray.serve.responses import error_response
+from helix_ray.store.keys import KeyStore
 
 #: Largest request body the ingress reads (a batch of 1,000 memories of 20k characters is
 #: ~20 MB); larger ones get a 413 before they are parsed.
 MAX_BODY_BYTES = 32 * 1024 * 1024
+
+#: The key store of the ingress replica running in this process (None: no keys), set by
+#: :class:`helix_ray.serve.app.HelixAPI` and read by the gate, which checks keys before bodies.
+SERVING: dict[str, Optional[KeyStore]] = {"store": None}
 
 
 class Gate:
@@ -38,7 +42,7 @@ class Gate:
     - then a body over :data:`MAX_BODY_BYTES` gets its 413, a chunked one without a length 411.
 
     The handlers still read the key's user and rights. The key store is the one this
-    replica's :class:`helix_ray.serve.app.HelixAPI` registered in ``keys.SERVING`` (Serve
+    replica's :class:`helix_ray.serve.app.HelixAPI` registered in :data:`SERVING` (Serve
     ships the ingress class by value, so it cannot share a global of its own module with
     the middleware)."""
 
@@ -68,7 +72,7 @@ def _refusal(scope: dict[str, Any]) -> Optional[JSONResponse]:
     from starlette.datastructures import Headers
 
     headers = Headers(scope=scope)
-    keys = keys_module.SERVING["store"]
+    keys = SERVING["store"]
     path = scope["path"]
     if keys is not None and path.startswith("/v1/"):
         try:

@@ -21,7 +21,8 @@ from ray.serve.exceptions import RayServeException
 from starlette.exceptions import HTTPException
 
 from helix_ray.errors import HelixError
-from helix_ray.serve.api import RecallResponse, request_error_sentence, undecodable_body
+from helix_ray.live.inputs import request_error_sentence
+from helix_ray.serve.api import RecallResponse, undecodable_body
 from helix_ray.serve.errors import lost_replica, message_of, status_of
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from helix_ray.errors import InvalidArgument, RayLost
 from helix_ray.runtime import (bind_error, ensure_ray, gcs_answers, is_loopback, reserve_port, spare_port,
                                stop_own_ray, wait_for_gcs_loss)
-from helix_ray.serve.keys import KeyStore
+from helix_ray.store.keys import KeyStore
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,10 @@ WriterShell     the store's DuckDB file (one writer)    add / patch / delete / c
 Between replicas travel the :class:`Plan` (the checked request, its config and the
 query vector), and the legs' :class:`LegResult` — row ids and scores, the generation
 and delta version they came from. Never texts, never the generation.
-:mod:`helix_ray.serve.deployments` turns these classes into Serve deployments.
+The work over a generation and its delta is :mod:`helix_ray.live.recall`'s (an open
+:class:`helix_ray.Memory` calls the same functions), the Writer's is
+:class:`helix_ray.live.writer.WriterCore`'s. :mod:`helix_ray.serve.deployments` turns
+these classes into Serve deployments.
 """
 
 from __future__ import annotations
@@ -22,27 +25,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
-
-import numpy as np
+from typing import Any
 
 from helix_ray.config import IngestConfig, RetrievalConfig
 from helix_ray.embedder import DIM, get_embedder
 from helix_ray.errors import StoreError
+from helix_ray.live.access_log import AccessTail, accesses_path
+from helix_ray.live.compactor import Compactor
+from helix_ray.live.recall import dense_over, elapsed_ms, finish_over, lexical_over
+from helix_ray.live.views import StoreViews
 from helix_ray.recall import adapter
-from helix_ray.recall import dense as dense_mod
-from helix_ray.recall import lexical as lexical_mod
-from helix_ray.recall.pipeline import IdAccessOverlay, Plan, RecallResult, Recaller
+from helix_ray.recall.pipeline import Plan, Recaller
 from helix_ray.recall.warm import WARM_QUERY
 from helix_ray.runtime import usable_cores
-from helix_ray.serve.access_log import AccessTail, accesses_path
 from helix_ray.serve.errors import ReplicaError, boundary
-from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, merge_dense, merge_lexical
-from helix_ray.serve.views import ShellRecaller, StoreViews
 from helix_ray.store.generation import Generation
 from helix_ray.store.pointer import Pointer
 
@@ -65,10 +64,6 @@ class LegResult:
     hits: Any  # dense.DenseHits | lexical.LexicalHits | None
     ms: float
     error: str | None = None  # the leg failed: the Ranker goes on without it and flags it
-
-
-def _ms(since: float) -> float:
-    return round((time.perf_counter() - since) * 1000.0, 3)
 
 
 def _expect(ingest: IngestConfig | None) -> dict[str, Any]:
@@ -200,8 +195,8 @@ class DenseShell(_StoreShell):
             hits = dense_over(self.views.recaller(view, delta), delta, plan)
         except Exception as exc:  # noqa: BLE001 - recall goes on with the other leg, flagged
             log.exception("dense leg failed")
-            return LegResult(view.number, delta.version, None, _ms(clock), f"{type(exc).__name__}: {exc}")
-        return LegResult(view.number, delta.version, hits, _ms(clock))
+            return LegResult(view.number, delta.version, None, elapsed_ms(clock), f"{type(exc).__name__}: {exc}")
+        return LegResult(view.number, delta.version, hits, elapsed_ms(clock))
 
 
 class BM25Shell(_StoreShell):
@@ -220,8 +215,8 @@ class BM25Shell(_StoreShell):
             hits = lexical_over(self.views.recaller(view, delta), delta, plan)
         except Exception as exc:  # noqa: BLE001 - recall goes on with the other leg, flagged
             log.exception("bm25 leg failed")
-            return LegResult(view.number, delta.version, None, _ms(clock), f"{type(exc).__name__}: {exc}")
-        return LegResult(view.number, delta.version, hits, _ms(clock))
+            return LegResult(view.number, delta.version, None, elapsed_ms(clock), f"{type(exc).__name__}: {exc}")
+        return LegResult(view.number, delta.version, hits, elapsed_ms(clock))
 
 
 class RankerShell(_StoreShell):
@@ -315,187 +310,14 @@ class PipelineShell:
         return out
 
 
-# ----------------------------------------------------------------------------- the stages over generation + delta
-#
-# Sync: the shells above call them per request (on their event loop), and so does an
-# open :class:`helix_ray.Memory`, which has no event loop of its own.
-
-
-def lexical_over(recaller: ShellRecaller, delta: DeltaSegment, plan: Plan) -> Any:
-    """BM25 over the generation (rows the delta hides masked out) and the delta's live
-    entries, merged into one list; None when the leg's weight is 0."""
-    hits = recaller.lexical_leg(plan)
-    if plan.weights.get("bm25", 0) > 0 and len(delta):
-        lx, gen = plan.config.lexical, recaller.generation
-        extra = delta.lexical_search(plan.query, plan.scope, gen.number, gen.bm25, top_k=lx.top_k,
-                                     span=gen.partitions.get(plan.user))
-        hits = merge_lexical(hits, extra, top_k=lx.top_k, strong_score=lx.strong_signal_score,
-                             strong_gap=lx.strong_signal_gap)
-    return hits
-
-
-def dense_over(recaller: ShellRecaller, delta: DeltaSegment, plan: Plan) -> Any:
-    """Dense top-k over the generation (hidden rows masked out) and the delta's live
-    entries, merged; None when the leg's weight is 0."""
-    hits = recaller.dense_leg(plan)
-    if plan.weights.get("dense", 0) > 0 and len(delta):
-        extra = delta.dense_search(plan.query_vector, plan.scope, recaller.generation.number,
-                                   plan.config.dense.top_k)
-        hits = merge_dense(hits, extra, plan.config.dense.top_k)
-    return hits
-
-
-def finish_over(recaller: ShellRecaller, delta: DeltaSegment, plan: Plan, lexical: Any, dense: Any, *,
-                leg_timings_ms: dict[str, float] | None = None, accessed: Mapping[str, int] | None = None,
-                started: float | None = None) -> RecallResult:
-    """``Recaller.finish`` with ``recaller`` a joined one (:class:`JoinedGeneration`:
-    the graph is seeded and ranked over both): the legs' rows this snapshot hides
-    dropped first; ``accessed``: last accesses (epoch µs) by id newer than the generation's."""
-    number = recaller.generation.number
-    hidden = set(int(r) for r in recaller.hidden_rows)
-    return recaller.finish(plan, _visible(lexical, hidden, delta, number), _visible(dense, hidden, delta, number),
-                           leg_timings_ms=leg_timings_ms, started=started,
-                           last_access_overlay=IdAccessOverlay(recaller.columns.ids, accessed) if accessed else None)
-
-
-def recall_over(legs: ShellRecaller, joined: ShellRecaller, delta: DeltaSegment, planner: Recaller, query: str, *,
-                user: str, accessed: Mapping[str, int] | None = None, **request: Any) -> RecallResult:
-    """One recall in this thread over a generation and ``delta`` (``legs`` and
-    ``joined``: :meth:`StoreViews.recaller` of the two, plain and joined): ``planner``
-    (encoders, router, adapter) plans it as the Embedder shell does, then the BM25 leg,
-    the dense leg unless BM25 is decisive, and the Ranker's finish, as
-    :class:`PipelineShell` runs them. An open :class:`helix_ray.Memory` recalls with it."""
-    started = time.perf_counter()
-    plan = planner.over(joined.generation).plan(query, user=user, **request)
-    try:
-        lexical = dense = None
-        timings: dict[str, float] = {}
-        if not plan.skip:
-            clock = time.perf_counter()
-            lexical = lexical_over(legs, delta, plan)
-            timings["bm25"] = _ms(clock)
-            if not Recaller.strong(plan, lexical):
-                clock = time.perf_counter()
-                dense = dense_over(legs, delta, plan)
-                timings["dense"] = _ms(clock)
-        return finish_over(joined, delta, plan, lexical, dense, leg_timings_ms=timings, accessed=accessed,
-                           started=started)
-    finally:
-        plan.drop_tokens()
-
-
-def _visible(hits: Any, hidden: set[int], delta: DeltaSegment, generation: int) -> Any:
-    """``hits`` without rows this snapshot hides: deleted or replaced generation rows,
-    and delta entries it no longer holds (deleted or replaced since the leg ran) or that
-    this generation already holds; the lists of a recall's context turns likewise. Runs
-    before packing, so a delete that was answered before this request arrived can never
-    reach the result."""
-    if hits is None:
-        return hits
-    context = tuple(rows[_shown(np.asarray(rows, dtype=np.int64), hidden, delta, generation)]
-                    for rows in getattr(hits, "context", ()))
-    rows = np.asarray(hits.rows, dtype=np.int64)
-    keep = _shown(rows, hidden, delta, generation)
-    if keep.all() and not context:
-        return hits
-    if isinstance(hits, dense_mod.DenseHits):
-        return dense_mod.DenseHits(rows[keep], hits.similarities[keep], hits.first_pass, context)
-    return lexical_mod.LexicalHits(rows[keep], hits.scores[keep], hits.normalised[keep],
-                                   bool(hits.strong_signal and len(keep) and keep[0]), context)
-
-
-def _shown(rows: np.ndarray, hidden: set[int], delta: DeltaSegment, generation: int) -> np.ndarray:
-    """Which of ``rows`` this snapshot shows (see :func:`_visible`)."""
-    keep = np.ones(len(rows), dtype=bool)
-    if not len(rows):
-        return keep
-    if hidden:
-        keep &= np.array([int(r) not in hidden for r in rows], dtype=bool)
-    in_delta = rows >= DELTA_BASE
-    if in_delta.any():
-        pos = delta.positions(rows[in_delta])
-        ok = pos >= 0
-        ok[ok] = delta.live(generation)[pos[ok]]
-        keep[np.flatnonzero(in_delta)] &= ok
-    return keep
-
-
-#: After a compaction that lost a write-write conflict in DuckDB, the next try (seconds).
-COMPACT_RETRY_S = 5.0
-#: After any other failed compaction: COMPACT_RETRY_S × 2^failures, at most this (seconds).
-COMPACT_BACKOFF_MAX_S = 300.0
-#: How often the compactor looks at the pending writes (seconds).
-COMPACT_TICK_S = 1.0
-
-
-class Compactor:
-    """Background compaction of a :class:`~helix_ray.serve.writer.WriterCore`'s delta:
-    every ``interval_s`` seconds when anything is pending, or as soon as ``max_pending``
-    entries are. A failed compaction leaves the writes in the delta and is tried again
-    later. ``before`` runs ahead of each compaction, ``after`` with its report once one
-    published a generation (an open ``Memory`` flushes its recall hits, then opens the
-    new generation off the query path)."""
-
-    def __init__(self, core: Any, *, interval_s: float, max_pending: int, before: Callable[[], None] | None = None,
-                 after: Callable[[dict[str, Any]], None] | None = None, name: str = "helix-compactor"):
-        self.core = core
-        self.interval_s = interval_s
-        self.max_pending = max_pending
-        self.before, self.after = before, after
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-
-    def stop(self, timeout_s: float | None = None) -> None:
-        """No compaction starts after this; one running goes on to its end (``timeout_s``:
-        how long to wait for it here)."""
-        self.stop_event.set()
-        if threading.current_thread() is not self.thread:
-            self.thread.join(timeout_s)
-
-    def _run(self) -> None:
-        last = time.monotonic()
-        failures, retry_at = 0, 0.0
-        while not self.stop_event.wait(COMPACT_TICK_S):
-            now = time.monotonic()
-            if now < retry_at:
-                continue
-            due = now - last >= self.interval_s
-            todo = self.core.compactable()
-            if todo >= self.max_pending or (due and (todo or self.core.open_tombstones())):
-                soon = False
-                try:
-                    if self.before is not None:
-                        self.before()
-                    report = self.core.compact()
-                    failures, retry_at = 0, 0.0
-                    if self.after is not None and report.get("published"):
-                        self.after(report)
-                except Exception as exc:  # noqa: BLE001 - the writes stay in the delta; try again later
-                    import duckdb
-
-                    # A DELETE wrote a row the pipeline was writing (it runs outside the
-                    # writer's lock): not a lasting fault, so again in a few seconds.
-                    # Anything else waits longer after each failure (a full disk, a record
-                    # the pipeline cannot take), also when the pending writes are past
-                    # max_pending (not a try, and a copy of them all, every tick).
-                    soon = isinstance(exc, duckdb.TransactionException)
-                    failures += 1
-                    wait = COMPACT_RETRY_S if soon else min(COMPACT_RETRY_S * 2 ** failures, COMPACT_BACKOFF_MAX_S)
-                    retry_at = time.monotonic() + wait
-                    log.exception("background compaction failed (%d in a row); the delta keeps serving the "
-                                  "writes; next try in %.0f s", failures, wait)
-                last = time.monotonic() - (max(0.0, self.interval_s - COMPACT_RETRY_S) if soon else 0.0)
-
-
 class WriterShell:
-    """The one writer: :class:`helix_ray.serve.writer.WriterCore` plus a background
+    """The one writer: :class:`helix_ray.live.writer.WriterCore` plus a background
     :class:`Compactor` (every ``compact_interval_s`` seconds when anything is pending,
     or as soon as ``compact_max_pending`` entries are)."""
 
     def __init__(self, store: str | Path, ingest: IngestConfig | None = None, *, compact_interval_s: float = 600.0,
                  compact_max_pending: int = 2000, compact_runner: str = "local"):
-        from helix_ray.serve.writer import WriterCore  # loads duckdb: only the Writer replica needs it
+        from helix_ray.live.writer import WriterCore  # loads duckdb: only the Writer replica needs it
 
         self.core = WriterCore(store, ingest=ingest, compact_runner=compact_runner)
         self.core.load_encoders()  # before the replica reports healthy, not in the first write

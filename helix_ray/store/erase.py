@@ -13,7 +13,7 @@ the file until it is.
 What the user's rows in the served generation become is the next compaction's work:
 the ids are kept in ``erased`` (ids only) so that no later generation carries those
 rows over, and a generation built after this holds none of them. The single writer
-runs the whole erasure (:mod:`helix_ray.serve.forget`: ``DELETE /v1/users/{user}`` and
+runs the whole erasure (:mod:`helix_ray.live.forget`: ``DELETE /v1/users/{user}`` and
 ``helix forget-user``), the delta, the API keys in ``keys.json`` and the query adapter
 included.
 """
@@ -38,7 +38,7 @@ def forget_user(store: str | Path, user: str, *, db: StoreDB) -> dict[str, int]:
     """Delete every row of ``user`` from ``store``'s database in one transaction, and
     their lines from the inbox files; return how many of each went.
 
-    ``db``: the store's open writer (:class:`helix_ray.serve.writer.WriterCore`'s). The
+    ``db``: the store's open writer (:class:`helix_ray.live.writer.WriterCore`'s). The
     file still holds the deleted rows' bytes in freed blocks: the caller closes its
     connection and calls :func:`rewrite_database` before opening it again."""
     if not isinstance(user, str) or not user.strip():

@@ -31,11 +31,11 @@ import pyarrow.compute as pc
 
 from helix_ray.config import RetrievalConfig
 from helix_ray.errors import StoreError
+from helix_ray.live.delta import DELTA_BASE, DeltaSegment, SegmentCache
+from helix_ray.live.delta_format import current_delta_version, delta_dir
 from helix_ray.recall import scope as scope_mod
 from helix_ray.recall.pipeline import Recaller
 from helix_ray.recall.warm import ROLE_FILES, read_through
-from helix_ray.serve.delta import DELTA_BASE, DeltaSegment, SegmentCache
-from helix_ray.serve.delta_format import current_delta_version, delta_dir
 from helix_ray.store.generation import Generation, open_good_generation
 from helix_ray.store.pointer import Pointer
 from helix_ray.token_encoder import PassageTokens

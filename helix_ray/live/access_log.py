@@ -4,7 +4,7 @@ The Writer records every recall hit in the ``access_log`` table; the next compac
 ingest folds them into ``last_accessed_at`` and ``access_count``. Until then the
 replicas read the hits from this file (the latest per id), so recency moves for served
 recalls as it does for an open ``Memory``. The Writer appends to it and rewrites it
-(:class:`helix_ray.serve.writer.WriterCore`); a replica tails it (:class:`AccessTail`).
+(:class:`helix_ray.live.writer.WriterCore`); a replica tails it (:class:`AccessTail`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def accesses_path(store: Path) -> Path:
     ``{memory id: epoch µs}``: appended a batch per line, so a replica reads only what
     was added since it last looked (:class:`AccessTail`); rewritten whole (a new file,
     by rename) after a start or a compaction, or once it grows past
-    :data:`helix_ray.serve.writer.ACCESSES_REWRITE_BYTES`. The latest time per id wins."""
+    :data:`helix_ray.live.writer.ACCESSES_REWRITE_BYTES`. The latest time per id wins."""
     return Path(store) / "delta" / "ACCESSES.jsonl"
 
 

@@ -1,6 +1,6 @@
 """The delta's files: the segment format and the snapshots' manifests.
 
-The single writer publishes a new snapshot of the delta (:mod:`helix_ray.serve.delta`)
+The single writer publishes a new snapshot of the delta (:mod:`helix_ray.live.delta`)
 every time it changes. A snapshot is a small manifest over immutable segment files, so a
 write costs a file of its own entries, not a copy of every pending one:
 

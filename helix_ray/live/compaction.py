@@ -5,7 +5,7 @@ the ingest pipeline itself on it (``helix_ray.ingest.run.ingest``, on a sibling 
 writer's DuckDB connection), outside the writer's lock; then, under the lock, it marks
 what the new generation holds as folded (:func:`mark_folded`), applies the deletions
 made meanwhile, prunes the log and publishes a new delta snapshot. The functions take
-the :class:`~helix_ray.serve.writer.WriterCore` whose state they change; its
+the :class:`~helix_ray.live.writer.WriterCore` whose state they change; its
 ``compact`` method is the entry point (see docs/architecture.md).
 """
 
@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from helix_ray.live.delta_format import NOT_FOLDED, Tombstone
+from helix_ray.live.writes import SERVED_PREFIX, write_inbox_file
 from helix_ray.schema import content_hash
-from helix_ray.serve.delta_format import NOT_FOLDED, Tombstone
-from helix_ray.serve.writes import SERVED_PREFIX, write_inbox_file
 from helix_ray.store.generation import Generation
 
 if TYPE_CHECKING:
-    from helix_ray.serve.writer import WriterCore
+    from helix_ray.live.writer import WriterCore
 
 #: Compaction inputs kept in ``inbox/folded/`` (newest first), for an operator to look at.
 KEEP_FOLDED = 50

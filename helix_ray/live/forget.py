@@ -1,6 +1,6 @@
 """Forgetting a user in a store the single writer holds: ``DELETE /v1/users/{user}``
 and ``helix forget-user`` both call :func:`forget_user` on the
-:class:`~helix_ray.serve.writer.WriterCore` that owns the database.
+:class:`~helix_ray.live.writer.WriterCore` that owns the database.
 
 1. Under both of the writer's locks (``_compacting`` too: a compaction's pipeline reads
    the database through a cursor of the writer's connection), all at once: the user's
@@ -17,7 +17,7 @@ and ``helix forget-user`` both call :func:`forget_user` on the
    copied once more. Without it, the next compaction or ingest leaves their rows out.
 
 A user the store holds nothing of (no row, key or generation row: most likely a
-mistyped id) is a :class:`~helix_ray.serve.errors.NotFound`, and nothing changes.
+mistyped id) is a :class:`~helix_ray.errors.NotFound`, and nothing changes.
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from helix_ray.errors import NotFound
+from helix_ray.live.delta_format import drop_history
 from helix_ray.recall import adapter
-from helix_ray.serve.delta_format import drop_history
-from helix_ray.serve.errors import NotFound
-from helix_ray.serve.keys import KeyStore
 from helix_ray.store import erase
 from helix_ray.store.generation import Generation
+from helix_ray.store.keys import KeyStore
 from helix_ray.store.publish import prune
 
 if TYPE_CHECKING:
-    from helix_ray.serve.writer import WriterCore
+    from helix_ray.live.writer import WriterCore
 
 #: The database counts that show the store held something of a user (``ids``: their
 #: memories and online writes).
@@ -43,7 +43,7 @@ HELD = ("ids", "entities", "feedback", "access_log", "inbox_lines", "quarantine"
 
 def forget_user(core: WriterCore, user: str, *, compact: bool = True) -> dict[str, Any]:
     """Erase ``user`` from the store ``core`` writes; return what went (the fields of
-    :class:`helix_ray.serve.api.UserForgotten`)."""
+    ``UserForgotten``, the answer of ``DELETE /v1/users/{user}``)."""
     with core._forgetting:
         with core._compacting, core._lock:
             counts = erase.forget_user(core.store, user, db=core.db)  # checks the id (422) before anything

@@ -5,7 +5,7 @@ it is answered, but the published generation is immutable: rebuilding it for eve
 would cost seconds. So the single writer keeps the memories written since the last
 compaction — and the ids deleted since then — in a small *delta*, and publishes a new
 snapshot of it every time it changes: a small manifest over immutable segment files
-(:mod:`helix_ray.serve.delta_format` holds the files and their format; this module
+(:mod:`helix_ray.live.delta_format` holds the files and their format; this module
 loads a snapshot, searches it, and merges its hits into the generation legs' lists).
 
 Every replica checks ``delta/CURRENT`` on each request (one ``stat``) and reloads the
@@ -48,9 +48,9 @@ import pyarrow.ipc as ipc
 
 from helix_ray.errors import StoreError
 from helix_ray.index.bm25 import Analyzer
+from helix_ray.live.delta_format import NOT_FOLDED, Tombstone, check_format, delta_dir, delta_schema
 from helix_ray.recall import dense, lexical
 from helix_ray.recall.scope import Scope
-from helix_ray.serve.delta_format import NOT_FOLDED, Tombstone, check_format, delta_dir, delta_schema
 from helix_ray.token_encoder import from_blobs
 
 #: Delta entries recall under row ids ``DELTA_BASE + seq``: above any generation row

@@ -1,4 +1,5 @@
-"""The single writer of a served store (no Ray here; the Writer deployment wraps it).
+"""The single writer of a store (no Ray here; the Writer deployment and an open
+:class:`helix_ray.Memory` wrap it).
 
 DuckDB allows one writing process: while the server runs, :class:`WriterCore` owns the
 store's ``helix.duckdb`` and every write goes through it. It holds the delta (the live
@@ -6,14 +7,14 @@ entries and tombstones no generation holds yet), rebuilds it from ``serve_log`` 
 restart, and publishes a new delta snapshot after each change. The work itself is in
 the modules of each concern:
 
-=================================== ==================================================
-:mod:`helix_ray.serve.writes`       POST, PATCH, DELETE: validate, embed, make durable
-:mod:`helix_ray.serve.compaction`   fold the delta into the next generation
-:mod:`helix_ray.serve.forget`       erase a user from the database, delta and generations
-:mod:`helix_ray.serve.access_log`   the recent recall hits the replicas read
-:mod:`helix_ray.serve.settings`     the live retrieval overrides
-:mod:`helix_ray.serve.delta_format` the delta's segment files and manifests
-=================================== ==================================================
+================================== ==================================================
+:mod:`helix_ray.live.writes`       POST, PATCH, DELETE: validate, embed, make durable
+:mod:`helix_ray.live.compaction`   fold the delta into the next generation
+:mod:`helix_ray.live.forget`       erase a user from the database, delta and generations
+:mod:`helix_ray.live.access_log`   the recent recall hits the replicas read
+:mod:`helix_ray.live.settings`     the live retrieval overrides
+:mod:`helix_ray.live.delta_format` the delta's segment files and manifests
+================================== ==================================================
 
 ``serve_log`` is created here, next to the tables of :mod:`helix_ray.store.db`:
 ``seq`` orders every put and delete; ``folded_into`` is the generation that absorbed a
@@ -34,12 +35,11 @@ import pyarrow as pa
 
 from helix_ray.config import IngestConfig
 from helix_ray.embedder import DIM, get_embedder
-from helix_ray.errors import InvalidArgument
+from helix_ray.errors import Conflict, InvalidArgument, NotFound
 from helix_ray.ingest import stages
-from helix_ray.recall import adapter
-from helix_ray.serve import compaction, forget, settings, writes
-from helix_ray.serve.access_log import accesses_path, append_accesses, rewrite_accesses
-from helix_ray.serve.delta_format import (
+from helix_ray.live import compaction, forget, settings, writes
+from helix_ray.live.access_log import accesses_path, append_accesses, rewrite_accesses
+from helix_ray.live.delta_format import (
     MERGE_SMALL_AT,
     NOT_FOLDED,
     SMALL_SEGMENT,
@@ -50,7 +50,7 @@ from helix_ray.serve.delta_format import (
     publish_manifest,
     write_segment,
 )
-from helix_ray.serve.errors import Conflict, NotFound
+from helix_ray.recall import adapter
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import ACCESS_WATERMARK, current_generation_number, open_good_generation
 

@@ -9,10 +9,10 @@ A write is, in order:
 3. made durable: an fsynced JSONL file in ``inbox/`` (ingest-ready records) and a
    committed row per memory in the ``serve_log`` table of the store's DuckDB file
    (with its vector, so a restarted writer rebuilds the delta without re-embedding);
-4. published to the replicas as a new delta snapshot (:mod:`helix_ray.serve.delta`).
+4. published to the replicas as a new delta snapshot (:mod:`helix_ray.live.delta`).
 
 Only then is the request (or ``Memory.add``) answered. The functions take the
-:class:`~helix_ray.serve.writer.WriterCore` that owns the state; its ``add``, ``patch``
+:class:`~helix_ray.live.writer.WriterCore` that owns the state; its ``add``, ``patch``
 and ``delete`` methods are the entry points.
 """
 
@@ -30,16 +30,15 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from helix_ray.errors import InvalidArgument, StoreError, is_disk_full
+from helix_ray.errors import Conflict, Forbidden, InvalidArgument, NotFound, StoreError, is_disk_full
 from helix_ray.ingest.dedup import signatures
+from helix_ray.live.delta_format import Tombstone
+from helix_ray.live.inputs import MAX_BATCH
 from helix_ray.schema import CHUNK_ID, DERIVED_ID, MEMORY_SCHEMA, chunk_id, content_hash, parent_of
-from helix_ray.serve.api import MAX_BATCH
-from helix_ray.serve.delta_format import Tombstone
-from helix_ray.serve.errors import Conflict, Forbidden, NotFound
 from helix_ray.store.space import disk_full
 
 if TYPE_CHECKING:
-    from helix_ray.serve.writer import WriterCore
+    from helix_ray.live.writer import WriterCore
 
 #: A DELETE meeting a compaction's write of the same row waits and tries again, ~5 s in all.
 DELETE_TRIES = 9

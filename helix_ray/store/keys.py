@@ -41,8 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from helix_ray.errors import InvalidArgument
-from helix_ray.serve.errors import Unauthorized
+from helix_ray.errors import InvalidArgument, Unauthorized
 from helix_ray.store import audit
 
 KEYS_FILE = "keys.json"
@@ -78,11 +77,6 @@ def parse_duration(text: str) -> dt.timedelta:
 
 def _digest(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
-#: The key store of the ingress replica running in this process (None: no keys), read
-#: by the HTTP middleware that checks keys before bodies (helix_ray/serve/app.py).
-SERVING: dict[str, "KeyStore | None"] = {"store": None}
 
 
 class KeyStore:

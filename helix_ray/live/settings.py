@@ -2,7 +2,8 @@
 
 ``PATCH /v1/settings`` deep-merges into these overrides and ``DELETE /v1/settings``
 drops them; the Writer writes the file (one writer, under its lock) and every ingress
-replica reads it with one ``stat`` per request (:meth:`helix_ray.serve.app.HelixAPI.config`).
+replica reads it with one ``stat`` per request (the ingress's ``HelixAPI.config``), as
+``helix mcp`` does.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from helix_ray.config import deep_merge
-from helix_ray.serve.api import check_settings
+from helix_ray.live.inputs import check_settings
 from helix_ray.store.pointer import write_text_atomic
 
 SETTINGS_FILE = "serve-settings.json"

@@ -1,0 +1,82 @@
+"""When the Writer compacts: :class:`Compactor`, a background thread that folds a
+:class:`~helix_ray.live.writer.WriterCore`'s delta into the next generation
+(:mod:`helix_ray.live.compaction` says how) once enough time has passed or enough
+writes are pending, and backs off after a failure. The Writer deployment runs one, and
+so does the shared state of the :class:`helix_ray.Memory` objects open on a store.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+#: After a compaction that lost a write-write conflict in DuckDB, the next try (seconds).
+COMPACT_RETRY_S = 5.0
+#: After any other failed compaction: COMPACT_RETRY_S × 2^failures, at most this (seconds).
+COMPACT_BACKOFF_MAX_S = 300.0
+#: How often the compactor looks at the pending writes (seconds).
+COMPACT_TICK_S = 1.0
+
+
+class Compactor:
+    """Background compaction of a :class:`~helix_ray.live.writer.WriterCore`'s delta:
+    every ``interval_s`` seconds when anything is pending, or as soon as ``max_pending``
+    entries are. A failed compaction leaves the writes in the delta and is tried again
+    later. ``before`` runs ahead of each compaction, ``after`` with its report once one
+    published a generation (an open ``Memory`` flushes its recall hits, then opens the
+    new generation off the query path)."""
+
+    def __init__(self, core: Any, *, interval_s: float, max_pending: int, before: Callable[[], None] | None = None,
+                 after: Callable[[dict[str, Any]], None] | None = None, name: str = "helix-compactor"):
+        self.core = core
+        self.interval_s = interval_s
+        self.max_pending = max_pending
+        self.before, self.after = before, after
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """No compaction starts after this; one running goes on to its end (``timeout_s``:
+        how long to wait for it here)."""
+        self.stop_event.set()
+        if threading.current_thread() is not self.thread:
+            self.thread.join(timeout_s)
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        failures, retry_at = 0, 0.0
+        while not self.stop_event.wait(COMPACT_TICK_S):
+            now = time.monotonic()
+            if now < retry_at:
+                continue
+            due = now - last >= self.interval_s
+            todo = self.core.compactable()
+            if todo >= self.max_pending or (due and (todo or self.core.open_tombstones())):
+                soon = False
+                try:
+                    if self.before is not None:
+                        self.before()
+                    report = self.core.compact()
+                    failures, retry_at = 0, 0.0
+                    if self.after is not None and report.get("published"):
+                        self.after(report)
+                except Exception as exc:  # noqa: BLE001 - the writes stay in the delta; try again later
+                    import duckdb
+
+                    # A DELETE wrote a row the pipeline was writing (it runs outside the
+                    # writer's lock): not a lasting fault, so again in a few seconds.
+                    # Anything else waits longer after each failure (a full disk, a record
+                    # the pipeline cannot take), also when the pending writes are past
+                    # max_pending (not a try, and a copy of them all, every tick).
+                    soon = isinstance(exc, duckdb.TransactionException)
+                    failures += 1
+                    wait = COMPACT_RETRY_S if soon else min(COMPACT_RETRY_S * 2 ** failures, COMPACT_BACKOFF_MAX_S)
+                    retry_at = time.monotonic() + wait
+                    log.exception("background compaction failed (%d in a row); the delta keeps serving the "
+                                  "writes; next try in %.0f s", failures, wait)
+                last = time.monotonic() - (max(0.0, self.interval_s - COMPACT_RETRY_S) if soon else 0.0)
