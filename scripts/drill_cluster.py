@@ -12,8 +12,8 @@
   there). ``helix serve`` must exit non-zero within :data:`EXIT_WITHIN_S`, its last line
   saying that it lost its Ray and what to run, and leave no process of its session
   behind. Then ``helix serve`` starts again on the same store, on a Ray of its own (a
-  cluster that lost its head is gone; on the same port for ``own``), and recalls every
-  acknowledged memory.
+  cluster that lost its head is gone) and a new port, and recalls every acknowledged
+  memory.
 - ``ingest-node``: on a two-node LocalCluster, a store whose current generation holds
   :data:`PREVIOUS_RECORDS` synthetic records (``scripts/synthetic.py``) takes
   ``helix ingest --runner ray`` of ``--records`` more; once an embedding actor on node 1
@@ -154,10 +154,9 @@ def ray_head_round(work: Path, where: str, row: RayRow, rng: random.Random) -> N
               f"{burst.errors}; said: {said[:160]}", file=sys.stderr, flush=True)
         server.stop()  # SIGKILL of whatever is left, a server that did not exit included
         reap(sids)
-        # On a Ray of its own: the same port, or a new one after a cluster's, whose lost
-        # proxy left the port's connections in TIME_WAIT, past which the proxy of a Ray
-        # of one node does not bind.
-        restarted = restart(store, log, server.port if where == "own" else spare_port())
+        # A new port: the lost server's connections to its own stay in TIME_WAIT for up to
+        # a minute, past which the proxy of a Ray of one node does not bind.
+        restarted = restart(store, log, spare_port())
         sids.append(restarted.proc.pid)
         try:
             outcome = (http_check(restarted.url, key, ledger) if restarted.wait_ready() else
