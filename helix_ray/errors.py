@@ -75,6 +75,11 @@ class ClusterUnreachable(HelixError):
     """``RAY_ADDRESS`` names a Ray cluster this process could not join."""
 
 
+class RayLost(HelixError):
+    """The Ray under a running command went away: its GCS (on the head node) stopped
+    accepting connections, and Ray cannot go on without it."""
+
+
 class DiskFull(StoreError):
     """The filesystem a store is on has no space left (ENOSPC) for a write; nothing
     half-written became current. Serve answers it with HTTP 507."""

@@ -143,14 +143,15 @@ class LocalCluster:
             shutil.rmtree(self.folder, ignore_errors=True)
 
     def kill_node(self, index: int) -> int:
-        """SIGKILL a worker node and every process it started (raylet, agents, the replicas
-        and tasks on it), as a host that fails would: no drain, no word to the GCS, which
-        finds out by its health checks. Returns how many processes were killed."""
+        """SIGKILL a node and every process it started (raylet, agents, the replicas and
+        tasks on it), as a host that fails would: no drain, no word to the GCS, which
+        finds out by its health checks. Index 0, the head, takes the GCS with it: the
+        cluster is lost (its worker nodes' raylets give up on it within a minute).
+        Returns how many processes were killed."""
         import psutil
 
-        if not 0 < index < len(self._procs):
-            raise ValueError(f"kill_node takes a worker node's index, 1 to {len(self._procs) - 1} (got {index}); "
-                             "the head holds the GCS, and losing it loses the cluster")
+        if not 0 <= index < len(self._procs):
+            raise ValueError(f"kill_node takes a node's index, 0 (the head) to {len(self._procs) - 1} (got {index})")
         proc, log = self._procs[index]
         try:
             top = psutil.Process(proc.pid)
@@ -166,6 +167,12 @@ class LocalCluster:
             proc.wait(10)
         log.close()
         return len(victims)
+
+    @property
+    def node_pids(self) -> list[int]:
+        """Each node's ``ray start`` process, head first: a session leader, whose session
+        keeps the processes the node started, those whose parent died included."""
+        return [proc.pid for proc, _ in self._procs]
 
     def restart_node(self, index: int, timeout_s: float = 120.0) -> None:
         """Start worker node ``index`` again (after :meth:`kill_node`): a new node joins."""

@@ -233,6 +233,64 @@ def _unreachable(address: str, wait_s: float = 20.0) -> str | None:
         time.sleep(0.5)
 
 
+#: Seconds a running driver waits for its Ray's GCS to accept connections again before it
+#: counts that Ray as lost: longer than a network blip, well within the 60 s after which
+#: Ray itself ends a driver whose GCS is gone (``gcs_rpc_server_reconnect_timeout_s``),
+#: with a line of its own and none of the driver's cleanup.
+GCS_LOST_AFTER_S = 10.0
+
+
+def wait_for_gcs_loss(every_s: float = 1.0, lost_after_s: float = GCS_LOST_AFTER_S) -> str:
+    """Block while the GCS of the Ray this driver runs on accepts TCP connections; once
+    it has not for ``lost_after_s``, return where it was and why. Ray keeps no cluster
+    state across a GCS's loss unless it was started with GCS fault tolerance (an
+    external Redis), so a driver that outlives its GCS serves on borrowed time."""
+    import ray
+
+    address = ray.get_runtime_context().gcs_address
+    while True:
+        why = _unreachable(address, wait_s=lost_after_s)
+        if why:
+            return f"its GCS at {address}: {why}"
+        time.sleep(every_s)
+
+
+def gcs_answers(timeout_s: float = 2.0) -> bool:
+    """Whether the GCS of the Ray this driver runs on accepts a TCP connection now."""
+    import socket
+
+    import ray
+
+    target = _host_port(ray.get_runtime_context().gcs_address)
+    if target is None:
+        return True
+    try:
+        with socket.create_connection(target, timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def stop_own_ray() -> int:
+    """``ray.shutdown()`` of a Ray this process started, then SIGKILL of each process it
+    had started that outlived it; returns how many. After the GCS is gone the node's
+    agents outlive their raylet for a minute or more, parented to init."""
+    import psutil
+    import ray
+
+    started = psutil.Process().children(recursive=True)
+    ray.shutdown()
+    killed = 0
+    for proc in started:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                proc.kill()
+                killed += 1
+        except psutil.Error:
+            continue
+    return killed
+
+
 def _addresses(host: str) -> set[str]:
     """The IP addresses ``host`` (a name or an address) stands for; none if it resolves
     to nothing."""

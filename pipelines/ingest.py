@@ -145,13 +145,16 @@ class _TransformFeed:
             # run goes on, and every row is still embedded once. Ray Data hands each actor
             # its transform as object-store references, which a restart needs: Ray logs an
             # error line per actor saying so, and the driver holds them until the stage ends.
-            # Ray Data takes max_restarts only among its remote arguments, which it marks
-            # deprecated.
+            # A batch is retried for as long as its actor may come back (-1): an actor on a
+            # lost node is unreachable until the GCS's health checks mark the node dead,
+            # and a bounded count of retries runs out in that while. Once its restarts are
+            # used up, the actor is dead and its batch fails. Ray Data takes max_restarts
+            # only among its remote arguments, which it marks deprecated.
             warnings.simplefilter("ignore", DeprecationWarning)
             ds = ds.map_batches(stages.Transform, fn_constructor_args=(config, config.embed_actor_threads),
                                 batch_size=ingest_run.BATCH, num_cpus=config.embed_actor_cpus, memory=memory,
                                 compute=ray.data.ActorPoolStrategy(size=actors), max_restarts=restarts,
-                                max_task_retries=restarts)
+                                max_task_retries=-1 if restarts else 0)
         self.thread = threading.Thread(target=self._drain, args=(ds,), name="helix-transform", daemon=True)
         self.thread.start()
 

@@ -221,6 +221,19 @@ class Row:
             self.notes.append(outcome.why)
         self.notes += [f"lost {i}" for i in outcome.lost[:3]] + [f"resurrected {i}" for i in outcome.resurrected[:3]]
 
+    def add_ingest(self, r: int, ids: list[str], outcome: Outcome, *, killed: bool) -> None:
+        """Round ``r`` of an ingest scenario, whose input held ``ids``, each counted
+        (ingests write into a fresh store a round, so the rounds' counts add up)."""
+        self.rounds += 1
+        self.kills += killed
+        self.acknowledged += len(ids)
+        self.recovered += outcome.recovered
+        self.lost |= {f"round{r}:{i}" for i in outcome.lost}
+        self.resurrected |= {f"round{r}:{i}" for i in outcome.resurrected}
+        self.opened = self.opened and outcome.opened
+        self.notes += [outcome.why] if outcome.why else []
+        self.notes += [f"lost {i}" for i in outcome.lost[:3]] + [f"twice {i}" for i in outcome.resurrected[:3]]
+
     def cells(self) -> list[str]:
         return [self.scenario, str(self.rounds), str(self.kills), str(self.acknowledged), str(self.recovered), str(len(self.lost)),
                 str(len(self.resurrected)), "yes" if self.opened else "no"]
@@ -640,15 +653,7 @@ def drill_ingest_worker(work: Path, rounds: int, rng: random.Random, *, records:
         outcome = generation_check(store, ids) if current_generation_number(store) else Outcome(0, ids, [], False, "")
         outcome.opened = outcome.opened and code == 0
         outcome.why = "; ".join(w for w in (why, outcome.why) if w)
-        row.rounds += 1
-        row.kills += bool(killed)
-        row.acknowledged += len(ids)
-        row.recovered += outcome.recovered
-        row.lost |= {f"round{r}:{i}" for i in outcome.lost}
-        row.resurrected |= {f"round{r}:{i}" for i in outcome.resurrected}
-        row.opened = row.opened and outcome.opened
-        row.notes += [outcome.why] if outcome.why else []
-        row.notes += [f"lost {i}" for i in outcome.lost[:3]] + [f"twice {i}" for i in outcome.resurrected[:3]]
+        row.add_ingest(r, ids, outcome, killed=bool(killed))
     if show:
         print_row(row)
     return row
@@ -665,13 +670,15 @@ START_TIMEOUT_S = 300.0
 
 
 class Server:
-    """One ``helix serve`` of ``store`` on a spare 127.0.0.1 port, in a session of its own."""
+    """One ``helix serve`` of ``store`` on a spare 127.0.0.1 port, in a session of its own
+    (``scripts/drill_cluster.py`` runs it joined to a cluster too)."""
 
-    def __init__(self, store: Path, log: Path, port: int | None = None):
+    def __init__(self, store: Path, log: Path, port: int | None = None, env: dict[str, str] | None = None):
         from helix_ray.runtime import spare_port
 
         self.store, self.port = store, port or spare_port()
-        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        # A Ray of its own unless ``env`` says otherwise (RAY_ADDRESS: a cluster to join).
+        env = dict(env) if env is not None else {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         env["PYTHONPATH"] = str(ROOT)
         self.log = log.with_name(f"{log.stem}-{uuid.uuid4().hex[:6]}.log")
         with open(self.log, "w") as out:

@@ -11,6 +11,11 @@ acknowledged text holds, finds no replaced text, and ``helix doctor``'s checks p
 
 One round of ``--scenario ingest-worker``: an embedding actor of ``helix ingest --runner
 ray`` SIGKILLed mid-batch, and the ingest still publishes every record once.
+
+One round of each of ``scripts/drill_cluster.py``'s scenarios: ``helix serve`` losing its
+Ray's GCS (its own Ray's ``gcs_server``, or a cluster's head node) exits non-zero saying
+so, leaves no process behind and loses no acknowledged write; a worker node lost
+mid-ingest on a two-node cluster, and every record is published once.
 """
 
 from __future__ import annotations
@@ -25,11 +30,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _drill():
-    spec = importlib.util.spec_from_file_location("drill_crash", ROOT / "scripts" / "drill_crash.py")
+def _drill(name: str = "drill_crash"):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["drill_crash"] = module  # dataclasses look their module up by name
+    sys.modules[name] = module  # dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
 
@@ -61,3 +66,45 @@ def test_ingest_with_an_embedding_actor_killed_mid_batch_completes_with_every_re
     assert row.acknowledged == row.recovered == 1500, table
     assert not row.lost and not row.resurrected, table
     assert row.opened, table
+
+
+def _table(rows) -> str:
+    return "\n".join(" | ".join(row.cells()) + "".join(f"\n  ! {n}" for n in row.notes) for row in rows)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("where", ["own", pytest.param("cluster", marks=pytest.mark.slow)])
+def test_helix_serve_that_loses_its_rays_gcs_exits_saying_so_and_loses_nothing(tmp_path, where):
+    """Issue 32: under a burst of writes, the GCS of the Ray `helix serve` started is
+    SIGKILLed (``own``), or the head node of the two-node cluster it joined with
+    RAY_ADDRESS (``cluster``). Ray alone lets the driver answer on for 60 s, then ends it
+    (exit 1, a line of Ray's) and leaves the node's agents running: `helix serve` exits
+    2 within seconds instead, with a sentence saying what to run, nothing of its session
+    (or of the cluster's, once stopped) is left, and a restart on the same store
+    recalls every acknowledged write."""
+    drill = _drill("drill_cluster")
+    (row,) = drill.drill_ray_head(tmp_path, [where], 1, random.Random(0), show=False)
+    table = _table([row])
+    assert row.kills == 1, table
+    ((code, took),) = row.exits
+    assert code == 2 and took < drill.EXIT_WITHIN_S, table
+    assert row.acknowledged > 0 and row.recovered == row.acknowledged, table
+    assert not row.lost and not row.resurrected and row.opened, table
+    assert row.orphans == 0, table
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_ingest_that_loses_a_worker_node_mid_embedding_publishes_every_record_once(tmp_path):
+    """Issue 32: node 1 of a two-node cluster SIGKILLed while an embedding actor there
+    runs a batch of `helix ingest --runner ray`: every record of the store's previous
+    generation and of the ingest is published exactly once (or the ingest fails with a
+    sentence, the previous generation current, and a second run completes), and no
+    process of the ingest or the cluster is left."""
+    drill = _drill("drill_cluster")
+    row = drill.drill_ingest_node(tmp_path, 1, random.Random(0), records=1500, show=False)
+    table = _table([row])
+    assert row.kills == 1, f"no embedding actor ran a batch on node 1:\n{table}"
+    assert row.acknowledged == row.recovered > drill.PREVIOUS_RECORDS + 1400, table  # less near-duplicates
+    assert not row.lost and not row.resurrected and row.opened, table
+    assert row.orphans == 0, table

@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any, Callable
 
-from helix_ray.errors import InvalidArgument
-from helix_ray.runtime import bind_error, ensure_ray, is_loopback, reserve_port, spare_port
+from helix_ray.errors import InvalidArgument, RayLost
+from helix_ray.runtime import (bind_error, ensure_ray, gcs_answers, is_loopback, reserve_port, spare_port,
+                               stop_own_ray, wait_for_gcs_loss)
 from helix_ray.store.keys import KeyStore
 
 log = logging.getLogger(__name__)
@@ -268,7 +268,8 @@ def serving_address(host: str, port: int) -> tuple[str, int]:
 
 def serve_forever(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: bool = True,
                   **args: Any) -> None:
-    """``helix serve``: run until Ctrl-C, then take the application down."""
+    """``helix serve``: run until Ctrl-C, then take the application down; or until its
+    Ray's GCS is lost (:func:`ray_lost`), then raise :class:`RayLost`."""
     import ray
 
     def stop(signum: int, frame: Any) -> None:
@@ -300,14 +301,26 @@ def serve_forever(store: str | Path, *, host: str = "127.0.0.1", port: int = 800
         if keyless:
             print(f"No API key exists for this store yet: requests (but /healthz) get a 401 until you create one "
                   f"with `helix keys create --store {store} --user USER` (the server sees it at once).", flush=True)
-        while True:
-            time.sleep(3600)
+        raise RayLost(ray_lost(store, started_here, wait_for_gcs_loss()))
     except (KeyboardInterrupt, SystemExit) as exc:  # a signal while starting or serving (SystemExit: ray.init's
         if isinstance(exc, SystemExit) and exc.code != signal.SIGTERM:  # own SIGTERM handler, as Ray started)
             raise
         print("stopping Helix...", flush=True)
     finally:
         _take_down(started_here)
+
+
+def ray_lost(store: str | Path, started_here: bool, why: str) -> str:
+    """What ``helix serve`` says when its Ray's GCS is gone (``why``: where, and what
+    connecting to it met), and what to run."""
+    if started_here:
+        return (f"Lost the local Ray this command started ({why}); Ray cannot go on without its GCS, so Helix "
+                "stopped every Ray process it had started. Every write acknowledged before is in the store's log: "
+                f"run `helix serve --store {store}` again to serve them.")
+    return (f"Lost the Ray cluster at RAY_ADDRESS={os.environ.get('RAY_ADDRESS')!r} ({why}): its head node or GCS "
+            "is gone, and without GCS fault tolerance (an external Redis) Ray keeps none of the cluster's state. "
+            "Every write acknowledged before is in the store's log: start the head again (`ray start --head`), "
+            f"have the worker nodes join it, and run `helix serve --store {store}` again.")
 
 
 def _take_down(started_here: bool) -> None:
@@ -317,6 +330,10 @@ def _take_down(started_here: bool) -> None:
     from ray import serve
 
     if not ray.is_initialized():
+        return
+    if not gcs_answers():  # Serve's controller cannot be reached without the GCS
+        if started_here:
+            stop_own_ray()
         return
     if started_here:
         serve.shutdown()
