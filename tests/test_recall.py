@@ -342,11 +342,15 @@ def test_explain_table(tenant_memory, tenant_store):
         bonus = fuse.TOP1_BONUS if best == 1 else fuse.TOP3_BONUS if best <= 3 else 0.0
         assert row["rrf_score"] == pytest.approx(sum(1 / (60 + r) for r in ranks) + bonus, abs=1e-12)
 
-    # score is the type's weighted sum of the normalised signals (no project, nothing pinned).
+    # score is the type's weighted sum of the normalised signals (no project, nothing
+    # pinned), its row re-scaled over the signals that are not 0 for every candidate.
     weights = RankConfig().type_weights
+    speaks = {s for s in rank.SIGNALS if table[s].abs().max() > 1e-12}
+    assert "similarity" in speaks and "recency" not in speaks  # nothing in this store was ever recalled
     for row in table.iter_rows(named=True):
         w = weights[records[row["id"]]["type"]]
-        expected = sum(getattr(w, s) * row[s] for s in rank.SIGNALS)
+        scale = sum(getattr(w, s) for s in rank.SIGNALS) / sum(getattr(w, s) for s in speaks)
+        expected = scale * sum(getattr(w, s) * row[s] for s in speaks)
         assert row["score"] == pytest.approx(expected, abs=1e-9)
         assert all(0.0 <= row[s] <= 1.0 for s in rank.SIGNALS)
 
@@ -534,10 +538,20 @@ def test_context_can_bring_in_what_only_the_conversation_names(tenant_memory, te
     bob = {i: r for i, r in records.items() if r["user"] == "bob"}
     target_id, target = sorted(bob.items())[3]
     vague = "and what happened after that?"
-    alone = tenant_memory.recall(vague, user="bob", k=2)
-    with_context = tenant_memory.recall(vague, user="bob", k=2, context=[target["text"]])
-    assert target_id in [i.id for i in with_context.items]
-    assert [i.id for i in with_context.items] != [i.id for i in alone.items] or target_id in [i.id for i in alone.items]
+
+    def place(config: RetrievalConfig | None = None, **kwargs) -> tuple[int, float, list[str]]:
+        result = tenant_memory.recall(vague, user="bob", k=2, explain=True, config=config, **kwargs)
+        table = result.explain.sort("score", descending=True)
+        return (table["id"].to_list().index(target_id), table.filter(pl.col("id") == target_id)["similarity"][0],
+                [i.id for i in result.items])
+
+    at, similarity, items = place()
+    at_ctx, similarity_ctx, items_ctx = place(context=[target["text"]])
+    assert target_id not in items and similarity_ctx > similarity and at_ctx <= at
+    # Given more weight, the conversation alone brings the memory it names to the top.
+    strong = RetrievalConfig(context={"weight": 0.8, "similarity_share": 0.6})
+    assert place(strong)[2] == items
+    assert place(strong, context=[target["text"]])[2][0] == target_id
 
 
 @pytest.mark.parametrize("query, expected", [

@@ -6,8 +6,9 @@ pool (a constant signal becomes 0: it cannot separate candidates); the others, a
 
     score = Σ_s w[type][s] · signal_s,   s ∈ {similarity, recency, salience, confidence, graph}
 
-with the weight table chosen by each memory's own type, times the project and pinned
-multipliers and the time boosts (``boost``: the query's time window, a "when" question).
+with the weight table chosen by each memory's own type (a signal that is 0 for every
+candidate is left out of every row, each row re-scaled to its sum: ``reweigh_silent``),
+times the project and pinned multipliers and the time boosts (``boost``: the query's time window, a "when" question).
 Similarity blends cosine to the query (with late interaction) and the fused RRF score,
 then takes a share of the candidate's own BM25 score (``lexical_share``, larger for long
 memories) and of its cosine with a conversation's context turns; recency decays
@@ -70,6 +71,16 @@ def weight_matrix(config: RankConfig) -> np.ndarray:
     return np.array([[getattr(config.type_weights[t], s) for s in SIGNALS] for t in MEMORY_TYPES])
 
 
+def _without_silent(weights: np.ndarray, signals: dict[str, np.ndarray]) -> np.ndarray:
+    """``weights`` with the columns of signals that are 0 for every candidate set to 0,
+    each row re-scaled to its former sum (a row left with no signal is kept whole). In a
+    pool of one type every score is scaled alike, so its order does not change."""
+    speaks = np.array([float(np.abs(signals[s]).max()) > 1e-12 for s in SIGNALS])
+    kept = weights * speaks
+    total, left = weights.sum(axis=1, keepdims=True), kept.sum(axis=1, keepdims=True)
+    return np.where(left > 0, kept * total / np.where(left > 0, left, 1.0), weights)
+
+
 def rank(
     *,
     types: np.ndarray,
@@ -111,6 +122,8 @@ def rank(
         for name in SIGNALS
     }
     weights = weight_matrix(config)
+    if config.reweigh_silent and len(types) > 1:
+        weights = _without_silent(weights, signals)
     type_index = np.array([MEMORY_TYPES.index(t) for t in types], dtype=np.int64)
     stacked = np.stack([signals[s] for s in SIGNALS], axis=1) if len(types) else np.zeros((0, len(SIGNALS)))
     scores = (stacked * weights[type_index]).sum(axis=1)
