@@ -419,8 +419,8 @@ class RankConfig(_Strict):
     each row re-scaled to its former sum, so memories of different types meet on the
     signals there are. A pool of one type keeps its order, so the tuning sets (one type
     each) score as with it off; on this repository's code and commits nDCG@10 gains .056,
-    and on LoCoMo's tuning conversations with the types ingest derives, .022
-    (docs/quality.md)."""
+    and with the types ingest derives, .022 on LoCoMo's tuning conversations and .012 on
+    SciFact train (docs/quality.md)."""
     project_boost: float = Field(1.1, ge=0.0, le=10.0)
     """Multiplier for memories of the caller's project (when one is given and not used as
     a hard filter)."""
