@@ -96,7 +96,9 @@ def status_of(exc: BaseException) -> int | None:
 #: have done their work: the Writer makes a write durable before it answers, and dying
 #: between the two loses the answer, not the write. ``DeploymentUnavailableError`` (the
 #: deployment failed to deploy) and ``BackPressureError`` (the handle's queue is full)
-#: refuse a call before any replica has it.
+#: refuse a call before any replica has it. Any other failure of Ray's own (a ``RayError``
+#: that is not the replica's code raising: a node or the GCS lost, a timeout) counts as
+#: one that may have run.
 REPLICA_LOST = {"ActorDiedError": True, "ActorUnavailableError": True,
                 "DeploymentUnavailableError": False, "BackPressureError": False}
 
@@ -119,13 +121,16 @@ def lost_replica(exc: BaseException, method: str, path: str) -> str | None:
     kinds = [cls.__name__ for cls in type(exc).__mro__ if cls.__name__ in REPLICA_LOST]
     if not kinds:
         cause = getattr(exc, "cause", None) or exc.__cause__
-        return lost_replica(cause, method, path) if cause is not None and cause is not exc else None
-    kind = kinds[0]
+        if cause is not None and cause is not exc:
+            return lost_replica(cause, method, path)
+        if not _ray_failure(exc):
+            return None
+    kind = kinds[0] if kinds else type(exc).__name__  # Ray could not finish the call: it may have run
     named = _REPLICA_CLASS.search(str(getattr(exc, "error_msg", "") or exc))
     deployment = getattr(getattr(exc, "_deployment_id", None), "name", None) or (named and named.group(1))
     who = f"the {deployment} deployment" if deployment else "a deployment of the server"
     changes = method.upper() not in ("GET", "HEAD") and path.rstrip("/") != "/v1/recall"
-    if not REPLICA_LOST[kind]:
+    if not REPLICA_LOST.get(kind, True):
         why = "failed to deploy (the server log says why)" if kind == "DeploymentUnavailableError" else \
             "has more calls queued than it takes"
         return (f"{method} {path} was not carried out: {who} {why}, so no replica took it and nothing was "
@@ -138,6 +143,14 @@ def lost_replica(exc: BaseException, method: str, path: str) -> str | None:
             "starting a new one. The change may or may not have been made: what the replica had made durable "
             "before it stopped is kept (the new replica serves it), what it had not was not made. Send the same "
             f"request again after Retry-After seconds (it waits for the new replica); {retry}.")
+
+
+def _ray_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ray's own failure to carry a call (a node, the GCS or an object
+    lost, a timeout: a ``RayError``), not an error the replica's code raised
+    (``RayTaskError``, which stays what it is)."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return "RayError" in names and "RayTaskError" not in names
 
 
 def callers_mistake(exc: BaseException) -> bool:
