@@ -255,40 +255,28 @@ def wait_for_gcs_loss(every_s: float = 1.0, lost_after_s: float = GCS_LOST_AFTER
         time.sleep(every_s)
 
 
-def gcs_answers(timeout_s: float = 2.0) -> bool:
+def gcs_answers() -> bool:
     """Whether the GCS of the Ray this driver runs on accepts a TCP connection now."""
-    import socket
-
     import ray
 
-    target = _host_port(ray.get_runtime_context().gcs_address)
-    if target is None:
-        return True
-    try:
-        with socket.create_connection(target, timeout=timeout_s):
-            return True
-    except OSError:
-        return False
+    return _unreachable(ray.get_runtime_context().gcs_address, wait_s=0.0) is None
 
 
-def stop_own_ray() -> int:
+def stop_own_ray() -> None:
     """``ray.shutdown()`` of a Ray this process started, then SIGKILL of each process it
-    had started that outlived it; returns how many. After the GCS is gone the node's
-    agents outlive their raylet for a minute or more, parented to init."""
+    had started that outlived it. After the GCS is gone the node's agents outlive their
+    raylet for a minute or more, parented to init."""
     import psutil
     import ray
 
     started = psutil.Process().children(recursive=True)
     ray.shutdown()
-    killed = 0
     for proc in started:
         try:
             if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
                 proc.kill()
-                killed += 1
         except psutil.Error:
             continue
-    return killed
 
 
 def _addresses(host: str) -> set[str]:
