@@ -6,6 +6,12 @@
 
 The stores are derived from a smaller embedded base set (``scripts/derived_store.py``), so
 BM25, HNSW, the graph and MinHash are the real thing without embedding every memory.
+By default (``--late``, the default ``IngestConfig``) the stores carry late-interaction
+token vectors (each memory its base memory's, encoded for real) and the query process
+encodes each query's tokens and re-scores the candidates by MaxSim (stage ``late``; the
+query encoding is ``embed_tokens``, overlapped with the rest on a second core, and
+``wait_tokens`` what the late stage still waited for it); ``--no-late`` builds stores
+without them.
 
 **Tenants.** Below ``--single-tenant-from`` memories the Zipf tenants of
 ``synthetic.py`` (10^5: 40 users, the largest ~25k); from it on, one tenant holds every
@@ -15,18 +21,20 @@ memory (the worst case for one query).
 memory of the tenant, natural-language paraphrases anchored on one of its identifiers,
 short vague questions), users drawn in proportion to tenant size, after ``--warmup``
 warm-up queries. Each query runs through the full pipeline and through the baseline —
-dense only (fusion weights ``{"dense": 1, "bm25": 0}``, graph expansion off; ranking,
-diversity and packing unchanged) — alternating which goes first. The query phase runs in
-a fresh subprocess, so its RSS is that of a serving process (mapped generation +
-embedder), not of the builder; it first reads the generation's files once (``--no-prefault``
-skips that) so the OS page cache holds them, as on a serving host in steady state. It runs
+dense only (fusion weights ``{"dense": 1, "bm25": 0}``, graph expansion off; late
+interaction, ranking, diversity and packing unchanged) — alternating which goes first.
+The query phase runs in a fresh subprocess, so its RSS is that of a serving process (mapped
+generation + encoders), not of the builder; it opens the generation as ``helix_ray.memory``
+does (with tokens: half the cores for each of the two query encoders, the query's tokens
+encoded alongside). It first reads the generation's files once (``--no-prefault`` skips
+that) so the OS page cache holds them, as on a serving host in steady state. It runs
 once per ``--query-env``: by default with the inherited environment and with
 ``OMP_NUM_THREADS=1`` — what Ray sets in a worker with a fractional CPU, such as a Serve
 replica — because multi-threaded OpenBLAS adds hand-off cost to the query path's small
 matrix products on a busy host (docs/benchmarks.md).
 
 ``--reuse`` (with ``--work`` and ``--keep-stores`` on the earlier run) skips the build and
-re-runs the queries on a kept store.
+re-runs the queries on a kept store (``--no-late`` keeps its stores apart, in ``store-N-nolate``).
 """
 
 from __future__ import annotations
@@ -54,9 +62,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_ingest import machine_info, rss_mib, tree_pss_mib  # noqa: E402
 from synthetic import VAGUE, VERBS  # noqa: E402
 
-from derived_store import base_set, build_store, dist, log, top1_cosine  # noqa: E402
+from derived_store import base_set, base_tokens, build_store, dist, log, top1_cosine  # noqa: E402
 
-STAGES = ("embed", "route", "bm25", "dense", "fuse", "expand", "rank", "diversify", "pack", "total")
+STAGES = ("embed", "route", "bm25", "dense", "fuse", "expand", "late", "embed_tokens", "wait_tokens", "rank",
+          "diversify", "pack", "total")
 
 
 # ----------------------------------------------------------------------------- queries
@@ -118,9 +127,10 @@ def pct(values: list[float]) -> dict[str, float]:
 
 def query_phase(store: Path, queries_file: Path, warmup: int, prefault: bool = True) -> dict[str, Any]:
     """Runs in a fresh process: open the generation, warm up, time every query twice."""
-    from helix_ray.config import FusionConfig, GraphConfig, RetrievalConfig
+    from helix_ray.config import EmbedderConfig, FusionConfig, GraphConfig, RetrievalConfig
     from helix_ray.embedder import DIM, get_embedder
     from helix_ray.recall.pipeline import Recaller
+    from helix_ray.recall.threads import encoder_threads
     from helix_ray.store.generation import Generation
 
     spec = json.loads(queries_file.read_text())
@@ -135,12 +145,14 @@ def query_phase(store: Path, queries_file: Path, warmup: int, prefault: bool = T
         prefault_s = round(time.perf_counter() - t0, 2)
     rss0 = rss_mib()[0]
     t0 = time.perf_counter()
-    embedder = get_embedder()
     full_cfg = RetrievalConfig()
     base_cfg = RetrievalConfig(fusion=FusionConfig(weights={"dense": 1.0, "bm25": 0.0}),
                                graph=GraphConfig(enabled=False))
-    gen = Generation.open_current(store, expect_embedder=embedder.name, expect_dim=DIM)
-    recaller = Recaller(gen, embedder, full_cfg)  # builds MemoryColumns (per-row arrays)
+    gen = Generation.open_current(store, expect_embedder=EmbedderConfig().name, expect_dim=DIM)
+    # as helix_ray.memory.Memory opens one: with tokens, half the cores per query encoder, run side by side
+    threads = encoder_threads(gen, full_cfg)
+    embedder = get_embedder(None, threads)
+    recaller = Recaller(gen, embedder, full_cfg, threads=threads)  # builds MemoryColumns (per-row arrays)
     load_s = time.perf_counter() - t0
     rss_loaded = rss_mib()[0]
     now = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
@@ -159,12 +171,14 @@ def query_phase(store: Path, queries_file: Path, warmup: int, prefault: bool = T
                                "router_skip": res.flags.get("router_skip", False),
                                "strong_signal_skip": res.flags.get("strong_signal_skip", False),
                                "dense_first_pass": res.flags.get("dense_first_pass"),
+                               "late_scored": res.flags.get("late", 0),
                                "graph_nodes": (res.flags.get("graph") or {}).get("subgraph_nodes"),
                                "graph_method": (res.flags.get("graph") or {}).get("method")})
     rss_end, rss_peak = rss_mib()
     pss, _ = tree_pss_mib()
     out: dict[str, Any] = {"git": machine_info()["git"], "env": {k: os.environ.get(k) for k in (
                                "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "HELIX_EMBED_THREADS")},
+                           "late": gen.late is not None, "encoder_threads": threads,
                            "loadavg": os.getloadavg(), "prefault_s": prefault_s, "load_s": round(load_s, 2), "first_query_ms": round(first_query_s * 1000, 1),
                            "first_query_timings": first.timings_ms,
                            "rss_mib": {"start": round(rss0), "after_open": round(rss_loaded), "end": round(rss_end),
@@ -181,6 +195,7 @@ def query_phase(store: Path, queries_file: Path, warmup: int, prefault: bool = T
             "router_skips": sum(r["router_skip"] for r in rows),
             "strong_signal_skips": sum(r["strong_signal_skip"] for r in rows),
             "mean_items": round(float(np.mean([r["items"] for r in rows])), 2),
+            "mean_late_scored": round(float(np.mean([r["late_scored"] for r in rows])), 1),
             "graph_subgraph_nodes": pct([r["graph_nodes"] for r in rows if r["graph_nodes"] is not None] or [0]),
             "graph_bfs_fallbacks": sum(1 for r in rows if r["graph_method"] == "bfs"),
         }
@@ -233,6 +248,9 @@ def table(results: list[dict[str, Any]]) -> str:
     def row(label: str, fn) -> None:
         lines.append(f"| {label} | " + " | ".join(str(fn(r)) for r in results) + " |")
 
+    row("late-interaction tokens: late/ MiB, tokens (dim)",
+        lambda r: f"{r['build']['late']['bytes'] / 2**20:,.0f}, {r['build']['late']['tokens']:,} "
+                  f"({r['build']['late']['dim']})" if r["build"].get("late") else "none (--no-late)")
     row("memories / tenants / with HNSW", lambda r: f"{r['build']['counts']['memories']:,} / {r['build']['partitions']} / {r['build']['hnsw_partitions']}")
     row("largest tenant", lambda r: f"{r['build']['largest_tenant']:,}")
     row("graph edges", lambda r: f"{r['build']['counts']['edges']:,}")
@@ -249,6 +267,8 @@ def table(results: list[dict[str, Any]]) -> str:
             lambda r, v=v: " / ".join(f"{_q(r, v)['full']['total_by_kind_ms'][k]['p95']:.1f}" for k in ("identifier", "paraphrase", "vague")))
     q0 = variants[0]
     row("full: strong-signal skips / router skips", lambda r: f"{_q(r, q0)['full']['strong_signal_skips']} / {_q(r, q0)['full']['router_skips']}")
+    row("full / dense-only: candidates scored by MaxSim (mean)",
+        lambda r: f"{_q(r, q0)['full']['mean_late_scored']} / {_q(r, q0)['dense_only']['mean_late_scored']}")
     row("full: dense first pass (n)", lambda r: ", ".join(f"{k}: {v['n']}" for k, v in _q(r, q0)['full']['total_by_dense_path_ms'].items()))
     row("full: PPR subgraph nodes p50/p95; BFS fallbacks",
         lambda r: f"{_q(r, q0)['full']['graph_subgraph_nodes']['p50']:.0f} / {_q(r, q0)['full']['graph_subgraph_nodes']['p95']:.0f}; {_q(r, q0)['full']['graph_bfs_fallbacks']}")
@@ -270,6 +290,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--single-tenant-from", type=int, default=1_000_000,
                     help="stores of at least this many memories hold one tenant")
+    ap.add_argument("--late", action=argparse.BooleanOptionalAction, default=True,
+                    help="late-interaction token vectors in the stores (the default IngestConfig); --no-late: "
+                         "none, and recall ranks by the sentence cosine alone")
     ap.add_argument("--hnsw-threads", type=int, default=0, help="IngestConfig.hnsw_threads for the build")
     ap.add_argument("--work", default=None, help="folder for stores and the base-vector cache (default: temp, removed)")
     ap.add_argument("--keep-stores", action="store_true", help="keep the built stores in --work")
@@ -287,24 +310,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def base_for(args: argparse.Namespace, work: Path) -> tuple[list[str], list[str | None], np.ndarray, dict[str, Any]]:
-    """The base set, with its own top-1 NN cosine distribution and median length in its info."""
+def base_for(args: argparse.Namespace, work: Path) -> tuple[list[str], list[str | None], np.ndarray, Any,
+                                                             dict[str, Any]]:
+    """The base set, with its own top-1 NN cosine distribution and median length in its
+    info, and its token vectors (None with ``--no-late``)."""
     base_texts, base_types, base_vectors, base_info = base_set(args.base, args.seed, work)
     sample = np.random.default_rng(args.seed).choice(len(base_vectors), min(1000, len(base_vectors)), replace=False)
     base_info["nn_cosine_base"] = dist(top1_cosine(base_vectors, sample))
     base_info["words_p50"] = float(np.median([len(t.split()) for t in base_texts]))
+    tokens = None
+    if args.late:
+        tokens, base_info["late"] = base_tokens(base_texts, args.seed, work)
     log(f"base set: {json.dumps(base_info)}")
-    return base_texts, base_types, base_vectors, base_info
+    return base_texts, base_types, base_vectors, tokens, base_info
 
 
 def store_for(args: argparse.Namespace, n: int, label: str, work: Path, base_texts: list[str],
-              base_types: list[str | None], base_vectors: np.ndarray) -> tuple[Path, dict[str, Any]]:
+              base_types: list[str | None], base_vectors: np.ndarray, tokens: Any) -> tuple[Path, dict[str, Any]]:
     """The store of ``n`` memories in ``work``: reused with ``--reuse`` when kept, else built."""
-    store = work / f"store-{n}"
-    build_file = work / f"build-{n}-sigma{args.sigma}-seed{args.seed}.json"
+    late = "" if args.late else "-nolate"
+    store = work / f"store-{n}{late}"
+    build_file = work / f"build-{n}-sigma{args.sigma}-seed{args.seed}{late}.json"
     users = 1 if n >= args.single_tenant_from else None
-    if args.reuse and build_file.is_file() and (store / "CURRENT").is_file():
-        build = json.loads(build_file.read_text())
+    kept = json.loads(build_file.read_text()) if args.reuse and build_file.is_file() else None
+    if kept is not None and (kept.get("late") is not None) != args.late:  # a kept store of the other kind
+        log(f"== {label}: the store kept in {store} {'lacks' if args.late else 'has'} token vectors: building anew")
+        kept = None
+    if kept is not None and (store / "CURRENT").is_file():
+        build = kept
         build["reused"] = True
         log(f"== {label}: reusing the store built earlier in {store}")
     else:
@@ -313,7 +346,7 @@ def store_for(args: argparse.Namespace, n: int, label: str, work: Path, base_tex
         log(f"== {label}: building {n:,} memories ({'one tenant' if users == 1 else 'Zipf tenants'}) in {store}")
         build = build_store(n, store, users=users, base_texts=base_texts, base_types=base_types,
                             base_vectors=base_vectors, sigma=args.sigma, seed=args.seed,
-                            hnsw_threads=args.hnsw_threads)
+                            hnsw_threads=args.hnsw_threads, base_tokens=tokens)
         build_file.write_text(json.dumps(build))
     log(f"build: {json.dumps(build)}")
     return store, build
@@ -373,17 +406,18 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     results = []
     try:
-        base_texts, base_types, base_vectors, base_info = base_for(args, work)
+        base_texts, base_types, base_vectors, tokens, base_info = base_for(args, work)
         for n in [int(s) for s in args.sizes.split(",") if s]:
             label = f"10^{round(np.log10(n))}" if n in (10**5, 10**6) else f"{n:,}"
-            store, build = store_for(args, n, label, work, base_texts, base_types, base_vectors)
+            store, build = store_for(args, n, label, work, base_texts, base_types, base_vectors, tokens)
             nn = store_nn_cosine(store, args.seed)
             queries = make_queries(store, args.queries + args.warmup, args.seed)
             qfile = work / f"queries-{n}.json"
             qfile.write_text(json.dumps({"warmup": queries[: args.warmup], "queries": queries[args.warmup :]}))
             variants = query_variants(args, store, qfile, label)
             query = next(iter(variants.values()))
-            results.append({"label": label, "n": n, "sigma": args.sigma, "build": build, "nn_cosine_store": nn,
+            results.append({"label": label, "n": n, "sigma": args.sigma, "late": args.late, "build": build,
+                            "nn_cosine_store": nn,
                             "query": query, "query_variants": variants, "loadavg": os.getloadavg()})
             if args.json:  # write as we go: a later size may take long or fail
                 Path(args.json).write_text(json.dumps({"machine": info, "base": base_info, "results": results,

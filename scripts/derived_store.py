@@ -9,6 +9,14 @@ sentence dropped or added) and its vector is the base vector plus Gaussian noise
 N(0, σ²) per dimension, renormalised. ``scripts/bench_recall.py`` reports the resulting
 nearest-neighbour cosine distribution next to the base set's own.
 
+With late interaction on (the default ``IngestConfig``), ``base_tokens`` also encodes the
+base texts' ColBERT token vectors for real (``helix_ray.token_encoder``, length-sorted
+batches, cached in ``work`` like the vectors), and each derived memory gets a copy of its
+base memory's tokens. That is an approximation: the derived text differs from the base
+text in a few words and numbers, whose tokens it does not have, so its MaxSim scores are
+those of the base text (the store's size and token count, and so the cost of reading and
+scoring them, are those of real tokens).
+
 The generation is then assembled and published with the ingest pipeline's own functions
 — ``helix_ray.ingest.assemble.assemble`` (with its ``memory_table``) and
 ``helix_ray.store.publish.publish``, called directly — with
@@ -45,12 +53,8 @@ def log(msg: str) -> None:
 # ----------------------------------------------------------------------------- base set
 
 
-def base_set(count: int, seed: int, work: Path) -> tuple[list[str], list[str | None], np.ndarray, dict[str, Any]]:
-    """``count`` distinct synthetic memories and their real embeddings (cached in ``work``)."""
-    from helix_ray.config import IngestConfig
-    from helix_ray.embedder import get_embedder, iter_batches
-
-    cache = work / f"base-seed{seed}-{count}.npz"
+def base_texts(count: int, seed: int) -> tuple[list[str], list[str | None], str]:
+    """``count`` distinct synthetic memories (texts, types) and a digest of the texts."""
     corpus = Corpus(int(count * 1.05) + 100, seed=seed + 7919)  # a different seed than the stores
     texts, types, seen = [], [], set()
     for row in corpus.rows():
@@ -60,7 +64,16 @@ def base_set(count: int, seed: int, work: Path) -> tuple[list[str], list[str | N
             types.append(row.get("type"))
             if len(texts) == count:
                 break
-    digest = hashlib.sha1("\x1e".join(texts).encode()).hexdigest()[:16]
+    return texts, types, hashlib.sha1("\x1e".join(texts).encode()).hexdigest()[:16]
+
+
+def base_set(count: int, seed: int, work: Path) -> tuple[list[str], list[str | None], np.ndarray, dict[str, Any]]:
+    """``count`` distinct synthetic memories and their real embeddings (cached in ``work``)."""
+    from helix_ray.config import IngestConfig
+    from helix_ray.embedder import get_embedder, iter_batches
+
+    cache = work / f"base-seed{seed}-{count}.npz"
+    texts, types, digest = base_texts(count, seed)
     if cache.is_file():
         data = np.load(cache)
         if str(data["digest"]) == digest:
@@ -82,6 +95,54 @@ def base_set(count: int, seed: int, work: Path) -> tuple[list[str], list[str | N
     np.savez(cache, vectors=vectors, digest=digest, embed_s=embed_s)
     return texts, types, vectors, {"embed_s": round(embed_s, 1), "cached": False,
                                    "per_s": round(count / embed_s, 1)}
+
+
+def base_tokens(texts: list[str], seed: int, work: Path) -> tuple[Any, dict[str, Any]]:
+    """The late-interaction token vectors of ``texts`` (the base set), encoded with the
+    default ingest config's token encoder and quantized as ingest stores them: one
+    ``PassageTokens`` block, passage ``i`` for ``texts[i]``. Cached in ``work`` under the
+    texts' digest, the encoder's name and the late-interaction config, so another
+    encoder or passage cut encodes again."""
+    from helix_ray.config import IngestConfig
+    from helix_ray.embedder import iter_batches
+    from helix_ray.token_encoder import NAME, PassageTokens, get_token_encoder, quantize_tokens
+
+    late = IngestConfig().late_interaction
+    key = "|".join([hashlib.sha1("\x1e".join(texts).encode()).hexdigest()[:16], NAME, late.model_dump_json()])
+    cache = work / f"base-tokens-seed{seed}-{len(texts)}.npz"
+    if cache.is_file():
+        data = np.load(cache)
+        if str(data["key"]) == key:
+            block = PassageTokens(data["tokens"], data["scales"], data["offsets"])
+            log(f"base set: tokens of {len(texts)} texts from cache {cache}")
+            return block, {"encode_s": float(data["encode_s"]), "cached": True, **token_counts(block)}
+    encoder = get_token_encoder(late.max_tokens)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    codes: list[np.ndarray] = [np.empty(0)] * len(texts)
+    scales: list[np.ndarray] = [np.empty(0)] * len(texts)
+    log(f"base set: encoding the tokens of {len(texts)} texts ({NAME}, length-sorted batches of "
+        f"{encoder.batch_size}) ...")
+    t0 = time.perf_counter()
+    done = 0
+    for chunk in iter_batches(order, 1024):
+        for i, vectors in zip(chunk, encoder.encode_passages([texts[i] for i in chunk])):
+            codes[i], scales[i] = quantize_tokens(vectors)  # per token, as ingest's to_blobs
+        done += len(chunk)
+        log(f"  {done}/{len(texts)} ({done / (time.perf_counter() - t0):.0f}/s)")
+    encode_s = time.perf_counter() - t0
+    offsets = np.zeros(len(texts) + 1, np.int64)
+    np.cumsum([len(s) for s in scales], out=offsets[1:])
+    block = PassageTokens(np.concatenate(codes), np.concatenate(scales), offsets)
+    np.savez(cache, tokens=block.tokens, scales=block.scales, offsets=block.offsets, key=key, encode_s=encode_s)
+    return block, {"encode_s": round(encode_s, 1), "cached": False, "per_s": round(len(texts) / encode_s, 1),
+                   **token_counts(block)}
+
+
+def token_counts(block: Any) -> dict[str, Any]:
+    """Tokens in all, per passage (median) and their dimension."""
+    lengths = np.diff(block.offsets)
+    return {"tokens": int(block.offsets[-1]), "tokens_per_memory_p50": float(np.median(lengths)),
+            "dim": int(block.tokens.shape[1])}
 
 
 def top1_cosine(vectors: np.ndarray, sample: np.ndarray, block: int = 65536) -> np.ndarray:
@@ -140,6 +201,22 @@ class _NoPreviousStore:
 
     def expansions_for(self, ids: list[str]) -> dict[str, list[str]]:
         return {}
+
+
+class DerivedTokens:
+    """Stands in for the derived rows' ``PassageTokens`` in ``assemble``: row ``k`` has
+    base passage ``base_of[k]``'s tokens. ``take`` makes the block, so assemble's sort
+    into tenant order is the one copy of every row's tokens rather than a second one
+    (a copy is the size of ``late/``, which ``build_store`` reports)."""
+
+    def __init__(self, base: Any, base_of: np.ndarray):
+        self.base, self.base_of = base, base_of
+
+    def __len__(self) -> int:
+        return len(self.base_of)
+
+    def take(self, rows: np.ndarray) -> Any:
+        return self.base.take(self.base_of[rows])
 
 
 # ----------------------------------------------------------------------------- build
@@ -220,8 +297,10 @@ def build_timer() -> StepTimer:
     from helix_ray.ingest import carry as carry_mod
     from helix_ray.ingest import graph as graph_mod
     from helix_ray.store import publish as publish_mod
+    from helix_ray.token_encoder import PassageTokens
 
     timer = StepTimer()
+    timer.wrap(PassageTokens, "take", "late tokens: copy in tenant order (PassageTokens.take)")
     timer.wrap(assemble_mod, "memory_table")
     timer.wrap(carry_mod, "exact_knn", "exact_knn (small tenants)")
     timer.wrap(assemble_mod, "build_graph")
@@ -232,6 +311,7 @@ def build_timer() -> StepTimer:
     timer.wrap(publish_mod, "quantize_int8", "publish: quantize_int8")
     timer.wrap(publish_mod, "build_bm25", "publish: build_bm25")
     timer.wrap(publish_mod, "fsync_path", "publish: fsync")
+    timer.wrap(publish_mod, "_write_late", "publish: write late/")
     return timer
 
 
@@ -247,13 +327,18 @@ def profile_of(timer: StepTimer, assemble_s: float, publish_s: float) -> dict[st
 
 
 def build_store(n: int, store: Path, *, users: int | None, base_texts: list[str], base_types: list[str | None],
-                base_vectors: np.ndarray, sigma: float, seed: int, hnsw_threads: int) -> dict[str, Any]:
-    """Derive ``n`` memories from the base set and publish them as one generation in ``store``."""
-    from helix_ray.config import IngestConfig
+                base_vectors: np.ndarray, sigma: float, seed: int, hnsw_threads: int,
+                base_tokens: Any = None) -> dict[str, Any]:
+    """Derive ``n`` memories from the base set and publish them as one generation in
+    ``store``. With ``base_tokens`` (the base set's ``PassageTokens``) late interaction
+    is on, as in the default ``IngestConfig``, and each memory has its base memory's
+    tokens; without, the generation has no ``late/``."""
+    from helix_ray.config import IngestConfig, LateInteractionConfig
     from helix_ray.ingest.assemble import NextRows, assemble
     from helix_ray.store.publish import publish
 
-    config = IngestConfig(hnsw_threads=hnsw_threads)
+    config = IngestConfig(hnsw_threads=hnsw_threads,
+                          late_interaction=LateInteractionConfig(enabled=base_tokens is not None))
     steps: dict[str, float] = {}
 
     def step(name: str, t0: float) -> float:
@@ -273,12 +358,16 @@ def build_store(n: int, store: Path, *, users: int | None, base_texts: list[str]
     t = step("minhash", t)
     new_cols = annotated_columns(todo, vectors, config)
     t = step("expand + annotate (doc2query, entities, tokens)", t)
+    if base_tokens is not None:  # todo[k]'s tokens as row k, where ingest's collect() puts them
+        new_cols["late"] = DerivedTokens(base_tokens, base_of)
 
     timer = build_timer()
     try:
         t0 = time.perf_counter()
         rows = NextRows(None, [], np.zeros(0, np.int64), [], todo, new_cols, sigs, list(range(n)))
         data, _names = assemble(rows, _NoPreviousStore(), config)
+        if isinstance(data.late, DerivedTokens):  # the rows were in tenant order already: nothing took them
+            data.late = data.late.take(np.arange(n))
         assemble_s = time.perf_counter() - t0
         t = step("assemble (helix_ray.ingest.assemble.assemble)", t)
         del todo, new_cols, vectors, sigs
@@ -295,10 +384,15 @@ def build_store(n: int, store: Path, *, users: int | None, base_texts: list[str]
     finally:
         timer.restore()
     hooks = profile_of(timer, assemble_s, publish_s)
-    manifest = json.loads((store / "generations" / f"{number:06d}" / "manifest.json").read_text())
+    folder = store / "generations" / f"{number:06d}"
+    manifest = json.loads((folder / "manifest.json").read_text())
     del data
     gc.collect()
-    return {"steps_s": steps, "profile_s": hooks, "build_s": round(sum(steps.values()), 1),
+    late = None
+    if "late" in manifest:
+        late = {"bytes": sum(p.stat().st_size for p in (folder / "late").rglob("*") if p.is_file()),
+                "tokens": manifest["late"]["tokens"], "dim": manifest["late"]["dim"]}
+    return {"steps_s": steps, "profile_s": hooks, "build_s": round(sum(steps.values()), 1), "late": late,
             "peak_rss_mib": round(rss_mib()[1], 0), "counts": manifest["counts"],
             "partitions": len(manifest["partitions"]),
             "hnsw_partitions": sum(1 for p in manifest["partitions"] if p["dense"]),
