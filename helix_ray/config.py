@@ -52,12 +52,17 @@ class LateInteractionConfig(_Strict):
 
     enabled: bool = True
     """Encode every memory's tokens with the shipped ColBERT model and store them in the
-    generation (int8 with a scale: 388 bytes per token). A second encoder at ingest, of
-    the sentence embedder's size, and the largest files of a generation; recall reads
-    only the candidates' tokens. Off: recall ranks by the sentence cosine alone
-    (docs/quality.md compares both)."""
+    generation (64-d, int8 with a scale: 68 bytes per stored token). A second encoder
+    at ingest, of the sentence embedder's size; recall reads only the candidates'
+    tokens. Off: recall ranks by the sentence cosine alone (docs/quality.md compares
+    both)."""
     max_tokens: int = Field(300, ge=8, le=512)
     """Word pieces kept per memory (including [CLS], the marker and [SEP])."""
+    pool_factor: int = Field(1, ge=1, le=4)
+    """Token pooling: a memory's n token vectors are stored as ⌈n / pool_factor⌉
+    cluster means. 2 halves the tokens a store holds and MaxSim reads; it helps
+    conversation turns but costs code search (docs/quality.md), so 1 (every token) is
+    the default."""
 
 
 # --------------------------------------------------------------------------- ingest

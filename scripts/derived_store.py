@@ -116,7 +116,7 @@ def base_tokens(texts: list[str], seed: int, work: Path) -> tuple[Any, dict[str,
             block = PassageTokens(data["tokens"], data["scales"], data["offsets"])
             log(f"base set: tokens of {len(texts)} texts from cache {cache}")
             return block, {"encode_s": float(data["encode_s"]), "cached": True, **token_counts(block)}
-    encoder = get_token_encoder(late.max_tokens)
+    encoder = get_token_encoder(late.max_tokens, pool_factor=late.pool_factor)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     codes: list[np.ndarray] = [np.empty(0)] * len(texts)
     scales: list[np.ndarray] = [np.empty(0)] * len(texts)

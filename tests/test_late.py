@@ -15,11 +15,16 @@ from helix_ray.memory import Memory
 from helix_ray.recall import late
 from helix_ray.store.generation import Generation
 from helix_ray.token_encoder import (
+    BACKBONE_DIM,
+    BACKBONE_NAME,
     DIM,
     QUERY_TOKENS,
     PassageTokens,
+    ProjectedTokens,
     from_blobs,
     get_token_encoder,
+    pool,
+    project,
     quantize_tokens,
     to_blobs,
 )
@@ -113,14 +118,55 @@ def test_encoder_prefers_the_matching_passage_with_pinned_scores():
     scores = late.maxsim(enc.encode_query("why did we choose NATS for the event bus?"), store, np.array([0, 1]))
     assert scores[0] > scores[1] + 0.05
     # Canonical values of this model on this pair (int8 ONNX; tolerance for onnxruntime builds).
-    np.testing.assert_allclose(scores, [0.8698, 0.7383], atol=0.01)
+    np.testing.assert_allclose(scores, [0.9276, 0.8678], atol=0.01)
+
+
+def test_pooling_halves_a_passages_tokens_and_keeps_its_best_match():
+    long_text = " ".join([NATS, CI, "Dana prefers tabs over spaces in the Go services."])
+    plain = get_token_encoder().encode_passages([long_text])[0]
+    pooled = get_token_encoder(pool_factor=2).encode_passages([long_text])[0]
+    assert pooled.shape == (-(-len(plain) // 2), DIM)
+    np.testing.assert_allclose(np.linalg.norm(pooled, axis=1), 1.0, atol=1e-5)
+    query = get_token_encoder().encode_query("why did we choose NATS for the event bus?")
+    full, half = (late.maxsim(query, from_blobs(*to_blobs([t])), np.array([0]))[0] for t in (plain, pooled))
+    assert abs(full - half) < 0.05
+
+
+def test_pool_groups_near_copies_and_keeps_distinct_rows_apart():
+    rng = np.random.default_rng(0)
+    centres = unit_rows(rng, 3)
+    rows = np.repeat(centres, 2, axis=0) + rng.normal(scale=1e-3, size=(6, DIM)).astype(np.float32)
+    pooled = pool(rows, 2)
+    assert pooled.shape == (3, DIM)
+    np.testing.assert_allclose(np.abs(pooled @ centres.T).max(axis=1), 1.0, atol=1e-3)
+    assert pool(rows[:2], 2) is not None and len(pool(rows[:2], 2)) == 2  # two rows stay as they are
+    assert len(pool(rows, 1)) == 6
+
+
+def test_backbone_tokens_of_an_older_store_are_projected_as_they_are_read():
+    rng = np.random.default_rng(1)
+    backbone = [rng.normal(size=(n, BACKBONE_DIM)).astype(np.float32) for n in (3, 5)]
+    backbone = [x / np.linalg.norm(x, axis=1, keepdims=True) for x in backbone]
+    codes, scales = zip(*(quantize_tokens(x) for x in backbone))
+    stored = PassageTokens(np.concatenate(codes), np.concatenate(scales), np.array([0, 3, 8]))
+    read = ProjectedTokens(stored)
+    known, block = read.lookup(np.array([1, 7]))
+    assert list(known) == [0] and block.tokens.shape == (5, DIM)
+    np.testing.assert_allclose(block.tokens * block.scales[:, None], project(backbone[1]), atol=0.02)
+    # a write-ahead log entry of backbone codes decodes to the same projected block
+    mixed = from_blobs([codes[1].tobytes(), quantize_tokens(project(backbone[0]))[0].tobytes()],
+                       [scales[1].tobytes(), quantize_tokens(project(backbone[0]))[1].tobytes()])
+    assert list(mixed.offsets) == [0, 5, 8] and mixed.tokens.shape == (8, DIM)
+    np.testing.assert_array_equal(mixed.take(np.array([0])).tokens, block.tokens)
+    with pytest.raises(ValueError, match=f"expected {DIM} or {BACKBONE_DIM} bytes per token"):
+        from_blobs([b"\x01" * 50], [np.ones(1, np.float32).tobytes()])
 
 
 # --------------------------------------------------------------------------- the store
 
 
 def test_ingest_stores_tokens_and_reuses_them(tmp_path):
-    encoder = get_token_encoder()
+    encoder = get_token_encoder(pool_factor=IngestConfig().late_interaction.pool_factor)  # as ingest's
     facts = [NATS, CI, "Dana prefers tabs over spaces in the Go services.",
              "The gateway listens on port 8443 in production."]
     first = write_jsonl(tmp_path / "a.jsonl", [memory(i, t) for i, t in enumerate(facts[:3])])
@@ -171,6 +217,32 @@ def test_a_reader_refuses_tokens_of_another_encoder(tmp_path):
     path.write_text(json.dumps(seal(manifest)))  # as that encoder's Helix would have written it
     with pytest.raises(ManifestMismatch, match="some-other-colbert"):
         _ = Generation.open_current(store).late
+
+
+def test_a_store_with_backbone_tokens_still_recalls_with_late_interaction(tmp_path):
+    """A generation written when Helix stored the backbone's 384-d tokens: its manifest
+    names the backbone, and its tokens are projected as recall reads them."""
+    from helix_ray.store.integrity import record_files, seal
+
+    store = tmp_path / "store"
+    ingest([write_jsonl(tmp_path / "a.jsonl", [memory(0, NATS), memory(1, CI)])], store, runner="local",
+           show_progress=False)
+    gen = Generation.open_current(store)
+    texts = gen.memories.column("text").to_pylist()
+    backbone = get_token_encoder().backbone_passages(texts)
+    codes, scales = zip(*(quantize_tokens(x) for x in backbone))
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in backbone])])
+    for name, value in (("tokens", np.concatenate(codes)), ("scales", np.concatenate(scales)), ("offsets", offsets)):
+        np.save(gen.path / "late" / f"{name}.npy", value)
+    manifest = json.loads((gen.path / "manifest.json").read_text())
+    manifest["late"].update(encoder=BACKBONE_NAME, dim=BACKBONE_DIM)
+    manifest["files"] = record_files(gen.path)
+    (gen.path / "manifest.json").write_text(json.dumps(seal(manifest)))
+    assert isinstance(Generation.open_current(store).late, ProjectedTokens)
+    with Memory(store, record_access=False) as mem:
+        result = mem.recall("why did we choose NATS for the event bus?", user="dana", explain=True)
+    assert result.flags["late"] >= 1 and result.explain["late_maxsim"].null_count() == 0
+    assert result.items[0].text == NATS
 
 
 # --------------------------------------------------------------------------- inside recall

@@ -222,6 +222,7 @@ def test_online_writes_carry_late_interaction_tokens_through_a_restart(shells):
     from helix_ray.live.delta import DeltaSegment
     from helix_ray.live.delta_format import current_delta_version
     from helix_ray.live.writer import WriterCore
+    from helix_ray.config import IngestConfig
     from helix_ray.token_encoder import from_blobs, get_token_encoder, to_blobs
 
     text = "The staging Kafka cluster was renamed to heron-7 after the quota incident."
@@ -230,7 +231,7 @@ def test_online_writes_carry_late_interaction_tokens_through_a_restart(shells):
     writer.add([{"id": "alice-heron", "text": text}], "alice")
     delta = DeltaSegment.load(store, current_delta_version(store))
     pos = list(delta.ids).index("alice-heron")
-    encoder = get_token_encoder()
+    encoder = get_token_encoder(pool_factor=IngestConfig().late_interaction.pool_factor)  # as the Writer's
     q = encoder.encode_query(query)
     direct = late.maxsim(q, from_blobs(*to_blobs(encoder.encode_passages([text]))), np.array([0]))
     np.testing.assert_allclose(late.maxsim(q, delta.late, np.array([pos])), direct, atol=0.02)

@@ -295,7 +295,7 @@ def _late_tokens(previous: Generation | None, old_rows: np.ndarray, old_table: p
     if len(old_rows) and previous is not None and previous.late is not None:
         old = previous.late.take(old_rows)
     elif len(old_rows):
-        encoder = get_token_encoder(config.late_interaction.max_tokens)
+        encoder = get_token_encoder(config.late_interaction.max_tokens, pool_factor=config.late_interaction.pool_factor)
         old = from_blobs(*to_blobs(encoder.encode_passages(old_table.column("text").to_pylist())))
     new = new_cols.pop("late")  # from here on only the assembled block holds the new tokens
     return PassageTokens.concat([p for p in (old, new) if p is not None])

