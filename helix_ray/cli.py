@@ -2,6 +2,7 @@
 
     helix ingest SOURCE... --store DIR [--format auto|jsonl|parquet|markdown|transcript|locomo|code|git] [--runner ray|local]
     helix ingest REPO --format code|git [--repo-name NAME] --store DIR --user USER      its code or its commits
+    helix ingest FOLDER --format markdown [--doc-name NAME] --store DIR --user USER      its sections
     helix recall QUERY --store DIR --user USER [--budget TOKENS] [--k N] [--explain] [--json]
     helix stats --store DIR [--json]
     helix quarantine --store DIR [--reason CODE] [--limit N] [--json]      the records an ingest rejected
@@ -80,6 +81,9 @@ def _ingest_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     s.add_argument("--repo-name", metavar="NAME", help="--format code or git: the repository's name in the "
                    "memories' ids, code:<user>/<NAME>:... (letters, digits, '.', '_', '-'; default: its folder's "
                    "name); two repositories in folders of one name need two")
+    s.add_argument("--doc-name", metavar="NAME", help="--format markdown: the documents' name in the memories' "
+                   "ids, md:<user>/<NAME>/<path>#<slug> (letters, digits, '.', '_', '-'; default: the folder's "
+                   "name, for a file its folder's); two folders of one name need two")
     s.add_argument("--user", help="tenant for records that name none")
     s.add_argument("--runner", default="ray", choices=("ray", "local"),
                    help="ray: Ray Data on a local Ray or RAY_ADDRESS (default); local: one process")
@@ -362,7 +366,7 @@ def _ingest(args: argparse.Namespace) -> int:
 
     report = ingest(args.sources, args.store, fmt=args.format, config=_ingest_config(args), runner=args.runner,
                     show_progress=not args.no_progress and not args.json, since=args.since,
-                    max_commits=args.max_commits, repo_name=args.repo_name)
+                    max_commits=args.max_commits, repo_name=args.repo_name, doc_name=args.doc_name)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1, default=str))
     else:

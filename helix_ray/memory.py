@@ -119,11 +119,13 @@ class Memory:
     # ------------------------------------------------------------------ ingest
     def ingest(self, sources: Sequence[str | Path] | str | Path, *, format: str = "auto", runner: str = "local",
                show_progress: bool = False, since: str | None = None, max_commits: int | None = None,
-               repo_name: str | None = None):
+               repo_name: str | None = None, doc_name: str | None = None):
         """Run the ingest pipeline over files or folders; returns its report. ``format``
         ``"code"`` reads a source tree, ``"git"`` a repository's commits (``since``,
         ``max_commits``: which ones), as memories of ``ingest.validation.default_user``
-        whose ids name the repository ``repo_name`` (default: its folder's name). Writes
+        whose ids name the repository ``repo_name`` (default: its folder's name); a
+        ``"markdown"`` source's sections have ids naming the document set ``doc_name``
+        (``md:<user>/<docs>/<path>#<slug>``; default: the folder's name). Writes
         still in the delta are folded first (a compaction), so an ingested record is not
         hidden by an earlier write of its id; writes made meanwhile wait for the end and
         are newer than what it ingests."""
@@ -148,7 +150,7 @@ class Memory:
                     "then call ingest again (Memory.compact() tries the fold alone).") from exc
             report = ingest(list(sources), self.store, fmt=format, config=self.ingest_config, runner=runner,
                             show_progress=show_progress, db=self.db, since=since, max_commits=max_commits,
-                            repo_name=repo_name)
+                            repo_name=repo_name, doc_name=doc_name)
         if report.published:
             self._overlay.clear()
         return report

@@ -110,10 +110,12 @@ def test_markdown_positions_name_the_file_and_ids_stay(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "ops.md").write_text(NOTES["sub/ops.md"])
     rows = list(read_markdown(tmp_path))
+    top = tmp_path.name
     assert [(r["_md_section"], r["_position"]) for r in rows] == [
-        ("sub/ops.md#deploy", "sub/ops.md, section 'Deploy'"), ("sub/ops.md#empty", "sub/ops.md, section 'Empty'")]
+        (f"{top}/sub/ops.md#deploy", "sub/ops.md, section 'Deploy'"),
+        (f"{top}/sub/ops.md#empty", "sub/ops.md, section 'Empty'")]
     (single,) = [r for r in read_markdown(tmp_path / "sub" / "ops.md") if r["text"]]
-    assert (single["_md_section"], single["_position"]) == ("ops.md#deploy", "ops.md, section 'Deploy'")
+    assert (single["_md_section"], single["_position"]) == ("sub/ops.md#deploy", "ops.md, section 'Deploy'")
 
 
 # --------------------------------------------------------------------------- doctor

@@ -71,7 +71,8 @@ def test_a_folder_reads_markdown_whatever_the_suffix_case(tmp_path):
     (folder / "README.MD").write_text("# Readme\n## Setup\nRun make setup.\n", encoding="utf-8")
     (folder / "notes.markdown").write_text("# Notes\n## Queue\nWe use NATS.\n", encoding="utf-8")
     assert detect_format(folder) == "markdown"
-    assert sorted(r["_md_section"] for r in read_source(folder)) == ["README.MD#setup", "notes.markdown#queue"]
+    assert sorted(r["_md_section"] for r in read_source(folder)) == ["docs/README.MD#setup",
+                                                                   "docs/notes.markdown#queue"]
 
 
 def test_markdown_sections_keep_distinct_ids(tmp_path):
@@ -88,7 +89,7 @@ def test_markdown_sections_keep_distinct_ids(tmp_path):
     assert [r["text"].split("\n")[-1] for r in good] == ["one", "two", "three", "four", "five", "six", "seven",
                                                          "eight"]
     assert len({r["_md_section"] for r in good}) == 8 and not any("id" in r for r in good)
-    assert good[0]["_md_section"] == "a.md#notes" and good[2]["_md_section"] == "a.md#c"
+    assert good[0]["_md_section"] == "notes/a.md#notes" and good[2]["_md_section"] == "notes/a.md#c"
     assert [r for r in rows if "_reject" in r][0]["_code"] == "empty_text"  # the title-only file, said so
     assert rows == list(read_source(folder, "markdown"))  # the same ids on every read
 

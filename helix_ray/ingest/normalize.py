@@ -25,7 +25,7 @@ pinned memory gets at least .90; capped at 1.
 (transcript, LoCoMo) .70; anything else (api, agent) .60; inferred / llm .50.
 
 ``id`` (when the record gives none) names the record's user: a Markdown section's is
-``md:<user>/<path>#<slug>``, any other record's the content hash of its user and text
+``md:<user>/<docs>/<path>#<slug>``, any other record's the content hash of its user and text
 (:mod:`helix_ray.ingest.ids`).
 """
 

@@ -27,13 +27,12 @@ import re
 from pathlib import Path
 
 from helix_ray.errors import InvalidArgument
-from helix_ray.ingest.ids import user_part
+from helix_ray.ingest.ids import MAX_NAME_CHARS, check_name, user_part
 
 __all__ = ["MAX_REPO_NAME_CHARS", "RepoScope", "check_repo_name", "check_user", "code_id", "commit_id",
            "default_repo_name", "legacy_code_name", "repo_prefix"]
 
-MAX_REPO_NAME_CHARS = 100
-_REPO_NAME = re.compile(r"[\w.-]{1,%d}" % MAX_REPO_NAME_CHARS)
+MAX_REPO_NAME_CHARS = MAX_NAME_CHARS
 _NOT_IN_NAME = re.compile(r"[^\w.-]+")
 #: A commit is named by the first 12 hex digits of its sha.
 SHA_DIGITS = 12
@@ -41,12 +40,10 @@ SHA_DIGITS = 12
 
 def check_repo_name(name: object, flag: str = "repo_name") -> str:
     """``name`` when it can name a repository in ids; else InvalidArgument naming ``flag``."""
-    if not isinstance(name, str) or not _REPO_NAME.fullmatch(name):
-        raise InvalidArgument(
-            flag, name, f"a repository name is 1 to {MAX_REPO_NAME_CHARS} characters, each a letter, digit, '.', "
-            "'_' or '-' (it is part of every id: code:<user>/<name>:<path>::<symbol>, git:<user>/<name>:<sha>)",
-            "Pass a name such as shop or billing-api; leave it out to name the repository after its folder.")
-    return name
+    return check_name(name, flag, what="a repository name",
+                      ids="code:<user>/<name>:<path>::<symbol>, git:<user>/<name>:<sha>",
+                      fix="Pass a name such as shop or billing-api; leave it out to name the repository after its "
+                      "folder.")
 
 
 def default_repo_name(folder_name: str) -> str:

@@ -47,7 +47,7 @@ from helix_ray.ingest import stages
 from helix_ray.ingest.assemble import NextRows, assemble, bm25_analyzer, collect, memory_table, session_context
 from helix_ray.ingest.dedup import find_duplicates, signatures
 from helix_ray.ingest.graph import edges_table
-from helix_ray.ingest.ids import legacy_markdown_id
+from helix_ray.ingest.ids import legacy_markdown_ids
 from helix_ray.ingest.previous import (OldThenNew, carried_over, fold_accesses, has_deletions, held_by,
                                        keep_folded_accesses, open_previous, retagged)
 from helix_ray.ingest.progress import NoProgress, Progress, shown
@@ -79,7 +79,7 @@ class IngestReport:
     updated: int = 0
     retagged: int = 0  # of ``updated``: same text, other fields changed (no re-embedding)
     removed: int = 0  # code memories a source tree read again no longer holds (deleted)
-    renamed: int = 0  # memories stored under ids that did not name their user (code, commits, Markdown), now renamed
+    renamed: int = 0  # memories stored under ids of an older form (not naming their user, or document set), renamed
     embedded: int = 0
     reused: int = 0
     total_memories: int = 0
@@ -186,6 +186,7 @@ def ingest(
     since: str | None = None,
     max_commits: int | None = None,
     repo_name: str | None = None,
+    doc_name: str | None = None,
 ) -> IngestReport:
     """Ingest ``sources`` into ``store`` and publish a new generation if anything changed.
 
@@ -198,7 +199,10 @@ def ingest(
     ``since`` and ``max_commits``: which commits a ``git`` source gives (the newest
     ``max_commits`` made on or after ``since``). ``repo_name`` names the repository of a
     ``code`` or ``git`` source in its memories' ids (``code:<user>/<repo>:...``; default:
-    its folder's name); their user is ``config.validation.default_user``.
+    its folder's name); their user is ``config.validation.default_user``. ``doc_name``
+    names the document set of a ``markdown`` source in its sections' ids
+    (``md:<user>/<docs>/<path>#<slug>``; default: the folder's name, for a file its
+    folder's).
     """
     config = config or IngestConfig()
     store = Path(store)
@@ -210,12 +214,13 @@ def ingest(
     scopes: list[RepoScope] = []
     for source in sources:  # each must exist: source_items says so
         tasks, scope = source_items(source, fmt, user=config.validation.default_user, repo_name=repo_name,
-                                    since=since, max_commits=max_commits)
+                                    since=since, max_commits=max_commits, doc_name=doc_name)
         items += tasks
         scopes += [scope] if scope else []
     if not items:
         raise InvalidArgument("sources", [], "give at least one file or folder to ingest")
     _one_repository_per_name(scopes)
+    _one_folder_per_doc_name(items)
 
     report = IngestReport()
     try:
@@ -243,6 +248,21 @@ def _one_repository_per_name(scopes: Sequence[RepoScope]) -> None:
             raise InvalidArgument("repo_name", scope.repo, f"one name names one repository, and {other} and "
                                   f"{scope.toplevel} are two", "Ingest them one at a time, each with its own "
                                   "--repo-name.")
+
+
+def _one_folder_per_doc_name(items: Sequence[dict[str, Any]]) -> None:
+    """Two folders of Markdown read in one run under one name would share the ids of
+    their files of one path (two README.md): refused. Files of one folder share its name."""
+    seen: dict[str, str] = {}
+    for item in items:
+        if item["format"] != "markdown":
+            continue
+        name, path = json.loads(item["options"])["name"], Path(item["path"])
+        folder = str(path if path.is_dir() else path.parent)
+        other = seen.setdefault(name, folder)
+        if other != folder:
+            raise InvalidArgument("doc_name", name, f"one name names one folder of documents, and {other} and "
+                                  f"{folder} are two", "Ingest them one at a time, each with its own --doc-name.")
 
 
 def _ray_job() -> ModuleType:
@@ -509,8 +529,9 @@ def vanished(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple
 
 def renamed(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]]) -> list[str]:
     """Stored memories of a store made before derived ids named their user
-    (``code:<folder>:<path>::<symbol>``, ``git:<folder>:<sha12>``, ``md:<path>#<slug>``)
-    that this run gives again under their ids of today: deleted, so that a memory is not
+    (``code:<folder>:<path>::<symbol>``, ``git:<folder>:<sha12>``, ``md:<path>#<slug>``),
+    or Markdown ids their document set (``md:<user>/<path>#<slug>``), that this run
+    gives again under their ids of today: deleted, so that a memory is not
     recalled twice. Only those of the user who gives them again (another user's stay
     theirs until they read the source again). A chunk counts by its memory: the new
     version may be cut otherwise."""
@@ -527,17 +548,17 @@ def renamed(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[
 
 
 def _renamed_sections(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]]) -> list[str]:
-    """The stored Markdown sections of :func:`renamed`: ``md:<path>#<slug>`` of the user
-    whose ``md:<user>/<path>#<slug>`` this run gives, read from the same file. The file
-    tells an id of that form from one of today's whose user and path read alike
-    (``md:dev/x.md#s`` is dev's x.md today, and before, anyone's dev/x.md)."""
+    """The stored Markdown sections of :func:`renamed`: ``md:<user>/<path>#<slug>`` and
+    ``md:<path>#<slug>`` of the user whose ``md:<user>/<docs>/<path>#<slug>`` this run
+    gives, read from the same file (its path in the folder read). The file tells an id of
+    an older form from one of today's that reads alike (``md:dev/notes/x.md#s`` is dev's
+    x.md of notes today, and before, dev's notes/x.md or anyone's dev/notes/x.md)."""
     sections: dict[str, tuple[str, str]] = {}  # old id → (user, file) of the section given again
     for i, row in latest.items():
-        old = legacy_markdown_id(parent_of(i) or i, row["user"])
-        if old is None:
-            continue
         file = json.loads(row["metadata"]).get("file")
-        if isinstance(file, str):
+        if not isinstance(file, str):
+            continue
+        for old in legacy_markdown_ids(parent_of(i) or i, row["user"], file):
             sections[old] = (row["user"], file)
     if not sections:
         return []

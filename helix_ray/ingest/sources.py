@@ -12,7 +12,8 @@ Formats:
 - ``parquet``: one memory per row, same columns.
 - ``markdown``: a ``.md`` file or a folder of them; optional YAML front matter gives
   defaults (user, project, created_at, type...); each ``##`` section is one memory,
-  ``md:<user>/<path>#<slug>`` (:mod:`helix_ray.ingest.ids`).
+  ``md:<user>/<docs>/<path>#<slug>``, ``<docs>`` naming the folder read
+  (:mod:`helix_ray.ingest.ids`).
 - ``transcript``: JSONL (or a JSON list) of chat turns ``{session_id, speaker|role,
   text, timestamp, user?, project?}``; each turn is one episodic memory.
 - ``locomo``: the LoCoMo benchmark file; each conversation's ``sample_id`` is the user,
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from helix_ray.errors import InvalidArgument
-from helix_ray.ingest.ids import SECTION_KEY
+from helix_ray.ingest.ids import SECTION_KEY, check_doc_name, default_doc_name, user_part
 from helix_ray.ingest.repo_ids import RepoScope, check_repo_name, check_user, default_repo_name, legacy_code_name
 
 FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo", "code", "git")
@@ -110,7 +111,7 @@ def _checked(path: str | Path, fmt: str) -> tuple[Path, str]:
 
 
 def source_items(path: str | Path, fmt: str, *, user: str | None = None, repo_name: str | None = None,
-                 since: str | None = None, max_commits: int | None = None,
+                 since: str | None = None, max_commits: int | None = None, doc_name: str | None = None,
                  ) -> tuple[list[dict[str, Any]], RepoScope | None]:
     """The read tasks of one source, ``{"path", "format", "options"}`` each: one per file
     of a source tree (so Ray Data reads a tree's files in parallel, not the driver in a
@@ -119,7 +120,8 @@ def source_items(path: str | Path, fmt: str, *, user: str | None = None, repo_na
 
     ``user`` (required for ``code`` and ``git``: their ids name it) owns the memories of a
     tree or a history, which ``repo_name`` names in their ids (default: the repository's
-    folder); ``since`` and ``max_commits`` pick commits. A task's options travel as JSON
+    folder); ``since`` and ``max_commits`` pick commits. ``doc_name`` names a Markdown
+    source's document set in its ids (default: its folder's name). A task's options travel as JSON
     text (Ray Data would merge the tasks' dicts into one Arrow struct, filling absent keys
     with nulls): :func:`read_source` takes them decoded."""
     path, fmt = _checked(path, fmt)
@@ -130,6 +132,12 @@ def source_items(path: str | Path, fmt: str, *, user: str | None = None, repo_na
     if repo_name is not None and fmt not in REPO_FORMATS:
         raise InvalidArgument("format", fmt, "--repo-name applies to --format code and --format git only",
                               "Drop it, or pass --format code or git.")
+    if doc_name is not None and fmt != "markdown":
+        raise InvalidArgument("format", fmt, "--doc-name applies to --format markdown only",
+                              "Drop it, or pass --format markdown.")
+    if fmt == "markdown":
+        name = default_doc_name(path) if doc_name is None else check_doc_name(doc_name)
+        return [{"path": str(path.resolve()), "format": fmt, "options": json.dumps({"name": name})}], None
     if fmt not in REPO_FORMATS:
         return [{"path": str(path.resolve()), "format": fmt, "options": "{}"}], None
     if repo_name is not None:
@@ -185,10 +193,12 @@ def read_source(path: str | Path, fmt: str = "auto", **options: Any) -> Iterator
 
         yield from git.read_git(path, **{k: v for k, v in options.items() if k in GIT_OPTIONS})
         return
+    if fmt == "markdown":
+        yield from read_markdown(path, **options)
+        return
     reader = {
         "jsonl": read_jsonl,
         "parquet": read_parquet,
-        "markdown": read_markdown,
         "transcript": read_transcript,
         "locomo": read_locomo,
     }[fmt]
@@ -263,11 +273,13 @@ def _files(folder: Path, suffixes: Sequence[str]) -> Iterator[Path]:
     return (f for f in folder.rglob("*") if f.suffix.lower() in suffixes and f.is_file())
 
 
-def read_markdown(path: Path) -> Iterator[RawRecord]:
+def read_markdown(path: Path, *, name: str | None = None) -> Iterator[RawRecord]:
     """Each ``##`` section of each file is one memory; text before the first ``##``
     (below a ``#`` title) is one memory too when it has content. A section brings no id
-    but its ``<path>#<slug>`` (:data:`~helix_ray.ingest.ids.SECTION_KEY`): its id,
-    ``md:<user>/<path>#<slug>``, names its user, which validation settles."""
+    but its ``<docs>/<path>#<slug>`` (:data:`~helix_ray.ingest.ids.SECTION_KEY`;
+    ``<docs>``: ``name``, by default the folder's, escaped as in ids): its id,
+    ``md:<user>/<docs>/<path>#<slug>``, names its user, which validation settles."""
+    docs = user_part(default_doc_name(path) if name is None else name)
     files = sorted(_files(path, MARKDOWN_SUFFIXES)) if path.is_dir() else [path]
     if path.is_dir():  # memories a folder holds but a folder source does not read: said, not dropped
         for other in sorted(_files(path, DATA_SUFFIXES)):
@@ -327,7 +339,7 @@ def read_markdown(path: Path) -> Iterator[RawRecord]:
             if not body:
                 record["text"] = ""
             record["metadata"] = {**(record.get("metadata") or {}), "file": rel, "section": heading}
-            record[SECTION_KEY] = f"{rel}#{slug}"
+            record[SECTION_KEY] = f"{docs}/{rel}#{slug}"
             yield _tag(record, file, f"{rel}, section '{heading}'")
 
 
