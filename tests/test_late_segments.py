@@ -74,6 +74,8 @@ def test_a_publish_links_old_segments_and_writes_only_new_rows(tmp_path):
     assert tokens_of(g2, [0, 1, 2, 3]) == tokens_of(first, [2]) + tokens_of(extra, [0]) + tokens_of(first, [0, 1])
     known, block = g2.lookup(np.array([7, 1, 0]))  # row 7 is not there: an online write's
     assert known.tolist() == [1, 2] and block.offsets.tolist() == [0, 4, 6]
+    none = g2.take(np.zeros(0, np.int64))  # an online write's candidates only
+    assert len(none) == 0 and none.tokens.shape == (0, DIM)
 
 
 def test_more_dead_tokens_than_live_rewrites_the_live_ones(tmp_path):

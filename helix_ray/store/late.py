@@ -77,9 +77,9 @@ class SegmentedTokens:
 
     def __init__(self, segments: list[Segment], segment: np.ndarray, start: np.ndarray, length: np.ndarray):
         self.segments = segments
-        self.segment, self.start, self.length = segment, start, length
-        self.arrays = [(np.load(s.tokens_path, mmap_mode="r"), np.load(s.scales_path, mmap_mode="r"))
-                        for s in segments]
+        self.segment, self.start, self.length = map(_plain, (segment, start, length))
+        self.arrays = [(_plain(np.load(s.tokens_path, mmap_mode="r")), _plain(np.load(s.scales_path, mmap_mode="r")))
+                       for s in segments]
 
     @classmethod
     def open(cls, folder: Path, info: dict[str, Any], files: dict[str, Any]) -> "SegmentedTokens":
@@ -117,22 +117,33 @@ class SegmentedTokens:
                       np.asarray(self.length[rows], np.int64))
 
 
+def _plain(array: np.ndarray) -> np.ndarray:
+    """A memory-mapped array as a plain ndarray over the same mapping: indexing it skips
+    ``np.memmap``'s Python-level bookkeeping."""
+    return array.view(np.ndarray) if isinstance(array, np.memmap) else array
+
+
 def gather(sources: list[tuple[np.ndarray, np.ndarray]], source: np.ndarray, start: np.ndarray,
            length: np.ndarray) -> PassageTokens:
     """Passage k = tokens ``start[k]:start[k] + length[k]`` of ``sources[source[k]]``
-    (each a (tokens, scales) pair), as one compact block in that order."""
+    (each a (tokens, scales) pair), as one compact block in that order. Each source is
+    read once, for its own passages."""
     offsets = np.zeros(len(length) + 1, np.int64)
     np.cumsum(length, out=offsets[1:])
     total = int(offsets[-1])
-    width = sources[0][0].shape[1] if sources else DIM
-    tokens = np.empty((total, width), np.int8)
+    used = np.unique(source[length > 0]).tolist()
+    if len(used) == 1:  # one source: no scatter into the block
+        index = np.repeat(start - offsets[:-1], length) + np.arange(total)
+        return PassageTokens(sources[used[0]][0][index], sources[used[0]][1][index], offsets)
+    tokens = np.empty((total, sources[used[0]][0].shape[1] if used else DIM), np.int8)
     scales = np.empty(total, np.float32)
-    index = np.repeat(start - offsets[:-1], length) + np.arange(total)
-    owner = np.repeat(source, length)
-    for s in np.unique(source[length > 0]).tolist():
-        mask = owner == s
-        tokens[mask] = sources[s][0][index[mask]]
-        scales[mask] = sources[s][1][index[mask]]
+    for s in used:
+        mine = np.flatnonzero(source == s)
+        n = length[mine]
+        within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)  # each token's place in its passage
+        index = np.repeat(start[mine], n) + within
+        at = np.repeat(offsets[mine], n) + within
+        tokens[at], scales[at] = sources[s][0][index], sources[s][1][index]
     return PassageTokens(tokens, scales, offsets)
 
 
