@@ -4,9 +4,10 @@
 
 :func:`publish` goes in steps, each its own function: the rows and vectors, the HNSW
 index of each tenant, the BM25 index, what the next ingest carries over, the graph, the
-late-interaction tokens, the manifest last (with every other file's size and CRC-32, and
-its own: :mod:`helix_ray.store.integrity`); then every file and folder is fsynced and
-the folder renamed from ``generations/.tmp-*`` to its number. A crash at any step leaves
+late-interaction tokens (the previous generation's segments hard-linked, the new rows'
+written: :mod:`helix_ray.store.late`), the manifest last (with every other file's size
+and CRC-32, and its own: :mod:`helix_ray.store.integrity`); then every file and folder
+is fsynced and the folder renamed from ``generations/.tmp-*`` to its number. A crash at any step leaves
 only a ``.tmp-*`` folder, which the next publish deletes.
 """
 
