@@ -232,3 +232,26 @@ def test_a_filesystem_without_links_gets_copies(tmp_path, encoder, monkeypatch):
     assert copied.is_file() and os.stat(copied).st_nlink == 1
     assert {i: by_id(g2)[i] for i in before} == before
     verify_files(g2.path, g2.manifest, full=True)
+
+
+def test_a_forgotten_users_tokens_leave_the_segments(tmp_path, encoder):
+    """Their one memory is a small part of the segment (no merge for dead tokens), yet
+    the segment is not linked: its other rows are rewritten without their tokens."""
+    from helix_ray.store import erase
+    from helix_ray.store.db import StoreDB
+
+    store = tmp_path / "store"
+    source = write_jsonl(tmp_path / "a.jsonl", [memory(i, t) for i, t in enumerate(FACTS[:5])]
+                         + [memory(9, FACTS[5], user="erin")])
+    ingest([source], store, runner="local", show_progress=False)
+    g1 = Generation.open_current(store)
+    before = by_id(g1)
+    with StoreDB(store) as db:
+        erase.forget_user(store, "erin", db=db)
+    ingest([write_jsonl(tmp_path / "a.jsonl", [memory(i, t) for i, t in enumerate(FACTS[:5])])], store,
+           runner="local", show_progress=False)
+    g2 = Generation.open_current(store)
+    late = g2.manifest["late"]
+    assert [s["name"] for s in late["segments"]] == [f"g{g2.number:06d}"] and "forgotten" in late["merged"]
+    assert sum(s["tokens"] for s in late["segments"]) == late["tokens"]  # no dead token left
+    assert by_id(g2) == {i: t for i, t in before.items() if i != "m009"}

@@ -25,7 +25,10 @@ dead (no row points at them: deleted or replaced memories), every live token is
 rewritten into the one new segment. Otherwise, when the segments would number more than
 :data:`MAX_SEGMENTS`, the smallest ones are merged with the new rows, the fewest that
 bring the count down to ``MAX_SEGMENTS // 2`` (size-tiered: the largest segment, the
-bulk of an old store, is rewritten only when dead tokens call for it).
+bulk of an old store, is rewritten only when dead tokens call for it). So a deleted
+memory's tokens (not its text) may stay in a linked segment until a merge; a forgotten
+user's never do: a segment holding any of their tokens is not linked, its live rows are
+rewritten (:meth:`helix_ray.store.db.StoreDB.erased_ids`).
 
 Generations written before segments hold ``late/{tokens,scales,offsets}.npy`` (memory i:
 rows ``offsets[i]:offsets[i+1]``): they read as one segment, and the next publish links
@@ -166,6 +169,9 @@ class TokenRows:
     carried: np.ndarray  # int64 (N,): the previous generation's row, or -1
     new: TokenBlock
     fresh: np.ndarray  # int64 (N,): the row of ``new``, or -1
+    #: rows of ``previous`` whose tokens no segment of this generation may keep (a
+    #: forgotten user's): the segments holding them are rewritten
+    purge: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @classmethod
     def of(cls, new: TokenBlock) -> "TokenRows":
@@ -179,7 +185,7 @@ class TokenRows:
     def take(self, rows: np.ndarray) -> "TokenRows":
         """These rows, in this order (pointers only: no token is copied)."""
         rows = np.asarray(rows, dtype=np.int64)
-        return TokenRows(self.previous, self.carried[rows], self.new, self.fresh[rows])
+        return TokenRows(self.previous, self.carried[rows], self.new, self.fresh[rows], self.purge)
 
 
 @dataclass
@@ -205,7 +211,11 @@ def plan_segments(rows: TokenRows, seg: np.ndarray, length: np.ndarray, max_segm
     if total and total - sum(live.values()) > total / 2:
         return SegmentPlan([], np.ones(len(rows), bool), "more than half of the segments' tokens are dead")
     kept, reason = list(used), None
-    count = len(kept) + int(not carried.all())  # a new segment when there are new rows
+    if previous is not None and len(rows.purge):
+        tainted = set(np.asarray(previous.segment[rows.purge]).tolist())
+        kept = [s for s in kept if s not in tainted]
+        reason = "segments holding forgotten memories rewritten" if len(kept) < len(used) else None
+    count = len(kept) + int(bool((~carried | ~np.isin(seg, kept)).any()))  # and a new one, if rows are written
     if count > max_segments:
         merge = sorted(kept, key=lambda s: (size[s], s))[: len(kept) + 1 - max_segments // 2]
         kept = [s for s in kept if s not in merge]
