@@ -36,6 +36,7 @@ import string
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -199,11 +200,11 @@ def project_block(block: PassageTokens) -> PassageTokens:
 class ProjectedTokens:
     """A generation's backbone tokens (:data:`BACKBONE_NAME`) read as DIM-wide ones:
     only the passages asked for are projected, with :class:`PassageTokens`'
-    :meth:`~PassageTokens.lookup` and :meth:`~PassageTokens.take` contract."""
+    :meth:`~PassageTokens.lookup` and :meth:`~PassageTokens.take` contract.
+    ``backbone``: the stored tokens, anything with that ``len`` and ``take``."""
 
-    def __init__(self, backbone: PassageTokens):
+    def __init__(self, backbone: Any):
         self.backbone = backbone
-        self.offsets = backbone.offsets
 
     def __len__(self) -> int:
         return len(self.backbone)

@@ -205,8 +205,8 @@ class _NoPreviousStore:
 
 class DerivedTokens:
     """Stands in for the derived rows' ``PassageTokens`` in ``assemble``: row ``k`` has
-    base passage ``base_of[k]``'s tokens. ``take`` makes the block, so assemble's sort
-    into tenant order is the one copy of every row's tokens rather than a second one
+    base passage ``base_of[k]``'s tokens. ``take`` makes the block, so publish's gather
+    in tenant order is the one copy of every row's tokens rather than a second one
     (a copy is the size of ``late/``, which ``build_store`` reports)."""
 
     def __init__(self, base: Any, base_of: np.ndarray):
@@ -297,10 +297,8 @@ def build_timer() -> StepTimer:
     from helix_ray.ingest import carry as carry_mod
     from helix_ray.ingest import graph as graph_mod
     from helix_ray.store import publish as publish_mod
-    from helix_ray.token_encoder import PassageTokens
 
     timer = StepTimer()
-    timer.wrap(PassageTokens, "take", "late tokens: copy in tenant order (PassageTokens.take)")
     timer.wrap(assemble_mod, "memory_table")
     timer.wrap(carry_mod, "exact_knn", "exact_knn (small tenants)")
     timer.wrap(assemble_mod, "build_graph")
@@ -366,8 +364,6 @@ def build_store(n: int, store: Path, *, users: int | None, base_texts: list[str]
         t0 = time.perf_counter()
         rows = NextRows(None, [], np.zeros(0, np.int64), [], todo, new_cols, sigs, list(range(n)))
         data, _names = assemble(rows, _NoPreviousStore(), config)
-        if isinstance(data.late, DerivedTokens):  # the rows were in tenant order already: nothing took them
-            data.late = data.late.take(np.arange(n))
         assemble_s = time.perf_counter() - t0
         t = step("assemble (helix_ray.ingest.assemble.assemble)", t)
         del todo, new_cols, vectors, sigs

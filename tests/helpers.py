@@ -74,6 +74,27 @@ STRONG_ERROR = "ZQX-4471 checksum mismatch in shard 9"
 STRONG_ID = "alice-strong"
 
 
+def single_file_tokens(folder: Path, tokens: Any, scales: Any, offsets: Any, **late: Any) -> None:
+    """Rewrite generation ``folder``'s tokens in the single-file layout that Helix wrote
+    before segments (``late/{tokens,scales,offsets}.npy``), its manifest's ``late``
+    updated by ``late`` (e.g. another encoder) and re-sealed, as that Helix sealed it."""
+    import shutil
+
+    import numpy as np
+
+    from helix_ray.store.integrity import record_files, seal
+
+    shutil.rmtree(folder / "late")
+    (folder / "late").mkdir()
+    for name, value in (("tokens", tokens), ("scales", scales), ("offsets", offsets)):
+        np.save(folder / "late" / f"{name}.npy", value)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["late"] = {"encoder": manifest["late"]["encoder"], "dim": manifest["late"]["dim"],
+                        "tokens": int(offsets[-1]), **late}
+    manifest["files"] = record_files(folder)
+    (folder / "manifest.json").write_text(json.dumps(seal(manifest)))
+
+
 def tenant_records() -> list[dict]:
     """Seeded memory records for :data:`TENANT_USERS` (ids start with the user)."""
     rng = random.Random(20250101)

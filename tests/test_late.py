@@ -29,7 +29,7 @@ from helix_ray.token_encoder import (
     to_blobs,
 )
 from helix_ray.ingest.run import ingest
-from tests.helpers import memory, write_jsonl
+from tests.helpers import memory, single_file_tokens, write_jsonl
 
 NATS = "We chose NATS JetStream over Kafka for the event bus because it is one binary."
 CI = "The CI pipeline runs pytest against a real Postgres container."
@@ -176,7 +176,7 @@ def test_ingest_stores_tokens_and_reuses_them(tmp_path):
     ingest([first], store, runner="local", show_progress=False)
     assert encoder.calls - before == 3
     g1 = Generation.open_current(store)
-    assert g1.manifest["late"]["tokens"] == int(g1.late.offsets[-1]) and len(g1.late) == 3
+    assert g1.manifest["late"]["tokens"] == int(g1.late.length.sum()) and len(g1.late) == 3
     old = {mid: np.array(g1.late.take(np.array([i])).tokens) for i, mid in enumerate(g1.memories.column("id").to_pylist())}
 
     before = encoder.calls
@@ -203,7 +203,7 @@ def test_a_store_built_without_tokens_gets_them_on_the_next_ingest(tmp_path):
     second = write_jsonl(tmp_path / "b.jsonl", [memory(2, "Dana prefers tabs over spaces.")])
     ingest([first, second], store, runner="local", show_progress=False)
     g2 = Generation.open_current(store)
-    assert len(g2.late) == 3 and np.all(np.diff(g2.late.offsets) > 0)
+    assert len(g2.late) == 3 and np.all(g2.late.length > 0)
 
 
 def test_a_reader_refuses_tokens_of_another_encoder(tmp_path):
@@ -222,8 +222,6 @@ def test_a_reader_refuses_tokens_of_another_encoder(tmp_path):
 def test_a_store_with_backbone_tokens_still_recalls_with_late_interaction(tmp_path):
     """A generation written when Helix stored the backbone's 384-d tokens: its manifest
     names the backbone, and its tokens are projected as recall reads them."""
-    from helix_ray.store.integrity import record_files, seal
-
     store = tmp_path / "store"
     ingest([write_jsonl(tmp_path / "a.jsonl", [memory(0, NATS), memory(1, CI)])], store, runner="local",
            show_progress=False)
@@ -232,12 +230,8 @@ def test_a_store_with_backbone_tokens_still_recalls_with_late_interaction(tmp_pa
     backbone = get_token_encoder().backbone_passages(texts)
     codes, scales = zip(*(quantize_tokens(x) for x in backbone))
     offsets = np.concatenate([[0], np.cumsum([len(x) for x in backbone])])
-    for name, value in (("tokens", np.concatenate(codes)), ("scales", np.concatenate(scales)), ("offsets", offsets)):
-        np.save(gen.path / "late" / f"{name}.npy", value)
-    manifest = json.loads((gen.path / "manifest.json").read_text())
-    manifest["late"].update(encoder=BACKBONE_NAME, dim=BACKBONE_DIM)
-    manifest["files"] = record_files(gen.path)
-    (gen.path / "manifest.json").write_text(json.dumps(seal(manifest)))
+    single_file_tokens(gen.path, np.concatenate(codes), np.concatenate(scales), offsets, encoder=BACKBONE_NAME,
+                       dim=BACKBONE_DIM)
     assert isinstance(Generation.open_current(store).late, ProjectedTokens)
     with Memory(store, record_access=False) as mem:
         result = mem.recall("why did we choose NATS for the event bus?", user="dana", explain=True)

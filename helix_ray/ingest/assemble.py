@@ -24,6 +24,7 @@ from helix_ray.ingest.graph import build_graph, tenant_codes
 from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import Generation
+from helix_ray.store.late import SegmentedTokens, TokenRows
 from helix_ray.store.publish import GenerationData, partitions_of
 from helix_ray.token_encoder import PassageTokens, empty_tokens, from_blobs, get_token_encoder, to_blobs
 from helix_ray.tokens import token_counter
@@ -92,9 +93,9 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig) -> tuple[Generat
     table = table.take(pa.array(take))
     vectors, minhash, terms = vectors[take], minhash[take], terms.take(take)
     previous_row = np.concatenate([previous_rows, np.full(len(todo), -1, np.int64)])[take]
-    late = _late_tokens(previous, previous_rows, old_table, new_cols, config)
-    if late is not None and not np.array_equal(take, np.arange(len(take))):
-        late = late.take(take)  # the unsorted block is freed here: nothing else holds it
+    late = _late_tokens(previous, previous_rows, old_table, new_cols, config, db)
+    if late is not None:
+        late = late.take(take)  # pointers only: publish gathers the new rows' tokens
     ents = ents.take(pa.array(take))
     users = [users[i] for i in order]
     parts = {p["user"]: (p["start"], p["end"]) for p in partitions_of(users)}
@@ -285,17 +286,34 @@ def _semantic_knn(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previo
 
 
 def _late_tokens(previous: Generation | None, old_rows: np.ndarray, old_table: pa.Table, new_cols: dict[str, Any],
-                 config: IngestConfig):
+                 config: IngestConfig, db: StoreDB) -> TokenRows | None:
     """Token vectors of old rows then new rows (the unsorted concatenation), or None when
-    late interaction is off. Old rows keep the previous generation's tokens; a previous
-    generation built without them has its rows encoded now (once: the next run reuses)."""
+    late interaction is off. Old rows keep the previous generation's tokens: as pointers
+    into its segments (publish links them, :mod:`helix_ray.store.late`; the segments
+    holding a forgotten user's tokens are rewritten without them), or projected now when
+    it holds the backbone's 384-d ones. A previous generation built without tokens has
+    its rows encoded now (once: the next run reuses them)."""
     if not config.late_interaction.enabled or new_cols.get("late") is None:
         return None
+    new = new_cols.pop("late")  # from here on only the returned rows hold the new tokens
     old = None
+    if len(old_rows) and previous is not None and isinstance(previous.late, SegmentedTokens):
+        fresh = np.concatenate([np.full(len(old_rows), -1, np.int64), np.arange(len(new), dtype=np.int64)])
+        carried = np.concatenate([np.asarray(old_rows, np.int64), np.full(len(new), -1, np.int64)])
+        return TokenRows(previous.late, carried, new, fresh, purge=_erased_rows(previous, db))
     if len(old_rows) and previous is not None and previous.late is not None:
         old = previous.late.take(old_rows)
     elif len(old_rows):
         encoder = get_token_encoder(config.late_interaction.max_tokens, pool_factor=config.late_interaction.pool_factor)
         old = from_blobs(*to_blobs(encoder.encode_passages(old_table.column("text").to_pylist())))
-    new = new_cols.pop("late")  # from here on only the assembled block holds the new tokens
-    return PassageTokens.concat([p for p in (old, new) if p is not None])
+    return TokenRows.of(PassageTokens.concat([p for p in (old, new) if p is not None]))
+
+
+def _erased_rows(previous: Generation, db: StoreDB) -> np.ndarray:
+    """The previous generation's rows of forgotten users (:meth:`StoreDB.erased_ids`)."""
+    erased = db.erased_ids()
+    if not erased:
+        return np.zeros(0, np.int64)
+    ids = previous.memories.column("id")
+    return np.flatnonzero(pc.is_in(ids, value_set=pa.array(sorted(erased), ids.type)).to_numpy(
+        zero_copy_only=False)).astype(np.int64)

@@ -266,6 +266,12 @@ class StoreDB:
             "SELECT id FROM memories WHERE deleted UNION "
             "SELECT id FROM erased WHERE id NOT IN (SELECT id FROM memories)").fetchall()}
 
+    def erased_ids(self) -> set[str]:
+        """The ids of forgotten users' memories (``erased``) that a generation may still
+        hold, even one written again since: no later generation keeps any byte derived
+        from their old text (their late-interaction tokens: :mod:`helix_ray.store.late`)."""
+        return {row[0] for row in self.con.execute("SELECT id FROM erased").fetchall()}
+
     def access_summary(self, after: int = 0) -> tuple[dict[str, tuple[dt.datetime, int]], int]:
         """Per memory id, its latest access and how many there were, over the access-log
         rows from position ``after`` on (those a previous generation has not folded

@@ -24,6 +24,7 @@ from helix_ray.errors import GenerationDamaged, StoreError
 from helix_ray.store.db import DB_FILE
 from helix_ray.store.generation import Generation, current_generation_number, generations_dir, vector_file
 from helix_ray.store.integrity import REBUILD, file_problem
+from helix_ray.store.late import POINTER_FILES, segment_file
 
 
 @dataclass(frozen=True)
@@ -159,8 +160,13 @@ def _expected_files(generation: Generation) -> dict[str, int | None]:
     files.update({f"bm25/{name}": None for name in ("params.index.json", "vocab.index.json", "data.csc.index.npy",
                                                      "indices.csc.index.npy", "indptr.csc.index.npy")})
     files.update({p["dense"]: None for p in m["partitions"] if p.get("dense")})
-    if m.get("late"):
-        tokens = int(m["late"]["tokens"])
+    late = m.get("late")
+    if late and "segments" in late:  # helix_ray.store.late
+        files.update({f"late/{name}.npy": n for name in POINTER_FILES})
+        for segment in late["segments"]:
+            files.update({segment_file(segment["name"], kind): int(segment["tokens"]) for kind in ("tokens", "scales")})
+    elif late:
+        tokens = int(late["tokens"])
         files.update({"late/tokens.npy": tokens, "late/scales.npy": tokens, "late/offsets.npy": n + 1})
     carry = m.get("carry") or {}
     if "mentions" in carry:

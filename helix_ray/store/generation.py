@@ -21,9 +21,14 @@ A store folder holds ``helix.duckdb`` (see :mod:`helix_ray.store.db`) and
 ``graph/{indptr,indices,weights,types}.npy``   CSR adjacency over memories then entities
 ``entities.arrow``               entity nodes: node, user, key, df
 ``minhash.npy``                  MinHash signatures (N × num_perm, uint32)
-``late/{tokens,scales,offsets}.npy``  late-interaction token vectors (int8, T × 64),
-                                 a scale per token, and each memory's token range
-                                 (optional: absent when ingest ran without them)
+``late/segments/<name>.{tokens,scales}.npy``  late-interaction token vectors (int8,
+                                 T × 64) and a scale per token, in append-only
+                                 segments shared with earlier generations by hard
+                                 links; ``late/{segment,start,length}.npy`` (int16,
+                                 int64, int32 per row) say where each memory's tokens
+                                 are (:mod:`helix_ray.store.late`; optional: absent
+                                 when ingest ran without them). Earlier versions
+                                 wrote ``late/{tokens,scales,offsets}.npy``
 ``mentions.arrow``               the entity keys each row mentions (optional)
 ``knn/{neighbours,similarities}.npy``  each row's nearest rows of its tenant, self
                                  included, −1 padded (optional)
@@ -63,9 +68,10 @@ from helix_ray.index.bm25 import BM25Index, load_bm25, load_terms
 from helix_ray.index.csr import CSRGraph
 from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.store import integrity
+from helix_ray.store.late import SegmentedTokens
 from helix_ray.token_encoder import BACKBONE_NAME
 from helix_ray.token_encoder import NAME as LATE_NAME
-from helix_ray.token_encoder import PassageTokens, ProjectedTokens
+from helix_ray.token_encoder import ProjectedTokens
 
 FORMAT = "helix-generation"
 FORMAT_VERSION = 1
@@ -217,25 +223,24 @@ class Generation:
         return ipc.open_file(pa.memory_map(str(self.path / "entities.arrow"), "r")).read_all()
 
     @cached_property
-    def late(self) -> PassageTokens | ProjectedTokens | None:
-        """The memories' late-interaction token vectors (memory-mapped), or None when
-        this generation was built without them. Backbone tokens (a store written before
-        Helix projected them) are projected as they are read."""
+    def late(self) -> SegmentedTokens | ProjectedTokens | None:
+        """The memories' late-interaction token vectors (memory-mapped segments), or None
+        when this generation was built without them. Backbone tokens (a store written
+        before Helix projected them) are projected as they are read."""
         info = self.manifest.get("late")
         if not info:
             return None
         if info.get("encoder") == BACKBONE_NAME:
-            return ProjectedTokens(self._late_files())
+            return ProjectedTokens(self._late_files(info))
         if info.get("encoder") != LATE_NAME:
             raise ManifestMismatch(
                 f"Cannot read the late-interaction tokens of {self.path}: they were encoded with "
                 f"{info.get('encoder')!r}, this Helix encodes queries with {LATE_NAME!r}. Re-ingest, or set "
                 "late.enabled: false in the retrieval config.")
-        return self._late_files()
+        return self._late_files(info)
 
-    def _late_files(self) -> PassageTokens:
-        folder = self.path / "late"
-        return PassageTokens(*(np.load(folder / f"{n}.npy", mmap_mode="r") for n in ("tokens", "scales", "offsets")))
+    def _late_files(self, info: dict[str, Any]) -> SegmentedTokens:
+        return SegmentedTokens.open(self.path, info, self.manifest.get("files") or {})
 
     @cached_property
     def bm25(self) -> BM25Index:

@@ -57,11 +57,23 @@ def file_crc32(path: Path) -> str:
     return f"{crc:08x}"
 
 
-def record_files(folder: Path) -> dict[str, dict[str, Any]]:
+def record_files(folder: Path, known: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """The manifest's ``files``: size and CRC-32 of every file under ``folder`` but the
-    manifest, by path relative to ``folder``."""
-    return {path.relative_to(folder).as_posix(): {"bytes": path.stat().st_size, "crc32": file_crc32(path)}
-            for path in sorted(folder.rglob("*")) if path.is_file() and path.name != MANIFEST}
+    manifest, by path relative to ``folder``. ``known`` holds records that stand for
+    files of the same size without reading them: files hard-linked from an earlier
+    generation, whose manifest recorded them when they were written (re-reading
+    gigabytes of unchanged tokens at every publish would cost what linking saves)."""
+    known = known or {}
+    files = {}
+    for path in sorted(folder.rglob("*")):
+        if not path.is_file() or path.name == MANIFEST:
+            continue
+        name, size = path.relative_to(folder).as_posix(), path.stat().st_size
+        record = known.get(name)
+        if record is None or record.get("bytes") != size or "crc32" not in record:
+            record = {"bytes": size, "crc32": file_crc32(path)}
+        files[name] = {"bytes": size, "crc32": record["crc32"]}
+    return files
 
 
 def _canonical_crc32(manifest: dict[str, Any]) -> str:

@@ -4,9 +4,10 @@
 
 :func:`publish` goes in steps, each its own function: the rows and vectors, the HNSW
 index of each tenant, the BM25 index, what the next ingest carries over, the graph, the
-late-interaction tokens, the manifest last (with every other file's size and CRC-32, and
-its own: :mod:`helix_ray.store.integrity`); then every file and folder is fsynced and
-the folder renamed from ``generations/.tmp-*`` to its number. A crash at any step leaves
+late-interaction tokens (the previous generation's segments hard-linked, the new rows'
+written: :mod:`helix_ray.store.late`), the manifest last (with every other file's size
+and CRC-32, and its own: :mod:`helix_ray.store.integrity`); then every file and folder
+is fsynced and the folder renamed from ``generations/.tmp-*`` to its number. A crash at any step leaves
 only a ``.tmp-*`` folder, which the next publish deletes.
 """
 
@@ -41,9 +42,9 @@ from helix_ray.store.generation import (
     generations_dir,
 )
 from helix_ray.store.integrity import record_files, seal
+from helix_ray.store.late import TokenRows, write_late
 from helix_ray.token_encoder import DIM as LATE_DIM
 from helix_ray.token_encoder import NAME as LATE_NAME
-from helix_ray.token_encoder import PassageTokens
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class GenerationData:
     embedder: str
     dim: int
     extra: dict[str, Any] = field(default_factory=dict)
-    late: PassageTokens | None = None  # late-interaction tokens over the same rows
+    late: TokenRows | None = None  # late-interaction tokens over the same rows: carried or new
     mentions: pa.Array | None = None  # entity keys per row: list<string> (helix_ray.ingest.carry.MENTIONS_TYPE)
     knn: tuple[np.ndarray, np.ndarray] | None = None  # (N, K) nearest rows, similarities
 
@@ -178,9 +179,10 @@ def publish(
     carry = _write_carried(staging, data, n, analyzer)
     _write_graph(staging, data)
     manifest = _manifest(data, number, previous, parts, analyzer, hnsw, carry)
+    linked: dict[str, dict[str, Any]] = {}
     if data.late is not None:
-        manifest["late"] = _write_late(staging, data.late, n)
-    manifest["files"] = record_files(staging.folder)
+        manifest["late"], linked = _write_late(staging, data.late, n, number)
+    manifest["files"] = record_files(staging.folder, known=linked)
     (staging.folder / "manifest.json").write_text(json.dumps(seal(manifest), indent=1))
     staging.done(staging.folder / "manifest.json")
 
@@ -277,17 +279,16 @@ def _write_graph(staging: _Staging, data: GenerationData) -> None:
     staging.done(tmp / "entities.arrow")
 
 
-def _write_late(staging: _Staging, late: PassageTokens, n: int) -> dict[str, Any]:
-    """The late-interaction tokens (``late/``); returns the manifest's ``late``."""
+def _write_late(staging: _Staging, late: TokenRows, n: int, number: int
+                ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The late-interaction tokens (``late/``): the previous generation's segments linked,
+    the new rows' tokens as segment ``g<number>`` (:func:`helix_ray.store.late.write_late`).
+    Returns the manifest's ``late`` and the checksum records of the linked files."""
     if len(late) != n:
         raise ValueError(f"late-interaction tokens cover {len(late)} memories; expected {n}")
-    folder = staging.folder / "late"
-    folder.mkdir()
-    _save_npy(folder / "tokens.npy", np.asarray(late.tokens, np.int8))
-    _save_npy(folder / "scales.npy", np.asarray(late.scales, np.float32))
-    _save_npy(folder / "offsets.npy", np.asarray(late.offsets, np.int64))
-    staging.done(folder)
-    return {"encoder": LATE_NAME, "dim": LATE_DIM, "tokens": int(late.offsets[-1])}
+    info, linked = write_late(staging.folder, late, f"g{number:06d}")
+    staging.done(staging.folder / "late")
+    return {"encoder": LATE_NAME, "dim": LATE_DIM, **info}, linked
 
 
 def _manifest(data: GenerationData, number: int, previous: int, parts: list[dict[str, Any]], analyzer: Analyzer,
