@@ -330,7 +330,9 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
                 haproxies = [[pid for pid in _descendants(proc.pid) if _cmdline(pid).split("\0")[0].endswith("/haproxy")]
                              for proc in procs]
                 time.sleep(0.5)
-            seen["haproxy"] = [_environ(pids[0]) for pids in haproxies if pids]
+            # A pid can exit between the listing and the read (HAProxy reloads): read the
+            # first one still there.
+            seen["haproxy"] = [next((e for e in map(_environ, pids) if e), {}) for pids in haproxies if pids]
             # Ray's template binds the stats page and the metrics endpoint on every interface.
             seen["listening"] = {e[name]: _listening(int(e[name])) for e in seen["haproxy"]
                                  for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")}
