@@ -99,8 +99,26 @@ def pool(vectors: np.ndarray, factor: int) -> np.ndarray:
     return _unit(sums[np.argsort(first)].astype(np.float32))
 
 
+class TokenLookup:
+    """``lookup`` for a token store with ``len`` and ``take``: the contract recall's
+    MaxSim reads (:func:`helix_ray.recall.late.maxsim`)."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def take(self, rows: np.ndarray) -> "PassageTokens":
+        raise NotImplementedError
+
+    def lookup(self, rows: np.ndarray) -> tuple[np.ndarray, "PassageTokens"]:
+        """(positions in ``rows`` that have a passage here, their tokens in that order):
+        rows beyond these passages are not known (see :class:`JoinedTokens`)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        known = np.flatnonzero(rows < len(self))
+        return known, self.take(rows[known])
+
+
 @dataclass(frozen=True)
-class PassageTokens:
+class PassageTokens(TokenLookup):
     """Token vectors of many passages, concatenated: passage i is rows
     ``offsets[i]:offsets[i+1]`` of ``tokens`` (int8) scaled by ``scales`` (per token)."""
 
@@ -110,13 +128,6 @@ class PassageTokens:
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
-
-    def lookup(self, rows: np.ndarray) -> tuple[np.ndarray, "PassageTokens"]:
-        """(positions in ``rows`` that have a passage here, their tokens in that order):
-        rows beyond these passages are not known (see :class:`JoinedTokens`)."""
-        rows = np.asarray(rows, dtype=np.int64)
-        known = np.flatnonzero(rows < len(self))
-        return known, self.take(rows[known])
 
     def take(self, rows: np.ndarray) -> "PassageTokens":
         """The passages ``rows``, in that order, as a new compact block."""
@@ -197,7 +208,7 @@ def project_block(block: PassageTokens) -> PassageTokens:
     return PassageTokens(codes, scales, np.asarray(block.offsets, np.int64))
 
 
-class ProjectedTokens:
+class ProjectedTokens(TokenLookup):
     """A generation's backbone tokens (:data:`BACKBONE_NAME`) read as DIM-wide ones:
     only the passages asked for are projected, with :class:`PassageTokens`'
     :meth:`~PassageTokens.lookup` and :meth:`~PassageTokens.take` contract.
@@ -208,11 +219,6 @@ class ProjectedTokens:
 
     def __len__(self) -> int:
         return len(self.backbone)
-
-    def lookup(self, rows: np.ndarray) -> tuple[np.ndarray, PassageTokens]:
-        rows = np.asarray(rows, dtype=np.int64)
-        known = np.flatnonzero(rows < len(self))
-        return known, self.take(rows[known])
 
     def take(self, rows: np.ndarray) -> PassageTokens:
         return project_block(self.backbone.take(rows))

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from helix_ray.token_encoder import DIM, PassageTokens
+from helix_ray.token_encoder import DIM, PassageTokens, TokenLookup
 
 #: More segments than this and the smallest are merged (see the module docstring).
 MAX_SEGMENTS = 8
@@ -72,7 +72,7 @@ def segment_file(name: str, kind: str) -> str:
     return f"late/segments/{name}.{kind}.npy"
 
 
-class SegmentedTokens:
+class SegmentedTokens(TokenLookup):
     """A generation's token vectors, memory-mapped, with :class:`PassageTokens`'
     ``lookup`` / ``take`` / ``len`` contract: ``take`` gathers the rows asked for from
     the segments they point into (a few pages each, for the ~100 candidates of a query).
@@ -106,12 +106,6 @@ class SegmentedTokens:
 
     def __len__(self) -> int:
         return len(self.length)
-
-    def lookup(self, rows: np.ndarray) -> tuple[np.ndarray, PassageTokens]:
-        """(positions in ``rows`` that have a passage here, their tokens in that order)."""
-        rows = np.asarray(rows, dtype=np.int64)
-        known = np.flatnonzero(rows < len(self))
-        return known, self.take(rows[known])
 
     def take(self, rows: np.ndarray) -> PassageTokens:
         """The passages ``rows``, in that order, as a new compact block."""
