@@ -36,6 +36,7 @@ from typing import Any, Iterator
 from helix_ray.errors import StoreError
 from helix_ray.store.db import DB_FILE, copy_database, sql_path
 from helix_ray.store.generation import current_generation_number, generations_dir
+from helix_ray.store.late import link_or_copy
 
 MANIFEST = "backup-manifest.json"
 FORMAT = "helix-backup"
@@ -68,7 +69,9 @@ def backup(store: str | Path, out: str | Path) -> dict[str, Any]:
         for path in _store_files(store, number):
             target = staging / path.relative_to(store)
             target.parent.mkdir(parents=True, exist_ok=True)
-            _link_or_copy(path, target, immutable=path.is_relative_to(generations_dir(store)))
+            # A generation's files never change: linked; a link to a file changed in place
+            # would change the backup with it, so the rest is copied.
+            (link_or_copy if path.is_relative_to(generations_dir(store)) else shutil.copy2)(path, target)
         copy_database(con, "source", staging / DB_FILE)
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "helix_version": __version__,
@@ -149,19 +152,6 @@ def _store_files(store: Path, generation: int | None) -> Iterator[Path]:
             if name.startswith(".") or (here == store and name.startswith(DB_FILE)):
                 continue
             yield here / name
-
-
-def _link_or_copy(source: Path, target: Path, *, immutable: bool) -> None:
-    """A hard link for a file that never changes (a generation's), when the file system
-    allows one; a copy otherwise (a link to a file changed in place would change the
-    backup with it)."""
-    if immutable:
-        try:
-            os.link(source, target)
-            return
-        except OSError:
-            pass
-    shutil.copy2(source, target)
 
 
 def _inventory(folder: Path) -> list[dict[str, Any]]:

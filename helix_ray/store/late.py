@@ -256,7 +256,7 @@ def write_late(folder: Path, rows: TokenRows, name: str, *, max_segments: int | 
         segment = previous.segments[s]
         for kind, source in (("tokens", segment.tokens_path), ("scales", segment.scales_path)):
             target = segment_file(segment.name, kind)
-            _link_or_copy(source, folder / target)
+            link_or_copy(source, folder / target)
             if segment.records.get(target):
                 records[target] = dict(segment.records[target] or {})
         listed.append({"name": segment.name, "tokens": segment.tokens})
@@ -304,10 +304,11 @@ def _write_segment(folder: Path, name: str, sources: list[tuple[np.ndarray, np.n
     return total
 
 
-def _link_or_copy(source: Path, target: Path) -> None:
-    """Hard-link ``source`` as ``target``; copy it where linking fails (another
-    filesystem, one that has no hard links, the link count at its limit)."""
+def link_or_copy(source: Path, target: Path) -> None:
+    """Hard-link ``source`` (a file that never changes) as ``target``; copy it where
+    linking fails (another filesystem, one that has no hard links, the link count at its
+    limit)."""
     try:
         os.link(source, target)
     except OSError:
-        shutil.copyfile(source, target)
+        shutil.copy2(source, target)
