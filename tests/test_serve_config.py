@@ -51,6 +51,33 @@ def test_every_deployment_bounds_its_callers_queue(graph, tenant_store):
     assert ServeArgs(store="x").max_queued_requests > 0
 
 
+def test_a_full_queue_behind_the_ingress_is_refused_in_helix_words():
+    """Protects the ingress's half of the overload contract (the flood test in
+    test_serve_http.py may see only the proxy's half on a busy host): a handle call Serve
+    refuses because the callee's queue is full answers Helix's 503 with Retry-After,
+    saying that nothing was changed, not Serve's plain text."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from ray.serve.exceptions import BackPressureError
+
+    from helix_ray.serve.app import RefusalsInHelixWords
+    from helix_ray.serve.responses import RETRY_AFTER_S
+
+    app = FastAPI()
+    app.router.route_class = RefusalsInHelixWords
+
+    @app.post("/v1/memories")
+    async def add() -> dict[str, str]:
+        raise BackPressureError(num_queued_requests=5, max_queued_requests=4)
+
+    answer = TestClient(app).post("/v1/memories", json={})
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["retry-after"] == str(RETRY_AFTER_S)
+    detail = answer.json()["detail"]
+    assert "POST /v1/memories" in detail and "has more calls queued than it takes" in detail
+    assert "nothing was changed" in detail and "Retry-After" in detail
+
+
 def test_build_app_starts_a_new_store_only_when_asked(tmp_path):
     """``create`` (what `helix serve` sets) starts a new or empty folder as a store; without
     it, or on a folder holding other files, build_app refuses and writes nothing."""

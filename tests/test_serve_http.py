@@ -610,11 +610,14 @@ def test_a_flood_beyond_the_queue_bound_is_refused_at_once_with_503s(served, ali
     assert written, "every write was refused"
     assert all(a.headers.get("retry-after") == "2" for _, a in refused), [a.headers for _, a in refused][:3]
     # The proxy refuses what its queue to the ingress cannot take (Serve's plain text); the
-    # ingress refuses what its queue to the Writer cannot, in Helix's words: some always.
+    # ingress refuses what its queue to the Writer cannot, in Helix's words. Which of the two
+    # refuses depends on how fast the proxy hands requests to the ingress on a busy host
+    # (either may take them all), so both are allowed; the ingress's words are pinned by
+    # test_serve_config.py::test_a_full_queue_behind_the_ingress_is_refused_in_helix_words.
     by_ingress = [a.json()["detail"] for _, a in refused if a.headers["content-type"] == "application/json"]
     assert len(by_ingress) + sum("dropped due to backpressure" in a.text for _, a in refused) == len(refused)
-    assert by_ingress and all("has more calls queued than it takes" in d and "nothing was changed" in d
-                              for d in by_ingress), by_ingress[:2]
+    assert all("has more calls queued than it takes" in d and "nothing was changed" in d
+               for d in by_ingress), by_ingress[:2]
     assert max(took for took, _ in refused) < max(written), "a refused write waited as long as the slowest written"
     # Every 201 is stored and no refused write is: "nothing was changed", as the 503 says.
     assert alice.get("/v1/stats").json()["pending_writes"] == pending + len(written)
