@@ -8,7 +8,8 @@ beside another checkout of Helix (a baseline) in the same run.
 Each round starts a fresh process per tree, in alternating order: it opens
 ``Memory(store)`` without the warm-up, answers one question, then ``--queries`` more
 (seeded from the largest tenant's memories, ``bench_mcp.store_queries``), and reports
-its RSS, USS and PSS (``/proc/<pid>/smaps_rollup``) and the recalls' p50 / p95. USS is
+its RSS, USS and PSS (``/proc/<pid>/smaps_rollup``), the MiB of the store's files it
+maps (largest first), and the recalls' p50 / p95. USS is
 what the process holds alone: its heap, the columns it built, the pages it wrote; PSS
 adds its share of the pages it maps with others. ``--baseline-store`` is the same data
 as the baseline writes it (a store's format may differ between versions).
@@ -46,7 +47,23 @@ def one_process(store: str, user: str, queries: list[str]) -> dict:
         mem.recall(query, user=user)
         times.append((time.perf_counter() - clock) * 1000)
     info = psutil.Process().memory_full_info()
-    return {"rss": info.rss / 2**20, "uss": info.uss / 2**20, "pss": info.pss / 2**20, "ms": times}
+    return {"rss": info.rss / 2**20, "uss": info.uss / 2**20, "pss": info.pss / 2**20, "ms": times,
+            "mapped": mapped_store(Path(store).resolve())}
+
+
+def mapped_store(store: Path) -> dict[str, float]:
+    """MiB of each of the store's files this process has mapped (``Rss`` of its mappings
+    in ``/proc/self/smaps``): what the page faults of its reads brought into it."""
+    mapped: dict[str, float] = {}
+    name = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if len(head) >= 6 and "-" in head[0] and ":" in head[3]:  # a mapping's header line
+            name = head[5] if head[5].startswith(str(store)) else None
+        elif name and head[:1] == ["Rss:"]:
+            key = Path(name).relative_to(store).as_posix().split("/", 2)[-1]  # without generations/<n>/
+            mapped[key] = mapped.get(key, 0.0) + int(head[1]) / 1024
+    return mapped
 
 
 def main() -> int:
@@ -92,6 +109,11 @@ def main() -> int:
         p95s = [float(np.percentile(r["ms"], 95)) for r in rows]
         print(f"{name:<10} {med['rss']:>8.0f} {med['uss']:>8.0f} {med['pss']:>8.0f} {np.median(p50s):>7.1f} "
               f"{np.median(p95s):>7.1f}   {', '.join(f'{p:.1f}' for p in p50s)}")
+    for name, rows in runs.items():
+        files = {f: float(np.median([r["mapped"].get(f, 0.0) for r in rows])) for r in rows for f in r["mapped"]}
+        top = sorted(files.items(), key=lambda kv: -kv[1])[:6]
+        print(f"{name:<10} maps {sum(files.values()):,.0f} MiB of the store: "
+              + ", ".join(f"{f} {mib:,.0f}" for f, mib in top))
     return 0
 
 

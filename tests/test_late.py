@@ -287,7 +287,9 @@ def test_overlapped_query_tokens_give_the_same_answer_as_inline_ones(tenant_memo
         assert plan.pending_tokens is not None and plan.query_tokens is None
         sent = pickle.loads(pickle.dumps(plan))
         assert sent.pending_tokens is None and plan.pending_tokens is None
-        np.testing.assert_array_equal(sent.query_tokens, inline_plan.query_tokens)
+        # The same tokens up to float rounding: ONNX Runtime's sums depend on how many
+        # threads the encoder gets, which depends on how busy the host is (threads.py).
+        np.testing.assert_allclose(sent.query_tokens, inline_plan.query_tokens, rtol=0, atol=1e-4)
         assert "embed_tokens" in sent.timings_ms
         overlapped = recaller.recall(query, user="alice", explain=True)
     finally:

@@ -69,6 +69,7 @@ from helix_ray.index.csr import CSRGraph
 from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.store import integrity
 from helix_ray.store.late import SegmentedTokens
+from helix_ray.store.rows import ArrowFile, ArrowStrings, RowFile
 from helix_ray.token_encoder import BACKBONE_NAME
 from helix_ray.token_encoder import NAME as LATE_NAME
 from helix_ray.token_encoder import ProjectedTokens
@@ -180,38 +181,44 @@ class Generation:
         return int(self.manifest["counts"]["memories"])
 
     @cached_property
+    def _memories_file(self) -> ArrowFile:
+        return ArrowFile(self.path / "memories.arrow")
+
+    @cached_property
     def memories(self) -> pa.Table:
-        source = pa.memory_map(str(self.path / "memories.arrow"), "r")
-        return ipc.open_file(source).read_all()
+        """The rows, memory-mapped (:class:`helix_ray.store.rows.ArrowFile`)."""
+        return self._memories_file.table
 
     @cached_property
     def columns(self) -> "MemoryColumns":
-        return MemoryColumns.from_table(self.memories, self.scope_columns)
+        return MemoryColumns.from_table(self.memories, self.scope_columns, self._memories_file)
 
     @cached_property
     def scope_columns(self) -> "ScopeColumns":
         return ScopeColumns.from_table(self.memories)
 
     @cached_property
-    def _texts(self) -> pa.Array:
-        return self.memories.column("text").combine_chunks()
+    def _texts(self) -> "StringColumn":
+        return StringColumn(self.memories.column("text"), rows=self._memories_file.strings("text"))
 
     def text(self, row: int) -> str:
-        return self._texts[row].as_py()
+        return self._texts[row]
 
     @cached_property
-    def vectors(self) -> np.ndarray:
-        """The sentence vectors, memory-mapped: float16 (or float32 in an older generation);
-        a reader that multiplies many of them converts the rows it took to float32."""
-        return np.load(self.path / vector_file(self.path), mmap_mode="r")
+    def vectors(self) -> RowFile:
+        """The sentence vectors, float16 (or float32 in an older generation), read by rows
+        (:mod:`helix_ray.store.rows`); a reader that multiplies many of them converts the
+        rows it took to float32."""
+        return RowFile(self.path / vector_file(self.path))
 
     @cached_property
     def binary(self) -> np.ndarray:
         return np.load(self.path / "binary.npy", mmap_mode="r")
 
     @cached_property
-    def minhash(self) -> np.ndarray:
-        return np.load(self.path / "minhash.npy", mmap_mode="r")
+    def minhash(self) -> RowFile:
+        """Each row's MinHash signature, read by rows (:mod:`helix_ray.store.rows`)."""
+        return RowFile(self.path / "minhash.npy")
 
     @cached_property
     def graph(self) -> CSRGraph:
@@ -343,23 +350,30 @@ def open_good_generation(store: Path, *, newer_than: int | None = None, **expect
 class StringColumn:
     """One string column of a generation's rows, read when asked: ``column[row]`` is a
     ``str`` (or None), ``column[rows]`` and ``column[a:b]`` an object array. The bytes stay
-    in the memory-mapped Arrow file, shared by every process that maps it, and no Python
-    string is made for a row no request reads. ``transform`` maps each value read (e.g.
-    a source to its document)."""
+    in the Arrow file, and no Python string is made for a row no request reads: single
+    rows and arrays of rows (a request's candidates) are read with ``pread`` when
+    ``rows`` gives the file (:class:`helix_ray.store.rows.ArrowStrings`), slices (bulk
+    readers) from the mapped ``array``. ``transform`` maps each value read (e.g. a source
+    to its document)."""
 
-    def __init__(self, array: pa.ChunkedArray, transform: Callable[[Any], Any] | None = None):
+    def __init__(self, array: pa.ChunkedArray, transform: Callable[[Any], Any] | None = None,
+                 rows: ArrowStrings | None = None):
         self.array = array
         self._transform = transform
+        self._rows = rows
 
     def __len__(self) -> int:
         return len(self.array)
 
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, (int, np.integer)):
-            value = self.array[int(key)].as_py()
+            row = int(key) + len(self) if key < 0 else int(key)
+            value = self._rows.get(row) if self._rows is not None else self.array[row].as_py()
             return self._transform(value) if self._transform else value
         if isinstance(key, slice):
             values = self.array[key].to_pylist()
+        elif self._rows is not None:
+            values = [self._rows.get(row) for row in np.asarray(key, dtype=np.int64).tolist()]
         else:
             values = self.array.take(pa.array(np.asarray(key, dtype=np.int64))).to_pylist()
         return self._objects(values)
@@ -382,7 +396,7 @@ def _document(source: str | None) -> str | None:
 @dataclass
 class MemoryColumns:
     """The columns the query path reads per candidate: the strings as
-    :class:`StringColumn` over the memory-mapped rows, the numbers as numpy arrays
+    :class:`StringColumn` over the Arrow file's rows, the numbers as numpy arrays
     (a few bytes per row, made once per process)."""
 
     ids: StringColumn
@@ -398,24 +412,30 @@ class MemoryColumns:
     documents: StringColumn  # source document of a section (Markdown file), else None
 
     @classmethod
-    def from_table(cls, table: pa.Table, scope: "ScopeColumns | None" = None) -> "MemoryColumns":
+    def from_table(cls, table: pa.Table, scope: "ScopeColumns | None" = None,
+                   file: ArrowFile | None = None) -> "MemoryColumns":
         """``scope``: the same rows' :class:`ScopeColumns`, whose type and project codes
-        (four bytes a row) these columns then share."""
+        (four bytes a row) these columns then share; ``file``: the Arrow file ``table``
+        was read from, whose strings are then read by row with ``pread``."""
         scope = scope or ScopeColumns.from_table(table)
+
+        def strings(name: str, transform: Callable[[Any], Any] | None = None) -> StringColumn:
+            return StringColumn(table.column(name), transform, file.strings(name) if file is not None else None)
+
         created = table.column("created_at").cast(pa.int64()).to_numpy(zero_copy_only=False)
         last = table.column("last_accessed_at").cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
         return cls(
-            ids=StringColumn(table.column("id")),
+            ids=strings("id"),
             types=scope.types,
             projects=scope.projects,
-            sessions=StringColumn(table.column("session_id")),
+            sessions=strings("session_id"),
             created_at=created,
             last_accessed_at=last,
             salience=table.column("salience").to_numpy().astype(np.float32),
             confidence=table.column("confidence").to_numpy().astype(np.float32),
             pinned=table.column("pinned").to_numpy(zero_copy_only=False).astype(bool),
             n_tokens=table.column("n_tokens").to_numpy().astype(np.int32),
-            documents=StringColumn(table.column("source"), _document),
+            documents=strings("source", _document),
         )
 
     @cached_property

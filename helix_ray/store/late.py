@@ -41,10 +41,11 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence, Union
 
 import numpy as np
 
+from helix_ray.store.rows import RowFile
 from helix_ray.token_encoder import DIM, PassageTokens, TokenLookup
 
 #: More segments than this and the smallest are merged (see the module docstring).
@@ -73,16 +74,16 @@ def segment_file(name: str, kind: str) -> str:
 
 
 class SegmentedTokens(TokenLookup):
-    """A generation's token vectors, memory-mapped, with :class:`PassageTokens`'
-    ``lookup`` / ``take`` / ``len`` contract: ``take`` gathers the rows asked for from
-    the segments they point into (a few pages each, for the ~100 candidates of a query).
-    ``length`` holds each row's token count."""
+    """A generation's token vectors with :class:`PassageTokens`' ``lookup`` / ``take`` /
+    ``len`` contract: ``take`` reads the rows asked for from the segments they point into
+    with ``pread`` (:mod:`helix_ray.store.rows`: a serving process maps none of the
+    segments' bytes). The per-row pointers are memory-mapped (14 bytes a row, read for
+    the ~100 candidates of a query); ``length`` holds each row's token count."""
 
     def __init__(self, segments: list[Segment], segment: np.ndarray, start: np.ndarray, length: np.ndarray):
         self.segments = segments
         self.segment, self.start, self.length = map(_plain, (segment, start, length))
-        self.arrays = [(_plain(np.load(s.tokens_path, mmap_mode="r")), _plain(np.load(s.scales_path, mmap_mode="r")))
-                       for s in segments]
+        self.arrays = [(RowFile(s.tokens_path), RowFile(s.scales_path)) for s in segments]
 
     @classmethod
     def open(cls, folder: Path, info: dict[str, Any], files: dict[str, Any]) -> "SegmentedTokens":
@@ -120,28 +121,37 @@ def _plain(array: np.ndarray) -> np.ndarray:
     return array.view(np.ndarray) if isinstance(array, np.memmap) else array
 
 
-def gather(sources: list[tuple[np.ndarray, np.ndarray]], source: np.ndarray, start: np.ndarray,
+#: A source of token rows: a segment's file (:class:`RowFile`) or a block in memory.
+Rows = Union[RowFile, np.ndarray]
+
+
+def gather(sources: Sequence[tuple[Rows, Rows]], source: np.ndarray, start: np.ndarray,
            length: np.ndarray) -> PassageTokens:
     """Passage k = tokens ``start[k]:start[k] + length[k]`` of ``sources[source[k]]``
     (each a (tokens, scales) pair), as one compact block in that order. Each source is
-    read once, for its own passages."""
+    read once, for its own passages, in file order."""
     offsets = np.zeros(len(length) + 1, np.int64)
     np.cumsum(length, out=offsets[1:])
     total = int(offsets[-1])
     used = np.unique(source[length > 0]).tolist()
-    if len(used) == 1:  # one source: no scatter into the block
-        index = np.repeat(start - offsets[:-1], length) + np.arange(total)
-        return PassageTokens(sources[used[0]][0][index], sources[used[0]][1][index], offsets)
     tokens = np.empty((total, sources[used[0]][0].shape[1] if used else DIM), np.int8)
     scales = np.empty(total, np.float32)
     for s in used:
-        mine = np.flatnonzero(source == s)
+        mine = np.flatnonzero((source == s) & (length > 0))
+        mine = mine[np.argsort(start[mine], kind="stable")]
         n = length[mine]
         within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)  # each token's place in its passage
-        index = np.repeat(start[mine], n) + within
         at = np.repeat(offsets[mine], n) + within
-        tokens[at], scales[at] = sources[s][0][index], sources[s][1][index]
+        tokens[at], scales[at] = (_ranges(part, start[mine], n) for part in sources[s])
     return PassageTokens(tokens, scales, offsets)
+
+
+def _ranges(rows: Rows, start: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """Rows ``start[k]:start[k] + length[k]`` of ``rows``, concatenated."""
+    if isinstance(rows, RowFile):
+        return rows.ranges(start, length)
+    within = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
+    return np.asarray(rows[np.repeat(start, length) + within])
 
 
 class TokenBlock(Protocol):
@@ -235,7 +245,7 @@ def write_late(folder: Path, rows: TokenRows, name: str, *, max_segments: int | 
         seg[carried] = previous.segment[picked]
         start[carried] = previous.start[picked]
         length[carried] = previous.length[picked]
-    sources = [] if previous is None else list(previous.arrays)
+    sources: list[tuple[Rows, Rows]] = [] if previous is None else list(previous.arrays)
     fresh_rows = np.flatnonzero(~carried)
     if len(fresh_rows):  # the new rows' tokens are read where they are: one more source
         block = rows.new if isinstance(rows.new, PassageTokens) else rows.new.take(rows.fresh[fresh_rows])
@@ -278,10 +288,10 @@ def write_late(folder: Path, rows: TokenRows, name: str, *, max_segments: int | 
     return info, records
 
 
-def _write_segment(folder: Path, name: str, sources: list[tuple[np.ndarray, np.ndarray]], source: np.ndarray,
+def _write_segment(folder: Path, name: str, sources: Sequence[tuple[Rows, Rows]], source: np.ndarray,
                    start: np.ndarray, length: np.ndarray) -> int:
     """Segment ``name``: the passages ``(source, start, length)`` gathered in order from
-    ``sources``, a chunk of rows at a time (a merge reads mapped segments of any size).
+    ``sources``, a chunk of rows at a time (a merge reads segments of any size).
     Returns its token count."""
     total = int(length.sum())
     tokens_path, scales_path = folder / f"{name}.tokens.npy", folder / f"{name}.scales.npy"

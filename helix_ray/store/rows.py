@@ -1,0 +1,185 @@
+"""Rows of a generation's ``.npy`` files read with ``pread``, not through a memory map.
+
+A recall reads a few hundred scattered rows of the largest files of a generation (token
+vectors, sentence vectors, MinHash signatures). Through a memory map, each row's page
+fault maps the whole page-cache folio around it; a kernel that keeps file pages in large
+folios (2 MiB on ext4 with Linux 6.18) so maps megabytes per row, and a serving process's
+RSS and PSS grow toward the size of every file it reads rows from (docs/benchmarks.md).
+``pread`` copies the bytes asked for into the process and maps nothing: the file's pages
+stay in the page cache, shared by every process on the host and counted in none.
+
+:class:`RowFile` reads like the array it stands for where the stores index it (an int, a
+slice, an array of ints, ``np.asarray`` of the whole) and adds :meth:`RowFile.ranges`
+for runs of rows. Reads of neighbouring rows are coalesced into one call, so a bulk read
+(a compaction carrying most rows over) costs a few large reads, not one per row.
+
+:class:`ArrowFile` memory-maps an Arrow IPC file for its table (bulk readers and the
+fixed-width columns, a few bytes a row, use that) and reads single values of its string
+columns with ``pread`` (:class:`ArrowStrings`): a string's bytes are found through the
+column's offsets, which stay mapped (4 or 8 bytes a row).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from helix_ray.errors import StoreError
+
+#: Bytes one ``preadv`` call is asked for at most (Linux moves at most ~2 GiB per call).
+_MAX_READ = 1 << 30
+
+
+class RowFile:
+    """The array in a ``.npy`` file (C order), its rows read on demand with ``pread``."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        with open(self.path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = header(f)
+            self.offset = f.tell()
+        if fortran and len(shape) > 1:
+            raise StoreError(f"{self.path} holds a Fortran-ordered array; Helix writes and reads C order. "
+                             "Rebuild the store with `helix ingest`.")
+        self.shape: tuple[int, ...] = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.row_shape = self.shape[1:]
+        self.row_bytes = int(self.dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64)))
+        self.fd = os.open(self.path, os.O_RDONLY)
+        weakref.finalize(self, os.close, self.fd)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0] if self.shape else 0
+
+    def __repr__(self) -> str:
+        return f"RowFile({str(self.path)!r}, shape={self.shape}, dtype={self.dtype})"
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        whole = self[0:len(self)]
+        return whole if dtype is None else whole.astype(dtype, copy=False)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        if isinstance(key, (int, np.integer)):
+            row = int(key) + len(self) if key < 0 else int(key)
+            if not 0 <= row < len(self):
+                raise IndexError(f"row {key} is out of range for {len(self)} rows of {self.path.name}")
+            return self._runs(np.array([row]), np.array([1]))[0]
+        if isinstance(key, slice):
+            start, stop, step = key.indices(len(self))
+            if step != 1:
+                return self.take(np.arange(start, stop, step))
+            return self._runs(np.array([start]), np.array([max(stop - start, 0)]))
+        return self.take(key)
+
+    def take(self, rows: Any) -> np.ndarray:
+        """Rows ``rows`` (ints, in any order, repeats allowed), in that order."""
+        rows = np.asarray(rows)
+        if rows.dtype == bool:
+            raise TypeError(f"{self.path.name}: read rows by position, not by a boolean mask")
+        rows = rows.astype(np.int64, copy=False).ravel()
+        n = len(self)
+        if len(rows) and (rows.min() < -n or rows.max() >= n):
+            raise IndexError(f"rows {rows.min()}..{rows.max()} are out of range for {n} rows of {self.path.name}")
+        rows = np.where(rows < 0, rows + n, rows)
+        unique, inverse = np.unique(rows, return_inverse=True)
+        return self.ranges(unique, np.ones(len(unique), np.int64))[inverse]
+
+    def ranges(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Rows ``starts[k]:starts[k] + lengths[k]`` for every k, concatenated in that order."""
+        starts = np.asarray(starts, np.int64)
+        lengths = np.asarray(lengths, np.int64)
+        if len(starts) and ((starts < 0).any() or (starts + lengths > len(self)).any()):
+            raise IndexError(f"a run of rows reaches past the {len(self)} rows of {self.path.name}")
+        if len(starts) > 1 and (np.diff(starts) >= 0).all():  # sorted: join runs that touch
+            ends = starts + lengths
+            joins = np.flatnonzero(starts[1:] != ends[:-1]) + 1
+            first = np.concatenate([[0], joins])
+            last = np.concatenate([joins, [len(starts)]]) - 1
+            return self._runs(starts[first], ends[last] - starts[first])
+        return self._runs(starts, lengths)
+
+    def _runs(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        out = np.empty((int(lengths.sum()),) + self.row_shape, self.dtype)
+        buffer = out.data.cast("B") if out.size else memoryview(b"")
+        at = 0
+        for start, length in zip(starts.tolist(), lengths.tolist()):
+            size = length * self.row_bytes
+            self._read_into(buffer[at:at + size], self.offset + start * self.row_bytes)
+            at += size
+        return out
+
+    def _read_into(self, view: memoryview, position: int) -> None:
+        done = 0
+        while done < len(view):
+            got = os.preadv(self.fd, [view[done:done + _MAX_READ]], position + done)
+            if got == 0:
+                raise StoreError(f"{self.path} ends before the rows its header announces (truncated?). Run "
+                                 "`helix doctor --store DIR` to check the store.")
+            done += got
+
+
+class ArrowFile:
+    """An Arrow IPC file: ``table`` memory-mapped, and :meth:`strings` for reading single
+    values of a string column with ``pread``."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self.map = pa.memory_map(str(self.path), "r")
+        self.table = ipc.open_file(self.map).read_all()
+        self.map.seek(0)
+        self.base = self.map.read_buffer(self.map.size()).address  # the mapping's first byte: no page read
+        self.fd = os.open(self.path, os.O_RDONLY)
+        weakref.finalize(self, os.close, self.fd)
+
+    def strings(self, name: str) -> "ArrowStrings | None":
+        """Column ``name`` read by value with ``pread``; None when it is not a string column."""
+        column = self.table.column(name)
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            return None
+        return ArrowStrings(column, self.fd, self.base, self.path)
+
+
+class ArrowStrings:
+    """The values of one string column of an :class:`ArrowFile`, each read with one
+    ``pread`` of its bytes."""
+
+    def __init__(self, column: pa.ChunkedArray, fd: int, base: int, path: Path):
+        self.fd, self.path = fd, path
+        width = np.int64 if pa.types.is_large_string(column.type) else np.int32
+        self.bounds = np.cumsum([0] + [len(c) for c in column.chunks])
+        self.chunks: list[tuple[np.ndarray | None, np.ndarray, int, int]] = []
+        for chunk in column.chunks:
+            validity, offsets, data = chunk.buffers()
+            nulls = np.frombuffer(validity, np.uint8) if validity is not None and chunk.null_count else None
+            at = data.address - base if data is not None else 0
+            self.chunks.append((nulls, np.frombuffer(offsets, width), chunk.offset, at))
+
+    def __len__(self) -> int:
+        return int(self.bounds[-1])
+
+    def get(self, row: int) -> str | None:
+        if not 0 <= row < len(self):
+            raise IndexError(f"row {row} is out of range for {len(self)} rows of {self.path.name}")
+        c = int(np.searchsorted(self.bounds, row, side="right")) - 1
+        nulls, offsets, shift, at = self.chunks[c]
+        i = row - int(self.bounds[c]) + shift
+        if nulls is not None and not (nulls[i >> 3] >> (i & 7)) & 1:
+            return None
+        start, end = int(offsets[i]), int(offsets[i + 1])
+        return os.pread(self.fd, end - start, at + start).decode("utf-8") if end > start else ""
+
+
+__all__ = ["ArrowFile", "ArrowStrings", "RowFile"]
