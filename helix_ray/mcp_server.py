@@ -4,10 +4,10 @@ One set of tools (``recall``, ``remember``, ``forget``, ``feedback``, ``stats``)
 small :class:`Backend` with two implementations:
 
 ================ ==============================================================
-:class:`Local`   the store opened in this process: the same shells ``helix serve``
-                 runs (:class:`~helix_ray.serve.shells.PipelineShell` for recall over
-                 the generation and the delta, :class:`~helix_ray.serve.shells.WriterShell`
-                 for durable writes into the delta, folded in by its compactor); no Ray
+:class:`Local`   the store opened in this process as a :class:`helix_ray.Memory`:
+                 the write and recall path ``helix serve`` runs, from
+                 :mod:`helix_ray.live` (durable writes into the delta, recall over
+                 the generation and the delta, background compaction); no Ray
 :class:`Remote`  a running ``helix serve``, over its HTTP API with one API key
 ================ ==============================================================
 
@@ -22,7 +22,6 @@ import contextlib
 import json
 import logging
 import signal
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -41,8 +40,8 @@ from helix_ray.errors import HelixError, InvalidArgument, StoreError
 
 log = logging.getLogger(__name__)
 
-#: Recall hits go to the access log in batches, this often (seconds).
-ACCESS_FLUSH_S = 1.0
+#: Pending writes that start a compaction before its interval is up (as ``helix serve``'s Writer).
+COMPACT_MAX_PENDING = 2000
 
 
 class Backend(Protocol):
@@ -75,15 +74,17 @@ class Backend(Protocol):
 
 
 class Local:
-    """The store in this process, through the shells ``helix serve`` runs: a write is
-    durable (DuckDB ``serve_log`` + inbox) and in the delta before it is answered, and the
-    next recall finds it; the Writer's compactor folds the delta into a generation in the
-    background. Holds the store's DuckDB file, as a server's Writer does."""
+    """The store in this process, through :class:`helix_ray.Memory` (the in-process API,
+    over :mod:`helix_ray.live`): a write is durable (DuckDB ``serve_log`` + inbox) and in
+    the delta before it is answered, and the next recall finds it over the generation
+    and the delta; the Writer's background compaction folds the delta into a generation,
+    and each recall opens a newer generation if one was published. Holds the store's
+    DuckDB file, as a server's Writer does."""
 
     def __init__(self, store: str | Path, user: str, *, compact_interval_s: float = 600.0):
         from helix_ray.config import IngestConfig
         from helix_ray.ingest.run import initialise
-        from helix_ray.serve.shells import PipelineShell, WriterShell
+        from helix_ray.memory import Memory
 
         if not isinstance(user, str) or not user.strip():
             raise InvalidArgument("--user", user, "give the user whose memories this server reads and writes")
@@ -96,10 +97,9 @@ class Local:
                                  "give a new or empty folder, or the folder of an existing store.")
             log.warning("Starting a new, empty Helix store in %s", self.store)
             _holding(lambda: initialise(self.store, config=ingest), self.store)
-        self.writer = _holding(lambda: WriterShell(self.store, ingest, compact_interval_s=compact_interval_s),
+        self.memory = _holding(lambda: Memory(self.store, ingest=ingest, compact_interval_s=compact_interval_s,
+                                              compact_max_pending=COMPACT_MAX_PENDING, open_writer=True),
                                self.store)
-        self.pipeline = PipelineShell(self.store, ingest)
-        self._accessed: list[tuple[str, str, int]] = []  # recall hits not yet in the access log
         self._settings: Any = None  # a Pointer to the live settings file, made at the first recall
         self._checked: tuple[int, Any] | None = None  # (the Pointer's version, its checked settings)
         self._warmed: asyncio.Event | None = None  # set when the warm-up's question is answered
@@ -119,16 +119,19 @@ class Local:
         return self._checked[1]
 
     async def warm(self) -> None:
-        """One question of this user through every stage (:mod:`helix_ray.recall.warm`);
-        a recall that comes first waits for it. The generation's files are in the page
-        cache already: each of the pipeline's shells read its role's when it opened."""
-        from helix_ray.recall.warm import WARM_QUERY
+        """Memory's warm-up (encoders, every stage, the generation's files into the page
+        cache), then one question of this user (:mod:`helix_ray.recall.warm`); a recall
+        that comes first waits for it."""
+        from helix_ray.recall.warm import warm_recaller
 
         self._warmed = asyncio.Event()
-        config = self._config()
+
+        def warm_up() -> None:
+            self.memory.ready()
+            warm_recaller(self.memory.recaller, self.user)  # logs a failure: the first recall reports it
+
         try:
-            await self.pipeline.recall(WARM_QUERY, user=self.user, config=config, budget_tokens=DEFAULT_BUDGET_TOKENS,
-                                       k=config.default_k, project=None, types=None, since=None, until=None)
+            await asyncio.to_thread(warm_up)
         except Exception:  # noqa: BLE001 - the first real recall reports what is wrong
             log.warning("warming the store failed; the first recall pays the start-up cost", exc_info=True)
         finally:
@@ -146,17 +149,10 @@ class Local:
                                        project=project, types=types, since=since, until=until)
         make_scope(query=query, user=self.user, **request)  # what POST /v1/recall checks, before any stage
         turns = check_context(context)
-        out = await self.pipeline.recall(query, user=self.user, config=config, context=turns or None, **request)
-        if out["items"]:  # recency: what was returned counts as accessed, as in every front door
-            now_us = int(time.time() * 1_000_000)
-            if not self._accessed:  # sent to the Writer once a second, as the HTTP ingress does
-                asyncio.get_running_loop().call_later(ACCESS_FLUSH_S, self._flush_accessed)
-            self._accessed.extend((item["id"], self.user, now_us) for item in out["items"])
-        return out
-
-    def _flush_accessed(self) -> None:
-        hits, self._accessed = self._accessed, []
-        asyncio.get_running_loop().run_in_executor(None, self.writer.accessed, hits)
+        # Memory records what it returns as accessed (recency), as every front door does.
+        result = await asyncio.to_thread(self.memory.recall, query, user=self.user, config=config,
+                                         context=turns or None, **request)
+        return result.as_dict()
 
     async def remember(self, record: dict[str, Any]) -> dict[str, Any]:
         from helix_ray.live.inputs import MemoryIn, request_error_sentence
@@ -165,23 +161,25 @@ class Local:
             checked = MemoryIn.model_validate(record).model_dump(exclude_none=True)
         except ValidationError as exc:
             raise InvalidArgument("memory", record, request_error_sentence(exc.errors()).rstrip(".")) from None
-        return await asyncio.to_thread(self.writer.add, [checked], self.user, True)
+        written = await asyncio.to_thread(self.memory.add, [{**checked, "user": self.user}])
+        return {"ids": list(written.ids), "delta_version": written.delta_version, "generation": written.generation}
 
     async def forget(self, memory_id: str) -> dict[str, Any]:
-        return await asyncio.to_thread(self.writer.delete, memory_id, self.user)
+        written = await asyncio.to_thread(self.memory.delete, memory_id, user=self.user)
+        return {"id": memory_id, "delta_version": written.delta_version, "generation": written.generation}
 
     async def feedback(self, query: str, memory_ids: list[str]) -> dict[str, Any]:
-        return await asyncio.to_thread(self.writer.feedback, query, memory_ids, self.user)
+        recorded = await asyncio.to_thread(self.memory.feedback, query, user=self.user, memory_ids=memory_ids)
+        return {"recorded": recorded}
 
     async def stats(self) -> dict[str, Any]:
         from helix_ray.store.generation import current_generation_number
 
-        mine = await asyncio.to_thread(self.writer.user_stats, self.user)
+        mine = await asyncio.to_thread(self.memory.user_stats, self.user)
         return {"generation": current_generation_number(self.store), "user": self.user, **mine}
 
     def close(self) -> None:
-        self.writer._stop.set()
-        self.writer.core.close()
+        self.memory.close()
 
 
 def _holding(open_store: Any, store: Path) -> Any:

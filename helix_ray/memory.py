@@ -7,18 +7,19 @@
 >>> print(result.context())
 
 A :class:`Memory` holds its store's DuckDB file (DuckDB allows one writing process) and,
-from its first write on, the store's :class:`~helix_ray.live.writer.WriterCore`, the
-Writer ``helix serve`` runs; the ``Memory`` objects of one store in one process share
-both (:mod:`helix_ray.shared_store`), so opening it again (a notebook cell run twice)
-is safe. A ``Memory`` that only recalls changes nothing in the store but the access
-log. :meth:`Memory.add`, :meth:`~Memory.patch` and :meth:`~Memory.delete` go through
-the Writer's write path (:mod:`helix_ray.live.writes`): validated, chunked, embedded,
-logged durably in ``serve_log`` and published to the delta segment before they return;
-the next recall finds them, and after a crash the next Writer replays the log. A
-background compaction folds the delta into the next generation (:meth:`Memory.compact`
-folds it now). Recall reads the memory-mapped generation and the delta, as the served
-path does (:func:`helix_ray.live.recall.recall_over`); the accesses it records go to
-DuckDB from a background thread, off the query path.
+from its first write on (or from the start: ``open_writer``), the store's
+:class:`~helix_ray.live.writer.WriterCore`, the Writer ``helix serve`` runs; the
+``Memory`` objects of one store in one process share both
+(:mod:`helix_ray.shared_store`), so opening it again (a notebook cell run twice) is
+safe. A ``Memory`` that only recalls changes nothing in the store but the access log.
+:meth:`Memory.add`, :meth:`~Memory.patch` and :meth:`~Memory.delete` go through the
+Writer's write path (:mod:`helix_ray.live.writes`): validated, chunked, embedded, logged
+durably in ``serve_log`` and published to the delta segment before they return; the next
+recall finds them, and after a crash the next Writer replays the log. A background
+compaction folds the delta into the next generation (:meth:`Memory.compact` folds it
+now). Recall reads the memory-mapped generation and the delta, as the served path does
+(:func:`helix_ray.live.recall.recall_over`); the accesses it records go to DuckDB from a
+background thread, off the query path.
 
 Opening a store with a generation warms it in the background (``warm=True``, see
 :mod:`helix_ray.recall.warm`): the encoders load and one question runs through every
@@ -86,13 +87,17 @@ class Memory:
         warm: bool = True,
         compact_interval_s: float | None = COMPACT_INTERVAL_S,
         compact_max_pending: int = COMPACT_MAX_PENDING,
+        open_writer: bool = False,
     ):
         """``compact_interval_s``: fold pending writes into a generation in the
         background at least this often (seconds), or once ``compact_max_pending`` are
         pending; None: only on :meth:`compact` (and before :meth:`ingest`). One
         background compaction runs per store: the first ``Memory`` of the store that asks
         for one sets its interval. ``ingest``: also the Writer's config, when this
-        ``Memory`` is the store's first to write."""
+        ``Memory`` is the store's first to write. ``open_writer``: open the Writer now
+        (its log replayed, its passage encoders loaded, the background compaction
+        started) rather than at the first write, so that write costs what the others do
+        (a long-running process that writes, as ``helix mcp``)."""
         self.store = Path(store)
         self.retrieval_config = retrieval or RetrievalConfig()
         self.ingest_config = ingest or IngestConfig()
@@ -111,6 +116,12 @@ class Memory:
         self._shared.after_compaction[id(self)] = self._compacted
         if compact_interval_s is not None:
             self._shared.compact_in_background(compact_interval_s, compact_max_pending)
+        if open_writer:
+            try:
+                self._core().load_encoders()
+            except BaseException:
+                self.close()  # the store's DuckDB file is not left held
+                raise
         if warm and current_generation_number(self.store) is not None:
             threading.Thread(target=self._warm_up, name="helix-warm", daemon=True).start()
         else:
@@ -366,6 +377,12 @@ class Memory:
             "queries": found.pairs, "ridge": found.ridge, "created_at": found.created_at}
         counts["store"] = str(self.store)
         return counts
+
+    def user_stats(self, user: str) -> dict[str, Any]:
+        """What one user may see of the store (``GET /v1/stats`` with that user's key):
+        ``user_memories`` (``{user: count}`` of the stored ones) and ``pending_writes``
+        (that user's writes and deletions no generation holds yet). Opens the Writer."""
+        return self._core().user_stats(user)
 
     def quarantine(self, limit: int = 100) -> list[dict[str, Any]]:
         self._check_open()

@@ -12,7 +12,7 @@ folder with ``runner="local"``), in order:
    memories (:func:`store_queries`);
 2. the same calls as MCP ``recall`` tool calls, through the SDK's stdio client, to
    ``helix mcp --store COPY --user USER`` in a subprocess (the round trip an agent pays:
-   JSON-RPC over pipes, the shells over generation + delta, the packed text);
+   JSON-RPC over pipes, ``Memory``'s recall over generation + delta, the packed text);
 3. ``--writes`` MCP ``remember`` calls (durable in the delta before each answer), after
    one more that loads the write path's encoders;
 4. with ``--server``: ``helix serve --store COPY`` on a spare port of 127.0.0.1 (its own
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"store: {args.store or 'shipped sample'}, user {args.user}; copied or ingested in {prepared_s:.1f} s"
           + (f"; its generation recorded in DuckDB in {recorded_s:.1f} s" if recorded_s else ""))
-    print(f"`helix mcp --store` ready in {here.ready_ms:.0f} ms (the Writer and the shells opened), "
+    print(f"`helix mcp --store` ready in {here.ready_ms:.0f} ms (the store opened as a Memory, its Writer started), "
           f"first recall {here.first_recall_ms:.0f} ms, first remember {here.first_remember_ms:.0f} ms")
     if served is not None:
         print(f"`helix serve` answered /healthz {server['ready_s']:.1f} s after its start; `helix mcp --server` ready "

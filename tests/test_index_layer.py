@@ -2,7 +2,8 @@
 store imports the index layer but never ingest, recall, the live store or serve; ingest
 and recall never import the live store or serve; and the live store (helix_ray/live),
 with the in-process front doors over it (memory.py, shared_store.py), imports neither
-the Serve layer, nor Ray, nor an HTTP framework."""
+the Serve layer, nor Ray, nor an HTTP framework; no other front door imports the Serve
+layer but the command that runs it (cli_serve.py)."""
 
 from __future__ import annotations
 
@@ -72,3 +73,15 @@ def test_the_import_scan_sees_imports_inside_functions(tmp_path: Path):
     module = tmp_path / "lazy.py"
     module.write_text("def f():\n    from helix_ray.serve.shells import PipelineShell\n    import ray.serve\n")
     assert serving_imports(module) == ["helix_ray.serve.shells", "ray.serve"]
+
+
+def test_no_front_door_imports_the_serve_package_but_the_serve_command():
+    """Protects: one front door built on another (``helix mcp`` on the Serve shells): the
+    front doors share the write and recall path through helix_ray.live and
+    helix_ray.Memory. ``helix serve`` (cli_serve.py) imports the Serve package to run it."""
+    outside = [p for p in sorted(PACKAGE.rglob("*.py"))
+               if p.relative_to(PACKAGE).parts[0] != "serve" and p.name != "cli_serve.py"]
+    assert PACKAGE / "mcp_server.py" in outside
+    found = {f"{p.relative_to(PACKAGE.parent)}: {name}" for p in outside for name in helix_imports(p)
+             if name == "helix_ray.serve" or name.startswith("helix_ray.serve.")}
+    assert not found, f"modules outside helix_ray/serve import it: {sorted(found)}; share helix_ray.live instead"

@@ -125,6 +125,23 @@ def test_the_background_compaction_folds_the_writes(store):
         assert ids(mem, "how often does the owl dashboard refresh?")[0] == "m011"
 
 
+def test_open_writer_folds_what_an_earlier_session_left_without_a_new_write(store):
+    """``open_writer`` (how ``helix mcp`` opens a store): the Writer and its background
+    compaction start with the Memory, not at its first write; ``user_stats`` counts one
+    user's memories and pending writes, never another's."""
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add([memory(13, "The heron queue drains at noon.")])
+    before = current_generation_number(store)
+    with Memory(store, warm=False, compact_interval_s=0.5, open_writer=True) as mem:
+        for _ in range(300):  # no call of mem: only the open can have started the compaction
+            if current_generation_number(store) > before:
+                break
+            time.sleep(0.1)
+        assert current_generation_number(store) > before
+        assert mem.user_stats("dana") == {"user_memories": {"dana": 3}, "pending_writes": 0}
+        assert mem.user_stats("lee") == {"user_memories": {"lee": 1}, "pending_writes": 0}
+
+
 def test_ingest_after_adds_keeps_both(store, tmp_path):
     with Memory(store, warm=False, compact_interval_s=None) as mem:
         mem.add([memory(12, "The lynx token rotates weekly.")])

@@ -1,7 +1,7 @@
 """The live store: one Writer, the delta segment beside the generation, compaction, and the
 per-process views that recall over generation + delta. No Ray, no HTTP: ``helix serve``
 (the ``serve`` package beside this one) wraps these in deployments and endpoints, and an
-open :class:`helix_ray.Memory` and ``helix mcp`` call them in process.
+open :class:`helix_ray.Memory` calls them in process (``helix mcp --store`` through one).
 
 Module map, in flow order::
 
