@@ -83,3 +83,7 @@ def test_arrow_strings_read_the_values_arrow_reads(tmp_path, kind):
     assert file.strings("id").get(249) == "m249"
     with pytest.raises(IndexError, match="out of range for 250 rows of memories.arrow"):
         texts.get(250)
+    compressed = tmp_path / "compressed.arrow"  # its buffers live decompressed in memory, not in the file
+    with ipc.new_file(compressed, table.schema, options=ipc.IpcWriteOptions(compression="zstd")) as writer:
+        writer.write_table(table, max_chunksize=64)
+    assert ArrowFile(compressed).strings("text") is None

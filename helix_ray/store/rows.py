@@ -140,16 +140,21 @@ class ArrowFile:
         self.map = pa.memory_map(str(self.path), "r")
         self.table = ipc.open_file(self.map).read_all()
         self.map.seek(0)
-        self.base = self.map.read_buffer(self.map.size()).address  # the mapping's first byte: no page read
+        self.size = self.map.size()
+        self.base = self.map.read_buffer(self.size).address  # the mapping's first byte: no page read
         self.fd = os.open(self.path, os.O_RDONLY)
         weakref.finalize(self, os.close, self.fd)
 
     def strings(self, name: str) -> "ArrowStrings | None":
-        """Column ``name`` read by value with ``pread``; None when it is not a string column."""
+        """Column ``name`` read by value with ``pread``; None when it is not a string
+        column or its bytes are not the file's own (a compressed file's are decompressed
+        into memory)."""
         column = self.table.column(name)
         if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
             return None
-        return ArrowStrings(column, self.fd, self.base, self.path)
+        inside = all(b is None or self.base <= b.address <= self.base + self.size - b.size
+                     for chunk in column.chunks for b in chunk.buffers())
+        return ArrowStrings(column, self.fd, self.base, self.path) if inside else None
 
 
 class ArrowStrings:
