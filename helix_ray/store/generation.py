@@ -373,7 +373,7 @@ class StringColumn:
         if isinstance(key, slice):
             values = self.array[key].to_pylist()
         elif self._rows is not None:
-            values = [self._rows.get(row) for row in np.asarray(key, dtype=np.int64).tolist()]
+            values = self._rows.take(np.asarray(key, dtype=np.int64))
         else:
             values = self.array.take(pa.array(np.asarray(key, dtype=np.int64))).to_pylist()
         return self._objects(values)

@@ -21,6 +21,7 @@ column's offsets, which stay mapped (4 or 8 bytes a row).
 
 from __future__ import annotations
 
+import bisect
 import os
 import weakref
 from pathlib import Path
@@ -112,7 +113,15 @@ class RowFile:
         return self._runs(starts, lengths)
 
     def _runs(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        out = np.empty((int(lengths.sum()),) + self.row_shape, self.dtype)
+        """The runs, read-only (as the memory-mapped arrays they stand for were)."""
+        count = int(lengths.sum())
+        sizes = lengths * self.row_bytes
+        if len(starts) and int(sizes.max()) <= _MAX_READ:  # a pread a run, joined: few Python steps a row
+            positions = (self.offset + starts * self.row_bytes).tolist()
+            data = b"".join([os.pread(self.fd, size, at) for size, at in zip(sizes.tolist(), positions)])
+            if len(data) == count * self.row_bytes:
+                return np.frombuffer(data, self.dtype).reshape((count,) + self.row_shape)
+        out = np.empty((count,) + self.row_shape, self.dtype)  # runs past _MAX_READ, or a short read
         buffer = out.data.cast("B") if out.size else memoryview(b"")
         at = 0
         for start, length in zip(starts.tolist(), lengths.tolist()):
@@ -165,6 +174,7 @@ class ArrowStrings:
         self.fd, self.path = fd, path
         width = np.int64 if pa.types.is_large_string(column.type) else np.int32
         self.bounds = np.cumsum([0] + [len(c) for c in column.chunks])
+        self.bounds_list: list[int] = self.bounds.tolist()
         self.chunks: list[tuple[np.ndarray | None, np.ndarray, int, int]] = []
         for chunk in column.chunks:
             validity, offsets, data = chunk.buffers()
@@ -176,15 +186,35 @@ class ArrowStrings:
         return int(self.bounds[-1])
 
     def get(self, row: int) -> str | None:
+        """The value of ``row`` (scalar steps: numpy's per-call cost would be most of it)."""
         if not 0 <= row < len(self):
             raise IndexError(f"row {row} is out of range for {len(self)} rows of {self.path.name}")
-        c = int(np.searchsorted(self.bounds, row, side="right")) - 1
+        c = bisect.bisect_right(self.bounds_list, row) - 1
         nulls, offsets, shift, at = self.chunks[c]
-        i = row - int(self.bounds[c]) + shift
-        if nulls is not None and not (nulls[i >> 3] >> (i & 7)) & 1:
+        i = row - self.bounds_list[c] + shift
+        if nulls is not None and not (int(nulls[i >> 3]) >> (i & 7)) & 1:
             return None
         start, end = int(offsets[i]), int(offsets[i + 1])
         return os.pread(self.fd, end - start, at + start).decode("utf-8") if end > start else ""
+
+    def take(self, rows: np.ndarray) -> list[str | None]:
+        """The values of ``rows`` (ints in any order), in that order."""
+        rows = np.asarray(rows, np.int64)
+        if len(rows) and (rows.min() < 0 or rows.max() >= len(self)):
+            raise IndexError(f"rows {rows.min()}..{rows.max()} are out of range for {len(self)} rows of "
+                             f"{self.path.name}")
+        values: list[str | None] = [None] * len(rows)
+        chunk_of = np.searchsorted(self.bounds, rows, side="right") - 1
+        for c in np.unique(chunk_of).tolist():
+            nulls, offsets, shift, at = self.chunks[c]
+            mine = np.flatnonzero(chunk_of == c)
+            i = rows[mine] - self.bounds[c] + shift
+            starts, ends = offsets[i].astype(np.int64), offsets[i + 1].astype(np.int64)
+            valid = np.ones(len(i), bool) if nulls is None else ((nulls[i >> 3] >> (i & 7)) & 1).astype(bool)
+            for k, start, end, ok in zip(mine.tolist(), starts.tolist(), ends.tolist(), valid.tolist()):
+                if ok:
+                    values[k] = os.pread(self.fd, end - start, at + start).decode("utf-8") if end > start else ""
+        return values
 
 
 __all__ = ["ArrowFile", "ArrowStrings", "RowFile"]
