@@ -80,6 +80,8 @@ def test_arrow_strings_read_the_values_arrow_reads(tmp_path, kind):
     texts = file.strings("text")
     assert texts is not None and len(texts) == 250 and len(file.table.column("text").chunks) == 4
     assert [texts.get(i) for i in range(250)] == values
+    picks = np.random.default_rng(3).integers(0, 250, 90)
+    assert texts.take(picks) == [values[i] for i in picks] and texts.take(np.zeros(0, np.int64)) == []
     assert file.strings("id").get(249) == "m249"
     with pytest.raises(IndexError, match="out of range for 250 rows of memories.arrow"):
         texts.get(250)
