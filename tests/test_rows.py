@@ -4,6 +4,8 @@ no mapping of the file left in the process."""
 
 from __future__ import annotations
 
+import gc
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +44,9 @@ def test_row_file_reads_what_numpy_reads(tmp_path, dtype, shape):
     np.testing.assert_array_equal(rows.ranges(starts, lengths),
                                   np.concatenate([array[a:a + n] for a, n in zip(starts, lengths)]))
     np.testing.assert_array_equal(rows.ranges(np.array([0, 2, 3]), np.array([2, 1, 2])), array[0:5])  # joined
+    grid = picks[:4].reshape(2, 2)
+    assert rows[grid].shape == array[grid].shape
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(rows))[picks], array[picks])  # opened again
 
 
 def test_row_file_maps_nothing_and_refuses_what_is_not_there(tmp_path):
@@ -56,8 +61,12 @@ def test_row_file_maps_nothing_and_refuses_what_is_not_there(tmp_path):
         rows[np.array([1, 4000])]
     with pytest.raises(IndexError, match="out of range"):
         rows[-4001]
-    with pytest.raises(TypeError, match="by position"):
+    with pytest.raises(TypeError, match="by integer position; got bool"):
         rows[np.ones(4000, bool)]
+    with pytest.raises(TypeError, match="got float64"):
+        rows[np.array([1.7])]
+    with pytest.raises(IndexError, match="negative length"):
+        rows.ranges(np.array([5]), np.array([-1]))
     with open(path, "r+b") as f:
         f.truncate(path.stat().st_size - 96 * 4 * 10)  # the last ten rows gone
     with pytest.raises(StoreError, match="vectors.npy ends before the rows its header announces"):
@@ -85,7 +94,32 @@ def test_arrow_strings_read_the_values_arrow_reads(tmp_path, kind):
     assert file.strings("id").get(249) == "m249"
     with pytest.raises(IndexError, match="out of range for 250 rows of memories.arrow"):
         texts.get(250)
+    held = file.strings("text")
+    del file, texts
+    gc.collect()
+    assert held is not None and held.get(249) == values[249]  # the strings keep their file open
+    padded = tmp_path / "padded.arrow"  # an empty batch first: zero-length buffers, outside the mapping
+    with ipc.new_file(padded, table.schema) as writer:
+        writer.write_table(pa.concat_tables([table.slice(0, 0), table]))
+    assert ArrowFile(padded).strings("text").get(0) == values[0]
     compressed = tmp_path / "compressed.arrow"  # its buffers live decompressed in memory, not in the file
     with ipc.new_file(compressed, table.schema, options=ipc.IpcWriteOptions(compression="zstd")) as writer:
         writer.write_table(table, max_chunksize=64)
     assert ArrowFile(compressed).strings("text") is None
+
+
+def test_a_published_generation_reads_its_query_rows_with_pread(tenant_store):
+    """Protects the serving memory goal: a generation that ingest published reads its
+    vectors, MinHash, tokens, ids, sessions, sources and texts by pread, none through a
+    mapping of the file (a layout change that made Arrow hand out other buffers would
+    otherwise fall back to the mapping without a word)."""
+    from helix_ray.store.generation import Generation
+
+    gen = Generation.open_current(tenant_store[0])
+    assert isinstance(gen.vectors, RowFile) and isinstance(gen.minhash, RowFile)
+    assert all(isinstance(part, RowFile) for pair in gen.late.arrays for part in pair)
+    cols = gen.columns
+    assert all(column._rows is not None for column in (cols.ids, cols.sessions, cols.documents, gen._texts))
+    row = len(cols.ids) - 1
+    assert gen.text(row) == gen.memories.column("text")[row].as_py()
+    assert cols.ids[np.array([row, 0])].tolist() == [gen.memories.column("id")[i].as_py() for i in (row, 0)]

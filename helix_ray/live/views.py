@@ -1,4 +1,4 @@
-"""What a serving replica reads: memory-mapped generations and delta snapshots.
+"""What a serving replica reads: generations (rows read by pread) and delta snapshots.
 
 :class:`StoreViews` keeps, per replica, the generations it has open (the newest and the
 one before, so a request pinned to the previous generation during a swap still finds

@@ -45,7 +45,7 @@ def hamming_top(codes: np.ndarray, query_code: np.ndarray, count: int) -> np.nda
 
 
 def rescore(vectors: np.ndarray, rows: np.ndarray, query: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
-    rows = np.sort(rows)  # sorted reads from the memory map
+    rows = np.sort(rows)  # sorted reads of the file
     sims = np.asarray(vectors[rows], dtype=np.float32) @ query
     order = np.lexsort((rows, -sims))[:top_k]
     return rows[order].astype(np.int64), sims[order]

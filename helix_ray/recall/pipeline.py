@@ -712,13 +712,13 @@ def _widen(plan: Plan, packed: list[pack.Packed], gen: Any, cols: Any, rows: np.
     base = gen if hasattr(gen, "memories") else getattr(gen, "base", None)  # Serve: the generation under its delta
     if left <= 0 or base is None or not any("#chunk" in str(cols.ids[int(rows[p.row])]) for p in packed):
         return packed
-    metadata = base.memories.column("metadata")
+    metadata = base.metadata
     size = base.size  # rows past it are the delta's: their chunks stay as they are
     taken = {int(rows[p.row]) for p in packed}
     count = token_counter(cfg.encoding)
 
     def own_from(row: int) -> int | None:
-        place = json.loads(metadata[row].as_py() or "{}").get("chunk") or {}
+        place = json.loads(metadata[row] or "{}").get("chunk") or {}
         return place.get("own_from") if isinstance(place.get("own_from"), int) else None
 
     out = list(packed)
@@ -772,5 +772,5 @@ def _parent(memory_id: str) -> str | None:
 
 
 def _gather(column: Any, rows: np.ndarray) -> np.ndarray:
-    """``column[rows]`` of a memory-mapped array, read in row order (sequential pages)."""
+    """``column[rows]`` of a generation's rows, read in row order (sequential reads)."""
     return np.asarray(column[np.sort(rows)])[np.argsort(np.argsort(rows))]

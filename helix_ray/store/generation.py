@@ -118,7 +118,9 @@ def current_generation_number(store: Path) -> int | None:
 
 
 class Generation:
-    """A published generation, memory-mapped. Cheap to open; pages load on use.
+    """A published generation: its indexes memory-mapped, the rows a query reads at
+    scattered places read with ``pread`` (:mod:`helix_ray.store.rows`). Cheap to open;
+    pages load on use.
 
     Opening checks the manifest against what this code reads and what the caller
     expects (``expect_embedder``), and refuses a mismatch with a message saying both
@@ -201,6 +203,11 @@ class Generation:
     def _texts(self) -> "StringColumn":
         return StringColumn(self.memories.column("text"), rows=self._memories_file.strings("text"))
 
+    @cached_property
+    def metadata(self) -> "StringColumn":
+        """Each row's metadata as its JSON text (a chunk's place in its parent among it)."""
+        return StringColumn(self.memories.column("metadata"), rows=self._memories_file.strings("metadata"))
+
     def text(self, row: int) -> str:
         return self._texts[row]
 
@@ -231,7 +238,7 @@ class Generation:
 
     @cached_property
     def late(self) -> SegmentedTokens | ProjectedTokens | None:
-        """The memories' late-interaction token vectors (memory-mapped segments), or None
+        """The memories' late-interaction token vectors (segments read by row), or None
         when this generation was built without them. Backbone tokens (a store written
         before Helix projected them) are projected as they are read."""
         info = self.manifest.get("late")

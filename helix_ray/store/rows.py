@@ -35,6 +35,9 @@ from helix_ray.errors import StoreError
 
 #: Bytes one ``preadv`` call is asked for at most (Linux moves at most ~2 GiB per call).
 _MAX_READ = 1 << 30
+#: Reads up to this many bytes are joined from one ``pread`` a run (the fewest Python
+#: steps a row); larger ones, a bulk read at ingest, go in place, without the joined copy.
+_JOIN_BELOW = 1 << 24
 
 
 class RowFile:
@@ -57,6 +60,10 @@ class RowFile:
         self.row_bytes = int(self.dtype.itemsize * int(np.prod(self.row_shape, dtype=np.int64)))
         self.fd = os.open(self.path, os.O_RDONLY)
         weakref.finalize(self, os.close, self.fd)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Another process opens the file again: a file descriptor means nothing there."""
+        return (RowFile, (self.path,))
 
     @property
     def ndim(self) -> int:
@@ -86,24 +93,29 @@ class RowFile:
         return self.take(key)
 
     def take(self, rows: Any) -> np.ndarray:
-        """Rows ``rows`` (ints, in any order, repeats allowed), in that order."""
-        rows = np.asarray(rows)
-        if rows.dtype == bool:
-            raise TypeError(f"{self.path.name}: read rows by position, not by a boolean mask")
-        rows = rows.astype(np.int64, copy=False).ravel()
+        """Rows ``rows`` (ints, in any order, repeats allowed, any shape), in that order."""
+        asked = np.asarray(rows)
+        if asked.size and not np.issubdtype(asked.dtype, np.integer):
+            raise TypeError(f"{self.path.name}: rows are read by integer position; got {asked.dtype} indexes")
+        flat = asked.astype(np.int64, copy=False).ravel()
         n = len(self)
-        if len(rows) and (rows.min() < -n or rows.max() >= n):
-            raise IndexError(f"rows {rows.min()}..{rows.max()} are out of range for {n} rows of {self.path.name}")
-        rows = np.where(rows < 0, rows + n, rows)
-        unique, inverse = np.unique(rows, return_inverse=True)
-        return self.ranges(unique, np.ones(len(unique), np.int64))[inverse]
+        if len(flat) and (flat.min() < -n or flat.max() >= n):
+            raise IndexError(f"rows {flat.min()}..{flat.max()} are out of range for {n} rows of {self.path.name}")
+        flat = np.where(flat < 0, flat + n, flat)
+        if len(flat) < 2 or (np.diff(flat) > 0).all():  # sorted and distinct: no reordering copy
+            out = self.ranges(flat, np.ones(len(flat), np.int64))
+        else:
+            unique, inverse = np.unique(flat, return_inverse=True)
+            out = self.ranges(unique, np.ones(len(unique), np.int64))[inverse]
+        return out.reshape(asked.shape + self.row_shape)
 
     def ranges(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """Rows ``starts[k]:starts[k] + lengths[k]`` for every k, concatenated in that order."""
         starts = np.asarray(starts, np.int64)
         lengths = np.asarray(lengths, np.int64)
-        if len(starts) and ((starts < 0).any() or (starts + lengths > len(self)).any()):
-            raise IndexError(f"a run of rows reaches past the {len(self)} rows of {self.path.name}")
+        if len(starts) and ((starts < 0).any() or (lengths < 0).any() or (starts + lengths > len(self)).any()):
+            raise IndexError(f"a run of rows starts before row 0, has a negative length or reaches past the "
+                             f"{len(self)} rows of {self.path.name}")
         if len(starts) > 1 and (np.diff(starts) >= 0).all():  # sorted: join runs that touch
             ends = starts + lengths
             joins = np.flatnonzero(starts[1:] != ends[:-1]) + 1
@@ -116,12 +128,12 @@ class RowFile:
         """The runs, read-only (as the memory-mapped arrays they stand for were)."""
         count = int(lengths.sum())
         sizes = lengths * self.row_bytes
-        if len(starts) and int(sizes.max()) <= _MAX_READ:  # a pread a run, joined: few Python steps a row
+        if len(starts) and count * self.row_bytes <= _JOIN_BELOW:  # a pread a run, joined: few Python steps a row
             positions = (self.offset + starts * self.row_bytes).tolist()
             data = b"".join([os.pread(self.fd, size, at) for size, at in zip(sizes.tolist(), positions)])
             if len(data) == count * self.row_bytes:
                 return np.frombuffer(data, self.dtype).reshape((count,) + self.row_shape)
-        out = np.empty((count,) + self.row_shape, self.dtype)  # runs past _MAX_READ, or a short read
+        out = np.empty((count,) + self.row_shape, self.dtype)  # a bulk read in place (no joined copy), or a short read
         buffer = out.data.cast("B") if out.size else memoryview(b"")
         at = 0
         for start, length in zip(starts.tolist(), lengths.tolist()):
@@ -161,17 +173,18 @@ class ArrowFile:
         column = self.table.column(name)
         if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
             return None
-        inside = all(b is None or self.base <= b.address <= self.base + self.size - b.size
+        inside = all(b is None or b.size == 0 or self.base <= b.address <= self.base + self.size - b.size
                      for chunk in column.chunks for b in chunk.buffers())
-        return ArrowStrings(column, self.fd, self.base, self.path) if inside else None
+        return ArrowStrings(column, self) if inside else None
 
 
 class ArrowStrings:
     """The values of one string column of an :class:`ArrowFile`, each read with one
     ``pread`` of its bytes."""
 
-    def __init__(self, column: pa.ChunkedArray, fd: int, base: int, path: Path):
-        self.fd, self.path = fd, path
+    def __init__(self, column: pa.ChunkedArray, file: ArrowFile):
+        self.file = file  # holds the descriptor open while these strings are read
+        self.fd, self.path, base = file.fd, file.path, file.base
         width = np.int64 if pa.types.is_large_string(column.type) else np.int32
         self.bounds = np.cumsum([0] + [len(c) for c in column.chunks])
         self.bounds_list: list[int] = self.bounds.tolist()
@@ -179,7 +192,7 @@ class ArrowStrings:
         for chunk in column.chunks:
             validity, offsets, data = chunk.buffers()
             nulls = np.frombuffer(validity, np.uint8) if validity is not None and chunk.null_count else None
-            at = data.address - base if data is not None else 0
+            at = data.address - base if data is not None and data.size else 0
             self.chunks.append((nulls, np.frombuffer(offsets, width), chunk.offset, at))
 
     def __len__(self) -> int:
