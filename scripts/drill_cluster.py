@@ -151,7 +151,7 @@ def ray_head_round(work: Path, where: str, row: RayRow, rng: random.Random) -> N
             cluster = None
             left += left_running(sids[1:])
         print(f"    round: killed {killed}; helix serve exited {code} after {took:.1f} s; errors seen "
-              f"{burst.errors}; said: {said[:160]}", file=sys.stderr, flush=True)
+              f"{burst.errors}; 5xx bodies {burst.said}; said: {said[:160]}", file=sys.stderr, flush=True)
         server.stop()  # SIGKILL of whatever is left, a server that did not exit included
         reap(sids)
         # A new port: the lost server's connections to its own stay in TIME_WAIT for up to

@@ -766,6 +766,7 @@ class Burst:
         self.halt = threading.Event()
         self.seeds = [rng.randrange(10**6) for _ in range(threads)]
         self.errors: dict[str, int] = {}
+        self.said: dict[str, list[str]] = {}
         self.threads = [threading.Thread(target=self.worker, args=(n,), daemon=True) for n in range(threads)]
 
     def start(self) -> "Burst":
@@ -778,9 +779,12 @@ class Burst:
         for thread in self.threads:
             thread.join(70)
 
-    def note(self, what: str) -> None:
+    def note(self, what: str, body: str | None = None) -> None:
+        """Count an error; keep the first few bodies of each 5xx status (what the server said)."""
         with self.lock:
             self.errors[what] = self.errors.get(what, 0) + 1
+            if body is not None and what.startswith("5") and len(self.said.setdefault(what, [])) < 3:
+                self.said[what].append(body[:300])
 
     def worker(self, n: int) -> None:
         import httpx
@@ -797,7 +801,8 @@ class Burst:
                         memory_id = mine.pop(rng.randrange(len(mine)))
                         with self.lock:
                             self.ledger.attempt(memory_id, None)
-                        status = client.delete(f"/v1/memories/{memory_id}").status_code
+                        answer = client.delete(f"/v1/memories/{memory_id}")
+                        status = answer.status_code
                         if status == 200:
                             with self.lock:
                                 self.ledger.delete(memory_id)
@@ -810,14 +815,15 @@ class Burst:
                             self.ledger.attempt(memory_id, word)
                         body = record(memory_id, word, rng)
                         del body["user"]  # the key's user
-                        status = client.post("/v1/memories", json=body).status_code
+                        answer = client.post("/v1/memories", json=body)
+                        status = answer.status_code
                         if status == 201:
                             with self.lock:
                                 self.ledger.put(memory_id, word)
                             if memory_id not in mine:
                                 mine.append(memory_id)
                     if status >= 400:
-                        self.note(str(status))
+                        self.note(str(status), answer.text)
                         time.sleep(0.2)
                 except httpx.HTTPError as exc:
                     self.note(type(exc).__name__)
@@ -902,7 +908,8 @@ def serve_round(store: Path, keys: tuple[str, str], ledger: Ledger, target: str,
         if target == "writer":
             time.sleep(rng.uniform(2.0, 5.0))  # the burst meets the Writer's absence, then its successor
         burst.stop()
-        print(f"    round: killed {killed}; errors seen {burst.errors}", file=sys.stderr, flush=True)
+        print(f"    round: killed {killed}; errors seen {burst.errors}; 5xx bodies {burst.said}", file=sys.stderr,
+              flush=True)
         if target == "writer":
             deadline = time.monotonic() + START_TIMEOUT_S
             while time.monotonic() < deadline:  # the first write Serve's new Writer answers
