@@ -201,12 +201,12 @@ class Generation:
 
     @cached_property
     def _texts(self) -> "StringColumn":
-        return StringColumn(self.memories.column("text"), rows=self._memories_file.strings("text"))
+        return StringColumn.of(self.memories, "text", self._memories_file)
 
     @cached_property
     def metadata(self) -> "StringColumn":
         """Each row's metadata as its JSON text (a chunk's place in its parent among it)."""
-        return StringColumn(self.memories.column("metadata"), rows=self._memories_file.strings("metadata"))
+        return StringColumn.of(self.memories, "metadata", self._memories_file)
 
     def text(self, row: int) -> str:
         return self._texts[row]
@@ -369,6 +369,13 @@ class StringColumn:
         self._transform = transform
         self._rows = rows
 
+    @classmethod
+    def of(cls, table: pa.Table, name: str, file: ArrowFile | None,
+           transform: Callable[[Any], Any] | None = None) -> "StringColumn":
+        """Column ``name`` of ``table``, read by row with ``pread`` from ``file`` (the
+        Arrow file ``table`` was read from) where it can be."""
+        return cls(table.column(name), transform, file.strings(name) if file is not None else None)
+
     def __len__(self) -> int:
         return len(self.array)
 
@@ -425,24 +432,20 @@ class MemoryColumns:
         (four bytes a row) these columns then share; ``file``: the Arrow file ``table``
         was read from, whose strings are then read by row with ``pread``."""
         scope = scope or ScopeColumns.from_table(table)
-
-        def strings(name: str, transform: Callable[[Any], Any] | None = None) -> StringColumn:
-            return StringColumn(table.column(name), transform, file.strings(name) if file is not None else None)
-
         created = table.column("created_at").cast(pa.int64()).to_numpy(zero_copy_only=False)
         last = table.column("last_accessed_at").cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
         return cls(
-            ids=strings("id"),
+            ids=StringColumn.of(table, "id", file),
             types=scope.types,
             projects=scope.projects,
-            sessions=strings("session_id"),
+            sessions=StringColumn.of(table, "session_id", file),
             created_at=created,
             last_accessed_at=last,
             salience=table.column("salience").to_numpy().astype(np.float32),
             confidence=table.column("confidence").to_numpy().astype(np.float32),
             pinned=table.column("pinned").to_numpy(zero_copy_only=False).astype(bool),
             n_tokens=table.column("n_tokens").to_numpy().astype(np.int32),
-            documents=strings("source", _document),
+            documents=StringColumn.of(table, "source", file, _document),
         )
 
     @cached_property
