@@ -515,7 +515,7 @@ def _late_interaction(plan: Plan, found: Candidates, gen: Any, wants_late: bool,
                       flags: dict[str, Any]) -> None:
     """The candidates' sentence vectors and their cosine with the query; with the
     query's tokens and the generation's, MaxSim (ColBERT late interaction) too."""
-    found.vectors = _gather(gen.vectors, found.rows).astype(np.float32, copy=False)  # stored as float16
+    found.vectors = np.asarray(gen.vectors[found.rows]).astype(np.float32, copy=False)  # stored as float16
     found.cosine = found.vectors @ plan.query_vector
     if plan.context:
         weights = np.array([t.weight for t in plan.context])
@@ -637,7 +637,7 @@ def _drop_repeats(plan: Plan, found: Candidates, order: list[int], gen: Any, col
     source document's cap."""
     cfg = plan.config
     if "dedup" not in plan.disabled:
-        order, dups = diversify.drop_near_duplicates(order, _gather(gen.minhash, found.rows),
+        order, dups = diversify.drop_near_duplicates(order, np.asarray(gen.minhash[found.rows]),
                                                      cfg.diversity.dedup_threshold)
         found.dropped_by.update({i: "near_duplicate" for i in dups})
     rows = np.asarray(found.rows, dtype=np.int64)
@@ -771,6 +771,3 @@ def _parent(memory_id: str) -> str | None:
     return parent_of(memory_id) if "#chunk" in memory_id else None
 
 
-def _gather(column: Any, rows: np.ndarray) -> np.ndarray:
-    """``column[rows]`` of a generation's rows, read in row order (sequential reads)."""
-    return np.asarray(column[np.sort(rows)])[np.argsort(np.argsort(rows))]

@@ -142,16 +142,10 @@ def gather(sources: Sequence[tuple[Rows, Rows]], source: np.ndarray, start: np.n
         n = length[mine]
         within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)  # each token's place in its passage
         at = np.repeat(offsets[mine], n) + within
-        tokens[at], scales[at] = (_ranges(part, start[mine], n) for part in sources[s])
+        index = np.repeat(start[mine], n) + within  # the tokens' rows in the source
+        tokens[at], scales[at] = (part.ranges(start[mine], n) if isinstance(part, RowFile) else part[index]
+                                  for part in sources[s])
     return PassageTokens(tokens, scales, offsets)
-
-
-def _ranges(rows: Rows, start: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """Rows ``start[k]:start[k] + length[k]`` of ``rows``, concatenated."""
-    if isinstance(rows, RowFile):
-        return rows.ranges(start, length)
-    within = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
-    return np.asarray(rows[np.repeat(start, length) + within])
 
 
 class TokenBlock(Protocol):
