@@ -167,7 +167,9 @@ def _eval_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "helix-no-doc2query, helix-no-context (turn vectors without their session's context), helix-no-vector "
                         "(what Serve answers while its Embedder is down: BM25 through the later stages), "
                         "or 'all'; a Helix system with '+ctx' appended (helix+ctx) gets --query-context's turns "
-                        "as recall's context instead of joined before the question")
+                        "as recall's context instead of joined before the question; "
+                        "helix@<section>.<key>=<value> (several joined by '@', e.g. helix@rank.reweigh_silent=true) "
+                        "runs the whole pipeline with those settings on helix's store, paired with it")
     s.add_argument("--split", default="test", help="BEIR qrels split (test, train, dev)")
     s.add_argument("--as-code", action="store_true",
                    help="beir: read each document as a Python file with the code reader (--format code), e.g. CoSQA")

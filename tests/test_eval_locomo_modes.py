@@ -245,6 +245,24 @@ def test_ctx_suffix_names() -> None:
             runner._system(bad)
 
 
+def test_a_helix_system_with_settings_runs_recall_with_them_on_helixs_store() -> None:
+    name = "helix@rank.reweigh_silent=true@late.weight=0.5+ctx"
+    assert runner.base_system(name) == "helix"
+    assert runner.settings_of(name) == {"rank": {"reweigh_silent": True}, "late": {"weight": 0.5}}
+    recaller = FakeRecaller([Item("m1", 1)])
+    runner._system(name)(recaller, runner.asked(name, _query()), 10)
+    config = recaller.calls[0]["config"]
+    assert config.rank.reweigh_silent is True and config.late.weight == 0.5
+    assert recaller.calls[0]["context"] == ["Ana: hi", "Ben: hello"]
+    assert runner._system("helix")(recaller, _query(), 10) and recaller.calls[1]["config"] is None
+    with pytest.raises(ValueError, match="not valid.*reweigh_silnt"):
+        runner._system("helix@rank.reweigh_silnt=true")
+    with pytest.raises(ValueError, match="<section>.<key>=<value>"):
+        runner._system("helix@rank.reweigh_silent")
+    with pytest.raises(ValueError, match="change the system 'helix' only"):
+        runner._system("helix-no-graph@rank.reweigh_silent=true")
+
+
 def test_recall_items_count_as_their_documents() -> None:
     items = [Item("c2", 2, parent="doc-a"), Item("c1", 1, parent="doc-b"), Item("m9", 3),
              Item("c3", 4, parent="doc-b"), Item("c4", 5, parent="doc-c")]

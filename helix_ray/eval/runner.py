@@ -261,6 +261,10 @@ INGEST_VARIANTS: dict[str, dict[str, Any]] = {"helix-no-doc2query": {"doc2query"
                                               "rrf": _PLAIN}
 #: The suffix of a system given the turns before the question as recall's ``context``.
 WITH_CONTEXT = "+ctx"
+#: What joins retrieval settings to ``helix``'s name: ``helix@rank.reweigh_silent=true``
+#: runs the whole pipeline with that setting changed, on the same store as ``helix``, so
+#: its paired comparison with ``helix`` tests a default change.
+WITH_SETTINGS = "@"
 #: Systems that never embed the query: their store variant needs no adapter.
 LEXICAL_ONLY = frozenset({"bm25"})
 DEFAULT_SYSTEMS = ("bm25", "dense", "rrf", "helix", "helix-no-late", "helix-rerank", "helix-no-graph", "helix-mmr",
@@ -408,8 +412,32 @@ def _rounded(diff: dict[str, Any]) -> dict[str, Any]:
 
 
 def base_system(name: str) -> str:
-    """``name`` without its ``+ctx`` suffix (the system it runs, and whose store it uses)."""
-    return name[: -len(WITH_CONTEXT)] if name.endswith(WITH_CONTEXT) else name
+    """``name`` without its settings and its ``+ctx`` suffix (the system it runs, and whose
+    store it uses)."""
+    name = name[: -len(WITH_CONTEXT)] if name.endswith(WITH_CONTEXT) else name
+    return name.split(WITH_SETTINGS, 1)[0]
+
+
+def settings_of(name: str) -> dict[str, Any]:
+    """The retrieval settings a system name changes, as nested overrides:
+    ``helix@rank.reweigh_silent=true@late.weight=0.5`` gives
+    ``{"rank": {"reweigh_silent": True}, "late": {"weight": 0.5}}``. Values are read as
+    YAML scalars (true, 0.5, none, a word)."""
+    import yaml
+
+    name = name[: -len(WITH_CONTEXT)] if name.endswith(WITH_CONTEXT) else name
+    overrides: dict[str, Any] = {}
+    for assignment in name.split(WITH_SETTINGS)[1:]:
+        key, sep, value = assignment.partition("=")
+        parts = key.split(".")
+        if not sep or not all(p.strip() for p in parts):
+            raise ValueError(f"Got setting {assignment!r} in system {name!r}; a setting is "
+                             "<section>.<key>=<value>, e.g. helix@rank.reweigh_silent=true.")
+        node = overrides
+        for part in parts[:-1]:
+            node = node.setdefault(part.strip(), {})
+        node[parts[-1].strip()] = yaml.safe_load(value)
+    return overrides
 
 
 def asked(name: str, q: EvalQuery) -> EvalQuery:
@@ -428,7 +456,17 @@ def _system(name: str) -> Ranker:
         raise ValueError(f"Got system {name!r}; allowed: {allowed}, and any of them but {', '.join(BASELINES)} "
                          f"with {WITH_CONTEXT!r} appended (e.g. helix{WITH_CONTEXT}: the turns before the question "
                          "given to recall as context, not joined to the query).")
-    return SYSTEMS[base]
+    if WITH_SETTINGS not in name:
+        return SYSTEMS[base]
+    if base != "helix":
+        raise ValueError(f"Got system {name!r}; settings ({WITH_SETTINGS}<section>.<key>=<value>) change "
+                         "the system 'helix' only, e.g. helix@rank.reweigh_silent=true.")
+    overrides = settings_of(name)
+    try:
+        load_config(RetrievalConfig, overrides=overrides)
+    except InvalidArgument as exc:
+        raise ValueError(f"Got system {name!r}; its settings are not valid: {exc}") from None
+    return helix(overrides=overrides)
 
 
 def _flatten(summary: dict[str, Any]) -> dict[str, Any]:
