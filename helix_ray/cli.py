@@ -171,6 +171,10 @@ def _eval_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "helix@<section>.<key>=<value> (several joined by '@', e.g. helix@rank.reweigh_silent=true) "
                         "runs the whole pipeline with those settings on helix's store, paired with it")
     s.add_argument("--split", default="test", help="BEIR qrels split (test, train, dev)")
+    s.add_argument("--types", choices=("given", "derived"), default="given",
+                   help="memory types of documents that have none: given (a conversation turn episodic, any other "
+                        "document semantic; the default) or derived by ingest's rules, as for memories written "
+                        "without a type")
     s.add_argument("--as-code", action="store_true",
                    help="beir: read each document as a Python file with the code reader (--format code), e.g. CoSQA")
     s.add_argument("--adapt-on", metavar="SPLIT",
@@ -512,7 +516,8 @@ def _eval(args: argparse.Namespace) -> int:
                              "a BEIR qrels split other than the one scored (e.g. --split test --adapt-on dev), or "
                              "LoCoMo conversations other than the ones scored (--adapt-on tune).")
         adapt_on = load_beir(args.data, split=args.adapt_on)
-    report = evaluate(evalset, systems=systems, workdir=Path(args.workdir), ks=ks, depth=max(ks), adapt_on=adapt_on)
+    report = evaluate(evalset, systems=systems, workdir=Path(args.workdir), ks=ks, depth=max(ks), adapt_on=adapt_on,
+                      derive_types=args.types == "derived")
     for corpus, fitted in report.adapters.items():
         print(f"query adapter for {corpus}: {json.dumps(fitted)}")
     print(format_table(report, metrics=("recall@5", "recall@10", "recall_any@5", "ndcg@10", "mrr@10",
@@ -521,7 +526,7 @@ def _eval(args: argparse.Namespace) -> int:
         options = {"granularity": args.granularity or {"locomo": "turn", "longmemeval": "session"}.get(args.dataset),
                    "query_context": args.query_context, "haystack": args.haystack or None,
                    "conversations": args.conversations, "split": args.split,
-                   "repo": args.repo, "commit": (args.commit or DEFAULT_COMMIT) if args.dataset == "repo" else None}
+                   "types": args.types, "repo": args.repo, "commit": (args.commit or DEFAULT_COMMIT) if args.dataset == "repo" else None}
         Path(args.json_out).write_text(json.dumps({**report.as_dict(), "options": options}, indent=1))
     return 0
 

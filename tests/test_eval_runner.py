@@ -50,3 +50,25 @@ def test_settings_of_the_ray_runner_alone_keep_a_store_reused():
                          "embed_actor_restarts": 5}.items():
         assert store_key(docs, IngestConfig(**{field: value}), ["semantic"] * len(docs)) == base, field
     assert store_key(docs, IngestConfig(session_context=0.5), ["semantic"] * len(docs)) != base
+
+
+def test_derived_types_are_what_ingest_gives_memories_written_without_one(tmp_path):
+    """``derive_types``: a document with no type of its own gets ingest's rule-derived type
+    (a stated choice becomes a ``decision``), in a store of its own; by default every such
+    document of a corpus without conversations is ``semantic``, and a given type stays."""
+    from helix_ray.config import IngestConfig
+    from helix_ray.eval.datasets import EvalDoc
+    from helix_ray.eval.runner import store_for
+    from helix_ray.store.generation import Generation
+
+    docs = [EvalDoc("d1", "Tide pools hold small crabs and anemones at low tide."),
+            EvalDoc("d2", "We decided to use Postgres because its JSONB columns index well."),
+            EvalDoc("d3", "Glass is made by melting sand with soda ash.", type="procedural")]
+    kinds, stores = {}, set()
+    for derive in (False, True):
+        stores.add(store := store_for("c", docs, tmp_path, IngestConfig(), derive_types=derive))
+        memories = Generation.open_current(store).memories
+        kinds[derive] = dict(zip(memories.column("id").to_pylist(), memories.column("type").to_pylist()))
+    assert kinds[False] == {"d1": "semantic", "d2": "semantic", "d3": "procedural"}
+    assert kinds[True] == {"d1": "semantic", "d2": "decision", "d3": "procedural"}
+    assert len(stores) == 2

@@ -50,7 +50,7 @@ store holds (eval builds stores in-process): left out of a store's cache key."""
 
 
 def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config: IngestConfig,
-              show_progress: bool = False) -> Path:
+              show_progress: bool = False, derive_types: bool = False) -> Path:
     """Build (or reuse) the store of one corpus.
 
     Memory types are given, not derived: a document's own ``type`` when it has one (a
@@ -59,14 +59,16 @@ def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config:
     corpus ``semantic``. Ingest's type rules are written for an agent's memories; on a
     homogeneous corpus they would scatter its documents over the per-type weight rows (an
     abstract saying "we chose" becomes a decision) and rank them by that accident
-    (docs/quality.md). A document's ``metadata`` is stored with it.
+    (docs/quality.md). ``derive_types``: documents without their own type get the one
+    ingest's rules derive, as memories written without a type do (a mixed pool of types).
+    A document's ``metadata`` is stored with it.
     """
     if not any(d.session_id for d in docs):  # no conversation turns: session_context cannot matter
         ingest_config = ingest_config.model_copy(update={"session_context": 0.0})
     rows = [{
         "id": d.id, "text": d.text, "user": corpus_id, "session_id": d.session_id,
         "created_at": d.created_at or "2020-01-01T00:00:00Z",
-        "type": _given(d, "type") or ("episodic" if d.session_id else "semantic"),
+        "type": _given(d, "type") or (None if derive_types else "episodic" if d.session_id else "semantic"),
         "source": "eval",
         "metadata": {**({"speaker": d.speaker} if d.speaker else {}), **(_given(d, "metadata") or {})},
     } for d in docs]
@@ -297,6 +299,7 @@ def evaluate(
     depth: int = 10,
     show_progress: bool = True,
     adapt_on: EvalSet | None = None,
+    derive_types: bool = False,
 ) -> EvalReport:
     """Score each system on each query of ``evalset``; ``depth`` items are retrieved.
 
@@ -306,7 +309,8 @@ def evaluate(
     every scored corpus (:mod:`helix_ray.recall.adapter`, λ by cross-validation on the
     tuning queries alone). Every system's query vector goes through it, unless
     cross-validation shows no gain (then none, as ``helix adapt`` would not save it).
-    The fits are reported in ``EvalReport.adapters``, per store variant."""
+    The fits are reported in ``EvalReport.adapters``, per store variant. ``derive_types``:
+    see :func:`store_for`."""
     from helix_ray.recall.pipeline import Recaller  # loads scipy: only when systems are scored
 
     started = time.perf_counter()
@@ -336,7 +340,8 @@ def evaluate(
         assert adapt_on is not None
         if pooled:
             corpora = sorted(tuning)
-            parts = [(Generation.open_current(store_for(c, adapt_on.corpora[c], Path(workdir), cfg)),
+            parts = [(Generation.open_current(store_for(c, adapt_on.corpora[c], Path(workdir), cfg,
+                                                                derive_types=derive_types)),
                       [{"query": t.text, "user": c, "memory_ids": sorted(t.gold)} for t in tuning[c]])
                      for c in corpora]
             where = f"{len(corpora)} corpora of {adapt_on.name}"
@@ -358,7 +363,7 @@ def evaluate(
     for n, (corpus_id, queries) in enumerate(sorted(by_corpus.items()), start=1):
         recallers = {}
         for key, cfg in [(None, ingest_config), *variants.items()]:
-            store = store_for(corpus_id, evalset.corpora[corpus_id], Path(workdir), cfg)
+            store = store_for(corpus_id, evalset.corpora[corpus_id], Path(workdir), cfg, derive_types=derive_types)
             generation = Generation.open_current(store)
             adapter = None
             if adapt_on is not None and key not in LEXICAL_ONLY:  # a lexical system has no query vector
