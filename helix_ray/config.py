@@ -416,6 +416,11 @@ class RankConfig(_Strict):
     used as they are, so a small spread is not stretched to the full range. Stretching
     salience too would let a "remember" or "always" in a turn outweigh relevance
     (docs/quality.md)."""
+    intent_boost: float = Field(0.0, ge=0.0, le=4.0)
+    """Where a user's candidates include code: a question asking for code ("where is…
+    checked?", "what calls publish()?") scores code memories (1 + this) times as much; one
+    asking why or what changed, commits and decisions (``decision``, ``episodic``).
+    Read by rules (recall/intent.py); shown in the flags as ``intent``. 0: off."""
     reweigh_silent: bool = False
     """A signal that is 0 for every candidate in the pool (recency when none was ever
     recalled, graph when nothing is linked, a min-max signal that does not vary) says

@@ -30,7 +30,7 @@ from helix_ray.embedder import DIM
 from helix_ray.schema import CHUNK_ID, chunk_id, parent_of
 from helix_ray.tokens import token_counter
 from helix_ray import when
-from helix_ray.recall import dense, diversify, expand, fuse, late, lexical, pack, rank, rerank, scope
+from helix_ray.recall import dense, diversify, expand, fuse, intent, late, lexical, pack, rank, rerank, scope
 from helix_ray.recall.embed import embed_queries, embed_query
 from helix_ray.recall.result import Candidates, RecallItem, RecallResult, empty_explain, explain_table, iso
 from helix_ray.recall.threads import (blas_on_caller, elapsed_ms, encode_tokens, encoder_threads, late_on,
@@ -104,6 +104,7 @@ class Plan:
     # The query's token encoding while it still runs on another core (see Recaller.plan):
     # (tokens, encoder ms). Read the tokens through tokens(), which waits for it.
     pending_tokens: Future | None = field(default=None, repr=False, compare=False)
+    intent: intent.Intent | None = None  # code or its history, as the query asks (recall/intent.py)
 
     @property
     def skip(self) -> bool:
@@ -300,7 +301,7 @@ class Recaller:
             plan = Plan(query, user, sc, cfg, k, budget_tokens, explain, frozenset(disabled), now_us, weights,
                         query_vector, flags, timings, query_tokens,
                         self._context(turns, cfg, disabled, has_memories and own_vector, timings), window, asks,
-                        pending)
+                        pending, _intent_of(query, cfg, disabled))
         except BaseException:
             if pending is not None:
                 pending.cancel()  # the plan is never built: nothing will wait for them
@@ -540,6 +541,28 @@ def _time_of(query: str, now: dt.datetime, cfg: RetrievalConfig, disabled: froze
     return window, asks
 
 
+def _intent_of(query: str, cfg: RetrievalConfig, disabled: frozenset[str]) -> intent.Intent | None:
+    """Whether ``query`` asks for code or for its history (None with ``rank.intent_boost``
+    0 or "intent" disabled)."""
+    if cfg.rank.intent_boost <= 0 or "intent" in disabled:
+        return None
+    return intent.read(query)
+
+
+def _intent_boost(plan: Plan, types: np.ndarray) -> np.ndarray | None:
+    """Per candidate: 1 + ``rank.intent_boost`` for the types the query's intent favours,
+    1 for the others; None (no change) without an intent or without code among the
+    candidates. Shown in the flags as ``intent``."""
+    if plan.intent is None:
+        return None
+    applied = bool(np.any(types == "code"))
+    plan.flags["intent"] = {"read": plan.intent, "applied": applied}
+    if not applied:
+        return None
+    favoured = np.isin(types, sorted(intent.FAVOURS[plan.intent]))
+    return np.where(favoured, 1.0 + plan.config.rank.intent_boost, 1.0)
+
+
 def _time_boost(plan: Plan, rows: np.ndarray, cols: Any, gen: Any) -> np.ndarray | None:
     """Per candidate: (1 + window_boost · how far inside the query's window it was created)
     × (1 + when_boost if the question asks for a time and the memory states one)."""
@@ -553,6 +576,12 @@ def _time_boost(plan: Plan, rows: np.ndarray, cols: Any, gen: Any) -> np.ndarray
         boost *= 1.0 + t.when_boost * np.array([_states_time(gen.text(int(r))[:TIME_TEXT_CHARS]) for r in rows],
                                                 dtype=np.float64)
     return boost
+
+
+def _boosts(*boosts: np.ndarray | None) -> np.ndarray | None:
+    """The product of the per-candidate multipliers given (None: none given)."""
+    given = [b for b in boosts if b is not None]
+    return functools.reduce(np.multiply, given) if given else None
 
 
 #: Characters of a memory read for whether it states a time (a chunk's or turn's opening).
@@ -619,7 +648,7 @@ def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessO
         if found.bm25_score and (cfg.rank.lexical_weight or cfg.rank.lexical_beyond_tokens) else None,
         lexical_share=_lexical_share(cfg.rank, cols.n_tokens[rows]),
         context=found.context_cosine, context_share=cfg.context.similarity_share,
-        boost=_time_boost(plan, rows, cols, gen),
+        boost=_boosts(_time_boost(plan, rows, cols, gen), _intent_boost(plan, np.asarray(cols.types[rows]))),
         parents=[_parent(str(i)) for i in cols.ids[rows]] if cfg.rank.chunk_support > 0 else None,
     )
 

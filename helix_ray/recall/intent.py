@@ -1,0 +1,62 @@
+"""What a question about a code base asks for: the code, or why the code is as it is.
+
+Where a user's memories mix code (functions, classes) with its history (commits, decisions),
+one question wants one kind: "where are API keys checked?" asks for the function that
+checks them, not the commit titled "Check API keys on every request"; "why is HAProxy
+opt-in?" asks for the commit or decision that says why. Both kinds match such a question's
+words alike, and each type's weight row ranks them by their own evidence, so the words
+alone do not separate them. :func:`read` reads the question by rules (no model), as
+:mod:`helix_ray.when` reads time:
+
+* **history**: a question asking for a reason ("why…", "what was the reason / rationale
+  for…") or for a change ("what changed…", "which commit…", "when did we…", "who
+  added…");
+* **code**: otherwise, a question asking for a place or a mechanism ("where is/are/does…",
+  "which function/class/module…", "what calls…", "how does/is…"), or naming an identifier
+  (``snake_case``, ``camelCase``, ``CamelCase``, ``dotted.name``, ``name()``, ``file.py``).
+
+The ranking multiplies the scores of the memory types the intent favours
+(:data:`FAVOURS`) by ``1 + rank.intent_boost``, and only in a candidate pool holding code:
+in memories without code these words ask about something else ("where did we eat?").
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+Intent = Literal["code", "history"]
+
+#: The memory types each intent favours: code memories; commits and stated decisions.
+FAVOURS: dict[str, frozenset[str]] = {"code": frozenset({"code"}), "history": frozenset({"decision", "episodic"})}
+
+_HISTORY = re.compile(
+    r"\bwhy\b|\b(?:what|which) (?:was|were|is|are) the (?:reason|rationale|motivation)s?\b"
+    r"|\b(?:reason|rationale|motivation)s? (?:for|behind|why)\b|\bwhat changed\b"
+    r"|\bwhich (?:commit|change|pull request|pr)\b|\bwhen (?:did|was|were) (?:we|they|you|i|it)\b"
+    r"|\bwho (?:added|changed|removed|wrote|introduced|decided)\b",
+    re.I,
+)
+_CODE_WORDS = re.compile(
+    r"\bwhere (?:is|are|do|does|can|should|in the code)\b"
+    r"|\b(?:which|what) (?:function|method|class|module|file|code|test|part of the code|line)s?\b"
+    r"|\bwhat (?:calls|invokes|imports|raises)\b|\b(?:callers?|call sites?) of\b"
+    r"|\bhow (?:is|are|does|do)\b|\b(?:implemented|implementation of|defined)\b",
+    re.I,
+)
+_IDENTIFIER = re.compile(
+    r"\b[a-z][a-z0-9]*_[a-z0-9_]+\b"  # snake_case
+    r"|\b[a-z]+[A-Z][A-Za-z0-9]*\b"  # camelCase
+    r"|\b[A-Z][a-z0-9]+[A-Z][A-Za-z0-9]*\b"  # CamelCase
+    r"|\b[A-Za-z_]\w*\.[A-Za-z_]\w+\b(?!\.\s)"  # dotted.name (not a sentence's end)
+    r"|\b[A-Za-z_]\w*\(\)"  # name()
+)
+
+
+def read(query: str) -> Intent | None:
+    """The intent of ``query``: "history", "code", or None when it names neither."""
+    if _HISTORY.search(query):
+        return "history"
+    if _CODE_WORDS.search(query) or _IDENTIFIER.search(query):
+        return "code"
+    return None

@@ -1,0 +1,47 @@
+"""The intent reader (recall/intent.py): which questions ask for code, which for its
+history, which for neither; and the ranking's use of it, on hand-made pools."""
+
+from __future__ import annotations
+
+import pytest
+
+from helix_ray.recall import intent
+
+
+@pytest.mark.parametrize("query", [
+    "Why is the HAProxy ingress opt-in instead of the default for helix serve?",
+    "why doesn't ingest restart an embedding actor that dies",
+    "What was the reason for pinning uvicorn?",
+    "Which commit added the Retry-After header?",
+    "when did we switch the tokenizer?",
+    "what changed in compaction last week",
+    "Why does parse_query() lower-case its input?",  # a reason, though it names code
+])
+def test_questions_asking_why_or_what_changed_ask_for_history(query):
+    assert intent.read(query) == "history"
+
+
+@pytest.mark.parametrize("query", [
+    "where are API keys checked?",
+    "Where does recall walk the memory graph from the top candidates?",
+    "Which function splits a long document into chunks?",
+    "What calls publish() when an ingest writes a new generation?",
+    "How does a chat turn's vector borrow from the previous turn?",
+    "what does split_long return for an empty text",
+    "the KeyStore.record_for lookup",
+    "is RecallResult frozen",
+    "settings in serve.yaml",
+])
+def test_questions_asking_where_or_how_or_naming_code_ask_for_code(query):
+    assert intent.read(query) == "code"
+
+
+@pytest.mark.parametrize("query", [
+    "What did Caroline research?",
+    "the user's favourite colour",
+    "Melanie's kids, e.g. their names",
+    "Dr. Smith said the scan was clear.",
+    "",
+])
+def test_other_questions_ask_for_neither(query):
+    assert intent.read(query) is None
