@@ -263,6 +263,15 @@ def test_a_helix_system_with_settings_runs_recall_with_them_on_helixs_store() ->
         runner._system("helix-no-graph@rank.reweigh_silent=true")
 
 
+def test_a_system_with_settings_is_compared_with_the_same_system_without_them() -> None:
+    one = [{"ndcg@10": 1.0, "recall@10": 1.0}, {"ndcg@10": 0.0, "recall@10": 0.0}]
+    rows = {"bm25": one, "helix": one, "helix+ctx": one, "helix@rank.intent_boost=0.2": one,
+            "helix@rank.intent_boost=0.2+ctx": one}
+    against = {name: set(bases) for name, bases in runner.compare(rows).items()}
+    assert against == {"helix": {"bm25"}, "helix+ctx": {"bm25"}, "helix@rank.intent_boost=0.2": {"bm25", "helix"},
+                       "helix@rank.intent_boost=0.2+ctx": {"bm25", "helix+ctx"}}
+
+
 def test_recall_items_count_as_their_documents() -> None:
     items = [Item("c2", 2, parent="doc-a"), Item("c1", 1, parent="doc-b"), Item("m9", 3),
              Item("c3", 4, parent="doc-b"), Item("c4", 5, parent="doc-c")]

@@ -397,14 +397,18 @@ BASELINES = ("bm25", "dense", "rrf")
 
 def compare(rows: dict[str, list[dict[str, Any]]], ks: Sequence[int] = (10,)) -> dict[str, Any]:
     """Each non-baseline system against each baseline in ``rows`` (per-query rows in the
-    same query order for every system), on nDCG and Recall at the largest k ≤ 10: the
-    mean difference, its bootstrap 95 % interval and the sign-flip p-value."""
+    same query order for every system), and a system with settings changed
+    (``helix@…``) also against the same system without them (``helix``, or ``helix+ctx``
+    for ``helix@…+ctx``), on nDCG and Recall at the largest k ≤ 10: the mean difference,
+    its bootstrap 95 % interval and the sign-flip p-value."""
     k = max([k for k in ks if k <= 10] or [min(ks)])
     out: dict[str, Any] = {}
     for name, mine in rows.items():
         if name in BASELINES:
             continue
-        for base in (b for b in BASELINES if b in rows):
+        unchanged = base_system(name) + (WITH_CONTEXT if name.endswith(WITH_CONTEXT) else "")
+        against = [b for b in BASELINES if b in rows] + ([unchanged] if WITH_SETTINGS in name and unchanged in rows else [])
+        for base in against:
             out.setdefault(name, {})[base] = {
                 metric: _rounded(paired_difference([r[metric] for r in mine], [r[metric] for r in rows[base]]))
                 for metric in (f"ndcg@{k}", f"recall@{k}")}
