@@ -12,8 +12,11 @@ alone do not separate them. :func:`read` reads the question by rules (no model),
   for…") or for a change ("what changed…", "which commit…", "when did we…", "who
   added…");
 * **code**: otherwise, a question asking for a place or a mechanism ("where is/are/does…",
-  "which function/class/module…", "what calls…", "how does/is…"), or naming an identifier
-  (``snake_case``, ``camelCase``, ``CamelCase``, ``dotted.name``, ``name()``, ``file.py``).
+  "which function/class/module…", "what calls…", "how does/is…").
+
+What a question *names* does not count: "what does services/gateway/auth.py check" is as
+often answered by a note about that file as by its code, and "how do I rotate the keys?"
+asks for steps, not for code.
 
 The ranking multiplies the scores of the memory types the intent favours
 (:data:`FAVOURS`) by ``1 + rank.intent_boost``, and only in a candidate pool holding code:
@@ -41,15 +44,8 @@ _CODE_WORDS = re.compile(
     r"\bwhere (?:is|are|do|does|can|should|in the code)\b"
     r"|\b(?:which|what) (?:function|method|class|module|file|code|test|part of the code|line)s?\b"
     r"|\bwhat (?:calls|invokes|imports|raises)\b|\b(?:callers?|call sites?) of\b"
-    r"|\bhow (?:is|are|does|do)\b|\b(?:implemented|implementation of|defined)\b",
+    r"|\bhow (?:is|are|does)\b|\b(?:implemented|implementation of|defined)\b",
     re.I,
-)
-_IDENTIFIER = re.compile(
-    r"\b[a-z][a-z0-9]*_[a-z0-9_]+\b"  # snake_case
-    r"|\b[a-z]+[A-Z][A-Za-z0-9]*\b"  # camelCase
-    r"|\b[A-Z][a-z0-9]+[A-Z][A-Za-z0-9]*\b"  # CamelCase
-    r"|\b[A-Za-z_]\w*\.[A-Za-z_]\w+\b(?!\.\s)"  # dotted.name (not a sentence's end)
-    r"|\b[A-Za-z_]\w*\(\)"  # name()
 )
 
 
@@ -57,6 +53,6 @@ def read(query: str) -> Intent | None:
     """The intent of ``query``: "history", "code", or None when it names neither."""
     if _HISTORY.search(query):
         return "history"
-    if _CODE_WORDS.search(query) or _IDENTIFIER.search(query):
+    if _CODE_WORDS.search(query):
         return "code"
     return None
