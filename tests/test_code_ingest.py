@@ -221,6 +221,41 @@ def test_two_repositories_in_folders_of_one_name_are_kept_apart_by_their_names(t
     assert sum(i.startswith(("git:dev/billing:", "git:dev/search:")) for i in ids) == 2
 
 
+def test_a_repository_named_by_default_like_another_of_the_store_is_refused(tmp_path, capsys):
+    """Protects: a second run's repository of the same folder name read whole marked the
+    first's memories of its other files deleted. Refused before anything is written, for
+    its code and its commits; named otherwise (``--repo-name``), both are kept."""
+    billing = _make_repo(tmp_path / "work" / "app", {"invoice.py": "def total(lines):\n    return sum(lines)\n"})
+    search = _make_repo(tmp_path / "home" / "app", {"index.py": "def lookup(term):\n    return [term]\n"})
+    store = tmp_path / "store"
+    assert ingest([billing], store, fmt="code", runner="local", config=_user("dev")).new == 1
+    before = set(Generation.open_current(store).columns.id_to_row)
+    for fmt in ("code", "git"):
+        assert _cli_ingest(search, store, fmt, "--user", "dev") == 2
+        err = capsys.readouterr().err
+        assert f"Got --repo-name='app'; the name 'app' already names {billing} in this store for user dev" in err
+        assert f"give it its own --repo-name; if {billing} moved to {search}, pass --repo-name app" in err
+    assert set(Generation.open_current(store).columns.id_to_row) == before == {"code:dev/app:invoice.py::total"}
+    assert ingest([search], store, fmt="code", runner="local", config=_user("dev"), repo_name="search").new == 1
+    assert set(Generation.open_current(store).columns.id_to_row) == before | {"code:dev/search:index.py::lookup"}
+
+
+def test_a_moved_repository_read_under_its_old_name_keeps_its_memories_once(tmp_path):
+    app = _make_repo(tmp_path / "work" / "app", {"invoice.py": "def total(lines):\n    return sum(lines)\n"})
+    store = tmp_path / "store"
+    assert ingest([app], store, fmt="code", runner="local", config=_user("dev")).new == 1
+    (tmp_path / "home").mkdir()
+    moved = app.rename(tmp_path / "home" / "app")
+    with pytest.raises(InvalidArgument, match="already names") as raised:
+        ingest([moved], store, fmt="code", runner="local", config=_user("dev"))
+    assert raised.value.name == "repo_name"
+    report = ingest([moved], store, fmt="code", runner="local", config=_user("dev"), repo_name="app")
+    assert (report.new, report.unchanged, report.removed) == (0, 1, 0), report
+    assert ingest([moved], store, fmt="git", runner="local", config=_user("dev")).new == 1, "the name moved with it"
+    ids = Generation.open_current(store).columns.id_to_row
+    assert [i for i in ids if i.startswith("code:")] == ["code:dev/app:invoice.py::total"]
+
+
 def test_memory_ingest_names_the_repository(tmp_path, repo):
     from helix_ray import Memory
 

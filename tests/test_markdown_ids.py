@@ -236,3 +236,72 @@ def test_an_id_of_today_that_reads_like_an_old_one_is_not_renamed(tmp_path):
     assert (report.new, report.renamed) == (2, 0), report
     assert _ids(store) == {"md:dev/top/ops.md#deploy", "md:dev/outer/top/ops.md#deploy",
                            "md:dev/outer/dev/top/ops.md#deploy"}
+
+
+def _section_texts(store: Path) -> dict[str, str]:
+    gen = Generation.open_current(store)
+    return dict(zip(gen.memories.column("id").to_pylist(), gen.memories.column("text").to_pylist()))
+
+
+def test_a_folder_named_by_default_like_another_of_the_store_is_refused(tmp_path, capsys):
+    """Protects: a second run's folder of the same name (``work/shop``, then ``home/shop``)
+    replaced the first's README.md in the store without a word. Refused before anything
+    is written; named otherwise (``--doc-name``), both folders' sections are kept."""
+    shop, billing = _readme_folders(tmp_path)
+    other = billing.rename(tmp_path / "home" / "shop")
+    store = tmp_path / "store"
+    assert ingest([shop], store, runner="local", show_progress=False, config=_config("dev")).new == 2
+    before = _section_texts(store)
+    assert _cli_ingest(other, store, "--format", "markdown", "--user", "dev") == 2
+    err = capsys.readouterr().err
+    assert f"Got --doc-name='shop'; the name 'shop' already names {shop} in this store for user dev" in err
+    assert f"To keep {other} apart, give it its own --doc-name; if {shop} moved to {other}, pass --doc-name " \
+           "shop to read it under the old name." in err
+    with pytest.raises(InvalidArgument, match="already names") as raised:
+        ingest([other / "README.md"], store, runner="local", show_progress=False, config=_config("dev"))
+    assert raised.value.name == "doc_name"
+    assert _section_texts(store) == before and "RabbitMQ" in before["md:dev/shop/README.md#queue"]
+    with StoreDB(store) as db:
+        assert db.counts()["ingest_runs"] == 1, "refused before the run was recorded"
+    assert ingest([other], store, runner="local", show_progress=False, config=_config("ops")).new == 2, \
+        "another user's name of its own"
+    assert ingest([other], store, runner="local", show_progress=False, config=_config("dev"),
+                  doc_name="billing").new == 2
+    assert {i for i in _ids(store) if i.startswith("md:dev/")} == {
+        f"md:dev/{d}/{p}" for d in ("shop", "billing") for p in ("README.md#queue", "guide/setup.md#install")}
+
+
+def test_a_moved_folder_read_under_its_old_name_keeps_its_sections_once(tmp_path):
+    """A name given is taken at its word: the folder moved, its sections are the same
+    memories (no new id), and the name names the new folder from then on."""
+    shop, _ = _readme_folders(tmp_path)
+    store = tmp_path / "store"
+    assert ingest([shop], store, runner="local", show_progress=False, config=_config("dev")).new == 2
+    ids = _ids(store)
+    moved = shop.rename(tmp_path / "home" / "shop")
+    with pytest.raises(InvalidArgument, match=f"if {shop} moved to {moved}, pass --doc-name shop"):
+        ingest([moved], store, runner="local", show_progress=False, config=_config("dev"))
+    report = ingest([moved], store, runner="local", show_progress=False, config=_config("dev"), doc_name="shop")
+    assert (report.new, report.unchanged, report.removed, report.renamed) == (0, 2, 0, 0), report
+    assert _ids(store) == ids
+    assert ingest([moved], store, runner="local", show_progress=False, config=_config("dev")).unchanged == 2
+    shop.mkdir(parents=True)
+    (shop / "README.md").write_text("# shop\n\n## Queue\nA new shop publishes to Redis.\n", encoding="utf-8")
+    with pytest.raises(InvalidArgument, match=f"the name 'shop' already names {moved} in this store"):
+        ingest([shop], store, runner="local", show_progress=False, config=_config("dev"))
+
+
+def test_a_store_made_before_folders_were_recorded_opens_and_records_them(tmp_path):
+    shop, billing = _readme_folders(tmp_path)
+    other = billing.rename(tmp_path / "home" / "shop")
+    store = tmp_path / "store"
+    assert ingest([shop], store, runner="local", show_progress=False, config=_config("dev")).new == 2
+    with StoreDB(store) as db:
+        db.con.execute("DROP TABLE source_names")
+    with StoreDB(store) as db:
+        assert db.source_folders([("dev", "markdown", "shop")]) == {}
+    assert ingest([shop], store, runner="local", show_progress=False, config=_config("dev")).unchanged == 2
+    with StoreDB(store) as db:
+        assert db.source_folders([("dev", "markdown", "shop")]) == {("dev", "markdown", "shop"): str(shop)}
+    with pytest.raises(InvalidArgument, match="already names"):
+        ingest([other], store, runner="local", show_progress=False, config=_config("dev"))

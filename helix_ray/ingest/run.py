@@ -48,6 +48,7 @@ from helix_ray.ingest.assemble import NextRows, assemble, bm25_analyzer, collect
 from helix_ray.ingest.dedup import find_duplicates, signatures
 from helix_ray.ingest.graph import edges_table
 from helix_ray.ingest.ids import legacy_markdown_ids
+from helix_ray.ingest.names import SourceName, check_names, one_folder_per_name, source_names
 from helix_ray.ingest.previous import (OldThenNew, carried_over, fold_accesses, has_deletions, held_by,
                                        keep_folded_accesses, open_previous, retagged)
 from helix_ray.ingest.progress import NoProgress, Progress, shown
@@ -118,6 +119,7 @@ class Run:
     empty_ok: bool = False  # publish a generation even when no record was read (:func:`initialise`)
     scopes: tuple[RepoScope, ...] = ()  # the trees and histories read (:func:`sources.source_items`)
     quarantined: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # this run's, as stored
+    named: tuple[SourceName, ...] = ()  # names of folders to record with the run's records (:mod:`.names`)
 
 
 @dataclasses.dataclass
@@ -202,7 +204,9 @@ def ingest(
     its folder's name); their user is ``config.validation.default_user``. ``doc_name``
     names the document set of a ``markdown`` source in its sections' ids
     (``md:<user>/<docs>/<path>#<slug>``; default: the folder's name, for a file its
-    folder's).
+    folder's). A name taken by default that the store records for another folder of the
+    same user is refused before anything is written; a name given moves to the folder
+    read (:mod:`.names`).
     """
     config = config or IngestConfig()
     store = Path(store)
@@ -219,50 +223,26 @@ def ingest(
         scopes += [scope] if scope else []
     if not items:
         raise InvalidArgument("sources", [], "give at least one file or folder to ingest")
-    _one_repository_per_name(scopes)
-    _one_folder_per_doc_name(items)
+    names = source_names(items, scopes, user=config.validation.default_user, doc_name_given=doc_name is not None,
+                         repo_name_given=repo_name is not None)
+    one_folder_per_name(names)
 
     report = IngestReport()
     try:
-        with _writer(store, db) as db, _recorded_run(db, report, [i["path"] for i in items]), \
-                shown(report, show_progress) as progress:
-            run = Run(store, db, config, report, runner=runner, crash_after=crash_after, computed=computed or {},
-                      progress=progress, scopes=tuple(scopes))
-            if runner == "local":
-                _stages(run, items)
-            else:
-                _ray_job().run_stages(run, items, _stages)
+        with _writer(store, db) as db:
+            named = tuple(check_names(db, names))  # before the run's first record
+            with _recorded_run(db, report, [i["path"] for i in items]), shown(report, show_progress) as progress:
+                run = Run(store, db, config, report, runner=runner, crash_after=crash_after,
+                          computed=computed or {}, progress=progress, scopes=tuple(scopes), named=named)
+                if runner == "local":
+                    _stages(run, items)
+                else:
+                    _ray_job().run_stages(run, items, _stages)
     except Exception as exc:
         if is_disk_full(exc):  # CURRENT moves last: the previous generation is still the current one
             raise disk_full(store, "ingesting") from exc
         raise
     return report
-
-
-def _one_repository_per_name(scopes: Sequence[RepoScope]) -> None:
-    """Two repositories read in one run under one name would share ids: refused."""
-    seen: dict[str, str] = {}
-    for scope in scopes:
-        other = seen.setdefault(scope.repo, scope.toplevel)
-        if other != scope.toplevel:
-            raise InvalidArgument("repo_name", scope.repo, f"one name names one repository, and {other} and "
-                                  f"{scope.toplevel} are two", "Ingest them one at a time, each with its own "
-                                  "--repo-name.")
-
-
-def _one_folder_per_doc_name(items: Sequence[dict[str, Any]]) -> None:
-    """Two folders of Markdown read in one run under one name would share the ids of
-    their files of one path (two README.md): refused. Files of one folder share its name."""
-    seen: dict[str, str] = {}
-    for item in items:
-        if item["format"] != "markdown":
-            continue
-        name, path = json.loads(item["options"])["name"], Path(item["path"])
-        folder = str(path if path.is_dir() else path.parent)
-        other = seen.setdefault(name, folder)
-        if other != folder:
-            raise InvalidArgument("doc_name", name, f"one name names one folder of documents, and {other} and "
-                                  f"{folder} are two", "Ingest them one at a time, each with its own --doc-name.")
 
 
 def _ray_job() -> ModuleType:
@@ -352,7 +332,8 @@ def roll_forward(store: Path, db: StoreDB) -> int | None:
 
 def _stages(run: Run, items: list[dict[str, str]]) -> None:
     """Stages 1–8 of one run (the picture at the top of this module): a new generation
-    published and recorded, or, when nothing changed, only the quarantine recorded."""
+    published and recorded, or, when nothing changed, only the quarantine and the names
+    of the folders read (``run.named``) recorded."""
     report, config = run.report, run.config
     with stage(run, "read_validate"):
         out = _read_validate(run, items)
@@ -365,6 +346,7 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
             report.total_memories = len(changes.old_index)
             report.generation = current_generation_number(run.store)
             run.db.add_quarantine(accepted.quarantined, report.run_id)
+            _record_names(run)
             return
         kept = _deduplicate(run, changes)
 
@@ -725,7 +707,7 @@ def _record(run: Run, number: int, data: GenerationData, node_names: list[str], 
             changes: Changes, kept: Deduplicated, quarantined: list[dict[str, Any]]) -> None:
     """The database records, in one transaction, what published generation ``number``
     holds: the new and changed memories, the re-tagged and the dropped ones, expansions,
-    duplicate links, the quarantine, the graph."""
+    duplicate links, the quarantine, the graph; and the names of the folders read."""
     db, report, todo, new_cols = run.db, run.report, rows.todo, rows.new_cols
     db.con.begin()
     try:
@@ -750,11 +732,17 @@ def _record(run: Run, number: int, data: GenerationData, node_names: list[str], 
         db.add_quarantine(quarantined, report.run_id)
         db.replace_graph(data.entities.select(["user", "key", "df"]),
                          edges_table(data.graph, node_names), number)
+        _record_names(run)
         db.record_generation(number, report.run_id)
         db.con.commit()
     except BaseException:
         db.con.rollback()
         raise
+
+
+def _record_names(run: Run) -> None:
+    """The folders this run read under names new to the store, or given to them now."""
+    run.db.record_source_names([(n.user, n.kind, n.name, n.folder) for n in run.named], run.report.run_id)
 
 
 def _make_current(run: Run, number: int) -> None:

@@ -5,8 +5,9 @@ from the previous generation), ``expansions`` (doc2query), ``entities`` and ``ed
 (the typed graph, as rows), ``quarantine`` (rejected records with their reason and
 position: nothing is lost), ``duplicates`` (dropped → kept links), ``access_log``
 (recall hits, folded into ``last_accessed_at`` / ``access_count`` at the next
-generation), ``erased`` (ids of forgotten users' memories, :mod:`helix_ray.store.erase`)
-and ``ingest_runs``.
+generation), ``erased`` (ids of forgotten users' memories, :mod:`helix_ray.store.erase`),
+``source_names`` (the folder each of a user's document-set and repository names was
+read from: :mod:`helix_ray.ingest.names`) and ``ingest_runs``.
 
 DuckDB allows one writer process or many readers, not both: exactly one process opens
 the file read-write (the ingest driver, a :class:`helix_ray.Memory`, or the Serve writer
@@ -47,6 +48,10 @@ CREATE TABLE IF NOT EXISTS duplicates (dropped_id VARCHAR, kept_id VARCHAR, jacc
 CREATE TABLE IF NOT EXISTS access_log (id VARCHAR, "user" VARCHAR, accessed_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS feedback ("user" VARCHAR, query VARCHAR, memory_id VARCHAR, given_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS erased (id VARCHAR);
+CREATE TABLE IF NOT EXISTS source_names (
+    "user" VARCHAR NOT NULL, kind VARCHAR NOT NULL, name VARCHAR NOT NULL, folder VARCHAR NOT NULL,
+    ingest_run VARCHAR, PRIMARY KEY ("user", kind, name)
+);
 CREATE TABLE IF NOT EXISTS recorded_generations (generation INTEGER, ingest_run VARCHAR);
 CREATE TABLE IF NOT EXISTS ingest_runs (
     run_id VARCHAR PRIMARY KEY, started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, sources VARCHAR,
@@ -221,6 +226,14 @@ class StoreDB:
             self.con.rollback()
             raise
 
+    def record_source_names(self, names: list[tuple[str, str, str, str]], run_id: str) -> None:
+        """``(user, kind, name, folder)``: ``user``'s ``name`` of ``kind`` names ``folder``
+        from now on (read by ingest run ``run_id``)."""
+        if not names:
+            return
+        self.con.executemany("INSERT OR REPLACE INTO source_names VALUES (?, ?, ?, ?, ?)",
+                             [[*named, run_id] for named in names])
+
     def delete(self, ids: list[str]) -> None:
         self.con.executemany("UPDATE memories SET deleted = TRUE WHERE id = ?", [[i] for i in ids])
         self.con.executemany("DELETE FROM feedback WHERE memory_id = ?", [[i] for i in ids])
@@ -355,6 +368,17 @@ class StoreDB:
         rows = self.con.execute(f'SELECT id, "user", metadata FROM memories WHERE NOT deleted AND id IN '
                                 f'({", ".join("?" * len(ids))})', list(ids)).fetchall()
         return {i: (user, json.loads(metadata).get("file")) for i, user, metadata in rows}
+
+    def source_folders(self, keys: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], str]:
+        """``(user, kind, name)`` → the folder recorded for it, of those of ``keys`` the
+        store has recorded (:meth:`record_source_names`)."""
+        if not keys:
+            return {}
+        asked = pa.table({column: [key[i] for key in keys] for i, column in enumerate(("user", "kind", "name"))})
+        with self._registered("asked_names", asked):
+            rows = self.con.execute('SELECT s."user", s.kind, s.name, s.folder FROM source_names s '
+                                    'JOIN asked_names USING ("user", kind, name)').fetchall()
+        return {(user, kind, name): folder for user, kind, name, folder in rows}
 
     def feedback_pairs(self, users: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """Every (user, query) given feedback — of ``users`` only, if given — with the

@@ -3,7 +3,8 @@
 :func:`forget_user` deletes, in one transaction, the user's memories (chunks
 included: a chunk is a memory of its own), their doc2query expansions, entities and
 the edges that touch either, duplicate links, feedback, quarantined records that name
-the user, and the online writes' log (``serve_log``); access-log rows are blanked, not
+the user, the online writes' log (``serve_log``) and the folders their document sets and
+repositories were read from (``source_names``); access-log rows are blanked, not
 deleted, because a generation records how far into the log it has folded by row
 position. The ingest-ready copies of online writes in ``inbox/`` lose the user's
 lines. The database file is then rewritten into a fresh one (:func:`rewrite_database`):
@@ -31,7 +32,7 @@ from helix_ray.store.db import DB_FILE, StoreDB, copy_database, sql_path
 from helix_ray.store.pointer import write_text_atomic
 
 #: Tables whose rows name the user in a ``"user"`` column, besides ``memories``.
-USER_TABLES = ("entities", "feedback", "serve_log")
+USER_TABLES = ("entities", "feedback", "serve_log", "source_names")
 
 
 def forget_user(store: str | Path, user: str, *, db: StoreDB) -> dict[str, int]:
