@@ -153,14 +153,13 @@ def test_the_cli_recalls_the_function_and_the_decision(tmp_path, repo, capsys):
                      "--no-progress"]) == 0
     capsys.readouterr()
     assert main(["recall", "where are API keys checked?", "--store", store, "--user", "dev", "--json"]) == 0
-    top = _first_id(capsys.readouterr().out)
-    assert top == "code:dev/shop:auth.py::check_key"
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["items"][0]["id"] == "code:dev/shop:auth.py::check_key"
+    assert answer["flags"]["intent"] == {"read": "code", "applied": True}
     assert main(["recall", "why is HAProxy opt-in?", "--store", store, "--user", "dev", "--json"]) == 0
-    assert _first_id(capsys.readouterr().out).startswith("git:dev/shop:")
-
-
-def _first_id(out: str) -> str:
-    return json.loads(out)["items"][0]["id"]
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["items"][0]["id"].startswith("git:dev/shop:")
+    assert answer["flags"]["intent"] == {"read": "history", "applied": True}
 
 
 def _cli_ingest(repo: Path, store: Path, fmt: str, *extra: str) -> int:

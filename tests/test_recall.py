@@ -376,22 +376,13 @@ def golden() -> list[dict]:
 
 
 # Measured on the shipped sample set (memories + notes + transcript, runner="local",
-# now=2025-11-01, budget 100k): 19 of 25 pass. The six that fail all reach the candidate
-# pool and are then dropped by MMR (λ=0.5); their ranks by score before MMR:
-#   "what happened in the March outage"            atlas-0047 at 11 (atlas-0048 passes)
-#   "how should I format commit messages"           atlas-0017 at 3
-#   "why did the database turn away new logins…"    atlas-0047 at 6
-#   "meter agents kept restarting because…RAM"      atlas-0147 at 5
-#   "who should I check with before editing…chart"  atlas-0008 at 22
-#   "collector/internal/buffer/ring.go"             atlas-0083 at 3
-GOLDEN_PASSING = 19
+# now=2025-11-01, budget 100k): 23 of 25 pass. The two that fail both want atlas-0047, the
+# outage's log line: 11th for "what happened in the March outage" (the post-mortem,
+# atlas-0048, is 1st), and outside the top 30 for a paraphrase that shares none of its words.
+GOLDEN_PASSING = 23
 FAILING_NOW = {
     "what happened in the March outage",
-    "how should I format commit messages",
     "why did the database turn away new logins once the consumer fleet grew?",
-    "meter agents kept restarting because they ran out of RAM",
-    "who should I check with before editing the production chart settings",
-    "collector/internal/buffer/ring.go",
 }
 
 

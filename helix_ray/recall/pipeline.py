@@ -220,7 +220,8 @@ class Recaller:
         ``context``: the conversation's recent turns, oldest first, when ``query`` is its
         latest turn (see :class:`~helix_ray.config.ContextConfig`).
         ``disabled`` turns stages off for ablations: any of "dense", "bm25", "graph",
-        "late", "mmr", "recency", "strong_signal", "router", "dedup", "rerank", "context".
+        "late", "mmr", "recency", "strong_signal", "router", "dedup", "rerank", "context",
+        "time", "intent".
         """
         started = time.perf_counter()
         plan = self.plan(query, user=user, budget_tokens=budget_tokens, k=k, project=project, types=types,
@@ -418,7 +419,7 @@ class Recaller:
             return _nothing_found(plan, gen, timings, flags, started)
         _late_interaction(plan, found, gen, self._wants_late(cfg, plan.disabled), timings, flags)
         lap("late")
-        ranked = found.ranked = _rank(plan, found, cols, last_access_overlay, gen)
+        ranked = found.ranked = _rank(plan, found, cols, last_access_overlay, gen, flags)
         lap("rank")
         order = [int(i) for i in ranked.order]
         reranked = cfg.rerank.enabled and "rerank" not in plan.disabled and len(order) > 1
@@ -549,14 +550,14 @@ def _intent_of(query: str, cfg: RetrievalConfig, disabled: frozenset[str]) -> in
     return intent.read(query)
 
 
-def _intent_boost(plan: Plan, types: np.ndarray) -> np.ndarray | None:
+def _intent_boost(plan: Plan, types: np.ndarray, flags: dict[str, Any]) -> np.ndarray | None:
     """Per candidate: 1 + ``rank.intent_boost`` for the types the query's intent favours,
     1 for the others; None (no change) without an intent or without code among the
     candidates. Shown in the flags as ``intent``."""
     if plan.intent is None:
         return None
     applied = bool(np.any(types == "code"))
-    plan.flags["intent"] = {"read": plan.intent, "applied": applied}
+    flags["intent"] = {"read": plan.intent, "applied": applied}
     if not applied:
         return None
     favoured = np.isin(types, sorted(intent.FAVOURS[plan.intent]))
@@ -622,9 +623,9 @@ def _lexical_share(cfg: Any, n_tokens: np.ndarray) -> float | np.ndarray:
 
 
 def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessOverlay | None,
-          gen: Any) -> rank.Ranked:
+          gen: Any, flags: dict[str, Any]) -> rank.Ranked:
     """Score the candidates by type-weighted signals (similarity, recency, salience,
-    confidence, graph), times the time boosts; recency reads the newest of the
+    confidence, graph), times the time and intent boosts; recency reads the newest of the
     generation's and the overlay's last access."""
     cfg, rows = plan.config, found.rows
     assert found.cosine is not None  # filled by the late-interaction stage
@@ -648,7 +649,7 @@ def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessO
         if found.bm25_score and (cfg.rank.lexical_weight or cfg.rank.lexical_beyond_tokens) else None,
         lexical_share=_lexical_share(cfg.rank, cols.n_tokens[rows]),
         context=found.context_cosine, context_share=cfg.context.similarity_share,
-        boost=_boosts(_time_boost(plan, rows, cols, gen), _intent_boost(plan, np.asarray(cols.types[rows]))),
+        boost=_boosts(_time_boost(plan, rows, cols, gen), _intent_boost(plan, np.asarray(cols.types[rows]), flags)),
         parents=[_parent(str(i)) for i in cols.ids[rows]] if cfg.rank.chunk_support > 0 else None,
     )
 

@@ -8,8 +8,8 @@ pool (a constant signal becomes 0: it cannot separate candidates); the others, a
 
 with the weight table chosen by each memory's own type (with ``reweigh_silent``, a signal
 that is 0 for every candidate is left out of every row, each row re-scaled to its sum),
-times the project and pinned multipliers and the time boosts (``boost``: the query's time
-window, a "when" question).
+times the project and pinned multipliers and the boosts (``boost``: the query's time
+window, a "when" question, the type the question's intent favours).
 Similarity blends cosine to the query (with late interaction) and the fused RRF score,
 then takes a share of the candidate's own BM25 score (``lexical_share``, larger for long
 memories) and of its cosine with a conversation's context turns; recency decays
