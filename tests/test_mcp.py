@@ -122,6 +122,30 @@ def test_remember_recall_forget_round_trip_without_a_new_generation(store):
         assert db.row("SELECT count(*) FROM access_log WHERE id = ?", accessed) != (0,)
 
 
+def test_what_one_session_remembers_the_next_session_recalls(store):
+    """An agent's two sessions are two server processes, one after the other (the client
+    starts ``helix mcp`` per session): the first one's write survives its exit, and the
+    second recalls it before any compaction folded it into a generation."""
+    fact = f"The staging database is reset every Sunday at 02:00 UTC (ticket {uuid.uuid4().hex[:8]})."
+    current = (store / "CURRENT").read_text()
+
+    async def first() -> str:
+        async with session(store, "dana") as s:
+            written = await call(s, "remember", text=fact, type="semantic")
+            assert not written.is_error, text(written)
+            return text(written)
+
+    async def second() -> list[str]:
+        async with session(store, "dana") as s:
+            found = await call(s, "recall", query="when is the staging database reset?", k=5)
+            assert fact in text(found)
+            return recalled_ids(found)
+
+    memory_id = asyncio.run(first())
+    assert memory_id in asyncio.run(second())
+    assert (store / "CURRENT").read_text() == current
+
+
 def test_a_server_for_one_user_never_reaches_another_users_memories(store):
     secret = f"The staging database password rotates on Fridays ({uuid.uuid4().hex[:8]})."
 
