@@ -419,7 +419,7 @@ class RankConfig(_Strict):
     intent_boost: float = Field(0.35, ge=0.0, le=4.0)
     """Where a user's candidates include code: a question asking for code ("where is…
     checked?", "what calls publish()?") scores code memories (1 + this) times as much; one
-    asking why or what changed, commits and decisions (``decision``, ``episodic``). Read
+    asking why or what changed, every other type (commits, decisions, notes). Read
     by rules (recall/intent.py); shown in the flags as ``intent``. 0: off. With
     ``reweigh_silent``, .35 lifts nDCG@10 on this repository's code and history by .08
     and changes no tuning set (docs/quality.md)."""

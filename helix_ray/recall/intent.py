@@ -19,7 +19,8 @@ often answered by a note about that file as by its code, and "how do I rotate th
 asks for steps, not for code.
 
 The ranking multiplies the scores of the memory types the intent favours
-(:data:`FAVOURS`) by ``1 + rank.intent_boost``, and only in a candidate pool holding code:
+(:data:`FAVOURS`: code, or every other type) by ``1 + rank.intent_boost``, and only in a
+candidate pool holding code:
 in memories without code these words ask about something else ("where did we eat?").
 """
 
@@ -28,10 +29,16 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from helix_ray.schema import MEMORY_TYPES
+
 Intent = Literal["code", "history"]
 
-#: The memory types each intent favours: code memories; commits and stated decisions.
-FAVOURS: dict[str, frozenset[str]] = {"code": frozenset({"code"}), "history": frozenset({"decision", "episodic"})}
+#: The memory types each intent favours: code, or everything but code. A reason is stated
+#: in a commit or a decision, but as often in a note the type rules call ``semantic``
+#: ("we pinned uvicorn after the keep-alive bug"): the boost separates code from what was
+#: said about it, not one kind of statement from another.
+FAVOURS: dict[str, frozenset[str]] = {"code": frozenset({"code"}),
+                                      "history": frozenset(MEMORY_TYPES) - {"code"}}
 
 _HISTORY = re.compile(
     r"\bwhy\b|\b(?:what|which) (?:was|were|is|are) the (?:reason|rationale|motivation)s?\b"
