@@ -406,7 +406,7 @@ def compare(rows: dict[str, list[dict[str, Any]]], ks: Sequence[int] = (10,)) ->
     for name, mine in rows.items():
         if name in BASELINES:
             continue
-        unchanged = base_system(name) + (WITH_CONTEXT if name.endswith(WITH_CONTEXT) else "")
+        unchanged = base_system(name) + name[len(_without_context(name)):]  # helix@…+ctx: helix+ctx
         against = [b for b in BASELINES if b in rows] + ([unchanged] if WITH_SETTINGS in name and unchanged in rows else [])
         for base in against:
             out.setdefault(name, {})[base] = {
@@ -420,11 +420,15 @@ def _rounded(diff: dict[str, Any]) -> dict[str, Any]:
             "p": round(diff["p"], 4)}
 
 
+def _without_context(name: str) -> str:
+    """``name`` without its ``+ctx`` suffix."""
+    return name[: -len(WITH_CONTEXT)] if name.endswith(WITH_CONTEXT) else name
+
+
 def base_system(name: str) -> str:
     """``name`` without its settings and its ``+ctx`` suffix (the system it runs, and whose
     store it uses)."""
-    name = name[: -len(WITH_CONTEXT)] if name.endswith(WITH_CONTEXT) else name
-    return name.split(WITH_SETTINGS, 1)[0]
+    return _without_context(name).split(WITH_SETTINGS, 1)[0]
 
 
 def settings_of(name: str) -> dict[str, Any]:
@@ -434,9 +438,8 @@ def settings_of(name: str) -> dict[str, Any]:
     YAML scalars (true, 0.5, none, a word)."""
     import yaml
 
-    name = name[: -len(WITH_CONTEXT)] if name.endswith(WITH_CONTEXT) else name
     overrides: dict[str, Any] = {}
-    for assignment in name.split(WITH_SETTINGS)[1:]:
+    for assignment in _without_context(name).split(WITH_SETTINGS)[1:]:
         key, sep, value = assignment.partition("=")
         parts = key.split(".")
         if not sep or not all(p.strip() for p in parts):

@@ -20,8 +20,8 @@ asks for steps, not for code.
 
 The ranking multiplies the scores of the memory types the intent favours
 (:data:`FAVOURS`: code, or every other type) by ``1 + rank.intent_boost``, and only in a
-candidate pool holding code:
-in memories without code these words ask about something else ("where did we eat?").
+candidate pool holding code: in memories without code these words ask about something
+else ("where did we eat?").
 """
 
 from __future__ import annotations
