@@ -418,11 +418,12 @@ class RankConfig(_Strict):
     (docs/quality.md)."""
     intent_boost: float = Field(0.35, ge=0.0, le=4.0)
     """Where a user's candidates include code: a question asking for code ("where is…
-    checked?", "what calls publish()?") scores code memories (1 + this) times as much; one
-    asking why or what changed, every other type (commits, decisions, notes). Read
-    by rules (recall/intent.py); shown in the flags as ``intent``. 0: off. With
-    ``reweigh_silent``, .35 lifts nDCG@10 on this repository's code and history by .08
-    and changes no tuning set (docs/quality.md)."""
+    checked?", "what calls publish()?") scores code memories (1 + this) times as much
+    (code from test files only when the question asks for tests); one asking why or what
+    changed, every other type (commits, decisions, notes). Read by rules
+    (recall/intent.py); shown in the flags as ``intent``. 0: off. With ``reweigh_silent``,
+    it lifts nDCG@10 on this repository's code and history by .12 and changes no tuning
+    set (docs/quality.md)."""
     reweigh_silent: bool = True
     """A signal that is 0 for every candidate in the pool (recency when none was ever
     recalled, graph when nothing is linked, a min-max signal that does not vary) says

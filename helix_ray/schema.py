@@ -76,6 +76,28 @@ def parent_of(memory_id: str) -> str | None:
     return match.group("parent") if match else None
 
 
+#: A code memory read from a repository has the id ``code:<user>/<repo>:<path>::<symbol>``
+#: (``helix_ray.ingest.repo_ids.code_id``; stores of an older Helix ``code:<folder>:<path>::<symbol>``):
+#: neither the user part nor the repository name holds a ``:``, and a symbol no ``::``.
+CODE_ID = re.compile(r"^code:[^:]*:(?P<path>.+)::(?P<symbol>[^:]+)$", re.S)
+_TEST_NAME = re.compile(
+    r"^(?:test_.*\.py|.*_test\.(?:py|go|rb|rs)|.*\.(?:test|spec)\.[jt]sx?|conftest\.py|.*Tests?\.(?:java|kt|cs|swift))$")
+_TEST_DIRS = frozenset({"test", "tests", "__tests__", "spec", "testing"})
+
+
+def is_test_path(rel: str) -> bool:
+    """Whether the file at ``rel`` (a path from a repository's top) holds tests:
+    ``tests/…``, ``test_x.py``, ``x_test.go``, ``x.spec.ts``, ``FooTest.java``…"""
+    parts = rel.split("/")
+    return bool(_TEST_NAME.match(parts[-1])) or any(p in _TEST_DIRS for p in parts[:-1])
+
+
+def is_test_code(memory_id: str) -> bool:
+    """Whether ``memory_id`` (or its parent's, for a chunk) names a code memory of a test file."""
+    match = CODE_ID.match(parent_of(memory_id) or memory_id)
+    return match is not None and is_test_path(match.group("path"))
+
+
 #: The shape of the ids :func:`content_hash` derives (its first 20 hex digits).
 DERIVED_ID = re.compile(r"[0-9a-f]{20}")
 

@@ -155,11 +155,44 @@ def test_the_cli_recalls_the_function_and_the_decision(tmp_path, repo, capsys):
     assert main(["recall", "where are API keys checked?", "--store", store, "--user", "dev", "--json"]) == 0
     answer = json.loads(capsys.readouterr().out)
     assert answer["items"][0]["id"] == "code:dev/shop:auth.py::check_key"
-    assert answer["flags"]["intent"] == {"read": "code", "applied": True}
+    assert answer["flags"]["intent"] == {"read": "code", "applied": True, "tests": False}
     assert main(["recall", "why is HAProxy opt-in?", "--store", store, "--user", "dev", "--json"]) == 0
     answer = json.loads(capsys.readouterr().out)
     assert answer["items"][0]["id"].startswith("git:dev/shop:")
     assert answer["flags"]["intent"] == {"read": "history", "applied": True}
+
+
+TEST_AUTH = '''from auth import check_key
+
+
+def test_api_keys_are_checked():
+    """Where API keys are checked: a wrong API key is refused, the right API key accepted."""
+    assert not check_key("wrong", "secret")
+    assert check_key("secret", "secret")
+'''
+
+
+def test_a_question_for_code_gets_the_code_before_its_tests(tmp_path, repo, capsys):
+    """A test that repeats the question's words does not displace the code it tests,
+    unless the question asks for tests."""
+    from helix_ray.cli import main
+
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_auth.py").write_text(TEST_AUTH)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "Test the key check", date="2025-07-01T10:00:00+00:00")
+    store = str(tmp_path / "store")
+    assert main(["ingest", str(repo), "--format", "code", "--store", store, "--user", "dev", "--runner", "local",
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    test_id = "code:dev/shop:tests/test_auth.py::test_api_keys_are_checked"
+    for question, first, tests in [("where are API keys checked?", "code:dev/shop:auth.py::check_key", False),
+                                   ("which test checks the API keys?", test_id, True)]:
+        assert main(["recall", question, "--store", store, "--user", "dev", "--json"]) == 0
+        answer = json.loads(capsys.readouterr().out)
+        ranked = [item["id"] for item in sorted(answer["items"], key=lambda item: item["rank"])]
+        assert ranked[0] == first, ranked
+        assert test_id in ranked and answer["flags"]["intent"] == {"read": "code", "applied": True, "tests": tests}
 
 
 def _cli_ingest(repo: Path, store: Path, fmt: str, *extra: str) -> int:

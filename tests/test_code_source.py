@@ -15,13 +15,13 @@ import pytest
 from helix_ray.errors import InvalidArgument
 from helix_ray.ingest.code import (
     RepoInfo,
-    is_test_file,
     gitignore_rules,
     is_ignored,
     read_code_file,
     repo_identity,
     tree_files,
 )
+from helix_ray.schema import is_test_code, is_test_path
 from tests.helpers import REPO
 
 COMMIT_TIME = "2025-03-01T10:00:00+00:00"
@@ -528,5 +528,15 @@ def test_a_folder_the_enclosing_repository_ignores_is_read_as_its_own_tree(tmp_p
     ("helix_ray/store/keys.py", False), ("contest.py", False), ("latest/app.py", False), ("testdata.py", False),
 ])
 def test_test_files_are_told_apart(rel, test):
-    """Test code is marked (metadata.code.test) and so less salient than the code it tests."""
-    assert is_test_file(rel) is test
+    """Test code is marked (metadata.code.test) and so less salient than the code it tests;
+    recall tells it apart by the id the code reader gives it (or its chunk's)."""
+    assert is_test_path(rel) is test
+    assert is_test_code(f"code:ann/shop:{rel}::run") is test
+    assert is_test_code(f"code:ann/shop:{rel}::Keys.check#chunk2") is test
+    assert is_test_code(f"code:shop:{rel}::run") is test  # the id form of an older store
+
+
+def test_only_code_ids_name_test_files():
+    assert not is_test_code("md:ann/docs/tests/plan.md#testing")
+    assert not is_test_code("tests/test_keys.py")
+    assert not is_test_code("git:ann/shop:0123456789ab")

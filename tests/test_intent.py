@@ -1,5 +1,5 @@
 """The intent reader (recall/intent.py): which questions ask for code, which for its
-history, which for neither; and the ranking's use of it, on hand-made pools."""
+history, which for neither; and what each favours, on hand-made pools."""
 
 from __future__ import annotations
 
@@ -44,3 +44,19 @@ def test_questions_asking_where_or_how_or_naming_code_ask_for_code(query):
 ])
 def test_other_questions_ask_for_neither(query):
     assert intent.read(query) is None
+
+
+@pytest.mark.parametrize("query, tests", [
+    ("which test covers the API key check?", True),
+    ("Where are the compaction tests?", True),
+    ("what asserts that a deleted memory stays deleted", True),
+    ("where are API keys checked?", False),
+    ("Which function splits a long document into chunks?", False),
+])
+def test_a_question_for_code_favours_tests_only_when_it_asks_for_them(query, tests):
+    types = ["code", "code", "decision", "semantic"]
+    ids = ["code:ann/shop:auth.py::check_key", "code:ann/shop:tests/test_auth.py::test_check_key#chunk1",
+           "git:ann/shop:0123456789ab", "note-1"]
+    assert intent.asks_for_tests(query) is tests
+    assert intent.favoured("code", query, types, ids).tolist() == [not tests, tests, False, False]
+    assert intent.favoured("history", query, types, ids).tolist() == [False, False, True, True]

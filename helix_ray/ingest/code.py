@@ -51,6 +51,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from helix_ray.errors import InvalidArgument
 from helix_ray.ingest.repo_ids import check_repo_name, default_repo_name, repo_prefix
+from helix_ray.schema import is_test_path
 
 __all__ = ["LANGUAGES", "RepoInfo", "read_code_file", "repo_identity", "tree_files"]
 
@@ -473,7 +474,7 @@ def read_code_file(path: Path, *, rel: str, info: RepoInfo, user: str) -> Iterat
         }
         if module is not None:
             code_meta["module"] = module
-        if is_test_file(rel):
+        if is_test_path(rel):  # less salient than the code it tests (normalize.derive_salience)
             code_meta["test"] = True
         yield {
             "id": f"{id_prefix}{rel}::{piece.symbol}",
@@ -486,18 +487,6 @@ def read_code_file(path: Path, *, rel: str, info: RepoInfo, user: str) -> Iterat
             "_source": str(path),
             "_position": f"{rel}, lines {piece.first}-{piece.last}",
         }
-
-
-_TEST_NAME = re.compile(r"^(?:test_.*\.py|.*_test\.(?:py|go|rb|rs)|.*\.(?:test|spec)\.[jt]sx?|conftest\.py|.*Tests?\.(?:java|kt|cs|swift))$")
-_TEST_DIRS = frozenset({"test", "tests", "__tests__", "spec", "testing"})
-
-
-def is_test_file(rel: str) -> bool:
-    """Whether ``rel`` holds tests (``tests/…``, ``test_x.py``, ``x_test.go``,
-    ``x.spec.ts``, ``FooTest.java``…): recorded as ``metadata.code.test``, and test code
-    is less salient than the code it tests (:func:`helix_ray.ingest.normalize.derive_salience`)."""
-    parts = rel.split("/")
-    return bool(_TEST_NAME.match(parts[-1])) or any(p in _TEST_DIRS for p in parts[:-1])
 
 
 def shebang_language(text: str) -> str | None:

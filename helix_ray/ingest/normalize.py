@@ -44,7 +44,7 @@ from helix_ray.ingest.ids import SECTION_KEY, markdown_id
 from helix_ray.schema import MEMORY_SCHEMA, MEMORY_TYPES, chunk_id, content_hash, parent_of
 
 TYPE_PRIOR = {"episodic": 0.40, "semantic": 0.50, "code": 0.50, "procedural": 0.60, "decision": 0.70}
-#: Salience a test gives up (``metadata.code.test``, :func:`helix_ray.ingest.code.is_test_file`):
+#: Salience a test gives up (``metadata.code.test``, :func:`helix_ray.schema.is_test_path`):
 #: asked where something is done, an agent wants the code that does it, not its test.
 TEST_DISCOUNT = 0.20
 

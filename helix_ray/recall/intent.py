@@ -18,7 +18,12 @@ What a question *names* does not count: "what does services/gateway/auth.py chec
 often answered by a note about that file as by its code, and "how do I rotate the keys?"
 asks for steps, not for code.
 
-The ranking multiplies the scores of the memory types the intent favours
+A question for code asks for the code that does something, not for its tests, unless
+it speaks of tests ("which test covers…", "is X tested?"): code read from a test file
+(:func:`helix_ray.schema.is_test_code`) is favoured only then, and other code only
+otherwise.
+
+The ranking multiplies the scores of the memories the intent favours
 (:data:`FAVOURS`: code, or every other type) by ``1 + rank.intent_boost``, and only in a
 candidate pool holding code: in memories without code these words ask about something
 else ("where did we eat?").
@@ -27,9 +32,12 @@ else ("where did we eat?").
 from __future__ import annotations
 
 import re
-from typing import Literal
+from collections.abc import Sequence
+from typing import Any, Literal
 
-from helix_ray.schema import MEMORY_TYPES
+import numpy as np
+
+from helix_ray.schema import MEMORY_TYPES, is_test_code
 
 Intent = Literal["code", "history"]
 
@@ -63,3 +71,23 @@ def read(query: str) -> Intent | None:
     if _CODE_WORDS.search(query):
         return "code"
     return None
+
+
+_TESTS = re.compile(r"\btest(?:s|ed|ing)?\b|\bcover(?:s|ed|age)?\b|\bassert(?:s|ed|ion)?\b", re.I)
+
+
+def asks_for_tests(query: str) -> bool:
+    """Whether a question for code is about tests ("which test covers…", "is … tested?")."""
+    return bool(_TESTS.search(query))
+
+
+def favoured(intent: Intent, query: str, types: Sequence[str] | np.ndarray, ids: Sequence[Any] | np.ndarray) -> np.ndarray:
+    """Per candidate (its type and id), whether ``intent`` favours it: :data:`FAVOURS`'
+    types, and for a question for code, code of test files only when the question is
+    about tests and other code only when it is not."""
+    out = np.isin(np.asarray(types), sorted(FAVOURS[intent]))
+    if intent == "code":
+        tests = asks_for_tests(query)
+        for i in np.flatnonzero(out).tolist():
+            out[i] = is_test_code(str(ids[i])) == tests
+    return out

@@ -550,18 +550,19 @@ def _intent_of(query: str, cfg: RetrievalConfig, disabled: frozenset[str]) -> in
     return intent.read(query)
 
 
-def _intent_boost(plan: Plan, types: np.ndarray, flags: dict[str, Any]) -> np.ndarray | None:
-    """Per candidate: 1 + ``rank.intent_boost`` for the types the query's intent favours,
-    1 for the others; None (no change) without an intent or without code among the
-    candidates. Shown in the flags as ``intent``."""
+def _intent_boost(plan: Plan, types: np.ndarray, ids: Any, flags: dict[str, Any]) -> np.ndarray | None:
+    """Per candidate (its type and id): 1 + ``rank.intent_boost`` for what the query's
+    intent favours (:func:`intent.favoured`), 1 for the rest; None (no change) without an
+    intent or without code among the candidates. Shown in the flags as ``intent``."""
     if plan.intent is None:
         return None
     applied = bool(np.any(types == "code"))
     flags["intent"] = {"read": plan.intent, "applied": applied}
+    if plan.intent == "code":
+        flags["intent"]["tests"] = intent.asks_for_tests(plan.query)
     if not applied:
         return None
-    favoured = np.isin(types, sorted(intent.FAVOURS[plan.intent]))
-    return np.where(favoured, 1.0 + plan.config.rank.intent_boost, 1.0)
+    return np.where(intent.favoured(plan.intent, plan.query, types, ids), 1.0 + plan.config.rank.intent_boost, 1.0)
 
 
 def _time_boost(plan: Plan, rows: np.ndarray, cols: Any, gen: Any) -> np.ndarray | None:
@@ -649,7 +650,7 @@ def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessO
         if found.bm25_score and (cfg.rank.lexical_weight or cfg.rank.lexical_beyond_tokens) else None,
         lexical_share=_lexical_share(cfg.rank, cols.n_tokens[rows]),
         context=found.context_cosine, context_share=cfg.context.similarity_share,
-        boost=_boosts(_time_boost(plan, rows, cols, gen), _intent_boost(plan, np.asarray(cols.types[rows]), flags)),
+        boost=_boosts(_time_boost(plan, rows, cols, gen), _intent_boost(plan, np.asarray(cols.types[rows]), cols.ids[rows], flags)),
         parents=[_parent(str(i)) for i in cols.ids[rows]] if cfg.rank.chunk_support > 0 else None,
     )
 
