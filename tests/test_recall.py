@@ -594,6 +594,54 @@ def test_bad_context_says_what_is_allowed(tenant_memory, calls, context, receive
     assert (calls.bm25.n, calls.dense.n) == (0, 0)
 
 
+# --------------------------------------------------------------------------- speakers
+
+
+@pytest.mark.parametrize("query, named", [
+    ("What kind of art does Ann make?", {"ann"}),
+    ("what did Bob's sister say", {"bob"}),
+    ("Ann: what does Bob like?", {"bob"}),  # a labelled turn: its speaker is the asker
+    ("what did the user ask about caching", {"user"}),
+    ("What did Ann and Bob plan?", {"ann", "bob"}),
+    ("Where is the annual report?", set()),  # a word that starts like a name is not the name
+])
+def test_a_query_names_the_speakers_it_mentions(query, named):
+    from helix_ray.recall.scope import named_speakers, speaker_of
+
+    assert named_speakers(query, {"ann", "bob", "user"}) == named
+    assert speaker_of("Ann: I paint") == "ann" and speaker_of("**Dr. Lee:** rest a week") == "dr. lee"
+    assert speaker_of("ERROR: disk full") is None and speaker_of("no label here") is None
+
+
+SPEAKER_TURNS = [("Ann", "I make watercolor paintings, mostly landscapes by the lake."),
+                 ("Bob", "What kind of art do you like? I love the art museum downtown."),
+                 ("Ann", "Mostly landscapes. How was your trip to Lisbon?"),
+                 ("Bob", "Lisbon was great, the tiles everywhere were beautiful.")]
+
+
+def test_what_a_question_says_of_a_person_comes_first_from_their_own_turns(tmp_path):
+    """Bob's turn repeats the question's words, Ann's answers it: with the speaker boost
+    the turn of the speaker the question names comes first, without it the other."""
+    from helix_ray.ingest.run import ingest
+    from helix_ray.memory import Memory
+
+    source = tmp_path / "chat.jsonl"
+    source.write_text("".join(json.dumps({"session_id": "s1", "speaker": who, "text": text, "user": "dana",
+                                          "created_at": f"2025-03-0{i + 1}T10:00:00Z"}) + "\n"
+                              for i, (who, text) in enumerate(SPEAKER_TURNS)))
+    ingest([source], tmp_path / "store", fmt="transcript", runner="local")
+    with Memory(tmp_path / "store", record_access=False, warm=False) as memory:
+        def first(**request):
+            result = memory.recall("What kind of art does Ann make?", user="dana", **request)
+            return min(result.items, key=lambda item: item.rank).text, result.flags.get("speaker")
+
+        assert first() == ("Ann: " + SPEAKER_TURNS[0][1], ["ann"])
+        assert first(disabled={"speaker"}) == ("Bob: " + SPEAKER_TURNS[1][1], None)
+        assert first(config=config(rank={"speaker_boost": 0.0}))[0].startswith("Bob: ")
+        both = memory.recall("What kind of art do Ann and Bob make?", user="dana")
+        assert "speaker" not in both.flags  # naming every speaker favours none
+
+
 # --------------------------------------------------------------------------- time
 
 

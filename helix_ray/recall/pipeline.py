@@ -221,7 +221,7 @@ class Recaller:
         latest turn (see :class:`~helix_ray.config.ContextConfig`).
         ``disabled`` turns stages off for ablations: any of "dense", "bm25", "graph",
         "late", "mmr", "recency", "strong_signal", "router", "dedup", "rerank", "context",
-        "time", "intent".
+        "time", "intent", "speaker".
         """
         started = time.perf_counter()
         plan = self.plan(query, user=user, budget_tokens=budget_tokens, k=k, project=project, types=types,
@@ -580,6 +580,26 @@ def _time_boost(plan: Plan, rows: np.ndarray, cols: Any, gen: Any) -> np.ndarray
     return boost
 
 
+def _speaker_boost(plan: Plan, rows: np.ndarray, cols: Any, gen: Any, flags: dict[str, Any]) -> np.ndarray | None:
+    """Per candidate: 1 + ``rank.speaker_boost`` for a conversation turn (episodic, with a
+    session) spoken by a speaker the query names, where the pool's turns have two or more
+    speakers and the query names some but not all of them; None otherwise. Shown in the
+    flags as ``speaker`` (the speakers named)."""
+    if plan.config.rank.speaker_boost <= 0 or "speaker" in plan.disabled:
+        return None
+    types, sessions = np.asarray(cols.types[rows]), cols.sessions[rows]
+    speakers: list[str | None] = [None] * len(rows)
+    for i in np.flatnonzero(types == "episodic").tolist():
+        if sessions[i]:
+            speakers[i] = scope.speaker_of(gen.text(int(rows[i])))
+    present = {s for s in speakers if s is not None}
+    named = scope.named_speakers(plan.query, present) if len(present) >= 2 else set()
+    if not named or named == present:
+        return None
+    flags["speaker"] = sorted(named)
+    return np.where([s in named for s in speakers], 1.0 + plan.config.rank.speaker_boost, 1.0)
+
+
 def _boosts(*boosts: np.ndarray | None) -> np.ndarray | None:
     """The product of the per-candidate multipliers given (None: none given)."""
     given = [b for b in boosts if b is not None]
@@ -626,7 +646,7 @@ def _lexical_share(cfg: Any, n_tokens: np.ndarray) -> float | np.ndarray:
 def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessOverlay | None,
           gen: Any, flags: dict[str, Any]) -> rank.Ranked:
     """Score the candidates by type-weighted signals (similarity, recency, salience,
-    confidence, graph), times the time and intent boosts; recency reads the newest of the
+    confidence, graph), times the time, intent and speaker boosts; recency reads the newest of the
     generation's and the overlay's last access."""
     cfg, rows = plan.config, found.rows
     assert found.cosine is not None  # filled by the late-interaction stage
@@ -650,7 +670,8 @@ def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessO
         if found.bm25_score and (cfg.rank.lexical_weight or cfg.rank.lexical_beyond_tokens) else None,
         lexical_share=_lexical_share(cfg.rank, cols.n_tokens[rows]),
         context=found.context_cosine, context_share=cfg.context.similarity_share,
-        boost=_boosts(_time_boost(plan, rows, cols, gen), _intent_boost(plan, np.asarray(cols.types[rows]), cols.ids[rows], flags)),
+        boost=_boosts(_time_boost(plan, rows, cols, gen), _intent_boost(plan, np.asarray(cols.types[rows]), cols.ids[rows], flags),
+                      _speaker_boost(plan, rows, cols, gen, flags)),
         parents=[_parent(str(i)) for i in cols.ids[rows]] if cfg.rank.chunk_support > 0 else None,
     )
 

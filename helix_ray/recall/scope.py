@@ -17,7 +17,7 @@ import datetime as dt
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
@@ -120,6 +120,24 @@ def _speaker(line: str) -> str | None:
     if label.isupper() and lowered not in _ROLES:  # ERROR, INFO, HTTP, ...
         return None
     return lowered
+
+
+def speaker_of(text: str) -> str | None:
+    """The speaker of a conversation turn stored as ``"<speaker>: <text>"`` (as the
+    transcript and LoCoMo readers store a turn), lower-cased; None for other text."""
+    return _speaker(text[:80])
+
+
+def named_speakers(query: str, speakers: Iterable[str]) -> set[str]:
+    """The ``speakers`` (labels as :func:`speaker_of` gives them) that ``query`` names: the
+    label, or its first word, as a word of the query ("What kind of art does Caroline
+    make?" names "caroline"; "what did the user ask" names "user"). A query that is itself
+    a labelled turn is read without its label: the asker is not the subject."""
+    if _speaker(query) is not None:
+        query = query.split(":", 1)[1]
+    lowered = query.lower()
+    words = set(re.findall(r"[^\W_]+", lowered))  # "Bob's" names bob
+    return {s for s in speakers if s.split()[0] in words or (" " in s and s in lowered)}
 
 
 def split_transcript(query: str) -> tuple[str, tuple[str, ...]] | None:
