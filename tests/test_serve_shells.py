@@ -260,3 +260,58 @@ def test_read_through_leaves_no_buffer_on_the_heap(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20, f"read_through allocated {peak:,} bytes on the heap"
+
+
+def test_dropping_a_generation_trims_the_heap_once(shells, monkeypatch):
+    """A replica holds two generations: the swap that drops the oldest asks for one trim
+    of the C heap (what that generation held goes back to the OS), the one before does not."""
+    from helix_ray.live import views as views_mod
+
+    trims: list[float] = []
+    monkeypatch.setattr(views_mod, "trim_heap_later", lambda *a: trims.append(1.0))
+    views = shells["ranker"].views
+    first = views.latest
+    for n in (1, 2):
+        shells["writer"].add([{"id": f"alice-trim-{n}", "text": f"Trim drill number {n}."}], "alice")
+        assert shells["writer"].compact()["published"]
+        assert asyncio.run(views.refresh()) and views.latest == first + n
+        assert len(trims) == n - 1, f"{len(trims)} trims after {n} swaps"
+    assert list(views.generations) == [first + 1, first + 2]
+
+
+def test_a_trim_runs_later_off_the_event_loop(monkeypatch):
+    import threading
+
+    from helix_ray.live import heap
+
+    ran: list[str] = []
+    monkeypatch.setattr(heap, "trim_heap", lambda: ran.append(threading.current_thread().name))
+
+    async def drop() -> str:
+        heap.trim_heap_later(0.05)
+        assert not ran  # not at once: requests in flight still hold the generation
+        await asyncio.sleep(0.3)
+        return threading.current_thread().name
+
+    loop_thread = asyncio.run(drop())
+    assert len(ran) == 1 and ran[0] != loop_thread
+
+
+def test_trimming_the_heap_never_fails_without_glibc(monkeypatch):
+    """macOS and musl have no ``malloc_trim``; Windows has no ``CDLL(None)``."""
+    import ctypes
+
+    from helix_ray.live import heap
+
+    assert isinstance(heap.trim_heap(), bool)  # this host's libc, whatever it is
+    def no_libc(*args, **kwargs):
+        raise OSError("no C library")
+
+    def windows(name, *args, **kwargs):
+        raise TypeError(f"expected str, got {name!r}")
+
+    for cdll in (lambda *a, **k: object(), no_libc, windows):  # musl/macOS: a libc without malloc_trim
+        monkeypatch.setattr(ctypes, "CDLL", cdll)
+        heap._malloc_trim.cache_clear()
+        assert heap.trim_heap() is False
+    heap._malloc_trim.cache_clear()

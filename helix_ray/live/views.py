@@ -33,6 +33,7 @@ from helix_ray.config import RetrievalConfig
 from helix_ray.errors import StoreError
 from helix_ray.live.delta import DELTA_BASE, DeltaSegment, SegmentCache
 from helix_ray.live.delta_format import current_delta_version, delta_dir
+from helix_ray.live.heap import trim_heap_later
 from helix_ray.recall import scope as scope_mod
 from helix_ray.recall.pipeline import Recaller
 from helix_ray.recall.warm import ROLE_FILES, read_through
@@ -307,6 +308,7 @@ class StoreViews:
         self.generations.move_to_end(view.number)
         if self.latest is None or view.number > self.latest:
             self.latest = view.number  # the swap: one reference, after the view is warm
+        dropped = False
         while len(self.generations) > self.keep_generations:
             oldest = next(iter(self.generations))
             if oldest == self.latest:
@@ -314,6 +316,9 @@ class StoreViews:
             self.generations.pop(oldest)  # requests still using it hold their own reference
             for key in [k for k in self.recallers if k[0] == oldest]:
                 self.recallers.pop(key)
+            dropped = True
+        if dropped:  # once those requests return, hand what the generation held back to the OS
+            trim_heap_later()
 
     async def generation(self, number: int | None = None, opened: Generation | None = None) -> GenerationView | None:
         """Generation ``number`` (default: this replica's newest), opened if needed
