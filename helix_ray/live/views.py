@@ -38,7 +38,7 @@ from helix_ray.recall import scope as scope_mod
 from helix_ray.recall.pipeline import Recaller
 from helix_ray.recall.warm import ROLE_FILES, read_through
 from helix_ray.store.generation import Generation, open_good_generation
-from helix_ray.store.pointer import Pointer
+from helix_ray.store.pointer import Pointer, read_int
 from helix_ray.token_encoder import PassageTokens
 
 log = logging.getLogger(__name__)
@@ -282,8 +282,8 @@ class StoreViews:
         self.segments = SegmentCache()  # delta segment files parsed once, shared by the snapshots held
         self.recallers: OrderedDict[tuple[int, int, bool], ShellRecaller] = OrderedDict()
         self._loading: dict[int, asyncio.Future] = {}
-        self._gen_pointer = Pointer(self.store / "CURRENT", _read_int)
-        self._delta_pointer = Pointer(delta_dir(self.store) / "CURRENT", _read_int)
+        self._gen_pointer = Pointer(self.store / "CURRENT", read_int)
+        self._delta_pointer = Pointer(delta_dir(self.store) / "CURRENT", read_int)
         self.latest: int | None = None
         self._damaged_current: int | None = None  # a CURRENT found damaged, not tried again
         # Open synchronously at start: the replica is not ready before.
@@ -409,7 +409,7 @@ class StoreViews:
             except StoreError:  # replaced and pruned between reading CURRENT and the file
                 if attempt == 2:
                     raise
-                self._delta_pointer = Pointer(delta_dir(self.store) / "CURRENT", _read_int)
+                self._delta_pointer = Pointer(delta_dir(self.store) / "CURRENT", read_int)
                 continue
             self.deltas[version] = seg
             while len(self.deltas) > 4:
@@ -434,14 +434,6 @@ class StoreViews:
             while len(self.recallers) > self.keep_recallers:
                 self.recallers.popitem(last=False)
         return rec
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except FileNotFoundError:
-        return None
-    return int(text) if text else None
 
 
 __all__ = ["StoreViews", "ShellRecaller", "JoinedGeneration", "GenerationView", "Pointer",

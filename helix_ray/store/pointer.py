@@ -21,6 +21,15 @@ def write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def read_int(path: Path) -> int | None:
+    """The number a pointer file such as ``CURRENT`` holds; None when it is missing or empty."""
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text else None
+
+
 class Pointer:
     """A small file read only when it changed: one ``stat`` per call otherwise.
 

@@ -1,0 +1,229 @@
+"""A store's mirror (helix_ray/store/mirror.py): push makes a pyarrow.fs location hold the
+store's current generation, delta and small files; pull makes a local cache a copy that
+recall reads as it reads the store. A local folder stands in for object storage.
+
+One real store is built with the real ingest (``runner="local"``): generation 1 (the
+shipped sample's memories), then generation 2 (two more) and 3 (one more), each pushed
+in turn; each test uses its own mirror and cache."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helix_ray.errors import GenerationDamaged, InvalidArgument, StoreError
+from helix_ray.store import mirror as mirror_mod
+from helix_ray.store.generation import Generation, current_generation_number
+from helix_ray.store.mirror import open_mirror, pull, push
+from tests.helpers import SAMPLE, memory, write_jsonl
+
+QUERY = "When does the staging cluster restart?"
+
+
+def _ingest(store: Path, records: list[dict], folder: Path, name: str) -> int:
+    from helix_ray.config import IngestConfig, load_config
+    from helix_ray.ingest.run import ingest
+
+    source = write_jsonl(folder / f"{name}.jsonl", records)
+    config = load_config(IngestConfig, overrides={"hnsw_min_rows": 0})
+    return ingest([source], store, config=config, runner="local", show_progress=False).generation
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> dict[int, Path]:
+    """Copies of one store at generations 1, 2 and 3 (each a folder of its own)."""
+    from helix_ray.config import IngestConfig, load_config
+    from helix_ray.ingest.run import ingest
+
+    folder = tmp_path_factory.mktemp("mirror")
+    store = folder / "store"
+    config = load_config(IngestConfig, overrides={"hnsw_min_rows": 0})
+    assert ingest([SAMPLE / "memories.jsonl"], store, config=config, runner="local", show_progress=False).generation == 1
+    out = {1: Path(shutil.copytree(store, folder / "at1"))}
+    assert _ingest(store, [memory(900, "The staging cluster restarts every Sunday at noon."),
+                           memory(901, "Release notes are drafted on Thursdays.")], folder, "two") == 2
+    out[2] = Path(shutil.copytree(store, folder / "at2"))
+    assert _ingest(store, [memory(902, "The on-call rotation changes on Mondays.")], folder, "three") == 3
+    out[3] = store
+    return out
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _recall_ids(store: Path, query: str = QUERY, user: str = "dana") -> list[str]:
+    """What a serving replica of the compact graph answers over ``store``."""
+    from helix_ray.config import RetrievalConfig
+    from helix_ray.serve.shells import PipelineShell
+
+    async def run() -> list[str]:
+        shell = PipelineShell(store)
+        out = await shell.recall(query, user=user, config=RetrievalConfig(), budget_tokens=400, k=8)
+        return [item["id"] for item in out["items"]]
+
+    return asyncio.run(run())
+
+
+# --------------------------------------------------------------------------- URIs
+
+
+@pytest.mark.parametrize(("uri", "says"), [
+    ("relative/folder", "absolute path"),
+    ("nosuch://bucket/x", "nosuch://bucket/x"),
+    ("", "absolute folder path, a file:// URI, or an s3://"),
+])
+def test_a_bad_uri_is_refused_saying_what_is_allowed(uri, says):
+    with pytest.raises(InvalidArgument) as err:
+        open_mirror(uri)
+    message = str(err.value)
+    assert message.startswith(f"Got mirror={uri!r}") and says in message and "--mirror" in message
+
+
+def test_a_path_and_a_file_uri_open_the_same_folder(tmp_path):
+    assert open_mirror(str(tmp_path)).root == open_mirror(f"file://{tmp_path}").root == str(tmp_path)
+
+
+def test_the_store_itself_is_no_mirror(stores):
+    with pytest.raises(InvalidArgument, match="another folder than the store"):
+        push(stores[1], open_mirror(str(stores[1])))
+
+
+# --------------------------------------------------------------------------- push and pull
+
+
+def test_a_pulled_cache_holds_the_generation_byte_for_byte_and_recalls_alike(stores, tmp_path):
+    mirror = open_mirror(f"file://{tmp_path / 'mirror'}")
+    report = push(stores[2], mirror)
+    assert (report.generation, report.copied) == (2, 0) and report.uploaded > 5
+    cache = tmp_path / "cache"
+    got = pull(open_mirror(str(tmp_path / "mirror")), cache)
+    assert got.generation == 2 and got.changed and got.linked == 0
+    assert _files(cache / "generations/000002") == _files(stores[2] / "generations/000002")
+    assert current_generation_number(cache) == 2
+    Generation(cache / "generations/000002", verify="full")
+    assert not (cache / "helix.duckdb").exists() and not (cache / "inbox").exists()
+    ids = _recall_ids(cache)
+    assert ids and ids == _recall_ids(stores[2]) and "m900" in ids
+
+
+def test_unchanged_files_are_copied_at_the_mirror_and_linked_in_the_cache(stores, tmp_path):
+    """Token segments a store hard-links between generations are copied at the mirror,
+    not uploaded, and hard-linked in the cache, not downloaded; two generations stay."""
+    mirror, reader, cache = open_mirror(str(tmp_path / "m")), open_mirror(str(tmp_path / "m")), tmp_path / "c"
+    push(stores[1], mirror)
+    pull(reader, cache)
+    second = push(stores[2], mirror)
+    gen2 = json.loads((stores[2] / "generations/000002/manifest.json").read_text())
+    gen1 = json.loads((stores[1] / "generations/000001/manifest.json").read_text())
+    same = {n for n, r in gen2["files"].items() if gen1["files"].get(n) == r}
+    assert same and second.copied == len(same) and second.uploaded == len(gen2["files"]) - len(same)
+    assert sorted(p.name for p in (tmp_path / "m/generations").iterdir()) == ["000001", "000002"]
+    got = pull(reader, cache)
+    assert got.linked == len(same) and got.downloaded == len(gen2["files"]) - len(same)
+    name = sorted(same)[0]
+    assert (cache / "generations/000002" / name).stat().st_ino == (cache / "generations/000001" / name).stat().st_ino
+    push(stores[3], mirror)
+    assert sorted(p.name for p in (tmp_path / "m/generations").iterdir()) == ["000002", "000003"]
+    assert pull(reader, cache).generation == 3
+    assert sorted(p.name for p in (cache / "generations").iterdir()) == ["000002", "000003"]
+
+
+def test_a_generation_already_in_the_cache_is_not_downloaded_again(stores, tmp_path):
+    mirror = open_mirror(str(tmp_path / "m"))
+    push(stores[2], mirror)
+    reader = open_mirror(str(tmp_path / "m"))
+    assert pull(reader, tmp_path / "c").downloaded > 0
+    again = pull(reader, tmp_path / "c")
+    assert (again.downloaded, again.linked, again.changed) == (0, 0, False)
+    assert push(stores[2], mirror).uploaded == 0
+
+
+def test_a_push_cut_short_never_moves_the_mirrors_current(stores, tmp_path, monkeypatch):
+    mirror = open_mirror(str(tmp_path / "m"))
+    push(stores[1], mirror)
+    upload = mirror_mod.Mirror.upload
+
+    def failing(self, local, rel):
+        if rel.endswith("manifest.json"):
+            raise OSError("connection reset")
+        return upload(self, local, rel)
+
+    monkeypatch.setattr(mirror_mod.Mirror, "upload", failing)
+    with pytest.raises(OSError, match="connection reset"):
+        push(stores[2], mirror)
+    assert (tmp_path / "m/CURRENT").read_text().strip() == "1"
+    assert pull(open_mirror(str(tmp_path / "m")), tmp_path / "c").generation == 1
+    monkeypatch.undo()
+    assert push(stores[2], mirror).generation == 2
+    assert pull(open_mirror(str(tmp_path / "m")), tmp_path / "c").generation == 2
+
+
+def test_a_pull_cut_short_or_damaged_leaves_the_cache_on_its_generation(stores, tmp_path, monkeypatch):
+    mirror, reader, cache = open_mirror(str(tmp_path / "m")), open_mirror(str(tmp_path / "m")), tmp_path / "c"
+    push(stores[1], mirror)
+    pull(reader, cache)
+    push(stores[2], mirror)
+    download = mirror_mod.Mirror.download
+    calls = []
+
+    def failing(self, rel, local):
+        calls.append(rel)
+        if len(calls) == 2:
+            raise OSError("connection reset")
+        return download(self, rel, local)
+
+    monkeypatch.setattr(mirror_mod.Mirror, "download", failing)
+    with pytest.raises(OSError):
+        pull(reader, cache)
+    monkeypatch.undo()
+    assert current_generation_number(cache) == 1
+    assert sorted(p.name for p in (cache / "generations").iterdir()) == ["000001"]  # no .partial left
+
+    victim = tmp_path / "m/generations/000002/memories.arrow"  # same size, one byte flipped
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(GenerationDamaged, match="memories.arrow has CRC-32") as err:
+        pull(reader, cache)
+    assert "push the store to it again" in str(err.value) and "keeps generation 1" in str(err.value)
+    assert current_generation_number(cache) == 1
+    assert sorted(p.name for p in (cache / "generations").iterdir()) == ["000001"]
+
+
+def test_an_empty_mirror_or_a_mirror_of_another_store_is_refused(stores, tmp_path):
+    with pytest.raises(StoreError, match="holds no generation yet"):
+        pull(open_mirror(str(tmp_path / "m")), tmp_path / "c")
+    push(stores[3], open_mirror(str(tmp_path / "m")))
+    with pytest.raises(StoreError, match="newer than store"):
+        push(stores[1], open_mirror(str(tmp_path / "m")))
+
+
+def test_the_delta_and_small_files_follow_the_store(stores, tmp_path):
+    """A write in the store's delta is found by recall over the cache after a push and a
+    pull; the live settings and the keys' hashes come along and leave with the store's."""
+    from helix_ray.memory import Memory
+
+    store = Path(shutil.copytree(stores[2], tmp_path / "store"))
+    mem = Memory(store, warm=False)
+    try:
+        mem.add([{**memory(950, "The staging cluster restarts on Wednesdays at dawn from now on."), "user": "dana"}])
+    finally:
+        mem.close()
+    (store / "serve-settings.json").write_text('{"k": 7}')
+    mirror, reader, cache = open_mirror(str(tmp_path / "m")), open_mirror(str(tmp_path / "m")), tmp_path / "c"
+    sent = push(store, mirror)
+    assert sent.delta_version > 0 and sent.segments >= 1 and "serve-settings.json" in sent.small_files
+    got = pull(reader, cache)
+    assert got.delta_version == sent.delta_version
+    assert (cache / "delta/CURRENT").read_text() == (store / "delta/CURRENT").read_text()
+    assert json.loads((cache / "serve-settings.json").read_text()) == {"k": 7}
+    assert "m950" in _recall_ids(cache, "Which day does the staging cluster restart from now on?")
+    (store / "serve-settings.json").unlink()
+    assert push(store, mirror).small_files == ["serve-settings.json"]
+    assert pull(reader, cache).changed and not (cache / "serve-settings.json").exists()
+
