@@ -88,6 +88,9 @@ def _ingest_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     s.add_argument("--runner", default="ray", choices=("ray", "local"),
                    help="ray: Ray Data on a local Ray or RAY_ADDRESS (default); local: one process")
     s.add_argument("--config", help="ingest YAML (see configs/ingest.yaml)")
+    s.add_argument("--mirror", metavar="URI", help="also publish the store's current generation and delta there "
+                   "(an absolute folder, file://, s3://, gs:// or hdfs:// URI), for servers on hosts that do not "
+                   "see the store folder")
     s.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (a bar on a terminal, else a line per stage)")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -372,7 +375,8 @@ def _ingest(args: argparse.Namespace) -> int:
 
     report = ingest(args.sources, args.store, fmt=args.format, config=_ingest_config(args), runner=args.runner,
                     show_progress=not args.no_progress and not args.json, since=args.since,
-                    max_commits=args.max_commits, repo_name=args.repo_name, doc_name=args.doc_name)
+                    max_commits=args.max_commits, repo_name=args.repo_name, doc_name=args.doc_name,
+                    mirror=args.mirror)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1, default=str))
     else:

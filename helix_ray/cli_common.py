@@ -39,6 +39,10 @@ def format_report(report) -> str:
     lines.append(f"generation {report.generation}: {state}, {memories}" if report.generation is not None else
                  f"no generation: nothing to publish, {memories}")
     lines.append("  seconds: " + ", ".join(f"{k} {v}" for k, v in report.seconds.items()))
+    if report.mirrored:
+        m = report.mirrored
+        lines.append(f"mirror {m['uri']}: generation {m['generation']} ({m['uploaded']} files uploaded, "
+                     f"{m['copied']} copied there), delta snapshot {m['delta_version']}")
     return "\n".join(lines)
 
 

@@ -227,3 +227,47 @@ def test_the_delta_and_small_files_follow_the_store(stores, tmp_path):
     assert push(store, mirror).small_files == ["serve-settings.json"]
     assert pull(reader, cache).changed and not (cache / "serve-settings.json").exists()
 
+
+# --------------------------------------------------------------------------- helix ingest --mirror
+
+
+def test_helix_ingest_pushes_each_publish_to_its_mirror(tmp_path, capsys):
+    from helix_ray.cli import main
+
+    store, uri = tmp_path / "store", f"file://{tmp_path / 'm'}"
+    first = write_jsonl(tmp_path / "a.jsonl", [memory(1, "The gateway runs four uvicorn workers per pod.")])
+    args = ["--store", str(store), "--runner", "local", "--no-progress", "--mirror", uri]
+    assert main(["ingest", str(first), *args]) == 0
+    assert f"mirror {uri}: generation 1" in capsys.readouterr().out
+    assert (tmp_path / "m/CURRENT").read_text().strip() == "1"
+    second = write_jsonl(tmp_path / "b.jsonl", [memory(2, "Backups run nightly at two.")])
+    assert main(["ingest", str(second), *args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["mirrored"]["generation"] == 2 and report["mirrored"]["copied"] > 0
+    assert pull(open_mirror(uri), tmp_path / "c").generation == 2
+
+
+def test_a_bad_mirror_is_refused_before_the_store_is_touched(tmp_path, capsys):
+    from helix_ray.cli import main
+
+    source = write_jsonl(tmp_path / "a.jsonl", [memory(1, "The gateway runs four uvicorn workers per pod.")])
+    code = main(["ingest", str(source), "--store", str(tmp_path / "store"), "--runner", "local", "--no-progress",
+                 "--mirror", "mirror-here"])
+    assert code == 2 and "absolute path" in capsys.readouterr().err
+    assert not (tmp_path / "store").exists()
+
+
+def test_an_ingest_run_again_after_a_failed_push_completes_it(tmp_path, monkeypatch):
+    from helix_ray.ingest.run import ingest
+
+    source = write_jsonl(tmp_path / "a.jsonl", [memory(1, "The gateway runs four uvicorn workers per pod.")])
+    run = dict(runner="local", show_progress=False, mirror=str(tmp_path / "m"))
+    monkeypatch.setattr(mirror_mod.Mirror, "replace", lambda *a: (_ for _ in ()).throw(OSError("no route")))
+    with pytest.raises(StoreError, match="Generation 1 is current in .*Run the same `helix ingest"):
+        ingest([source], tmp_path / "store", **run)
+    monkeypatch.undo()
+    assert current_generation_number(tmp_path / "store") == 1 and not (tmp_path / "m/CURRENT").exists()
+    again = ingest([source], tmp_path / "store", **run)
+    assert not again.published and again.mirrored["generation"] == 1
+    assert (tmp_path / "m/CURRENT").read_text().strip() == "1"
+

@@ -57,6 +57,7 @@ from helix_ray.ingest.sources import FORMATS, source_items
 from helix_ray.schema import parent_of
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import ACCESS_WATERMARK, Generation, current_generation_number
+from helix_ray.store.mirror import Mirror, open_mirror, push
 from helix_ray.store.publish import GenerationData, prune, publish, set_current
 from helix_ray.store.space import disk_full
 
@@ -89,6 +90,7 @@ class IngestReport:
     pruned: list[int] = dataclasses.field(default_factory=list)  # generation folders deleted after publishing
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     quarantine_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
+    mirrored: dict[str, Any] | None = None  # what was pushed to the mirror, when one was given
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -189,6 +191,7 @@ def ingest(
     max_commits: int | None = None,
     repo_name: str | None = None,
     doc_name: str | None = None,
+    mirror: str | None = None,
 ) -> IngestReport:
     """Ingest ``sources`` into ``store`` and publish a new generation if anything changed.
 
@@ -207,9 +210,14 @@ def ingest(
     folder's). A name taken by default that the store records for another folder of the
     same user is refused before anything is written; a name given moves to the folder
     read (:mod:`.names`).
+
+    ``mirror`` (a URI, :func:`helix_ray.store.mirror.open_mirror`): after the run, the
+    store's current generation, delta and small files are pushed there, also when the
+    run published nothing new (so a run repeated after a failed push completes it).
     """
     config = config or IngestConfig()
     store = Path(store)
+    target = open_mirror(mirror) if mirror is not None else None  # a bad URI is refused before any work
     if runner not in ("ray", "local"):
         raise InvalidArgument("runner", runner, "allowed runners are 'ray' and 'local'")
     if fmt not in FORMATS:
@@ -238,11 +246,29 @@ def ingest(
                     _stages(run, items)
                 else:
                     _ray_job().run_stages(run, items, _stages)
+            if target is not None:
+                _push(store, target, report)
     except Exception as exc:
         if is_disk_full(exc):  # CURRENT moves last: the previous generation is still the current one
             raise disk_full(store, "ingesting") from exc
         raise
     return report
+
+
+def _push(store: Path, mirror: Mirror, report: IngestReport) -> None:
+    """The store's current state to ``mirror``, recorded in ``report.mirrored`` (a
+    store with no generation yet has nothing to push)."""
+    if current_generation_number(store) is None:
+        return
+    try:
+        pushed = push(store, mirror)
+    except (OSError, StoreError) as exc:
+        raise StoreError(f"Generation {report.generation} is current in {store}, but pushing it to the mirror "
+                         f"{mirror.uri} failed ({type(exc).__name__}: {exc}); the mirror still serves what it "
+                         "served. Run the same `helix ingest ... --mirror` again: it publishes nothing new and "
+                         "pushes.") from exc
+    report.mirrored = {"uri": mirror.uri, "generation": pushed.generation, "uploaded": pushed.uploaded,
+                       "copied": pushed.copied, "delta_version": pushed.delta_version}
 
 
 def _ray_job() -> ModuleType:

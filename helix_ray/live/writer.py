@@ -53,6 +53,7 @@ from helix_ray.live.delta_format import (
 from helix_ray.recall import adapter
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import ACCESS_WATERMARK, current_generation_number, open_good_generation
+from helix_ray.store.mirror import Mirror, push
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +85,17 @@ class WriterCore:
     """Owns the store's DuckDB file, the inbox and the delta segment."""
 
     def __init__(self, store: str | Path, *, ingest: IngestConfig | None = None, compact_runner: str = "local",
-                 warn_tokens: bool = True, db: StoreDB | None = None, lock: threading.RLock | None = None):
+                 warn_tokens: bool = True, db: StoreDB | None = None, lock: threading.RLock | None = None,
+                 mirror: Mirror | None = None):
         """``warn_tokens``: say at start when the first compaction would encode every
         memory's token vectors (:meth:`_warn_if_tokens_missing`); False: say it at the
         first compaction that does. ``db``, ``lock``: a connection to the store's
         database already open in this process and the lock its callers take (an open
-        ``Memory``'s); :meth:`close` closes it."""
+        ``Memory``'s); :meth:`close` closes it. ``mirror``: pushed to after every delta
+        snapshot (a compaction's generation comes with its snapshot), access-log
+        update, settings change and fitted adapter (:mod:`helix_ray.store.mirror`)."""
         self.store = Path(store)
+        self.mirror = mirror
         self.config = ingest or IngestConfig()
         self.compact_runner = compact_runner
         self.db = self._open_database(db)  # raises DatabaseHeld when another process holds the file
@@ -302,7 +307,19 @@ class WriterCore:
         publish_manifest(self.store, self.version, [name for name, _ in segments], dead=dead.tolist(),
                          folded=folded, tombstones=self.tombstones.values())
         self.segments = segments
+        self.push_mirror()
         return self.version
+
+    def push_mirror(self) -> None:
+        """Make the mirror (if any) hold the store as it is now. A push that fails is
+        logged, not raised: the change is durable here, and the next push sends it."""
+        if self.mirror is None:
+            return
+        try:
+            push(self.store, self.mirror)
+        except Exception:  # noqa: BLE001 - object storage away must not fail a durable write
+            log.exception("could not push %s to the mirror %s; the next change tries again", self.store,
+                          self.mirror.uri)
 
     def _live_segments(self, live: np.ndarray) -> tuple[list[tuple[str, np.ndarray]], np.ndarray]:
         """The listed segments that still hold a live entry, and how many each holds (one
@@ -352,6 +369,7 @@ class WriterCore:
                 if int(micros) > self.recent_accesses.get(str(memory_id), 0):
                     self.recent_accesses[str(memory_id)] = fresh[str(memory_id)] = int(micros)
             self._publish_accesses(fresh)
+            self.push_mirror()
         return {"recorded": len(rows)}
 
     def _load_recent_accesses(self) -> None:
@@ -409,7 +427,10 @@ class WriterCore:
             if users == []:  # names no user: the request's own mistake (422)
                 raise
             raise Conflict(str(exc)) from None  # a valid request the store has no feedback for yet (409)
-        return adapter.fit_store(self.store, pairs, embedder=get_embedder(self.config.embedder), force=force)
+        out = adapter.fit_store(self.store, pairs, embedder=get_embedder(self.config.embedder), force=force)
+        with self._lock:
+            self.push_mirror()
+        return out
 
     # ---------------------------------------------------------------- compaction
     def pending(self) -> int:
@@ -443,11 +464,15 @@ class WriterCore:
     def patch_settings(self, patch: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
         """Merge ``patch`` into the live overrides, check the result, persist it."""
         with self._lock:
-            return settings.patch_settings(self.store, patch, base)
+            out = settings.patch_settings(self.store, patch, base)
+            self.push_mirror()
+            return out
 
     def reset_settings(self) -> dict[str, Any]:
         with self._lock:
-            return settings.reset_settings(self.store)
+            out = settings.reset_settings(self.store)
+            self.push_mirror()
+            return out
 
     # ---------------------------------------------------------------- stats
     def stats(self) -> dict[str, Any]:
