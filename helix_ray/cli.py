@@ -260,6 +260,11 @@ def _serve_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                         "docs/operations.md); only for a Ray this command starts")
     s.add_argument("--ingest-config", help="ingest YAML for online writes and compaction (see configs/ingest.yaml)")
     s.add_argument("--retrieval-config", help="retrieval YAML: the base settings (see configs/retrieval.yaml)")
+    s.add_argument("--mirror", metavar="URI", help="push the store there after every change and let recall replicas "
+                   "on any node read their node's copy of it (an absolute folder, file://, s3://, gs:// or hdfs:// "
+                   "URI; the Writer and the ingress stay on this node; not with --graph inline)")
+    s.add_argument("--mirror-cache", metavar="DIR", help="with --mirror: each node's copy goes here (default: under "
+                   "the node's temporary folder)")
     _verbose_argument(s)
 
 

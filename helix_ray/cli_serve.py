@@ -101,8 +101,9 @@ def serve(args: argparse.Namespace) -> int:
         print(f"helix serve: binding {args.host}: the API is reachable from other machines.", file=sys.stderr)
     _serve_driver_logs(quiet=not args.verbose)
     serve_forever(args.store, host=args.host, port=args.port, auth=not args.no_auth, create=True,
-                  ingest_config=args.ingest_config, retrieval=retrieval, graph=serve_graph(args.graph),
-                  quiet=not args.verbose)
+                  ingest_config=args.ingest_config, retrieval=retrieval, graph=serve_graph(args.graph, args.mirror),
+                  quiet=not args.verbose, **({"mirror": args.mirror, "mirror_cache": args.mirror_cache}
+                                             if args.mirror else {}))
     return 0
 
 
@@ -118,9 +119,10 @@ def _serve_driver_logs(quiet: bool) -> None:
     logging.getLogger("ray.serve").setLevel(logging.WARNING if quiet else logging.INFO)
 
 
-def serve_graph(choice: str) -> str:
+def serve_graph(choice: str, mirror: str | None = None) -> str:
     """``--graph auto``: the inline graph (no hop) on a Ray this command starts, the split
-    graph (a deployment per stage, scaled across nodes) on a cluster given by RAY_ADDRESS."""
+    graph (a deployment per stage, scaled across nodes) on a cluster given by RAY_ADDRESS
+    or with a mirror (whose recall replicas may run on any node)."""
     if choice != "auto":
         return choice
-    return "split" if os.environ.get("RAY_ADDRESS") else "inline"
+    return "split" if os.environ.get("RAY_ADDRESS") or mirror else "inline"

@@ -205,7 +205,7 @@ def test_an_empty_mirror_or_a_mirror_of_another_store_is_refused(stores, tmp_pat
 
 def test_the_delta_and_small_files_follow_the_store(stores, tmp_path):
     """A write in the store's delta is found by recall over the cache after a push and a
-    pull; the live settings and the keys' hashes come along and leave with the store's."""
+    pull; the live settings come along and leave with the store's."""
     from helix_ray.memory import Memory
 
     store = Path(shutil.copytree(stores[2], tmp_path / "store"))
@@ -271,3 +271,65 @@ def test_an_ingest_run_again_after_a_failed_push_completes_it(tmp_path, monkeypa
     assert not again.published and again.mirrored["generation"] == 1
     assert (tmp_path / "m/CURRENT").read_text().strip() == "1"
 
+
+# --------------------------------------------------------------------------- serving from a mirror
+
+
+def test_replicas_serve_a_cache_of_the_mirror_that_follows_the_writer(stores, tmp_path):
+    """The Writer pushes each write and each compaction; a replica reading the store
+    through a synced cache answers as one reading the store, then finds the write (from
+    the delta), then serves the compaction's generation. No Ray: the shells in process."""
+    from helix_ray.config import RetrievalConfig
+    from helix_ray.serve.shells import PipelineShell, WriterShell
+
+    store, uri, cache = Path(shutil.copytree(stores[2], tmp_path / "store")), f"file://{tmp_path / 'm'}", tmp_path / "c"
+    writer = WriterShell(store, mirror=uri)
+    try:
+        assert (tmp_path / "m/CURRENT").read_text().strip() == "2"
+        replica = PipelineShell("/no/such/store", mirror=uri, mirror_cache=str(cache), watch_interval_s=0.1)
+        sync = mirror_mod.CacheSync.start(uri, cache)
+        assert replica.ranker.views.store == cache and sync.last is not None and sync.last.generation == 2
+
+        async def answer(query: str) -> list[tuple[str, str]]:
+            out = await replica.recall(query, user="dana", config=RetrievalConfig(), budget_tokens=400, k=8)
+            return [(item["id"], item["origin"]) for item in out["items"]]
+
+        async def until(query: str, wanted: tuple[str, str]) -> list[tuple[str, str]]:
+            for _ in range(200):
+                got = await answer(query)
+                if wanted in got:
+                    return got
+                await asyncio.sleep(0.1)
+            raise AssertionError(f"{wanted} not answered from the cache: {got}")
+
+        assert [i for i, _ in asyncio.run(answer(QUERY))] == _recall_ids(store)
+        written = memory(960, "The staging cluster restarts on Fridays at dusk from now on.")
+        writer.add([written], user=None)
+        query = "Which day does the staging cluster restart from now on?"
+        asyncio.run(until(query, ("m960", "delta")))
+        assert writer.compact()["generation"] == 3
+        asyncio.run(until(query, ("m960", "generation")))
+        assert current_generation_number(cache) == 3 and not (cache / "helix.duckdb").exists()
+    finally:
+        mirror_mod.CacheSync.start(uri, cache).stop()
+        writer.core.close()
+
+
+def test_serve_args_refuse_a_bad_mirror_and_the_inline_graph_with_one(tmp_path):
+    from pydantic import ValidationError
+
+    from helix_ray.serve.app import ServeArgs
+
+    with pytest.raises(ValidationError, match="absolute path"):
+        ServeArgs(store=str(tmp_path), mirror="relative/m")
+    with pytest.raises(ValidationError, match="graph 'split' or 'compact'"):
+        ServeArgs(store=str(tmp_path), mirror=str(tmp_path / "m"), graph="inline")
+    assert ServeArgs(store=str(tmp_path), mirror=str(tmp_path / "m"), graph="compact").mirror_cache is None
+
+
+def test_build_app_pushes_the_store_before_any_replica_starts(stores, tmp_path):
+    from helix_ray.serve.app import ServeArgs, build_app
+
+    mirror = tmp_path / "m"
+    build_app(ServeArgs(store=str(stores[1]), mirror=str(mirror), store_node="ab" * 28, graph="compact"))
+    assert (mirror / "CURRENT").read_text().strip() == "1"

@@ -77,6 +77,7 @@ from helix_ray.serve.responses import (BODY, KEYED, RETRY_AFTER_S, add_error_han
 from helix_ray.serve.shells import PipelineShell
 from helix_ray.store.audit import read as read_audit
 from helix_ray.store.keys import KeyStore
+from helix_ray.store.mirror import open_mirror, push
 from helix_ray.store.pointer import Pointer
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,16 @@ class ServeArgs(BaseModel):
                                       "(seconds), instead of waiting for it. An Embedder with no answer after twice "
                                       "this: BM25 alone answers, on a plan made without the query vector, flagged.")
 
+    mirror: Optional[str] = Field(
+        None, description="A pyarrow.fs URI (absolute folder, file://, s3://, gs://, hdfs://) the Writer pushes the "
+                          "store to after every change; recall replicas then read a copy of it on their own node, "
+                          "synced every watch_interval_s, so they may run on nodes that do not see the store folder. "
+                          "The Writer and the ingress stay on the store's node (store_node).")
+    mirror_cache: Optional[str] = Field(None, description="With a mirror: the folder of each node's copy (default: "
+                                                          "under the node's temporary folder, one per URI).")
+    store_node: Optional[str] = Field(None, description="With a mirror: the Ray node id of the node that sees the "
+                                                        "store folder (default: the node that builds the app).")
+
     rate_limit: float = Field(0.0, ge=0, description="Requests per second each API key may send to one ingress "
                                                       "replica, on average (a token bucket; over it: 429 with "
                                                       "Retry-After). 0: no limit.")
@@ -136,6 +147,12 @@ class ServeArgs(BaseModel):
         if not 1 <= low <= high <= 16:
             raise ValueError(f"Got retriever_replicas={self.retriever_replicas}; it must be (min, max) with "
                              "1 <= min <= max <= 16.")
+        if self.mirror is not None:
+            open_mirror(self.mirror)  # a bad URI says what is allowed
+            if self.graph == "inline":
+                raise ValueError("Got graph='inline' with a mirror; the inline graph recalls in the ingress, which "
+                                 "stays on the store's node. Use graph 'split' or 'compact', whose recall replicas "
+                                 "read the mirror's copy on any node.")
         return self
 
 
@@ -494,6 +511,26 @@ class HelixAPI(SplitGraph):
         }
 
 
+#: The label Ray gives every node: its node id (a label selector pins a replica to it).
+NODE_ID_LABEL = "ray.io/node-id"
+
+
+def _mirrored(store: Path, args: ServeArgs) -> dict[str, Any]:
+    """With a mirror: push the store there before any replica starts (a replica on
+    another node starts from it), and the node the store's replicas stay on."""
+    if args.mirror is None:
+        return {}
+    push(store, open_mirror(args.mirror))
+    if args.store_node:
+        return {}
+    import ray
+
+    if not ray.is_initialized():
+        raise StoreError("A mirror needs the store's node: set `store_node` to the Ray node id of the node that "
+                         "sees the store folder (`ray list nodes`), or build the app on that node.")
+    return {"store_node": ray.get_runtime_context().get_node_id()}
+
+
 def build_app(args: ServeArgs) -> Application:
     """The Helix application for ``serve.run`` / ``serve run`` / ``serve deploy``."""
     if not isinstance(args, ServeArgs):
@@ -512,34 +549,39 @@ def build_app(args: ServeArgs) -> Application:
         # writes fill it (the delta, then compaction).
         log.warning("Starting a new, empty Helix store in %s", store)
         initialise(store, config=ingest)
-    args = args.model_copy(update={"store": str(store)})
+    args = args.model_copy(update={"store": str(store), **_mirrored(store, args)})
     low, high = args.retriever_replicas
     scaling = {**RETRIEVER_AUTOSCALING, "min_replicas": low, "initial_replicas": low, "max_replicas": high}
     # Every caller's queue bounded: the proxy's to the ingress answers its 503 itself,
     # with Retry-After from backpressure_config; a handle's raises BackPressureError in
     # the ingress, which answers it as its own 503 (RefusalsInHelixWords).
     queue = args.max_queued_requests
-    writer = Writer.options(max_queued_requests=queue).bind(
+    # With a mirror the Writer and the ingress stay where the store folder is; recall
+    # replicas (below) read their node's copy of the mirror.
+    pin = {"label_selector": {NODE_ID_LABEL: args.store_node}} if args.mirror else {}
+    copy = {"mirror": args.mirror, "mirror_cache": args.mirror_cache} if args.mirror else {}
+    writer = Writer.options(max_queued_requests=queue, ray_actor_options={"num_cpus": CPUS["writer"], **pin}).bind(
         str(store), ingest, compact_interval_s=args.compact_interval_s, compact_max_pending=args.compact_max_pending,
-        compact_runner=args.compact_runner)
+        compact_runner=args.compact_runner, mirror=args.mirror)
     pipelines = {**scaling, "max_replicas": min(high, 2)}  # each holds the models and every stage
     ingress = cast(Deployment, HelixAPI).options(  # what @serve.deployment made it; mypy keeps the class type
         user_config={"retrieval": args.retrieval}, max_queued_requests=queue,
-        backpressure_config=BackpressureConfig(status_code=503, retry_after_s=RETRY_AFTER_S))
+        backpressure_config=BackpressureConfig(status_code=503, retry_after_s=RETRY_AFTER_S),
+        ray_actor_options={"num_cpus": CPUS["ingress"], **pin})
     if args.graph == "compact":
         pipeline = Pipeline.options(autoscaling_config=pipelines, max_queued_requests=queue).bind(
-            str(store), ingest, args.watch_interval_s)
+            str(store), ingest, args.watch_interval_s, **copy)
         return ingress.bind(None, None, None, None, writer, args.model_dump(), pipeline)
     if args.graph == "inline":
         return ingress.options(autoscaling_config=pipelines, ray_actor_options={"num_cpus": CPUS["pipeline"]}).bind(
             None, None, None, None, writer, args.model_dump(), None, ingest)
     return ingress.bind(
-        Embedder.options(max_queued_requests=queue).bind(ingest, str(store)),
+        Embedder.options(max_queued_requests=queue).bind(ingest, str(store), **copy),
         DenseANN.options(autoscaling_config=scaling, max_queued_requests=queue).bind(
-            str(store), ingest, args.watch_interval_s),
+            str(store), ingest, args.watch_interval_s, **copy),
         BM25.options(autoscaling_config=scaling, max_queued_requests=queue).bind(
-            str(store), ingest, args.watch_interval_s),
-        Ranker.options(max_queued_requests=queue).bind(str(store), ingest, args.watch_interval_s),
+            str(store), ingest, args.watch_interval_s, **copy),
+        Ranker.options(max_queued_requests=queue).bind(str(store), ingest, args.watch_interval_s, **copy),
         writer,
         args.model_dump(),
     )

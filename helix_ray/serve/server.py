@@ -219,8 +219,10 @@ def run(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: b
     from helix_ray.serve.app import ServeArgs, build_app  # Ray Serve and FastAPI: loaded when serving starts
 
     check_exposure(host, auth)
-    # Checks the store before starting Ray (and with create=True starts a new one).
-    app = build_app(ServeArgs(store=str(store), auth=auth, **args))
+    # Checks the store before starting Ray (and with create=True starts a new one). With
+    # a mirror, built once Ray is up: the Writer and the ingress are pinned to this node.
+    serve_args = ServeArgs(store=str(store), auth=auth, **args)
+    app = None if serve_args.mirror else build_app(serve_args)
     if starts_own_ray():
         check_port_free(host, port)  # a Ray of our own: its Serve must not share a port
         # HAProxy's own ports are drawn next (own_haproxy): never this one, which is
@@ -229,6 +231,8 @@ def run(store: str | Path, *, host: str = "127.0.0.1", port: int = 8000, auth: b
     how = start_ray(quiet=quiet)
     if on_ray is not None:
         on_ray()
+    if app is None:
+        app = build_app(serve_args)
     serve.start(http_options={"host": host, "port": port})
     # Per-request access logs in every replica cost more than some hops; warnings only.
     handle = serve.run(app, name=APP_NAME, route_prefix="/",

@@ -43,6 +43,7 @@ from helix_ray.recall.warm import WARM_QUERY
 from helix_ray.runtime import usable_cores
 from helix_ray.serve.errors import ReplicaError, boundary
 from helix_ray.store.generation import Generation
+from helix_ray.store.mirror import CacheSync, open_mirror
 from helix_ray.store.pointer import Pointer
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,16 @@ def host_idle() -> bool:
     return running <= 1
 
 
+def served_folder(store: str | Path, mirror: str | None = None, mirror_cache: str | None = None,
+                  interval_s: float = WATCH_INTERVAL_S) -> Path:
+    """The folder a replica reads the store from: ``store`` itself, or with a ``mirror``
+    URI this host's cache of it (``mirror_cache``, default under the host's temporary
+    folder), synced every ``interval_s`` seconds (:class:`CacheSync`)."""
+    if mirror is None:
+        return Path(store)
+    return CacheSync.start(mirror, mirror_cache, interval_s).cache
+
+
 class EmbedderShell:
     """Checks, embeds and routes a request: ``Recaller.plan``. Needs no generation; given
     the store, it reads the current manifest (one ``stat`` per request) so it encodes the
@@ -109,7 +120,10 @@ class EmbedderShell:
     ``plan(..., alone=True)`` — the caller knows no other request is in its replica —
     encodes with a second, wider encoder, built on the first such call."""
 
-    def __init__(self, ingest: IngestConfig | None = None, store: str | Path | None = None):
+    def __init__(self, ingest: IngestConfig | None = None, store: str | Path | None = None, *,
+                 mirror: str | None = None, mirror_cache: str | None = None):
+        if store is not None:
+            store = served_folder(store, mirror, mirror_cache)
         config = (ingest or IngestConfig()).embedder
         cores = usable_cores()
         threads, alone = min(query_threads(), cores), min(query_threads_alone(), cores)
@@ -162,7 +176,9 @@ class _StoreShell:
     role = "all"
 
     def __init__(self, store: str | Path, ingest: IngestConfig | None = None,
-                 watch_interval_s: float = WATCH_INTERVAL_S):
+                 watch_interval_s: float = WATCH_INTERVAL_S, *, mirror: str | None = None,
+                 mirror_cache: str | None = None):
+        store = served_folder(store, mirror, mirror_cache, watch_interval_s)
         self.views = StoreViews(store, role=self.role, **_expect(ingest))
         if self.views.latest is None:
             raise StoreError(
@@ -223,9 +239,10 @@ class RankerShell(_StoreShell):
     role = "ranker"
 
     def __init__(self, store: str | Path, ingest: IngestConfig | None = None,
-                 watch_interval_s: float = WATCH_INTERVAL_S):
-        super().__init__(store, ingest, watch_interval_s)
-        self._accesses = AccessTail(accesses_path(Path(store)))
+                 watch_interval_s: float = WATCH_INTERVAL_S, *, mirror: str | None = None,
+                 mirror_cache: str | None = None):
+        super().__init__(store, ingest, watch_interval_s, mirror=mirror, mirror_cache=mirror_cache)
+        self._accesses = AccessTail(accesses_path(self.views.store))
 
     @boundary
     async def finish(self, plan: Plan, lexical: LegResult | None, dense: LegResult | None) -> dict[str, Any]:
@@ -267,7 +284,9 @@ class PipelineShell:
     Like :meth:`Recaller.recall`, a lexically decisive query skips the dense leg."""
 
     def __init__(self, store: str | Path, ingest: IngestConfig | None = None,
-                 watch_interval_s: float = WATCH_INTERVAL_S):
+                 watch_interval_s: float = WATCH_INTERVAL_S, *, mirror: str | None = None,
+                 mirror_cache: str | None = None):
+        store = served_folder(store, mirror, mirror_cache, watch_interval_s)  # one cache for the four shells
         self.embedder = EmbedderShell(ingest, store)
         self.bm25 = BM25Shell(store, ingest, watch_interval_s)
         self.dense = DenseShell(store, ingest, watch_interval_s)
@@ -313,13 +332,15 @@ class PipelineShell:
 class WriterShell:
     """The one writer: :class:`helix_ray.live.writer.WriterCore` plus a background
     :class:`Compactor` (every ``compact_interval_s`` seconds when anything is pending,
-    or as soon as ``compact_max_pending`` entries are)."""
+    or as soon as ``compact_max_pending`` entries are). With a ``mirror`` URI it pushes
+    the store there after every change replicas read (:mod:`helix_ray.store.mirror`)."""
 
     def __init__(self, store: str | Path, ingest: IngestConfig | None = None, *, compact_interval_s: float = 600.0,
-                 compact_max_pending: int = 2000, compact_runner: str = "local"):
+                 compact_max_pending: int = 2000, compact_runner: str = "local", mirror: str | None = None):
         from helix_ray.live.writer import WriterCore  # loads duckdb: only the Writer replica needs it
 
-        self.core = WriterCore(store, ingest=ingest, compact_runner=compact_runner)
+        self.core = WriterCore(store, ingest=ingest, compact_runner=compact_runner,
+                               mirror=open_mirror(mirror) if mirror is not None else None)
         self.core.load_encoders()  # before the replica reports healthy, not in the first write
         self.compactor = Compactor(self.core, interval_s=compact_interval_s, max_pending=compact_max_pending)
         self._stop = self.compactor.stop_event  # set: no further background compaction

@@ -7,7 +7,7 @@ The mirror has the store's layout, minus the database and the inbox::
     URI/CURRENT                      the mirror's current generation (replaced last)
     URI/generations/<NNNNNN>/        the current generation and the one before it
     URI/delta/CURRENT, <N>.json, seg-*.arrow    the live delta snapshot and its segments
-    URI/serve-settings.json, query_adapter.npz, keys.json, delta/ACCESSES.jsonl
+    URI/serve-settings.json, query_adapter.npz, delta/ACCESSES.jsonl
 
 :func:`push` (run where the store is: an ingest, the server's Writer) makes the mirror
 hold the store's current state. Every file of a generation goes up before its manifest,
@@ -31,10 +31,14 @@ replaced whole) is what makes a generation visible there.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import logging
 import os
 import shutil
+import tempfile
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,16 +50,15 @@ import pyarrow.fs as pafs
 from helix_ray.errors import GenerationDamaged, InvalidArgument, StoreError
 from helix_ray.store.generation import current_generation_number, generations_dir
 from helix_ray.store.integrity import MANIFEST, check_manifest, file_problem
-from helix_ray.store.keys import KEYS_FILE
 from helix_ray.store.pointer import read_int, write_text_atomic
 from helix_ray.store.publish import _rename_durably, fsync_path, set_current
 
 log = logging.getLogger(__name__)
 
-#: Small files of a store that serving replicas read, by path under the store: the live
-#: settings, the query adapter, the API keys' hashes (never the keys) and the recent
-#: recall hits. Each is replaced whole when it changes.
-SMALL_FILES = ("serve-settings.json", "query_adapter.npz", KEYS_FILE, "delta/ACCESSES.jsonl")
+#: Small files of a store that recall replicas read, by path under the store: the live
+#: settings, the query adapter and the recent recall hits. Each is replaced whole when it
+#: changes. Not ``keys.json``: only the ingress reads it, and it stays on the store's node.
+SMALL_FILES = ("serve-settings.json", "query_adapter.npz", "delta/ACCESSES.jsonl")
 DELTA = "delta"
 #: Delta snapshots kept at the mirror and in a cache: the current one and the one before
 #: (a pull that read ``CURRENT`` just before a push still finds its manifest).
@@ -464,12 +467,74 @@ def _pull_small(mirror: Mirror, cache: Path) -> list[str]:
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
             tmp.write_bytes(data)
-            if rel == KEYS_FILE:
-                tmp.chmod(0o600)
             os.replace(tmp, target)
         mirror._sent[rel] = key
         changed.append(rel)
     return changed
 
 
-__all__ = ["Mirror", "open_mirror", "push", "pull", "PushReport", "PullReport", "SMALL_FILES"]
+
+
+# ----------------------------------------------------------------------------- a serving host's cache
+
+
+def default_cache(uri: str) -> Path:
+    """Where a host keeps its copy of the mirror at ``uri`` unless told: under its
+    temporary folder, one folder per URI."""
+    return Path(tempfile.gettempdir()) / "helix-mirror" / hashlib.sha1(uri.encode()).hexdigest()[:16]
+
+
+class CacheSync:
+    """Keeps a host's cache of a mirror current: one :func:`pull` when it starts (errors
+    raised: a replica must not start on nothing), then one every ``interval_s`` seconds
+    in a daemon thread (errors logged; the cache keeps what it has). One per (URI,
+    cache) in a process, shared by every shell of a replica; the processes of one host
+    that share a cache take turns by a lock file, so one downloads and the others find
+    the generation there."""
+
+    _started: dict[tuple[str, Path], CacheSync] = {}
+    _guard = threading.Lock()
+
+    def __init__(self, uri: str, cache: Path, interval_s: float):
+        self.mirror = open_mirror(uri)
+        self.cache = cache
+        self.interval_s = interval_s
+        self.last: PullReport | None = None
+        self.stopped = threading.Event()
+        self.sync_once()
+        threading.Thread(target=self._run, name=f"helix-mirror-sync-{cache.name}", daemon=True).start()
+
+    @classmethod
+    def start(cls, uri: str, cache: str | Path | None = None, interval_s: float = 0.5) -> CacheSync:
+        folder = Path(cache) if cache else default_cache(uri)
+        with cls._guard:
+            sync = cls._started.get((uri, folder))
+            if sync is None:
+                sync = cls._started[(uri, folder)] = cls(uri, folder, interval_s)
+            return sync
+
+    def sync_once(self) -> PullReport:
+        self.cache.mkdir(parents=True, exist_ok=True)
+        with open(self.cache / ".pull.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.last = pull(self.mirror, self.cache)
+        return self.last
+
+    def stop(self) -> None:
+        """No further syncs (the cache stays as it is)."""
+        self.stopped.set()
+        with self._guard:
+            if self._started.get((self.mirror.uri, self.cache)) is self:
+                self._started.pop((self.mirror.uri, self.cache))
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.interval_s):
+            try:
+                self.sync_once()
+            except Exception:  # noqa: BLE001 - the mirror away or mid-push: serve what the cache holds
+                log.exception("could not sync %s from the mirror %s; still serving generation %s", self.cache,
+                              self.mirror.uri, current_generation_number(self.cache))
+
+
+__all__ = ["Mirror", "open_mirror", "push", "pull", "PushReport", "PullReport", "SMALL_FILES", "CacheSync",
+           "default_cache"]
