@@ -41,10 +41,13 @@ class LocalCluster:
 
     ``address`` is what ``RAY_ADDRESS`` takes; ``dashboard_url`` what ``serve deploy -a``
     and ``serve status -a`` take (the head runs a dashboard when ``dashboard`` is True).
+    ``hidden``: folders the worker nodes do not see (each starts in a mount namespace of
+    its own with an empty tmpfs over them; needs root), as hosts without a shared disk.
     Use it as a context manager, or call :meth:`start` and :meth:`stop`."""
 
     def __init__(self, folder: str | Path | None = None, *, nodes: int = 2, cpus: int = 2,
-                 memory_bytes: int = 4_000_000_000, object_store_bytes: int = 300_000_000, dashboard: bool = True):
+                 memory_bytes: int = 4_000_000_000, object_store_bytes: int = 300_000_000, dashboard: bool = True,
+                 hidden: tuple[str | Path, ...] = ()):
         if nodes < 1 or cpus < 1:
             raise ValueError(f"a cluster needs at least one node and one CPU per node (got nodes={nodes}, cpus={cpus})")
         # Ray's socket paths live under each node's temp folder and may not exceed 107
@@ -59,6 +62,7 @@ class LocalCluster:
         self.address = f"127.0.0.1:{self.port}"
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.token_path = self.folder / "auth_token"
+        self.hidden = tuple(str(Path(h).resolve()) for h in hidden)
         self._procs: list[tuple[subprocess.Popen, IO[str]]] = []
 
     def env(self, **extra: str) -> dict[str, str]:
@@ -85,6 +89,10 @@ class LocalCluster:
                         if self.dashboard else ["--include-dashboard=false"])
         else:
             command += [f"--address={self.address}"]
+            if self.hidden:
+                mount = 'while [ "$1" != -- ]; do mount -t tmpfs tmpfs "$1" || exit 1; shift; done; shift; exec "$@"'
+                command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh",
+                           *self.hidden, "--", *command]
         return command
 
     def _start_node(self, index: int, timeout_s: float) -> None:
