@@ -327,9 +327,35 @@ def test_serve_args_refuse_a_bad_mirror_and_the_inline_graph_with_one(tmp_path):
     assert ServeArgs(store=str(tmp_path), mirror=str(tmp_path / "m"), graph="compact").mirror_cache is None
 
 
-def test_build_app_pushes_the_store_before_any_replica_starts(stores, tmp_path):
-    from helix_ray.serve.app import ServeArgs, build_app
+def _deployments(app) -> dict[str, tuple[dict, dict]]:
+    """Each deployment of a built application: (its replicas' actor options, its keyword arguments)."""
+    from ray.serve.deployment import Application
 
-    mirror = tmp_path / "m"
-    build_app(ServeArgs(store=str(stores[1]), mirror=str(mirror), store_node="ab" * 28, graph="compact"))
+    bound = app._bound_deployment
+    out = {bound.name: (bound.ray_actor_options or {}, dict(bound.init_kwargs))}
+    for arg in [*bound.init_args, *bound.init_kwargs.values()]:
+        if isinstance(arg, Application):
+            out.update(_deployments(arg))
+    return out
+
+
+@pytest.mark.parametrize("graph", ["compact", "split"])
+def test_build_app_pushes_first_and_keeps_the_writer_and_ingress_on_the_stores_node(stores, tmp_path, graph):
+    """The store is at the mirror before any replica starts; the Writer and the ingress
+    are pinned to the store's node, the recall replicas are not and read the mirror."""
+    from helix_ray.serve.app import NODE_ID_LABEL, ServeArgs, build_app
+
+    mirror, node = tmp_path / "m", "ab" * 28
+    app = build_app(ServeArgs(store=str(stores[1]), mirror=str(mirror), store_node=node, graph=graph))
     assert (mirror / "CURRENT").read_text().strip() == "1"
+    placed = _deployments(app)
+    recall = {"compact": ["Pipeline"], "split": ["Embedder", "DenseANN", "BM25", "Ranker"]}[graph]
+    assert sorted(placed) == sorted(["HelixAPI", "Writer", *recall])
+    for name, (options, kwargs) in placed.items():
+        pinned = options.get("label_selector") == {NODE_ID_LABEL: node}
+        assert pinned == (name in ("HelixAPI", "Writer")), name
+        if name in recall:
+            assert kwargs.get("mirror") == str(mirror), name
+    assert placed["Writer"][1]["mirror"] == str(mirror)
+    alone = _deployments(build_app(ServeArgs(store=str(stores[1]), graph=graph)))
+    assert not any("label_selector" in options or kwargs.get("mirror") for options, kwargs in alone.values())
