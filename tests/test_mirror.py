@@ -359,3 +359,25 @@ def test_build_app_pushes_first_and_keeps_the_writer_and_ingress_on_the_stores_n
     assert placed["Writer"][1]["mirror"] == str(mirror)
     alone = _deployments(build_app(ServeArgs(store=str(stores[1]), graph=graph)))
     assert not any("label_selector" in options or kwargs.get("mirror") for options, kwargs in alone.values())
+
+
+def test_forgetting_a_user_leaves_nothing_of_theirs_at_the_mirror_or_in_a_cache(stores, tmp_path):
+    """The mirror keeps the generation and delta snapshot before the current ones, and a
+    cache keeps what the mirror keeps: after a user is forgotten, neither holds theirs."""
+    from helix_ray.serve.shells import WriterShell
+    from tests.helpers import files_holding
+
+    store, mirror, cache = Path(shutil.copytree(stores[2], tmp_path / "store")), tmp_path / "m", tmp_path / "c"
+    reader = open_mirror(str(mirror))
+    writer = WriterShell(store, mirror=str(mirror))
+    try:
+        writer.add([memory(970, "Erin keeps the spare badge in the blue drawer.", user="erin")], user=None)
+        assert writer.compact()["generation"] == 3
+        pull(reader, cache)
+        assert files_holding(mirror, "blue drawer") and files_holding(cache, "blue drawer")
+        writer.forget_user("erin", compact=True)
+    finally:
+        writer.core.close()
+    assert pull(reader, cache).generation == 4
+    assert files_holding(mirror, "blue drawer") == [] and files_holding(cache, "blue drawer") == []
+    assert sorted(p.name for p in (cache / "generations").iterdir()) == ["000004"]

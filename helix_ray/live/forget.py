@@ -59,6 +59,7 @@ def forget_user(core: WriterCore, user: str, *, compact: bool = True) -> dict[st
             # published: they hide the rows the user deleted, which the current one holds.
             core._publish(rewrite=True)
             drop_history(core.store)
+            core.push_mirror(history=False)  # nor older snapshots at the mirror
             core._load_recent_accesses()  # the log's hits of their ids were blanked
             _rewrite_database(core)
         removed = adapter.forget_user(core.store, user)
@@ -94,6 +95,7 @@ def _compact_without(core: WriterCore, user: str) -> None:
         core._publish()
         drop_history(core.store)
         prune(core.store, keep=1)
+        core.push_mirror(history=False)  # nor older generations at the mirror
         core.db.con.execute("DELETE FROM erased")
         _rewrite_database(core)
 

@@ -310,13 +310,14 @@ class WriterCore:
         self.push_mirror()
         return self.version
 
-    def push_mirror(self) -> None:
-        """Make the mirror (if any) hold the store as it is now. A push that fails is
-        logged, not raised: the change is durable here, and the next push sends it."""
+    def push_mirror(self, *, history: bool = True) -> None:
+        """Make the mirror (if any) hold the store as it is now (``history=False``: and
+        nothing older: a user was forgotten). A push that fails is logged, not raised:
+        the change is durable here, and the next push sends it."""
         if self.mirror is None:
             return
         try:
-            push(self.store, self.mirror)
+            push(self.store, self.mirror, history=history)
         except Exception:  # noqa: BLE001 - object storage away must not fail a durable write
             log.exception("could not push %s to the mirror %s; the next change tries again", self.store,
                           self.mirror.uri)

@@ -174,10 +174,11 @@ class PushReport:
     small_files: list[str] = field(default_factory=list)
 
 
-def push(store: Path, mirror: Mirror) -> PushReport:
+def push(store: Path, mirror: Mirror, *, history: bool = True) -> PushReport:
     """Make ``mirror`` hold ``store``'s current generation, delta snapshot and small
     files (see the module docstring for the order). Keeps the mirror's previous
-    generation and deletes older ones once ``CURRENT`` moved."""
+    generation and delta snapshot and deletes older ones once ``CURRENT`` moved;
+    ``history=False`` (after a user is forgotten) keeps only the current ones."""
     store = Path(store)
     if _local_root(mirror) == store.resolve():
         raise InvalidArgument("mirror", mirror.uri, "a mirror is another folder than the store it mirrors", FIX)
@@ -193,10 +194,11 @@ def push(store: Path, mirror: Mirror) -> PushReport:
     if held != number:
         report.uploaded, report.copied = _push_generation(store, mirror, number, held)
         mirror.replace("CURRENT", f"{number}\n".encode())
-        _prune_mirror(mirror, keep={number, held})
         log.info("mirror %s serves generation %d (%d files uploaded, %d copied)", mirror.uri, number,
                  report.uploaded, report.copied)
-    report.delta_version, report.segments = _push_delta(store, mirror)
+    if held != number or not history:
+        _prune_mirror(mirror, keep={number, held} if history else {number})
+    report.delta_version, report.segments = _push_delta(store, mirror, KEEP_SNAPSHOTS if history else 1)
     report.small_files = _push_small(store, mirror)
     return report
 
@@ -253,32 +255,37 @@ def _listed_segments(data: bytes | None) -> list[str]:
         return []
 
 
-def _push_delta(store: Path, mirror: Mirror) -> tuple[int, int]:
+def _push_delta(store: Path, mirror: Mirror, keep: int) -> tuple[int, int]:
     """The store's live delta snapshot: its new segments, its manifest, then
-    ``delta/CURRENT``. Returns (the version the mirror holds, segments uploaded)."""
+    ``delta/CURRENT``; the mirror then keeps the newest ``keep`` snapshots. Returns (the
+    version the mirror holds, segments uploaded)."""
     folder = Path(store) / DELTA
     version = read_int(folder / "CURRENT")
-    if version is None or mirror.read_int(f"{DELTA}/CURRENT") == version:
-        return version or 0, 0
+    if version is None:
+        return 0, 0
     snapshot = _snapshot_name(lambda n: (folder / n).is_file(), version)
-    data = (folder / snapshot).read_bytes()
+    held = mirror.read_int(f"{DELTA}/CURRENT") == version
+    if held and keep >= KEEP_SNAPSHOTS:
+        return version, 0
     present = {e.base_name: e.size for e in mirror.listing(DELTA)}
     sent = 0
-    for name in _listed_segments(data) if snapshot.endswith(".json") else []:
-        if present.get(name) != (folder / name).stat().st_size:
-            mirror.upload(folder / name, f"{DELTA}/{name}")
-            sent += 1
-    mirror.replace(f"{DELTA}/{snapshot}", data)
-    mirror.replace(f"{DELTA}/CURRENT", f"{version}\n".encode())
-    _prune_mirror_delta(mirror, set(present) | {snapshot})
+    if not held:
+        data = (folder / snapshot).read_bytes()
+        for name in _listed_segments(data) if snapshot.endswith(".json") else []:
+            if present.get(name) != (folder / name).stat().st_size:
+                mirror.upload(folder / name, f"{DELTA}/{name}")
+                sent += 1
+        mirror.replace(f"{DELTA}/{snapshot}", data)
+        mirror.replace(f"{DELTA}/CURRENT", f"{version}\n".encode())
+    _prune_mirror_delta(mirror, set(present) | {snapshot}, keep)
     return version, sent
 
 
-def _prune_mirror_delta(mirror: Mirror, names: set[str]) -> None:
-    """Keep the newest :data:`KEEP_SNAPSHOTS` snapshots at the mirror and the segments
-    they list; ``names`` are the files of its ``delta/``."""
+def _prune_mirror_delta(mirror: Mirror, names: set[str], keep: int) -> None:
+    """Keep the newest ``keep`` snapshots at the mirror and the segments they list;
+    ``names`` are the files of its ``delta/``."""
     snapshots = sorted((n for n in names if n.split(".")[0].isdigit()), key=lambda n: int(n.split(".")[0]))
-    kept = snapshots[-KEEP_SNAPSHOTS:]
+    kept = snapshots[-keep:]
     listed = {seg for n in kept if n.endswith(".json") for seg in _listed_segments(mirror.read(f"{DELTA}/{n}"))}
     for name in names:
         if (name in snapshots and name not in kept) or (name.startswith("seg-") and name not in listed):
@@ -347,11 +354,12 @@ def pull(mirror: Mirror, cache: Path) -> PullReport:
         if not (generations_dir(cache) / f"{number:06d}" / MANIFEST).is_file():
             report.downloaded, report.linked = _pull_generation(mirror, cache, number, local)
         set_current(cache, number)
-        _prune_cache(cache, keep={number, local})
         report.changed = True
     version = _pull_delta(mirror, cache)
     report.delta_version = version or 0
     report.changed |= version is not None
+    if report.changed:
+        _prune_cache(mirror, cache, number, local)
     report.changed |= bool(_pull_small(mirror, cache))
     return report
 
@@ -404,7 +412,15 @@ def _pull_generation(mirror: Mirror, cache: Path, number: int, local: int | None
     return downloaded, linked
 
 
-def _prune_cache(cache: Path, keep: set[int | None]) -> None:
+def _prune_cache(mirror: Mirror, cache: Path, number: int, local: int | None) -> None:
+    """Keep generation ``number``, the one the cache served before it (``local``: its
+    replicas may still read it) and the mirror's previous one; delete the others. When
+    the mirror holds ``number`` alone (its history dropped: a user was forgotten), keep
+    nothing else either."""
+    held = {int(e.base_name) for e in mirror.listing("generations") if e.base_name.isdigit()}
+    keep: set[int | None] = {number}
+    if held - {number}:
+        keep |= held | {local}
     for path in generations_dir(cache).iterdir():
         if path.name.isdigit() and int(path.name) not in keep:
             shutil.rmtree(path, ignore_errors=True)
@@ -437,13 +453,15 @@ def _pull_delta(mirror: Mirror, cache: Path) -> int | None:
         os.replace(tmp, folder / name)
     (folder / snapshot).write_bytes(data)
     write_text_atomic(folder / "CURRENT", f"{version}\n")
-    _prune_cache_delta(folder)
+    _prune_cache_delta(folder, set(sizes) | {snapshot})
     return version
 
 
-def _prune_cache_delta(folder: Path) -> None:
+def _prune_cache_delta(folder: Path, at_mirror: set[str]) -> None:
+    """Keep the newest :data:`KEEP_SNAPSHOTS` snapshots the mirror still has, and the
+    segments they list."""
     snapshots = sorted((p for p in folder.iterdir() if p.stem.isdigit()), key=lambda p: int(p.stem))
-    kept = snapshots[-KEEP_SNAPSHOTS:]
+    kept = [p for p in snapshots[-KEEP_SNAPSHOTS:] if p.name in at_mirror]
     listed = {seg for p in kept if p.suffix == ".json" for seg in _listed_segments(p.read_bytes())}
     for path in folder.iterdir():
         if (path in snapshots and path not in kept) or (path.name.startswith("seg-") and path.name not in listed):
