@@ -34,6 +34,7 @@ DRIVER = textwrap.dedent('''
     from ray import serve
     from helix_ray.config import RetrievalConfig
     from helix_ray.runtime import ensure_ray, spare_port
+    from helix_ray.serve.app import store_node
     from helix_ray.serve.deployments import Pipeline, Writer
     from helix_ray.serve.server import replicas_per_node
     from helix_ray.serve.shells import PipelineShell
@@ -57,6 +58,7 @@ DRIVER = textwrap.dedent('''
 
     out["head_sees_store"] = ray.get(sees.options(label_selector=on(head)).remote(store))
     out["worker_sees_store"] = ray.get(sees.options(label_selector=on(worker)).remote(store))
+    out["store_node_is_head"] = store_node(store) == head  # what `helix serve --mirror` pins the Writer to
 
     push(store, open_mirror(uri))  # what build_app does before any replica starts
     serve.start(http_options={"host": "127.0.0.1", "port": spare_port()})
@@ -119,7 +121,7 @@ def test_a_replica_on_a_node_without_the_store_serves_it_from_the_mirror(tmp_pat
     assert done.returncode == 0, done.stderr[-4000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     print(out)
-    assert (out["head_sees_store"], out["worker_sees_store"]) == (True, False)
+    assert (out["head_sees_store"], out["worker_sees_store"], out["store_node_is_head"]) == (True, False, True)
     assert out["placed"]["Pipeline"] == [0, 1]  # head, worker
     assert out["served"] and out["served"] == out["in_process"]
     assert out["write_after_s"] is not None and out["compacted"] == 2 and out["generation_after_s"] is not None

@@ -25,6 +25,7 @@ to validate its arguments, and FastAPI reads the endpoints'.)
 import asyncio
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Coroutine, Literal, Optional, cast
@@ -124,7 +125,8 @@ class ServeArgs(BaseModel):
     mirror_cache: Optional[str] = Field(None, description="With a mirror: the folder of each node's copy (default: "
                                                           "under the node's temporary folder, one per URI).")
     store_node: Optional[str] = Field(None, description="With a mirror: the Ray node id of the node that sees the "
-                                                        "store folder (default: the node that builds the app).")
+                                                        "store folder (default: the node that builds the app if it "
+                                                        "sees it, else the first node that does).")
 
     rate_limit: float = Field(0.0, ge=0, description="Requests per second each API key may send to one ingress "
                                                       "replica, on average (a token bucket; over it: 429 with "
@@ -521,14 +523,29 @@ def _mirrored(store: Path, args: ServeArgs) -> dict[str, Any]:
     if args.mirror is None:
         return {}
     push(store, open_mirror(args.mirror))
-    if args.store_node:
-        return {}
+    return {} if args.store_node else {"store_node": store_node(store)}
+
+
+def store_node(store: Path) -> str:
+    """The Ray node id of a node that sees ``store`` (its ``CURRENT``): this driver's
+    node if it does, else the first live node that does (one probe task per node)."""
     import ray
 
     if not ray.is_initialized():
         raise StoreError("A mirror needs the store's node: set `store_node` to the Ray node id of the node that "
-                         "sees the store folder (`ray list nodes`), or build the app on that node.")
-    return {"store_node": ray.get_runtime_context().get_node_id()}
+                         "sees the store folder (`ray list nodes`), or build the app on a driver of the cluster.")
+
+    @ray.remote(num_cpus=0)
+    def sees(path: str) -> bool:
+        return os.path.isfile(os.path.join(path, "CURRENT"))
+
+    here = ray.get_runtime_context().get_node_id()
+    nodes = [here, *(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != here)]
+    for node in nodes:
+        if ray.get(sees.options(label_selector={NODE_ID_LABEL: node}).remote(str(store)), timeout=120):
+            return node
+    raise StoreError(f"No node of this Ray cluster sees the store {store} (checked {len(nodes)}): the Writer must "
+                     "run where the store folder is. Start `helix serve` on that host, joined to the cluster.")
 
 
 def build_app(args: ServeArgs) -> Application:
