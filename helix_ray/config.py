@@ -421,7 +421,8 @@ class RankConfig(_Strict):
     stored as ``"<speaker>: <text>"``, episodic, in a session) and the query names some of
     them ("What kind of art does Caroline make?"), the named speakers' turns score (1 +
     this) times as much: what a question says of a person, that person mostly said. Shown
-    in the flags as ``speaker``. 0: off. LoCoMo tuning conversations, against 0: .1 / .2 /
+    in the flags as ``speaker``. A memory of several speakers' turns (a whole session) is
+    nobody's. 0: off. LoCoMo tuning conversations, against 0: .1 / .2 /
     .4 give nDCG@10 +.015 / +.019 / +.020 (.2: [+.014, +.025]; Recall@10 +.008 [+.001,
     +.014], multi-hop .488 → .514); no other tuning set holds conversation turns."""
     intent_boost: float = Field(0.35, ge=0.0, le=4.0)

@@ -611,6 +611,8 @@ def test_a_query_names_the_speakers_it_mentions(query, named):
     assert named_speakers(query, {"ann", "bob", "user"}) == named
     assert speaker_of("Ann: I paint") == "ann" and speaker_of("**Dr. Lee:** rest a week") == "dr. lee"
     assert speaker_of("ERROR: disk full") is None and speaker_of("no label here") is None
+    assert speaker_of("Ann: I paint\nmostly lakes\nAnn: and hills") == "ann"
+    assert speaker_of("Ann: I paint\nBob: I sculpt") is None  # a session: nobody's turn alone
 
 
 SPEAKER_TURNS = [("Ann", "I make watercolor paintings, mostly landscapes by the lake."),

@@ -124,8 +124,13 @@ def _speaker(line: str) -> str | None:
 
 def speaker_of(text: str) -> str | None:
     """The speaker of a conversation turn stored as ``"<speaker>: <text>"`` (as the
-    transcript and LoCoMo readers store a turn), lower-cased; None for other text."""
-    return _speaker(text[:80])
+    transcript and LoCoMo readers store a turn), lower-cased; None for other text and for
+    a text of several speakers' turns (a whole session, or a chunk of one)."""
+    lines = text.splitlines()
+    speaker = _speaker(lines[0][:80]) if lines else None
+    if speaker is None or any(_speaker(line[:80]) not in (None, speaker) for line in lines[1:]):
+        return None
+    return speaker
 
 
 def named_speakers(query: str, speakers: Iterable[str]) -> set[str]:
