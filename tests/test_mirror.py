@@ -381,3 +381,34 @@ def test_forgetting_a_user_leaves_nothing_of_theirs_at_the_mirror_or_in_a_cache(
     assert pull(reader, cache).generation == 4
     assert files_holding(mirror, "blue drawer") == [] and files_holding(cache, "blue drawer") == []
     assert sorted(p.name for p in (cache / "generations").iterdir()) == ["000004"]
+
+
+def test_a_cache_synced_between_a_forgets_pushes_still_drops_the_users_copies(stores, tmp_path, monkeypatch):
+    """Regression: a sync between a forget's pushes took the new generation or delta
+    snapshot while the mirror still listed the old one; later syncs saw nothing new and
+    never pruned, so the cache kept the forgotten text. Every sync prunes what the
+    mirror no longer lists."""
+    from helix_ray.live.writer import WriterCore
+    from helix_ray.serve.shells import WriterShell
+    from tests.helpers import files_holding
+
+    store, mirror, cache = Path(shutil.copytree(stores[2], tmp_path / "store")), tmp_path / "m", tmp_path / "c"
+    reader = open_mirror(str(mirror))
+    original = WriterCore.push_mirror
+
+    def push_then_pull(self, **kwargs):
+        outcome = original(self, **kwargs)
+        pull(reader, cache)
+        return outcome
+
+    writer = WriterShell(store, mirror=str(mirror))
+    try:
+        writer.add([memory(971, "Erin waters the fern on the third floor.", user="erin")], user=None)
+        assert writer.compact()["generation"] == 3
+        monkeypatch.setattr(WriterCore, "push_mirror", push_then_pull)
+        writer.forget_user("erin", compact=True)
+    finally:
+        writer.core.close()
+    assert files_holding(mirror, "third floor") == []
+    pull(reader, cache)
+    assert files_holding(cache, "third floor") == []

@@ -358,8 +358,10 @@ def pull(mirror: Mirror, cache: Path) -> PullReport:
     version = _pull_delta(mirror, cache)
     report.delta_version = version or 0
     report.changed |= version is not None
-    if report.changed:
-        _prune_cache(mirror, cache, number, local)
+    # Every pull, not only one that took something new: a pull between a forget's two
+    # pushes takes the new generation or snapshot while the mirror still lists the old.
+    _prune_cache(mirror, cache, number, local)
+    _prune_cache_delta(cache / DELTA, {e.base_name for e in mirror.listing(DELTA)})
     report.changed |= bool(_pull_small(mirror, cache))
     return report
 
@@ -453,15 +455,18 @@ def _pull_delta(mirror: Mirror, cache: Path) -> int | None:
         os.replace(tmp, folder / name)
     (folder / snapshot).write_bytes(data)
     write_text_atomic(folder / "CURRENT", f"{version}\n")
-    _prune_cache_delta(folder, set(sizes) | {snapshot})
     return version
 
 
 def _prune_cache_delta(folder: Path, at_mirror: set[str]) -> None:
-    """Keep the newest :data:`KEEP_SNAPSHOTS` snapshots the mirror still has, and the
-    segments they list."""
+    """Keep the cache's current snapshot and, of the newest :data:`KEEP_SNAPSHOTS`, those
+    the mirror still has, and the segments they list."""
+    if not folder.is_dir():
+        return
+    version = read_int(folder / "CURRENT")
+    current = _snapshot_name(lambda n: (folder / n).is_file(), version) if version is not None else None
     snapshots = sorted((p for p in folder.iterdir() if p.stem.isdigit()), key=lambda p: int(p.stem))
-    kept = [p for p in snapshots[-KEEP_SNAPSHOTS:] if p.name in at_mirror]
+    kept = [p for p in snapshots[-KEEP_SNAPSHOTS:] if p.name in at_mirror or p.name == current]
     listed = {seg for p in kept if p.suffix == ".json" for seg in _listed_segments(p.read_bytes())}
     for path in folder.iterdir():
         if (path in snapshots and path not in kept) or (path.name.startswith("seg-") and path.name not in listed):
