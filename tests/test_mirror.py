@@ -412,3 +412,29 @@ def test_a_cache_synced_between_a_forgets_pushes_still_drops_the_users_copies(st
     assert files_holding(mirror, "third floor") == []
     pull(reader, cache)
     assert files_holding(cache, "third floor") == []
+
+
+def test_a_push_after_a_forget_without_the_mirror_keeps_no_older_generation(stores, tmp_path, capsys):
+    """Regression: ``helix forget-user`` runs without the mirror, so the next push kept
+    the generation before the forget (holding the user's rows) as the mirror's previous
+    one. The forget leaves a marker in the store; pushes keep no history until one
+    completes."""
+    from helix_ray.cli import main
+    from helix_ray.serve.shells import WriterShell
+    from tests.helpers import files_holding
+
+    store, mirror = Path(shutil.copytree(stores[2], tmp_path / "store")), tmp_path / "m"
+    writer = WriterShell(store, mirror=str(mirror))
+    try:
+        writer.add([memory(972, "Erin parks in bay seventeen.", user="erin")], user=None)
+        assert writer.compact()["generation"] == 3
+    finally:
+        writer.core.close()
+    assert files_holding(mirror, "bay seventeen")
+    assert main(["forget-user", "--store", str(store), "erin", "--compact"]) == 0
+    assert "holds the user's data until the next push" in capsys.readouterr().out
+    assert mirror_mod.forget_pending(store)
+    push(store, open_mirror(str(mirror)))
+    assert files_holding(mirror, "bay seventeen") == []
+    assert not mirror_mod.forget_pending(store)
+    assert sorted(p.name for p in (mirror / "generations").iterdir()) == ["000004"]

@@ -16,6 +16,11 @@ and ``helix forget-user`` both call :func:`forget_user` on the
    deleted, ``erased`` is emptied (no generation left holds those ids) and the database
    copied once more. Without it, the next compaction or ingest leaves their rows out.
 
+With a mirror, every push from the forget on keeps no older generation or snapshot there,
+until one completes (:func:`helix_ray.store.mirror.mark_forgotten`); ``mirror_stale`` in
+the answer says the mirror may still hold the user's data (its push failed, or there was
+no mirror to push to).
+
 A user the store holds nothing of (no row, key or generation row: most likely a
 mistyped id) is a :class:`~helix_ray.errors.NotFound`, and nothing changes.
 """
@@ -31,6 +36,7 @@ from helix_ray.recall import adapter
 from helix_ray.store import erase
 from helix_ray.store.generation import Generation
 from helix_ray.store.keys import KeyStore
+from helix_ray.store.mirror import mark_forgotten
 from helix_ray.store.publish import prune
 
 if TYPE_CHECKING:
@@ -52,6 +58,7 @@ def forget_user(core: WriterCore, user: str, *, compact: bool = True) -> dict[st
                 raise NotFound(f"Got user {user!r}; this store holds nothing of that user: no memories, online "
                                "writes, feedback, recall hits or API keys, and no rows in the served generation. "
                                "Check the id (GET /v1/stats with an admin key counts each user's memories).")
+            mark_forgotten(core.store)  # every push keeps no history at the mirror until one completes
             core.forgotten[user] = int(time.time() * 1_000_000)
             core.entries = {i: e for i, e in core.entries.items() if e["user"] != user}
             core.unfoldable &= {e["seq"] for e in core.entries.values()}
@@ -59,18 +66,19 @@ def forget_user(core: WriterCore, user: str, *, compact: bool = True) -> dict[st
             # published: they hide the rows the user deleted, which the current one holds.
             core._publish(rewrite=True)
             drop_history(core.store)
-            core.push_mirror(history=False)  # nor older snapshots at the mirror
+            mirror_clean = core.push_mirror(history=False)  # nor older snapshots at the mirror
             core._load_recent_accesses()  # the log's hits of their ids were blanked
             _rewrite_database(core)
         removed = adapter.forget_user(core.store, user)
         if compact:
-            _compact_without(core, user)
+            mirror_clean = _compact_without(core, user)
         return {"user": user, "memories": counts["memories"], "chunks": counts["chunks"],
                 "expansions": counts["expansions"], "entities": counts["entities"], "edges": counts["edges"],
                 "duplicates": counts["duplicates"], "feedback": counts["feedback"],
                 "access_rows": counts["access_log"], "online_writes": counts.get("serve_log", 0),
                 "inbox_lines": counts["inbox_lines"], "quarantined": counts["quarantine"], "keys": keys,
-                "adapter_removed": removed, "compacted": compact, "generation": core.generation}
+                "adapter_removed": removed, "compacted": compact, "generation": core.generation,
+                "mirror_stale": not mirror_clean}
 
 
 def _served(core: WriterCore, user: str) -> bool:
@@ -79,7 +87,7 @@ def _served(core: WriterCore, user: str) -> bool:
     return core.generation is not None and user in Generation.open_current(core.store).partitions
 
 
-def _compact_without(core: WriterCore, user: str) -> None:
+def _compact_without(core: WriterCore, user: str) -> bool:
     """A generation without the forgotten rows (a compaction that runs even when the
     delta is empty; it publishes nothing when the current one already holds none of
     them), then every other generation and delta snapshot deleted and ``erased`` emptied
@@ -89,15 +97,17 @@ def _compact_without(core: WriterCore, user: str) -> None:
     has opened the new one (views keep the newest two) reads its pages from the mapping,
     which outlives the deleted files (Linux unlink semantics); a request pinned to it
     after that is answered again on the new one (503 at worst, with ``Retry-After``)."""
+    mark_forgotten(core.store)  # the compaction's push keeps no older generation at the mirror
     core.compact(rebuild=True)
     with core._compacting, core._lock:
         core.tombstones = {i: t for i, t in core.tombstones.items() if t.user != user}
         core._publish()
         drop_history(core.store)
         prune(core.store, keep=1)
-        core.push_mirror(history=False)  # nor older generations at the mirror
+        mirror_clean = core.push_mirror(history=False)  # nor older generations at the mirror
         core.db.con.execute("DELETE FROM erased")
         _rewrite_database(core)
+    return mirror_clean
 
 
 def _rewrite_database(core: WriterCore) -> None:

@@ -53,7 +53,7 @@ from helix_ray.live.delta_format import (
 from helix_ray.recall import adapter
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import ACCESS_WATERMARK, current_generation_number, open_good_generation
-from helix_ray.store.mirror import Mirror, push
+from helix_ray.store.mirror import Mirror, forget_pending, push
 
 log = logging.getLogger(__name__)
 
@@ -310,17 +310,24 @@ class WriterCore:
         self.push_mirror()
         return self.version
 
-    def push_mirror(self, *, history: bool = True) -> None:
+    def push_mirror(self, *, history: bool = True) -> bool:
         """Make the mirror (if any) hold the store as it is now (``history=False``: and
         nothing older: a user was forgotten). A push that fails is logged, not raised:
-        the change is durable here, and the next push sends it."""
+        the change is durable here, and the next push sends it. Returns whether the
+        mirror holds no forgotten user's data (true without a mirror while no forget is
+        pending)."""
         if self.mirror is None:
-            return
+            return not forget_pending(self.store)
         try:
             push(self.store, self.mirror, history=history)
+            return True
         except Exception:  # noqa: BLE001 - object storage away must not fail a durable write
             log.exception("could not push %s to the mirror %s; the next change tries again", self.store,
                           self.mirror.uri)
+            if forget_pending(self.store):
+                log.error("the mirror %s still holds copies of a forgotten user's data until a push to it "
+                          "succeeds", self.mirror.uri)
+            return False
 
     def _live_segments(self, live: np.ndarray) -> tuple[list[tuple[str, np.ndarray]], np.ndarray]:
         """The listed segments that still hold a live entry, and how many each holds (one

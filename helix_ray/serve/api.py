@@ -218,6 +218,9 @@ class UserForgotten(BaseModel):
                                         "published it, or it held none) and every older generation and delta "
                                         "snapshot is deleted; false: the next compaction leaves the rows out.")
     generation: int | None = Field(description="The generation served now.")
+    mirror_stale: bool = Field(default=False, description="The store's mirror may still hold the user's data (its "
+                               "push failed, or no mirror was given): every push keeps no older generation "
+                               "there until one completes.")
 
 
 # ----------------------------------------------------------------------------- audit

@@ -63,6 +63,10 @@ DELTA = "delta"
 #: Delta snapshots kept at the mirror and in a cache: the current one and the one before
 #: (a pull that read ``CURRENT`` just before a push still finds its manifest).
 KEEP_SNAPSHOTS = 2
+#: Written in the store by a forget, removed by the first complete push after it: while
+#: it is there every push keeps no older generation or snapshot at the mirror (a forget
+#: whose push failed, or run without the mirror, left the user's data in those).
+FORGET_PENDING = "mirror-forget-pending"
 _PARTIAL = ".partial"
 _CHUNK = 1 << 20
 
@@ -178,8 +182,11 @@ def push(store: Path, mirror: Mirror, *, history: bool = True) -> PushReport:
     """Make ``mirror`` hold ``store``'s current generation, delta snapshot and small
     files (see the module docstring for the order). Keeps the mirror's previous
     generation and delta snapshot and deletes older ones once ``CURRENT`` moved;
-    ``history=False`` (after a user is forgotten) keeps only the current ones."""
+    ``history=False`` (after a user is forgotten, and while :data:`FORGET_PENDING` is in
+    the store) keeps only the current ones."""
     store = Path(store)
+    pending = (store / FORGET_PENDING).exists()
+    history = history and not pending
     if _local_root(mirror) == store.resolve():
         raise InvalidArgument("mirror", mirror.uri, "a mirror is another folder than the store it mirrors", FIX)
     number = current_generation_number(store)
@@ -200,7 +207,20 @@ def push(store: Path, mirror: Mirror, *, history: bool = True) -> PushReport:
         _prune_mirror(mirror, keep={number, held} if history else {number})
     report.delta_version, report.segments = _push_delta(store, mirror, KEEP_SNAPSHOTS if history else 1)
     report.small_files = _push_small(store, mirror)
+    if pending:
+        (store / FORGET_PENDING).unlink(missing_ok=True)
     return report
+
+
+def mark_forgotten(store: Path) -> None:
+    """Record in ``store`` that a user was forgotten: pushes keep no history at a mirror
+    until one of them completes (:data:`FORGET_PENDING`)."""
+    write_text_atomic(Path(store) / FORGET_PENDING, "a user was forgotten since the last complete push\n")
+
+
+def forget_pending(store: Path) -> bool:
+    """Whether a mirror of ``store`` may still hold a forgotten user's data."""
+    return (Path(store) / FORGET_PENDING).exists()
 
 
 def _manifest_files(data: bytes | None) -> dict[str, dict[str, Any]]:
