@@ -56,6 +56,19 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def _with_delta(source: Path, tmp_path: Path, record: dict) -> Path:
+    """A copy of ``source`` with ``record`` (user dana) written to its delta."""
+    from helix_ray.memory import Memory
+
+    store = Path(shutil.copytree(source, tmp_path / "store"))
+    mem = Memory(store, warm=False)
+    try:
+        mem.add([{**record, "user": "dana"}])
+    finally:
+        mem.close()
+    return store
+
+
 def _recall_ids(store: Path, query: str = QUERY, user: str = "dana") -> list[str]:
     """What a serving replica of the compact graph answers over ``store``."""
     from helix_ray.config import RetrievalConfig
@@ -206,14 +219,8 @@ def test_an_empty_mirror_or_a_mirror_of_another_store_is_refused(stores, tmp_pat
 def test_the_delta_and_small_files_follow_the_store(stores, tmp_path):
     """A write in the store's delta is found by recall over the cache after a push and a
     pull; the live settings come along and leave with the store's."""
-    from helix_ray.memory import Memory
-
-    store = Path(shutil.copytree(stores[2], tmp_path / "store"))
-    mem = Memory(store, warm=False)
-    try:
-        mem.add([{**memory(950, "The staging cluster restarts on Wednesdays at dawn from now on."), "user": "dana"}])
-    finally:
-        mem.close()
+    record = memory(950, "The staging cluster restarts on Wednesdays at dawn from now on.")
+    store = _with_delta(stores[2], tmp_path, record)
     (store / "serve-settings.json").write_text('{"k": 7}')
     mirror, reader, cache = open_mirror(str(tmp_path / "m")), open_mirror(str(tmp_path / "m")), tmp_path / "c"
     sent = push(store, mirror)
@@ -438,3 +445,45 @@ def test_a_push_after_a_forget_without_the_mirror_keeps_no_older_generation(stor
     assert files_holding(mirror, "bay seventeen") == []
     assert not mirror_mod.forget_pending(store)
     assert sorted(p.name for p in (mirror / "generations").iterdir()) == ["000004"]
+
+
+def test_a_file_the_previous_cached_generation_lost_is_downloaded(stores, tmp_path):
+    """A file the cache would hard-link from its previous generation, but which is gone
+    from there, is downloaded instead of failing the pull."""
+    mirror, reader, cache = open_mirror(str(tmp_path / "m")), open_mirror(str(tmp_path / "m")), tmp_path / "c"
+    push(stores[1], mirror)
+    pull(reader, cache)
+    push(stores[2], mirror)
+    for path in (cache / "generations/000001").rglob("*"):
+        if path.is_file() and path.name != "manifest.json":
+            path.unlink()
+    got = pull(reader, cache)
+    assert got.generation == 2 and got.linked == 0
+    assert _files(cache / "generations/000002") == _files(stores[2] / "generations/000002")
+
+
+def test_a_delta_pull_that_fails_leaves_no_temporary_file(stores, tmp_path, monkeypatch):
+    """The cached delta snapshot and its segments are written aside and renamed in; a
+    failure removes what was written aside."""
+    store = _with_delta(stores[2], tmp_path, memory(951, "The lab printer jams on glossy paper."))
+    reader, cache = open_mirror(str(tmp_path / "m")), tmp_path / "c"
+    push(store, open_mirror(str(tmp_path / "m")))
+    pull(reader, cache)  # generation and delta in
+    (cache / "delta/CURRENT").write_text("0\n")  # the next pull takes the snapshot again
+
+    def broken(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(mirror_mod.os, "fsync", broken)
+    with pytest.raises(OSError, match="disk full"):
+        pull(reader, cache)
+    monkeypatch.undo()
+    assert not [p.name for p in (cache / "delta").iterdir() if p.name.startswith(".")]
+
+
+def test_a_mirror_pointer_holding_garbage_is_a_store_error_naming_it(stores, tmp_path):
+    mirror = open_mirror(str(tmp_path / "m"))
+    push(stores[1], mirror)
+    (tmp_path / "m/CURRENT").write_text("not-a-number\n")
+    with pytest.raises(StoreError, match="not-a-number.*Delete that file and push"):
+        pull(open_mirror(str(tmp_path / "m")), tmp_path / "c")

@@ -50,7 +50,7 @@ import pyarrow.fs as pafs
 from helix_ray.errors import GenerationDamaged, InvalidArgument, StoreError
 from helix_ray.store.generation import current_generation_number, generations_dir
 from helix_ray.store.integrity import MANIFEST, check_manifest, file_problem
-from helix_ray.store.pointer import read_int, write_text_atomic
+from helix_ray.store.pointer import read_int, write_bytes_atomic, write_text_atomic
 from helix_ray.store.publish import _rename_durably, fsync_path, set_current
 
 log = logging.getLogger(__name__)
@@ -104,9 +104,17 @@ class Mirror:
             return None
 
     def read_int(self, rel: str) -> int | None:
+        """The number the mirror's pointer file ``rel`` holds; None when it is missing or
+        empty. Raises :class:`StoreError` when it holds anything else."""
         data = self.read(rel)
-        text = data.decode().strip() if data else ""
-        return int(text) if text else None
+        text = data.decode(errors="replace").strip() if data else ""
+        try:
+            return int(text) if text else None
+        except ValueError:
+            raise StoreError(f"The mirror's {self.path(rel)} ({self.uri}) holds {text[:40]!r}, not a generation or "
+                             "snapshot number (it was changed by hand or by another program). Delete that file "
+                             "and push the store to the mirror again (`helix serve --mirror URI` pushes first)."
+                             ) from None
 
     def listing(self, rel: str, *, recursive: bool = False) -> list[pafs.FileInfo]:
         selector = pafs.FileSelector(self.path(rel), allow_not_found=True, recursive=recursive)
@@ -411,9 +419,12 @@ def _pull_generation(mirror: Mirror, cache: Path, number: int, local: int | None
             target = partial / name
             if before is not None and _same(record, previous.get(name)):
                 target.parent.mkdir(parents=True, exist_ok=True)
-                os.link(before / name, target)
-                linked += 1
-                continue
+                try:
+                    os.link(before / name, target)
+                    linked += 1
+                    continue
+                except OSError:  # the previous generation lost the file (pruned meanwhile): download it
+                    pass
             mirror.download(f"{rel}/{name}", target)
             downloaded += 1
             problem = file_problem(target, record, checksum=True) if record else None
@@ -466,14 +477,17 @@ def _pull_delta(mirror: Mirror, cache: Path) -> int | None:
         if (folder / name).is_file():
             continue  # segments never change once written
         tmp = folder / f".tmp-{uuid.uuid4().hex[:12]}.arrow"
-        got = mirror.download(f"{DELTA}/{name}", tmp)
-        if got != sizes.get(name):
+        try:
+            got = mirror.download(f"{DELTA}/{name}", tmp)
+            if got != sizes.get(name):
+                raise StoreError(f"Delta segment {name} at the mirror {mirror.uri} read {got} bytes of "
+                                 f"{sizes.get(name)}; the next pull tries again.")
+            fsync_path(tmp)
+            os.replace(tmp, folder / name)
+        except BaseException:
             tmp.unlink(missing_ok=True)
-            raise StoreError(f"Delta segment {name} at the mirror {mirror.uri} read {got} bytes of "
-                             f"{sizes.get(name)}; the next pull tries again.")
-        fsync_path(tmp)
-        os.replace(tmp, folder / name)
-    (folder / snapshot).write_bytes(data)
+            raise
+    write_bytes_atomic(folder / snapshot, data)
     write_text_atomic(folder / "CURRENT", f"{version}\n")
     return version
 

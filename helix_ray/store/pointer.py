@@ -11,14 +11,23 @@ from typing import Any, Callable
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` whole: written aside, fsynced, renamed in (a reader
-    sees the old file or the new one, never a part)."""
+    """Replace ``path`` with ``text`` whole (:func:`write_bytes_atomic`)."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` whole: written aside, fsynced, renamed in (a reader
+    sees the old file or the new one, never a part); the aside file goes if that fails."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_int(path: Path) -> int | None:
