@@ -142,8 +142,9 @@ def forget_user(args: argparse.Namespace) -> int:
     else:
         print(f"the current generation holds them until the next one is published (an ingest or a compaction); "
               f"`helix forget-user --store {args.store} {args.user} --compact` publishes it now")
-    print("a mirror of this store, if it has one, holds the user's data until the next push to it (`helix serve "
-          "--mirror URI` or `helix ingest --mirror URI`); that push keeps no older generation there")
+    if outcome["mirror_stale"]:
+        print("this store's mirror holds the user's data until the next push to it (`helix serve --mirror URI` or "
+              "`helix ingest --mirror URI`); that push keeps no older generation there")
     return 0
 
 

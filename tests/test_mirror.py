@@ -439,12 +439,31 @@ def test_a_push_after_a_forget_without_the_mirror_keeps_no_older_generation(stor
         writer.core.close()
     assert files_holding(mirror, "bay seventeen")
     assert main(["forget-user", "--store", str(store), "erin", "--compact"]) == 0
-    assert "holds the user's data until the next push" in capsys.readouterr().out
+    assert "this store's mirror holds the user's data until the next push" in capsys.readouterr().out
     assert mirror_mod.forget_pending(store)
     push(store, open_mirror(str(mirror)))
     assert files_holding(mirror, "bay seventeen") == []
     assert not mirror_mod.forget_pending(store)
     assert sorted(p.name for p in (mirror / "generations").iterdir()) == ["000004"]
+
+
+def test_a_store_never_mirrored_says_nothing_of_a_mirror_when_a_user_is_forgotten(stores, tmp_path, capsys):
+    from helix_ray.cli import main
+    from helix_ray.serve.shells import WriterShell
+
+    store = Path(shutil.copytree(stores[2], tmp_path / "store"))
+    (store / mirror_mod.MIRRORED).unlink(missing_ok=True)
+    writer = WriterShell(store)
+    try:
+        writer.add([memory(973, "Fay keeps the spare key in the red tin.", user="fay"),
+                    memory(974, "Gus waters the ferns on Fridays.", user="gus")], user=None)
+        assert writer.forget_user("fay", compact=False)["mirror_stale"] is False
+    finally:
+        writer.core.close()
+    assert not mirror_mod.forget_pending(store)
+    capsys.readouterr()
+    assert main(["forget-user", "--store", str(store), "gus"]) == 0
+    assert "forgot user 'gus'" in (out := capsys.readouterr().out) and "this store's mirror" not in out
 
 
 def test_a_file_the_previous_cached_generation_lost_is_downloaded(stores, tmp_path):

@@ -67,6 +67,9 @@ KEEP_SNAPSHOTS = 2
 #: it is there every push keeps no older generation or snapshot at the mirror (a forget
 #: whose push failed, or run without the mirror, left the user's data in those).
 FORGET_PENDING = "mirror-forget-pending"
+#: A store pushed to a mirror at least once holds this file (the URIs it was pushed to):
+#: only such a store's forgets mark the mirror as holding a forgotten user's data.
+MIRRORED = "mirrored.json"
 _PARTIAL = ".partial"
 _CHUNK = 1 << 20
 
@@ -215,15 +218,30 @@ def push(store: Path, mirror: Mirror, *, history: bool = True) -> PushReport:
         _prune_mirror(mirror, keep={number, held} if history else {number})
     report.delta_version, report.segments = _push_delta(store, mirror, KEEP_SNAPSHOTS if history else 1)
     report.small_files = _push_small(store, mirror)
+    _remember_mirror(store, mirror)
     if pending:
         (store / FORGET_PENDING).unlink(missing_ok=True)
     return report
 
 
-def mark_forgotten(store: Path) -> None:
-    """Record in ``store`` that a user was forgotten: pushes keep no history at a mirror
-    until one of them completes (:data:`FORGET_PENDING`)."""
+def _remember_mirror(store: Path, mirror: Mirror) -> None:
+    path = store / MIRRORED
+    try:
+        known = list(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        known = []
+    if mirror.uri not in known:
+        write_text_atomic(path, json.dumps([*known, mirror.uri]) + "\n")
+
+
+def mark_forgotten(store: Path) -> bool:
+    """Record in ``store``, if it was ever pushed to a mirror (:data:`MIRRORED`), that a
+    user was forgotten: pushes keep no history at a mirror until one of them completes
+    (:data:`FORGET_PENDING`). Returns whether it was recorded."""
+    if not (Path(store) / MIRRORED).exists():
+        return False
     write_text_atomic(Path(store) / FORGET_PENDING, "a user was forgotten since the last complete push\n")
+    return True
 
 
 def forget_pending(store: Path) -> bool:
@@ -593,5 +611,5 @@ class CacheSync:
                               self.mirror.uri, current_generation_number(self.cache))
 
 
-__all__ = ["Mirror", "open_mirror", "push", "pull", "PushReport", "PullReport", "SMALL_FILES", "CacheSync",
+__all__ = ["MIRRORED", "Mirror", "open_mirror", "push", "pull", "PushReport", "PullReport", "SMALL_FILES", "CacheSync",
            "default_cache"]
