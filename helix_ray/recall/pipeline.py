@@ -550,10 +550,12 @@ def _intent_of(query: str, cfg: RetrievalConfig, disabled: frozenset[str]) -> in
     return intent.read(query)
 
 
-def _intent_boost(plan: Plan, types: np.ndarray, ids: Any, flags: dict[str, Any]) -> np.ndarray | None:
-    """Per candidate (its type and id): 1 + ``rank.intent_boost`` for what the query's
-    intent favours (:func:`intent.favoured`), 1 for the rest; None (no change) without an
-    intent or without code among the candidates. Shown in the flags as ``intent``."""
+def _intent_boost(plan: Plan, rows: np.ndarray, types: np.ndarray, cols: Any,
+                  flags: dict[str, Any]) -> np.ndarray | None:
+    """Per candidate: 1 + ``rank.intent_boost`` for what the query's intent favours
+    (:func:`intent.favoured`, by type and, for code, by id), 1 for the rest; None (no
+    change) without an intent or without code among the candidates. Shown in the flags as
+    ``intent``."""
     if plan.intent is None:
         return None
     applied = bool(np.any(types == "code"))
@@ -562,6 +564,7 @@ def _intent_boost(plan: Plan, types: np.ndarray, ids: Any, flags: dict[str, Any]
         flags["intent"]["tests"] = intent.asks_for_tests(plan.query)
     if not applied:
         return None
+    ids = cols.ids[rows] if plan.intent == "code" else [None] * len(rows)  # ids are read only to tell tests apart
     return np.where(intent.favoured(plan.intent, plan.query, types, ids), 1.0 + plan.config.rank.intent_boost, 1.0)
 
 
@@ -580,14 +583,15 @@ def _time_boost(plan: Plan, rows: np.ndarray, cols: Any, gen: Any) -> np.ndarray
     return boost
 
 
-def _speaker_boost(plan: Plan, rows: np.ndarray, cols: Any, gen: Any, flags: dict[str, Any]) -> np.ndarray | None:
+def _speaker_boost(plan: Plan, rows: np.ndarray, types: np.ndarray, cols: Any, gen: Any,
+                   flags: dict[str, Any]) -> np.ndarray | None:
     """Per candidate: 1 + ``rank.speaker_boost`` for a conversation turn (episodic, with a
     session) spoken by a speaker the query names, where the pool's turns have two or more
     speakers and the query names some but not all of them; None otherwise. Shown in the
     flags as ``speaker`` (the speakers named)."""
     if plan.config.rank.speaker_boost <= 0 or "speaker" in plan.disabled:
         return None
-    types, sessions = np.asarray(cols.types[rows]), cols.sessions[rows]
+    sessions = cols.sessions[rows]
     speakers: list[str | None] = [None] * len(rows)
     for i in np.flatnonzero(types == "episodic").tolist():
         if sessions[i]:
@@ -646,9 +650,10 @@ def _lexical_share(cfg: Any, n_tokens: np.ndarray) -> float | np.ndarray:
 def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessOverlay | None,
           gen: Any, flags: dict[str, Any]) -> rank.Ranked:
     """Score the candidates by type-weighted signals (similarity, recency, salience,
-    confidence, graph), times the time, intent and speaker boosts; recency reads the newest of the
-    generation's and the overlay's last access."""
+    confidence, graph), times the time, intent and speaker boosts; recency reads the
+    newest of the generation's and the overlay's last access."""
     cfg, rows = plan.config, found.rows
+    types = np.asarray(cols.types[rows])
     assert found.cosine is not None  # filled by the late-interaction stage
     last_access = cols.last_accessed_at[rows].copy()
     if cfg.rank.recency_from_creation:
@@ -670,8 +675,8 @@ def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessO
         if found.bm25_score and (cfg.rank.lexical_weight or cfg.rank.lexical_beyond_tokens) else None,
         lexical_share=_lexical_share(cfg.rank, cols.n_tokens[rows]),
         context=found.context_cosine, context_share=cfg.context.similarity_share,
-        boost=_boosts(_time_boost(plan, rows, cols, gen), _intent_boost(plan, np.asarray(cols.types[rows]), cols.ids[rows], flags),
-                      _speaker_boost(plan, rows, cols, gen, flags)),
+        boost=_boosts(_time_boost(plan, rows, cols, gen), _intent_boost(plan, rows, types, cols, flags),
+                      _speaker_boost(plan, rows, types, cols, gen, flags)),
         parents=[_parent(str(i)) for i in cols.ids[rows]] if cfg.rank.chunk_support > 0 else None,
     )
 
