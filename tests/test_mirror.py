@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -464,6 +465,99 @@ def test_a_store_never_mirrored_says_nothing_of_a_mirror_when_a_user_is_forgotte
     capsys.readouterr()
     assert main(["forget-user", "--store", str(store), "gus"]) == 0
     assert "forgot user 'gus'" in (out := capsys.readouterr().out) and "this store's mirror" not in out
+
+
+class _ObjectStorageAway:
+    """While ``away``, every object the mirror replaces whole (a ``CURRENT``, a delta
+    manifest) fails as a network error would, after the segments went up."""
+
+    def __init__(self, monkeypatch):
+        self.away = False
+        real = mirror_mod.Mirror.replace
+
+        def replace(mirror, rel, data):
+            if self.away:
+                raise OSError(113, "No route to host")
+            return real(mirror, rel, data)
+
+        monkeypatch.setattr(mirror_mod.Mirror, "replace", replace)
+
+
+def _until(done, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def quick_retries(monkeypatch):
+    """The Compactor's thread ticks every 20 ms and retries a failed push after 0.1 s, doubling."""
+    from helix_ray.live import compactor
+
+    monkeypatch.setattr(compactor, "COMPACT_TICK_S", 0.02)
+    monkeypatch.setattr(compactor, "MIRROR_RETRY_S", 0.1)
+
+
+def test_a_failed_push_is_retried_in_the_background_without_another_write(stores, tmp_path, monkeypatch,
+                                                                           quick_retries):
+    """Regression: a push that failed waited for the next change, so a mirror that was
+    away for a moment stayed behind while no write came. The Compactor's thread pushes
+    again, backing off, and the Writer's stats say the mirror lags and since when."""
+    from helix_ray.serve.shells import WriterShell
+    from helix_ray.store.pointer import read_int
+
+    store, mirror = Path(shutil.copytree(stores[2], tmp_path / "store")), tmp_path / "m"
+    storage = _ObjectStorageAway(monkeypatch)
+    writer = WriterShell(store, mirror=str(mirror))
+    try:
+        assert writer.stats()["mirror"] == {"uri": str(mirror), "behind": False, "forget_pending": False}
+        storage.away = True
+        writer.add([memory(980, "The kiln room opens at seven.")], user=None)
+        state = writer.stats()["mirror"]
+        assert state["behind"] and state["behind_since"] and "No route to host" in state["last_error"]
+        assert read_int(mirror / "delta/CURRENT") < read_int(store / "delta/CURRENT")
+        time.sleep(1.0)
+        # Tries 0.1, 0.2, 0.4 s after the one before: a few in a second, not one every tick.
+        assert 3 <= writer.core.mirror_behind.failures <= 5, writer.core.mirror_behind
+        storage.away = False
+        _until(lambda: writer.core.mirror_behind is None)
+        assert writer.stats()["mirror"] == {"uri": str(mirror), "behind": False, "forget_pending": False}
+    finally:
+        writer.core.close()
+    version = read_int(store / "delta/CURRENT")
+    assert read_int(mirror / "delta/CURRENT") == version
+    assert (mirror / f"delta/{version:010d}.json").read_bytes() == (store / f"delta/{version:010d}.json").read_bytes()
+    assert read_int(mirror / "CURRENT") == current_generation_number(store) == 2
+
+
+def test_a_forget_whose_push_failed_is_completed_at_the_mirror_by_the_retry(stores, tmp_path, monkeypatch,
+                                                                            quick_retries):
+    """The forget's push fails: the answer says the mirror is stale, the stats say a
+    forget is pending there. The background retry keeps no older generation or snapshot,
+    as the forget's own push would have, and clears the pending mark."""
+    from helix_ray.serve.shells import WriterShell
+    from tests.helpers import files_holding
+
+    store, mirror = Path(shutil.copytree(stores[2], tmp_path / "store")), tmp_path / "m"
+    storage = _ObjectStorageAway(monkeypatch)
+    writer = WriterShell(store, mirror=str(mirror))
+    try:
+        writer.add([memory(981, "Erin keeps the kiln key under the mat.", user="erin")], user=None)
+        assert writer.compact()["generation"] == 3
+        assert files_holding(mirror, "under the mat")
+        storage.away = True
+        assert writer.forget_user("erin", compact=True)["mirror_stale"] is True
+        assert mirror_mod.forget_pending(store) and writer.stats()["mirror"]["forget_pending"]
+        assert files_holding(mirror, "under the mat")
+        storage.away = False
+        _until(lambda: writer.core.mirror_behind is None)
+        assert writer.stats()["mirror"] == {"uri": str(mirror), "behind": False, "forget_pending": False}
+    finally:
+        writer.core.close()
+    assert not mirror_mod.forget_pending(store)
+    assert files_holding(mirror, "under the mat") == []
+    assert sorted(p.name for p in (mirror / "generations").iterdir()) == ["000004"]
+    assert len(list((mirror / "delta").glob("*.json"))) == 1
 
 
 def test_a_file_the_previous_cached_generation_lost_is_downloaded(stores, tmp_path):

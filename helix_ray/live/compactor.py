@@ -1,8 +1,10 @@
 """When the Writer compacts: :class:`Compactor`, a background thread that folds a
 :class:`~helix_ray.live.writer.WriterCore`'s delta into the next generation
 (:mod:`helix_ray.live.compaction` says how) once enough time has passed or enough
-writes are pending, and backs off after a failure. The Writer deployment runs one, and
-so does the shared state of the :class:`helix_ray.Memory` objects open on a store.
+writes are pending, and backs off after a failure. The same thread pushes the store
+to its mirror again after a push that failed (:meth:`WriterCore.retry_mirror`), so the
+mirror catches up even when no further change comes. The Writer deployment runs one,
+and so does the shared state of the :class:`helix_ray.Memory` objects open on a store.
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from helix_ray.live.writer import MirrorBehind
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +25,17 @@ COMPACT_RETRY_S = 5.0
 COMPACT_BACKOFF_MAX_S = 300.0
 #: How often the compactor looks at the pending writes (seconds).
 COMPACT_TICK_S = 1.0
+#: After a failed push to the mirror, the next try: MIRROR_RETRY_S × 2^(failures − 1)
+#: seconds after the last one, at most MIRROR_BACKOFF_MAX_S.
+MIRROR_RETRY_S = 5.0
+MIRROR_BACKOFF_MAX_S = 300.0
+
+
+def mirror_retry_due(behind: MirrorBehind, now: float) -> bool:
+    """Whether a mirror behind since a failed push is due another push at ``now``
+    (``time.monotonic()`` seconds)."""
+    wait = min(MIRROR_RETRY_S * 2 ** (behind.failures - 1), MIRROR_BACKOFF_MAX_S)
+    return now - behind.last_try >= wait
 
 
 class Compactor:
@@ -52,6 +68,9 @@ class Compactor:
         failures, retry_at = 0, 0.0
         while not self.stop_event.wait(COMPACT_TICK_S):
             now = time.monotonic()
+            behind = self.core.mirror_behind
+            if behind is not None and mirror_retry_due(behind, now):
+                self.core.retry_mirror()  # a failure is logged and recorded by the core
             if now < retry_at:
                 continue
             due = now - last >= self.interval_s

@@ -27,6 +27,8 @@ import datetime as dt
 import json
 import logging
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,23 @@ def _micros(value: dt.datetime) -> int:
     return int(value.timestamp() * 1_000_000)
 
 
+@dataclass(frozen=True)
+class MirrorBehind:
+    """The mirror does not hold the store as it is: a push failed and none has succeeded
+    since. The Compactor's thread pushes again (:meth:`WriterCore.retry_mirror`), so the
+    mirror catches up without waiting for the next change."""
+
+    since: float  #: when the first of these failed pushes ran (epoch seconds)
+    failures: int  #: failed pushes in a row
+    last_try: float  #: when the last one ran (``time.monotonic()`` seconds): retries back off from it
+    history: bool  #: False: the push owed keeps no older generation or snapshot there (a user was forgotten)
+    error: str  #: what the last one raised
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"behind_since": dt.datetime.fromtimestamp(self.since, dt.timezone.utc).isoformat(),
+                "failed_pushes": self.failures, "last_error": self.error}
+
+
 class WriterCore:
     """Owns the store's DuckDB file, the inbox and the delta segment."""
 
@@ -96,6 +115,8 @@ class WriterCore:
         update, settings change and fitted adapter (:mod:`helix_ray.store.mirror`)."""
         self.store = Path(store)
         self.mirror = mirror
+        #: Set while the mirror lags the store (its last push failed); None when it is current.
+        self.mirror_behind: MirrorBehind | None = None
         self.config = ingest or IngestConfig()
         self.compact_runner = compact_runner
         self.db = self._open_database(db)  # raises DatabaseHeld when another process holds the file
@@ -312,22 +333,43 @@ class WriterCore:
 
     def push_mirror(self, *, history: bool = True) -> bool:
         """Make the mirror (if any) hold the store as it is now (``history=False``: and
-        nothing older: a user was forgotten). A push that fails is logged, not raised:
-        the change is durable here, and the next push sends it. Returns whether the
-        mirror holds no forgotten user's data (true without a mirror while no forget is
-        pending)."""
+        nothing older: a user was forgotten). Under ``_lock``: one push at a time, each of
+        the store as it is when it starts. A push that fails is logged, not raised (the
+        change is durable here) and recorded in :attr:`mirror_behind`; the next change
+        or the Compactor's retry (:meth:`retry_mirror`) pushes again, keeping no history
+        if the failed one was to keep none. Returns whether the mirror holds no forgotten
+        user's data (true without a mirror while no forget is pending)."""
         if self.mirror is None:
             return not forget_pending(self.store)
+        owed = self.mirror_behind
+        history = history and (owed is None or owed.history)
         try:
             push(self.store, self.mirror, history=history)
-            return True
-        except Exception:  # noqa: BLE001 - object storage away must not fail a durable write
-            log.exception("could not push %s to the mirror %s; the next change tries again", self.store,
-                          self.mirror.uri)
-            if forget_pending(self.store):
+        except Exception as exc:  # noqa: BLE001 - object storage away must not fail a durable write
+            failures = owed.failures + 1 if owed is not None else 1
+            self.mirror_behind = MirrorBehind(since=owed.since if owed is not None else time.time(),
+                                              failures=failures, last_try=time.monotonic(), history=history,
+                                              error=f"{type(exc).__name__}: {exc}")
+            log.exception("could not push %s to the mirror %s (%d failed pushes in a row); it is pushed again "
+                          "in the background and with the next change", self.store, self.mirror.uri, failures)
+            if forget_pending(self.store) or not history:
                 log.error("the mirror %s still holds copies of a forgotten user's data until a push to it "
                           "succeeds", self.mirror.uri)
             return False
+        if owed is not None:
+            log.info("the mirror %s holds the store again, after %d failed pushes", self.mirror.uri, owed.failures)
+        self.mirror_behind = None
+        return True
+
+    def retry_mirror(self) -> bool:
+        """Push again when the last push failed (:attr:`mirror_behind`); the Compactor's
+        thread calls it. Returns whether the mirror now holds the store (true when it
+        was not behind)."""
+        with self._lock:
+            if self.mirror_behind is None:
+                return True
+            self.push_mirror()
+            return self.mirror_behind is None
 
     def _live_segments(self, live: np.ndarray) -> tuple[list[tuple[str, np.ndarray]], np.ndarray]:
         """The listed segments that still hold a live entry, and how many each holds (one
@@ -492,7 +534,19 @@ class WriterCore:
                           "unfoldable": len(self.unfoldable), "tombstones": len(self.tombstones),
                           "log_seq": self.seq},
                 "last_compaction": self.last_compaction,
+                "mirror": self._mirror_state(),
             }
+
+    def _mirror_state(self) -> dict[str, Any] | None:
+        """The mirror's URI, whether it lags the store (and since when, after how many
+        failed pushes) and whether it may still hold a forgotten user's data; None
+        without a mirror."""
+        if self.mirror is None:
+            return None
+        behind = self.mirror_behind
+        return {"uri": self.mirror.uri, "behind": behind is not None,
+                **(behind.as_dict() if behind is not None else {}),
+                "forget_pending": forget_pending(self.store) or (behind is not None and not behind.history)}
 
     def user_stats(self, user: str) -> dict[str, Any]:
         """What a user's own key may see: that user's memories in the database and the
@@ -516,4 +570,4 @@ class WriterCore:
                 self._compacting.release()
 
 
-__all__ = ["WriterCore"]
+__all__ = ["MirrorBehind", "WriterCore"]

@@ -507,6 +507,7 @@ class HelixAPI(SplitGraph):
             "generation_counts": manifest.get("counts", {}),
             "delta": writer["delta"],
             "last_compaction": writer["last_compaction"],
+            "mirror": writer["mirror"],  # None without one; else whether it lags the store, since when
             "db": db,
             "latency_ms": self.latency.summary(),
             "requests_seen_by_this_ingress": self.latency.requests,
