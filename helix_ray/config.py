@@ -402,6 +402,15 @@ class RankConfig(_Strict):
     """A long memory's best chunk gains this share of the score of its next best chunk
     among the candidates: a memory that answers in several places outranks one that
     matches once."""
+    container_share: float = Field(0.5, ge=0.0, le=1.0)
+    """Where a code memory and the memory enclosing it are both candidates (a method and
+    its class, a function and its module's ``<module>`` memory), the member gains this
+    share of the container's score and the container keeps 1 − this of its own. A
+    module's or class's docstring says what its members do, in the words a question
+    uses, but the code that does it is the member's: "where are API keys checked?" is
+    answered by the method that checks them, not by the prose of the module around it.
+    Not for a question asking why (recall/intent.py): there code is not the answer.
+    0: off."""
     lexical_beyond_tokens: int = Field(150, ge=0)
     """The encoders weigh a long memory by its opening (late interaction reads
     ``late.max_tokens``, and one vector sums up the rest); BM25 counts every term. For a

@@ -92,6 +92,23 @@ def is_test_path(rel: str) -> bool:
     return bool(_TEST_NAME.match(parts[-1])) or any(p in _TEST_DIRS for p in parts[:-1])
 
 
+#: The symbol of a module's own memory (its docstring and top-level statements) in a code id.
+MODULE_SYMBOL = "<module>"
+
+
+def code_containers(memory_id: str) -> list[str]:
+    """The ids of the code memories that would enclose ``memory_id``'s symbol, nearest
+    first: ``…::Store.Keys.get`` → ``…::Store.Keys``, ``…::Store``, ``…::<module>``; a
+    top-level symbol's module memory; none for a module memory or a memory that is not
+    code. Whether those memories exist is the caller's to find out."""
+    match = CODE_ID.match(memory_id)
+    if match is None or match.group("symbol") == MODULE_SYMBOL:
+        return []
+    head = memory_id[: match.start("symbol")]
+    parts = match.group("symbol").split(".")
+    return [head + ".".join(parts[:n]) for n in range(len(parts) - 1, 0, -1)] + [head + MODULE_SYMBOL]
+
+
 def is_test_code(memory_id: str) -> bool:
     """Whether ``memory_id`` (or its parent's, for a chunk) names a code memory of a test file."""
     match = CODE_ID.match(parent_of(memory_id) or memory_id)

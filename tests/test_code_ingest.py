@@ -195,6 +195,75 @@ def test_a_question_for_code_gets_the_code_before_its_tests(tmp_path, repo, caps
         assert test_id in ranked and answer["flags"]["intent"] == {"read": "code", "applied": True, "tests": tests}
 
 
+GATE = '''"""The gate every request passes before its body is read: where API keys are checked.
+
+A request without a valid API key is refused (401) before any endpoint runs, and a
+user's API key on an admin route is refused too (403). Keys are checked in constant time.
+"""
+
+import hmac
+
+ADMIN_ROUTES = ("/v1/admin",)
+
+
+def refusal(headers: dict, path: str, keys: dict) -> int | None:
+    presented = headers.get("authorization", "").removeprefix("Bearer ")
+    record = keys.get(presented[:8])
+    if record is None or not hmac.compare_digest(record["sha256"], presented):
+        return 401
+    if path.startswith(ADMIN_ROUTES) and not record["admin"]:
+        return 403
+    return None
+'''
+
+
+def test_a_question_for_code_gets_the_function_before_its_modules_docstring(tmp_path, capsys):
+    """Protects: a module memory whose docstring repeats the question's words ranking
+    above the function that does it (``rank.container_share``); with the share off, the
+    module comes first."""
+    from helix_ray.cli import main
+
+    repo = _make_repo(tmp_path / "gateway", {"gate.py": GATE})
+    store = str(tmp_path / "store")
+    assert main(["ingest", str(repo), "--format", "code", "--store", store, "--user", "dev", "--runner", "local",
+                 "--no-progress"]) == 0
+    off = tmp_path / "off.yaml"
+    off.write_text("rank:\n  container_share: 0.0\n")
+    capsys.readouterr()
+    for extra, first in [((), "refusal"), (("--config", str(off)), "<module>")]:
+        assert main(["recall", "where are API keys checked?", "--store", store, "--user", "dev", "--json",
+                     *extra]) == 0
+        answer = json.loads(capsys.readouterr().out)
+        ranked = [item["id"] for item in sorted(answer["items"], key=lambda item: item["rank"])]
+        assert ranked[0] == f"code:dev/gateway:gate.py::{first}", ranked
+
+
+TEST_GATE = '''"""Where API keys are checked: the gate refuses a request without a valid API key."""
+
+from gate import refusal
+
+
+def test_a_wrong_api_key_is_refused():
+    assert refusal({"authorization": "Bearer wrong"}, "/v1/recall", {}) == 401
+'''
+
+
+def test_a_test_takes_no_share_of_its_modules_score_when_the_question_is_not_about_tests(tmp_path, capsys):
+    """Protects: a test function lifted above the code it tests by its test module's
+    docstring; the question asks for code, so only the code it favours takes a share."""
+    from helix_ray.cli import main
+
+    repo = _make_repo(tmp_path / "gateway", {"gate.py": GATE, "test_gate.py": TEST_GATE})
+    store = str(tmp_path / "store")
+    assert main(["ingest", str(repo), "--format", "code", "--store", store, "--user", "dev", "--runner", "local",
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["recall", "where are API keys checked?", "--store", store, "--user", "dev", "--json"]) == 0
+    ranked = [item["id"] for item in sorted(json.loads(capsys.readouterr().out)["items"], key=lambda item: item["rank"])]
+    code, test = "code:dev/gateway:gate.py::refusal", "code:dev/gateway:test_gate.py::test_a_wrong_api_key_is_refused"
+    assert ranked.index(code) < ranked.index(test), ranked
+
+
 def _cli_ingest(repo: Path, store: Path, fmt: str, *extra: str) -> int:
     from helix_ray.cli import main
 

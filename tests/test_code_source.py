@@ -21,7 +21,7 @@ from helix_ray.ingest.code import (
     repo_identity,
     tree_files,
 )
-from helix_ray.schema import is_test_code, is_test_path
+from helix_ray.schema import code_containers, is_test_code, is_test_path
 from tests.helpers import REPO
 
 COMMIT_TIME = "2025-03-01T10:00:00+00:00"
@@ -540,3 +540,13 @@ def test_only_code_ids_name_test_files():
     assert not is_test_code("md:ann/docs/tests/plan.md#testing")
     assert not is_test_code("tests/test_keys.py")
     assert not is_test_code("git:ann/shop:0123456789ab")
+
+
+def test_a_code_memory_names_what_encloses_it_nearest_first():
+    assert code_containers("code:ann/shop:app/keys.py::Store.Keys.get") == [
+        "code:ann/shop:app/keys.py::Store.Keys", "code:ann/shop:app/keys.py::Store",
+        "code:ann/shop:app/keys.py::<module>"]
+    assert code_containers("code:ann/shop:app/keys.py::check~2") == ["code:ann/shop:app/keys.py::<module>"]
+    assert code_containers("code:ann/shop:app/keys.py::<module>") == []
+    assert code_containers("git:ann/shop:0123456789ab") == []
+

@@ -1,12 +1,13 @@
 """Stage 6, the multi-signal ranking, on hand-made pools: what ``rank.reweigh_silent``
-changes between memory types, and what it leaves alone within one type."""
+changes between memory types, and what it leaves alone within one type; how a code
+memory shares its container's score."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from helix_ray.config import RankConfig
-from helix_ray.recall.rank import rank
+from helix_ray.recall.rank import rank, support_from_containers
 
 NOW_US = 1_750_000_000 * 1_000_000
 
@@ -59,3 +60,19 @@ def test_within_one_type_the_order_is_unchanged():
         a = _rank(["episodic"] * n, cosine, reweigh=False, salience=salience, boost=boost)
         b = _rank(["episodic"] * n, cosine, reweigh=True, salience=salience, boost=boost)
         assert a.order.tolist() == b.order.tolist()
+
+
+def test_a_member_takes_a_share_of_its_containers_score():
+    """Protects: a module's docstring, matching a question's words, ranking above the
+    function that does what it describes. Worked by hand with share .5: the module (two
+    chunks, best .9) keeps .45; check (.6) gains .45; the class (.5) keeps .25 and gains
+    .45 from the module; its method (.4) gains .25 from the class, not .45 from the
+    module (its nearest container only); a commit (.7) is left alone."""
+    module, cls = "code:a/r:k.py::<module>", "code:a/r:k.py::Keys"
+    memories = [module, module, "code:a/r:k.py::check", cls, "code:a/r:k.py::Keys.get", "git:a/r:0123456789ab"]
+    containers = [None, None, module, module, cls, None]
+    scores = np.array([0.9, 0.3, 0.6, 0.5, 0.4, 0.7])
+    out = support_from_containers(scores, memories, containers, 0.5)
+    assert np.allclose(out, [0.45, 0.15, 1.05, 0.7, 0.65, 0.7])
+    assert np.allclose(support_from_containers(scores, memories, [None] * 6, 0.5), scores), "no container: unchanged"
+

@@ -51,7 +51,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from helix_ray.errors import InvalidArgument
 from helix_ray.ingest.repo_ids import check_repo_name, default_repo_name, repo_prefix
-from helix_ray.schema import is_test_path
+from helix_ray.schema import MODULE_SYMBOL, is_test_path
 
 __all__ = ["LANGUAGES", "RepoInfo", "read_code_file", "repo_identity", "tree_files"]
 
@@ -629,7 +629,7 @@ def _module_piece(tree: ast.Module, lines: list[str], module: str) -> _Piece | N
             parts.append("")
         parts += lines[start - 1:_end(stmt)]
         first, last = first or start, _end(stmt)
-    return _Piece(symbol="<module>", kind="module", title=module, body="\n".join(parts), first=first, last=last,
+    return _Piece(symbol=MODULE_SYMBOL, kind="module", title=module, body="\n".join(parts), first=first, last=last,
                   names=_names(stmts, own=module.rpartition(".")[2]))
 
 

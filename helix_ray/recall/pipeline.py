@@ -27,7 +27,7 @@ import numpy as np
 
 from helix_ray.config import RetrievalConfig
 from helix_ray.embedder import DIM
-from helix_ray.schema import CHUNK_ID, chunk_id, parent_of
+from helix_ray.schema import CHUNK_ID, chunk_id, code_containers, parent_of
 from helix_ray.tokens import token_counter
 from helix_ray import when
 from helix_ray.recall import dense, diversify, expand, fuse, intent, late, lexical, pack, rank, rerank, scope
@@ -543,20 +543,20 @@ def _time_of(query: str, now: dt.datetime, cfg: RetrievalConfig, disabled: froze
 
 
 def _intent_of(query: str, cfg: RetrievalConfig, disabled: frozenset[str]) -> intent.Intent | None:
-    """Whether ``query`` asks for code or for its history (None with ``rank.intent_boost``
-    0 or "intent" disabled)."""
-    if cfg.rank.intent_boost <= 0 or "intent" in disabled:
+    """Whether ``query`` asks for code or for its history (None with "intent" disabled,
+    or with neither ``rank.intent_boost`` nor ``rank.container_share`` on)."""
+    if (cfg.rank.intent_boost <= 0 and cfg.rank.container_share <= 0) or "intent" in disabled:
         return None
     return intent.read(query)
 
 
-def _intent_boost(plan: Plan, rows: np.ndarray, types: np.ndarray, cols: Any,
-                  flags: dict[str, Any]) -> np.ndarray | None:
+def _intent_boost(plan: Plan, types: np.ndarray, ids: Any, flags: dict[str, Any]) -> np.ndarray | None:
     """Per candidate: 1 + ``rank.intent_boost`` for what the query's intent favours
-    (:func:`intent.favoured`, by type and, for code, by id), 1 for the rest; None (no
-    change) without an intent or without code among the candidates. Shown in the flags as
+    (:func:`intent.favoured`, by type and, for code, by id: ``ids`` are read for a
+    question for code over a pool holding code), 1 for the rest; None (no change)
+    without an intent or without code among the candidates. Shown in the flags as
     ``intent``."""
-    if plan.intent is None:
+    if plan.intent is None or plan.config.rank.intent_boost <= 0:
         return None
     applied = bool(np.any(types == "code"))
     flags["intent"] = {"read": plan.intent, "applied": applied}
@@ -564,8 +564,34 @@ def _intent_boost(plan: Plan, rows: np.ndarray, types: np.ndarray, cols: Any,
         flags["intent"]["tests"] = intent.asks_for_tests(plan.query)
     if not applied:
         return None
-    ids = cols.ids[rows] if plan.intent == "code" else [None] * len(rows)  # ids are read only to tell tests apart
+    ids = ids if plan.intent == "code" else [None] * len(types)  # ids are read only to tell tests apart
     return np.where(intent.favoured(plan.intent, plan.query, types, ids), 1.0 + plan.config.rank.intent_boost, 1.0)
+
+
+def _wants_containers(plan: Plan) -> bool:
+    """Whether code memories take a share of their container's score
+    (``rank.container_share``): not for a question asking why."""
+    return plan.config.rank.container_share > 0 and plan.intent != "history"
+
+
+def _containers(plan: Plan, types: np.ndarray, ids: Any,
+                flags: dict[str, Any]) -> tuple[list[str], list[str | None]] | None:
+    """Each candidate's memory (a chunk's parent) and the nearest memory enclosing it
+    among the candidates (:func:`~helix_ray.schema.code_containers`), or None when no
+    candidate's container is a candidate. For a question for code, only the code its
+    intent favours takes a share (not tests, unless it asks for them). Shown in the
+    flags as ``containers``: how many candidates took a share of their container's score."""
+    memories = [_parent(str(i)) or str(i) for i in ids]
+    present = set(memories)
+    asked = (intent.favoured(plan.intent, plan.query, types, ids) if plan.intent == "code"
+             else np.ones(len(memories), dtype=bool))
+    containers = [next((c for c in code_containers(m) if c in present), None) if wanted else None
+                  for m, wanted in zip(memories, asked.tolist())]
+    members = sum(c is not None for c in containers)
+    if not members:
+        return None
+    flags["containers"] = members
+    return memories, containers
 
 
 def _time_boost(plan: Plan, rows: np.ndarray, cols: Any, gen: Any) -> np.ndarray | None:
@@ -650,10 +676,14 @@ def _lexical_share(cfg: Any, n_tokens: np.ndarray) -> float | np.ndarray:
 def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessOverlay | None,
           gen: Any, flags: dict[str, Any]) -> rank.Ranked:
     """Score the candidates by type-weighted signals (similarity, recency, salience,
-    confidence, graph), times the time, intent and speaker boosts; recency reads the
-    newest of the generation's and the overlay's last access."""
+    confidence, graph), times the time, intent and speaker boosts, code memories taking a
+    share of their container's score; recency reads the newest of the generation's and
+    the overlay's last access."""
     cfg, rows = plan.config, found.rows
     types = np.asarray(cols.types[rows])
+    # Ids (a read per candidate) only where code is among the candidates and a rule reads them.
+    code = bool(np.any(types == "code"))
+    ids = cols.ids[rows] if code and (plan.intent == "code" or _wants_containers(plan)) else None
     assert found.cosine is not None  # filled by the late-interaction stage
     last_access = cols.last_accessed_at[rows].copy()
     if cfg.rank.recency_from_creation:
@@ -675,9 +705,10 @@ def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessO
         if found.bm25_score and (cfg.rank.lexical_weight or cfg.rank.lexical_beyond_tokens) else None,
         lexical_share=_lexical_share(cfg.rank, cols.n_tokens[rows]),
         context=found.context_cosine, context_share=cfg.context.similarity_share,
-        boost=_boosts(_time_boost(plan, rows, cols, gen), _intent_boost(plan, rows, types, cols, flags),
+        boost=_boosts(_time_boost(plan, rows, cols, gen), _intent_boost(plan, types, ids, flags),
                       _speaker_boost(plan, rows, types, cols, gen, flags)),
         parents=[_parent(str(i)) for i in cols.ids[rows]] if cfg.rank.chunk_support > 0 else None,
+        containers=_containers(plan, types, ids, flags) if ids is not None and _wants_containers(plan) else None,
     )
 
 

@@ -8,8 +8,10 @@ pool (a constant signal becomes 0: it cannot separate candidates); the others, a
 
 with the weight table chosen by each memory's own type (with ``reweigh_silent``, a signal
 that is 0 for every candidate is left out of every row, each row re-scaled to its sum),
-times the project and pinned multipliers and the boosts (``boost``: the query's time
-window, a "when" question, the type the question's intent favours).
+a code memory taking a share of the score of the class or module enclosing it
+(``container_share``), times the project and pinned multipliers and the boosts
+(``boost``: the query's time window, a "when" question, the type the question's intent
+favours).
 Similarity blends cosine to the query (with late interaction) and the fused RRF score,
 then takes a share of the candidate's own BM25 score (``lexical_share``, larger for long
 memories) and of its cosine with a conversation's context turns; recency decays
@@ -60,6 +62,24 @@ def support_from_siblings(scores: np.ndarray, parents: list[str | None], share: 
     return out
 
 
+def support_from_containers(scores: np.ndarray, memories: list[str], containers: list[str | None],
+                            share: float) -> np.ndarray:
+    """Each candidate whose container (``containers``: the memory enclosing it, or None)
+    is also a candidate gains ``share`` × that container's best score; each candidate
+    that contains another keeps 1 − ``share`` of its own score. ``memories``: each
+    candidate's memory (a chunk's parent), so a container's chunks count as one."""
+    best: dict[str, float] = {}
+    for score, memory in zip(scores.tolist(), memories):
+        best[memory] = max(best.get(memory, score), score)
+    holding = {c for c in containers if c is not None}
+    out = np.array([(1.0 - share) * score if memory in holding else score
+                    for score, memory in zip(scores.tolist(), memories)], dtype=np.float64)
+    for i, container in enumerate(containers):
+        if container is not None:
+            out[i] += share * best[container]
+    return out
+
+
 @dataclass(frozen=True)
 class Ranked:
     order: np.ndarray  # indices into the pool, best first
@@ -103,6 +123,7 @@ def rank(
     context_share: float = 0.0,
     boost: np.ndarray | None = None,
     parents: list[str | None] | None = None,
+    containers: tuple[list[str], list[str | None]] | None = None,
 ) -> Ranked:
     blend = config.similarity_blend
     similarity = blend * minmax(cosine) + (1 - blend) * minmax(fused)
@@ -128,6 +149,9 @@ def rank(
     type_index = np.array([MEMORY_TYPES.index(t) for t in types], dtype=np.int64)
     stacked = np.stack([signals[s] for s in SIGNALS], axis=1) if len(types) else np.zeros((0, len(SIGNALS)))
     scores = (stacked * weights[type_index]).sum(axis=1)
+    # Before the multipliers: a boost (the intent's, a pin) weighs what a member took from its container too.
+    if containers is not None and config.container_share > 0:
+        scores = support_from_containers(scores, *containers, config.container_share)
     if project is not None:
         scores = np.where(projects == project, scores * config.project_boost, scores * config.other_project_penalty)
     scores = np.where(pinned, scores * config.pinned_boost, scores)
