@@ -550,6 +550,10 @@ class TimeConfig(_Strict):
     when_boost: float = Field(0.15, ge=0.0, le=4.0)
     """For a question asking for a time: a memory whose text states a time or date scores
     (1 + this) times as much."""
+    stated_dates: bool = False
+    """A memory also counts as inside the query's window when its text states a day,
+    week, month or year inside it, read against when it was written ("last night", in a
+    memory of 2 May, is 1 May)."""
 
 
 class ContextConfig(_Strict):

@@ -676,6 +676,37 @@ def test_time_words_are_read_against_now(tenant_memory):
     assert "time" not in off.flags
 
 
+STATED = [("2025-03-02T09:00:00Z", "Last night I finally watched the whole Lord of the Rings trilogy."),
+          ("2025-03-01T20:00:00Z", "Movie night plans: maybe a documentary about whales next week."),
+          ("2025-04-10T09:00:00Z", "On 1 March we watched the trilogy again with the kids.")]
+
+
+def test_a_memory_stating_a_day_inside_the_window_counts_as_inside(tmp_path):
+    """"Last night", written on 2 March, is 1 March: the memory written the next morning
+    is boosted for "on 1 March" as one written that day is. A day stated against a
+    memory written in April is 1 March too; a plan for "next week" is not."""
+    from helix_ray.ingest.run import ingest
+    from helix_ray.memory import Memory
+
+    source = tmp_path / "notes.jsonl"
+    source.write_text("".join(json.dumps({"id": f"m{i}", "text": text, "user": "dana", "created_at": at}) + "\n"
+                              for i, (at, text) in enumerate(STATED)))
+    ingest([source], tmp_path / "store", runner="local", show_progress=False)
+    asked = dt.datetime(2025, 5, 1, tzinfo=UTC)
+    with Memory(tmp_path / "store", record_access=False, warm=False) as memory:
+        def scores(stated: bool) -> dict[str, float]:
+            result = memory.recall("What movie did I watch on 1 March 2025?", user="dana", now=asked,
+                                   config=config(time={"stated_dates": stated}))
+            return {item.id: item.score for item in result.items}
+
+        on, off = scores(True), scores(False)
+    boost = 1 + RetrievalConfig().time.window_boost
+    assert on["m0"] == pytest.approx(off["m0"] * boost, rel=1e-4)  # stated: last night
+    assert on["m2"] == pytest.approx(off["m2"] * boost, rel=1e-4)  # stated: on 1 March
+    assert on["m1"] == pytest.approx(off["m1"], rel=1e-4)  # created that day: boosted either way
+    assert off["m1"] > 0
+
+
 @pytest.mark.parametrize("query", ["what did we do last week?", "the bug from two weeks ago", "since March 2023",
                                    "before May 2023", "in 2022", "what happened yesterday"])
 def test_window_weights_are_the_windows_own_weights(query):

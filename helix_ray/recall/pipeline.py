@@ -602,7 +602,12 @@ def _time_boost(plan: Plan, rows: np.ndarray, cols: Any, gen: Any) -> np.ndarray
     t = plan.config.time
     boost = np.ones(len(rows))
     if plan.window is not None and t.window_boost > 0:
-        boost *= 1.0 + t.window_boost * window_weights(plan.window, np.asarray(cols.created_at[rows], np.int64))
+        created = np.asarray(cols.created_at[rows], np.int64)
+        inside = window_weights(plan.window, created)
+        if t.stated_dates:
+            inside = np.maximum(inside, [_states_date_in(plan.window, gen.text(int(r))[:TIME_TEXT_CHARS], int(c))
+                                         for r, c in zip(rows, created)])
+        boost *= 1.0 + t.window_boost * inside
     if plan.asks_when and t.when_boost > 0:
         boost *= 1.0 + t.when_boost * np.array([_states_time(gen.text(int(r))[:TIME_TEXT_CHARS]) for r in rows],
                                                 dtype=np.float64)
@@ -643,6 +648,19 @@ TIME_TEXT_CHARS = 400
 @functools.lru_cache(maxsize=65_536)
 def _states_time(text: str) -> bool:
     return when.has_time(text)
+
+
+@functools.lru_cache(maxsize=65_536)
+def _stated_dates(text: str, created_us: int) -> tuple[tuple[dt.datetime, dt.datetime], ...]:
+    """The windows of the days, weeks, months and years ``text`` states, read against when
+    it was written ("last night" in a memory of 2 May is 1 May)."""
+    written = dt.datetime.fromtimestamp(created_us / 1e6, dt.timezone.utc)
+    return tuple(w for w in map(when.key_window, when.mentions(text, written)) if w is not None)
+
+
+def _states_date_in(window: when.TimeWindow, text: str, created_us: int) -> float:
+    """1.0 when ``text`` states a day, week, month or year that lies inside ``window``."""
+    return float(any(window.start <= first and last <= window.end for first, last in _stated_dates(text, created_us)))
 
 
 def window_weights(window: when.TimeWindow, created_us: np.ndarray) -> np.ndarray:
