@@ -712,7 +712,7 @@ def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessO
             if seen is not None and seen > last_access[i]:
                 last_access[i] = seen
     return rank.rank(
-        types=cols.types[rows], cosine=late.blend(found.cosine, found.late_scores, cfg.late.weight),
+        types=types, cosine=late.blend(found.cosine, found.late_scores, cfg.late.weight),
         fused=np.array([found.fused_score.get(int(r), 0.0) for r in rows]),
         last_access_us=last_access, salience=cols.salience[rows], confidence=cols.confidence[rows],
         graph=np.array([found.graph_score.get(int(r), 0.0) for r in rows]),
