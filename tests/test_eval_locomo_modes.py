@@ -266,10 +266,13 @@ def test_a_helix_system_with_settings_runs_recall_with_them_on_helixs_store() ->
 def test_a_system_with_settings_is_compared_with_the_same_system_without_them() -> None:
     one = [{"ndcg@10": 1.0, "recall@10": 1.0}, {"ndcg@10": 0.0, "recall@10": 0.0}]
     rows = {"bm25": one, "helix": one, "helix+ctx": one, "helix@rank.intent_boost=0.2": one,
-            "helix@rank.intent_boost=0.2+ctx": one}
+            "helix@rank.intent_boost=0.2+ctx": one, "helix-no-graph": one}
     against = {name: set(bases) for name, bases in runner.compare(rows).items()}
-    assert against == {"helix": {"bm25"}, "helix+ctx": {"bm25"}, "helix@rank.intent_boost=0.2": {"bm25", "helix"},
+    # Any other Helix system (a stage off, a store built otherwise, context) against helix.
+    assert against == {"helix": {"bm25"}, "helix+ctx": {"bm25", "helix"}, "helix-no-graph": {"bm25", "helix"},
+                       "helix@rank.intent_boost=0.2": {"bm25", "helix"},
                        "helix@rank.intent_boost=0.2+ctx": {"bm25", "helix+ctx"}}
+    assert set(runner.compare({"bm25": one, "helix-no-graph": one})["helix-no-graph"]) == {"bm25"}
 
 
 def test_recall_items_count_as_their_documents() -> None:

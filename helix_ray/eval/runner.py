@@ -399,7 +399,7 @@ def compare(rows: dict[str, list[dict[str, Any]]], ks: Sequence[int] = (10,)) ->
     """Each non-baseline system against each baseline in ``rows`` (per-query rows in the
     same query order for every system), and a system with settings changed
     (``helix@…``) also against the same system without them (``helix``, or ``helix+ctx``
-    for ``helix@…+ctx``), on nDCG and Recall at the largest k ≤ 10: the mean difference,
+    for ``helix@…+ctx``), any other Helix system against ``helix``, on nDCG and Recall at the largest k ≤ 10: the mean difference,
     its bootstrap 95 % interval and the sign-flip p-value."""
     k = max([k for k in ks if k <= 10] or [min(ks)])
     out: dict[str, Any] = {}
@@ -407,7 +407,9 @@ def compare(rows: dict[str, list[dict[str, Any]]], ks: Sequence[int] = (10,)) ->
         if name in BASELINES:
             continue
         unchanged = base_system(name) + name[len(_without_context(name)):]  # helix@…+ctx: helix+ctx
-        against = [b for b in BASELINES if b in rows] + ([unchanged] if WITH_SETTINGS in name and unchanged in rows else [])
+        if WITH_SETTINGS not in name and name != "helix":  # a stage off, a store built otherwise: against helix
+            unchanged = "helix"
+        against = [b for b in BASELINES if b in rows] + ([unchanged] if unchanged != name and unchanged in rows else [])
         for base in against:
             out.setdefault(name, {})[base] = {
                 metric: _rounded(paired_difference([r[metric] for r in mine], [r[metric] for r in rows[base]]))
