@@ -203,6 +203,24 @@ def ingress_app(store: Path, *, auth: bool = True, **args: Any):
             writer.core.close()
 
 
+def wait_healthy(url: str, proc: Any, timeout_s: float = 300) -> bool:
+    """Whether `helix serve` (the subprocess ``proc``) answers ``url``/healthz within
+    ``timeout_s``; False at once if it exits."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:  # the proxy answers 404 until the application is deployed
+            if httpx.get(f"{url}/healthz", timeout=30).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
 def files_holding(store: Path, needle: str) -> list[str]:
     """The files of ``store`` whose bytes contain ``needle``, but the audit log: it keeps
     the record that a user was forgotten, naming them (:func:`audit_without`)."""

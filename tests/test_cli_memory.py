@@ -15,7 +15,7 @@ from helix_ray import Memory
 from helix_ray.errors import InvalidArgument
 from helix_ray.runtime import free_port, spare_port
 from helix_ray.store.db import StoreDB
-from tests.helpers import SAMPLE, memory, write_jsonl
+from tests.helpers import SAMPLE, memory, wait_healthy, write_jsonl
 
 
 def helix(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -271,20 +271,6 @@ def test_the_demo_answers_through_the_server(tmp_path):
     assert "\x1b[" not in run.stdout + run.stderr
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 300) -> bool:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:  # the proxy answers 404 until the application is deployed
-            if httpx.get(f"{url}/healthz", timeout=30).status_code == 200:
-                return True
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    return False
-
-
 @pytest.mark.ray
 def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     """`helix serve --ha-proxy` end to end, as a user runs it: its own local Ray with
@@ -315,7 +301,7 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     seen: dict[str, object] = {}
     try:
         urls = [f"http://127.0.0.1:{port}" for port in ports]
-        seen["healthy"] = [_wait_healthy(url, proc) for url, proc in zip(urls, procs)]
+        seen["healthy"] = [wait_healthy(url, proc) for url, proc in zip(urls, procs)]
         url = urls[0]
         if all(seen["healthy"]):
             answer = httpx.post(f"{url}/v1/recall", json={"query": "how do we deploy the gateway?",

@@ -34,6 +34,18 @@ class ReplicaError(HelixError):
     def __reduce__(self) -> tuple[Any, ...]:
         return (ReplicaError, (self.kind, str(self.args[0])))
 
+    def __str__(self) -> str:
+        # Serve logs every exception a replica's method raises ("Request failed." at
+        # ERROR, with the traceback, which shows str(exc)) in the replica's log and its
+        # worker's stderr, at any log level. A caller's mistake quotes the request (a
+        # memory's text, a query), which no log may hold: its sentence goes to the caller
+        # only (message_of reads it from args), the log names the kind and status.
+        status = STATUS.get(self.kind)
+        if status is not None and status < 500:
+            return (f"{self.kind} (HTTP {status}): the request's own fault, answered to the caller; its sentence "
+                    "is not logged, as it may quote the request")
+        return str(self.args[0])
+
 
 def boundary(fn: Callable) -> Callable:
     """Wrap a shell method so the Helix errors it raises cross the replica boundary."""
