@@ -1,6 +1,7 @@
 """Small builders shared by tests (data the tests make themselves), and the helpers the
 Serve tests share: a recall over HTTP checked against the documented schema, a recall
-through the stage shells in this process, and the HTTP application without Ray."""
+through the stage shells in this process, and the HTTP application without Ray; and
+the search of log files for markers that the log tests share."""
 
 from __future__ import annotations
 
@@ -235,3 +236,17 @@ def audit_without(store: Path, text: str) -> list[dict]:
 
     assert not [p for p in audit.files(store) if text.encode() in p.read_bytes()]
     return audit.read(store)
+
+
+def leaks(files: list[Path], needles: dict[str, str]) -> list[str]:
+    """``file:line: needle name`` for each line of ``files`` holding a needle, read as
+    bytes (a log may hold any bytes), each line shortened around the hit."""
+    found = []
+    for path in files:
+        for number, line in enumerate(path.read_bytes().splitlines(), 1):
+            for name, needle in needles.items():
+                at = line.find(needle.encode())
+                if at >= 0:
+                    shown = line[max(0, at - 120):at + 120].decode(errors="replace")
+                    found.append(f"{path}:{number}: {name}: …{shown}…")
+    return found

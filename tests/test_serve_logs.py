@@ -24,7 +24,7 @@ import pytest
 
 from helix_ray.runtime import spare_port
 from helix_ray.store import audit
-from tests.helpers import wait_healthy
+from tests.helpers import leaks, wait_healthy
 
 httpx = pytest.importorskip("httpx")
 
@@ -42,20 +42,6 @@ def _stop(proc: subprocess.Popen) -> int:
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait()
-
-
-def leaks(files: list[Path], needles: dict[str, str]) -> list[str]:
-    """``file:line: needle name`` for each line of ``files`` holding a needle, read as
-    bytes (a log may hold any bytes), each line shortened around the hit."""
-    found = []
-    for path in files:
-        for number, line in enumerate(path.read_bytes().splitlines(), 1):
-            for name, needle in needles.items():
-                at = line.find(needle.encode())
-                if at >= 0:
-                    shown = line[max(0, at - 120):at + 120].decode(errors="replace")
-                    found.append(f"{path}:{number}: {name}: …{shown}…")
-    return found
 
 
 def _exercise(url: str, user_key: str, admin_key: str, marks: dict[str, str]) -> None:
