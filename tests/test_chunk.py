@@ -7,15 +7,18 @@ from __future__ import annotations
 import ast
 import base64
 import inspect
+import json
 import random
 import re
 import textwrap
 
 import pytest
 
+from helix_ray.config import ChunkConfig
 from helix_ray.ingest import chunk as chunk_module
 from helix_ray.ingest import chunk_parse
-from helix_ray.ingest.chunk import Chunk, detect_kind, encoder_text, split
+from helix_ray.ingest.chunk import Chunk, detect_kind, encoder_text, lead_title, split
+from helix_ray.ingest.normalize import split_long
 from helix_ray.tokens import token_counter
 
 count = token_counter()
@@ -86,7 +89,48 @@ def test_encoder_text_prefixes_the_heading_path():
     assert encoder_text(Chunk("plain", 0, (), 0, 5, 0)) == "plain"
     long_names = Chunk("x", 0, ("A" * 100, "B", "C", "D"), 0, 1, 0)
     assert encoder_text(long_names) == "B > C > D\nx", "only the innermost three headings"
-    assert encoder_text(long_names, title="T" * 80).split("\n")[0] == "T" * 47 + "… > B > C > D"
+    assert encoder_text(long_names, title="T" * 80).split("\n")[0] == "T" * 80 + " > B > C > D"
+    assert encoder_text(long_names, title="T" * 200).split("\n")[0] == "T" * 159 + "… > B > C > D"
+
+
+def test_lead_title_reads_a_first_line_that_titles_what_follows():
+    body = "We measured it twice.\nThe second run agreed."
+    assert lead_title("Targeting A20 decreases glioma stem cell survival\n" + body) == (
+        "Targeting A20 decreases glioma stem cell survival")
+    assert lead_title("Pin uvicorn below 0.30\n\nIts 0.30 release broke streaming.") == "Pin uvicorn below 0.30"
+    assert lead_title("def restart(self, reset=False):\n    return self.stop()") == "def restart(self, reset=False):"
+    assert lead_title("  1:56 pm on 8 May, 2023\nCaroline: hi") == "1:56 pm on 8 May, 2023"
+    long = "A very long title " * 15
+    assert lead_title(long + "\n" + body) == long[:159].rstrip() + "…"
+    for text, why in [
+        ("One line, nothing after it", "nothing to title"),
+        ("Title\n   \n", "nothing after it but blank lines"),
+        ("# Deploy\nRun make.", "a Markdown heading: the heading path names it"),
+        ("Caroline: I went to the group.\nMelanie: How was it?", "a chat turn"),
+        ("We chose DuckDB because its files are\nsingle and easy to copy.", "a wrapped line of prose"),
+        ("x" * 400 + "\n" + body, "too long for a title"),
+    ]:
+        assert lead_title(text) is None, why
+
+
+def test_chunks_after_the_first_repeat_the_lead_title_when_asked():
+    title = "Empirical Bayesian models for analysing molecular serotyping microarrays"
+    text = title + "\n" + " ".join(f"Sentence {i} reports a finding about serotype {i}." for i in range(120))
+    row = {"id": "doc1", "text": text, "metadata": "{}"}
+    plain = split_long(row, ChunkConfig(max_tokens=200))
+    titled = split_long(row, ChunkConfig(max_tokens=200, lead_title=True))
+    assert len(plain) > 1 and len(titled) >= len(plain)
+    assert not any(r["text"].startswith(title) for r in plain[1:])
+    assert titled[0]["text"].startswith(title + "\n")
+    for r in titled[1:]:
+        assert r["text"].startswith(title + "\n")
+        own_from = json.loads(r["metadata"])["chunk"]["own_from"]
+        assert r["text"][own_from:] and r["text"][own_from:] in text
+    assert all(count(r["text"]) <= 200 for r in titled), "the title line fits inside max_tokens"
+    # A Markdown section's chunks keep their file and heading, not the first line.
+    md = {**row, "metadata": json.dumps({"file": "docs/guide.md", "section": "Deploy"})}
+    assert all(r["text"].startswith("docs/guide.md — Deploy\n")
+               for r in split_long(md, ChunkConfig(max_tokens=200, lead_title=True))[1:])
 
 
 def test_heading_directly_above_a_subheading_stays_with_it():

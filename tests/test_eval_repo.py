@@ -3,6 +3,7 @@ of it at one commit (helix_ray/eval/repo.py), and the shipped question set about
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 from helix_ray.config import IngestConfig
 from helix_ray.eval.datasets import EvalDoc
 from helix_ray.eval.repo import DEFAULT_COMMIT, REPO_CORPUS, gold_id, load_repo, pristine_copy, read_questions
-from helix_ray.eval.runner import store_key
+from helix_ray.eval.runner import RUNNER_ONLY, store_key
 from tests.helpers import REPO
 
 QUESTIONS = REPO / "tests" / "fixtures" / "repo_questions.jsonl"
@@ -166,6 +167,19 @@ def test_own_types_and_metadata_key_a_store_only_when_given() -> None:
     keys = {store_key(docs, config, ["semantic", "semantic"]) for docs in (plain, typed, tagged)}
     assert len(keys) == 3
     assert store_key(plain, config, ["semantic"] * 2) == store_key(list(plain), config, ["semantic"] * 2)
+
+
+def test_the_lead_title_option_keys_a_store_only_when_on_and_something_is_chunked() -> None:
+    short = [EvalDoc("a", "text one")]
+    long = [EvalDoc("a", "A title\n" + "word " * 600)]
+    on = IngestConfig(chunk={"lead_title": True})
+    assert store_key(short, on, ["semantic"]) == store_key(short, IngestConfig(), ["semantic"])
+    assert store_key(long, on, ["semantic"]) != store_key(long, IngestConfig(), ["semantic"])
+    # Off, the key is that of a store built before the option existed.
+    content = IngestConfig().model_dump(mode="json", exclude=RUNNER_ONLY)
+    del content["chunk"]["lead_title"]
+    assert store_key(long, IngestConfig(), ["episodic"]) == hashlib.sha1(json.dumps(
+        [content, [(d.id, d.text, d.created_at, d.session_id) for d in long]]).encode()).hexdigest()[:12]
 
 
 # --------------------------------------------------------------------------- end to end

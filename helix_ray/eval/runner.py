@@ -103,6 +103,8 @@ def store_key(docs: Sequence[Any], ingest_config: IngestConfig, types: Sequence[
     content = ingest_config.model_dump(mode="json", exclude=RUNNER_ONLY)
     if not _any_longer(docs, ingest_config.chunk.max_tokens):  # nothing to chunk: the same store either way
         content.pop("chunk")
+    elif not content["chunk"]["lead_title"]:  # off, chunks are what they were before the option: same key
+        content["chunk"].pop("lead_title")
     given = [(_given(d, "type"), json.dumps(_given(d, "metadata"), sort_keys=True)) for d in docs]
     return hashlib.sha1(json.dumps(
         [content, [(d.id, d.text, d.created_at, d.session_id) for d in docs]]
@@ -255,11 +257,13 @@ SYSTEMS: dict[str, Ranker] = {
 }
 SYSTEMS["helix-no-doc2query"] = helix()
 SYSTEMS["helix-no-context"] = helix()
+SYSTEMS["helix-lead-title"] = helix()
 #: Systems that need stores built differently: their ingest overrides. The baselines read
 #: plain vectors: a conversation turn's session context is Helix's ingest, not theirs.
 _PLAIN = {"session_context": 0.0}
 INGEST_VARIANTS: dict[str, dict[str, Any]] = {"helix-no-doc2query": {"doc2query": {"backend": "none"}},
                                               "helix-no-context": _PLAIN, "bm25": _PLAIN, "dense": _PLAIN,
+                                              "helix-lead-title": {"chunk": {"lead_title": True}},
                                               "rrf": _PLAIN}
 #: The suffix of a system given the turns before the question as recall's ``context``.
 WITH_CONTEXT = "+ctx"

@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from helix_ray import tokens
-from helix_ray.ingest.chunk_parse import HARD, SENTENCE, Atoms, detect_kind, heading_title, parse
+from helix_ray.ingest.chunk_parse import HARD, SENTENCE, TITLE_CHARS, Atoms, detect_kind, heading_title, lead_title, parse
 
-__all__ = ["KINDS", "Chunk", "detect_kind", "encoder_text", "split"]
+__all__ = ["KINDS", "Chunk", "detect_kind", "encoder_text", "lead_title", "split"]
 
 KINDS = ("auto", "markdown", "chat", "code", "text")
 MIN_MAX_TOKENS = 16
@@ -127,14 +127,16 @@ def encoder_text(chunk: Chunk, title: str | None = None) -> str:
     (``title > Deploy > Rollback``), then its text, so a chunk under ``## Rollback``
     matches "how do I roll back the deploy" though it never says so itself.
 
-    ``title`` is e.g. the source file or the parent memory's first line; its first line
-    only is used. Each name is cut to 48 characters and only the innermost three headings
-    are kept; a name equal to the one before it (a title repeated as the ``#`` heading) or
-    to the heading line the chunk itself opens with is left out. Nothing to name: the
-    chunk's text unchanged."""
+    ``title`` is e.g. the source file or the parent memory's first line
+    (:func:`lead_title`); its first line only is used, cut to ``TITLE_CHARS`` characters.
+    Each heading is cut to 48 characters and only the innermost three are kept; a name
+    equal to the one before it (a title repeated as the ``#`` heading) or to the heading
+    line the chunk itself opens with is left out. Nothing to name: the chunk's text
+    unchanged."""
     names: list[str] = []
-    for name in ((title or "").strip().split("\n", 1)[0].strip(), *chunk.heading_path[-3:]):
-        name = name if len(name) <= 48 else name[:47].rstrip() + "…"
+    lead = (title or "").strip().split("\n", 1)[0].strip()
+    for limit, name in ((TITLE_CHARS, lead), *((48, h) for h in chunk.heading_path[-3:])):
+        name = name if len(name) <= limit else name[:limit - 1].rstrip() + "…"
         if name and (not names or names[-1].casefold() != name.casefold()):
             names.append(name)
     opening = heading_title(chunk.text.lstrip("\r\n").split("\n", 1)[0].rstrip("\r"))

@@ -25,7 +25,7 @@ import functools
 import re
 from typing import Callable
 
-__all__ = ["Atoms", "detect_kind", "heading_title", "parse"]
+__all__ = ["TITLE_CHARS", "Atoms", "detect_kind", "heading_title", "lead_title", "parse"]
 
 # Boundary strengths, weakest first; a heading of level h is 20 - h (``#`` 19, ``######`` 14).
 GLUE = 0  # after a heading line, inside a fence's first/last line, after a decorator
@@ -99,6 +99,29 @@ def heading_title(line: str) -> str | None:
     other line."""
     heading = _HEADING.match(line)
     return None if heading is None else _title(heading)
+
+
+#: The longest first line :func:`lead_title` takes for a title.
+TITLE_CHARS = 160
+
+
+def lead_title(text: str) -> str | None:
+    """``text``'s first line when it reads as the title of what follows (a paper's title
+    over its abstract, a commit's subject over its body, a code reader's header over a
+    function): at most twice :data:`TITLE_CHARS` long, with more text after it, and
+    neither a Markdown heading (the heading path names those), a chat turn, nor the first
+    line of a hard-wrapped paragraph (it stops mid-sentence and the next line goes on in
+    lower case). Cut to :data:`TITLE_CHARS` characters; None when it is no title."""
+    first, _, rest = text.lstrip().partition("\n")
+    first = first.strip()
+    after = rest.strip()
+    if not first or not after or len(first) > 2 * TITLE_CHARS:
+        return None
+    if _HEADING.match(first) or _speaker(first) is not None:
+        return None
+    if (first[-1].isalnum() or first[-1] in ",;(") and after[0].islower():
+        return None
+    return first if len(first) <= TITLE_CHARS else first[:TITLE_CHARS - 1].rstrip() + "…"
 
 
 # --------------------------------------------------------------------------- detection and line tests

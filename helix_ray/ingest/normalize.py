@@ -38,6 +38,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from helix_ray import tokens
 from helix_ray.config import ChunkConfig, ValidationConfig
 from helix_ray.ingest import chunk
 from helix_ray.ingest.ids import SECTION_KEY, markdown_id
@@ -384,6 +385,10 @@ def split_long(row: dict[str, Any], config: ChunkConfig) -> list[dict[str, Any]]
         return [row]
     metadata = json.loads(row["metadata"])
     title = " — ".join(str(metadata[k]) for k in ("file", "section") if isinstance(metadata.get(k), str)) or None
+    if title is None and config.lead_title and (title := chunk.lead_title(row["text"])) is not None:
+        # Every chunk after the first repeats the text's own title line: make room for it.
+        room = max(room - tokens.token_counter()(title), config.max_tokens // 2)
+        pieces = chunk.split(row["text"], max_tokens=room, overlap_tokens=min(config.overlap_tokens, room // 2))
     out = []
     for n, piece in enumerate(pieces, start=1):
         # The first chunk starts as its text does (a section's text names its file and heading).
