@@ -401,10 +401,11 @@ BASELINES = ("bm25", "dense", "rrf")
 
 def compare(rows: dict[str, list[dict[str, Any]]], ks: Sequence[int] = (10,)) -> dict[str, Any]:
     """Each non-baseline system against each baseline in ``rows`` (per-query rows in the
-    same query order for every system), and a system with settings changed
-    (``helix@…``) also against the same system without them (``helix``, or ``helix+ctx``
-    for ``helix@…+ctx``), any other Helix system against ``helix``, on nDCG and Recall at the largest k ≤ 10: the mean difference,
-    its bootstrap 95 % interval and the sign-flip p-value."""
+    same query order for every system); a system with settings changed (``helix@…``) also
+    against the same system without them (``helix``, or ``helix+ctx`` for
+    ``helix@…+ctx``), and any other Helix system against ``helix``. On nDCG and Recall at
+    the largest k ≤ 10: the mean difference, its bootstrap 95 % interval and the
+    sign-flip p-value."""
     k = max([k for k in ks if k <= 10] or [min(ks)])
     out: dict[str, Any] = {}
     for name, mine in rows.items():
