@@ -160,8 +160,8 @@ class ChunkConfig(_Strict):
     lead_title: bool = False
     """Each chunk after the first of a text whose first line reads as its title (a paper's
     title, a commit's subject, the code reader's header line; not a Markdown heading, a
-    chat turn or a wrapped line of prose) starts with that line, as a Markdown section's
-    chunks start with its file and heading path."""
+    chat transcript's first line or a wrapped line of prose) starts with that line, as a
+    Markdown section's chunks start with its file and heading path."""
 
     @model_validator(mode="after")
     def _overlap_fits(self) -> "ChunkConfig":

@@ -99,7 +99,7 @@ def test_lead_title_reads_a_first_line_that_titles_what_follows():
         "Targeting A20 decreases glioma stem cell survival")
     assert lead_title("Pin uvicorn below 0.30\n\nIts 0.30 release broke streaming.") == "Pin uvicorn below 0.30"
     assert lead_title("def restart(self, reset=False):\n    return self.stop()") == "def restart(self, reset=False):"
-    assert lead_title("  1:56 pm on 8 May, 2023\nCaroline: hi") == "1:56 pm on 8 May, 2023"
+    assert lead_title("Notes of 8 May, 2023\nWe met at noon.\nAna: that is all") == "Notes of 8 May, 2023"
     long = "A very long title " * 15
     assert lead_title(long + "\n" + body) == long[:159].rstrip() + "…"
     for text, why in [
@@ -107,6 +107,8 @@ def test_lead_title_reads_a_first_line_that_titles_what_follows():
         ("Title\n   \n", "nothing after it but blank lines"),
         ("# Deploy\nRun make.", "a Markdown heading: the heading path names it"),
         ("Caroline: I went to the group.\nMelanie: How was it?", "a chat turn"),
+        ("1:56 pm on 8 May, 2023\nCaroline: I went.\nMelanie: How was it?\nCaroline: Good.",
+         "a transcript: its date line heads the first session only"),
         ("We chose DuckDB because its files are\nsingle and easy to copy.", "a wrapped line of prose"),
         ("x" * 400 + "\n" + body, "too long for a title"),
     ]:
