@@ -158,10 +158,10 @@ class ChunkConfig(_Strict):
     """Tokens of each chunk that repeat the end of the one before (on a sentence or line
     boundary where there is one), so a fact split across the cut is whole in one chunk."""
     lead_title: bool = False
-    """Each chunk after the first of a text whose first line reads as its title (a paper's
-    title, a commit's subject, the code reader's header line; not a Markdown heading, a
-    chat transcript's first line or a wrapped line of prose) starts with that line, as a
-    Markdown section's chunks start with its file and heading path."""
+    """Each chunk after the first of a prose or Markdown text whose first line reads as its
+    title (a paper's title, a note's or a commit's subject; not a Markdown heading nor a
+    wrapped line of prose; never in a chat transcript or code) starts with that line, as
+    a Markdown section's chunks start with its file and heading path."""
 
     @model_validator(mode="after")
     def _overlap_fits(self) -> "ChunkConfig":

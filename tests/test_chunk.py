@@ -98,7 +98,6 @@ def test_lead_title_reads_a_first_line_that_titles_what_follows():
     assert lead_title("Targeting A20 decreases glioma stem cell survival\n" + body) == (
         "Targeting A20 decreases glioma stem cell survival")
     assert lead_title("Pin uvicorn below 0.30\n\nIts 0.30 release broke streaming.") == "Pin uvicorn below 0.30"
-    assert lead_title("def restart(self, reset=False):\n    return self.stop()") == "def restart(self, reset=False):"
     assert lead_title("Notes of 8 May, 2023\nWe met at noon.\nAna: that is all") == "Notes of 8 May, 2023"
     long = "A very long title " * 15
     assert lead_title(long + "\n" + body) == long[:159].rstrip() + "…"
@@ -109,6 +108,7 @@ def test_lead_title_reads_a_first_line_that_titles_what_follows():
         ("Caroline: I went to the group.\nMelanie: How was it?", "a chat turn"),
         ("1:56 pm on 8 May, 2023\nCaroline: I went.\nMelanie: How was it?\nCaroline: Good.",
          "a transcript: its date line heads the first session only"),
+        ("s0.py · s0.restart (function)\ndef restart(self, reset=False):\n    return self.stop()\n", "code"),
         ("We chose DuckDB because its files are\nsingle and easy to copy.", "a wrapped line of prose"),
         ("x" * 400 + "\n" + body, "too long for a title"),
     ]:

@@ -111,15 +111,16 @@ def lead_title(text: str) -> str | None:
     function): at most twice :data:`TITLE_CHARS` long, with more text after it, and
     neither a Markdown heading (the heading path names those), a chat turn, nor the first
     line of a hard-wrapped paragraph (it stops mid-sentence and the next line goes on in
-    lower case). A chat transcript has none: a date line over its turns heads only the
-    first part of a long transcript, often one session of several. Cut to
-    :data:`TITLE_CHARS` characters; None when it is no title."""
+    lower case). Prose and Markdown only: a chat transcript's date line heads only the
+    first part of a long transcript, often one session of several, and a long function's
+    later chunks keep its names in their code. Cut to :data:`TITLE_CHARS` characters;
+    None when it is no title."""
     first, _, rest = text.lstrip().partition("\n")
     first = first.strip()
     after = rest.strip()
     if not first or not after or len(first) > 2 * TITLE_CHARS:
         return None
-    if _HEADING.match(first) or _speaker(first) is not None or detect_kind(text) == "chat":
+    if _HEADING.match(first) or _speaker(first) is not None or detect_kind(text) not in ("text", "markdown"):
         return None
     if (first[-1].isalnum() or first[-1] in ",;(") and after[0].islower():
         return None
