@@ -411,9 +411,8 @@ def compare(rows: dict[str, list[dict[str, Any]]], ks: Sequence[int] = (10,)) ->
     for name, mine in rows.items():
         if name in BASELINES:
             continue
-        unchanged = base_system(name) + name[len(_without_context(name)):]  # helix@…+ctx: helix+ctx
-        if WITH_SETTINGS not in name and name != "helix":  # a stage off, a store built otherwise: against helix
-            unchanged = "helix"
+        # helix@…+ctx against helix+ctx; a stage off, a store built otherwise, +ctx: against helix
+        unchanged = base_system(name) + name[len(_without_context(name)):] if WITH_SETTINGS in name else "helix"
         against = [b for b in BASELINES if b in rows] + ([unchanged] if unchanged != name and unchanged in rows else [])
         for base in against:
             out.setdefault(name, {})[base] = {

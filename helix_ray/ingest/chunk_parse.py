@@ -107,14 +107,14 @@ TITLE_CHARS = 160
 
 def lead_title(text: str) -> str | None:
     """``text``'s first line when it reads as the title of what follows (a paper's title
-    over its abstract, a commit's subject over its body, a code reader's header over a
-    function): at most twice :data:`TITLE_CHARS` long, with more text after it, and
-    neither a Markdown heading (the heading path names those), a chat turn, nor the first
-    line of a hard-wrapped paragraph (it stops mid-sentence and the next line goes on in
-    lower case). Prose and Markdown only: a chat transcript's date line heads only the
-    first part of a long transcript, often one session of several, and a long function's
-    later chunks keep its names in their code. Cut to :data:`TITLE_CHARS` characters;
-    None when it is no title."""
+    over its abstract, a note's or a commit's subject over its body): at most twice
+    :data:`TITLE_CHARS` long, with more text after it, and neither a Markdown heading (the
+    heading path names those), a chat turn, nor the first line of a hard-wrapped
+    paragraph (it stops mid-sentence and the next line goes on in lower case). Prose and
+    Markdown only: a chat transcript's date line heads only the first part of a long
+    transcript, often one session of several, and a long function's later chunks keep
+    its names in their code. Cut to :data:`TITLE_CHARS` characters; None when it is no
+    title."""
     first, _, rest = text.lstrip().partition("\n")
     first = first.strip()
     after = rest.strip()
