@@ -168,7 +168,7 @@ def _eval_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="comma-separated: bm25, dense, rrf, helix, helix-rerank (cross-encoder on), helix-no-graph, "
                         "helix-mmr, helix-session, helix-no-recency, helix-no-strong-signal, helix-no-dedup, "
                         "helix-no-doc2query, helix-no-context (turn vectors without their session's context), "
-                        "helix-lead-title (chunks repeat their text's title line: chunk.lead_title), helix-no-vector "
+                        "helix-no-lead-title (chunks do not repeat their text's title line: chunk.lead_title off), helix-no-vector "
                         "(what Serve answers while its Embedder is down: BM25 through the later stages), "
                         "or 'all'; a Helix system with '+ctx' appended (helix+ctx) gets --query-context's turns "
                         "as recall's context instead of joined before the question; "

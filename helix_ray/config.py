@@ -157,7 +157,7 @@ class ChunkConfig(_Strict):
     overlap_tokens: int = Field(40, ge=0, le=512)
     """Tokens of each chunk that repeat the end of the one before (on a sentence or line
     boundary where there is one), so a fact split across the cut is whole in one chunk."""
-    lead_title: bool = False
+    lead_title: bool = True
     """Each chunk after the first of a prose or Markdown text whose first line reads as its
     title (a paper's title, a note's or a commit's subject; not a Markdown heading nor a
     wrapped line of prose; never in a chat transcript or code) starts with that line, as

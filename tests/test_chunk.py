@@ -115,12 +115,12 @@ def test_lead_title_reads_a_first_line_that_titles_what_follows():
         assert lead_title(text) is None, why
 
 
-def test_chunks_after_the_first_repeat_the_lead_title_when_asked():
+def test_chunks_after_the_first_repeat_the_lead_title_unless_turned_off():
     title = "Empirical Bayesian models for analysing molecular serotyping microarrays"
     text = title + "\n" + " ".join(f"Sentence {i} reports a finding about serotype {i}." for i in range(120))
     row = {"id": "doc1", "text": text, "metadata": "{}"}
-    plain = split_long(row, ChunkConfig(max_tokens=200))
-    titled = split_long(row, ChunkConfig(max_tokens=200, lead_title=True))
+    plain = split_long(row, ChunkConfig(max_tokens=200, lead_title=False))
+    titled = split_long(row, ChunkConfig(max_tokens=200))
     assert len(plain) > 1 and len(titled) >= len(plain)
     assert not any(r["text"].startswith(title) for r in plain[1:])
     assert titled[0]["text"].startswith(title + "\n")
@@ -129,10 +129,12 @@ def test_chunks_after_the_first_repeat_the_lead_title_when_asked():
         own_from = json.loads(r["metadata"])["chunk"]["own_from"]
         assert r["text"][own_from:] and r["text"][own_from:] in text
     assert all(count(r["text"]) <= 200 for r in titled), "the title line fits inside max_tokens"
+    # Code keeps its own header: a module's docstring reads as prose, but its first line is no title.
+    assert not any(r["text"].startswith(title) for r in split_long({**row, "type": "code"}, ChunkConfig(max_tokens=200))[1:])
     # A Markdown section's chunks keep their file and heading, not the first line.
     md = {**row, "metadata": json.dumps({"file": "docs/guide.md", "section": "Deploy"})}
     assert all(r["text"].startswith("docs/guide.md — Deploy\n")
-               for r in split_long(md, ChunkConfig(max_tokens=200, lead_title=True))[1:])
+               for r in split_long(md, ChunkConfig(max_tokens=200))[1:])
 
 
 def test_heading_directly_above_a_subheading_stays_with_it():

@@ -169,16 +169,16 @@ def test_own_types_and_metadata_key_a_store_only_when_given() -> None:
     assert store_key(plain, config, ["semantic"] * 2) == store_key(list(plain), config, ["semantic"] * 2)
 
 
-def test_the_lead_title_option_keys_a_store_only_when_on_and_something_is_chunked() -> None:
+def test_the_lead_title_option_off_keys_a_store_as_before_it_existed() -> None:
     short = [EvalDoc("a", "text one")]
     long = [EvalDoc("a", "A title\n" + "word " * 600)]
-    on = IngestConfig(chunk={"lead_title": True})
-    assert store_key(short, on, ["semantic"]) == store_key(short, IngestConfig(), ["semantic"])
-    assert store_key(long, on, ["semantic"]) != store_key(long, IngestConfig(), ["semantic"])
+    off = IngestConfig(chunk={"lead_title": False})
+    assert store_key(short, off, ["semantic"]) == store_key(short, IngestConfig(), ["semantic"])
+    assert store_key(long, off, ["semantic"]) != store_key(long, IngestConfig(), ["semantic"])
     # Off, the key is that of a store built before the option existed.
-    content = IngestConfig().model_dump(mode="json", exclude=RUNNER_ONLY)
+    content = off.model_dump(mode="json", exclude=RUNNER_ONLY)
     del content["chunk"]["lead_title"]
-    assert store_key(long, IngestConfig(), ["episodic"]) == hashlib.sha1(json.dumps(
+    assert store_key(long, off, ["episodic"]) == hashlib.sha1(json.dumps(
         [content, [(d.id, d.text, d.created_at, d.session_id) for d in long]]).encode()).hexdigest()[:12]
 
 

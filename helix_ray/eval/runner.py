@@ -257,13 +257,13 @@ SYSTEMS: dict[str, Ranker] = {
 }
 SYSTEMS["helix-no-doc2query"] = helix()
 SYSTEMS["helix-no-context"] = helix()
-SYSTEMS["helix-lead-title"] = helix()
+SYSTEMS["helix-no-lead-title"] = helix()
 #: Systems that need stores built differently: their ingest overrides. The baselines read
 #: plain vectors: a conversation turn's session context is Helix's ingest, not theirs.
 _PLAIN = {"session_context": 0.0}
 INGEST_VARIANTS: dict[str, dict[str, Any]] = {"helix-no-doc2query": {"doc2query": {"backend": "none"}},
                                               "helix-no-context": _PLAIN, "bm25": _PLAIN, "dense": _PLAIN,
-                                              "helix-lead-title": {"chunk": {"lead_title": True}},
+                                              "helix-no-lead-title": {"chunk": {"lead_title": False}},
                                               "rrf": _PLAIN}
 #: The suffix of a system given the turns before the question as recall's ``context``.
 WITH_CONTEXT = "+ctx"

@@ -385,8 +385,10 @@ def split_long(row: dict[str, Any], config: ChunkConfig) -> list[dict[str, Any]]
         return [row]
     metadata = json.loads(row["metadata"])
     title = " — ".join(str(metadata[k]) for k in ("file", "section") if isinstance(metadata.get(k), str)) or None
-    if title is None and config.lead_title and (title := chunk.lead_title(row["text"])) is not None:
+    if (title is None and config.lead_title and row.get("type") != "code"
+            and (title := chunk.lead_title(row["text"])) is not None):
         # Every chunk after the first repeats the text's own title line: make room for it.
+        # Not in code: a module's docstring reads as prose, yet its header names a file.
         room = max(room - tokens.token_counter()(title), config.max_tokens // 2)
         pieces = chunk.split(row["text"], max_tokens=room, overlap_tokens=min(config.overlap_tokens, room // 2))
     out = []
