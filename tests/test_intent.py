@@ -28,6 +28,8 @@ def test_questions_asking_why_or_what_changed_ask_for_history(query):
     "What calls publish() when an ingest writes a new generation?",
     "How does a chat turn's vector borrow from the previous turn?",
     "Which class holds the delta's rows?",
+    "What retries a failed write to the delta?",  # a verb and its object: what does it
+    "what happens when a replica dies in the middle of a recall",
 ])
 def test_questions_asking_where_or_how_or_naming_code_ask_for_code(query):
     assert intent.read(query) == "code"
@@ -40,6 +42,8 @@ def test_questions_asking_where_or_how_or_naming_code_ask_for_code(query):
     "Dr. Smith said the scan was clear.",
     "what does services/gateway/auth.py check",  # names code; a note about the file answers as well
     "how do I rotate the API keys",  # asks for steps
+    "What books does Melanie read?",  # a plural noun, then a verb
+    "What has the team decided about the launch?",
     "",
 ])
 def test_other_questions_ask_for_neither(query):

@@ -12,7 +12,9 @@ alone do not separate them. :func:`read` reads the question by rules (no model),
   for…") or for a change ("what changed…", "which commit…", "when did we…", "who
   added…");
 * **code**: otherwise, a question asking for a place or a mechanism ("where is/are/does…",
-  "which function/class/module…", "what calls…", "how does/is…").
+  "which function/class/module…", "what calls…", "how does/is…", "what happens when…"),
+  or for what does a thing: "what" with a verb and its object ("what merges the hits",
+  "what stops a recall"; a plural noun is followed by a verb instead: "what tools does").
 
 What a question *names* does not count: "what does services/gateway/auth.py check" is as
 often answered by a note about that file as by its code, and "how do I rotate the keys?"
@@ -59,6 +61,8 @@ _CODE_WORDS = re.compile(
     r"\bwhere (?:is|are|do|does|can|should|in the code)\b"
     r"|\b(?:which|what) (?:function|method|class|module|file|code|test|part of the code|line)s?\b"
     r"|\bwhat (?:calls|invokes|imports|raises)\b|\b(?:callers?|call sites?) of\b"
+    r"|\bwhat (?!(?:is|was|does|has)\b)[a-z]+s (?:a|an|the|each|every|all|any|its|their|this|these)\b"
+    r"|\bwhat happens (?:when|if|to|after|before)\b"
     r"|\bhow (?:is|are|does)\b|\b(?:implemented|implementation of|defined)\b",
     re.I,
 )
