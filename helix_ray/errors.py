@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import traceback
+from pathlib import Path
+
 
 class HelixError(Exception):
     """Base class for every error Helix raises on purpose."""
@@ -112,3 +115,15 @@ def is_disk_full(exc: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
+
+
+def fault(exc: BaseException, frames: int = 3) -> str:
+    """An unexpected exception as a log line that holds none of the caller's data: its
+    type and the innermost ``frames`` places of its traceback (file, line, function).
+    Its message is left out, since it can quote what was sent (a database error quotes
+    the row it could not write); log the whole traceback at DEBUG for that."""
+    kind = type(exc).__qualname__ if type(exc).__module__ == "builtins" else \
+        f"{type(exc).__module__}.{type(exc).__qualname__}"
+    where = [f"{Path(f.filename).name}:{f.lineno} in {f.name}"
+             for f in reversed(traceback.extract_tb(exc.__traceback__)[-frames:])]
+    return kind + (" at " + " < ".join(where) if where else "")

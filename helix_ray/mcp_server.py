@@ -36,7 +36,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from helix_ray import __version__
 from helix_ray.config import DEFAULT_BUDGET_TOKENS
-from helix_ray.errors import HelixError, InvalidArgument, StoreError
+from helix_ray.errors import HelixError, InvalidArgument, StoreError, fault
 
 log = logging.getLogger(__name__)
 
@@ -286,12 +286,21 @@ def format_context(items: list[dict[str, Any]]) -> str:
     return "\n\n".join(blocks)
 
 
-async def _helix(call: Any) -> Any:
-    """Await a backend call; a Helix error becomes the tool error the agent reads."""
+async def _helix(tool: str, call: Any) -> Any:
+    """Await a backend call; a Helix error becomes the tool error the agent reads. Any
+    other is a fault: the agent reads its kind, and the log says where it was raised but
+    not its message, which can quote the memory or the query (the SDK would log it
+    whole, traceback and message, at ERROR); the whole traceback goes to DEBUG."""
     try:
         return await call
     except HelixError as exc:
         raise ToolError(str(exc)) from None
+    except Exception as exc:
+        log.error("%s failed: %s", tool, fault(exc))
+        log.debug("%s failed", tool, exc_info=exc)
+        raise ToolError(f"{tool} failed with an internal error ({type(exc).__name__}); the server's log (stderr) "
+                        "says where. Retry once; if it fails again, the store or the server needs attention.") \
+            from None
 
 
 _TYPES = "episodic (what happened), semantic (facts), procedural (how to), decision (what was chosen and why), code"
@@ -321,8 +330,8 @@ def build_server(backend: Backend, *, project: str | None = None) -> MCPServer:
         have settled. Returns the packed context as text (a header line per memory: [id] type ·
         date · score, then its text) and the same memories as structured items; use an id with
         `forget` or `feedback`."""
-        out = await _helix(backend.recall(query, budget_tokens=budget_tokens, k=k, project=project, types=types,
-                                          since=since, until=until, context=context))
+        out = await _helix("recall", backend.recall(query, budget_tokens=budget_tokens, k=k, project=project,
+                                                    types=types, since=since, until=until, context=context))
         packed = format_context(out["items"])
         data = RecallOut(context=packed, items=[RecalledItem.model_validate(i) for i in out["items"]],
                          total_tokens=out["total_tokens"], budget_tokens=out["budget_tokens"])
@@ -343,14 +352,14 @@ def build_server(backend: Backend, *, project: str | None = None) -> MCPServer:
         `recall`. Returns the memory's id."""
         record = {"text": text, "type": type, "project": project or default_project, "salience": salience,
                   "pinned": pinned, "metadata": metadata}
-        out = await _helix(backend.remember({k: v for k, v in record.items() if v is not None}))
+        out = await _helix("remember", backend.remember({k: v for k, v in record.items() if v is not None}))
         return out["ids"][0]
 
     async def forget(memory_id: Annotated[str, Field(description="The id, as `recall` or `remember` gave it.")]
                      ) -> str:
         """Delete one of this user's memories (wrong, outdated or unwanted): no later recall
         returns it. Returns a confirmation."""
-        await _helix(backend.forget(memory_id))
+        await _helix("forget", backend.forget(memory_id))
         return f"forgot {memory_id}"
 
     async def feedback(
@@ -359,13 +368,13 @@ def build_server(backend: Backend, *, project: str | None = None) -> MCPServer:
     ) -> str:
         """Say which memories of a recall actually answered its query. Helix learns from these
         labelled queries to recall better (the query adapter). Returns how many were recorded."""
-        out = await _helix(backend.feedback(query, memory_ids))
+        out = await _helix("feedback", backend.feedback(query, memory_ids))
         return f"recorded {out['recorded']}"
 
     async def stats() -> dict[str, Any]:
         """Counts of this user's memories: stored, and written since the last compaction; the
         store's current generation."""
-        return await _helix(backend.stats())
+        return await _helix("stats", backend.stats())
 
     @contextlib.asynccontextmanager
     async def warm_at_start(_server: MCPServer) -> AsyncIterator[None]:

@@ -98,3 +98,59 @@ def test_no_memory_text_or_query_in_the_servers_output(tmp_path):
     found = leaks(files, marks)
     print(f"{len(files)} files, {sum(p.stat().st_size for p in files)} bytes read: {len(found)} hits")
     assert not found, "memory text or queries in the logs:\n" + "\n".join(found)
+
+
+class _Faulty:
+    """A backend whose every call fails as a bug or a damaged disk would: with a message
+    quoting the call's data."""
+
+    user = "dana"
+
+    def __init__(self, mark: str) -> None:
+        self.mark = mark
+
+    async def warm(self) -> None:
+        return None
+
+    async def _fail(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise RuntimeError(f"could not write {self.mark}: {args!r} {kwargs!r}")
+
+    recall = remember = forget = feedback = _fail
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._fail()
+
+    def close(self) -> None:
+        return None
+
+
+def test_a_fault_in_a_tool_reaches_the_agent_and_the_log_without_its_data(caplog):
+    """The agent reads the fault's kind; the log at ERROR says which tool and where it
+    was raised, but neither holds the message, which quotes the memory or the query; the
+    traceback is DEBUG's. (The SDK, given the exception, would log it whole at ERROR.)"""
+    import logging
+
+    from mcp import Client
+
+    from helix_ray.mcp_server import build_server
+
+    mark = f"zq7fault{uuid.uuid4().hex[:16]}"
+    calls = {"recall": {"query": f"{mark} query"}, "remember": {"text": f"{mark} memory"},
+             "forget": {"memory_id": f"{mark}-id"}, "feedback": {"query": mark, "memory_ids": [f"{mark}-id"]},
+             "stats": {}}
+
+    async def run() -> dict[str, Any]:
+        async with Client(build_server(_Faulty(mark))) as client:
+            return {tool: await client.call_tool(tool, arguments) for tool, arguments in calls.items()}
+
+    with caplog.at_level(logging.DEBUG):
+        results = asyncio.run(run())
+    for tool, result in results.items():
+        assert result.is_error and f"{tool} failed with an internal error (RuntimeError)" in text(result), tool
+        assert mark not in text(result)
+    shown = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert not [r.getMessage() for r in shown if mark in r.getMessage() or r.exc_info], "data above DEBUG"
+    errors = [r.getMessage() for r in shown if r.levelno >= logging.ERROR]
+    assert sorted(m.split()[0] for m in errors) == sorted(calls), errors
+    assert all("RuntimeError at " in m and "in _fail" in m for m in errors), errors
+    assert sum(1 for r in caplog.records if r.levelno == logging.DEBUG and r.exc_info) == len(calls)

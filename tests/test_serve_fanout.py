@@ -65,6 +65,33 @@ def test_a_503_tells_the_client_when_to_retry():
     assert wrong.status_code == 422 and "retry-after" not in wrong.headers
 
 
+def test_an_unexpected_error_is_a_500_whose_log_line_quotes_nothing_the_caller_sent(caplog):
+    """A fault's message can quote the request (a database error quotes the row): the
+    500 and the log line at ERROR name its kind and where it was raised, and only DEBUG
+    holds the message."""
+    import logging
+    from types import SimpleNamespace
+
+    from helix_ray.serve.responses import unexpected as _unexpected
+
+    def write(text: str) -> None:
+        raise RuntimeError(f"could not convert {text!r}")
+
+    try:
+        write("SECRET-MEMORY-TEXT")
+    except RuntimeError as exc:
+        fault = exc
+    request = SimpleNamespace(url=SimpleNamespace(path="/v1/memories"))
+    with caplog.at_level(logging.DEBUG, logger="helix_ray.serve.responses"):
+        answer = asyncio.run(_unexpected(request, fault))
+    assert answer.status_code == 500 and b"RuntimeError" in answer.body and b"SECRET" not in answer.body
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(errors) == 1 and "RuntimeError at " in errors[0] and "in write" in errors[0], errors
+    assert not any("SECRET" in r.getMessage() or (r.exc_info and r.levelno >= logging.INFO)
+                   for r in caplog.records if r.levelno >= logging.INFO)
+    assert any(r.levelno == logging.DEBUG and r.exc_info for r in caplog.records), "DEBUG keeps the traceback"
+
+
 def test_a_write_whose_writer_replica_died_gets_503_saying_what_is_known(tenant_store, tmp_path):
     """Protects: Ray's errors for a Writer replica that is gone become a 503 with
     Retry-After — never a 500 — saying whether the write may have been made (the replica

@@ -20,7 +20,7 @@ from ray.exceptions import RayError
 from ray.serve.exceptions import RayServeException
 from starlette.exceptions import HTTPException
 
-from helix_ray.errors import HelixError
+from helix_ray.errors import HelixError, fault
 from helix_ray.live.inputs import request_error_sentence
 from helix_ray.serve.api import RecallResponse, undecodable_body
 from helix_ray.serve.errors import lost_replica, message_of, status_of
@@ -106,7 +106,9 @@ async def unexpected(request: Request, exc: Exception) -> JSONResponse:
     status = status_of(exc)
     if status is not None:  # a Helix error raised in another replica, wrapped by Ray
         return error_response(status, message_of(exc))
-    log.exception("unexpected error on %s", request.url.path)
+    # The message can quote the request's data: the log says where, the traceback is DEBUG's.
+    log.error("unexpected error on %s: %s", request.url.path, fault(exc))
+    log.debug("unexpected error on %s", request.url.path, exc_info=exc)
     return error_response(500, f"Internal error ({type(exc).__name__}) while serving {request.url.path}; "
                        "the server log has the details.")
 
