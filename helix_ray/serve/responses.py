@@ -110,7 +110,7 @@ async def unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.error("unexpected error on %s: %s", request.url.path, fault(exc))
     log.debug("unexpected error on %s", request.url.path, exc_info=exc)
     return error_response(500, f"Internal error ({type(exc).__name__}) while serving {request.url.path}; "
-                       "the server log has the details.")
+                       "the server log says where it was raised.")
 
 
 async def replica_error(request: Request, exc: Exception) -> JSONResponse:
