@@ -156,6 +156,27 @@ def test_a_failed_compaction_leaves_no_input_behind_and_backs_off(shells, monkey
     assert writer.core.compactable() == 0 and writer.core.last_compaction["published"]
 
 
+def test_every_compaction_gives_the_heap_back_when_it_ends(shells, monkeypatch):
+    """The Writer trims the C heap once after each compaction, after the new generation
+    is published, and also after one that failed (its arrays are as free)."""
+    import helix_ray.ingest.run as ingest_module
+    from helix_ray.live import writer as writer_module
+
+    writer = shells["writer"]
+    trims: list[int | None] = []
+    monkeypatch.setattr(writer_module, "trim_heap", lambda: trims.append(writer.core.generation))
+    before = writer.core.generation
+    writer.add([{"id": "alice-heron", "text": "The heron sync runs hourly."}], "alice")
+    assert writer.compact()["published"]
+    assert trims == [writer.core.generation] and writer.core.generation != before
+
+    writer.add([{"id": "alice-ibis", "text": "The ibis export runs weekly."}], "alice")
+    monkeypatch.setattr(ingest_module, "ingest", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "disk full")))
+    with pytest.raises(OSError):
+        writer.compact()
+    assert len(trims) == 2
+
+
 def test_served_files_of_compactions_that_publish_nothing_are_pruned(shells, monkeypatch):
     """A compaction that publishes nothing (every pending write is already in the
     generation as it is) moves the writes' inbox files to ``folded/``, each with the text
