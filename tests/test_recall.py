@@ -644,6 +644,36 @@ def test_what_a_question_says_of_a_person_comes_first_from_their_own_turns(tmp_p
         assert "speaker" not in both.flags  # naming every speaker favours none
 
 
+# --------------------------------------------------------------------------- query feedback
+
+
+def test_query_feedback_ranks_by_the_query_moved_towards_the_best_candidates():
+    """With feedback the cosine is taken with the query plus the mean of the most
+    similar candidates: ``b``, close to the best candidate ``a``, overtakes ``c``, which
+    is closer to the query alone. Off, the cosine is the query's own."""
+    from helix_ray.recall.pipeline import _query_feedback
+    from helix_ray.recall.result import Candidates
+
+    def unit(*v: float) -> np.ndarray:
+        return np.array(v, dtype=np.float32) / np.linalg.norm(v)
+
+    query = unit(1, 0, 0)
+    vectors = np.stack([unit(0.9, 0.43, 0), unit(0.5, 0.86, 0), unit(0.6, 0, 0.8)])  # a, b, c
+
+    def cosine(**rank) -> np.ndarray:
+        found = Candidates(rows=np.arange(3), fused_score={}, list_rank={}, graph_score={}, added=[],
+                           vectors=vectors, cosine=vectors @ query)
+        flags: dict = {}
+        _query_feedback(SimpleNamespace(config=config(rank=rank), query_vector=query), found, flags)
+        assert found.cosine is not None
+        return found.cosine, flags
+
+    plain, flags = cosine(query_feedback=0.0)
+    assert plain[2] > plain[1] and flags == {}
+    moved, flags = cosine(query_feedback=1.0, query_feedback_top=1)
+    assert moved[1] > moved[2] and moved[0] == moved.max() and flags == {"query_feedback": 1}
+
+
 # --------------------------------------------------------------------------- time
 
 

@@ -528,6 +528,23 @@ def _late_interaction(plan: Plan, found: Candidates, gen: Any, wants_late: bool,
         flags["late"] = int(np.count_nonzero(~np.isnan(found.late_scores)))
         timings.update((name, plan.timings_ms[name]) for name in ("embed_tokens", "wait_tokens")
                        if name in plan.timings_ms)
+    _query_feedback(plan, found, flags)
+
+
+def _query_feedback(plan: Plan, found: Candidates, flags: dict[str, Any]) -> None:
+    """``rank.query_feedback``: the candidates' cosine taken again with the query vector
+    moved towards the mean of the most similar candidates (Rocchio); the flags say how
+    many were read."""
+    cfg = plan.config
+    share = cfg.rank.query_feedback
+    if share <= 0 or len(found.rows) < 2:
+        return
+    assert found.cosine is not None and found.vectors is not None
+    first = late.blend(found.cosine, found.late_scores, cfg.late.weight)
+    top = np.argsort(-first, kind="stable")[: cfg.rank.query_feedback_top]
+    moved = plan.query_vector + share * found.vectors[top].mean(axis=0)
+    found.cosine = found.vectors @ (moved / max(float(np.linalg.norm(moved)), 1e-12))
+    flags["query_feedback"] = len(top)
 
 
 def _time_of(query: str, now: dt.datetime, cfg: RetrievalConfig, disabled: frozenset[str],
