@@ -660,7 +660,7 @@ def test_query_feedback_ranks_by_the_query_moved_towards_the_best_candidates():
     query = unit(1, 0, 0)
     vectors = np.stack([unit(0.9, 0.43, 0), unit(0.5, 0.86, 0), unit(0.6, 0, 0.8)])  # a, b, c
 
-    def cosine(**rank) -> np.ndarray:
+    def cosine(**rank) -> tuple[np.ndarray, dict]:
         found = Candidates(rows=np.arange(3), fused_score={}, list_rank={}, graph_score={}, added=[],
                            vectors=vectors, cosine=vectors @ query)
         flags: dict = {}

@@ -45,7 +45,9 @@ def test_query_encoder_widens_only_when_the_replica_is_alone(monkeypatch):
         # The Embedder deployment's plans cross a hop: they carry their tokens, resolved here.
         sent = shell.plan(query, user="alice", config=RetrievalConfig(), budget_tokens=300)
         assert sent.pending_tokens is None and "embed_tokens" in sent.timings_ms
-        np.testing.assert_array_equal(sent.query_tokens, with_tokens.query_tokens)
+        # The same model on other threads: onnxruntime's sums may differ in the last
+        # bit, a float16 step (6e-5 seen) in a few of the 2,048 values.
+        np.testing.assert_allclose(sent.query_tokens, with_tokens.query_tokens, atol=1e-3)
 
 
 def test_cpu_quota_is_the_tightest_of_the_group_and_its_ancestors(tmp_path):

@@ -5,9 +5,9 @@ A generation's open state (Arrow tables, columns, small arrays) lives on the C h
 and so do a compaction's vectors and index builds. When a serving process drops a
 generation, glibc keeps most of the freed pages in its arenas for later allocations, so
 the process's anonymous memory stays a few MiB higher after every swap; after a
-compaction the Writer would keep 100–160 MiB (at 10^5 memories). ``malloc_trim(0)`` returns the
-free pages at the top of each arena and the free whole pages inside them. Elsewhere
-(macOS, musl) there is no such call and nothing is done.
+compaction the Writer would keep 100–160 MiB (at 10^5 memories). ``malloc_trim(0)``
+returns the free pages at the top of each arena and the free whole pages inside them.
+Elsewhere (macOS, musl) there is no such call and nothing is done.
 """
 
 from __future__ import annotations
