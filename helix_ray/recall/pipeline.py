@@ -418,6 +418,7 @@ class Recaller:
         if len(found.rows) == 0:
             return _nothing_found(plan, gen, timings, flags, started)
         _late_interaction(plan, found, gen, self._wants_late(cfg, plan.disabled), timings, flags)
+        _query_feedback(plan, found, flags)
         lap("late")
         ranked = found.ranked = _rank(plan, found, cols, last_access_overlay, gen, flags)
         lap("rank")
@@ -528,7 +529,6 @@ def _late_interaction(plan: Plan, found: Candidates, gen: Any, wants_late: bool,
         flags["late"] = int(np.count_nonzero(~np.isnan(found.late_scores)))
         timings.update((name, plan.timings_ms[name]) for name in ("embed_tokens", "wait_tokens")
                        if name in plan.timings_ms)
-    _query_feedback(plan, found, flags)
 
 
 def _query_feedback(plan: Plan, found: Candidates, flags: dict[str, Any]) -> None:
