@@ -170,9 +170,12 @@ def test_every_compaction_gives_the_heap_back_when_it_ends(shells, monkeypatch):
     assert writer.compact()["published"]
     assert trims == [writer.core.generation] and writer.core.generation != before
 
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
     writer.add([{"id": "alice-ibis", "text": "The ibis export runs weekly."}], "alice")
-    monkeypatch.setattr(ingest_module, "ingest", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "disk full")))
-    with pytest.raises(OSError):
+    monkeypatch.setattr(ingest_module, "ingest", full_disk)
+    with pytest.raises(OSError, match="No space left"):
         writer.compact()
     assert len(trims) == 2
 
