@@ -428,17 +428,17 @@ class RankConfig(_Strict):
     """Pseudo-relevance feedback on the similarity signal (Rocchio): the cosine the
     ranking reads is taken with the query vector plus this much of the mean vector of
     the ``query_feedback_top`` candidates most similar to it (cosine blended with late
-    interaction), renormalised, so a memory close to the best answers gains on one that
-    is close to the query's wording alone. Shown in the flags as ``query_feedback``. 0:
-    off. On conversation turns it helps: .7 against 0, LoCoMo nDCG@10 +.007 [+.002,
-    +.012] on the tuning conversations, +.006 [+.001, +.012] held out. Elsewhere it is
-    level (sessions as documents, SciFact, CoSQA), and where the best candidates are
-    not the answer it drifts towards them: on the shipped sample a paraphrase's answer
-    falls from 5th to 11th under a run of transcript turns. Hence off by default
-    (docs/quality.md)."""
+    interaction) among those both the BM25 and the dense list found, renormalised, so a
+    memory close to the best answers gains on one that is close to the query's wording
+    alone. Shown in the flags as ``query_feedback``. 0: off. .7 against 0, nDCG@10:
+    LoCoMo tuning conversations +.005 [+.000, +.011], held out +.004 [−.002, +.009];
+    SciFact train −.001, CoSQA dev +.004 [−.002, +.010]; Recall@10 level everywhere.
+    Reading candidates that only the dense list found leads it astray on the shipped
+    sample (a paraphrase's answer falls from 5th to 11th under transcript turns close in
+    meaning). Off by default (docs/quality.md)."""
     query_feedback_top: int = Field(3, ge=1, le=50)
-    """Candidates whose mean vector ``query_feedback`` adds to the query's (6: LoCoMo
-    turns +.006 against 3's +.007)."""
+    """Candidates whose mean vector ``query_feedback`` adds to the query's (fewer when
+    fewer are in both lists)."""
     minmax: tuple[Literal["similarity", "recency", "salience", "confidence", "graph"], ...] = (
         "similarity", "graph")
     """Signals min-max normalised within the pool; the others (all already in [0, 1]) are

@@ -649,8 +649,10 @@ def test_what_a_question_says_of_a_person_comes_first_from_their_own_turns(tmp_p
 
 def test_query_feedback_ranks_by_the_query_moved_towards_the_best_candidates():
     """With feedback the cosine is taken with the query plus the mean of the most
-    similar candidates: ``b``, close to the best candidate ``a``, overtakes ``c``, which
-    is closer to the query alone. Off, the cosine is the query's own."""
+    similar candidates that both lists found: ``b``, close to the best such candidate
+    ``a``, overtakes ``c``, which is closer to the query alone. A candidate only one list
+    found leads nothing, and with none that both found the cosine is the query's own, as
+    it is with feedback off."""
     from helix_ray.recall.pipeline import _query_feedback
     from helix_ray.recall.result import Candidates
 
@@ -660,8 +662,9 @@ def test_query_feedback_ranks_by_the_query_moved_towards_the_best_candidates():
     query = unit(1, 0, 0)
     vectors = np.stack([unit(0.9, 0.43, 0), unit(0.5, 0.86, 0), unit(0.6, 0, 0.8)])  # a, b, c
 
-    def cosine(**rank) -> tuple[np.ndarray, dict]:
-        found = Candidates(rows=np.arange(3), fused_score={}, list_rank={}, graph_score={}, added=[],
+    def cosine(dense=(0, 1, 2), bm25=(0, 1, 2), **rank) -> tuple[np.ndarray, dict]:
+        lists = {"dense": {r: i for i, r in enumerate(dense, 1)}, "bm25": {r: i for i, r in enumerate(bm25, 1)}}
+        found = Candidates(rows=np.arange(3), fused_score={}, list_rank=lists, graph_score={}, added=[],
                            vectors=vectors, cosine=vectors @ query)
         flags: dict = {}
         _query_feedback(SimpleNamespace(config=config(rank=rank), query_vector=query), found, flags)
@@ -672,6 +675,12 @@ def test_query_feedback_ranks_by_the_query_moved_towards_the_best_candidates():
     assert plain[2] > plain[1] and flags == {}
     moved, flags = cosine(query_feedback=1.0, query_feedback_top=1)
     assert moved[1] > moved[2] and moved[0] == moved.max() and flags == {"query_feedback": 1}
+    # a is only in the dense list: the feedback reads c, the best candidate both found
+    led_by_c, flags = cosine(dense=(0, 1, 2), bm25=(2, 1), query_feedback=1.0, query_feedback_top=1)
+    assert led_by_c[2] > plain[2] and led_by_c[1] < plain[1] and flags == {"query_feedback": 1}
+    unread, flags = cosine(dense=(0,), bm25=(1, 2), query_feedback=1.0)
+    np.testing.assert_array_equal(unread, plain)
+    assert flags == {}
 
 
 # --------------------------------------------------------------------------- time
