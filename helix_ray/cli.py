@@ -204,7 +204,8 @@ def _eval_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--ks", default="5,10", help="cut-offs for Recall@k / nDCG@k / MRR@k, comma-separated; each system "
                    "retrieves max(ks) items (BEIR's Recall@100: --ks 5,10,100)")
     s.add_argument("--workdir", default=".helix/eval-stores", help="where the per-corpus stores are built and reused")
-    s.add_argument("--json", dest="json_out", help="write the results as JSON to this path")
+    s.add_argument("--json", dest="json_out", help="write the results as JSON to this path: the tables, the paired "
+                   "differences and each system's row for every query (metrics, documents ranked)")
 
 
 def _adapt_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

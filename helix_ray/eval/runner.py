@@ -287,6 +287,9 @@ class EvalReport:
     adapters: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # corpus → fit report
     #: system → baseline → metric → :func:`~helix_ray.eval.metrics.paired_difference`
     comparisons: dict[str, dict[str, dict[str, dict[str, Any]]]] = dataclasses.field(default_factory=dict)
+    #: system → one row per query (corpus by corpus, the same order for every system): its
+    #: id, category, metrics and the document ids it ranked, to read what changed where
+    per_query: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -387,12 +390,13 @@ def evaluate(
             recaller = recallers.get(base_system(name), recallers[None])
             for q in queries:
                 ranked = _documents(system(recaller, asked(name, q), depth))[:depth]
-                rows[name].append({"category": q.category or "all", **evaluate_ranking(ranked, q.gold, ks=ks)})
+                rows[name].append({"query": q.id, "category": q.category or "all",
+                                   **evaluate_ranking(ranked, q.gold, ks=ks), "ranked": ranked})
         if show_progress:
             log.info("[%d/%d] %s: %d queries", n, len(by_corpus), corpus_id, len(queries))
     summary = {name: _flatten(summarise(r)) for name, r in rows.items()}
     return EvalReport(evalset.name, summary, len(evalset.queries), round(time.perf_counter() - started, 1),
-                      adapters, compare(rows, ks))
+                      adapters, compare(rows, ks), rows)
 
 
 #: The systems every other one is compared with, query by query.
