@@ -428,11 +428,13 @@ class RankConfig(_Strict):
     """Pseudo-relevance feedback on the similarity signal (Rocchio): the cosine the
     ranking reads is taken with the query vector plus this much of the mean vector of
     the ``query_feedback_top`` candidates most similar to it (cosine blended with late
-    interaction) among those both the BM25 and the dense list found, renormalised, so a
-    memory close to the best answers gains on one that is close to the query's wording
-    alone. Shown in the flags as ``query_feedback``. 0: off. .7 against 0, nDCG@10:
-    LoCoMo tuning conversations +.005 [+.000, +.011], held out +.004 [−.002, +.009];
-    SciFact train −.001, CoSQA dev +.004 [−.002, +.010]; Recall@10 level everywhere.
+    interaction) among those both the query's BM25 and its dense list found,
+    renormalised, so a memory close to the best answers gains on one that is close to the
+    query's wording alone. With none in both (a lexically decisive query, whose dense
+    list is not fused; a leg off) nothing moves. The flags show ``query_feedback``: the
+    candidates read. 0: off. .7 against 0, nDCG@10: LoCoMo tuning conversations +.005
+    [+.000, +.011], held out +.004 [−.002, +.009]; SciFact train −.001, CoSQA dev +.004
+    [−.002, +.010]; Recall@10 level on each of these.
     Reading candidates that only the dense list found leads it astray on the shipped
     sample (a paraphrase's answer falls from 5th to 11th under transcript turns close in
     meaning). Off by default (docs/quality.md)."""

@@ -652,7 +652,7 @@ def test_query_feedback_ranks_by_the_query_moved_towards_the_best_candidates():
     similar candidates that both lists found: ``b``, close to the best such candidate
     ``a``, overtakes ``c``, which is closer to the query alone. A candidate only one list
     found leads nothing, and with none that both found the cosine is the query's own, as
-    it is with feedback off."""
+    it is with feedback off, and the flags say 0."""
     from helix_ray.recall.pipeline import _query_feedback
     from helix_ray.recall.result import Candidates
 
@@ -678,9 +678,13 @@ def test_query_feedback_ranks_by_the_query_moved_towards_the_best_candidates():
     # a is only in the dense list: the feedback reads c, the best candidate both found
     led_by_c, flags = cosine(dense=(0, 1, 2), bm25=(2, 1), query_feedback=1.0, query_feedback_top=1)
     assert led_by_c[2] > plain[2] and led_by_c[1] < plain[1] and flags == {"query_feedback": 1}
+    # asked for 3 with one candidate in both lists: that one alone is read
+    clamped, flags = cosine(dense=(0, 1, 2), bm25=(2,), query_feedback=1.0, query_feedback_top=3)
+    np.testing.assert_allclose(clamped, led_by_c)
+    assert flags == {"query_feedback": 1}
     unread, flags = cosine(dense=(0,), bm25=(1, 2), query_feedback=1.0)
     np.testing.assert_array_equal(unread, plain)
-    assert flags == {}
+    assert flags == {"query_feedback": 0}
 
 
 # --------------------------------------------------------------------------- time

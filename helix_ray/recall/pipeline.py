@@ -534,9 +534,11 @@ def _late_interaction(plan: Plan, found: Candidates, gen: Any, wants_late: bool,
 def _query_feedback(plan: Plan, found: Candidates, flags: dict[str, Any]) -> None:
     """``rank.query_feedback``: the candidates' cosine taken again with the query vector
     moved towards the mean of the most similar candidates (Rocchio); the flags say how
-    many were read. Only candidates both the BM25 and the dense list hold are read: one
-    list alone can lead the feedback away (a run of turns that are close in meaning but
-    share none of the question's words), the two together seldom agree on a wrong lead."""
+    many were read. Only candidates that both the query's BM25 and its dense list hold
+    are read (not its context turns' lists): the closest candidates by meaning alone can
+    be a run of turns that share none of the question's words (docs/quality.md). With no
+    such candidate (a lexically decisive query fuses no dense list; a leg off) the
+    cosine stays the query's own and the flags say 0."""
     cfg = plan.config
     share = cfg.rank.query_feedback
     if share <= 0 or len(found.rows) < 2:
@@ -544,13 +546,13 @@ def _query_feedback(plan: Plan, found: Candidates, flags: dict[str, Any]) -> Non
     assert found.cosine is not None and found.vectors is not None
     dense_list, bm25_list = found.list_rank.get("dense", {}), found.list_rank.get("bm25", {})
     both = np.array([int(row) in dense_list and int(row) in bm25_list for row in found.rows], dtype=bool)
-    if not both.any():
+    flags["query_feedback"] = top_n = min(cfg.rank.query_feedback_top, int(both.sum()))
+    if not top_n:
         return
-    first = np.where(both, late.blend(found.cosine, found.late_scores, cfg.late.weight), -np.inf)
-    top = np.argsort(-first, kind="stable")[: min(cfg.rank.query_feedback_top, int(both.sum()))]
+    eligible = np.where(both, late.blend(found.cosine, found.late_scores, cfg.late.weight), -np.inf)
+    top = np.argsort(-eligible, kind="stable")[:top_n]
     moved = plan.query_vector + share * found.vectors[top].mean(axis=0)
     found.cosine = found.vectors @ (moved / max(float(np.linalg.norm(moved)), 1e-12))
-    flags["query_feedback"] = len(top)
 
 
 def _time_of(query: str, now: dt.datetime, cfg: RetrievalConfig, disabled: frozenset[str],
