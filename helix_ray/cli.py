@@ -205,7 +205,7 @@ def _eval_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "retrieves max(ks) items (BEIR's Recall@100: --ks 5,10,100)")
     s.add_argument("--workdir", default=".helix/eval-stores", help="where the per-corpus stores are built and reused")
     s.add_argument("--json", dest="json_out", help="write the results as JSON to this path: the tables, the paired "
-                   "differences and each system's row for every query (metrics, documents ranked)")
+                   "differences and each system's row for every query (metrics, the max(ks) documents ranked)")
 
 
 def _adapt_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -31,14 +31,14 @@ def test_evaluate_compares_each_system_with_each_baseline(tmp_path):
             assert 0 < diff["p"] <= 1
     # Query by query: the same queries in the same order for every system, each row's
     # metrics scored from the documents it lists, and averaging to the summary.
-    ids = [row["query"] for row in report.per_query["helix"]]
+    ids = [row["query_id"] for row in report.per_query["helix"]]
     assert sorted(ids) == sorted(q.id for q in evalset.queries)
     gold = {q.id: q.gold for q in evalset.queries}
     for name, rows in report.per_query.items():
-        assert [row["query"] for row in rows] == ids
+        assert [row["query_id"] for row in rows] == ids
         for row in rows:
             assert 0 < len(row["ranked"]) <= 10
-            found = len(gold[row["query"]] & set(row["ranked"])) / len(gold[row["query"]])
+            found = len(gold[row["query_id"]] & set(row["ranked"])) / len(gold[row["query_id"]])
             assert row["recall@10"] == pytest.approx(found)
         mean = sum(row["ndcg@10"] for row in rows) / len(rows)
         assert report.systems[name]["ndcg@10"] == pytest.approx(mean, abs=1e-4)

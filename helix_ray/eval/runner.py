@@ -288,7 +288,8 @@ class EvalReport:
     #: system → baseline → metric → :func:`~helix_ray.eval.metrics.paired_difference`
     comparisons: dict[str, dict[str, dict[str, dict[str, Any]]]] = dataclasses.field(default_factory=dict)
     #: system → one row per query (corpus by corpus, the same order for every system): its
-    #: id, category, metrics and the document ids it ranked, to read what changed where
+    #: ``query_id``, category, metrics and the document ids it ranked (``ranked``, as many
+    #: as the largest k), to read what changed where
     per_query: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -325,6 +326,7 @@ def evaluate(
     ingest_config = ingest_config or IngestConfig()
     embedder = get_embedder(ingest_config.embedder)
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in chosen}
+    metrics: list[str] = []  # the metric keys of a row, which summarise averages
     by_corpus: dict[str, list[EvalQuery]] = {}
     for q in evalset.queries:
         by_corpus.setdefault(q.corpus_id, []).append(q)
@@ -390,11 +392,12 @@ def evaluate(
             recaller = recallers.get(base_system(name), recallers[None])
             for q in queries:
                 ranked = _documents(system(recaller, asked(name, q), depth))[:depth]
-                rows[name].append({"query": q.id, "category": q.category or "all",
-                                   **evaluate_ranking(ranked, q.gold, ks=ks), "ranked": ranked})
+                scores = evaluate_ranking(ranked, q.gold, ks=ks)
+                metrics = metrics or list(scores)
+                rows[name].append({"query_id": q.id, "category": q.category or "all", **scores, "ranked": ranked})
         if show_progress:
             log.info("[%d/%d] %s: %d queries", n, len(by_corpus), corpus_id, len(queries))
-    summary = {name: _flatten(summarise(r)) for name, r in rows.items()}
+    summary = {name: _flatten(summarise(r, metrics=metrics)) for name, r in rows.items()}
     return EvalReport(evalset.name, summary, len(evalset.queries), round(time.perf_counter() - started, 1),
                       adapters, compare(rows, ks), rows)
 
