@@ -27,11 +27,21 @@ in the same run, not absolute times across runs.
 
 On the synthetic set the baseline can embed a sample of the batches
 (``--baseline-fraction``): each sampled batch is exactly a batch the pipeline embedded.
+
+``--nodes N`` (N ≥ 2): each round then also runs the pipeline on the same data on a
+cluster of N ``ray start`` nodes of this host (``helix_ray.local_cluster.LocalCluster``,
+``--node-cpus`` logical CPUs each, started before the run and stopped after, not timed),
+joined with ``RAY_ADDRESS`` from a new process of this script. Before that driver leaves
+the cluster it asks the cluster's state API where the embedding actors ran and which
+blocks each transformed; the script prints, per node, the actors, blocks, rows and
+memories/s (rows / the embed stage's wall time), and the one-node and N-node runs side
+by side. Nodes of one host share its cores: this reports the scheduling, not a speed-up.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -42,8 +52,9 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -78,7 +89,7 @@ def machine_info() -> dict[str, Any]:
             versions[mod] = __import__(mod).__version__
         except Exception:  # noqa: BLE001 - a missing module is just not reported
             pass
-    git = {}
+    git: dict[str, Any] = {}
     try:
         git["head"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                                      text=True, timeout=10).stdout.strip()
@@ -251,16 +262,36 @@ def ingest_config():
     return load_config(IngestConfig, overrides=INGEST_OVERRIDES) if INGEST_OVERRIDES else IngestConfig()
 
 
-def run_pipeline(source: Path, fmt: str, store: Path) -> dict[str, Any]:
+@contextlib.contextmanager
+def environ(values: dict[str, str], also: tuple[str, ...] = ()) -> Iterator[None]:
+    """``values`` in this process's environment for the block; they and ``also`` as they
+    were, after."""
+    saved = {k: os.environ.get(k) for k in (*values, *also)}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_pipeline(source: Path, fmt: str, store: Path, env: dict[str, str] | None = None,
+                 probe: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """One pipeline run. ``env``: set for it besides ``PIPELINE_ENV`` (a cluster's
+    ``RAY_ADDRESS``); ``probe``: called after the run, while this driver is still in Ray,
+    its result under ``"probe"``."""
     import ray
 
     from helix_ray.ingest.run import ingest
 
     if ray.is_initialized() and not WARM_RAY:
         ray.shutdown()
-    saved = {k: os.environ.get(k) for k in PIPELINE_ENV}
-    os.environ.update(PIPELINE_ENV)  # inherited by the Ray processes the pipeline starts
-    try:
+    # RAY_AUTH_MODE restored too: joining a cluster turns token mode on for this process
+    # (runtime.send_auth_token), which a later Ray of its own must not inherit.
+    with environ({**PIPELINE_ENV, **(env or {})}, also=("RAY_AUTH_MODE",)):  # inherited by the Ray it starts
         if WARM_RAY and not ray.is_initialized():  # a notebook's Ray, started before (not timed)
             from helix_ray.runtime import ensure_ray
 
@@ -269,14 +300,9 @@ def run_pipeline(source: Path, fmt: str, store: Path) -> dict[str, Any]:
             t0 = time.perf_counter()
             report = ingest([source], store, fmt=fmt, runner="ray", config=ingest_config(), show_progress=False)
             total = time.perf_counter() - t0
+        probed = probe() if probe is not None else None
         if not WARM_RAY:
             ray.shutdown()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     seconds = dict(report.seconds)
     return {
         "report": report.as_dict(),
@@ -289,6 +315,7 @@ def run_pipeline(source: Path, fmt: str, store: Path) -> dict[str, Any]:
         "peak_processes": mem.peak_procs,
         "cpu_s": round(mem.cpu_s, 1),
         "loadavg_1min": [mem.load_start, mem.load_end],
+        **({"probe": probed} if probe is not None else {}),
     }
 
 
@@ -348,11 +375,129 @@ def run_embed_only(texts: list[str], fraction: float = 1.0, sorted_reference: bo
     return out
 
 
+# ----------------------------------------------------------------------------- several nodes
+
+#: ``--nodes``: with 2 or more, each round also runs the pipeline on a local cluster of
+#: that many ``ray start`` nodes (helix_ray.local_cluster), of ``--node-cpus`` each.
+NODES = 1
+NODE_CPUS = 1
+#: What this script's own flags a run on the cluster repeats (set by main).
+CHILD_FLAGS: list[str] = []
+TRANSFORM_ACTOR = "MapBatches(Transform)"  # in the name Ray Data gives the embedding actors' class
+
+
+def embed_calls() -> dict[str, Any]:
+    """What the cluster's state API (its dashboard) says of this driver's job, asked while
+    the driver is still in Ray: the nodes, head first, and the embedding actors and their
+    finished calls, each with its node. Task events reach the GCS about once a second:
+    asked again until two answers agree."""
+    import ray
+    from ray.util.state import list_actors, list_tasks
+
+    job = ray.get_runtime_context().get_job_id()
+    nodes = [n["NodeID"] for n in sorted(ray.nodes(), key=lambda n: "node:__internal_head__" not in n["Resources"])]
+    calls: list[dict[str, Any]] = []
+    for _ in range(10):
+        time.sleep(1.5)
+        tasks = list_tasks(filters=[("job_id", "=", job), ("type", "=", "ACTOR_TASK")], limit=10_000, detail=True,
+                           raise_on_missing_output=False)
+        now = [{"node_id": t.node_id, "actor_id": t.actor_id, "created_ms": t.creation_time_ms,
+                "start_ms": t.start_time_ms, "end_ms": t.end_time_ms}
+               for t in tasks if TRANSFORM_ACTOR in t.name and t.name.endswith(".submit") and t.state == "FINISHED"]
+        if now and len(now) == len(calls):
+            break
+        calls = now
+    actors = [{"node_id": a.node_id, "actor_id": a.actor_id, "state": a.state}
+              for a in list_actors(filters=[("job_id", "=", job)], limit=10_000, raise_on_missing_output=False)
+              if TRANSFORM_ACTOR in a.class_name]
+    return {"nodes": nodes, "calls": calls, "actors": actors}
+
+
+def per_node(probe: dict[str, Any], rows: int, stage_s: float, block: int) -> list[dict[str, Any]]:
+    """Per node (head first): its embedding actors, the blocks they transformed (one
+    call each), the rows, and memories/s (rows / ``stage_s``, the stage's wall time; and
+    rows / the seconds its actors were busy). Every block holds ``block`` rows but the
+    last, which is handed out last: the latest-created call holds the remainder. Rows
+    are None when the calls do not add up to ``rows``."""
+    calls = probe["calls"]
+    last = max(calls, key=lambda c: c["created_ms"] or 0) if calls else None
+    short = rows - (len(calls) - 1) * block if calls else 0
+    known = bool(calls) and 0 < short <= block
+    out = []
+    for index, node in enumerate(probe["nodes"]):
+        mine = [c for c in calls if c["node_id"] == node]
+        n_rows = sum(short if c is last else block for c in mine) if known else None
+        busy = sum(((c["end_ms"] or 0) - (c["start_ms"] or 0)) / 1000 for c in mine)
+        out.append({
+            "node": "head" if index == 0 else f"worker {index}", "node_id": node[:8],
+            "actors": sum(a["node_id"] == node for a in probe["actors"]), "blocks": len(mine), "rows": n_rows,
+            "busy_s": round(busy, 1),
+            "mem_per_s": round(n_rows / stage_s, 1) if n_rows is not None and stage_s else None,
+            "mem_per_busy_s": round(n_rows / busy, 1) if n_rows is not None and busy else None,
+        })
+    return out
+
+
+def asked() -> dict[str, Any]:
+    """:func:`embed_calls`, or the error it met: the run's own figures stand without it."""
+    try:
+        return embed_calls()
+    except Exception as exc:  # noqa: BLE001 - the state API's errors: reported, after the cluster stops
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def cluster_pipeline(source: Path, fmt: str, store: Path) -> dict[str, Any]:
+    """The pipeline on a local cluster of ``NODES`` nodes started here (not timed) and
+    stopped after, the driver joining with ``RAY_ADDRESS``; the nodes are this process's
+    children, so its memory and CPU figures count them. Per node, where the embedding ran."""
+    from helix_ray.local_cluster import LocalCluster
+    from pipelines.ingest import BLOCK
+
+    # The nodes' workers import helix_ray and pipelines from this checkout.
+    paths = [str(ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    cluster = LocalCluster(nodes=NODES, cpus=NODE_CPUS)
+    with environ({**PIPELINE_ENV, "PYTHONPATH": os.pathsep.join(paths)}):  # the nodes' processes inherit it
+        t0 = time.perf_counter()
+        cluster.start()
+        started = time.perf_counter() - t0
+    try:
+        joined = {k: v for k, v in cluster.env().items() if k in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH")}
+        pipe = run_pipeline(source, fmt, store, env=joined, probe=asked)
+    except BaseException:
+        # Printed now: once the cluster stops, Ray ends a driver still in it before Python
+        # would print the error.
+        traceback.print_exc()
+        raise
+    finally:
+        import ray
+
+        ray.shutdown()
+        cluster.stop()
+    probe = pipe.pop("probe")
+    if "error" in probe:
+        raise SystemExit(f"the cluster's state API did not answer: {probe['error']}")
+    nodes = per_node(probe, pipe["report"]["embedded"], pipe["stages_s"].get("expand_embed_annotate", 0.0), BLOCK)
+    return dict(pipe, nodes=NODES, cpus_per_node=NODE_CPUS, cluster_start_s=round(started, 1), per_node=nodes,
+                embed_calls=probe)
+
+
+def run_cluster_pipeline(source: Path, fmt: str, store: Path) -> dict[str, Any]:
+    """:func:`cluster_pipeline` in a new process of this script: joining a cluster turns
+    Ray's token mode on with the cluster's token, for good, in the process that joins,
+    and the one-node runs start a Ray of their own in this one."""
+    spec = {"source": str(source), "fmt": fmt, "store": str(store), "out": str(store) + ".cluster.json"}
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH")}
+    done = subprocess.run([sys.executable, __file__, *CHILD_FLAGS, "--cluster-pipeline", json.dumps(spec)], env=env)
+    if done.returncode:
+        raise SystemExit(f"the pipeline on {NODES} nodes failed (exit {done.returncode})")
+    return json.loads(Path(spec["out"]).read_text())
+
+
 def bench_one(name: str, source: Path, fmt: str, work: Path, fraction: float = 1.0,
               sorted_reference: bool = True, repeats: int = 1) -> dict[str, Any]:
     """``repeats`` rounds of (pipeline, embed-only), alternating, so slow spells of the
     shared machine hit both sides; the ratios use the fastest run of each side."""
-    pipes, bases = [], []
+    pipes, bases, clustered = [], [], []
     for rep_no in range(repeats):
         store = work / f"store-{name}"
         if store.exists():
@@ -370,6 +515,14 @@ def bench_one(name: str, source: Path, fmt: str, work: Path, fraction: float = 1
         print(f"[{name}] embed-only: {json.dumps(base)}", flush=True)
         pipes.append(pipe)
         bases.append(base)
+        if NODES > 1:  # the same data, right after, so the one-node figure is of the same spell
+            shutil.rmtree(store)
+            print(f"[{name}] round {rep_no + 1}/{repeats}: pipeline on {NODES} nodes of {NODE_CPUS} CPU(s) ...",
+                  flush=True)
+            multi = run_cluster_pipeline(source, fmt, store)
+            print(f"[{name}] pipeline on {NODES} nodes done in {multi['total_s']:.1f}s ({multi['cpu_s']:.0f} CPU-s): "
+                  f"{json.dumps(multi['stages_s'])}; per node {json.dumps(multi['per_node'])}", flush=True)
+            clustered.append(multi)
     pipe = min(pipes, key=lambda p: p["total_s"])
     base = min(bases, key=lambda b: b["embed_s"])
     base = dict(base, **{k: v for k, v in bases[-1].items() if k.startswith("length_sorted")})
@@ -396,7 +549,57 @@ def bench_one(name: str, source: Path, fmt: str, work: Path, fraction: float = 1
         if "embed_both_s" in base else None,
         "store_bytes": sum(p.stat().st_size for p in (work / f"store-{name}").rglob("*") if p.is_file()),
     }
+    if clustered:
+        out["cluster"] = nodes_summary(pipes, clustered)
     return out
+
+
+def nodes_summary(pipes: list[dict[str, Any]], clustered: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest round on one node (a Ray of its own) beside the fastest on the cluster."""
+    one = min(pipes, key=lambda p: p["total_s"])
+    multi = min(clustered, key=lambda p: p["total_s"])
+    n = multi["report"]["embedded"]
+    return {
+        "nodes": multi["nodes"], "cpus_per_node": multi["cpus_per_node"], "one_node": one, "multi_node": multi,
+        "all_multi_node_runs": clustered, "per_node": multi["per_node"],
+        "ratio_multi_over_one": round(multi["total_s"] / one["total_s"], 3),
+        "ratio_multi_over_one_without_ray_start": round(multi["total_without_ray_start_s"]
+                                                        / one["total_without_ray_start_s"], 3),
+        "ratio_embed_stage_multi_over_one": round(multi["stages_s"].get("expand_embed_annotate", 0)
+                                                  / one["stages_s"].get("expand_embed_annotate", 1), 3),
+        "ratio_per_round": [round(m["total_s"] / p["total_s"], 3) for p, m in zip(pipes, clustered)],
+        "multi_node_mem_per_s": round(n / multi["total_s"], 1),
+    }
+
+
+def nodes_table(results: list[dict[str, Any]]) -> str:
+    """One node against several, and per node where the embedding ran."""
+    lines = []
+    for r in results:
+        c = r.get("cluster")
+        if not c:
+            continue
+        one, multi = c["one_node"], c["multi_node"]
+        lines += [f"\n{r['dataset']}: one node (a Ray of its own) vs {c['nodes']} `ray start` nodes of "
+                  f"{c['cpus_per_node']} CPU(s), same session (fastest round of each)",
+                  "| | one node | " + f"{c['nodes']} nodes | ratio |", "|---|---:|---:|---:|"]
+        for label, key in (("pipeline total s", "total_s"), ("without Ray start / join s", "total_without_ray_start_s")):
+            lines.append(f"| {label} | {one[key]:.1f} | {multi[key]:.1f} | {multi[key] / one[key]:.2f}× |")
+        for stage in STAGE_ORDER:
+            a, b = one["stages_s"].get(stage, 0.0), multi["stages_s"].get(stage, 0.0)
+            lines.append(f"| {stage} s | {a:.1f} | {b:.1f} | " + (f"{b / a:.2f}× |" if a else "– |"))
+        lines.append(f"| memories/s | {r['pipeline_mem_per_s']:.0f} | {c['multi_node_mem_per_s']:.0f} | |")
+        lines.append(f"| CPU-s (driver + Ray) | {one['cpu_s']:.0f} | {multi['cpu_s']:.0f} | |")
+        lines.append(f"| peak PSS MiB | {one['peak_pss_mib']:,.0f} | {multi['peak_pss_mib']:,.0f} | |")
+        lines.append(f"| ratio per round | | | {', '.join(f'{x:.2f}×' for x in c['ratio_per_round'])} |")
+        stage_s = multi["stages_s"].get("expand_embed_annotate", 0.0)
+        lines += [f"\nper node ({c['nodes']}-node run; memories/s = rows / the embed stage's {stage_s:.1f} s)",
+                  "| node | embedding actors | blocks (calls) | rows | memories/s | actors busy s | rows / busy s |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for node in c["per_node"]:
+            lines.append(f"| {node['node']} ({node['node_id']}) | {node['actors']} | {node['blocks']} | {node['rows']} | "
+                         f"{node['mem_per_s']} | {node['busy_s']} | {node['mem_per_busy_s']} |")
+    return "\n".join(lines)
 
 
 def _files(source: Path, fmt: str) -> int:
@@ -457,6 +660,19 @@ def _default_locomo() -> str | None:
     return str(Path(data) / "locomo" / "locomo10.json") if data else None
 
 
+def child_flags(args: argparse.Namespace) -> list[str]:
+    """The flags that shape one pipeline run, for :func:`run_cluster_pipeline`'s child."""
+    flags = [f"--nodes={args.nodes}", f"--node-cpus={args.node_cpus}"]
+    flags += [f"--pipeline-env={item}" for item in args.pipeline_env]
+    if args.data_no_progress_timeout is not None:
+        flags.append(f"--data-no-progress-timeout={args.data_no_progress_timeout}")
+    if args.no_late:
+        flags.append("--no-late")
+    if args.code:
+        flags.append(f"--code={args.code}")
+    return flags
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--locomo", default=_default_locomo(),
@@ -486,6 +702,13 @@ def main(argv: list[str] | None = None) -> int:
                          "rounds then leave out Ray's start")
     ap.add_argument("--code", default=None, metavar="TREE",
                     help="also a source tree read with --format code (e.g. the installed ray package)")
+    ap.add_argument("--nodes", type=int, default=1,
+                    help="2 or more: each round also runs the pipeline on a local cluster of that many `ray start` "
+                         "nodes, reports where the embedding ran per node, and compares it with the one-node run")
+    ap.add_argument("--node-cpus", type=int, default=1,
+                    help="logical CPUs each of those nodes advertises (default 1: two nodes advertise the two a "
+                         "one-node Ray gets on a 2-core host)")
+    ap.add_argument("--cluster-pipeline", default=None, help=argparse.SUPPRESS)  # run_cluster_pipeline's child
     ap.add_argument("--no-late", action="store_true",
                     help="ingest without late-interaction tokens (the pipeline then embeds with one encoder, the "
                          "embed-only baseline's)")
@@ -496,13 +719,24 @@ def main(argv: list[str] | None = None) -> int:
         INGEST_OVERRIDES["late_interaction"] = {"enabled": False}
     if args.code:  # code memories name no user
         INGEST_OVERRIDES["validation"] = {"default_user": "bench"}
-    global WARM_RAY
+    global WARM_RAY, NODES, NODE_CPUS
     WARM_RAY = args.warm_ray
+    NODES, NODE_CPUS = args.nodes, args.node_cpus
+    if NODES < 1 or NODE_CPUS < 1:
+        raise SystemExit("--nodes and --node-cpus take 1 or more")
+    if NODES > 1 and WARM_RAY:
+        raise SystemExit("--warm-ray keeps one Ray of this process's own for every round; not with --nodes")
+    CHILD_FLAGS[:] = child_flags(args)
     for item in args.pipeline_env:
         key, _, value = item.partition("=")
         PIPELINE_ENV[key] = value
     if args.data_no_progress_timeout is not None:  # read when the driver's DataContext is created
         os.environ["RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S"] = str(args.data_no_progress_timeout)
+    if args.cluster_pipeline:
+        spec = json.loads(args.cluster_pipeline)
+        done = cluster_pipeline(Path(spec["source"]), spec["fmt"], Path(spec["store"]))
+        Path(spec["out"]).write_text(json.dumps(done))
+        return 0
     info = machine_info()
     info["pipeline_env"] = dict(PIPELINE_ENV)
     info["data_no_progress_timeout_s"] = args.data_no_progress_timeout
@@ -538,11 +772,14 @@ def main(argv: list[str] | None = None) -> int:
     info["loadavg_end"] = os.getloadavg()
     print()
     print(table(results))
+    if NODES > 1:
+        print(nodes_table(results))
     print(f"\nload average start {info['loadavg_start']} end {info['loadavg_end']}")
     if PIPELINE_ENV:
         print(f"pipeline's Ray processes ran with {PIPELINE_ENV}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": info, "results": results, "table": table(results)}, indent=1))
+        Path(args.json).write_text(json.dumps({"machine": info, "results": results, "table": table(results),
+                                               "nodes_table": nodes_table(results)}, indent=1))
         print(f"wrote {args.json}")
     return 0
 
