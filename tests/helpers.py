@@ -1,16 +1,19 @@
 """Small builders shared by tests (data the tests make themselves), and the helpers the
 Serve tests share: a recall over HTTP checked against the documented schema, a recall
-through the stage shells in this process, and the HTTP application without Ray; and
-the search of log files for markers that the log tests share."""
+through the stage shells in this process, and the HTTP application without Ray; the
+search of log files for markers that the log tests share; and loading a script of
+``scripts/`` as a module."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import datetime as dt
+import importlib.util
 import json
 import os
 import random
+import sys
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -24,6 +27,17 @@ SAMPLE = REPO / "helix_ray" / "samples" / "atlas"
 # (locomo/locomo10.json, scifact/, cosqa/); tests that need one skip without it.
 DATA = Path(os.environ["HELIX_DATA"]) if os.environ.get("HELIX_DATA") else None
 LOCOMO = DATA / "locomo" / "locomo10.json" if DATA else REPO / "no-such-file"
+
+
+def load_script(name: str) -> Any:
+    """``scripts/<name>.py`` imported as a module (the scripts are not a package),
+    registered under ``name`` so that its dataclasses find their module."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> Path:

@@ -4,18 +4,11 @@ the script's to exercise (it starts a cluster and the models)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import load_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_ingest", ROOT / "scripts" / "bench_ingest.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_ingest")
 
 
 def _call(node: str, created: int, start: int, end: int) -> dict:

@@ -7,11 +7,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
@@ -27,11 +28,7 @@ OUTSIDE = (
 
 
 def _config_doc():
-    spec = importlib.util.spec_from_file_location("config_doc", ROOT / "scripts" / "config_doc.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("config_doc")
 
 
 def test_configuration_page_is_what_the_script_generates_from_the_config():
