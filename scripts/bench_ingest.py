@@ -550,13 +550,14 @@ def bench_one(name: str, source: Path, fmt: str, work: Path, fraction: float = 1
         "store_bytes": sum(p.stat().st_size for p in (work / f"store-{name}").rglob("*") if p.is_file()),
     }
     if clustered:
-        out["cluster"] = nodes_summary(pipes, clustered)
+        out["cluster"] = nodes_summary(pipe, pipes, clustered)
     return out
 
 
-def nodes_summary(pipes: list[dict[str, Any]], clustered: list[dict[str, Any]]) -> dict[str, Any]:
-    """The fastest round on one node (a Ray of its own) beside the fastest on the cluster."""
-    one = min(pipes, key=lambda p: p["total_s"])
+def nodes_summary(one: dict[str, Any], pipes: list[dict[str, Any]], clustered: list[dict[str, Any]]
+                  ) -> dict[str, Any]:
+    """``one``, the fastest of the rounds on one node (``pipes``: a Ray of its own each),
+    beside the fastest on the cluster."""
     multi = min(clustered, key=lambda p: p["total_s"])
     n = multi["report"]["embedded"]
     return {
@@ -583,8 +584,10 @@ def nodes_table(results: list[dict[str, Any]]) -> str:
         lines += [f"\n{r['dataset']}: one node (a Ray of its own) vs {c['nodes']} `ray start` nodes of "
                   f"{c['cpus_per_node']} CPU(s), same session (fastest round of each)",
                   "| | one node | " + f"{c['nodes']} nodes | ratio |", "|---|---:|---:|---:|"]
-        for label, key in (("pipeline total s", "total_s"), ("without Ray start / join s", "total_without_ray_start_s")):
-            lines.append(f"| {label} | {one[key]:.1f} | {multi[key]:.1f} | {multi[key] / one[key]:.2f}× |")
+        for label, key, ratio in (("pipeline total s", "total_s", "ratio_multi_over_one"),
+                                  ("without Ray start / join s", "total_without_ray_start_s",
+                                   "ratio_multi_over_one_without_ray_start")):
+            lines.append(f"| {label} | {one[key]:.1f} | {multi[key]:.1f} | {c[ratio]:.2f}× |")
         for stage in STAGE_ORDER:
             a, b = one["stages_s"].get(stage, 0.0), multi["stages_s"].get(stage, 0.0)
             lines.append(f"| {stage} s | {a:.1f} | {b:.1f} | " + (f"{b / a:.2f}× |" if a else "– |"))
