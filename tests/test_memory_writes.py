@@ -9,13 +9,17 @@ ingested store.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import sys
+import threading
 import time
 
 import pytest
 
 from helix_ray import Memory
 from helix_ray.errors import NotFound, StoreError
+from helix_ray.live import compactor
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import Generation, current_generation_number
 from tests.helpers import memory, write_jsonl
@@ -123,6 +127,35 @@ def test_the_background_compaction_folds_the_writes(store):
             time.sleep(0.1)
         assert current_generation_number(store) > before
         assert ids(mem, "how often does the owl dashboard refresh?")[0] == "m011"
+        if sys.platform == "linux":  # the compactor yields the cores to recall; this thread keeps its priority
+            [thread] = [t for t in threading.enumerate() if t.name == "helix-compactor"]
+            mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == min(mine + compactor.COMPACT_NICE, 19)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own nice value is Linux's")
+def test_lower_priority_lowers_the_calling_thread_and_the_threads_it_starts():
+    seen: dict[str, int | None] = {}
+
+    def child() -> None:
+        seen["child"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    def lowered() -> None:
+        seen["set"] = compactor.lower_priority(3)
+        seen["thread"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        started = threading.Thread(target=child)
+        started.start()
+        started.join()
+
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    thread = threading.Thread(target=lowered)
+    thread.start()
+    thread.join()
+    expected = min(mine + 3, 19)
+    assert seen == {"set": expected, "thread": expected, "child": expected}
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+    assert compactor.lower_priority(0) is None  # 0: nothing changes
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
 
 
 def test_open_writer_folds_what_an_earlier_session_left_without_a_new_write(store):

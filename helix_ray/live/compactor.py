@@ -5,11 +5,19 @@ writes are pending, and backs off after a failure. The same thread pushes the st
 to its mirror again after a push that failed (:meth:`WriterCore.retry_mirror`), so the
 mirror catches up even when no further change comes. The Writer deployment runs one,
 and so does the shared state of the :class:`helix_ray.Memory` objects open on a store.
+
+The thread runs at a lower CPU priority than the process (:func:`lower_priority`), and
+so do the threads a compaction starts: a recall that arrives during a compaction gets
+the cores first, and the compaction takes what recall leaves. A compaction someone
+waits for (``Memory.compact``, ``helix compact``, ``POST /v1/admin/compact``) runs in
+that caller's thread, at its priority.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -29,6 +37,30 @@ COMPACT_TICK_S = 1.0
 #: seconds after the last one, at most MIRROR_BACKOFF_MAX_S.
 MIRROR_RETRY_S = 5.0
 MIRROR_BACKOFF_MAX_S = 300.0
+#: How much nicer than its process the compactor's thread runs (Linux nice values, 19
+#: at most): 19, the lowest priority a thread can take without a privilege. A compaction
+#: runs in the cycles recall leaves, and gets ~1.5 % of a core that a nice-0 recall
+#: thread keeps busy (CFS weights 15 and 1024; docs/benchmarks.md, "Recall during a
+#: compaction").
+COMPACT_NICE = 19
+
+
+def lower_priority(increment: int) -> int | None:
+    """Make the calling thread ``increment`` nicer than it is (at most 19), and every
+    thread it starts from now on (Linux threads inherit their creator's nice value);
+    return the nice value it now has, or None where a thread's priority cannot be set
+    apart from its process's (not Linux) or the call was refused. Raising a nice value
+    needs no privilege; this thread cannot lower it again."""
+    if increment <= 0 or sys.platform != "linux":
+        return None
+    tid = threading.get_native_id()
+    try:
+        value = min(os.getpriority(os.PRIO_PROCESS, tid) + increment, 19)
+        os.setpriority(os.PRIO_PROCESS, tid, value)  # on Linux PRIO_PROCESS with a thread id: that thread
+    except OSError as exc:
+        log.warning("could not lower the compactor thread's priority (%s); it runs at the process's", exc)
+        return None
+    return value
 
 
 def mirror_retry_due(behind: MirrorBehind, now: float) -> bool:
@@ -44,13 +76,16 @@ class Compactor:
     entries are. A failed compaction leaves the writes in the delta and is tried again
     later. ``before`` runs ahead of each compaction, ``after`` with its report once one
     published a generation (an open ``Memory`` flushes its recall hits, then opens the
-    new generation off the query path)."""
+    new generation off the query path). ``nice``: how much nicer than the process the
+    thread runs (:func:`lower_priority`; 0 keeps the process's priority)."""
 
     def __init__(self, core: Any, *, interval_s: float, max_pending: int, before: Callable[[], None] | None = None,
-                 after: Callable[[dict[str, Any]], None] | None = None, name: str = "helix-compactor"):
+                 after: Callable[[dict[str, Any]], None] | None = None, name: str = "helix-compactor",
+                 nice: int = COMPACT_NICE):
         self.core = core
         self.interval_s = interval_s
         self.max_pending = max_pending
+        self.nice = nice
         self.before, self.after = before, after
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -64,6 +99,7 @@ class Compactor:
             self.thread.join(timeout_s)
 
     def _run(self) -> None:
+        lower_priority(self.nice)
         last = time.monotonic()
         failures, retry_at = 0, 0.0
         while not self.stop_event.wait(COMPACT_TICK_S):
