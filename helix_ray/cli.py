@@ -405,13 +405,22 @@ def _recall(args: argparse.Namespace) -> int:
     every prompt must not fail on it; the sentence still catches a mistyped --user."""
     from helix_ray.config import RetrievalConfig
     from helix_ray.memory import Memory
+    from helix_ray.store.db import DatabaseHeld
 
     if not Path(args.store).exists():  # Memory would create an empty store and find nothing in it
         raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR` "
                                 "or `helix serve --store DIR`.")
     config = load_config_typed(RetrievalConfig, args.config, "--config") if args.config else None
-    # One question: nothing to warm for, and no compaction to start.
-    with Memory(args.store, retrieval=config, warm=False, compact_interval_s=None) as mem:
+    try:
+        # One question: nothing to warm for, and no compaction to start.
+        mem = Memory(args.store, retrieval=config, warm=False, compact_interval_s=None)
+    except DatabaseHeld:
+        raise DatabaseHeld(
+            f"Cannot recall from {args.store}: another process holds its database (a `helix serve`, `helix mcp "
+            "--store` or an ingest), and DuckDB lets one process open it. With `helix serve` running, ask it: "
+            "`POST /v1/recall` with the user's key (docs/http-api.md), or `helix mcp --server URL --key KEY` for "
+            "an agent. Else wait for the ingest to end and run this again.") from None
+    with mem:
         result = mem.recall(args.query, user=args.user, budget_tokens=args.budget, k=args.k, project=args.project,
                             types=args.types, since=args.since, until=args.until, explain=args.explain)
     empty = _nothing_to_recall(result, args.store)
@@ -590,6 +599,8 @@ def _mcp(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="helix mcp: %(message)s")  # stdout: MCP
     backend = mcp_server.open_backend(store=args.store, user=args.user, server=args.server, key=args.key)
     if args.http:
+        print(f"helix mcp: MCP (streamable HTTP) for user {backend.user!r} on http://127.0.0.1:{args.port}/mcp; "
+              "Ctrl-C stops it", file=sys.stderr, flush=True)
         mcp_server.run_http(backend, project=args.project, port=args.port)
     else:
         mcp_server.run_stdio(backend, project=args.project)

@@ -69,5 +69,6 @@ def format_answer(answer: dict[str, Any], took_ms: list[float] | None = None) ->
     where = "ms" if took_ms is None else (f"HTTP round trip {took_ms[-1]:.1f} ms ({took_ms[0]:.0f} ms for the "
                                           "replica's first request); in the replica, ms")
     lines.append(f"-- {len(answer['items'])} items, {answer['total_tokens']}/{answer['budget_tokens']} tokens, "
-                 f"generation {answer['generation']}; {where}: {timing}")
+                 f"generation {answer['generation']}; packed best at both ends (`rank`: relevance order); "
+                 f"{where}: {timing}")
     return "\n".join(lines)

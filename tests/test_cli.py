@@ -8,6 +8,7 @@ that break a store break a copy of it."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -174,17 +176,32 @@ def test_doctor_wants_keys_readable_by_their_owner_only(copy, capsys):
     assert code == 1 and "PROBLEM  keys      keys.json has mode 0644" in out and f"chmod 600 {copy}/keys.json" in out
 
 
-def test_doctor_says_a_running_process_holds_the_database(copy, capsys):
+@contextlib.contextmanager
+def database_held(store: Path) -> Iterator[subprocess.Popen]:
+    """Another process holding ``store``'s DuckDB file open (read-write) while the block runs."""
     holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; "
-                               f"c = duckdb.connect({str(copy / 'helix.duckdb')!r}); print('held', flush=True); "
+                               f"c = duckdb.connect({str(store / 'helix.duckdb')!r}); print('held', flush=True); "
                                "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        code, out, _ = helix(capsys, "doctor", "--store", str(copy))
+        yield holder
     finally:
         holder.communicate("", timeout=30)
+
+
+def test_doctor_says_a_running_process_holds_the_database(copy, capsys):
+    with database_held(copy) as holder:
+        code, out, _ = helix(capsys, "doctor", "--store", str(copy))
     assert code == 1 and f"helix.duckdb is held by process {holder.pid} (a running `helix serve`" in out
     assert "ok       files" in out  # the checks that do not need the database still ran
+
+
+def test_recall_from_a_store_another_process_holds_says_how_to_ask_it(copy, capsys):
+    with database_held(copy):
+        code, out, err = helix(capsys, "recall", "NATS", "--store", str(copy), "--user", "dana")
+    assert code != 0 and out == ""
+    assert f"Cannot recall from {copy}: another process holds its database" in err
+    assert "`POST /v1/recall`" in err and "`helix mcp --server URL --key KEY`" in err
 
 
 def test_doctor_on_a_missing_folder(tmp_path, capsys):

@@ -329,6 +329,8 @@ def test_the_streamable_http_transport_serves_the_same_tools(store):
         server.terminate()
         code = server.wait(timeout=30)
     assert code == 0, "SIGTERM should close the store and exit cleanly"
+    assert server.stderr is not None
+    assert f"user 'dana' on http://127.0.0.1:{port}/mcp" in server.stderr.read().decode()
 
 
 @pytest.mark.ray
