@@ -461,8 +461,9 @@ def _stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(stats, indent=1, default=str))
     else:
+        width = max(map(len, stats))
         for key, value in stats.items():
-            print(f"{key:>12}: {value}")
+            print(f"{key:>{width}}: {value}")
     return 0
 
 

@@ -372,8 +372,10 @@ def build_server(backend: Backend, *, project: str | None = None) -> MCPServer:
         return f"recorded {out['recorded']}"
 
     async def stats() -> dict[str, Any]:
-        """Counts of this user's memories: stored, and written since the last compaction; the
-        store's current generation."""
+        """Counts of this user's memories: ``user_memories``, those the current generation
+        holds; ``pending_writes``, the writes and deletions made since it was built, which
+        recall already reflects (a new store shows 0 memories and 1 pending write after
+        its first ``remember``); the store's current generation."""
         return await _helix("stats", backend.stats())
 
     @contextlib.asynccontextmanager

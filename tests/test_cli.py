@@ -204,6 +204,13 @@ def test_recall_from_a_store_another_process_holds_says_how_to_ask_it(copy, caps
     assert "`POST /v1/recall`" in err and "`helix mcp --server URL --key KEY`" in err
 
 
+def test_stats_lines_up_its_counts(copy, capsys):
+    code, out, _ = helix(capsys, "stats", "--store", str(copy))
+    lines = out.splitlines()
+    assert code == 0 and any(line.strip().startswith("pending_writes: ") for line in lines)
+    assert len({line.index(": ") for line in lines}) == 1, out
+
+
 def test_doctor_on_a_missing_folder(tmp_path, capsys):
     code, out, _ = helix(capsys, "doctor", "--store", str(tmp_path / "nope"))
     assert code == 1 and out.startswith(f"PROBLEM  folder    {tmp_path / 'nope'} is missing")
