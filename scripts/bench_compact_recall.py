@@ -44,10 +44,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-def percentiles(ms: list[float]) -> dict[str, float]:
-    a = np.asarray(ms, dtype=np.float64)
-    return {"n": len(a), "p50": round(float(np.percentile(a, 50)), 1), "p95": round(float(np.percentile(a, 95)), 1)}
-
 
 def compact_in_thread(mem: Any, nice: int, out: dict[str, Any]) -> threading.Thread:
     """Start ``mem.compact()`` in a new thread made ``nice`` nicer first; ``out`` gets
@@ -81,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     nices = [int(v) for v in args.nice.split(",")]
 
+    from bench_add import stats
     from bench_compact import WORDS
     from bench_mcp import record_generation, store_queries
 
@@ -142,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
           "| compaction s |\n|---|---|---|---:|---:|---|")
     summary = {}
     for nice in nices:
-        quiet, busy = percentiles(rows[nice]["idle"]), percentiles(rows[nice]["during"])
+        quiet, busy = stats(rows[nice]["idle"]), stats(rows[nice]["during"])
         ratio = round(busy["p95"] / quiet["p95"], 2)
         summary[nice] = {"idle": quiet, "during": busy, "p95_ratio": ratio, "compaction_s": rows[nice]["compaction_s"],
                          "thread_nice": rows[nice]["thread_nice"]}
