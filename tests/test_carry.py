@@ -180,3 +180,15 @@ def test_one_new_memory_in_a_tenant_with_an_hnsw_index_carries_its_neighbours(tm
     row = gen.columns.id_to_row[_rows(100, 1, seed=7, users=("dana",))[0]["id"]]
     neighbours, _ = gen.knn
     assert neighbours[row][0] == row and (neighbours[row][1:] >= 0).any()  # itself first, then others
+
+
+def test_quantize_int8_scales_each_vector_to_127_at_its_peak():
+    rng = np.random.default_rng(11)
+    vectors = rng.standard_normal((50, 16)).astype(np.float32)
+    vectors[3] = 0.0
+    vectors[4] = -vectors[4]
+    expected = np.round(vectors / np.maximum(np.abs(vectors).max(axis=1, keepdims=True), 1e-30) * 127.0)
+    expected[3] = 0
+    np.testing.assert_array_equal(quantize_int8(vectors), expected.astype(np.int8))
+    assert (np.abs(quantize_int8(vectors)).max(axis=1)[np.arange(50) != 3] == 127).all()
+    assert quantize_int8(np.zeros((0, 16), np.float32)).shape == (0, 16)

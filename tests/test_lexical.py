@@ -117,3 +117,20 @@ def test_the_score_matrix_is_the_one_bm25s_builds(tmp_path):
         np.testing.assert_array_equal(ours.scores["indices"][a[0]:a[1]], reference.scores["indices"][b[0]:b[1]])
         np.testing.assert_allclose(ours.scores["data"][a[0]:a[1]], reference.scores["data"][b[0]:b[1]], rtol=1e-6)
     assert ours.scores["num_docs"] == reference.scores["num_docs"] == len(texts)
+
+
+def test_terms_take_gives_the_documents_asked_in_that_order():
+    """Runs of adjacent documents (copied a slice at a time) and scattered ones (gathered
+    term by term) come out as each document's own terms."""
+    rng = np.random.default_rng(3)
+    words = "retry budget gateway canary rollout ledger cache shard replica quota".split()
+    texts = [" ".join(rng.choice(words, int(rng.integers(0, 12)))) for _ in range(400)]
+    terms = bm25.Terms.analyse(bm25.Analyzer(), texts)
+    own = [terms.ids[terms.offsets[i]:terms.offsets[i + 1]].tolist() for i in range(len(terms))]
+    runs = np.r_[np.arange(0, 150), np.arange(390, 400), np.arange(200, 380)]  # three runs
+    scattered = rng.permutation(400)[:300]
+    for rows in (runs, scattered, np.array([], np.int64), np.array([7])):
+        taken = terms.take(rows)
+        assert len(taken) == len(rows) and taken.vocab == terms.vocab
+        assert [taken.ids[taken.offsets[i]:taken.offsets[i + 1]].tolist() for i in range(len(rows))] == \
+            [own[r] for r in rows]

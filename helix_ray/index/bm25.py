@@ -129,12 +129,24 @@ class Terms:
         return cls(to_vocab[flat], offsets, vocab)
 
     def take(self, rows: np.ndarray) -> "Terms":
+        """Documents ``rows``, in that order. Runs of rows that follow one another here
+        (what an ingest mostly takes: the rows it carries, then a sort by tenant) are
+        copied a slice at a time; scattered rows are gathered term by term."""
         rows = np.asarray(rows, np.int64)
-        starts, lengths = self.offsets[rows], self.offsets[rows + 1] - self.offsets[rows]
+        all_offsets = np.asarray(self.offsets)
+        starts, ends = all_offsets[rows], all_offsets[rows + 1]
         offsets = np.zeros(len(rows) + 1, np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        gather = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
-        return Terms(np.asarray(self.ids)[gather], offsets, self.vocab)
+        np.cumsum(ends - starts, out=offsets[1:])
+        ids = np.asarray(self.ids)
+        breaks = np.flatnonzero(starts[1:] != ends[:-1]) + 1  # where a run of adjacent documents ends
+        if not len(rows) or len(breaks) > len(rows) // 16:
+            gather = np.repeat(starts - offsets[:-1], ends - starts) + np.arange(offsets[-1], dtype=np.int64)
+            return Terms(ids[gather], offsets, self.vocab)
+        out = np.empty(int(offsets[-1]), np.int32)
+        firsts, lasts = np.r_[0, breaks], np.r_[breaks, len(rows)]
+        for first, last in zip(firsts.tolist(), lasts.tolist()):
+            out[offsets[first]:offsets[last]] = ids[starts[first]:ends[last - 1]]
+        return Terms(out, offsets, self.vocab)
 
     def then(self, other: "Terms") -> "Terms":
         """These documents followed by ``other``'s, whose vocabulary extends this one's."""
@@ -157,13 +169,20 @@ def bm25_matrix(terms: Terms, *, k1: float, b: float) -> dict[str, object]:
     one score per (term, document) pair holding it, idf × tf / (tf + k1·(1 − b + b·|d| /
     avgdl)), with idf = ln(1 + (N − df + 0.5) / (df + 0.5)) (Lucene's BM25); stored by
     term (CSC), documents ascending. bm25s counts terms a document at a time in Python;
-    this counts every pair at once with numpy. ``test_lexical`` checks both agree."""
+    this counts every pair at once. ``test_lexical`` checks both agree."""
+    from scipy import sparse
+
     n_docs, n_vocab = len(terms), len(terms.vocab)
     lengths = np.diff(np.asarray(terms.offsets))
-    docs = np.repeat(np.arange(n_docs, dtype=np.int64), lengths)
-    pairs, tf = np.unique(np.asarray(terms.ids, np.int64) * n_docs + docs, return_counts=True)
-    term, doc = np.divmod(pairs, n_docs)
-    df = np.bincount(term, minlength=n_vocab)
+    docs = np.repeat(np.arange(n_docs, dtype=np.int32), lengths)
+    # Counted by scipy's COO → CSC conversion (linear, in C): one entry per (term,
+    # document) pair, its count summed; documents ascend within a term as they are given.
+    counts = sparse.csc_matrix((np.ones(len(docs), np.float32), (docs, np.asarray(terms.ids, np.int32))),
+                               shape=(n_docs, n_vocab))
+    counts.sum_duplicates()
+    df = np.diff(counts.indptr).astype(np.int64)
+    doc, tf = counts.indices.astype(np.int64), counts.data
+    term = np.repeat(np.arange(n_vocab, dtype=np.int64), df)
     # bm25s: idf rounded to float32, the rest in float64, the product stored as float32
     idf = np.log(1 + (n_docs - df + 0.5) / (df + 0.5)).astype(np.float32)
     tf = tf.astype(np.float64)

@@ -9,9 +9,14 @@ import numpy as np
 def quantize_int8(vectors: np.ndarray) -> np.ndarray:
     """Per-vector symmetric int8: v / max|v| × 127, rounded. Cosine is scale-free, so the
     per-vector scale is dropped."""
-    peak = np.abs(vectors).max(axis=1, keepdims=True)
+    vectors = np.asarray(vectors)
+    if not vectors.size:
+        return np.zeros(vectors.shape, np.int8)
+    peak = np.maximum(vectors.max(axis=-1, keepdims=True), -vectors.min(axis=-1, keepdims=True))
     peak[peak == 0] = 1.0
-    return np.round(vectors / peak * 127.0).astype(np.int8)
+    scaled = np.divide(vectors, peak, dtype=np.result_type(vectors, np.float32))  # one temporary, then in place
+    scaled *= 127.0
+    return np.rint(scaled, out=scaled).astype(np.int8)
 
 
 def binary_codes(vectors: np.ndarray) -> np.ndarray:

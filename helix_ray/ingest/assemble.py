@@ -66,11 +66,6 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig) -> tuple[Generat
     previous_rows = rows.old_index[keep_old] if keep_old else np.zeros(0, np.int64)
     new_table = memory_table(todo, new_cols)
     table = pa.concat_tables([old_table, new_table])
-    old_vectors = np.asarray(previous.vectors[previous_rows]) if previous is not None and keep_old \
-        else np.zeros((0, DIM), np.float32)
-    # The values the generation stores (float16): the kNN, graph and indexes built from them
-    # are the ones the next ingest carries over for these rows.
-    vectors = np.concatenate([old_vectors, new_cols["vector"]]).astype(np.float16).astype(np.float32)
     sigs = rows.sigs
     minhash = np.concatenate([sigs[keep_old], sigs[[rows.n_old + i for i in rows.keep_new]]]) if len(sigs) else sigs
     old_texts = old_table.column("text").to_pylist()
@@ -91,7 +86,8 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig) -> tuple[Generat
     take = np.lexsort((np.arange(len(users)), created, tenant_codes(users)[1])).astype(np.int64)
     order = take.tolist()
     table = table.take(pa.array(take))
-    vectors, minhash, terms = vectors[take], minhash[take], terms.take(take)
+    vectors = _sorted_vectors(previous, previous_rows, new_cols["vector"], take)
+    minhash, terms = minhash[take], terms.take(take)
     previous_row = np.concatenate([previous_rows, np.full(len(todo), -1, np.int64)])[take]
     late = _late_tokens(previous, previous_rows, old_table, new_cols, config, db)
     if late is not None:
@@ -233,6 +229,25 @@ def bm25_analyzer(config: IngestConfig) -> Analyzer:
     return Analyzer(stemmer=config.lexical.stemmer or None, split_identifiers=config.lexical.split_identifiers)
 
 
+def _sorted_vectors(previous: Generation | None, previous_rows: np.ndarray, new: np.ndarray,
+                    take: np.ndarray) -> np.ndarray:
+    """Row ``take[i]`` of (the previous generation's ``previous_rows``, then ``new``) at
+    row i, as float32 holding the float16 values the generation stores: the kNN, graph and
+    indexes built from them are the ones the next ingest carries over for these rows.
+    Each row is read and converted once, straight into its place."""
+    n_old = len(previous_rows)
+    out = np.empty((len(take), DIM), np.float32)
+    from_old = take < n_old
+    at_old, at_new = np.flatnonzero(from_old), np.flatnonzero(~from_old)
+    if len(at_old):
+        assert previous is not None
+        old = np.asarray(previous.vectors[previous_rows[take[at_old]]])  # ascending within a tenant
+        out[at_old] = old if old.dtype == np.float16 else old.astype(np.float16)
+    if len(at_new):
+        out[at_new] = np.asarray(new, np.float32)[take[at_new] - n_old].astype(np.float16)
+    return out
+
+
 def _semantic_knn(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previous: Generation | None,
                   previous_row: np.ndarray, config: IngestConfig):
     """Each tenant's k nearest memories (the graph's semantic edges), from an HNSW index
@@ -245,7 +260,11 @@ def _semantic_knn(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previo
     now = carry.moved_to(previous.size, previous_row) if previous is not None else None
     before = carry.previous_knn(previous, width, now) if width else None
     large = [u for u, (start, end) in parts.items() if end - start >= config.hnsw_min_rows]
-    int8 = quantize_int8(vectors) if large else None
+    int8 = None
+    if large:  # only the rows an HNSW index holds are read in int8
+        int8 = np.zeros(vectors.shape, np.int8)
+        for user in large:
+            int8[parts[user][0]:parts[user][1]] = quantize_int8(vectors[parts[user][0]:parts[user][1]])
     knn, dense_indexes, removed = {}, {}, {}
     all_n = np.full((len(vectors), width), -1, np.int64)
     all_s = np.zeros((len(vectors), width), np.float32)

@@ -228,12 +228,11 @@ def _write_dense(staging: _Staging, parts: list[dict[str, Any]], vectors: np.nda
     """Each tenant's HNSW index, given or built here; a tenant with fewer than
     ``hnsw.min_rows`` rows gets none, and its partition's ``dense`` becomes None."""
     (staging.folder / "dense").mkdir()
-    int8 = None
     for part in parts:
         index = dense_indexes.get(part["user"])
         if index is None and part["end"] - part["start"] >= hnsw.min_rows:
-            int8 = quantize_int8(vectors) if int8 is None else int8
-            index = build_hnsw(int8[part["start"]:part["end"]], part["start"], dim, threads=hnsw.threads,
+            int8 = quantize_int8(vectors[part["start"]:part["end"]])
+            index = build_hnsw(int8, part["start"], dim, threads=hnsw.threads,
                                connectivity=hnsw.connectivity, expansion_add=hnsw.expansion_add)
         if index is None:
             part["dense"] = None
