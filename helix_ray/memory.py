@@ -274,7 +274,7 @@ class Memory:
             if self._recaller is None or self._recaller.generation is not generation:
                 self._recaller = self._open_recaller(generation)
             recaller = self._recaller
-            delta = views.delta() if view is not None else None
+            delta = views.delta_for(view) if view is not None else None
         recaller.adapter = self._adapter.read()  # `helix adapt` while open: the next recall uses it
         return recaller, view, delta
 

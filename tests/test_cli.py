@@ -152,7 +152,7 @@ def _manifest_version(store: Path) -> None:
      "minhash.npy has 10 rows; the manifest implies 204"),
     (lambda s: (s / "CURRENT").write_text("7\n"), "current", "CURRENT names generation 7, but"),
     (lambda s: (s / "CURRENT").write_text("seven\n"), "current", "CURRENT holds 'seven\\n'"),
-    (_manifest_version, "manifest", "format_version 99 (this Helix reads 1)"),
+    (_manifest_version, "manifest", "format_version 99 (this Helix reads 1 and 2)"),
     (lambda s: (s / "helix.duckdb").write_bytes(b"not a database" * 100), "database", "does not open"),
     (lambda s: (s / "helix.duckdb").unlink(), "database", "helix.duckdb is missing"),
     (lambda s: (s / "keys.json").write_text("{\"keys\": 3}"), "keys", "keys.json is not a Helix key list"),

@@ -253,7 +253,7 @@ def test_the_query_adapter_goes_when_it_learnt_from_the_user(tmp_path, fitted_on
 @pytest.mark.parametrize("version, says", [
     (0, "written by an older Helix, and no command converts a generation in place: ingest the sources again "
         "into a new store (`helix ingest SOURCE --store NEWDIR`)"),
-    (2, "written by a newer Helix: upgrade this one (`pip install -U helix-ray`"),
+    (3, "written by a newer Helix: upgrade this one (`pip install -U helix-ray`"),
 ])
 def test_a_generation_of_another_format_version_says_what_opens_it(store, capsys, version, says):
     manifest = store / "generations" / "000001" / "manifest.json"
@@ -262,4 +262,4 @@ def test_a_generation_of_another_format_version_says_what_opens_it(store, capsys
     manifest.write_text(json.dumps(data))
     assert main(["recall", QUERY, "--store", str(store), "--user", KEPT]) == 2
     err = capsys.readouterr().err
-    assert f"format_version {version} (this Helix reads 1)" in err and says in err, err
+    assert f"format_version {version} (this Helix reads 1 and 2)" in err and says in err, err

@@ -137,16 +137,20 @@ class DeltaSegment:
     @classmethod
     def join(cls, version: int, parts: Sequence["DeltaSegment"], *, names: Sequence[str] = (),
              dead: Iterable[int] = (), folded: Mapping[int, int] | None = None,
-             tombstones: Iterable[Tombstone] = ()) -> "DeltaSegment":
-        """One snapshot over segment ``parts``: their rows but the ``dead`` seqs, in seq
-        order, ``folded`` ({seq: generation}) applied. Copies arrays of a few KB per
-        entry; the token blobs and analysed texts are shared with the parts."""
+             tombstones: Iterable[Tombstone] = (), keep: np.ndarray | None = None) -> "DeltaSegment":
+        """One snapshot over segment ``parts``: their rows but the ``dead`` seqs (and,
+        with ``keep``, a bool per row of the parts in turn, those it marks), in seq order,
+        ``folded`` ({seq: generation}) applied. Copies arrays of a few KB per entry; the
+        token blobs and analysed texts are shared with the parts."""
         tombstones = list(tombstones)
         if not parts:
             return cls.empty().with_tombstones(version, tombstones, tuple(names))
         seq = np.concatenate([p.seq for p in parts])
         dead_seqs = np.fromiter((int(s) for s in dead), dtype=np.int64)
-        held = np.flatnonzero(~np.isin(seq, dead_seqs)) if len(dead_seqs) else np.arange(len(seq))
+        kept = np.ones(len(seq), dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
+        if len(dead_seqs):
+            kept &= ~np.isin(seq, dead_seqs)
+        held = np.flatnonzero(kept)
         order = held[np.argsort(seq[held], kind="stable")]
 
         def cat(name: str) -> np.ndarray:
@@ -371,6 +375,41 @@ class DeltaSegment:
         top = top[np.lexsort((top, -scores[top]))]
         return DeltaLexical(DELTA_BASE + self.seq[top], scores[top].astype(np.float32), ceiling,
                             known / len(tokens))
+
+
+def effective(live: DeltaSegment, frozen: DeltaSegment | None, dead: Mapping[str, int],
+              generation: int | None) -> DeltaSegment:
+    """What recall searches beside a generation's files, as one delta: the rows its
+    segments hold (``frozen``; :attr:`helix_ray.store.generation.Generation.segments`)
+    but those ``dead`` ({id: seq}: deleted or replaced at that seq) or the ``live``
+    snapshot replaces or deletes, and the live entries the generation does not hold. A
+    ``dead`` id also hides the generation's base row, as a tombstone does. ``live``
+    itself when the generation has no segments.
+
+    An entry both in a segment and pending in the live snapshot (a fold that ended before
+    the writer's log said so) is the segment's. The segments' rows keep their analysed
+    texts across snapshots: only the live entries' are joined anew."""
+    if frozen is None or not len(frozen):
+        return live
+    _, first = np.unique(frozen.seq, return_index=True)  # a seq folded twice counts once
+    frozen_keep = np.zeros(len(frozen), dtype=bool)
+    frozen_keep[first] = True
+    live_keep = live.live(generation) & ~np.isin(live.seq, frozen.seq)
+    replaced = {i for i, t in live.tombstones.items() if t.applies_to(generation)} | set(live.ids[live_keep].tolist())
+    floor = np.fromiter((dead.get(i, -1) for i in frozen.ids), dtype=np.int64, count=len(frozen))
+    frozen_keep &= (frozen.seq >= floor) & np.fromiter((i not in replaced for i in frozen.ids), dtype=bool,
+                                                       count=len(frozen))
+    parts: list[DeltaSegment] = [live]
+    keep_live = live_keep
+    if live._joined_from is not None:  # its segments, whose analysed texts this process keeps
+        own_parts, _, inverse, _ = live._joined_from
+        parts = list(own_parts)
+        keep_live = (inverse >= 0) & live_keep[np.maximum(inverse, 0)]
+    # entries kept that a later generation holds (this one is older): they stay live here
+    folded = {int(q): int(g) for q, g in zip(live.seq[live_keep], live.folded_into[live_keep]) if g != NOT_FOLDED}
+    tombstones = [*live.tombstones.values(), *(Tombstone(i, "", None) for i in dead if i not in live.tombstones)]
+    return DeltaSegment.join(live.version, [frozen, *parts], names=live.segments, folded=folded,
+                             tombstones=tombstones, keep=np.concatenate([frozen_keep, keep_live]))
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from helix_ray.config import RetrievalConfig
 from helix_ray.errors import StoreError
-from helix_ray.live.delta import DELTA_BASE, DeltaSegment, SegmentCache
+from helix_ray.live.delta import DELTA_BASE, DeltaSegment, SegmentCache, effective
 from helix_ray.live.delta_format import current_delta_version, delta_dir
 from helix_ray.live.heap import trim_heap_later
 from helix_ray.recall import scope as scope_mod
@@ -58,6 +58,13 @@ class GenerationView:
     @functools.cached_property
     def columns(self):
         return self.generation.columns
+
+    @functools.cached_property
+    def frozen(self) -> DeltaSegment | None:
+        """The rows this generation's segments hold (format 2), searched as delta
+        entries are; None when it has none. Parsed once per process."""
+        table = self.generation.segments
+        return DeltaSegment.from_table(0, table, []) if table is not None else None
 
     def rows_of(self, ids: frozenset[str]) -> np.ndarray:
         """Sorted rows of the ids this generation holds (ids it lacks are skipped)."""
@@ -279,6 +286,8 @@ class StoreViews:
         self.keep_recallers = keep_recallers
         self.generations: OrderedDict[int, GenerationView] = OrderedDict()
         self.deltas: OrderedDict[int, DeltaSegment] = OrderedDict()
+        # (generation, delta version) → its segments and that snapshot joined: delta_for
+        self.effective: OrderedDict[tuple[int, int], DeltaSegment] = OrderedDict()
         self.segments = SegmentCache()  # delta segment files parsed once, shared by the snapshots held
         self.recallers: OrderedDict[tuple[int, int, bool], ShellRecaller] = OrderedDict()
         self._loading: dict[int, asyncio.Future] = {}
@@ -417,6 +426,33 @@ class StoreViews:
             self.segments.retain(name for held in self.deltas.values() for name in held.segments)
             return seg
         raise AssertionError("unreachable")
+
+    def delta_for(self, view: GenerationView) -> DeltaSegment:
+        """What recall searches beside ``view``'s files: the newest delta snapshot, joined
+        with the rows of the generation's segments when it has any
+        (:func:`helix_ray.live.delta.effective`)."""
+        live = self.delta()
+        if view.frozen is None:
+            return live
+        key = (view.number, live.version)
+        seg = self.effective.get(key)
+        if seg is None:
+            seg = effective(live, view.frozen, view.generation.dead, view.number)
+            self.effective[key] = seg
+            while len(self.effective) > 4:
+                self.effective.popitem(last=False)
+        return seg
+
+    def pending_ids(self, view: GenerationView) -> set[str]:
+        """Ids of the newest snapshot's entries that ``view``'s generation holds neither
+        in its files nor in its segments (what an answer tags as from the delta)."""
+        live = self.delta()
+        if not len(live):
+            return set()
+        pending = live.live(view.number)
+        if view.frozen is not None:
+            pending &= ~np.isin(live.seq, view.frozen.seq)
+        return set(live.ids[pending].tolist())
 
     # ---------------------------------------------------------------- recallers
     def recaller(self, view: GenerationView, delta: DeltaSegment, *, joined: bool = False) -> ShellRecaller:

@@ -204,7 +204,7 @@ class DenseShell(_StoreShell):
         clock = time.perf_counter()
         view = await self.views.generation(generation)
         assert view is not None  # __init__ refused a store without a generation
-        delta = self.views.delta()
+        delta = self.views.delta_for(view)
         if plan.skip:  # the router decided no memory is needed
             return LegResult(view.number, delta.version, None, 0.0)
         try:
@@ -224,7 +224,7 @@ class BM25Shell(_StoreShell):
         clock = time.perf_counter()
         view = await self.views.generation(generation)
         assert view is not None  # __init__ refused a store without a generation
-        delta = self.views.delta()
+        delta = self.views.delta_for(view)
         if plan.skip:
             return LegResult(view.number, delta.version, None, 0.0)
         try:
@@ -256,7 +256,7 @@ class RankerShell(_StoreShell):
                             "the ingress runs them again on the newer one.")
         view = await self.views.generation(numbers.pop() if numbers else None)
         assert view is not None  # __init__ refused a store without a generation
-        delta = self.views.delta()
+        delta = self.views.delta_for(view)
         timings = {}
         if lexical is not None:
             timings["bm25"] = lexical.ms
@@ -270,7 +270,7 @@ class RankerShell(_StoreShell):
         for name, leg in (("bm25", lexical), ("dense", dense)):
             if leg is not None and leg.error:
                 out["flags"].setdefault("degraded", []).append(f"{name} leg failed ({leg.error}); answered without it")
-        delta_ids = set(delta.ids[delta.live(view.number)].tolist()) if len(delta) else set()
+        delta_ids = self.views.pending_ids(view)
         for item in out["items"]:
             item["origin"] = "delta" if item["id"] in delta_ids else "generation"
         return out

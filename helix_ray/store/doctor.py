@@ -22,7 +22,7 @@ from helix_ray.config import EmbedderConfig
 from helix_ray.embedder import DIM
 from helix_ray.errors import GenerationDamaged, StoreError
 from helix_ray.store.db import DB_FILE
-from helix_ray.store.generation import Generation, current_generation_number, generations_dir, vector_file
+from helix_ray.store.generation import DEAD_FILE, Generation, current_generation_number, generations_dir, vector_file
 from helix_ray.store.integrity import REBUILD, file_problem
 from helix_ray.store.late import POINTER_FILES, segment_file
 
@@ -146,7 +146,9 @@ def _manifest(store: Path) -> tuple[Check, Generation | None]:
                      f"{', '.join(map(repr, known))}", "Open it with the Helix that built it, or rebuild the store "
                      "with this one (`helix ingest SOURCE... --store NEW_DIR`)."), None
     return Check("manifest", True, f"format {m['format']} v{m['format_version']}, embedder {name} ({DIM} dims), "
-                 f"{generation.size} memories of {len(generation.partitions)} users"), generation
+                 f"{generation.size} memories of {len(generation.partitions)} users"
+                 + (f", {m['counts'].get('segment_rows', 0)} more in {len(m['segments'])} segments"
+                    if m.get("segments") else "")), generation
 
 
 def _expected_files(generation: Generation) -> dict[str, int | None]:
@@ -173,6 +175,9 @@ def _expected_files(generation: Generation) -> dict[str, int | None]:
         files["mentions.arrow"] = n
     if "knn" in carry:
         files.update({"knn/neighbours.npy": n, "knn/similarities.npy": n})
+    if m.get("segments"):  # format 2: rows folded in since the base, and the ids dead since
+        files.update({segment["file"]: int(segment["rows"]) for segment in m["segments"]})
+        files[DEAD_FILE] = int(m["counts"].get("dead", 0))
     return files
 
 

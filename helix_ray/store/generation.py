@@ -32,7 +32,18 @@ A store folder holds ``helix.duckdb`` (see :mod:`helix_ray.store.db`) and
 ``mentions.arrow``               the entity keys each row mentions (optional)
 ``knn/{neighbours,similarities}.npy``  each row's nearest rows of its tenant, self
                                  included, −1 padded (optional)
+``segments/s<NNNNNN>.arrow``     format 2 only: online writes folded in since the
+                                 generation's *base* (the full generation whose other
+                                 files it hard-links), one file per fold, in the delta's
+                                 row format (:mod:`helix_ray.live.delta_format`)
+``segments/dead.arrow``          format 2 only: ``(id, seq)`` — the id's base row, and
+                                 its segment rows below ``seq``, are deleted or replaced
 ================================ ==============================================
+
+A format-1 generation holds every memory in its own files. A format-2 generation is a
+format-1 one (its base) plus segments: recall searches the segments' rows as it does the
+delta's (:mod:`helix_ray.live.delta`), and the next full ingest folds them into a new
+format-1 generation.
 
 The last three are not read by recall: the next ingest takes them for the rows it
 carries over (:mod:`helix_ray.ingest.carry`); the manifest's ``carry`` says how they
@@ -75,7 +86,14 @@ from helix_ray.token_encoder import NAME as LATE_NAME
 from helix_ray.token_encoder import ProjectedTokens
 
 FORMAT = "helix-generation"
+#: A generation whose rows are all in its own files (what :func:`publish` writes).
 FORMAT_VERSION = 1
+#: A full generation's files plus segments of rows folded in since (:func:`publish_segment`).
+SEGMENTED_VERSION = 2
+READ_VERSIONS = (FORMAT_VERSION, SEGMENTED_VERSION)
+SEGMENTS_DIR = "segments"
+DEAD_FILE = f"{SEGMENTS_DIR}/dead.arrow"
+DEAD_SCHEMA = pa.schema([pa.field("id", pa.string(), nullable=False), pa.field("seq", pa.int64(), nullable=False)])
 SCHEMA_HASH = hashlib.sha1(GENERATION_SCHEMA.to_string().encode()).hexdigest()[:16]
 ENTITY_SCHEMA = pa.schema(
     [("node", pa.int64()), ("user", pa.string()), ("key", pa.string()), ("df", pa.int32())]
@@ -139,8 +157,9 @@ class Generation:
         problems = []
         if m.get("format") != FORMAT:
             problems.append(f"format {m.get('format')!r} (expected {FORMAT!r})")
-        if m.get("format_version") != FORMAT_VERSION:
-            problems.append(f"format_version {m.get('format_version')!r} (this Helix reads {FORMAT_VERSION})")
+        if m.get("format_version") not in READ_VERSIONS:
+            problems.append(f"format_version {m.get('format_version')!r} (this Helix reads "
+                            f"{' and '.join(map(str, READ_VERSIONS))})")
         if m.get("schema_hash") != SCHEMA_HASH:
             problems.append(f"schema_hash {m.get('schema_hash')!r} (expected {SCHEMA_HASH})")
         embedder = (m.get("embedder") or {}).get("name")
@@ -149,7 +168,7 @@ class Generation:
             problems.append(f"embedder {embedder!r} (this reader embeds queries with {expect_embedder!r})")
         if expect_dim and dim != expect_dim:
             problems.append(f"dimension {dim!r} (expected {expect_dim})")
-        if m.get("format") == FORMAT and m.get("format_version") == FORMAT_VERSION:
+        if m.get("format") == FORMAT and m.get("format_version") in READ_VERSIONS:
             integrity.check_manifest(self.path, m)  # another format may checksum itself otherwise
         if problems:
             raise ManifestMismatch(
@@ -162,6 +181,7 @@ class Generation:
                 p["user"]: (p["start"], p["end"]) for p in m["partitions"]
             }
             self._partition_files = {p["user"]: p["dense"] for p in m["partitions"]}
+            self.segment_files: list[str] = [str(seg["file"]) for seg in m.get("segments") or []]
         except (KeyError, TypeError) as exc:
             raise integrity.damaged(self.path, [f"manifest.json lacks or misstates {exc}"]) from None
         self._dense: dict[str, Any] = {}
@@ -279,6 +299,24 @@ class Generation:
         return (np.load(self.path / "knn" / "neighbours.npy", mmap_mode="r"),
                 np.load(self.path / "knn" / "similarities.npy", mmap_mode="r"))
 
+    @cached_property
+    def segments(self) -> pa.Table | None:
+        """The rows folded in since the base (format 2), all segments as one table in the
+        order they were folded; None when this generation has none."""
+        if not self.segment_files:
+            return None
+        tables = [ipc.open_file(pa.memory_map(str(self.path / name), "r")).read_all() for name in self.segment_files]
+        return pa.concat_tables(tables, promote_options="default")
+
+    @cached_property
+    def dead(self) -> dict[str, int]:
+        """Id → seq: the id's base row, and its segment rows with a lower seq, are deleted
+        or replaced in this generation ({} in format 1)."""
+        if not self.segment_files:
+            return {}
+        table = ipc.open_file(pa.memory_map(str(self.path / DEAD_FILE), "r")).read_all()
+        return dict(zip(table.column("id").to_pylist(), table.column("seq").to_pylist()))
+
     def dense_index_copy(self, user: str):
         """The tenant's HNSW index loaded into memory (to change and save elsewhere)."""
         return hnsw.load_copy(self.path / self._partition_files[user])
@@ -299,7 +337,7 @@ def _version_remedy(found: Any) -> str:
     """How to open a generation whose manifest this Helix refused, by its format
     version: a newer one needs a newer Helix; an older one is not converted in place by
     any command, its sources go into a new store."""
-    if isinstance(found, int) and found > FORMAT_VERSION:
+    if isinstance(found, int) and found > max(READ_VERSIONS):
         return (f"Format {found} was written by a newer Helix: upgrade this one (`pip install -U helix-ray`, or "
                 "update the checkout) to open it; no command converts a generation to an older format.")
     if isinstance(found, int) and found < FORMAT_VERSION:

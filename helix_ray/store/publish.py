@@ -1,5 +1,6 @@
 """Writing generations: :func:`publish` writes the files that
-:mod:`helix_ray.store.generation` describes and opens, :func:`set_current` points
+:mod:`helix_ray.store.generation` describes and opens, :func:`publish_segment` the next
+generation as the current one plus a segment of rows, :func:`set_current` points
 ``CURRENT`` at one, :func:`prune` deletes the old ones.
 
 :func:`publish` goes in steps, each its own function: the rows and vectors, the HNSW
@@ -34,15 +35,19 @@ from helix_ray.index.hnsw import build_hnsw
 from helix_ray.index.quantize import binary_codes, quantize_int8
 from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.store.generation import (
+    DEAD_FILE,
+    DEAD_SCHEMA,
     FORMAT,
     FORMAT_VERSION,
     SCHEMA_HASH,
+    SEGMENTED_VERSION,
+    SEGMENTS_DIR,
     VECTORS_FILE,
     current_generation_number,
     generations_dir,
 )
-from helix_ray.store.integrity import record_files, seal
-from helix_ray.store.late import TokenRows, write_late
+from helix_ray.store.integrity import MANIFEST, MANIFEST_CHECKSUM, read_manifest, record_files, seal
+from helix_ray.store.late import TokenRows, link_or_copy, write_late
 from helix_ray.token_encoder import DIM as LATE_DIM
 from helix_ray.token_encoder import NAME as LATE_NAME
 
@@ -190,6 +195,49 @@ def publish(
     if make_current:
         set_current(store, number)
     log.info("wrote generation %d (%d memories)%s", number, n, "" if make_current else "; not current yet")
+    return number
+
+
+def publish_segment(store: Path, rows: pa.Table, dead: pa.Table, *, make_current: bool = True,
+                    crash_after: str | None = None) -> int:
+    """Write the next generation as the current one plus one more segment; return its
+    number. Every file of the current generation (its earlier segments too) is
+    hard-linked, ``rows`` (the delta's row format) become ``segments/s<number>.arrow``,
+    and ``dead`` (:data:`DEAD_SCHEMA`: every id dead since the base, not only this
+    fold's) the dead list. It writes what ``rows`` hold, whatever the store's size.
+    ``make_current`` and ``crash_after`` as for :func:`publish`."""
+    previous, number = _next_number(store)
+    if not previous:
+        raise StoreError(f"Store {store} has no generation to add a segment to; ingest first.")
+    base = generations_dir(store) / f"{previous:06d}"
+    manifest = read_manifest(base)
+    staging = _Staging(generations_dir(store) / f".tmp-{uuid.uuid4().hex[:12]}", crash_after)
+    staging.folder.mkdir()
+    for name in manifest["files"]:
+        if name != DEAD_FILE:
+            (staging.folder / name).parent.mkdir(parents=True, exist_ok=True)
+            link_or_copy(base / name, staging.folder / name)
+    (staging.folder / SEGMENTS_DIR).mkdir(exist_ok=True)
+    segment = f"{SEGMENTS_DIR}/s{number:06d}.arrow"
+    _save_arrow(staging.folder / segment, rows)
+    staging.done(staging.folder / segment)
+    _save_arrow(staging.folder / DEAD_FILE, dead.select(DEAD_SCHEMA.names).cast(DEAD_SCHEMA))
+    segments = [*(manifest.get("segments") or []), {"file": segment, "rows": rows.num_rows}]
+    out = {k: v for k, v in manifest.items() if k not in ("files", MANIFEST_CHECKSUM)}
+    out.update({
+        "format_version": SEGMENTED_VERSION, "generation": number, "parent": previous,
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(), "base": manifest.get("base", previous),
+        "segments": segments,
+        "counts": {**manifest["counts"], "segment_rows": sum(int(seg["rows"]) for seg in segments),
+                   "dead": dead.num_rows},
+    })
+    out["files"] = record_files(staging.folder, known=manifest["files"])
+    (staging.folder / MANIFEST).write_text(json.dumps(seal(out), indent=1))
+    staging.done(staging.folder / MANIFEST)
+    _rename_durably(staging.folder, generations_dir(store) / f"{number:06d}")
+    if make_current:
+        set_current(store, number)
+    log.info("wrote generation %d: generation %d and a segment of %d rows", number, previous, rows.num_rows)
     return number
 
 

@@ -1,0 +1,220 @@
+"""Generations of format 2: a full generation's files plus segments of folded writes.
+
+A segment holds delta entries as the delta's files do; recall searches its rows as it
+searches the live delta's, so a write answers the same whether it is pending in the
+delta or frozen in a segment. These tests freeze the live delta of a real store into a
+segment with :func:`helix_ray.store.publish.publish_segment` (what a fold writes) and
+compare recall before and after, through ``Memory`` (real DuckDB file, real encoders).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from helix_ray import Memory
+from helix_ray.errors import ManifestMismatch
+from helix_ray.live.delta_format import current_delta_version, delta_dir, publish_manifest
+from helix_ray.store.doctor import check_store
+from helix_ray.store.generation import DEAD_SCHEMA, Generation, current_generation_number
+from helix_ray.store.publish import prune, publish_segment
+from tests.helpers import memory, write_jsonl
+
+BASE = [memory(0, "The gateway listens on port 8443 for tenant traffic."),
+        memory(1, "Redis caches the billing service keys for ten minutes."),
+        memory(2, "The deploy pipeline runs migrations before rolling the gateway pods."),
+        memory(3, "Lee's gateway runs on port 9000.", user="lee")]
+WRITES = [memory(10, "We pinned uvicorn to 0.30 after the keep-alive bug."),
+          memory(11, "The ledger service retries a failed payout three times with backoff."),
+          memory(12, "Lee rotates the vault tokens every Monday.", user="lee")]
+QUERIES = [("why did we pin uvicorn?", "dana"), ("which port does the gateway listen on?", "dana"),
+           ("how are payouts retried?", "dana"), ("how long are billing keys cached?", "dana"),
+           ("when are vault tokens rotated?", "lee")]
+
+
+@pytest.fixture(scope="module")
+def base_store(tmp_path_factory):
+    from helix_ray.ingest.run import ingest
+
+    folder = tmp_path_factory.mktemp("segments")
+    store = folder / "store"
+    report = ingest([write_jsonl(folder / "base.jsonl", BASE)], store, runner="local", show_progress=False)
+    assert report.published
+    return store
+
+
+@pytest.fixture()
+def store(base_store, tmp_path):
+    copy = tmp_path / "store"
+    shutil.copytree(base_store, copy)
+    return copy
+
+
+def answers(store) -> dict[tuple[str, str], list[tuple[str, float]]]:
+    with Memory(store, warm=False, record_access=False, compact_interval_s=None) as mem:
+        return {(q, u): [(item.id, round(item.score, 5)) for item in mem.recall(q, user=u).items]
+                for q, u in QUERIES}
+
+
+def live_rows(store) -> pa.Table:
+    """The live delta snapshot's entries, as the delta's files hold them."""
+    folder = delta_dir(store)
+    meta = json.loads((folder / f"{current_delta_version(store):010d}.json").read_text())
+    tables = [ipc.open_file(pa.memory_map(str(folder / name), "r")).read_all() for name in meta["segments"]]
+    table = pa.concat_tables(tables)
+    return table.filter(pa.compute.invert(pa.compute.is_in(table.column("seq"), pa.array(meta["dead"], pa.int64()))))
+
+
+def freeze(store, dead: dict[str, int] | None = None, *, empty_delta: bool = True) -> int:
+    """Publish the live delta's entries as a segment of the next generation; with
+    ``empty_delta``, then an empty delta snapshot (what a fold's writer does after)."""
+    dead = dead or {}
+    rows = live_rows(store)
+    frozen = Generation.open_current(store).segments  # the writer's log still lists them as pending
+    if frozen is not None:
+        rows = rows.filter(pa.compute.invert(pa.compute.is_in(rows.column("seq"), frozen.column("seq"))))
+    number = publish_segment(store, rows,
+                             pa.table({"id": list(dead), "seq": list(dead.values())}, schema=DEAD_SCHEMA))
+    if empty_delta:
+        publish_manifest(store, current_delta_version(store) + 1, [])
+    return number
+
+
+def test_writes_answer_alike_from_the_delta_and_from_a_segment(store):
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+    pending = answers(store)
+    assert pending[QUERIES[0]][0][0] == "m010" and pending[QUERIES[4]][0][0] == "m012"
+
+    number = freeze(store)
+    gen = Generation.open_current(store, verify="full")
+    assert number == current_generation_number(store) == 2 and gen.manifest["format_version"] == 2
+    assert gen.size == len(BASE) and gen.segments.num_rows == len(WRITES) and gen.dead == {}
+    assert gen.manifest["counts"]["segment_rows"] == len(WRITES)
+    assert answers(store) == pending
+
+
+def test_a_fold_that_ended_before_the_delta_said_so_answers_once(store):
+    """The entries are in the segment and still pending in the live snapshot: each
+    answers once, from the segment."""
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+    pending = answers(store)
+    freeze(store, empty_delta=False)
+    assert answers(store) == pending
+
+
+def test_dead_ids_hide_the_base_row_and_older_segment_rows(store):
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+    first = Generation.open_current(store)
+    seq = {i: s for i, s in zip(live_rows(store).column("id").to_pylist(), live_rows(store).column("seq").to_pylist())}
+    # m000 (a base row) deleted, m010 (a segment row) deleted after it was written
+    freeze(store, {"m000": seq["m010"] + 1, "m010": seq["m010"] + 1})
+    found = answers(store)
+    everything = {i for items in found.values() for i, _ in items}
+    assert "m000" not in everything and "m010" not in everything
+    assert found[QUERIES[2]][0][0] == "m011"
+    assert first.number == 1
+
+
+def test_the_live_delta_replaces_and_deletes_segment_rows(store):
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+    freeze(store, empty_delta=False)  # the writer's log still lists them as pending
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.patch("m011", user="dana", text="Payouts are never retried; a failed one pages the on-call.")
+        mem.delete("m010", user="dana")
+        found = {(q, u): [i.id for i in mem.recall(q, user=u).items] for q, u in QUERIES}
+        texts = {i.id: i.text for i in mem.recall("how are payouts retried?", user="dana").items}
+    assert "m010" not in {i for ids in found.values() for i in ids}
+    assert texts["m011"].startswith("Payouts are never retried")
+    assert sum(ids.count("m011") for ids in found.values()) <= len(QUERIES)  # one copy per answer at most
+    assert all(len(ids) == len(set(ids)) for ids in found.values())
+
+
+def test_a_segment_links_the_generation_it_extends(store):
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES[:1])
+    freeze(store)
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES[1:])
+    freeze(store, {"m002": 1})
+    third = Generation.open_current(store, verify="full")
+    base = store / "generations" / "000001"
+    assert third.number == 3 and third.manifest["base"] == 1 and third.manifest["parent"] == 2
+    for name in ("memories.arrow", "vectors.f16.npy", "graph/indices.npy", "segments/s000002.arrow"):
+        source = (base if not name.startswith("segments") else store / "generations" / "000002") / name
+        assert os.stat(third.path / name).st_ino == os.stat(source).st_ino, name
+    assert third.segments.num_rows == len(WRITES) and third.manifest["counts"]["segment_rows"] == len(WRITES)
+    assert third.dead == {"m002": 1}
+    checks = {c.name: c for c in check_store(store)}
+    assert checks["manifest"].ok and "3 more in 2 segments" in checks["manifest"].found, checks["manifest"]
+    assert checks["files"].ok and "segments" not in checks["files"].found, checks["files"]
+    prune(store, keep=1)  # the base folder goes; its files stay reachable through the links
+    assert not base.exists()
+    assert answers(store)[QUERIES[2]][0][0] == "m011"
+
+
+def test_a_crash_while_writing_a_segment_leaves_the_current_generation(store):
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        publish_segment(store, live_rows(store), DEAD_SCHEMA.empty_table(), crash_after="s000002.arrow")
+    assert current_generation_number(store) == 1
+    assert freeze(store) == 2  # the next publish clears what the crash left
+    assert not list((store / "generations").glob(".tmp-*"))
+
+
+def test_a_damaged_segment_is_refused_by_name(store):
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+    freeze(store)
+    segment = store / "generations" / "000002" / "segments" / "s000002.arrow"
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    segment.unlink()  # a linked file: write a new one, not through the link
+    segment.write_bytes(bytes(data))
+    with pytest.raises(Exception, match="s000002.arrow"):
+        Generation.open_current(store, verify="full")
+    files = {c.name: c for c in check_store(store)}["files"]
+    assert not files.ok and "segments/s000002.arrow" in files.found, files
+
+
+def test_a_format_this_helix_does_not_read_is_refused(store):
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+    freeze(store)
+    path = store / "generations" / "000002" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["format_version"] = 3
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(ManifestMismatch, match="format_version 3 .this Helix reads 1 and 2."):
+        Generation.open_current(store)
+    assert np.asarray(Generation(store / "generations" / "000001").vectors).shape[0] == len(BASE)
+
+
+def test_the_serve_shells_answer_from_a_segment(shells):
+    """The BM25, dense and ranker replicas search a generation's segments as they search
+    the delta, and tag what they return from it as the generation's."""
+    from helix_ray.serve import shells as sh
+    from tests.helpers import local_recall
+
+    store = shells["store"]
+    shells["writer"].add([{"id": "alice-seg0", "text": "The canary fleet runs in eu-west-3."}], "alice")
+    query = "where does the canary fleet run?"
+    *_, pending = local_recall(shells, query)
+    assert pending["items"][0]["id"] == "alice-seg0" and pending["items"][0]["origin"] == "delta"
+    freeze(store, empty_delta=False)
+    fresh = {"embedder": shells["embedder"], "bm25": sh.BM25Shell(store), "dense": sh.DenseShell(store),
+             "ranker": sh.RankerShell(store)}
+    _, lexical, dense, frozen = local_recall(fresh, query)
+    assert lexical.generation == dense.generation == frozen["generation"] == 2
+    assert [(i["id"], i["score"]) for i in frozen["items"]] == [(i["id"], i["score"]) for i in pending["items"]]
+    assert frozen["items"][0]["origin"] == "generation"
