@@ -351,3 +351,18 @@ def test_the_first_compaction_that_encodes_every_memorys_tokens_says_so_once(tmp
             mem.compact()
     said = [r.getMessage() for r in caplog.records if "token vectors" in r.getMessage()]
     assert len(said) == 1 and "encode the tokens of all 3 memories" in said[0], said
+
+
+def test_a_store_made_again_at_the_same_path_keeps_its_delta_files(base_store, tmp_path):
+    """The Writer prunes delta segments that no kept snapshot lists, reading each
+    snapshot's list once per process: a store deleted and made again at the same path has
+    other lists under the same names."""
+    store = tmp_path / "again"
+    for round_ in range(2):
+        shutil.rmtree(store, ignore_errors=True)
+        shutil.copytree(base_store, store)
+        with Memory(store, warm=False, compact_interval_s=None) as mem:
+            for i in range(6):  # six snapshots: the writer prunes past the newest four
+                mem.add([memory(40 + i, f"Round {round_} note {i}: the quota bucket holds {i} tokens.")])
+            assert ids(mem, f"Round {round_} note 5 quota bucket")[0] == "m045"
+            assert sum(i.startswith("m04") for i in ids(mem, "quota bucket tokens", k=10)) == 6

@@ -145,9 +145,10 @@ def publish_manifest(store: Path, version: int, segments: Sequence[str], *, dead
     return final
 
 
-#: Segment lists of the manifests this process has read while pruning, by path: a
+#: Segment lists of the manifests this process has read while pruning, by path and
+#: file identity (a store deleted and made again at the same path has new files): a
 #: manifest never changes once written, so each is parsed once, not on every publish.
-_LISTED: dict[Path, list[str]] = {}
+_LISTED: dict[tuple[Path, int, int], list[str]] = {}
 #: A temporary file older than this (seconds) is left over from a writer that crashed.
 _STALE_TMP_S = 300.0
 
@@ -165,16 +166,19 @@ def _prune(folder: Path, keep: int) -> None:
     for old in snapshots:
         if int(old.stem) not in kept:
             old.unlink(missing_ok=True)
-            _LISTED.pop(old, None)
     listed: set[str] = set()
     for version in kept:
         path = folder / f"{version:010d}.json"
-        if path not in _LISTED:
-            try:
-                _LISTED[path] = json.loads(path.read_text()).get("segments", [])
-            except FileNotFoundError:  # a format-1 snapshot lists none
-                _LISTED[path] = []
-        listed.update(_LISTED[path])
+        try:
+            stat = path.stat()
+        except FileNotFoundError:  # a format-1 snapshot lists none
+            continue
+        key = (path, stat.st_ino, stat.st_mtime_ns)
+        if key not in _LISTED:
+            _LISTED[key] = json.loads(path.read_text()).get("segments", [])
+        listed.update(_LISTED[key])
+    for key in [k for k in _LISTED if k[0].parent == folder and int(k[0].stem) not in kept]:
+        del _LISTED[key]
     now = dt.datetime.now().timestamp()
     for path in folder.iterdir():
         if path.name.startswith("seg-") and path.name not in listed:
