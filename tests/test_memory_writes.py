@@ -366,3 +366,31 @@ def test_a_store_made_again_at_the_same_path_keeps_its_delta_files(base_store, t
                 mem.add([memory(40 + i, f"Round {round_} note {i}: the quota bucket holds {i} tokens.")])
             assert ids(mem, f"Round {round_} note 5 quota bucket")[0] == "m045"
             assert sum(i.startswith("m04") for i in ids(mem, "quota bucket tokens", k=10)) == 6
+
+
+def test_recall_over_pending_writes_keeps_blas_on_the_calling_thread(store, monkeypatch):
+    """The delta's own search (a product over every pending write) runs under the
+    recall's one-thread BLAS limit, as the generation's legs do: an idle BLAS worker
+    would otherwise spin on the core the query's token encoder runs on."""
+    from threadpoolctl import threadpool_info
+
+    from helix_ray.live.delta import DeltaSegment
+
+    def blas_threads() -> int:
+        return max((lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"), default=1)
+
+    if blas_threads() < 2:
+        pytest.skip("BLAS runs one thread here whatever the limit")
+    seen: list[int] = []
+    search = DeltaSegment.dense_search
+
+    def watched(self, *args, **kwargs):
+        seen.append(blas_threads())
+        return search(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaSegment, "dense_search", watched)
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add([memory(7, "We pinned uvicorn to 0.30 after the keep-alive bug.")])
+        mem.recall("what did we lock down after the connection problem?", user="dana")
+    assert seen and set(seen) == {1}
+    assert blas_threads() >= 2  # and restored after it

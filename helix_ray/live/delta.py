@@ -275,7 +275,12 @@ class DeltaSegment:
         candidates = np.flatnonzero(self.scope_mask(scope, generation))
         if len(candidates) == 0:
             return dense.DenseHits(np.zeros(0, np.int64), np.zeros(0, np.float32), "delta")
-        rows, sims = dense.rescore(self.vectors, candidates, query_vector, top_k)
+        if 4 * len(candidates) >= len(self):  # most entries: one product over all, no copy of their rows
+            sims = (self.vectors @ np.asarray(query_vector, np.float32))[candidates]
+            order = np.lexsort((candidates, -sims))[:top_k]
+            rows, sims = candidates[order], sims[order]
+        else:
+            rows, sims = dense.rescore(self.vectors, candidates, query_vector, top_k)
         return dense.DenseHits(DELTA_BASE + self.seq[rows], sims, "delta")
 
     def _analysed(self, analyzer: Analyzer) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray]:

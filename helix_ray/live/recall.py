@@ -23,6 +23,7 @@ from helix_ray.live.views import ShellRecaller
 from helix_ray.recall import dense as dense_mod
 from helix_ray.recall import lexical as lexical_mod
 from helix_ray.recall.pipeline import IdAccessOverlay, Plan, RecallResult, Recaller
+from helix_ray.recall.threads import one_blas_thread
 
 
 def elapsed_ms(since: float) -> float:
@@ -67,6 +68,7 @@ def finish_over(recaller: ShellRecaller, delta: DeltaSegment, plan: Plan, lexica
                            last_access_overlay=IdAccessOverlay(recaller.columns.ids, accessed) if accessed else None)
 
 
+@one_blas_thread  # the whole recall, delta search included: BLAS never spins beside the token encoder
 def recall_over(legs: ShellRecaller, joined: ShellRecaller, delta: DeltaSegment, planner: Recaller, query: str, *,
                 user: str, accessed: Mapping[str, int] | None = None, **request: Any) -> RecallResult:
     """One recall in this thread over a generation and ``delta`` (``legs`` and
