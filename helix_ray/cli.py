@@ -230,6 +230,9 @@ def _compact_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     s = sub.add_parser("compact", help="fold online writes (the inbox and the delta) into the next generation")
     s.add_argument("--store", required=True)
     s.add_argument("--runner", default="local", choices=("ray", "local"))
+    s.add_argument("--rebuild", action="store_true",
+                   help="rebuild every file with the ingest pipeline, taking in the generation's segments, even when "
+                        "the writes would fold into a segment or nothing is pending")
     s.add_argument("--json", action="store_true")
     _verbose_argument(s)
 
@@ -560,7 +563,7 @@ def _compact(args: argparse.Namespace) -> int:
 
     writer = WriterCore(args.store, compact_runner=args.runner)
     try:
-        outcome = writer.compact()
+        outcome = writer.compact(rebuild=args.rebuild)
     finally:
         writer.db.close()
     print(json.dumps(outcome, indent=1, default=str) if args.json else

@@ -143,6 +143,24 @@ class LexicalIndexConfig(_Strict):
     ``writeBoolean``): natural-language questions about code then match it lexically."""
 
 
+class FoldConfig(_Strict):
+    """When a compaction folds the pending writes into a segment of the next generation
+    (its files hard-linked, the writes added: :mod:`helix_ray.live.fold`) rather than
+    rebuilding every file with the ingest pipeline. A fold costs what is pending; a
+    rebuild, what the store holds. Recall searches segment rows as it searches pending
+    writes: exactly, and without graph edges until the next rebuild takes them in."""
+
+    min_base_rows: int = Field(50_000, ge=0)
+    """Fold only when the generation being extended holds at least this many memories:
+    below it a rebuild takes seconds, and gives every memory its graph edges."""
+    max_rows: int = Field(5_000, ge=0)
+    """At most this many rows in a generation's segments (0: never fold). The compaction
+    that would pass it, or ``max_share``, rebuilds instead. Every replica holds segment rows
+    in memory and joins them with each new delta snapshot, as it does the delta's."""
+    max_share: float = Field(0.02, ge=0.0, le=1.0)
+    """...and at most this share of the memories the base holds."""
+
+
 class ChunkConfig(_Strict):
     """Long memories are stored as chunks, never truncated (:mod:`helix_ray.ingest.chunk`):
     split by structure (Markdown headings, blocks, chat turns, code blocks, then
@@ -202,6 +220,7 @@ class IngestConfig(_Strict):
     """Threads for HNSW insertion. 1 keeps ingest deterministic (usearch's parallel
     insertion order varies run to run); 0 uses every core: faster, but the index then
     differs from run to run."""
+    fold: FoldConfig = FoldConfig()
     keep_generations: int = Field(3, ge=2, le=1000)
     """Generation folders kept after a publish: the current one and those current before
     it (a serving replica may still be on the previous one for a moment); older ones,

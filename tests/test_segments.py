@@ -218,3 +218,146 @@ def test_the_serve_shells_answer_from_a_segment(shells):
     assert lexical.generation == dense.generation == frozen["generation"] == 2
     assert [(i["id"], i["score"]) for i in frozen["items"]] == [(i["id"], i["score"]) for i in pending["items"]]
     assert frozen["items"][0]["origin"] == "generation"
+
+
+# --------------------------------------------------------------------------- the Writer's fold
+
+
+def fold(mem: Memory) -> dict:
+    report = mem._core().fold()
+    if report.get("published"):
+        mem._compacted(report)
+    return report
+
+
+def test_a_fold_writes_a_segment_and_recall_answers_as_before(store):
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+    pending = answers(store)
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        report = fold(mem)
+        assert report["published"] and report["mode"] == "segment" and report["folded"] == len(WRITES)
+        assert report["generation"] == current_generation_number(store) == 2
+        assert mem.stats()["pending_writes"] == 0 and mem.stats()["memories"] == len(BASE) + len(WRITES)
+        assert fold(mem)["reason"] == "nothing to compact"
+    gen = Generation.open_current(store, verify="full")
+    assert gen.manifest["format_version"] == 2 and gen.segments.num_rows == len(WRITES)
+    assert answers(store) == pending  # and after the writer replays its log
+    assert not list((store / "inbox").glob("serve-*.jsonl"))  # the generation holds those writes now
+
+
+def test_writes_after_a_fold_change_and_delete_folded_memories(store):
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+        fold(mem)
+        mem.patch("m011", user="dana", text="Payouts are never retried; a failed one pages the on-call.")
+        mem.delete("m010", user="dana")
+        mem.delete("m001", user="dana")  # a base row
+        before = {(q, u): [(i.id, i.text) for i in mem.recall(q, user=u).items] for q, u in QUERIES}
+        fold(mem)
+        after = {(q, u): [(i.id, i.text) for i in mem.recall(q, user=u).items] for q, u in QUERIES}
+    assert after == before
+    shown = {i for items in after.values() for i, _ in items}
+    assert "m010" not in shown and "m001" not in shown
+    assert dict(after[QUERIES[2]])["m011"].startswith("Payouts are never retried")
+    gen = Generation.open_current(store)
+    assert gen.number == 3 and gen.dead.keys() >= {"m010", "m001", "m011"}
+    assert {k: [i for i, _ in v] for k, v in answers(store).items()} == {k: [i for i, _ in v] for k, v in after.items()}
+
+
+def test_a_full_compaction_takes_the_segments_into_its_own_files(store):
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+        fold(mem)
+        mem.patch("m000", user="dana", text="The gateway listens on port 9443 since the TLS change.")
+        mem.delete("m012", user="lee")
+        fold(mem)
+        mem.add([memory(13, "The search cluster keeps 30 days of logs.")])
+        mem.patch("m000", user="dana", salience=0.9)  # the same text as the segment's: still not the base's
+        report = mem.compact()
+        assert report["published"] and report.get("mode") != "segment"
+        items = {i.id: i.text for i in mem.recall("which port does the gateway listen on?", user="dana").items}
+        assert mem.stats()["memories"] == len(BASE) + len(WRITES) + 1 - 1
+    gen = Generation.open_current(store, verify="full")
+    assert gen.manifest["format_version"] == 1 and gen.segments is None
+    held = dict(zip(gen.memories.column("id").to_pylist(), gen.memories.column("text").to_pylist()))
+    assert set(held) == {"m000", "m001", "m002", "m003", "m010", "m011", "m013"}
+    assert held["m000"].startswith("The gateway listens on port 9443") and items["m000"] == held["m000"]
+    assert gen.memories.column("salience")[gen.memories.column("id").to_pylist().index("m000")].as_py() == \
+        pytest.approx(0.9)
+
+
+def test_an_ingest_over_a_generation_with_segments_keeps_their_rows(store, tmp_path):
+    from helix_ray.ingest.run import ingest
+
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+        fold(mem)
+    report = ingest([write_jsonl(tmp_path / "more.jsonl", [memory(20, "Backups run at 02:00 UTC.")])], store,
+                    runner="local", show_progress=False)
+    assert report.published and report.new == len(WRITES) + 1
+    gen = Generation.open_current(store)
+    assert gen.manifest["format_version"] == 1
+    assert set(gen.memories.column("id").to_pylist()) == {r["id"] for r in BASE + WRITES} | {"m020"}
+    assert answers(store)[QUERIES[0]][0][0] == "m010"
+
+
+def test_a_fold_that_fails_before_the_database_records_it_changes_nothing(store, monkeypatch):
+    from helix_ray.store.db import StoreDB
+
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+        pending = {(q, u): [i.id for i in mem.recall(q, user=u).items] for q, u in QUERIES}
+
+        def fail(self, number, run_id):
+            raise RuntimeError("injected failure while recording")
+
+        monkeypatch.setattr(StoreDB, "record_generation", fail)
+        with pytest.raises(RuntimeError, match="injected failure"):
+            fold(mem)
+        monkeypatch.undo()
+        assert current_generation_number(store) == 1 and mem.stats()["pending_writes"] == len(WRITES)
+        assert {(q, u): [i.id for i in mem.recall(q, user=u).items] for q, u in QUERIES} == pending
+        assert fold(mem)["published"] and current_generation_number(store) == 3  # 2 was left unused
+    assert {k: [i for i, _ in v] for k, v in answers(store).items()} == pending
+
+
+def test_forgetting_a_user_leaves_no_byte_of_their_folded_writes(store):
+    from tests.helpers import files_holding
+
+    from helix_ray.live.writer import WriterCore
+
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+        fold(mem)
+    assert files_holding(store, "vault tokens every Monday")
+    core = WriterCore(store, warn_tokens=False)
+    try:
+        gone = core.forget_user("lee")
+    finally:
+        core.close()
+    assert gone["compacted"] and gone["memories"] == 2, gone
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        assert [i.id for i in mem.recall("when are vault tokens rotated?", user="lee").items] == []
+        assert mem.recall("why did we pin uvicorn?", user="dana").items[0].id == "m010"
+    assert files_holding(store, "vault tokens every Monday") == [] and files_holding(store, "Lee's gateway") == []
+    assert Generation.open_current(store).manifest["format_version"] == 1
+
+
+def test_compaction_folds_while_the_segments_stay_small_then_rebuilds(store):
+    from helix_ray.config import IngestConfig
+
+    small = IngestConfig(fold={"min_base_rows": 0, "max_rows": 4, "max_share": 1.0})
+    with Memory(store, ingest=small, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+        first = mem.compact()
+        assert first["mode"] == "segment" and first["segment_rows"] == 3
+        mem.add([memory(30, "The CDN caches images for a day."), memory(31, "Payroll runs on the 25th.")])
+        second = mem.compact()  # 5 rows would pass max_rows
+        assert second["published"] and "mode" not in second
+        assert Generation.open_current(store).manifest["format_version"] == 1
+        assert mem.recall("why did we pin uvicorn?", user="dana").items[0].id == "m010"
+    with Memory(store, ingest=IngestConfig(fold={"min_base_rows": len(BASE) + 6}), warm=False,
+                compact_interval_s=None) as mem:  # a base below min_base_rows: always a rebuild
+        mem.add([memory(32, "Alerts page the on-call after five minutes.")])
+        assert "mode" not in mem.compact()

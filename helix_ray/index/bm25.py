@@ -96,6 +96,15 @@ def lexical_text(text: str, expansions: Sequence[str]) -> str:
     return text + ("\n" + "\n".join(expansions) if expansions else "")
 
 
+def expansions_of(text: str, lexical: str) -> list[str] | None:
+    """The expansions :func:`lexical_text` put after ``text`` (a query holding a newline
+    comes back as two, which index the same text); None when ``lexical`` does not start
+    with ``text`` (it was made from another text)."""
+    if not lexical.startswith(text):
+        return None
+    return lexical[len(text) + 1:].split("\n") if len(lexical) > len(text) else []
+
+
 @dataclass
 class Terms:
     """Analysed terms of N documents: ``ids[offsets[i]:offsets[i + 1]]`` are document

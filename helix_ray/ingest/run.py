@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 
 from helix_ray.config import IngestConfig
 from helix_ray.errors import InvalidArgument, StoreError, is_disk_full
+from helix_ray.index.bm25 import expansions_of
 from helix_ray.ingest import stages
 from helix_ray.ingest.assemble import NextRows, assemble, bm25_analyzer, collect, memory_table, session_context
 from helix_ray.ingest.dedup import find_duplicates, signatures
@@ -122,6 +123,7 @@ class Run:
     scopes: tuple[RepoScope, ...] = ()  # the trees and histories read (:func:`sources.source_items`)
     quarantined: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # this run's, as stored
     named: tuple[SourceName, ...] = ()  # names of folders to record with the run's records (:mod:`.names`)
+    absorbed: set[str] = dataclasses.field(default_factory=set)  # ids taken from the previous generation's segments
 
 
 @dataclasses.dataclass
@@ -365,6 +367,7 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
         out = _read_validate(run, items)
     accepted = _accept(run, out)
     run.quarantined = accepted.quarantined
+    _absorb_segments(run, accepted.latest)
 
     with stage(run, "dedup"):
         changes = _changes(run, accepted.latest)
@@ -450,6 +453,40 @@ def _accept(run: Run, out: list[dict[str, Any]]) -> Accepted:
         reason = q["reason"].split(":", 1)[0]
         report.quarantine_reasons[reason] = report.quarantine_reasons.get(reason, 0) + 1
     return Accepted(latest, quarantined, len(incoming))
+
+
+def _absorb_segments(run: Run, latest: dict[str, dict[str, Any]]) -> None:
+    """The rows a previous generation of format 2 holds in segments (folded writes:
+    :mod:`helix_ray.live.fold`) join this run's records, so that the generation it
+    publishes holds them in its own files: each as its write logged it, with the outputs
+    the write computed, never compared by text (the base may hold an older version). A
+    record this run read with the same id wins; an id deleted since is left out."""
+    previous = open_previous(run.store, run.config)
+    rows = previous.segment_rows() if previous is not None else None
+    if previous is None or rows is None or not rows.num_rows:
+        return
+    deleted = run.db.deleted_ids()
+    fingerprint = stages.fingerprint(run.config)
+    num_perm = run.config.dedup.num_perm
+    for r in rows.to_pylist():
+        if r["id"] in deleted:
+            continue
+        run.absorbed.add(r["id"])  # a record read for it too is new all the same: the base's text is older
+        if r["id"] in latest:
+            continue
+        if r.get("record") is None:
+            raise StoreError(f"Generation {previous.number} of {run.store} holds a segment row without its record "
+                             f"(id {r['id']!r}): the segment is damaged. Restore the store from a backup.")
+        row = stages.decode_row(r["record"])
+        row["minhash"] = r["minhash"] if len(r["minhash"]) == num_perm else signatures(
+            [row["text"]], num_perm=num_perm, shingle=run.config.dedup.shingle)[0].tolist()
+        latest[r["id"]] = row
+        queries = expansions_of(r["text"], r["lexical"])
+        if r.get("computed_by") == fingerprint and queries is not None and r["id"] not in run.computed:
+            run.computed[r["id"]] = stages.Computed(r["text"], json.dumps(queries),
+                                                    np.asarray(r["vector"], np.float32), r.get("late_codes"),
+                                                    r.get("late_scales"))
+    run.report.accepted = len(latest)
 
 
 def _held_back(row: dict[str, Any], code: str, sentence: str) -> dict[str, Any]:
@@ -584,8 +621,16 @@ def _compare(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple
     fresh: list[dict[str, Any]] = []
     replaced: set[str] = set()
     same_text = []
-    held = held_by(previous, [r["id"] for r in latest.values() if r["id"] in known])
+    held = held_by(previous, [r["id"] for r in latest.values() if r["id"] in known or r["id"] in run.absorbed])
     for row in latest.values():
+        if row["id"] in run.absorbed:  # a folded write: new, or a new version of what the base holds
+            if row["id"] in held:
+                replaced.add(row["id"])
+                run.report.updated += 1
+            else:
+                run.report.new += 1
+            fresh.append(row)
+            continue
         seen = known.get(row["id"])
         if seen is not None and seen[1]:  # deleted, now given again: it comes back
             seen = None

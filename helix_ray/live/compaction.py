@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from helix_ray.index.bm25 import expansions_of
 from helix_ray.live.delta_format import NOT_FOLDED, Tombstone
 from helix_ray.live.writes import SERVED_PREFIX, write_inbox_file
 from helix_ray.schema import content_hash
@@ -126,10 +127,9 @@ def computed_outputs(core: WriterCore, pending: list[dict[str, Any]]) -> dict[st
 
     out = {}
     for e in pending:
-        text, lexical = e["text"], e["lexical"]
-        if e["computed_by"] == core._fingerprint and lexical.startswith(text):
-            queries = lexical[len(text) + 1:].split("\n") if len(lexical) > len(text) else []
-            out[e["id"]] = Computed(text, json.dumps(queries), e["vector"], e["late_codes"], e["late_scales"])
+        queries = expansions_of(e["text"], e["lexical"])
+        if e["computed_by"] == core._fingerprint and queries is not None:
+            out[e["id"]] = Computed(e["text"], json.dumps(queries), e["vector"], e["late_codes"], e["late_scales"])
     return out
 
 

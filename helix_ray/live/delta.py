@@ -385,25 +385,19 @@ class DeltaSegment:
 def effective(live: DeltaSegment, frozen: DeltaSegment | None, dead: Mapping[str, int],
               generation: int | None) -> DeltaSegment:
     """What recall searches beside a generation's files, as one delta: the rows its
-    segments hold (``frozen``; :attr:`helix_ray.store.generation.Generation.segments`)
-    but those ``dead`` ({id: seq}: deleted or replaced at that seq) or the ``live``
-    snapshot replaces or deletes, and the live entries the generation does not hold. A
-    ``dead`` id also hides the generation's base row, as a tombstone does. ``live``
-    itself when the generation has no segments.
+    segments hold (``frozen``: :meth:`helix_ray.store.generation.Generation.segment_rows`)
+    but those the ``live`` snapshot replaces or deletes, and the live entries the
+    generation does not hold. A ``dead`` id ({id: seq}) hides the generation's base row,
+    as a tombstone does. ``live`` itself when the generation has no segments.
 
     An entry both in a segment and pending in the live snapshot (a fold that ended before
     the writer's log said so) is the segment's. The segments' rows keep their analysed
     texts across snapshots: only the live entries' are joined anew."""
     if frozen is None or not len(frozen):
         return live
-    _, first = np.unique(frozen.seq, return_index=True)  # a seq folded twice counts once
-    frozen_keep = np.zeros(len(frozen), dtype=bool)
-    frozen_keep[first] = True
     live_keep = live.live(generation) & ~np.isin(live.seq, frozen.seq)
     replaced = {i for i, t in live.tombstones.items() if t.applies_to(generation)} | set(live.ids[live_keep].tolist())
-    floor = np.fromiter((dead.get(i, -1) for i in frozen.ids), dtype=np.int64, count=len(frozen))
-    frozen_keep &= (frozen.seq >= floor) & np.fromiter((i not in replaced for i in frozen.ids), dtype=bool,
-                                                       count=len(frozen))
+    frozen_keep = np.fromiter((i not in replaced for i in frozen.ids), dtype=bool, count=len(frozen))
     parts: list[DeltaSegment] = [live]
     keep_live = live_keep
     if live._joined_from is not None:  # its segments, whose analysed texts this process keeps
@@ -412,9 +406,11 @@ def effective(live: DeltaSegment, frozen: DeltaSegment | None, dead: Mapping[str
         keep_live = (inverse >= 0) & live_keep[np.maximum(inverse, 0)]
     # entries kept that a later generation holds (this one is older): they stay live here
     folded = {int(q): int(g) for q, g in zip(live.seq[live_keep], live.folded_into[live_keep]) if g != NOT_FOLDED}
-    tombstones = [*live.tombstones.values(), *(Tombstone(i, "", None) for i in dead if i not in live.tombstones)]
+    tombstones = dict(live.tombstones)
+    for i in dead:  # hidden in this generation, whatever generations a live tombstone of it applies below
+        tombstones[i] = Tombstone(i, tombstones[i].user if i in tombstones else "", None)
     return DeltaSegment.join(live.version, [frozen, *parts], names=live.segments, folded=folded,
-                             tombstones=tombstones, keep=np.concatenate([frozen_keep, keep_live]))
+                             tombstones=tombstones.values(), keep=np.concatenate([frozen_keep, keep_live]))
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,11 @@ def delta_schema(dim: int, num_perm: int) -> pa.Schema:
         # Late-interaction tokens (token_encoder.to_blobs); null when the writer encodes none.
         pa.field("late_codes", pa.binary()),
         pa.field("late_scales", pa.binary()),
+        # The validated record as the writer logged it (JSON), and the fingerprint of the ingest
+        # settings its outputs were computed under: what a generation's segment needs for the
+        # next ingest to fold its rows in (null in files of earlier versions).
+        pa.field("record", pa.string()),
+        pa.field("computed_by", pa.string()),
     ])
 
 

@@ -82,9 +82,13 @@ def forget_user(core: WriterCore, user: str, *, compact: bool = True) -> dict[st
 
 
 def _served(core: WriterCore, user: str) -> bool:
-    """Whether the current generation holds rows of ``user`` (a user forgotten without
-    ``compact`` is served until the next generation)."""
-    return core.generation is not None and user in Generation.open_current(core.store).partitions
+    """Whether the current generation holds rows of ``user``, in its files or its
+    segments (a user forgotten without ``compact`` is served until the next generation)."""
+    if core.generation is None:
+        return False
+    generation = Generation.open_current(core.store)
+    segments = generation.segment_rows()
+    return user in generation.partitions or (segments is not None and user in segments.column("user").to_pylist())
 
 
 def _compact_without(core: WriterCore, user: str) -> bool:

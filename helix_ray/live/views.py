@@ -63,7 +63,7 @@ class GenerationView:
     def frozen(self) -> DeltaSegment | None:
         """The rows this generation's segments hold (format 2), searched as delta
         entries are; None when it has none. Parsed once per process."""
-        table = self.generation.segments
+        table = self.generation.segment_rows()
         return DeltaSegment.from_table(0, table, []) if table is not None else None
 
     def rows_of(self, ids: frozenset[str]) -> np.ndarray:

@@ -39,7 +39,7 @@ from helix_ray.config import IngestConfig
 from helix_ray.embedder import DIM, get_embedder
 from helix_ray.errors import Conflict, InvalidArgument, NotFound
 from helix_ray.ingest import stages
-from helix_ray.live import compaction, forget, settings, writes
+from helix_ray.live import compaction, fold, forget, settings, writes
 from helix_ray.live.access_log import accesses_path, append_accesses, rewrite_accesses
 from helix_ray.live.delta_format import (
     MERGE_SMALL_AT,
@@ -282,19 +282,25 @@ class WriterCore:
 
     def _segment(self, entries: list[dict[str, Any]]) -> tuple[str, np.ndarray]:
         """A new segment file of ``entries``, in seq order."""
+        table = self.segment_table(entries)
+        return write_segment(self.store, table), table.column("seq").to_numpy().astype(np.int64)
+
+    def segment_table(self, entries: list[dict[str, Any]]) -> pa.Table:
+        """``entries`` as rows of the delta's files (:func:`delta_schema`), in seq order:
+        what a delta segment file and a generation's segment hold."""
         ordered = sorted(entries, key=lambda e: e["seq"])
         num_perm = ordered[0]["minhash"].shape[0] if ordered else self._num_perm()
         schema = delta_schema(self.dim, num_perm)
         cols = entry_columns(ordered)
         cols["folded_into"] = [NOT_FOLDED] * len(ordered)  # the manifest says what is folded
+        cols["record"] = [json.dumps(e["record"], ensure_ascii=False) for e in ordered]
         cols["vector"] = pa.FixedSizeListArray.from_arrays(
             pa.array(np.concatenate([e["vector"] for e in ordered]) if ordered else np.zeros(0, np.float32),
                      pa.float32()), self.dim)
         cols["minhash"] = pa.FixedSizeListArray.from_arrays(
             pa.array(np.concatenate([e["minhash"] for e in ordered]) if ordered else np.zeros(0, np.uint32),
                      pa.uint32()), num_perm)
-        table = pa.table({name: cols[name] for name in schema.names}, schema=schema)
-        return write_segment(self.store, table), np.array([e["seq"] for e in ordered], dtype=np.int64)
+        return pa.table({name: cols[name] for name in schema.names}, schema=schema)
 
     def _publish(self, rewrite: bool = False) -> int:
         """Publish a new snapshot of the live entries; return its version.
@@ -501,15 +507,44 @@ class WriterCore:
 
     def compact(self, *, rebuild: bool = False) -> dict[str, Any]:
         """Fold the live delta (and the deletions since the last compaction) into the
-        next generation with the ingest pipeline; return what happened
-        (:func:`compaction.compact`; ``rebuild``: even when the delta is empty).
-        Then the C heap is trimmed: the pipeline's arrays (vectors, index builds, the
-        new generation opened to mark what it folded) are free by then, and glibc would
-        keep their pages (100–160 MiB at 10^5 memories) for later allocations."""
+        next generation; return what happened. While :meth:`foldable`, as a segment
+        (:func:`fold.fold`: the current generation's files linked, the writes added);
+        otherwise, and with ``rebuild`` (even when the delta is empty), by rebuilding
+        every file with the ingest pipeline (:func:`compaction.compact`), which also
+        takes in the segments. Then the C heap is trimmed: the pipeline's arrays
+        (vectors, index builds, the new generation opened to mark what it folded) are
+        free by then, and glibc would keep their pages (100–160 MiB at 10^5 memories)
+        for later allocations."""
         try:
+            if not rebuild and self.foldable():
+                return fold.fold(self)
             return compaction.compact(self, rebuild=rebuild)
         finally:
             trim_heap()
+
+    def foldable(self) -> bool:
+        """Whether the next compaction adds the pending writes as a segment
+        (``IngestConfig.fold``): the current generation opens whole, holds at least
+        ``min_base_rows`` memories, and its segments would hold no more than
+        ``max_rows`` rows nor ``max_share`` of them; and no forgotten user's rows wait
+        for a rebuild to leave it."""
+        rule = self.config.fold
+        with self._lock:
+            manifest = self._manifest()
+            if not rule.max_rows or manifest.get("generation") != self.generation:  # none, or damaged
+                return False
+            counts = manifest.get("counts") or {}
+            base = int(counts.get("memories") or 0)
+            rows = int(counts.get("segment_rows") or 0) + sum(
+                1 for e in self.entries.values() if e["folded_into"] == NOT_FOLDED)
+            if base < rule.min_base_rows or rows > min(rule.max_rows, rule.max_share * base):
+                return False
+            return not self.db.erased_ids()
+
+    def fold(self) -> dict[str, Any]:
+        """Fold the pending writes and deletions into a segment of the next generation
+        (:func:`fold.fold`): a cost of what is pending, not of the store's size."""
+        return fold.fold(self)
 
     # ---------------------------------------------------------------- erasure
     def forget_user(self, user: str, *, compact: bool = True) -> dict[str, Any]:

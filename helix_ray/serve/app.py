@@ -419,10 +419,13 @@ class HelixAPI(SplitGraph):
         return await self.writer.adapt.remote(body.users, body.force)
 
     @api.post("/v1/admin/compact", responses=errors(*KEYED, 403, 503), tags=["admin"],
-              summary="Fold the delta into the next generation now (ingest pipeline)")
-    async def compact(self, authorization: Optional[str] = Header(None)) -> dict[str, Any]:
+              summary="Fold the delta into the next generation now: as a segment, or by rebuilding every file")
+    async def compact(self, rebuild: bool = Query(False, description="Rebuild every file with the ingest pipeline "
+                                                  "(taking in the generation's segments), even when the writes "
+                                                  "would fold into a segment or nothing is pending."),
+                      authorization: Optional[str] = Header(None)) -> dict[str, Any]:
         self.require_admin(authorization)
-        return await self.writer.compact.remote()
+        return await self.writer.compact.remote(rebuild)
 
     @api.delete("/v1/users/{user:path}", response_model=UserForgotten, tags=["admin"],
                 responses=errors(*KEYED, 403, 404, 422, 503),

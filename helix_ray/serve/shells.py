@@ -370,8 +370,8 @@ class WriterShell:
         return self.core.adapt(users=users, force=force)
 
     @boundary
-    def compact(self) -> dict[str, Any]:
-        return self.core.compact()
+    def compact(self, rebuild: bool = False) -> dict[str, Any]:
+        return self.core.compact(rebuild=rebuild)
 
     @boundary
     def forget_user(self, user: str, compact: bool) -> dict[str, Any]:

@@ -308,6 +308,22 @@ class Generation:
         tables = [ipc.open_file(pa.memory_map(str(self.path / name), "r")).read_all() for name in self.segment_files]
         return pa.concat_tables(tables, promote_options="default")
 
+    def segment_rows(self) -> pa.Table | None:
+        """The segments' rows this generation holds: each seq once, and no row that the
+        dead list outdates (its id deleted or written again at a later seq); None when it
+        has no segments."""
+        table = self.segments
+        if table is None:
+            return None
+        seq = table.column("seq").to_numpy()
+        keep = np.zeros(len(seq), dtype=bool)
+        keep[np.unique(seq, return_index=True)[1]] = True  # a seq folded twice counts once
+        dead = self.dead
+        if dead:
+            floor = np.fromiter((dead.get(i, -1) for i in table.column("id").to_pylist()), np.int64, len(seq))
+            keep &= seq >= floor
+        return table.filter(pa.array(keep))
+
     @cached_property
     def dead(self) -> dict[str, int]:
         """Id → seq: the id's base row, and its segment rows with a lower seq, are deleted
