@@ -157,7 +157,7 @@ class FoldConfig(_Strict):
     """At most this many rows in a generation's segments (0: never fold). The compaction
     that would pass it, or ``max_share``, rebuilds instead. Every replica holds segment rows
     in memory and joins them with each new delta snapshot, as it does the delta's."""
-    max_share: float = Field(0.02, ge=0.0, le=1.0)
+    max_share: float = Field(0.05, ge=0.0, le=1.0)
     """...and at most this share of the memories the base holds."""
 
 

@@ -361,3 +361,73 @@ def test_compaction_folds_while_the_segments_stay_small_then_rebuilds(store):
                 compact_interval_s=None) as mem:  # a base below min_base_rows: always a rebuild
         mem.add([memory(32, "Alerts page the on-call after five minutes.")])
         assert "mode" not in mem.compact()
+
+
+def test_a_dead_list_of_the_same_size_gets_its_own_checksum(store):
+    """Folding a change to an id already dead keeps the list's size: its checksum is
+    taken again, not carried from the generation before."""
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+        fold(mem)
+        mem.patch("m011", user="dana", salience=0.9)
+        fold(mem)
+    gen = Generation.open_current(store, verify="full")
+    assert gen.number == 3 and set(gen.dead) == {"m010", "m011", "m012"}
+    assert {c.name: c for c in check_store(store)}["files"].ok
+
+
+def test_a_fold_of_deletes_alone_hides_the_deleted_rows(store):
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.delete("m000", user="dana")
+        report = fold(mem)
+        assert report["published"] and report["segment_rows"] == 0
+        assert "m000" not in ids_of(mem, "which port does the gateway listen on?")
+    with Memory(store, warm=False, compact_interval_s=None) as mem:  # and after the log is replayed
+        assert "m000" not in ids_of(mem, "which port does the gateway listen on?")
+
+
+def test_forgetting_a_user_whose_rows_are_only_in_segments(store):
+    from helix_ray.live.writer import WriterCore
+    from tests.helpers import files_holding
+
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add([memory(50, "Zoe keeps the kiln schedule in the blue binder.", user="zoe")])
+        fold(mem)
+    core = WriterCore(store, warn_tokens=False)
+    try:
+        gone = core.forget_user("zoe")
+    finally:
+        core.close()
+    assert gone["compacted"], gone
+    assert files_holding(store, "kiln schedule in the blue binder") == []
+    assert Generation.open_current(store).manifest["format_version"] == 1
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        assert mem.recall("where is the kiln schedule?", user="zoe").items == []
+
+
+def test_a_fold_recorded_but_not_current_is_made_current_by_the_next_writer(store, monkeypatch):
+    from helix_ray.live import fold as fold_module
+
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+
+        def crash(store_, number):
+            raise RuntimeError("injected crash before CURRENT moves")
+
+        monkeypatch.setattr(fold_module, "set_current", crash)
+        with pytest.raises(RuntimeError, match="injected crash"):
+            fold(mem)
+    monkeypatch.undo()
+    assert current_generation_number(store) == 1
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add([memory(13, "The search cluster keeps 30 days of logs.")])  # the Writer starts: rolls forward
+        assert current_generation_number(store) == 2
+        assert fold(mem)["generation"] == 3
+        assert ids_of(mem, "why did we pin uvicorn?")[0] == "m010"
+        assert mem._core().compact(rebuild=True)["published"]  # and a rebuild keeps every write
+    held = set(Generation.open_current(store).memories.column("id").to_pylist())
+    assert held >= {"m010", "m011", "m012", "m013"}
+
+
+def ids_of(mem: Memory, query: str, user: str = "dana") -> list[str]:
+    return [item.id for item in mem.recall(query, user=user).items]

@@ -657,11 +657,13 @@ def _reusable(row: dict[str, Any], computed: dict[str, stages.Computed], config:
 
 def _nothing_to_publish(run: Run, accepted: Accepted, changes: Changes) -> bool:
     """Whether the store's generation stays as it is: no record is new, changed nor
-    re-tagged, and no row left it (a store without a generation gets one when records
-    were read, empty if all were duplicates, or when :func:`initialise` asks)."""
+    re-tagged, no row left it, and it holds no segments (a store without a generation
+    gets one when records were read, empty if all were duplicates, or when
+    :func:`initialise` asks)."""
     return not changes.fresh and not changes.retagged \
         and (changes.previous is not None or not (accepted.validated or run.empty_ok)) \
-        and not has_deletions(changes.previous, changes.old_index)
+        and not has_deletions(changes.previous, changes.old_index) \
+        and not (changes.previous is not None and changes.previous.segment_files)  # segments: always rebuilt
 
 
 def _deduplicate(run: Run, changes: Changes) -> Deduplicated:

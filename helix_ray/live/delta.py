@@ -393,13 +393,13 @@ def effective(live: DeltaSegment, frozen: DeltaSegment | None, dead: Mapping[str
     An entry both in a segment and pending in the live snapshot (a fold that ended before
     the writer's log said so) is the segment's. The segments' rows keep their analysed
     texts across snapshots: only the live entries' are joined anew."""
-    if frozen is None or not len(frozen):
+    if frozen is None or (not len(frozen) and not dead):
         return live
     live_keep = live.live(generation) & ~np.isin(live.seq, frozen.seq)
     replaced = {i for i, t in live.tombstones.items() if t.applies_to(generation)} | set(live.ids[live_keep].tolist())
     frozen_keep = np.fromiter((i not in replaced for i in frozen.ids), dtype=bool, count=len(frozen))
-    parts: list[DeltaSegment] = [live]
-    keep_live = live_keep
+    parts: list[DeltaSegment] = [live] if len(live) else []  # an empty snapshot may have another MinHash width
+    keep_live = live_keep if len(live) else np.zeros(0, dtype=bool)
     if live._joined_from is not None:  # its segments, whose analysed texts this process keeps
         own_parts, _, inverse, _ = live._joined_from
         parts = list(own_parts)

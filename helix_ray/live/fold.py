@@ -9,9 +9,9 @@ its own files, with their graph edges and index entries
 
 The order makes a crash at any point safe: the folder is written and fsynced first; then
 one DuckDB transaction records the memories, their expansions, the log rows now folded
-and the generation; then ``CURRENT`` moves (a crash before it: the next ingest rolls
-forward to the recorded generation, and until then the log still replays the entries,
-which recall shows once either way); then the writer's state in memory.
+and the generation; then ``CURRENT`` moves (after a crash before it, the next Writer,
+like the next ingest, first makes the recorded generation current:
+:func:`helix_ray.ingest.run.roll_forward`); then the writer's state in memory.
 """
 
 from __future__ import annotations
@@ -32,14 +32,15 @@ if TYPE_CHECKING:
     from helix_ray.live.writer import WriterCore
 
 
-def fold(core: WriterCore) -> dict[str, Any]:
+def fold(core: WriterCore) -> dict[str, Any] | None:
     """Fold the live delta's pending entries, and the deletions since the last
     compaction, into a segment of the next generation; return what happened (as
-    :func:`helix_ray.live.compaction.compact` does, with ``"mode": "segment"``).
+    :func:`helix_ray.live.compaction.compact` does, with ``"mode": "segment"``), or
+    None, changing nothing, when a forgotten user's rows may still be in a generation
+    (``erased``): only a rebuild removes them.
 
     Runs under the writer's lock: it costs what is pending (milliseconds per hundred
-    entries), so writes wait that long. Not for a store with a forgotten user's rows
-    still in a generation (``erased``): only a full compaction removes them."""
+    entries), so writes wait that long."""
     from helix_ray.ingest import stages
     from helix_ray.ingest.assemble import memory_table
 
@@ -52,6 +53,8 @@ def fold(core: WriterCore) -> dict[str, Any]:
             core.last_compaction = {"published": False, "reason": "nothing to compact",
                                     "generation": core.generation, "mode": "segment"}
             return core.last_compaction
+        if core.db.erased_ids():  # a user forgotten since the caller looked: a rebuild leaves them out
+            return None
         current = Generation.open_current(core.store)  # a damaged one raises: a full compaction rebuilds
         upto = core.seq
         frozen = current.segment_rows()

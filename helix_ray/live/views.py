@@ -93,6 +93,8 @@ class GenerationView:
             _ = gen.bm25
         if role in ("ranker", "all"):
             _ = self.columns, gen.minhash, gen.graph, gen._texts, gen.late
+        if self.frozen is not None and role in ("bm25", "all"):  # its rows' postings, parsed and analysed once
+            self.frozen._analysed(gen.bm25.analyzer)
 
 
 # ----------------------------------------------------------------------------- recallers

@@ -145,6 +145,9 @@ class WriterCore:
         self.unfoldable: set[int] = set()
         #: The segment files of the live snapshot, each with the seqs it holds.
         self.segments: list[tuple[str, np.ndarray]] = []
+        from helix_ray.ingest.run import roll_forward  # the ingest pipeline: loaded only now
+
+        roll_forward(self.store, self.db)  # a generation recorded, then a crash before CURRENT moved
         self._replay()
         self._publish(rewrite=True)  # one segment of every live entry: files left by an earlier run are not trusted
         self.recent_accesses: dict[str, int] = {}  # id → last access (epoch µs) not yet in a generation
@@ -517,7 +520,9 @@ class WriterCore:
         for later allocations."""
         try:
             if not rebuild and self.foldable():
-                return fold.fold(self)
+                folded = fold.fold(self)
+                if folded is not None:
+                    return folded
             return compaction.compact(self, rebuild=rebuild)
         finally:
             trim_heap()
@@ -541,9 +546,10 @@ class WriterCore:
                 return False
             return not self.db.erased_ids()
 
-    def fold(self) -> dict[str, Any]:
+    def fold(self) -> dict[str, Any] | None:
         """Fold the pending writes and deletions into a segment of the next generation
-        (:func:`fold.fold`): a cost of what is pending, not of the store's size."""
+        (:func:`fold.fold`): a cost of what is pending, not of the store's size. None
+        when the store needs a rebuild instead (a forgotten user's rows in it)."""
         return fold.fold(self)
 
     # ---------------------------------------------------------------- erasure

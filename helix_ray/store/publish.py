@@ -231,7 +231,8 @@ def publish_segment(store: Path, rows: pa.Table, dead: pa.Table, *, make_current
         "counts": {**manifest["counts"], "segment_rows": sum(int(seg["rows"]) for seg in segments),
                    "dead": dead.num_rows},
     })
-    out["files"] = record_files(staging.folder, known=manifest["files"])
+    # The linked files keep their records; the dead list is new, whatever its size.
+    out["files"] = record_files(staging.folder, known={k: v for k, v in manifest["files"].items() if k != DEAD_FILE})
     (staging.folder / MANIFEST).write_text(json.dumps(seal(out), indent=1))
     staging.done(staging.folder / MANIFEST)
     _rename_durably(staging.folder, generations_dir(store) / f"{number:06d}")
