@@ -418,7 +418,7 @@ class HelixAPI(SplitGraph):
         self.require_admin(authorization)
         return await self.writer.adapt.remote(body.users, body.force)
 
-    @api.post("/v1/admin/compact", responses=errors(*KEYED, 403, 503), tags=["admin"],
+    @api.post("/v1/admin/compact", responses=errors(*KEYED, 403, 422, 503), tags=["admin"],
               summary="Fold the delta into the next generation now: as a segment, or by rebuilding every file")
     async def compact(self, rebuild: bool = Query(False, description="Rebuild every file with the ingest pipeline "
                                                   "(taking in the generation's segments), even when the writes "
