@@ -390,8 +390,8 @@ def effective(live: DeltaSegment, frozen: DeltaSegment | None, dead: Mapping[str
     generation does not hold. A ``dead`` id ({id: seq}) hides the generation's base row,
     as a tombstone does. ``live`` itself when the generation has no segments.
 
-    An entry both in a segment and pending in the live snapshot (a fold that ended before
-    the writer's log said so) is the segment's. The segments' rows keep their analysed
+    An entry both in a segment and pending in the live snapshot (a replica that has
+    opened the folded generation before the writer's next snapshot) is the segment's. The segments' rows keep their analysed
     texts across snapshots: only the live entries' are joined anew."""
     if frozen is None or (not len(frozen) and not dead):
         return live

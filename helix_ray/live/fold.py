@@ -58,14 +58,14 @@ def fold(core: WriterCore) -> dict[str, Any] | None:
         current = Generation.open_current(core.store)  # a damaged one raises: a full compaction rebuilds
         upto = core.seq
         frozen = current.segment_rows()
-        held = set(frozen.column("seq").to_pylist()) if frozen is not None else set()
-        todo = [e for e in pending if e["seq"] not in held]  # a fold that stopped before the log said so
+        # Every pending entry is new to the segments: the log marks what a fold froze in the
+        # transaction that records its generation, and a Writer rolls forward to that one.
         dead = dict(current.dead)
-        for e in todo:  # a write hides the base row of its id, and the id's earlier segment rows
+        for e in pending:  # a write hides the base row of its id, and the id's earlier segment rows
             dead[e["id"]] = max(dead.get(e["id"], -1), e["seq"])
         for t in open_tombstones:  # a delete hides every copy logged before it
             dead[t.id] = upto + 1
-        number = publish_segment(core.store, core.segment_table(todo),
+        number = publish_segment(core.store, core.segment_table(pending),
                                  pa.table({"id": list(dead), "seq": list(dead.values())}, schema=DEAD_SCHEMA),
                                  make_current=False)
         inbox = core.store / "inbox"
@@ -74,9 +74,10 @@ def fold(core: WriterCore) -> dict[str, Any] | None:
         db.con.begin()
         try:
             run_id = db.start_run(["delta"])
-            rows = [stages.decode_row(json.dumps(e["record"])) for e in todo]
-            db.upsert_memories(memory_table(rows, {"n_tokens": [e["n_tokens"] for e in todo]}), run_id)
-            db.upsert_expansions([e["id"] for e in todo], [expansions_of(e["text"], e["lexical"]) or [] for e in todo],
+            rows = [stages.decode_row(json.dumps(e["record"])) for e in pending]
+            db.upsert_memories(memory_table(rows, {"n_tokens": [e["n_tokens"] for e in pending]}), run_id)
+            db.upsert_expansions([e["id"] for e in pending],
+                                 [expansions_of(e["text"], e["lexical"]) or [] for e in pending],
                                  core.config.doc2query.backend)
             db.con.execute("UPDATE serve_log SET folded_into = ? WHERE seq IN (SELECT unnest(?::BIGINT[]))",
                            [number, [e["seq"] for e in pending]])
@@ -106,6 +107,6 @@ def fold(core: WriterCore) -> dict[str, Any] | None:
         core.last_compaction = {
             "published": True, "generation": number, "folded": len(pending), "kept_in_delta": 0,
             "deletions": len(open_tombstones), "seconds": round(time.perf_counter() - started, 3),
-            "mode": "segment", "segment_rows": int((frozen.num_rows if frozen is not None else 0) + len(todo)),
+            "mode": "segment", "segment_rows": int((frozen.num_rows if frozen is not None else 0) + len(pending)),
         }
         return core.last_compaction
