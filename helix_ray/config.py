@@ -40,8 +40,14 @@ class EmbedderConfig(_Strict):
     passages: "; it does not help the int8 model on the benchmarks (docs/quality.md),
     so it is empty."""
     batch_size: int = Field(64, ge=1, le=1024)
-    """Texts per model call. Each call sorts its texts by length, so a batch pads little;
-    larger batches use more memory."""
+    """Most texts per model call. Each call sorts its texts by length, so a batch pads
+    little; larger batches use more memory."""
+    batch_chars: int = Field(16_000, ge=64)
+    """Most padded characters per model call (texts × the longest one's characters), so
+    a call over long texts takes fewer of them: the model's attention holds texts ×
+    length² per layer, and onnxruntime keeps the largest call's memory for the life of
+    the process. It costs no speed; short texts still go ``batch_size`` to a call
+    (docs/benchmarks.md)."""
     max_chars: int = Field(2000, ge=64)
     """Passages are cut to this many characters before embedding (the model reads at
     most 512 tokens; shorter cuts are faster)."""

@@ -102,8 +102,10 @@ class FastEmbedder:
         # far less compute on padding with texts of mixed lengths (docs/benchmarks.md).
         # Stable order, so the same input list always yields the same batches and vectors.
         order = sorted(range(len(cut)), key=lambda i: len(cut[i]))
-        sorted_out = np.stack(list(self._model.passage_embed([cut[i] for i in order],
-                                                             batch_size=self.config.batch_size)))
+        ordered = [cut[i] for i in order]
+        sorted_out = np.concatenate([
+            np.stack(list(self._model.passage_embed(ordered[part], batch_size=part.stop - part.start)))
+            for part in length_batches([len(t) for t in ordered], self.config.batch_size, self.config.batch_chars)])
         out = np.empty_like(sorted_out)
         out[np.asarray(order)] = sorted_out
         return out.astype(np.float32, copy=False)
@@ -115,6 +117,21 @@ class FastEmbedder:
         # query_embed would prepend nothing for a custom model; we own the prefix.
         out = np.stack(list(self._model.embed(prefixed, batch_size=self.config.batch_size)))
         return out.astype(np.float32, copy=False)
+
+
+def length_batches(lengths: list[int], max_texts: int, max_chars: int) -> list[slice]:
+    """Consecutive batches of texts with these ``lengths`` (ascending): each at most
+    ``max_texts`` texts, and at most ``max_chars`` once padded to its longest (its last),
+    but never empty: a text longer than ``max_chars`` is a batch of its own."""
+    out: list[slice] = []
+    start = 0
+    for i, length in enumerate(lengths):
+        if i > start and (i - start == max_texts or (i - start + 1) * length > max_chars):
+            out.append(slice(start, i))
+            start = i
+    if start < len(lengths):
+        out.append(slice(start, len(lengths)))
+    return out
 
 
 _lock = threading.Lock()

@@ -49,6 +49,9 @@ DIM = 64
 PROJECTION_FILE = Path(__file__).with_name("token_projection.npy")
 NAME = f"{BACKBONE_NAME}+proj{DIM}"
 QUERY_TOKENS = 32
+BATCH_TOKENS = 2_400
+"""Most padded tokens per model call (passages × the longest one's tokens): long
+passages go fewer to a call, as the sentence encoder's do (``embedder.batch_chars``)."""
 _CLS, _SEP, _MASK = 101, 102, 103
 _QUERY_MARKER, _PASSAGE_MARKER = 1, 2  # [unused0], [unused1]
 
@@ -282,11 +285,13 @@ class TokenEncoder:
         token vectors. Batches are formed in length order (less padding); padding is
         masked, so a passage's vectors do not depend on its batch neighbours beyond int8
         activation noise."""
+        from helix_ray.embedder import length_batches  # loads config (pydantic): this module does not
+
         seqs = [[_CLS, _PASSAGE_MARKER] + p[: self.max_tokens - 3] + [_SEP] for p in self._pieces(texts)]
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
         out: list[np.ndarray] = [np.zeros((0, BACKBONE_DIM), np.float32)] * len(seqs)
-        for lo in range(0, len(order), self.batch_size):
-            chunk = order[lo : lo + self.batch_size]
+        for part in length_batches([len(seqs[i]) for i in order], self.batch_size, BATCH_TOKENS):
+            chunk = order[part]
             width = max(len(seqs[i]) for i in chunk)
             ids = np.zeros((len(chunk), width), np.int64)
             attention = np.zeros((len(chunk), width), np.int64)

@@ -533,6 +533,7 @@ def test_the_fingerprint_of_stages_4_and_5_follows_the_config_and_the_shipped_mo
     base = stages.fingerprint(IngestConfig())
     assert stages.fingerprint(IngestConfig()) == base
     assert stages.fingerprint(IngestConfig(embedder={"batch_size": 8})) == base  # the same vectors
+    assert stages.fingerprint(IngestConfig(embedder={"batch_chars": 4_000})) == base
     assert stages.fingerprint(IngestConfig(doc2query={"max_queries": 2})) != base
     assert stages.fingerprint(IngestConfig(late_interaction={"max_tokens": 64})) != base
     for name in ("bge_small_en", "colbert"):

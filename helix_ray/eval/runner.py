@@ -101,6 +101,9 @@ def store_key(docs: Sequence[Any], ingest_config: IngestConfig, types: Sequence[
     Documents' own types and metadata count only when some document has them, so the
     key of a corpus without them is what it always was."""
     content = ingest_config.model_dump(mode="json", exclude=RUNNER_ONLY)
+    # How many texts share a model call moves a vector by the int8 model's activation noise
+    # only: batch_chars is not part of the key (batch_size is, as it always was).
+    content["embedder"].pop("batch_chars")
     if not _any_longer(docs, ingest_config.chunk.max_tokens):  # nothing to chunk: the same store either way
         content.pop("chunk")
     elif not content["chunk"]["lead_title"]:  # off, chunks are what they were before the option: same key

@@ -135,7 +135,7 @@ def fingerprint(config: IngestConfig) -> str:
     """What stages 4–5 make of a text depends on, as a short hash: outputs stamped with
     it (a served write's) can stand in for the stages' own under the same config and
     the same shipped models."""
-    parts = {"embedder": config.embedder.model_dump(exclude={"batch_size"}),
+    parts = {"embedder": config.embedder.model_dump(exclude={"batch_size", "batch_chars"}),
              "doc2query": config.doc2query.model_dump(exclude={"llm_timeout_s"}),
              "late_interaction": config.late_interaction.model_dump(), "models": _shipped_models(config)}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
