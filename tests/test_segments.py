@@ -162,6 +162,28 @@ def test_a_segment_links_the_generation_it_extends(store):
     assert answers(store)[QUERIES[2]][0][0] == "m011"
 
 
+def test_a_replica_warming_a_folded_generation_reads_only_its_new_files(store):
+    """A replica warms each generation it swaps to by reading its files through the page
+    cache; a folded one is its parent's files linked, read already."""
+    from helix_ray.recall.warm import ROLE_FILES, read_through
+
+    parent = Generation.open_current(store).path
+    read_through(parent, ROLE_FILES["all"], once=True)
+    assert read_through(parent, ROLE_FILES["all"], once=True) == 0
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+    folded = store / "generations" / f"{freeze(store):06d}"
+    seen = {os.stat(p).st_ino for p in parent.rglob("*") if p.is_file()}
+    roots = [folded / name for name in ROLE_FILES["all"]]
+    files = [p for root in roots for p in ([root] if root.is_file() else root.rglob("*")) if p.is_file()]
+    assert files and all(p.stat().st_ino in seen for p in files)  # a fold links every file warming reads
+    assert read_through(folded, ROLE_FILES["all"], once=True) == 0
+    whole = read_through(parent, ROLE_FILES["all"])
+    assert whole == sum(p.stat().st_size for p in files) > 0
+    copy = shutil.copytree(parent, store / "copy")  # the same bytes in other files: read
+    assert read_through(copy, ROLE_FILES["all"], once=True) == whole
+
+
 def test_a_crash_while_writing_a_segment_leaves_the_current_generation(store):
     with Memory(store, warm=False, compact_interval_s=None) as mem:
         mem.add(WRITES)

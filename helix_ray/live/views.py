@@ -87,7 +87,7 @@ class GenerationView:
         if role is None:
             return
         gen = self.generation
-        read_through(gen.path, ROLE_FILES[role])
+        read_through(gen.path, ROLE_FILES[role], once=True)  # a folded generation: its new files only
         _ = gen.memories, gen.vectors, gen.binary, gen.scope_columns  # the legs' and the ranker's filters
         if role in ("bm25", "all"):
             _ = gen.bm25

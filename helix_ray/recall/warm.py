@@ -61,10 +61,18 @@ ROLE_FILES: dict[str, tuple[str, ...]] = {
 ROLE_FILES["all"] = tuple(dict.fromkeys(name for names in ROLE_FILES.values() for name in names))
 
 
-def read_through(folder: str | Path, names: Iterable[str] | None = None) -> int:
+#: The files :func:`read_through` read with ``once``, as (device, inode, size, mtime):
+#: forgotten all at once when it holds this many.
+_READ: set[tuple[int, int, int, int]] = set()
+_READ_MAX = 65_536
+
+
+def read_through(folder: str | Path, names: Iterable[str] | None = None, *, once: bool = False) -> int:
     """Read the files under ``folder`` (only the top-level ``names``, if given) once, so
     the OS page cache holds them; returns the bytes read. Files that vanish meanwhile (a
-    pruned generation) are skipped."""
+    pruned generation) are skipped. ``once``: so are the files this process read with
+    ``once`` before (the same inode): a generation that a compaction folded holds its
+    parent's files, hard-linked, so a replica that swaps to it does not read them again."""
     folder = Path(folder)
     roots = [folder] if names is None else [folder / name for name in names]
     total = 0
@@ -77,9 +85,19 @@ def read_through(folder: str | Path, names: Iterable[str] | None = None) -> int:
             paths = sorted(root.rglob("*")) if root.is_dir() else [root]
             for path in paths:
                 try:
+                    key = None
+                    if once:
+                        st = path.stat()
+                        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+                        if key in _READ:
+                            continue
                     with open(path, "rb", buffering=0) as fh:
                         while n := fh.readinto(buffer):
                             total += n
                 except (IsADirectoryError, FileNotFoundError, PermissionError):
                     continue
+                if key is not None:
+                    if len(_READ) >= _READ_MAX:
+                        _READ.clear()
+                    _READ.add(key)
     return total
