@@ -184,6 +184,27 @@ def test_a_replica_warming_a_folded_generation_reads_only_its_new_files(store):
     assert read_through(copy, ROLE_FILES["all"], once=True) == whole
 
 
+def test_a_folded_generation_shares_its_parents_per_row_columns(store):
+    """What a reader builds per row is built once for a base and the folds on it."""
+    import gc
+
+    parent = Generation.open_current(store)
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+    folded = Generation(store / "generations" / f"{freeze(store):06d}")
+    assert folded.columns is parent.columns and folded.scope_columns is parent.scope_columns
+    copy = Generation(shutil.copytree(parent.path, store / "copy"))  # the same rows in another file
+    assert copy.columns is not parent.columns
+    assert list(copy.columns.ids) == list(parent.columns.ids)
+    from helix_ray.store import generation
+
+    inode = os.stat(parent.path / "memories.arrow").st_ino
+    assert sum(key[2] == inode for key in list(generation._BUILT.keys())) == 2
+    del parent, folded
+    gc.collect()
+    assert not any(key[2] == inode for key in list(generation._BUILT.keys()))  # gone with the generations
+
+
 def test_a_crash_while_writing_a_segment_leaves_the_current_generation(store):
     with Memory(store, warm=False, compact_interval_s=None) as mem:
         mem.add(WRITES)

@@ -64,6 +64,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import threading
+import weakref
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -213,11 +216,12 @@ class Generation:
 
     @cached_property
     def columns(self) -> "MemoryColumns":
-        return MemoryColumns.from_table(self.memories, self.scope_columns, self._memories_file)
+        return _shared("columns", self.path / "memories.arrow",
+                       lambda: MemoryColumns.from_table(self.memories, self.scope_columns, self._memories_file))
 
     @cached_property
     def scope_columns(self) -> "ScopeColumns":
-        return ScopeColumns.from_table(self.memories)
+        return _shared("scope", self.path / "memories.arrow", lambda: ScopeColumns.from_table(self.memories))
 
     @cached_property
     def _texts(self) -> "StringColumn":
@@ -347,6 +351,27 @@ class Generation:
             index = hnsw.open_view(self.path / self._partition_files[user])
             self._dense[user] = index
         return index
+
+
+#: What was built from a generation's file, by (what, device, inode, size, mtime) of the
+#: file, while some open generation holds it: a generation that a compaction folded links
+#: its parent's ``memories.arrow``, so the two share the per-row columns built from it.
+_BUILT: "weakref.WeakValueDictionary[tuple[Any, ...], Any]" = weakref.WeakValueDictionary()
+_BUILT_LOCK = threading.Lock()
+
+
+def _shared(what: str, file: Path, build: Callable[[], Any]) -> Any:
+    """``build()``, or what it returned for the same file (an immutable generation file:
+    the objects are read, never changed)."""
+    st = os.stat(file)
+    key = (what, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    with _BUILT_LOCK:
+        found = _BUILT.get(key)
+    if found is not None:
+        return found
+    built = build()
+    with _BUILT_LOCK:
+        return _BUILT.setdefault(key, built)
 
 
 def _version_remedy(found: Any) -> str:
