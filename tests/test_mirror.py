@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -137,6 +138,9 @@ def test_unchanged_files_are_copied_at_the_mirror_and_linked_in_the_cache(stores
     same = {n for n, r in gen2["files"].items() if gen1["files"].get(n) == r}
     assert same and second.copied == len(same) and second.uploaded == len(gen2["files"]) - len(same)
     assert sorted(p.name for p in (tmp_path / "m/generations").iterdir()) == ["000001", "000002"]
+    for name in same:  # a folder mirror links them
+        assert (tmp_path / "m/generations/000002" / name).stat().st_ino == \
+            (tmp_path / "m/generations/000001" / name).stat().st_ino
     got = pull(reader, cache)
     assert got.linked == len(same) and got.downloaded == len(gen2["files"]) - len(same)
     name = sorted(same)[0]
@@ -145,6 +149,21 @@ def test_unchanged_files_are_copied_at_the_mirror_and_linked_in_the_cache(stores
     assert sorted(p.name for p in (tmp_path / "m/generations").iterdir()) == ["000002", "000003"]
     assert pull(reader, cache).generation == 3
     assert sorted(p.name for p in (cache / "generations").iterdir()) == ["000002", "000003"]
+
+
+def test_an_upload_never_writes_into_a_file_linked_to_another_generation(tmp_path):
+    """A push that stopped half-way can leave a link to the previous generation's file
+    where the retry uploads a new one: the previous generation keeps its bytes."""
+    mirror = open_mirror(str(tmp_path / "m"))
+    old = tmp_path / "m/generations/000001/vectors.f16.npy"
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"old")
+    (tmp_path / "m/generations/000002").mkdir()
+    os.link(old, tmp_path / "m/generations/000002/vectors.f16.npy")
+    (tmp_path / "new.npy").write_bytes(b"new bytes")
+    mirror.upload(tmp_path / "new.npy", "generations/000002/vectors.f16.npy")
+    assert old.read_bytes() == b"old"
+    assert (tmp_path / "m/generations/000002/vectors.f16.npy").read_bytes() == b"new bytes"
 
 
 def test_a_generation_already_in_the_cache_is_not_downloaded_again(stores, tmp_path):

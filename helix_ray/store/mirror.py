@@ -13,8 +13,10 @@ The mirror has the store's layout, minus the database and the inbox::
 hold the store's current state. Every file of a generation goes up before its manifest,
 and the manifest before the mirror's ``CURRENT``: a reader of the mirror never sees a
 ``CURRENT`` naming an incomplete generation. A file the mirror's previous generation
-holds with the same name, size and CRC-32 (unchanged token segments, which a store
-hard-links from one generation to the next) is copied at the mirror, not uploaded. Delta
+holds with the same name, size and CRC-32 (unchanged token segments, and most files of a
+generation that a compaction folded, which a store hard-links from one generation to the
+next) is copied at the mirror, not uploaded: hard-linked where the mirror is a local (or
+mounted) folder. Delta
 segments are immutable and uniquely named, so each goes up once.
 
 :func:`pull` (run on a serving host) makes a local folder, the cache, a copy of the
@@ -125,6 +127,9 @@ class Mirror:
 
     def upload(self, local: Path, rel: str) -> None:
         self.fs.create_dir(self.path(rel).rsplit("/", 1)[0], recursive=True)
+        root = _local_root(self)
+        if root is not None:  # a file left there may be linked to another generation's: never write into it
+            (root / rel).unlink(missing_ok=True)
         with open(local, "rb") as src, self.fs.open_output_stream(self.path(rel)) as dst:
             while chunk := src.read(_CHUNK):
                 dst.write(chunk)
@@ -272,14 +277,31 @@ def _push_generation(store: Path, mirror: Mirror, number: int, held: int | None)
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
         name = path.relative_to(folder).as_posix()
         if before and _same(records.get(name), previous.get(name)):
-            mirror.fs.create_dir(mirror.path(f"{rel}/{name}").rsplit("/", 1)[0], recursive=True)
-            mirror.fs.copy_file(mirror.path(f"{before}/{name}"), mirror.path(f"{rel}/{name}"))
+            if not _link_at(mirror, f"{before}/{name}", f"{rel}/{name}"):
+                mirror.fs.create_dir(mirror.path(f"{rel}/{name}").rsplit("/", 1)[0], recursive=True)
+                mirror.fs.copy_file(mirror.path(f"{before}/{name}"), mirror.path(f"{rel}/{name}"))
             copied += 1
         else:
             mirror.upload(path, f"{rel}/{name}")
             uploaded += 1
     mirror.upload(folder / MANIFEST, f"{rel}/{MANIFEST}")
     return uploaded, copied
+
+
+def _link_at(mirror: Mirror, source: str, target: str) -> bool:
+    """Hard-link the mirror's ``source`` as ``target`` where the mirror is a local folder
+    (a generation's files are never changed in place: a fold's generation is mostly its
+    parent's files); False where it is not, or where the folder takes no links."""
+    root = _local_root(mirror)
+    if root is None:
+        return False
+    (root / target).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        (root / target).unlink(missing_ok=True)  # left by a push that stopped half-way
+        os.link(root / source, root / target)
+    except OSError:
+        return False
+    return True
 
 
 def _prune_mirror(mirror: Mirror, keep: set[int | None]) -> None:
