@@ -391,8 +391,9 @@ def effective(live: DeltaSegment, frozen: DeltaSegment | None, dead: Mapping[str
     as a tombstone does. ``live`` itself when the generation has no segments.
 
     An entry both in a segment and pending in the live snapshot (a replica that has
-    opened the folded generation before the writer's next snapshot) is the segment's. The segments' rows keep their analysed
-    texts across snapshots: only the live entries' are joined anew."""
+    opened the folded generation before the writer's next snapshot) is the segment's.
+    The segments' rows keep their analysed texts across snapshots: only the live
+    entries' are joined anew."""
     if frozen is None or (not len(frozen) and not dead):
         return live
     live_keep = live.live(generation) & ~np.isin(live.seq, frozen.seq)
