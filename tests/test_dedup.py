@@ -60,3 +60,28 @@ def test_settled_items_are_skipped_without_changing_the_answer():
     assert n_old + 80 not in dropped  # the other tenant's copy
     # Nothing new: nothing to visit.
     assert find_duplicates(all_users[:n_old], sigs[:n_old], pref[:n_old], threshold=0.8, settled=n_old) == []
+
+
+def test_band_buckets_group_exactly_the_items_that_share_a_band_within_a_tenant():
+    from helix_ray.ingest.dedup import band_buckets, lsh_bands
+
+    rng = np.random.default_rng(3)
+    texts = _corpus(rng, 300)
+    texts += [_near(t, rng) for t in texts[:40]]  # near-copies: they share bands
+    users = [("ann", "bo")[i % 2] for i in range(len(texts))]
+    users[300] = "bo"  # texts[0] is ann's: its copy for another tenant shares no bucket with it
+    sigs = signatures(texts, num_perm=64, shingle=3)
+    bands = lsh_bands(64, 0.8)
+    assert len(bands) > 1 and bands[-1][1] <= 64
+    for settled in (0, 300):
+        expected = set()  # pairs in one bucket: same tenant, same values in a band, one of them new
+        for start, end in bands:
+            groups: dict[tuple, list[int]] = {}
+            for i in range(len(texts)):
+                groups.setdefault((users[i], sigs[i, start:end].tobytes()), []).append(i)
+            for members in groups.values():
+                if len(members) > 1 and max(members) >= settled:
+                    expected |= {(a, b) for a in members for b in members if a < b}
+        got = {(int(a), int(b)) for g in band_buckets(users, sigs, settled, bands) for a in g for b in g if a < b}
+        assert got == expected
+        assert len(expected) >= 30 and (0, 300) not in expected

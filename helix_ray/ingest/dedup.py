@@ -1,4 +1,4 @@
-"""Stage 3: exact and near-duplicate removal with MinHash-LSH (datasketch).
+"""Stage 3: exact and near-duplicate removal with MinHash-LSH (datasketch's signatures and bands).
 
 Signatures are MinHash over word shingles (lower-cased ``\\w+`` tokens, ``shingle``
 words each). Two memories of the same tenant whose estimated Jaccard similarity is at
@@ -13,6 +13,7 @@ drop near-duplicates among its candidates without hashing text on the query path
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Sequence
 
@@ -62,9 +63,11 @@ def find_duplicates(
     """Return ``(dropped, kept, jaccard)`` index triples.
 
     ``preference[i]`` is a sortable key; the larger key wins a duplicate pair. Items are
-    visited best first, so each dropped item points at a kept one (no chains). With
-    ``texts``, each LSH candidate is confirmed by the exact Jaccard of the shingle sets
-    (the 64-slot estimate alone has a standard error of about .05).
+    visited best first, so each dropped item points at a kept one (no chains). The
+    candidates of an item are the kept items of its tenant that share an LSH band with
+    it (:func:`band_buckets`), lower rows first; the most similar one at or above
+    ``threshold`` keeps it. With ``texts``, each candidate is confirmed by the exact
+    Jaccard of the shingle sets (the 64-slot estimate alone has a standard error of about .05).
 
     ``settled``: the first ``settled`` items hold no duplicate pair among themselves (the
     previous generation's rows, deduplicated when it was built). Only those sharing an
@@ -76,38 +79,24 @@ def find_duplicates(
     of one memory are never duplicates of each other: a document that repeats itself
     keeps every part.
     """
-    from datasketch import LeanMinHash, MinHashLSH
-
-    num_perm = sigs.shape[1] if sigs.ndim == 2 else 0
-    params: tuple[int, int] | None = None
-
-    def make() -> MinHashLSH:
-        # Bands tuned below the threshold: LSH only proposes candidates (missing a true
-        # pair at J = .85 otherwise happens), the similarity check below decides. The
-        # bands are chosen once: datasketch integrates to find them, and there is one
-        # index per tenant.
-        nonlocal params
-        lsh = MinHashLSH(threshold=max(0.3, threshold - 0.2), num_perm=num_perm, params=params)
-        params = (lsh.b, lsh.r)
-        return lsh
-
-    if settled >= len(users):
+    n = len(users)
+    if settled >= n:
         return []  # nothing new
-    visit: Sequence[int] = range(len(users))
-    if settled and num_perm:
-        visit = [*sharing_a_band(users, sigs, settled, make().hashranges), *range(settled, len(users))]
+    buckets = band_buckets(users, sigs, settled, lsh_bands(sigs.shape[1], threshold))
+    buckets_of: dict[int, list[int]] = {}  # item → the buckets it is in
+    for b, members in enumerate(buckets):
+        for i in members.tolist():
+            buckets_of.setdefault(i, []).append(b)
+    visit = [*(i for i in buckets_of if i < settled), *range(settled, n)]
     order = sorted(visit, key=lambda i: preference[i], reverse=True)
-    indexes: dict[str, MinHashLSH] = {}
+    kept = np.zeros(n, bool)  # visited and not dropped: the candidates of later items
     dropped: list[tuple[int, int, float]] = []
     for i in order:
-        lsh = indexes.get(users[i])
-        if lsh is None:
-            lsh = indexes[users[i]] = make()
-        # A LeanMinHash takes the stored values as they are (a MinHash would first draw
-        # its permutations again, most of this loop's work).
-        mh = LeanMinHash(seed=1, hashvalues=sigs[i], scheme="affine32")
         best, best_sim = -1, -1.0
-        for key in lsh.query(mh):
+        candidates = {j for b in buckets_of.get(i, ()) for j in buckets[b].tolist() if kept[j]}
+        for key in sorted(candidates):
+            if users[key] != users[i]:
+                continue  # a hash collision across tenants: never a pair
             if parents is not None and parents[i] is not None and parents[i] == parents[key]:
                 continue
             sim = jaccard(sigs[i], sigs[key])
@@ -118,23 +107,46 @@ def find_duplicates(
         if best >= 0:
             dropped.append((i, best, round(best_sim, 4)))
         else:
-            lsh.insert(i, mh, check_duplication=False)
+            kept[i] = True
     return dropped
 
 
-def sharing_a_band(users: Sequence[str], sigs: np.ndarray, settled: int,
-                   hashranges: Sequence[tuple[int, int]]) -> list[int]:
-    """The items of ``[0, settled)`` that share an LSH band (``hashranges``, as
-    MinHashLSH cuts the signature) and the user with an item of ``[settled, n)``: the
-    ones LSH could propose as a candidate for a later item. Each band is hashed to 64
-    bits with the user, vectorised; a collision only adds an item to visit."""
-    codes = {u: n for n, u in enumerate(dict.fromkeys(users))}
-    user = np.fromiter((codes[u] for u in users), np.uint64, count=len(users)) * np.uint64(0x9E3779B97F4A7C15)
+@functools.lru_cache(maxsize=None)
+def lsh_bands(num_perm: int, threshold: float) -> tuple[tuple[int, int], ...]:
+    """The bands (slot ranges) of a MinHash-LSH index for ``threshold``, as datasketch's
+    ``MinHashLSH`` chooses them, tuned below the threshold: LSH only proposes
+    candidates (missing a true pair at J = .85 otherwise happens), the similarity check
+    decides. Chosen once per setting: datasketch integrates to find them."""
+    from datasketch import MinHashLSH
+
+    return tuple(MinHashLSH(threshold=max(0.3, threshold - 0.2), num_perm=num_perm).hashranges)
+
+
+def band_buckets(users: Sequence[str], sigs: np.ndarray, settled: int,
+                 bands: Sequence[tuple[int, int]]) -> list[np.ndarray]:
+    """The groups of two or more items of one tenant with the same values in a band
+    (each a sorted array of items), leaving out groups of ``[0, settled)`` items alone.
+    Each band is hashed to 64 bits with the tenant, vectorised; a collision only adds a
+    candidate, which the similarity check then turns down. An item held by no group has
+    no candidate and is no one's: most items, in a store without near-duplicates. (Held
+    as a few arrays, where an LSH index holds a Python bytes key per item and band:
+    ~3 KB an item.)"""
+    n = len(users)
+    if not n or sigs.ndim != 2 or not sigs.shape[1]:
+        return []
+    codes = {u: k for k, u in enumerate(dict.fromkeys(users))}
+    user = np.fromiter((codes[u] for u in users), np.uint64, count=n) * np.uint64(0x9E3779B97F4A7C15)
     rng = np.random.default_rng(0)
-    touched = np.zeros(settled, bool)
+    buckets: list[np.ndarray] = []
     with np.errstate(over="ignore"):
-        for start, end in hashranges:
+        for start, end in bands:
             mult = rng.integers(1, 2**63, size=end - start, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
             h = (sigs[:, start:end].astype(np.uint64) * mult).sum(axis=1, dtype=np.uint64) ^ user
-            touched |= np.isin(h[:settled], h[settled:])
-    return np.flatnonzero(touched).tolist()
+            order = np.argsort(h, kind="stable")
+            firsts = np.flatnonzero(np.r_[True, h[order][1:] != h[order][:-1]])
+            lasts = np.r_[firsts[1:], n]
+            newest = np.maximum.reduceat(order, firsts)
+            for first, last in zip(firsts[(lasts - firsts >= 2) & (newest >= settled)].tolist(),
+                                   lasts[(lasts - firsts >= 2) & (newest >= settled)].tolist()):
+                buckets.append(np.sort(order[first:last]))
+    return buckets
