@@ -192,3 +192,5 @@ def test_quantize_int8_scales_each_vector_to_127_at_its_peak():
     np.testing.assert_array_equal(quantize_int8(vectors), expected.astype(np.int8))
     assert (np.abs(quantize_int8(vectors)).max(axis=1)[np.arange(50) != 3] == 127).all()
     assert quantize_int8(np.zeros((0, 16), np.float32)).shape == (0, 16)
+    np.testing.assert_array_equal(quantize_int8(vectors, block=7), expected.astype(np.int8))  # a block at a time
+    np.testing.assert_array_equal(quantize_int8(vectors[5]), expected[5].astype(np.int8))  # one vector

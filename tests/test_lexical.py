@@ -134,3 +134,14 @@ def test_terms_take_gives_the_documents_asked_in_that_order():
         assert len(taken) == len(rows) and taken.vocab == terms.vocab
         assert [taken.ids[taken.offsets[i]:taken.offsets[i + 1]].tolist() for i in range(len(rows))] == \
             [own[r] for r in rows]
+
+
+def test_terms_analysed_a_block_at_a_time_are_those_of_one_pass():
+    analyzer = bm25.Analyzer(stemmer="english", split_identifiers=True)
+    texts = [f"the parse_tree of HTTPServer {i} runs in region {i % 5}" for i in range(40)] + ["", "the"]
+    whole = bm25.Terms.analyse(analyzer, texts, ["region", "zzz"])
+    blocks = bm25.Terms.analyse(analyzer, texts, ["region", "zzz"], block=3)
+    assert blocks.vocab[:2] == ["region", "zzz"] and sorted(blocks.vocab) == sorted(whole.vocab)
+    np.testing.assert_array_equal(blocks.offsets, whole.offsets)
+    assert [blocks.vocab[i] for i in blocks.ids] == [whole.vocab[i] for i in whole.ids]
+    assert len(blocks.vocab) > 10 and blocks.offsets[-1] > 100

@@ -120,22 +120,29 @@ class Terms:
         return len(self.offsets) - 1
 
     @classmethod
-    def analyse(cls, analyzer: Analyzer, texts: Sequence[str], vocab: Sequence[str] = ()) -> "Terms":
-        """``texts`` analysed, with terms numbered after ``vocab`` (extended by new ones)."""
+    def analyse(cls, analyzer: Analyzer, texts: Sequence[str], vocab: Sequence[str] = (),
+                block: int = 20000) -> "Terms":
+        """``texts`` analysed, with terms numbered after ``vocab`` (extended by new ones).
+        Texts go ``block`` at a time: bm25s answers with a Python list of ints per text,
+        which for a million texts would take gigabytes at once."""
         vocab = list(vocab)
-        offsets = np.zeros(len(texts) + 1, np.int64)
-        if not texts:
-            return cls(np.zeros(0, np.int32), offsets, vocab)
-        docs, local = analyzer.tokenize(list(texts))
         index = {t: i for i, t in enumerate(vocab)}
-        to_vocab = np.empty(len(local), np.int32)
-        for term, i in local.items():
-            to_vocab[i] = index.setdefault(term, len(index))
-            if to_vocab[i] == len(vocab):
-                vocab.append(term)
-        np.cumsum([len(d) for d in docs], out=offsets[1:])
-        flat = np.fromiter(itertools.chain.from_iterable(docs), np.int32, count=int(offsets[-1]))
-        return cls(to_vocab[flat], offsets, vocab)
+        lengths, ids = [], []
+        for lo in range(0, len(texts), block):
+            docs, local = analyzer.tokenize(list(texts[lo:lo + block]))
+            to_vocab = np.empty(len(local), np.int32)
+            for term, i in local.items():
+                to_vocab[i] = index.setdefault(term, len(index))
+                if to_vocab[i] == len(vocab):
+                    vocab.append(term)
+            counts = np.fromiter(map(len, docs), np.int64, count=len(docs))
+            flat = np.fromiter(itertools.chain.from_iterable(docs), np.int32, count=int(counts.sum()))
+            lengths.append(counts)
+            ids.append(to_vocab[flat])
+        offsets = np.zeros(len(texts) + 1, np.int64)
+        if lengths:
+            np.cumsum(np.concatenate(lengths), out=offsets[1:])
+        return cls(np.concatenate(ids) if ids else np.zeros(0, np.int32), offsets, vocab)
 
     def take(self, rows: np.ndarray) -> "Terms":
         """Documents ``rows``, in that order. Runs of rows that follow one another here
@@ -188,18 +195,28 @@ def bm25_matrix(terms: Terms, *, k1: float, b: float) -> dict[str, object]:
     # document) pair, its count summed; documents ascend within a term as they are given.
     counts = sparse.csc_matrix((np.ones(len(docs), np.float32), (docs, np.asarray(terms.ids, np.int32))),
                                shape=(n_docs, n_vocab))
+    del docs
     counts.sum_duplicates()
     df = np.diff(counts.indptr).astype(np.int64)
-    doc, tf = counts.indices.astype(np.int64), counts.data
-    term = np.repeat(np.arange(n_vocab, dtype=np.int64), df)
-    # bm25s: idf rounded to float32, the rest in float64, the product stored as float32
+    doc = counts.indices.astype(np.int32, copy=False)
+    # bm25s: idf rounded to float32, the rest in float64, the product stored as float32.
+    # Computed in place, in bm25s's order of operations: a million memories hold ~50
+    # million pairs, and every float64 temporary of them is 400 MB.
     idf = np.log(1 + (n_docs - df + 0.5) / (df + 0.5)).astype(np.float32)
-    tf = tf.astype(np.float64)
-    tfc = tf / (k1 * ((1 - b) + b * lengths[doc] / lengths.mean()) + tf)
+    tf = counts.data.astype(np.float64)
+    del counts
+    norm = lengths[doc].astype(np.float64)  # k1 · ((1 − b) + b · |d| / avgdl) + tf
+    norm *= b
+    norm /= lengths.mean()
+    norm += 1 - b
+    norm *= k1
+    norm += tf
+    tf /= norm
+    del norm
+    tf *= np.repeat(idf, df)
     indptr = np.zeros(n_vocab + 1, np.int64)
     np.cumsum(df, out=indptr[1:])
-    return {"data": (idf[term] * tfc).astype(np.float32), "indices": doc.astype(np.int32), "indptr": indptr,
-            "num_docs": n_docs}
+    return {"data": tf.astype(np.float32), "indices": doc, "indptr": indptr, "num_docs": n_docs}
 
 
 ANALYZER_FILE = "helix_analyzer.json"
