@@ -30,3 +30,32 @@ def test_entity_nodes_count_each_memory_once_per_tenant_and_skip_singletons_and_
     w = round(1 / np.sqrt(2), 4)
     assert edges == {(3, 7, w), (4, 7, w), (0, 8, w), (1, 8, w)}
     assert graph.num_nodes == 9
+
+
+def test_edges_are_symmetric_and_a_pair_keeps_its_highest_priority_type():
+    from helix_ray.ingest.graph import SAME_SESSION, SEMANTIC, TEMPORAL, _to_csr
+
+    rng = np.random.default_rng(3)
+    n = 40
+    src, dst, wts, typ = [], [], [], []
+    for t in (MENTION, SAME_SESSION, TEMPORAL, SEMANTIC):
+        a, b = rng.integers(0, n, 300), rng.integers(0, n, 300)
+        src.append(a); dst.append(b); wts.append(rng.random(300).astype(np.float32)); typ.append(np.full(300, t, np.int8))
+    rank = {TEMPORAL: 0, MENTION: 1, SEMANTIC: 2, SAME_SESSION: 3}
+    best: dict[tuple[int, int], tuple[int, int, float]] = {}  # (a, b) → (rank, arrival, weight): the first best
+    arrival = 0
+    for half in (0, 1):  # each edge as given, then reversed: in that order
+        for a, b, w, t in zip(src, dst, wts, typ):
+            for x, y, ww, tt in zip(a.tolist(), b.tolist(), w.tolist(), t.tolist()):
+                key = (x, y) if half == 0 else (y, x)
+                seen = best.get(key)
+                if seen is None or rank[tt] < seen[0]:
+                    best[key] = (rank[tt], arrival, ww)
+                arrival += 1
+    graph = _to_csr(list(src), list(dst), list(wts), list(typ), n)
+    got = {(row, int(graph.indices[i])): (int(graph.types[i]), float(graph.weights[i]))
+           for row in range(n) for i in range(graph.indptr[row], graph.indptr[row + 1])}
+    rank_type = {r: t for t, r in rank.items()}
+    assert got == {k: (rank_type[r], w) for k, (r, _, w) in best.items()}
+    assert all(got[(b, a)][0] == t for (a, b), (t, _) in got.items())  # symmetric, one type a pair
+    assert graph.indices.dtype == np.int32 and (np.diff(graph.indices[graph.indptr[0]:graph.indptr[1]]) > 0).all()

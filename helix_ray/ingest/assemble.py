@@ -29,6 +29,8 @@ from helix_ray.store.publish import GenerationData, partitions_of
 from helix_ray.token_encoder import PassageTokens, empty_tokens, from_blobs, get_token_encoder, to_blobs
 from helix_ray.tokens import token_counter
 
+SEARCH_BLOCK = 65536  # rows per HNSW search call when listing each row's nearest neighbours
+
 
 @dataclasses.dataclass
 class NextRows:
@@ -68,14 +70,14 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig) -> tuple[Generat
     table = pa.concat_tables([old_table, new_table])
     sigs = rows.sigs
     minhash = np.concatenate([sigs[keep_old], sigs[[rows.n_old + i for i in rows.keep_new]]]) if len(sigs) else sigs
-    old_texts = old_table.column("text").to_pylist()
+    old_texts = old_table.column("text")  # read as Python strings only where the old rows' outputs are not carried
     analyzer = bm25_analyzer(config)
     new_lexical = [lexical_text(r["text"], json.loads(x)) for r, x in zip(todo, new_cols["expansions"])]
     old_lexical = None
     if not carry.terms_carried(previous, analyzer):
         old_ids = old_table.column("id").to_pylist()
         old_exp = db.expansions_for(old_ids)
-        old_lexical = [lexical_text(t, old_exp.get(i, [])) for i, t in zip(old_ids, old_texts)]
+        old_lexical = [lexical_text(t, old_exp.get(i, [])) for i, t in zip(old_ids, old_texts.to_pylist())]
     terms = carry.terms(previous, previous_rows, old_lexical, new_lexical, analyzer)
     ents = pa.concat_arrays([carry.mentions(previous, previous_rows, old_texts),
                              pa.array([json.loads(x) for x in new_cols["entities"]], carry.MENTIONS_TYPE)])
@@ -120,30 +122,38 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig) -> tuple[Generat
 def collect(batches: list[dict[str, np.ndarray]], n: int, config: IngestConfig) -> dict[str, Any]:
     """The transform stages' batches (in any order) as columns in ``seq`` order, one
     row per input: ``vector``, ``expansions``, ``entities``, ``n_tokens`` and ``late``
-    (the token vectors, or None when late interaction is off)."""
+    (the token vectors, or None when late interaction is off).
+
+    Empties ``batches`` as it goes: each column is written once into its place, and a
+    batch's arrays go as soon as they are copied, so the driver never holds the
+    vectors or tokens twice (at a million memories each copy of the vectors is 1.5 GB)."""
     if not batches:
         late = empty_tokens() if config.late_interaction.enabled else None
         return {"vector": np.zeros((0, DIM), np.float32), "expansions": [], "entities": [],
                 "n_tokens": np.zeros(0, np.int32), "late": late}
-    seq = np.concatenate([np.asarray(b["seq"], np.int64) for b in batches])
-    order = np.argsort(seq, kind="stable")
-    if len(seq) != n or not np.array_equal(seq[order], np.arange(n)):
+    seqs = [np.asarray(b["seq"], np.int64) for b in batches]
+    seq = np.concatenate(seqs)
+    if len(seq) != n or not np.array_equal(np.sort(seq), np.arange(n)):
         raise RuntimeError(f"the transform stages returned {len(seq)} rows for {n} inputs")
-
-    def cat(key: str, dtype=None) -> Any:
-        return np.concatenate([np.asarray(b[key], dtype=dtype) for b in batches])[order]
-
-    late = None
-    if "late_codes" in batches[0]:
-        late = from_blobs([bytes(x) for x in cat("late_codes", object)], [bytes(x) for x in cat("late_scales", object)])
-    return {
-        "vector": np.stack(list(cat("vector", np.float32))) if cat("vector", np.float32).ndim == 1
-        else cat("vector", np.float32),
-        "expansions": [str(x) for x in cat("expansions", object)],
-        "entities": [str(x) for x in cat("entities", object)],
-        "n_tokens": cat("n_tokens", np.int32),
-        "late": late,
-    }
+    with_late = "late_codes" in batches[0]
+    vector = np.empty((n, DIM), np.float32)
+    expansions: list[Any] = [None] * n
+    entities: list[Any] = [None] * n
+    n_tokens = np.empty(n, np.int32)
+    codes: list[Any] = [None] * n
+    scales: list[Any] = [None] * n
+    for at in seqs:
+        batch = batches.pop(0)
+        rows = np.asarray(batch.pop("vector"))
+        vector[at] = np.stack(list(rows)) if rows.ndim == 1 else rows
+        n_tokens[at] = np.asarray(batch.pop("n_tokens"), np.int32)
+        for i, e, m in zip(at.tolist(), batch.pop("expansions"), batch.pop("entities")):
+            expansions[i], entities[i] = str(e), str(m)
+        if with_late:
+            for i, c, x in zip(at.tolist(), batch.pop("late_codes"), batch.pop("late_scales")):
+                codes[i], scales[i] = bytes(c), bytes(x)
+    late = from_blobs(codes, scales) if with_late else None
+    return {"vector": vector, "expansions": expansions, "entities": entities, "n_tokens": n_tokens, "late": late}
 
 
 def memory_table(rows: list[dict[str, Any]], cols: dict[str, Any] | None) -> pa.Table:
@@ -176,7 +186,8 @@ def session_context(todo: list[dict[str, Any]], vectors: np.ndarray, old_rows: p
     ``unit(v + weight · v_prev)``, ``v_prev`` the stored vector of the latest earlier
     turn of its (user, session) — an old row or a new one, in (created_at, arrival) order.
     Old rows keep their vectors, so a conversation ingested turn by turn is mixed as one
-    ingested at once (when its turns arrive in order)."""
+    ingested at once (when its turns arrive in order). Mixes ``vectors`` in place (when
+    float32) and returns them: a copy would be 1.5 GB at a million memories."""
     def key(row: dict[str, Any]) -> tuple[str, str] | None:
         if row.get("type") != "episodic" or not row.get("session_id"):
             return None
@@ -196,7 +207,7 @@ def session_context(todo: list[dict[str, Any]], vectors: np.ndarray, old_rows: p
                 latest_old[k] = (row["created_at"], i)
         last = {k: (t, np.asarray(previous.vectors[old_positions[i]], np.float32))
                 for k, (t, i) in latest_old.items()}
-    out = np.array(vectors, dtype=np.float32, copy=True)
+    out = np.asarray(vectors, dtype=np.float32)
     for i in sorted(range(len(todo)), key=lambda i: (todo[i]["created_at"], i)):
         k = key(todo[i])
         if k is None:
@@ -230,21 +241,24 @@ def bm25_analyzer(config: IngestConfig) -> Analyzer:
 
 
 def _sorted_vectors(previous: Generation | None, previous_rows: np.ndarray, new: np.ndarray,
-                    take: np.ndarray) -> np.ndarray:
+                    take: np.ndarray, block: int = 65536) -> np.ndarray:
     """Row ``take[i]`` of (the previous generation's ``previous_rows``, then ``new``) at
     row i, as float32 holding the float16 values the generation stores: the kNN, graph and
     indexes built from them are the ones the next ingest carries over for these rows.
-    Each row is read and converted once, straight into its place."""
+    Each row is read and converted once, straight into its place, ``block`` rows at a
+    time (the temporaries are one block's)."""
     n_old = len(previous_rows)
     out = np.empty((len(take), DIM), np.float32)
-    from_old = take < n_old
-    at_old, at_new = np.flatnonzero(from_old), np.flatnonzero(~from_old)
-    if len(at_old):
-        assert previous is not None
-        old = np.asarray(previous.vectors[previous_rows[take[at_old]]])  # ascending within a tenant
-        out[at_old] = old if old.dtype == np.float16 else old.astype(np.float16)
-    if len(at_new):
-        out[at_new] = np.asarray(new, np.float32)[take[at_new] - n_old].astype(np.float16)
+    for lo in range(0, len(take), block):
+        rows = take[lo:lo + block]
+        from_old = rows < n_old
+        at_old, at_new = np.flatnonzero(from_old), np.flatnonzero(~from_old)
+        if len(at_old):
+            assert previous is not None
+            old = np.asarray(previous.vectors[previous_rows[rows[at_old]]])  # ascending within a tenant
+            out[lo + at_old] = old if old.dtype == np.float16 else old.astype(np.float16)
+        if len(at_new):
+            out[lo + at_new] = np.asarray(new[rows[at_new] - n_old], np.float32).astype(np.float16)
     return out
 
 
@@ -284,9 +298,16 @@ def _semantic_knn(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previo
             dense_indexes[user] = index
 
             def search(rows: np.ndarray, index=index, k=k) -> tuple[np.ndarray, np.ndarray]:
-                matches = index.search(int8[rows], k, threads=0)  # one row: usearch answers 1-D
-                keys = matches.keys.astype(np.int64).reshape(len(rows), -1)
-                return keys, 1.0 - matches.distances.astype(np.float32).reshape(len(rows), -1)
+                keys = np.full((len(rows), k), -1, np.int64)
+                sims = np.zeros((len(rows), k), np.float32)
+                for lo in range(0, len(rows), SEARCH_BLOCK):  # the queries' copy is one block's
+                    part = rows[lo:lo + SEARCH_BLOCK]
+                    matches = index.search(int8[part], k, threads=0)  # one row: usearch answers 1-D
+                    found = matches.keys.astype(np.int64).reshape(len(part), -1)
+                    keys[lo:lo + len(part), :found.shape[1]] = found
+                    sims[lo:lo + len(part), :found.shape[1]] = \
+                        1.0 - matches.distances.astype(np.float32).reshape(len(part), -1)
+                return keys, sims
 
             def similarity(rows: np.ndarray, candidates: np.ndarray) -> np.ndarray:  # as usearch's i8 cosine
                 a, b = int8[rows].astype(np.float32), int8[candidates].astype(np.float32)

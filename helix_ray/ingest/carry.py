@@ -47,14 +47,14 @@ def _carry(previous: Generation | None, key: str) -> Any:
 # ----------------------------------------------------------------------------- mentions
 
 
-def mentions(previous: Generation | None, old_rows: np.ndarray, old_texts: Sequence[str]) -> pa.Array:
+def mentions(previous: Generation | None, old_rows: np.ndarray, old_texts: pa.ChunkedArray) -> pa.Array:
     """Entity keys of the carried-over rows (``old_rows`` of ``previous``, whose texts
     are ``old_texts``), a list per row (:data:`MENTIONS_TYPE`): stored ones when the same
     extractor made them, else extracted."""
     if len(old_rows) and _carry(previous, "mentions") == MENTIONS_VERSION:
         assert previous is not None
         return previous.mentions.take(np.asarray(old_rows, np.int64)).combine_chunks().cast(MENTIONS_TYPE)
-    return pa.array([entity_mod.extract(t) for t in old_texts], MENTIONS_TYPE)
+    return pa.array([entity_mod.extract(t) for t in old_texts.to_pylist()], MENTIONS_TYPE)
 
 
 # ----------------------------------------------------------------------------- BM25 terms

@@ -154,32 +154,49 @@ def _to_csr(src, dst, wts, typ, num_nodes: int) -> CSRGraph:
     if not src:
         return CSRGraph(np.zeros(num_nodes + 1, np.int64), np.zeros(0, np.int32),
                         np.zeros(0, np.float32), np.zeros(0, np.int8))
-    a = np.concatenate(src); b = np.concatenate(dst); w = np.concatenate(wts); t = np.concatenate(typ)
-    # Symmetrise, then keep one edge per ordered pair: the highest-priority type.
-    a, b = np.concatenate([a, b]), np.concatenate([b, a])
-    w, t = np.concatenate([w, w]), np.concatenate([t, t])
-    # One int64 key (a, b, priority), sorted stably: what np.lexsort((priority, b, a)) gives,
+    # Symmetrise, then keep one edge per ordered pair: the highest-priority type. One
+    # int64 key (a, b, priority), sorted stably: what np.lexsort((priority, b, a)) gives,
     # in less time on the tens of millions of edges of a large store. The priorities come
-    # from an array lookup, not a per-edge dict.get (docs/benchmarks.md).
-    key = (a * num_nodes + b) * len(_PRIORITY_OF) + _PRIORITY_OF[t]
+    # from an array lookup, not a per-edge dict.get (docs/benchmarks.md). The key alone
+    # is kept: a and b come back from it, so the sort's temporaries are the largest
+    # thing held (a million memories: ~25 million directed edges).
+    a, b, t = np.concatenate(src), np.concatenate(dst), np.concatenate(typ)
+    src.clear(); dst.clear(); typ.clear()
+    w = np.concatenate(wts + wts)
+    wts.clear()
+    priority = len(_PRIORITY_OF)
+    key = np.concatenate([a, b])
+    key *= num_nodes
+    key[: len(a)] += b
+    key[len(a):] += a
+    del a, b
+    key *= priority
+    key += np.concatenate([_PRIORITY_OF[t], _PRIORITY_OF[t]])
+    t = np.concatenate([t, t])
     order = np.argsort(key, kind="stable")
-    pair = key[order] // len(_PRIORITY_OF)
-    first = order[np.r_[True, pair[1:] != pair[:-1]]]
-    a, b, w, t = a[first], b[first], w[first], t[first]
+    key = key[order]
+    key //= priority  # the pair (a, b)
+    first = np.r_[True, key[1:] != key[:-1]]
+    pair, order = key[first], order[first]
+    del key, first
+    w, t = w[order], t[order]
+    del order
+    a = pair // num_nodes
     indptr = np.zeros(num_nodes + 1, np.int64)
     indptr[1:] = np.bincount(a, minlength=num_nodes)
     np.cumsum(indptr, out=indptr)
-    return CSRGraph(indptr, b.astype(np.int32), w.astype(np.float32), t.astype(np.int8))
+    return CSRGraph(indptr, (pair - a * num_nodes).astype(np.int32), w.astype(np.float32), t.astype(np.int8))
 
 
 def edges_table(graph: CSRGraph, node_names: Sequence[str]) -> pa.Table:
-    """The graph as rows (src < dst only), for the DuckDB ``edges`` table."""
-    rows = np.repeat(np.arange(graph.num_nodes), np.diff(graph.indptr))
+    """The graph as rows (src < dst only), for the DuckDB ``edges`` table. The names are
+    taken in Arrow, not as a Python string per edge (a million memories: ~10 million)."""
+    rows = np.repeat(np.arange(graph.num_nodes, dtype=np.int64), np.diff(graph.indptr))
     keep = rows < graph.indices
-    names = np.asarray(node_names, dtype=object)
+    names = pa.array(node_names, pa.string())
     return pa.table({
-        "src": pa.array(names[rows[keep]].tolist(), pa.string()),
-        "dst": pa.array(names[graph.indices[keep]].tolist(), pa.string()),
-        "type": pa.array([EDGE_TYPES[i] for i in graph.types[keep]], pa.string()),
-        "weight": pa.array(graph.weights[keep], pa.float32()),
+        "src": names.take(pa.array(rows[keep])),
+        "dst": names.take(pa.array(np.asarray(graph.indices)[keep].astype(np.int64))),
+        "type": pa.array(EDGE_TYPES, pa.string()).take(pa.array(np.asarray(graph.types)[keep].astype(np.int64))),
+        "weight": pa.array(np.asarray(graph.weights)[keep], pa.float32()),
     })

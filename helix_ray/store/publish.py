@@ -22,7 +22,7 @@ import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -114,6 +114,19 @@ def fsync_path(path: Path) -> None:
 def _save_npy(path: Path, array: np.ndarray) -> None:
     with open(path, "wb") as fh:
         np.save(fh, np.ascontiguousarray(array))
+
+
+def _save_npy_rows(path: Path, array: np.ndarray, dtype: Any, convert: Callable[[np.ndarray], np.ndarray],
+                   block: int = 65536) -> None:
+    """``convert(array)`` saved as ``.npy``, converted and written ``block`` rows at a
+    time: the converted copy is never whole in memory."""
+    width = convert(array[:0]).shape[1:]
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+              "shape": (len(array), *width)}
+    with open(path, "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, header)
+        for lo in range(0, len(array), block):
+            fh.write(np.ascontiguousarray(convert(array[lo:lo + block]), dtype=dtype).tobytes())
 
 
 def _save_arrow(path: Path, table: pa.Table) -> None:
@@ -263,9 +276,9 @@ def _write_rows(staging: _Staging, table: pa.Table, data: GenerationData) -> np.
     _save_arrow(tmp / "memories.arrow", table)
     staging.done(tmp / "memories.arrow")
     vectors = np.ascontiguousarray(data.vectors, dtype=np.float32)
-    _save_npy(tmp / VECTORS_FILE, vectors.astype(np.float16))
+    _save_npy_rows(tmp / VECTORS_FILE, vectors, np.float16, lambda rows: rows.astype(np.float16))
     staging.done(tmp / VECTORS_FILE)
-    _save_npy(tmp / "binary.npy", binary_codes(vectors))
+    _save_npy_rows(tmp / "binary.npy", vectors, np.uint8, binary_codes)
     staging.done(tmp / "binary.npy")
     _save_npy(tmp / "minhash.npy", data.minhash.astype(np.uint32))
     staging.done(tmp / "minhash.npy")
