@@ -1,0 +1,115 @@
+#!/usr/bin/env python
+"""What the ingest driver holds at scale, without the encoders' time.
+
+    .venv/bin/python scripts/bench_driver.py --n 200000 --work /tmp/helixbench/driver
+
+Writes ``--n`` synthetic memories (``scripts/synthetic.py``, one tenant by default, as
+the 10^6 store of ``bench_recall.py``), then runs the real ``helix ingest`` job on them
+(``runner="ray"``: read and validate on Ray Data) with every memory's vector given, as a
+compaction gives the vectors its writes computed (``ingest(..., computed=...)``): the
+encoders do not run, and every other stage does — dedup, doc2query, entities, the
+sorted rows, kNN, HNSW, graph, BM25, publish and the DuckDB record. Late interaction is
+off (a given vector has no token vectors to go with it).
+
+The vectors are those of ``bench_recall.py``'s derived stores in shape, not in meaning:
+one of 5,000 random unit vectors plus N(0, σ²) noise per dimension, renormalised, so a
+memory has close neighbours as real near-duplicates do.
+
+It prints the driver's peak RSS (``VmHWM``) and its RSS just before the ingest (the
+vectors given, held by this script), the peak PSS of the driver and every Ray process
+together, and the run's seconds per stage (``IngestReport.seconds``). Memory does not
+drift with the host's load; seconds do (compare runs made side by side).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_ingest import MemorySampler, rss_mib  # noqa: E402
+
+
+def given_vectors(path: Path, n: int, seed: int, sigma: float) -> dict:
+    """The ``Computed`` outputs of every row of ``path`` (by the id ingest gives it),
+    vectors held as float16 (the precision a generation stores)."""
+    from helix_ray.config import IngestConfig
+    from helix_ray.embedder import DIM
+    from helix_ray.ingest.normalize import normalise_one
+    from helix_ray.ingest.stages import Computed
+
+    rng = np.random.default_rng(seed)
+    bases = rng.standard_normal((5000, DIM)).astype(np.float32)
+    bases /= np.linalg.norm(bases, axis=1, keepdims=True)
+    validation = IngestConfig().validation
+    when = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)  # every synthetic row has its own created_at
+    computed = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            row = normalise_one(json.loads(line), validation, default_time=when)
+            v = bases[rng.integers(0, len(bases))] + rng.standard_normal(DIM).astype(np.float32) * np.float32(sigma)
+            computed[row["id"]] = Computed(row["text"], "[]", (v / np.linalg.norm(v)).astype(np.float16))
+    if len(computed) != n:
+        raise SystemExit(f"{path} holds {len(computed)} distinct ids; expected {n}")
+    return computed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=200_000, help="synthetic memories")
+    ap.add_argument("--users", type=int, default=1, help="tenants (one by default: one HNSW index, one graph)")
+    ap.add_argument("--work", required=True, help="folder for the JSONL and the store (kept out of the repo)")
+    ap.add_argument("--runner", choices=("ray", "local"), default="ray")
+    ap.add_argument("--sigma", type=float, default=0.02)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None, help="also write the figures here")
+    args = ap.parse_args(argv)
+
+    from synthetic import write_jsonl
+
+    from helix_ray.config import IngestConfig, LateInteractionConfig
+    from helix_ray.ingest.run import ingest
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    source = work / f"synthetic-{args.n}-u{args.users}-seed{args.seed}.jsonl"
+    if not source.is_file():
+        write_jsonl(args.n, str(source), seed=args.seed, users=args.users)
+    computed = given_vectors(source, args.n, args.seed, args.sigma)
+    store = work / "store"
+    shutil.rmtree(store, ignore_errors=True)
+    before = rss_mib()[0]
+    config = IngestConfig(late_interaction=LateInteractionConfig(enabled=False))
+    t0 = time.perf_counter()
+    with MemorySampler() as sampler:
+        report = ingest([source], store, fmt="jsonl", config=config, runner=args.runner, show_progress=False,
+                        computed=computed)
+    seconds = time.perf_counter() - t0
+    if args.runner == "ray":
+        import ray
+
+        ray.shutdown()
+    out = {
+        "n": args.n, "users": args.users, "runner": args.runner, "memories": report.total_memories,
+        "reused": report.reused, "embedded": report.embedded,
+        "driver_rss_before_mib": round(before), "driver_peak_rss_mib": round(rss_mib()[1]),
+        "tree_peak_pss_mib": round(sampler.peak_mib), "seconds": round(seconds, 1), "stages_s": report.seconds,
+    }
+    print(json.dumps(out, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
