@@ -87,8 +87,8 @@ def find_duplicates(
     for b, members in enumerate(buckets):
         for i in members.tolist():
             buckets_of.setdefault(i, []).append(b)
-    visit = [*(i for i in buckets_of if i < settled), *range(settled, n)]
-    order = sorted(visit, key=lambda i: preference[i], reverse=True)
+    # An item in no group has no candidate and is no one's: it is kept, unvisited.
+    order = sorted(buckets_of, key=lambda i: preference[i], reverse=True)
     kept = np.zeros(n, bool)  # visited and not dropped: the candidates of later items
     dropped: list[tuple[int, int, float]] = []
     for i in order:
