@@ -93,7 +93,7 @@ def find_duplicates(
     dropped: list[tuple[int, int, float]] = []
     for i in order:
         best, best_sim = -1, -1.0
-        candidates = {j for b in buckets_of.get(i, ()) for j in buckets[b].tolist() if kept[j]}
+        candidates = {j for b in buckets_of[i] for j in buckets[b].tolist() if kept[j]}
         for key in sorted(candidates):
             if users[key] != users[i]:
                 continue  # a hash collision across tenants: never a pair
@@ -143,10 +143,10 @@ def band_buckets(users: Sequence[str], sigs: np.ndarray, settled: int,
             mult = rng.integers(1, 2**63, size=end - start, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
             h = (sigs[:, start:end].astype(np.uint64) * mult).sum(axis=1, dtype=np.uint64) ^ user
             order = np.argsort(h, kind="stable")
-            firsts = np.flatnonzero(np.r_[True, h[order][1:] != h[order][:-1]])
+            ranked = h[order]
+            firsts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
             lasts = np.r_[firsts[1:], n]
-            newest = np.maximum.reduceat(order, firsts)
-            for first, last in zip(firsts[(lasts - firsts >= 2) & (newest >= settled)].tolist(),
-                                   lasts[(lasts - firsts >= 2) & (newest >= settled)].tolist()):
+            wanted = (lasts - firsts >= 2) & (np.maximum.reduceat(order, firsts) >= settled)
+            for first, last in zip(firsts[wanted].tolist(), lasts[wanted].tolist()):
                 buckets.append(np.sort(order[first:last]))
     return buckets

@@ -171,8 +171,8 @@ def _to_csr(src, dst, wts, typ, num_nodes: int) -> CSRGraph:
     key[len(a):] += a
     del a, b
     key *= priority
-    key += np.concatenate([_PRIORITY_OF[t], _PRIORITY_OF[t]])
     t = np.concatenate([t, t])
+    key += _PRIORITY_OF[t]
     order = np.argsort(key, kind="stable")
     key = key[order]
     key //= priority  # the pair (a, b)
