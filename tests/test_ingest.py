@@ -128,6 +128,20 @@ def test_a_memory_once_dropped_as_a_duplicate_stays_deleted_when_deleted(tmp_pat
     assert "m003" in ids and "m002" in ids and "m001" not in ids
 
 
+def test_delete_marks_the_ids_given_and_drops_only_their_feedback(tmp_path):
+    """One statement for any number of ids: repeats and unknown ids are harmless, other
+    memories and their feedback stay."""
+    store = tmp_path / "store"
+    ingest([write_jsonl(tmp_path / "a.jsonl", [memory(i, FACTS[i]) for i in range(1, 4)])], store, runner="local")
+    with StoreDB(store) as db:
+        db.add_feedback("alice", "which queue", ["m001", "m002", "m003"])
+        db.delete(["m001", "m003", "m001", "no-such-id"])
+        db.delete([])
+        assert dict(db.con.execute("SELECT id, deleted FROM memories").fetchall()) == \
+            {"m001": True, "m002": False, "m003": True}
+        assert db.con.execute("SELECT memory_id FROM feedback").fetchall() == [("m002",)]
+
+
 def test_a_store_takes_a_new_dedup_num_perm(tmp_path):
     """Changing ``dedup.num_perm`` must not fail every later ingest into the store (the
     old rows' signatures and the new ones cannot be stacked): the old rows are signed

@@ -235,8 +235,13 @@ class StoreDB:
                              [[*named, run_id] for named in names])
 
     def delete(self, ids: list[str]) -> None:
-        self.con.executemany("UPDATE memories SET deleted = TRUE WHERE id = ?", [[i] for i in ids])
-        self.con.executemany("DELETE FROM feedback WHERE memory_id = ?", [[i] for i in ids])
+        """Mark ``ids`` deleted and drop their feedback: one statement each, set against a
+        registered list (a statement per id scans the table once per id)."""
+        if not ids:
+            return
+        with self._registered("gone", pa.table({"id": pa.array(ids, pa.string())})):
+            self.con.execute("UPDATE memories SET deleted = TRUE WHERE id IN (SELECT id FROM gone)")
+            self.con.execute("DELETE FROM feedback WHERE memory_id IN (SELECT id FROM gone)")
 
     def _append(self, name: str, table: pa.Table) -> None:
         if table.num_rows == 0:
