@@ -13,7 +13,7 @@ import functools
 import logging
 import os
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +27,7 @@ from helix_ray.runtime import ensure_ray, ray_output_shown
 
 log = logging.getLogger(__name__)
 
+ROWS_OUT = 4096  # read rows turned into Python objects at a time (:func:`read_validate`)
 BLOCK = 256  # rows per Ray Data block (a multiple of BATCH; blocks are the actors' unit of work)
 ACTOR_MEMORY = 1792 * 1024**2  # what one embedding actor holds (two models and their arenas): told to Ray
 #: Restarts of an embedding actor whose process died on a cluster, each retrying the
@@ -83,15 +84,20 @@ def quiet_ray_data(quiet: bool) -> None:
             handler.setLevel(logging.ERROR if quiet else logging.INFO)
 
 
-def read_validate(items: list[dict[str, str]], config: IngestConfig) -> list[dict[str, Any]]:
-    """Stages 1–2 as Ray Data tasks, one per source (:func:`read_validate_sign`)."""
+def read_validate(items: list[dict[str, str]], config: IngestConfig) -> Iterator[dict[str, Any]]:
+    """Stages 1–2 as Ray Data tasks, one per source (:func:`read_validate_sign`), their
+    rows streamed to the driver: it holds one Arrow block and :data:`ROWS_OUT` of its
+    rows as Python objects at a time, not every payload of the run at once."""
     import ray
 
     ds = ray.data.from_items(items).flat_map(
         read_validate_sign,  # type: ignore[arg-type]  # ray's UDF type does not model fn_kwargs
         fn_kwargs={"config": config}, num_cpus=0.25,
     )
-    return ds.take_all()
+    for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+        assert isinstance(block, pa.Table)
+        for start in range(0, block.num_rows, ROWS_OUT):
+            yield from block.slice(start, ROWS_OUT).to_pylist()
 
 
 class _TransformFeed:

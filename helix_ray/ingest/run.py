@@ -35,7 +35,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -364,8 +364,7 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
     of the folders read (``run.named``) recorded."""
     report, config = run.report, run.config
     with stage(run, "read_validate"):
-        out = _read_validate(run, items)
-    accepted = _accept(run, out)
+        accepted = _accept(run, _read_validate(run, items))
     run.quarantined = accepted.quarantined
     _absorb_segments(run, accepted.latest)
 
@@ -380,6 +379,9 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
         kept = _deduplicate(run, changes)
 
     todo = [changes.fresh[i] for i in kept.keep_new]
+    changes.fresh.clear()  # the rows live on in todo only, for assemble to let go of
+    accepted.latest.clear()
+    new_ids = pa.array([r["id"] for r in todo], pa.string())
     for k, row in enumerate(todo):
         row["seq"] = k  # each row's place in the run's columns (:func:`collect`); the rows are not copied
     reuse = {r["seq"]: run.computed[r["id"]] for r in todo if r["id"] in run.computed}
@@ -391,22 +393,24 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
     with stage(run, "assemble"):
         rows = NextRows(changes.previous, changes.old_rows, changes.old_index, kept.keep_old, todo, new_cols,
                         kept.sigs, kept.keep_new)
-        data, node_names = assemble(rows, run.db, config)
+        del todo
+        data, node_names = assemble(rows, run.db, config)  # empties rows.todo
     data.extra[ACCESS_WATERMARK] = changes.folded
     report.total_memories = data.memories.num_rows
 
     with stage(run, "publish"):
         number = _publish(run, data)
     with stage(run, "record"):
-        _record(run, number, data, node_names, rows, changes, kept, accepted.quarantined)
+        _record(run, number, data, node_names, new_ids, rows.new_cols, changes, kept, accepted.quarantined)
     _make_current(run, number)
 
 
-def _read_validate(run: Run, items: list[dict[str, str]]) -> list[dict[str, Any]]:
-    """Stages 1–2: every record of ``items``, ``{"ok", "payload"}`` (see :func:`read_validate_sign`)."""
+def _read_validate(run: Run, items: list[dict[str, str]]) -> Iterator[dict[str, Any]]:
+    """Stages 1–2: every record of ``items``, ``{"ok", "payload", "minhash"}`` (see
+    :func:`read_validate_sign`), as they come."""
     if run.runner == "ray":
         return _ray_job().read_validate(items, run.config)
-    return [r for item in items for r in read_validate_sign(item, config=run.config)]
+    return (r for item in items for r in read_validate_sign(item, config=run.config))
 
 
 def read_validate_sign(item: dict[str, Any], *, config: IngestConfig) -> list[dict[str, Any]]:
@@ -425,22 +429,20 @@ def read_validate_sign(item: dict[str, Any], *, config: IngestConfig) -> list[di
     return out
 
 
-def _accept(run: Run, out: list[dict[str, Any]]) -> Accepted:
+def _accept(run: Run, out: Iterable[dict[str, Any]]) -> Accepted:
     """The valid records that can be stored as given; the report's read counts.
-    Empties ``out`` as it decodes it, and holds each record's MinHash signature as a
-    uint32 array (:func:`read_validate_sign`)."""
-    read = len(out)
+    Decodes ``out`` as it comes (each payload goes once decoded), and holds each
+    record's MinHash signature as a uint32 array (:func:`read_validate_sign`)."""
+    read = 0
     quarantined, incoming = [], []
-    while out:  # from the end, so that each payload goes as soon as it is decoded
-        r = out.pop()
+    for r in out:
+        read += 1
         if r["ok"]:
             row = stages.decode_row(r["payload"])
             row["minhash"] = np.frombuffer(r["minhash"], np.uint32)
             incoming.append(row)
         else:
             quarantined.append(json.loads(r["payload"]))
-    incoming.reverse()
-    quarantined.reverse()
     # An id given twice in the input: the later record wins, the earlier is quarantined
     # whole. An id that is another user's memory: quarantined (ingest never moves a
     # memory between tenants; the server's writes refuse it the same way).
@@ -698,7 +700,8 @@ def _deduplicate(run: Run, changes: Changes) -> Deduplicated:
                  "memories again", config.dedup.num_perm, old_sigs.shape[1], n_old)
         old_sigs = signatures(old_rows.column("text").to_pylist(), num_perm=config.dedup.num_perm,
                               shingle=config.dedup.shingle)
-    sigs = np.concatenate([old_sigs, np.array([r["minhash"] for r in fresh], np.uint32).reshape(
+    # Each row's signature moves into the one array (a row no longer holds it).
+    sigs = np.concatenate([old_sigs, np.array([r.pop("minhash") for r in fresh], np.uint32).reshape(
         len(fresh), config.dedup.num_perm)])
     # Dedup reads the text and preference of the new rows and of the old rows that
     # share an LSH band with one: old ones are read from the table when asked for.
@@ -793,17 +796,18 @@ def _publish(run: Run, data: GenerationData) -> int:
     )
 
 
-def _record(run: Run, number: int, data: GenerationData, node_names: list[str], rows: NextRows,
-            changes: Changes, kept: Deduplicated, quarantined: list[dict[str, Any]]) -> None:
+def _record(run: Run, number: int, data: GenerationData, node_names: list[str], ids: pa.Array,
+            new_cols: dict[str, Any], changes: Changes, kept: Deduplicated,
+            quarantined: list[dict[str, Any]]) -> None:
     """The database records, in one transaction, what published generation ``number``
-    holds: the new and changed memories, the re-tagged and the dropped ones, expansions,
-    duplicate links, the quarantine, the graph; and the names of the folders read."""
-    db, report, todo, new_cols = run.db, run.report, rows.todo, rows.new_cols
+    holds: the new and changed memories (``ids``, their stage outputs ``new_cols``), the
+    re-tagged and the dropped ones, expansions, duplicate links, the quarantine, the
+    graph; and the names of the folders read."""
+    db, report = run.db, run.report
     db.con.begin()
     try:
-        ids = pa.array([r["id"] for r in todo], pa.string())
         db.upsert_memories(data.memories.take(pc.index_in(ids, value_set=data.memories.column("id"))),
-                           report.run_id)  # the new rows as the generation holds them, in todo's order
+                           report.run_id)  # the new rows as the generation holds them, in ids' order
         if changes.retagged:
             held = data.memories.filter(pc.is_in(data.memories.column("id"),
                                                  pa.array(list(changes.retagged), pa.string())))
