@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import shutil
 import sys
@@ -43,22 +44,25 @@ from bench_ingest import MemorySampler, rss_mib  # noqa: E402
 def given_vectors(path: Path, n: int, seed: int, sigma: float) -> dict:
     """The ``Computed`` outputs of every row of ``path`` (by the id ingest gives it),
     vectors held as float16 (the precision a generation stores)."""
+    from derived_store import derived_vectors
+
     from helix_ray.config import IngestConfig
     from helix_ray.embedder import DIM
     from helix_ray.ingest.normalize import normalise_one
     from helix_ray.ingest.stages import Computed
 
+    validation = IngestConfig().validation
+    when = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)  # every synthetic row has its own created_at
     rng = np.random.default_rng(seed)
     bases = rng.standard_normal((5000, DIM)).astype(np.float32)
     bases /= np.linalg.norm(bases, axis=1, keepdims=True)
-    validation = IngestConfig().validation
-    when = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)  # every synthetic row has its own created_at
-    computed = {}
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            row = normalise_one(json.loads(line), validation, default_time=when)
-            v = bases[rng.integers(0, len(bases))] + rng.standard_normal(DIM).astype(np.float32) * np.float32(sigma)
-            computed[row["id"]] = Computed(row["text"], "[]", (v / np.linalg.norm(v)).astype(np.float16))
+    computed: dict[str, Computed] = {}
+    with open(path, encoding="utf-8") as fh:  # a block of rows and their float32 vectors at a time
+        while block := [normalise_one(json.loads(line), validation, default_time=when)
+                        for line in itertools.islice(fh, 65536)]:
+            vectors = derived_vectors(bases, rng.integers(0, len(bases), len(block)), rng, sigma)
+            computed.update((row["id"], Computed(row["text"], "[]", v))
+                            for row, v in zip(block, vectors.astype(np.float16)))
     if len(computed) != n:
         raise SystemExit(f"{path} holds {len(computed)} distinct ids; expected {n}")
     return computed
