@@ -59,3 +59,29 @@ def test_edges_are_symmetric_and_a_pair_keeps_its_highest_priority_type():
     assert got == {k: (rank_type[r], w) for k, (r, _, w) in best.items()}
     assert all(got[(b, a)][0] == t for (a, b), (t, _) in got.items())  # symmetric, one type a pair
     assert graph.indices.dtype == np.int32 and (np.diff(graph.indices[graph.indptr[0]:graph.indptr[1]]) > 0).all()
+
+
+@pytest.mark.parametrize("block", [1, 7, 50, 1 << 20])
+def test_edges_tables_give_each_undirected_edge_once_whatever_the_block(block):
+    from helix_ray.index.csr import EDGE_TYPES
+    from helix_ray.ingest.graph import SEMANTIC, _to_csr, edges_tables
+
+    rng = np.random.default_rng(5)
+    n = 30
+    a, b = rng.integers(0, n, 200), rng.integers(0, n, 200)
+    hub = np.arange(1, n)  # node 0 links every other node: more edges than a small block
+    graph = _to_csr([a, np.zeros(n - 1, np.int64)], [b, hub], [rng.random(200).astype(np.float32), np.ones(n - 1, np.float32)],
+                    [np.full(200, SEMANTIC, np.int8), np.full(n - 1, MENTION, np.int8)], n)
+    names = [f"m{i}" for i in range(n)]
+    tables = list(edges_tables(graph, names, block=block))
+    got = pa.concat_tables(tables).to_pylist()
+    want = sorted((names[row], names[int(graph.indices[i])], EDGE_TYPES[int(graph.types[i])], float(graph.weights[i]))
+                  for row in range(n) for i in range(graph.indptr[row], graph.indptr[row + 1])
+                  if row < graph.indices[i])
+    assert sorted((r["src"], r["dst"], r["type"], r["weight"]) for r in got) == want
+    assert len(want) > 0 and all(r["src"] != r["dst"] for r in got)
+    # Whole source nodes per table: a source's edges are never split across two tables.
+    sources = [set(t.column("src").to_pylist()) for t in tables]
+    assert sum(len(s) for s in sources) == len(set().union(*sources))
+    if block == 1:
+        assert len(tables) > 1

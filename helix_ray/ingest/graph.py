@@ -17,7 +17,7 @@ semantic   memory ↔ its k nearest memories with cosine ≥ threshold   cosine
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -188,15 +188,27 @@ def _to_csr(src, dst, wts, typ, num_nodes: int) -> CSRGraph:
     return CSRGraph(indptr, (pair - a * num_nodes).astype(np.int32), w.astype(np.float32), t.astype(np.int8))
 
 
-def edges_table(graph: CSRGraph, node_names: Sequence[str]) -> pa.Table:
-    """The graph as rows (src < dst only), for the DuckDB ``edges`` table. The names are
-    taken in Arrow, not as a Python string per edge (a million memories: ~10 million)."""
-    rows = np.repeat(np.arange(graph.num_nodes, dtype=np.int64), np.diff(graph.indptr))
-    keep = rows < graph.indices
+def edges_tables(graph: CSRGraph, node_names: Sequence[str], block: int = 1 << 20) -> Iterator[pa.Table]:
+    """The graph as rows (src < dst only), for the DuckDB ``edges`` table, about ``block``
+    edges at a time (whole source nodes per table), so that only one block's names are
+    ever held as strings (a million memories: ~10 million edges). The names are taken in
+    Arrow, not as a Python string per edge."""
     names = pa.array(node_names, pa.string())
-    return pa.table({
-        "src": names.take(pa.array(rows[keep])),
-        "dst": names.take(pa.array(np.asarray(graph.indices)[keep].astype(np.int64))),
-        "type": pa.array(EDGE_TYPES, pa.string()).take(pa.array(np.asarray(graph.types)[keep].astype(np.int64))),
-        "weight": pa.array(np.asarray(graph.weights)[keep], pa.float32()),
-    })
+    type_names = pa.array(EDGE_TYPES, pa.string())
+    indptr = np.asarray(graph.indptr)
+    first = 0
+    while first < graph.num_nodes:
+        last = min(int(np.searchsorted(indptr, indptr[first] + block, side="right")) - 1, graph.num_nodes)
+        last = max(last, first + 1)  # a node with more than ``block`` edges is one table
+        lo, hi = int(indptr[first]), int(indptr[last])
+        rows = np.repeat(np.arange(first, last, dtype=np.int64), np.diff(indptr[first:last + 1]))
+        indices = np.asarray(graph.indices[lo:hi])
+        keep = rows < indices
+        if keep.any():
+            yield pa.table({
+                "src": names.take(pa.array(rows[keep])),
+                "dst": names.take(pa.array(indices[keep].astype(np.int64))),
+                "type": type_names.take(pa.array(np.asarray(graph.types[lo:hi])[keep].astype(np.int64))),
+                "weight": pa.array(np.asarray(graph.weights[lo:hi])[keep], pa.float32()),
+            })
+        first = last

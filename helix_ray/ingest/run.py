@@ -47,7 +47,7 @@ from helix_ray.index.bm25 import expansions_of
 from helix_ray.ingest import stages
 from helix_ray.ingest.assemble import NextRows, assemble, bm25_analyzer, collect, memory_table, session_context
 from helix_ray.ingest.dedup import find_duplicates, signatures
-from helix_ray.ingest.graph import edges_table
+from helix_ray.ingest.graph import edges_tables
 from helix_ray.ingest.ids import legacy_markdown_ids
 from helix_ray.ingest.names import SourceName, check_names, one_folder_per_name, source_names
 from helix_ray.ingest.previous import (OldThenNew, carried_over, fold_accesses, has_deletions, held_by,
@@ -826,7 +826,7 @@ def _record(run: Run, number: int, data: GenerationData, node_names: list[str], 
         db.add_duplicates(kept.links, report.run_id)
         db.add_quarantine(quarantined, report.run_id)
         db.replace_graph(data.entities.select(["user", "key", "df"]),
-                         edges_table(data.graph, node_names), number)
+                         edges_tables(data.graph, node_names), number)
         _record_names(run)
         db.record_generation(number, report.run_id)
         db.con.commit()

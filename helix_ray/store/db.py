@@ -201,10 +201,14 @@ class StoreDB:
         })
         self._append("duplicates", table)
 
-    def replace_graph(self, entities: pa.Table, edges: pa.Table, generation: int) -> None:
+    def replace_graph(self, entities: pa.Table, edges: Iterable[pa.Table], generation: int) -> None:
+        """The graph of generation ``generation``: its entity nodes, and its edges as
+        tables (appended one after the other: a large graph's names need not be held all
+        at once)."""
         self.con.execute("DELETE FROM entities; DELETE FROM edges;")
         self._append("entities", entities.append_column("generation", pa.array([generation] * entities.num_rows, pa.int32())))
-        self._append("edges", edges.append_column("generation", pa.array([generation] * edges.num_rows, pa.int32())))
+        for block in edges:
+            self._append("edges", block.append_column("generation", pa.array([generation] * block.num_rows, pa.int32())))
 
     def log_access(self, hits: list[tuple[str, str, dt.datetime]]) -> None:
         if not hits:
