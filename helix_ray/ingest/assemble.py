@@ -65,8 +65,8 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig) -> tuple[Generat
     Also returns the graph's node names (memory ids, then ``user|entity``).
 
     Lets go of what the driver no longer needs as soon as it is in its final form, since
-    it all grows with the store (at a million memories, ~1.4 GB of row dicts and 1.5 GB
-    of unsorted vectors): empties ``rows.todo`` once its rows are in the table, and takes
+    it all grows with the store (at a million memories, ~1.4 GB of row dicts and 0.75 GB
+    of unsorted float16 vectors): empties ``rows.todo`` once its rows are in the table, and takes
     ``vector`` out of ``rows.new_cols`` once sorted."""
     previous, todo, new_cols, keep_old = rows.previous, rows.todo, rows.new_cols, rows.keep_old
     old_table = rows.old_rows.take(pa.array(keep_old, pa.int64())) if keep_old else GENERATION_SCHEMA.empty_table()
@@ -251,12 +251,12 @@ def bm25_analyzer(config: IngestConfig) -> Analyzer:
 def _sorted_vectors(previous: Generation | None, previous_rows: np.ndarray, new: np.ndarray,
                     take: np.ndarray, block: int = 65536) -> np.ndarray:
     """Row ``take[i]`` of (the previous generation's ``previous_rows``, then ``new``) at
-    row i, as float32 holding the float16 values the generation stores: the kNN, graph and
-    indexes built from them are the ones the next ingest carries over for these rows.
-    Each row is read and converted once, straight into its place, ``block`` rows at a
-    time (the temporaries are one block's)."""
+    row i, as the float16 values the generation stores: the kNN, graph and indexes built
+    from them are the ones the next ingest carries over for these rows (scored in
+    float32 a block at a time). Each row is read and converted once, straight into its
+    place, ``block`` rows at a time (the temporaries are one block's)."""
     n_old = len(previous_rows)
-    out = np.empty((len(take), DIM), np.float32)
+    out = np.empty((len(take), DIM), np.float16)
     for lo in range(0, len(take), block):
         rows = take[lo:lo + block]
         from_old = rows < n_old
@@ -264,9 +264,9 @@ def _sorted_vectors(previous: Generation | None, previous_rows: np.ndarray, new:
         if len(at_old):
             assert previous is not None
             old = np.asarray(previous.vectors[previous_rows[rows[at_old]]])  # ascending within a tenant
-            out[lo + at_old] = old if old.dtype == np.float16 else old.astype(np.float16)
+            out[lo + at_old] = old
         if len(at_new):
-            out[lo + at_new] = np.asarray(new[rows[at_new] - n_old], np.float32).astype(np.float16)
+            out[lo + at_new] = np.asarray(new[rows[at_new] - n_old], np.float16)
     return out
 
 

@@ -151,20 +151,20 @@ def tenant_knn(vectors: np.ndarray, start: int, end: int, k: int, width: int, *,
 
     ``search(rows) -> (neighbours, sims)`` finds the k nearest of the given tenant rows
     (absolute numbers); by default exactly. ``similarity(rows, candidates)`` scores row
-    pairs as ``search`` does (default: dot products of ``vectors``).
+    pairs as ``search`` does (default: dot products of ``vectors``, in float32).
 
     With ``previous``, a carried-over row keeps its list when none of its neighbours
     left (it meets only the tenant's new rows, scored directly); a new row, or one that
     lost a neighbour, is searched. Otherwise every row is searched."""
     n = end - start
+    if search is None or similarity is None:
+        block = np.asarray(vectors[start:end], np.float32)  # float16 rows are scored in float32
     if search is None:
-        block = vectors[start:end]
-
         def search(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return exact_knn(block, k, offset=start, queries=rows - start)
     if similarity is None:
         def similarity(rows: np.ndarray, candidates: np.ndarray) -> np.ndarray:
-            return vectors[rows] @ vectors[candidates].T
+            return block[rows - start] @ block[candidates - start].T
 
     out_n = np.full((n, width), -1, np.int64)
     out_s = np.zeros((n, width), np.float32)

@@ -737,7 +737,9 @@ def never_paired(memory_id: str, source: str) -> str | None:
 def _expand_embed_annotate(run: Run, todo: list[dict[str, Any]], reuse: dict[int, stages.Computed],
                            changes: Changes, kept: Deduplicated) -> dict[str, Any]:
     """Stages 4, 5 and 7a for the new or changed memories (``reuse``: by ``seq``, those
-    whose outputs came with the run), as columns in ``todo``'s order (:func:`collect`)."""
+    whose outputs came with the run), as columns in ``todo``'s order (:func:`collect`).
+    The vectors leave as float16, what the generation stores (half the memory the
+    driver holds them in until they are written)."""
     config = run.config
     with stage(run, "expand_embed_annotate"):
         batches = list(_transform(run, [r for r in todo if r["seq"] not in reuse]))
@@ -751,6 +753,7 @@ def _expand_embed_annotate(run: Run, todo: list[dict[str, Any]], reuse: dict[int
                                              changes.old_rows.take(pa.array(keep_old, pa.int64())), changes.previous,
                                              changes.old_index[keep_old] if keep_old else None,
                                              config.session_context)
+    new_cols["vector"] = new_cols["vector"].astype(np.float16)
     return new_cols
 
 

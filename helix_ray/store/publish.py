@@ -59,7 +59,7 @@ class GenerationData:
     """Everything a generation holds, in memory, ready to be written."""
 
     memories: pa.Table  # GENERATION_SCHEMA, grouped by user
-    vectors: np.ndarray  # float32 (N, dim)
+    vectors: np.ndarray  # float16 or float32 (N, dim); stored as float16
     minhash: np.ndarray  # uint32 (N, num_perm)
     terms: Terms  # each row's text + expansions, analysed
     graph: CSRGraph
@@ -270,12 +270,12 @@ def _next_number(store: Path) -> tuple[int, int]:
 
 def _write_rows(staging: _Staging, table: pa.Table, data: GenerationData) -> np.ndarray:
     """``memories.arrow``, the vectors (float16), their sign-bit codes and the MinHash
-    signatures; returns the vectors given, as contiguous float32 (the indexes are built
-    from them)."""
+    signatures; returns the vectors given (the indexes are built from them), never a
+    converted copy of all of them: each file is converted a block at a time."""
     tmp = staging.folder
     _save_arrow(tmp / "memories.arrow", table)
     staging.done(tmp / "memories.arrow")
-    vectors = np.ascontiguousarray(data.vectors, dtype=np.float32)
+    vectors = data.vectors
     _save_npy_rows(tmp / VECTORS_FILE, vectors, np.float16, lambda rows: rows.astype(np.float16))
     staging.done(tmp / VECTORS_FILE)
     _save_npy_rows(tmp / "binary.npy", vectors, np.uint8, binary_codes)
