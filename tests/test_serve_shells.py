@@ -284,7 +284,7 @@ def test_dropping_a_generation_trims_the_heap_once(shells, monkeypatch):
 def test_a_trim_runs_later_off_the_event_loop(monkeypatch):
     import threading
 
-    from helix_ray.live import heap
+    from helix_ray import heap
 
     ran: list[str] = []
     monkeypatch.setattr(heap, "trim_heap", lambda: ran.append(threading.current_thread().name))
@@ -303,7 +303,7 @@ def test_trimming_the_heap_never_fails_without_glibc(monkeypatch):
     """macOS and musl have no ``malloc_trim``; Windows has no ``CDLL(None)``."""
     import ctypes
 
-    from helix_ray.live import heap
+    from helix_ray import heap
 
     assert isinstance(heap.trim_heap(), bool)  # this host's libc, whatever it is
     def no_libc(*args, **kwargs):

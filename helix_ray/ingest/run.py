@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 
 from helix_ray.config import IngestConfig
 from helix_ray.errors import InvalidArgument, StoreError, is_disk_full
+from helix_ray.heap import trim_heap
 from helix_ray.index.bm25 import expansions_of
 from helix_ray.ingest import stages
 from helix_ray.ingest.assemble import NextRows, assemble, bm25_analyzer, collect, memory_table, session_context
@@ -365,6 +366,7 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
     report, config = run.report, run.config
     with stage(run, "read_validate"):
         accepted = _accept(run, _read_validate(run, items))
+    trim_heap()  # each step gives back what it let go: the next one's arrays need not fit in its leftovers
     run.quarantined = accepted.quarantined
     _absorb_segments(run, accepted.latest)
 
@@ -377,6 +379,7 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
             _record_names(run)
             return
         kept = _deduplicate(run, changes)
+    trim_heap()
 
     todo = [changes.fresh[i] for i in kept.keep_new]
     changes.fresh.clear()  # the rows live on in todo only, for assemble to let go of
@@ -388,6 +391,7 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
     report.reused = len(reuse)
     report.embedded = len(todo) - len(reuse)
     new_cols = _expand_embed_annotate(run, todo, reuse, changes, kept)
+    trim_heap()
 
     # Old rows keep their vectors; sorted so each tenant is one range.
     with stage(run, "assemble"):
@@ -395,11 +399,13 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
                         kept.sigs, kept.keep_new)
         del todo
         data, node_names = assemble(rows, run.db, config)  # empties rows.todo
+    trim_heap()
     data.extra[ACCESS_WATERMARK] = changes.folded
     report.total_memories = data.memories.num_rows
 
     with stage(run, "publish"):
         number = _publish(run, data)
+    trim_heap()
     with stage(run, "record"):
         _record(run, number, data, node_names, new_ids, rows.new_cols, changes, kept, accepted.quarantined)
     _make_current(run, number)

@@ -33,7 +33,7 @@ from helix_ray.config import RetrievalConfig
 from helix_ray.errors import StoreError
 from helix_ray.live.delta import DELTA_BASE, DeltaSegment, SegmentCache, effective
 from helix_ray.live.delta_format import current_delta_version, delta_dir
-from helix_ray.live.heap import trim_heap_later
+from helix_ray.heap import trim_heap_later
 from helix_ray.recall import scope as scope_mod
 from helix_ray.recall.pipeline import Recaller
 from helix_ray.recall.warm import ROLE_FILES, read_through

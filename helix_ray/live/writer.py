@@ -52,7 +52,7 @@ from helix_ray.live.delta_format import (
     publish_manifest,
     write_segment,
 )
-from helix_ray.live.heap import trim_heap
+from helix_ray.heap import trim_heap
 from helix_ray.recall import adapter
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import ACCESS_WATERMARK, current_generation_number, open_good_generation

@@ -1,11 +1,12 @@
-"""Give the memory a dropped generation or a finished compaction freed back to the
-operating system.
+"""Give the memory a dropped generation, a finished compaction or an ingest step freed
+back to the operating system.
 
 A generation's open state (Arrow tables, columns, small arrays) lives on the C heap,
 and so do a compaction's vectors and index builds. When a serving process drops a
 generation, glibc keeps most of the freed pages in its arenas for later allocations, so
 the process's anonymous memory stays a few MiB higher after every swap; after a
-compaction the Writer would keep 100–160 MiB (at 10^5 memories). ``malloc_trim(0)``
+compaction the Writer would keep 100–160 MiB (at 10^5 memories), and an ingest driver
+~1.5 KB per memory of what its steps let go. ``malloc_trim(0)``
 returns the free pages at the top of each arena and the free whole pages inside them.
 Elsewhere (macOS, musl) there is no such call and nothing is done.
 """
