@@ -66,8 +66,9 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig) -> tuple[Generat
 
     Lets go of what the driver no longer needs as soon as it is in its final form, since
     it all grows with the store (at a million memories, ~1.4 GB of row dicts and 0.75 GB
-    of unsorted float16 vectors): empties ``rows.todo`` once its rows are in the table, and takes
-    ``vector`` out of ``rows.new_cols`` once sorted."""
+    of unsorted float16 vectors): empties ``rows.todo`` once its rows are in the table,
+    takes ``vector`` and ``entities`` out of ``rows.new_cols`` once used, and drops each
+    per-row Python list once done with it."""
     previous, todo, new_cols, keep_old = rows.previous, rows.todo, rows.new_cols, rows.keep_old
     old_table = rows.old_rows.take(pa.array(keep_old, pa.int64())) if keep_old else GENERATION_SCHEMA.empty_table()
     previous_rows = rows.old_index[keep_old] if keep_old else np.zeros(0, np.int64)
@@ -87,8 +88,9 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig) -> tuple[Generat
         old_exp = db.expansions_for(old_ids)
         old_lexical = [lexical_text(t, old_exp.get(i, [])) for i, t in zip(old_ids, old_texts.to_pylist())]
     terms = carry.terms(previous, previous_rows, old_lexical, new_lexical, analyzer)
+    del new_lexical, old_lexical  # a string per memory: ~0.5 GB at a million
     ents = pa.concat_arrays([carry.mentions(previous, previous_rows, old_texts),
-                             pa.array([json.loads(x) for x in new_cols["entities"]], carry.MENTIONS_TYPE)])
+                             pa.array([json.loads(x) for x in new_cols.pop("entities")], carry.MENTIONS_TYPE)])
 
     # Group by tenant, then time, then arrival: a tenant is a contiguous row range.
     users = table.column("user").to_pylist()
@@ -104,6 +106,7 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig) -> tuple[Generat
         late = late.take(take)  # pointers only: publish gathers the new rows' tokens
     ents = ents.take(pa.array(take))
     users = [users[i] for i in order]
+    del order
     parts = {p["user"]: (p["start"], p["end"]) for p in partitions_of(users)}
 
     knn, all_knn, dense_indexes, removed = _semantic_knn(vectors, parts, previous, previous_row, config)
@@ -115,6 +118,7 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig) -> tuple[Generat
         users=users, sessions=sessions, order_keys=order_keys, entity_lists=ents, knn=knn,
         partitions=parts, config=config.graph,
     )
+    del users, sessions, order_keys, metadata_turns, knn  # per-row Python lists, done with
     node_names = table.column("id").to_pylist() + [
         f"{u}|{k}" for u, k in zip(entities.column("user").to_pylist(), entities.column("key").to_pylist())]
     data = GenerationData(

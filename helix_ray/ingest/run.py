@@ -399,15 +399,18 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
                         kept.sigs, kept.keep_new)
         del todo
         data, node_names = assemble(rows, run.db, config)  # empties rows.todo
+    rows.sigs = kept.sigs = kept.sigs[:0].copy()  # the generation holds them, sorted (a view would keep them)
     trim_heap()
     data.extra[ACCESS_WATERMARK] = changes.folded
     report.total_memories = data.memories.num_rows
 
     with stage(run, "publish"):
         number = _publish(run, data)
+    memories, entities, edges = data.memories, data.entities, edges_tables(data.graph, node_names)
+    del data, node_names  # the vectors, signatures, terms and kNN lists are written: the record needs none
     trim_heap()
     with stage(run, "record"):
-        _record(run, number, data, node_names, new_ids, rows.new_cols, changes, kept, accepted.quarantined)
+        _record(run, number, memories, entities, edges, new_ids, rows.new_cols, changes, kept, accepted.quarantined)
     _make_current(run, number)
 
 
@@ -805,21 +808,21 @@ def _publish(run: Run, data: GenerationData) -> int:
     )
 
 
-def _record(run: Run, number: int, data: GenerationData, node_names: list[str], ids: pa.Array,
-            new_cols: dict[str, Any], changes: Changes, kept: Deduplicated,
+def _record(run: Run, number: int, memories: pa.Table, entities: pa.Table, edges: Iterable[pa.Table],
+            ids: pa.Array, new_cols: dict[str, Any], changes: Changes, kept: Deduplicated,
             quarantined: list[dict[str, Any]]) -> None:
     """The database records, in one transaction, what published generation ``number``
-    holds: the new and changed memories (``ids``, their stage outputs ``new_cols``), the
-    re-tagged and the dropped ones, expansions, duplicate links, the quarantine, the
-    graph; and the names of the folders read."""
+    holds (its ``memories``, and its graph: ``entities`` and ``edges``, see
+    :func:`edges_tables`): the new and changed memories (``ids``, their stage outputs
+    ``new_cols``), the re-tagged and the dropped ones, expansions, duplicate links, the
+    quarantine, the graph; and the names of the folders read."""
     db, report = run.db, run.report
     db.con.begin()
     try:
-        db.upsert_memories(data.memories.take(pc.index_in(ids, value_set=data.memories.column("id"))),
+        db.upsert_memories(memories.take(pc.index_in(ids, value_set=memories.column("id"))),
                            report.run_id)  # the new rows as the generation holds them, in ids' order
         if changes.retagged:
-            held = data.memories.filter(pc.is_in(data.memories.column("id"),
-                                                 pa.array(list(changes.retagged), pa.string())))
+            held = memories.filter(pc.is_in(memories.column("id"), pa.array(list(changes.retagged), pa.string())))
             db.upsert_memories(held, report.run_id)
         if kept.dropped_rows:
             db.upsert_memories(memory_table(kept.dropped_rows, None), report.run_id)
@@ -834,8 +837,7 @@ def _record(run: Run, number: int, data: GenerationData, node_names: list[str], 
         )
         db.add_duplicates(kept.links, report.run_id)
         db.add_quarantine(quarantined, report.run_id)
-        db.replace_graph(data.entities.select(["user", "key", "df"]),
-                         edges_tables(data.graph, node_names), number)
+        db.replace_graph(entities.select(["user", "key", "df"]), edges, number)
         _record_names(run)
         db.record_generation(number, report.run_id)
         db.con.commit()
