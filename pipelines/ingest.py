@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import queue
 import warnings
 from typing import Any, Callable, Iterator
 
@@ -129,7 +130,7 @@ class _TransformFeed:
         self.thread: threading.Thread | None = None
         self.mailbox: Any = None  # a Ray actor handle of _Mailbox
         self.stop = threading.Event()
-        self.batches: list[dict[str, np.ndarray]] = []
+        self.batches: queue.Queue[dict[str, np.ndarray] | None] = queue.Queue()  # None: the stage ended
         self.error: BaseException | None = None
         self.restarts = actor_restarts(config)
 
@@ -170,17 +171,24 @@ class _TransformFeed:
                 if self.stop.is_set():
                     break  # aborted: leaving the iterator shuts the execution down
                 if len(batch.get("seq", ())):
-                    self.batches.append(batch)
+                    self.batches.put(batch)
                     self.on_rows(len(batch["seq"]))
         except BaseException as exc:  # re-raised in the driver's thread by run()
             self.error = exc
+        finally:
+            self.batches.put(None)
 
-    def run(self, table: pa.Table) -> list[dict[str, np.ndarray]]:
+    def run(self, table: pa.Table) -> Iterator[dict[str, np.ndarray]]:
+        """The transformed batches of ``table``'s rows, as they arrive (in any order)."""
         import ray
 
         # The blocks go to the object store once; the mailbox holds their references.
         order = _longest_first(table.column("text").to_pylist(), BLOCK, self.config.embedder.batch_size)
-        self._publish([ray.put(table.slice(i, BLOCK)) for i in order])
+        self._post([ray.put(table.slice(i, BLOCK)) for i in order])
+        del table
+        while (batch := self.batches.get()) is not None:
+            yield batch
+        self._join()
         if isinstance(self.error, ray.exceptions.ActorDiedError):
             died = (f"died more often than it is restarted ({self.restarts} times)" if self.restarts else
                     "died (embed_actor_restarts is 0 on a Ray of its own; set it in --config to restart actors)")
@@ -192,8 +200,6 @@ class _TransformFeed:
             ) from self.error
         if self.error is not None:
             raise self.error
-        batches, self.batches = self.batches, []
-        return batches
 
     def close(self) -> None:
         """End the stage unfed (nothing was left to embed)."""
@@ -216,9 +222,16 @@ class _TransformFeed:
             self.thread = None
 
     def _publish(self, refs: list) -> None:
+        self._post(refs)
+        self._join()
+
+    def _post(self, refs: list) -> None:
         assert self.thread is not None
         # In a list: Ray would resolve references passed as arguments themselves.
         self.mailbox.publish.remote([refs])
+
+    def _join(self) -> None:
+        assert self.thread is not None
         self.thread.join()
         self.thread = None
 

@@ -593,3 +593,41 @@ def test_a_long_record_is_stored_as_chunks_and_a_new_version_leaves_none_behind(
     with StoreDB(store) as db:
         live = {i for i, (_, deleted) in db.known_hashes().items() if not deleted}
     assert live == set(again)
+
+
+def _batch(seq: list[int]) -> dict[str, np.ndarray]:
+    from helix_ray.embedder import DIM
+
+    return {"seq": np.array(seq), "vector": np.array([np.full(DIM, s, np.float32) for s in seq]),
+             "n_tokens": np.array([s + 1 for s in seq]), "expansions": np.array([f'["q{s}"]' for s in seq], object),
+             "entities": np.array([f'["name:e{s}"]' for s in seq], object)}
+
+
+def test_collect_takes_batches_as_they_come_and_each_row_once():
+    """The transform stages' batches, in any order, from a generator: each row lands in
+    its place, and a batch is let go once copied (the generator is never held whole).
+    A row missing, or one sent twice, is an error rather than a zero vector."""
+    from helix_ray.ingest.assemble import collect
+
+    config = IngestConfig(late_interaction={"enabled": False})
+    given: list[dict[str, np.ndarray]] = []
+
+    def batches():
+        for seq in ([3, 1], [0], [4, 2]):
+            assert all("vector" not in b for b in given)  # the batches before were copied and let go
+            given.append(_batch(seq))
+            yield given[-1]
+
+    cols = collect(batches(), 5, config)
+    assert cols["vector"][:, 0].tolist() == [0, 1, 2, 3, 4] and cols["n_tokens"].tolist() == [1, 2, 3, 4, 5]
+    assert cols["expansions"] == [f'["q{s}"]' for s in range(5)] and cols["late"] is None
+    listed = [_batch([1]), _batch([0])]
+    assert collect(listed, 2, config)["entities"] == ['["name:e0"]', '["name:e1"]'] and listed == []
+    with pytest.raises(RuntimeError, match="1 rows for 2 inputs"):
+        collect(iter([_batch([1])]), 2, config)
+    with pytest.raises(RuntimeError, match="twice"):
+        collect(iter([_batch([0, 1]), _batch([1])]), 2, config)
+    with pytest.raises(RuntimeError, match="outside"):
+        collect(iter([_batch([0, 2])]), 2, config)
+    empty = collect(iter([]), 0, config)
+    assert empty["vector"].shape[0] == 0 and empty["late"] is None

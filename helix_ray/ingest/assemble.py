@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -131,31 +131,31 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig) -> tuple[Generat
     return data, node_names
 
 
-def collect(batches: list[dict[str, np.ndarray]], n: int, config: IngestConfig) -> dict[str, Any]:
+def collect(batches: Iterable[dict[str, np.ndarray]], n: int, config: IngestConfig) -> dict[str, Any]:
     """The transform stages' batches (in any order) as columns in ``seq`` order, one
     row per input: ``vector``, ``expansions``, ``entities``, ``n_tokens`` and ``late``
     (the token vectors, or None when late interaction is off).
 
-    Empties ``batches`` as it goes: each column is written once into its place, and a
-    batch's arrays go as soon as they are copied, so the driver never holds the
-    vectors or tokens twice (at a million memories each copy of the vectors is 1.5 GB)."""
-    if not batches:
-        late = empty_tokens() if config.late_interaction.enabled else None
-        return {"vector": np.zeros((0, DIM), np.float32), "expansions": [], "entities": [],
-                "n_tokens": np.zeros(0, np.int32), "late": late}
-    seqs = [np.asarray(b["seq"], np.int64) for b in batches]
-    seq = np.concatenate(seqs)
-    if len(seq) != n or not np.array_equal(np.sort(seq), np.arange(n)):
-        raise RuntimeError(f"the transform stages returned {len(seq)} rows for {n} inputs")
-    with_late = "late_codes" in batches[0]
+    Takes the batches as they come (a list is emptied as it goes): each column is
+    written once into its place, and a batch's arrays go as soon as they are copied, so
+    the driver never holds every batch and the columns at once (at a million memories
+    the vectors alone are 1.5 GB in each form). Raises RuntimeError unless every row
+    ``0 … n − 1`` came exactly once."""
     vector = np.empty((n, DIM), np.float32)
     expansions: list[Any] = [None] * n
     entities: list[Any] = [None] * n
     n_tokens = np.empty(n, np.int32)
     codes: list[Any] = [None] * n
     scales: list[Any] = [None] * n
-    for at in seqs:
-        batch = batches.pop(0)
+    seen = np.zeros(n, bool)
+    with_late = None
+    for batch in _draining(batches):
+        at = np.asarray(batch.pop("seq"), np.int64)
+        if len(at) and (at.min() < 0 or at.max() >= n or seen[at].any() or len(np.unique(at)) < len(at)):
+            raise RuntimeError(f"the transform stages returned rows outside 0..{n - 1} or twice")
+        seen[at] = True
+        if with_late is None:
+            with_late = "late_codes" in batch
         rows = np.asarray(batch.pop("vector"))
         vector[at] = np.stack(list(rows)) if rows.ndim == 1 else rows
         n_tokens[at] = np.asarray(batch.pop("n_tokens"), np.int32)
@@ -164,8 +164,25 @@ def collect(batches: list[dict[str, np.ndarray]], n: int, config: IngestConfig) 
         if with_late:
             for i, c, x in zip(at.tolist(), batch.pop("late_codes"), batch.pop("late_scales")):
                 codes[i], scales[i] = bytes(c), bytes(x)
-    late = from_blobs(codes, scales) if with_late else None
+    if not seen.all():
+        raise RuntimeError(f"the transform stages returned {int(seen.sum())} rows for {n} inputs")
+    if with_late is None:
+        with_late = config.late_interaction.enabled
+        late = empty_tokens() if with_late else None
+    else:
+        late = from_blobs(codes, scales) if with_late else None
     return {"vector": vector, "expansions": expansions, "entities": entities, "n_tokens": n_tokens, "late": late}
+
+
+def _draining(batches: Iterable[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
+    """``batches`` one by one; a list is emptied as it goes, so each batch can be freed
+    once taken."""
+    if not isinstance(batches, list):
+        yield from batches
+        return
+    batches.reverse()
+    while batches:
+        yield batches.pop()
 
 
 def memory_table(rows: list[dict[str, Any]], cols: dict[str, Any] | None) -> pa.Table:

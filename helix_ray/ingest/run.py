@@ -29,6 +29,7 @@ tests and small online batches.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import time
@@ -104,7 +105,7 @@ class TransformFeed(Protocol):
 
     def start(self, max_rows: int) -> None: ...
 
-    def run(self, table: pa.Table) -> list[dict[str, np.ndarray]]: ...
+    def run(self, table: pa.Table) -> Iterator[dict[str, np.ndarray]]: ...
 
 
 @dataclasses.dataclass
@@ -751,11 +752,11 @@ def _expand_embed_annotate(run: Run, todo: list[dict[str, Any]], reuse: dict[int
     driver holds them in until they are written)."""
     config = run.config
     with stage(run, "expand_embed_annotate"):
-        batches = list(_transform(run, [r for r in todo if r["seq"] not in reuse]))
-        if reuse:
-            batches += _run_local_batches([r for r in todo if r["seq"] in reuse], [stages.Reuse(config, reuse)])
-    new_cols = collect(batches, len(todo), config)
-    del batches  # their token blobs are the largest thing the driver holds
+        reused = _run_local_batches([r for r in todo if r["seq"] in reuse], [stages.Reuse(config, reuse)])
+        # Each batch goes into the columns as it arrives: held all at once, the batches
+        # (vectors, token blobs) would be more than the columns themselves.
+        new_cols = collect(itertools.chain(_transform(run, [r for r in todo if r["seq"] not in reuse]), reused),
+                           len(todo), config)
     if config.session_context > 0:
         keep_old = kept.keep_old
         new_cols["vector"] = session_context(todo, new_cols["vector"],
