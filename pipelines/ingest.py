@@ -204,7 +204,8 @@ class _TransformFeed:
     def close(self) -> None:
         """End the stage unfed (nothing was left to embed)."""
         if self.thread is not None:
-            self._publish([])
+            self._post([])
+            self._join()
             if self.error is not None:
                 log.warning("the unused transform stage failed: %s", self.error)
 
@@ -220,10 +221,6 @@ class _TransformFeed:
             if self.thread.is_alive():
                 log.warning("the transform stage did not stop within 60 s of an ingest error; it ends with Ray")
             self.thread = None
-
-    def _publish(self, refs: list) -> None:
-        self._post(refs)
-        self._join()
 
     def _post(self, refs: list) -> None:
         assert self.thread is not None

@@ -166,9 +166,8 @@ def collect(batches: Iterable[dict[str, np.ndarray]], n: int, config: IngestConf
                 codes[i], scales[i] = bytes(c), bytes(x)
     if not seen.all():
         raise RuntimeError(f"the transform stages returned {int(seen.sum())} rows for {n} inputs")
-    if with_late is None:
-        with_late = config.late_interaction.enabled
-        late = empty_tokens() if with_late else None
+    if with_late is None:  # no batch came: no rows
+        late = empty_tokens() if config.late_interaction.enabled else None
     else:
         late = from_blobs(codes, scales) if with_late else None
     return {"vector": vector, "expansions": expansions, "entities": entities, "n_tokens": n_tokens, "late": late}

@@ -198,7 +198,7 @@ def edges_tables(graph: CSRGraph, node_names: Sequence[str], block: int = 1 << 2
     indptr = np.asarray(graph.indptr)
     first = 0
     while first < graph.num_nodes:
-        last = min(int(np.searchsorted(indptr, indptr[first] + block, side="right")) - 1, graph.num_nodes)
+        last = int(np.searchsorted(indptr, indptr[first] + block, side="right")) - 1  # at most num_nodes
         last = max(last, first + 1)  # a node with more than ``block`` edges is one table
         lo, hi = int(indptr[first]), int(indptr[last])
         rows = np.repeat(np.arange(first, last, dtype=np.int64), np.diff(indptr[first:last + 1]))

@@ -190,8 +190,8 @@ def publish(
         raise ValueError(f"vectors have shape {data.vectors.shape}; expected ({n}, {data.dim})")
     parts = partitions_of(table.column("user").to_pylist())
 
-    vectors = _write_rows(staging, table, data)
-    _write_dense(staging, parts, vectors, data.dim, dense_indexes or {}, hnsw)
+    _write_rows(staging, table, data)
+    _write_dense(staging, parts, data.vectors, data.dim, dense_indexes or {}, hnsw)
     build_bm25(None, staging.folder / "bm25", analyzer=analyzer, terms=data.terms)
     staging.done(staging.folder / "bm25")
     carry = _write_carried(staging, data, n, analyzer)
@@ -268,10 +268,10 @@ def _next_number(store: Path) -> tuple[int, int]:
     return previous, max([previous, *existing]) + 1
 
 
-def _write_rows(staging: _Staging, table: pa.Table, data: GenerationData) -> np.ndarray:
+def _write_rows(staging: _Staging, table: pa.Table, data: GenerationData) -> None:
     """``memories.arrow``, the vectors (float16), their sign-bit codes and the MinHash
-    signatures; returns the vectors given (the indexes are built from them), never a
-    converted copy of all of them: each file is converted a block at a time."""
+    signatures; each file is converted a block at a time, never as a copy of all the
+    vectors."""
     tmp = staging.folder
     _save_arrow(tmp / "memories.arrow", table)
     staging.done(tmp / "memories.arrow")
@@ -282,7 +282,6 @@ def _write_rows(staging: _Staging, table: pa.Table, data: GenerationData) -> np.
     staging.done(tmp / "binary.npy")
     _save_npy(tmp / "minhash.npy", data.minhash.astype(np.uint32))
     staging.done(tmp / "minhash.npy")
-    return vectors
 
 
 def _write_dense(staging: _Staging, parts: list[dict[str, Any]], vectors: np.ndarray, dim: int,
