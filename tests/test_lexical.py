@@ -145,3 +145,24 @@ def test_terms_analysed_a_block_at_a_time_are_those_of_one_pass():
     np.testing.assert_array_equal(blocks.offsets, whole.offsets)
     assert [blocks.vocab[i] for i in blocks.ids] == [whole.vocab[i] for i in whole.ids]
     assert len(blocks.vocab) > 10 and blocks.offsets[-1] > 100
+
+
+_VOCAB_OF = """
+from helix_ray.index.bm25 import Analyzer, Terms
+texts = ["Kafka lag on the gateway; zeta alpha retries", "beta alpha gateway", "omega kafka", "delta"]
+print(Terms.analyse(Analyzer(), texts, block=2).vocab)
+"""
+
+
+def test_terms_are_numbered_as_they_first_occur_whatever_the_hash_seed():
+    """A generation's BM25 files are the same from run to run: the vocabulary follows
+    the texts, not the order of a set (which changes with Python's hash seed)."""
+    import os
+    import subprocess
+    import sys
+
+    terms = bm25.Terms.analyse(bm25.Analyzer(stemmer=None), ["zeta alpha", "beta alpha", "gamma zeta"], block=2)
+    assert terms.vocab == ["zeta", "alpha", "beta", "gamma"]
+    runs = [subprocess.run([sys.executable, "-c", _VOCAB_OF], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3")]
+    assert runs[0] == runs[1] == runs[2] and "kafka" in runs[0]

@@ -130,13 +130,19 @@ class Terms:
         lengths, ids = [], []
         for lo in range(0, len(texts), block):
             docs, local = analyzer.tokenize(list(texts[lo:lo + block]))
-            to_vocab = np.empty(len(local), np.int32)
-            for term, i in local.items():
-                to_vocab[i] = index.setdefault(term, len(index))
-                if to_vocab[i] == len(vocab):
-                    vocab.append(term)
             counts = np.fromiter(map(len, docs), np.int64, count=len(docs))
             flat = np.fromiter(itertools.chain.from_iterable(docs), np.int32, count=int(counts.sum()))
+            # New terms are numbered in the order they first occur: bm25s numbers them in
+            # a set's order, which changes with Python's hash seed from run to run.
+            term_of = [""] * len(local)
+            for term, i in local.items():
+                term_of[i] = term
+            present, first = np.unique(flat, return_index=True)
+            to_vocab = np.full(len(local), -1, np.int32)
+            for i in present[np.argsort(first)].tolist():
+                to_vocab[i] = index.setdefault(term_of[i], len(index))
+                if to_vocab[i] == len(vocab):
+                    vocab.append(term_of[i])
             lengths.append(counts)
             ids.append(to_vocab[flat])
         offsets = np.zeros(len(texts) + 1, np.int64)
