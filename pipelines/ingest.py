@@ -1,9 +1,10 @@
 """The ingest job on Ray Data: the dataflow wiring of :mod:`helix_ray.ingest.run`.
 
 For ``runner="ray"``, stages 1–2 run as Ray Data tasks, one per source
-(:func:`read_validate`), and stages 4, 5 and 7a on a pool of embedding actors fed as
-stage 3 finishes (:class:`_TransformFeed`); the stages themselves, and every other step
-of a run, are :mod:`helix_ray.ingest`'s. ``helix_ray.ingest.run`` imports this module
+(:func:`read_validate`), stages 4, 5 and 7a on a pool of embedding actors fed as
+stage 3 finishes (:class:`_TransformFeed`), and stage 7b's HNSW builds and searches as
+Ray tasks (:class:`RayTasks`); the stages themselves, and every other step of a run,
+are :mod:`helix_ray.ingest`'s. ``helix_ray.ingest.run`` imports this module
 only when a run asks for Ray.
 """
 
@@ -14,7 +15,7 @@ import logging
 import os
 import queue
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +28,7 @@ from helix_ray.ingest.run import Run, read_validate_sign, stage
 from helix_ray.runtime import ensure_ray, ray_output_shown
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ROWS_OUT = 4096  # read rows turned into Python objects at a time (:func:`read_validate`)
 BLOCK = 256  # rows per Ray Data block (a multiple of BATCH; blocks are the actors' unit of work)
@@ -59,12 +61,39 @@ def run_stages(run: Run, items: list[dict[str, str]], stages_of: Callable[[Run, 
     ray.data.DataContext.get_current().execution_options.preserve_order = True
     feed = _TransformFeed(run.config, on_rows=run.progress.advance)
     run.feed = feed
+    run.tasks = RayTasks()
     try:
         stages_of(run, items)
     except BaseException:
         feed.abort()
         raise
     feed.close()
+
+
+class RayTasks:
+    """Stage 7b's HNSW units (:mod:`helix_ray.ingest.dense`) as Ray tasks of one CPU
+    each, all submitted at once and their results taken in order. They run on the
+    driver's node: the files they read and write are on its disk (the store's)."""
+
+    threads = 1  # one search thread per task: the tasks are the parallelism
+
+    def __init__(self) -> None:
+        import ray
+
+        self.node = ray.get_runtime_context().get_node_id()
+        cpus = [n["Resources"].get("CPU", 1) for n in ray.nodes() if n["NodeID"] == self.node]
+        self.slots = max(1, int(cpus[0])) if cpus else 1
+
+    def map(self, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]]) -> Iterator[T]:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(self.node, soft=False)
+        remote = ray.remote(num_cpus=1)(fn).options(scheduling_strategy=here)
+        refs = [remote.remote(*call) for call in calls]
+        refs.reverse()
+        while refs:  # each result is let go of once the caller has taken it
+            yield ray.get(refs.pop())
 
 
 def quiet_ray_data(quiet: bool) -> None:

@@ -291,10 +291,9 @@ def annotated_columns(todo: list[dict[str, Any]], vectors: np.ndarray, config: A
 
 def build_timer() -> StepTimer:
     """A StepTimer on the functions assemble and publish spend their time in."""
-    from helix_ray.index import hnsw as hnsw_mod
-    from helix_ray.index import quantize as quantize_mod
     from helix_ray.ingest import assemble as assemble_mod
     from helix_ray.ingest import carry as carry_mod
+    from helix_ray.ingest import dense as dense_mod
     from helix_ray.ingest import graph as graph_mod
     from helix_ray.store import publish as publish_mod
 
@@ -303,8 +302,9 @@ def build_timer() -> StepTimer:
     timer.wrap(carry_mod, "exact_knn", "exact_knn (small tenants)")
     timer.wrap(assemble_mod, "build_graph")
     timer.wrap(graph_mod, "_to_csr", "build_graph: _to_csr")
-    timer.wrap(hnsw_mod, "build_hnsw")  # as the assembly's kNN imports it
-    timer.wrap(quantize_mod, "quantize_int8")
+    timer.wrap(dense_mod, "build_hnsw")  # as the assembly's index units import it
+    timer.wrap(dense_mod, "search_block", "HNSW kNN searches")
+    timer.wrap(dense_mod, "quantize_int8")
     timer.wrap(publish_mod, "build_hnsw", "publish: build_hnsw")
     timer.wrap(publish_mod, "quantize_int8", "publish: quantize_int8")
     timer.wrap(publish_mod, "build_bm25", "publish: build_bm25")
@@ -333,6 +333,7 @@ def build_store(n: int, store: Path, *, users: int | None, base_texts: list[str]
     tokens; without, the generation has no ``late/``."""
     from helix_ray.config import IngestConfig, LateInteractionConfig
     from helix_ray.ingest.assemble import NextRows, assemble
+    from helix_ray.ingest.dense import work_folder
     from helix_ray.store.publish import publish
 
     config = IngestConfig(hnsw_threads=hnsw_threads,
@@ -363,19 +364,19 @@ def build_store(n: int, store: Path, *, users: int | None, base_texts: list[str]
     try:
         t0 = time.perf_counter()
         rows = NextRows(None, [], np.zeros(0, np.int64), [], todo, new_cols, sigs, list(range(n)))
-        data, _names = assemble(rows, _NoPreviousStore(), config)
-        assemble_s = time.perf_counter() - t0
-        t = step("assemble (helix_ray.ingest.assemble.assemble)", t)
-        del todo, new_cols, vectors, sigs
-        gc.collect()
-        store.mkdir(parents=True, exist_ok=True)
-        t0 = time.perf_counter()
-        number = publish(
-            store, data, hnsw_connectivity=config.hnsw_connectivity, hnsw_expansion_add=config.hnsw_expansion_add,
-            dense_indexes=data.extra.pop("_dense_indexes", None), hnsw_min_rows=config.hnsw_min_rows,
-            hnsw_threads=config.hnsw_threads,
-        )
-        publish_s = time.perf_counter() - t0
+        with work_folder(store) as work:  # the HNSW index files, until publish moves them in
+            data, _names = assemble(rows, _NoPreviousStore(), config, work=work)
+            assemble_s = time.perf_counter() - t0
+            t = step("assemble (helix_ray.ingest.assemble.assemble)", t)
+            del todo, new_cols, vectors, sigs
+            gc.collect()
+            t0 = time.perf_counter()
+            number = publish(
+                store, data, hnsw_connectivity=config.hnsw_connectivity,
+                hnsw_expansion_add=config.hnsw_expansion_add, dense_indexes=data.extra.pop("_dense_indexes", None),
+                hnsw_min_rows=config.hnsw_min_rows, hnsw_threads=config.hnsw_threads,
+            )
+            publish_s = time.perf_counter() - t0
         t = step("publish (helix_ray.store.publish.publish)", t)
     finally:
         timer.restore()

@@ -194,3 +194,27 @@ def test_quantize_int8_scales_each_vector_to_127_at_its_peak():
     assert quantize_int8(np.zeros((0, 16), np.float32)).shape == (0, 16)
     np.testing.assert_array_equal(quantize_int8(vectors, block=7), expected.astype(np.int8))  # a block at a time
     np.testing.assert_array_equal(quantize_int8(vectors[5]), expected[5].astype(np.int8))  # one vector
+
+
+def test_units_search_in_blocks_as_one_search_does_and_score_as_usearch(tmp_path, monkeypatch):
+    """The kNN searches run a block of rows per unit (a Ray task on the ray runner):
+    pieced together they are the one search over every row, and the similarity used to
+    meet new rows is usearch's int8 cosine."""
+    from helix_ray.index.hnsw import open_view
+    from helix_ray.ingest import dense
+
+    rng = np.random.default_rng(5)
+    vectors = rng.standard_normal((300, 32)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    vectors_path = dense.write_vectors(tmp_path, vectors)
+    params = dense.HnswParams(connectivity=8, expansion_add=64, threads=1)
+    index_path = dense.build_index(vectors_path, 100, 300, 32, params, tmp_path / "p0.usearch")
+    rows = np.arange(100, 300)
+    monkeypatch.setattr(dense, "SEARCH_BLOCK", 7)  # 29 units, the last one of 4 rows
+    keys, sims = dense.search(dense.LocalTasks(), vectors_path, index_path, rows, k=5)
+    whole = open_view(index_path).search(quantize_int8(vectors[rows].astype(np.float16)), 5)
+    np.testing.assert_array_equal(keys, whole.keys.astype(np.int64))
+    np.testing.assert_allclose(sims, 1.0 - whole.distances, atol=1e-6)
+    assert (keys[:, 0] == rows).mean() > 0.95 and keys.min() >= 100  # each row finds itself; keys are rows
+    cosine = dense.Int8Cosine(np.load(vectors_path))
+    np.testing.assert_allclose(np.take_along_axis(cosine(rows, rows), keys - 100, axis=1), sims, atol=1e-5)

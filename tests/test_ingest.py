@@ -307,6 +307,8 @@ def test_crash_mid_publish_leaves_previous_generation_serving(tmp_path):
         ingest([more], store, runner="local", crash_after="binary.npy")
     assert current_generation_number(store) == 1
     assert sorted(p.name for p in generations_dir(store).iterdir() if not p.name.startswith(".")) == ["000001"]
+    assert not list(generations_dir(store).glob(".work-*"))  # the run's index work files went with it
+    (generations_dir(store) / ".work-killed").mkdir()  # as a run killed outright leaves it
     gen = Generation.open_current(store)
     assert gen.size == 3 and gen.memories.num_rows == 3  # still whole and readable
     with StoreDB(store) as db:
@@ -314,7 +316,7 @@ def test_crash_mid_publish_leaves_previous_generation_serving(tmp_path):
         assert db.counts()["memories"] == 3  # the failed run recorded nothing as ingested
     retry = ingest([more], store, runner="local")
     assert retry.generation == 2 and retry.total_memories == 6 and retry.embedded == 3
-    assert not any(p.name.startswith(".tmp-") for p in generations_dir(store).iterdir())
+    assert not any(p.name.startswith((".tmp-", ".work-")) for p in generations_dir(store).iterdir())
 
 
 def _ingest_failing_at(owner, attribute: str, sources, store, monkeypatch) -> None:

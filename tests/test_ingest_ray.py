@@ -34,16 +34,27 @@ def test_ray_runner_matches_local_runner(tmp_path, local_ray, monkeypatch):
     # 64 rows, each cut into 32-row batches: the same batches the local runner embeds.
     monkeypatch.setattr("pipelines.ingest.BLOCK", 64)
     monkeypatch.setattr("helix_ray.ingest.run.BATCH", 32)
+    # Tenants of 40 memories or more get an HNSW index: built and searched by Ray tasks
+    # on the ray runner, here on the local one.
+    monkeypatch.setattr("helix_ray.ingest.dense.SEARCH_BLOCK", 16)
+    config = IngestConfig(hnsw_min_rows=40)
     sources = [SAMPLE / "memories.jsonl", SAMPLE / "notes", SAMPLE / "transcript.jsonl", SAMPLE / "bad_records.jsonl"]
-    on_ray = ingest(sources, tmp_path / "ray", runner="ray", show_progress=False)
-    local = ingest(sources, tmp_path / "local", runner="local")
+    on_ray = ingest(sources, tmp_path / "ray", runner="ray", show_progress=False, config=config)
+    local = ingest(sources, tmp_path / "local", runner="local", config=config)
     assert on_ray.published and on_ray.accepted == 300 and on_ray.quarantined == 8
     for field in ("read", "accepted", "quarantined", "duplicates", "new", "embedded", "total_memories"):
         assert getattr(on_ray, field) == getattr(local, field), field
     a, b = Generation.open_current(tmp_path / "ray"), Generation.open_current(tmp_path / "local")
     assert a.memories.equals(b.memories)
-    np.testing.assert_allclose(a.vectors, b.vectors, atol=1e-6)
+    np.testing.assert_array_equal(a.vectors, b.vectors)
     assert a.manifest["counts"] == b.manifest["counts"]
+    indexed = [p for p in a.manifest["partitions"] if p["dense"]]
+    assert indexed and any(p["end"] - p["start"] > 16 for p in indexed)  # several search units
+    assert [p for p in b.manifest["partitions"] if p["dense"]] == indexed
+    for part in indexed:
+        assert (a.path / part["dense"]).read_bytes() == (b.path / part["dense"]).read_bytes()
+    for x, y in zip(a.knn, b.knn):
+        np.testing.assert_array_equal(x, y)
 
 
 def test_ray_runner_incremental_embeds_only_new(tmp_path, local_ray):

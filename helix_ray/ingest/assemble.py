@@ -7,8 +7,10 @@ with the outputs of stages 4–7a; sorted so that each tenant is one range, with
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-from typing import Any, Iterable, Iterator
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -17,9 +19,8 @@ import pyarrow.compute as pc
 from helix_ray.config import IngestConfig
 from helix_ray.embedder import DIM
 from helix_ray.index.bm25 import Analyzer, lexical_text
-from helix_ray.index.hnsw import build_hnsw
-from helix_ray.index.quantize import quantize_int8
-from helix_ray.ingest import carry
+from helix_ray.ingest import carry, dense
+from helix_ray.ingest.dense import VECTORS, Tasks
 from helix_ray.ingest.graph import build_graph, tenant_codes
 from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.store.db import StoreDB
@@ -28,8 +29,6 @@ from helix_ray.store.late import SegmentedTokens, TokenRows
 from helix_ray.store.publish import GenerationData, partitions_of
 from helix_ray.token_encoder import PassageTokens, empty_tokens, from_blobs, get_token_encoder, to_blobs
 from helix_ray.tokens import token_counter
-
-SEARCH_BLOCK = 65536  # rows per HNSW search call when listing each row's nearest neighbours
 
 
 @dataclasses.dataclass
@@ -58,11 +57,14 @@ class NextRows:
         return len(self.old_rows)
 
 
-def assemble(rows: NextRows, db: StoreDB, config: IngestConfig) -> tuple[GenerationData, list[str]]:
+def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
+             tasks: Tasks = dense.LocalTasks()) -> tuple[GenerationData, list[str]]:
     """The next generation's rows, sorted so that each tenant is one range, with what
     they carry: the previous generation's rows keep their vectors, and their entities,
     BM25 terms and nearest neighbours where it holds them (:mod:`helix_ray.ingest.carry`).
-    Also returns the graph's node names (memory ids, then ``user|entity``).
+    Also returns the graph's node names (memory ids, then ``user|entity``). The HNSW
+    indexes are built and searched by ``tasks``, their files left in ``work`` for
+    publish to move into the generation (:mod:`helix_ray.ingest.dense`).
 
     Lets go of what the driver no longer needs as soon as it is in its final form, since
     it all grows with the store (at a million memories, ~1.4 GB of row dicts and 0.75 GB
@@ -109,7 +111,8 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig) -> tuple[Generat
     del order
     parts = {p["user"]: (p["start"], p["end"]) for p in partitions_of(users)}
 
-    knn, all_knn, dense_indexes, removed = _semantic_knn(vectors, parts, previous, previous_row, config)
+    knn, all_knn, dense_indexes, removed = _semantic_knn(vectors, parts, previous, previous_row, config,
+                                                         work, tasks)
     sessions = table.column("session_id").to_pylist()
     metadata_turns = turns_of(table.column("metadata"))
     created_sorted = created[take]
@@ -291,66 +294,66 @@ def _sorted_vectors(previous: Generation | None, previous_rows: np.ndarray, new:
 
 
 def _semantic_knn(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previous: Generation | None,
-                  previous_row: np.ndarray, config: IngestConfig):
+                  previous_row: np.ndarray, config: IngestConfig, work: Path, tasks: Tasks):
     """Each tenant's k nearest memories (the graph's semantic edges), from an HNSW index
     over its int8 vectors when it is large enough to get one (kept for the dense leg),
     else exactly. A memory carried over keeps its list unless a neighbour left; it meets
     only the new memories; an HNSW index is carried too (:func:`carry.dense_index`).
-    Returns the per-tenant lists for the graph, all rows' lists (N, k + 1) to store (None
-    when ``graph.knn`` is 0), the HNSW indexes, and the tombstones each carried index holds."""
+    The indexes are built and searched by ``tasks`` over files in ``work``
+    (:mod:`helix_ray.ingest.dense`). Returns the per-tenant lists for the graph, all
+    rows' lists (N, k + 1) to store (None when ``graph.knn`` is 0), the HNSW index files,
+    and the tombstones each carried index holds."""
     width = config.graph.knn + 1 if config.graph.knn > 0 else 0  # 0: no semantic edges
     now = carry.moved_to(previous.size, previous_row) if previous is not None else None
     before = carry.previous_knn(previous, width, now) if width else None
-    large = [u for u, (start, end) in parts.items() if end - start >= config.hnsw_min_rows]
-    int8 = None
-    if large:  # only the rows an HNSW index holds are read in int8
-        int8 = np.zeros(vectors.shape, np.int8)
-        for user in large:
-            int8[parts[user][0]:parts[user][1]] = quantize_int8(vectors[parts[user][0]:parts[user][1]])
-    knn, dense_indexes, removed = {}, {}, {}
+    dense_indexes, removed = _dense_indexes(vectors, parts, previous, previous_row, now, config, work, tasks)
+    knn = {}
     all_n = np.full((len(vectors), width), -1, np.int64)
     all_s = np.zeros((len(vectors), width), np.float32)
-    for user, (start, end) in parts.items():
+    for user, (start, end) in parts.items() if width else ():
         k = min(width, end - start)
         search = similarity = None
-        if user in large:
-            assert int8 is not None
-            carried = carry.dense_index(previous, user, start, end, int8, previous_row, now,
-                                        connectivity=config.hnsw_connectivity,
-                                        expansion_add=config.hnsw_expansion_add, threads=config.hnsw_threads)
-            if carried is not None:
-                index, removed[user] = carried
-            else:
-                index = build_hnsw(int8[start:end], start, DIM, connectivity=config.hnsw_connectivity,
-                                   expansion_add=config.hnsw_expansion_add, threads=config.hnsw_threads)
-            dense_indexes[user] = index
-
-            def search(rows: np.ndarray, index=index, k=k) -> tuple[np.ndarray, np.ndarray]:
-                keys = np.full((len(rows), k), -1, np.int64)
-                sims = np.zeros((len(rows), k), np.float32)
-                for lo in range(0, len(rows), SEARCH_BLOCK):  # the queries' copy is one block's
-                    part = rows[lo:lo + SEARCH_BLOCK]
-                    matches = index.search(int8[part], k, threads=0)  # one row: usearch answers 1-D
-                    found = matches.keys.astype(np.int64).reshape(len(part), -1)
-                    keys[lo:lo + len(part), :found.shape[1]] = found
-                    sims[lo:lo + len(part), :found.shape[1]] = \
-                        1.0 - matches.distances.astype(np.float32).reshape(len(part), -1)
-                return keys, sims
-
-            def similarity(rows: np.ndarray, candidates: np.ndarray) -> np.ndarray:  # as usearch's i8 cosine
-                a, b = int8[rows].astype(np.float32), int8[candidates].astype(np.float32)
-                a /= np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
-                b /= np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
-                return a @ b.T
-
-        if not width:
-            continue
+        if user in dense_indexes:
+            search = functools.partial(dense.search, tasks, work / VECTORS, dense_indexes[user], k=k)
+            similarity = dense.Int8Cosine(vectors)
         all_n[start:end], all_s[start:end] = carry.tenant_knn(
             vectors, start, end, k, width, previous=before, previous_row=previous_row, search=search,
             similarity=similarity)
         if k > 1:
             knn[user] = (all_n[start:end, :k], all_s[start:end, :k])
     return knn, (all_n, all_s) if width else None, dense_indexes, removed
+
+
+def _dense_indexes(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previous: Generation | None,
+                   previous_row: np.ndarray, now: np.ndarray | None, config: IngestConfig, work: Path,
+                   tasks: Tasks) -> tuple[dict[str, Path], dict[str, int]]:
+    """The HNSW index file of each tenant with at least ``hnsw_min_rows`` memories,
+    carried from the previous generation's where it can be, else built; and the
+    tombstones each carried one holds. ``vectors`` are written to ``work`` first, for
+    the units to read."""
+    large = [u for u, (start, end) in parts.items() if end - start >= config.hnsw_min_rows]
+    if not large:
+        return {}, {}
+    dense.write_vectors(work, vectors)
+    params = dense.HnswParams(config.hnsw_connectivity, config.hnsw_expansion_add, config.hnsw_threads)
+    removed: dict[str, int] = {}
+    calls: list[tuple[Any, ...]] = []
+    for i, user in enumerate(large):
+        start, end = parts[user]
+        out = work / f"p{i}.usearch"
+        carried = carry.dense_index(previous, user, start, end, previous_row, now,
+                                    connectivity=config.hnsw_connectivity, expansion_add=config.hnsw_expansion_add)
+        if carried is not None:
+            calls.append((dense.carry_index, (work / VECTORS, carried[0], params, out)))
+            removed[user] = carried[1]
+        else:
+            calls.append((dense.build_index, (work / VECTORS, start, end, DIM, params, out)))
+    made = tasks.map(_call, calls)
+    return dict(zip(large, made)), removed
+
+
+def _call(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    return fn(*args)
 
 
 def _late_tokens(previous: Generation | None, old_rows: np.ndarray, old_table: pa.Table, new_cols: dict[str, Any],

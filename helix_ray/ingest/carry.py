@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from helix_ray.index.bm25 import Analyzer, Terms
 from helix_ray.ingest import entities as entity_mod
+from helix_ray.ingest.dense import Carried
 
 if TYPE_CHECKING:
     from helix_ray.store.generation import Generation
@@ -217,12 +218,12 @@ MAX_REMOVED_SHARE = 0.1
 _PARKED = np.uint64(1 << 62)  # renamed keys pass through here, so no two ever collide
 
 
-def dense_index(previous: Generation | None, user: str, start: int, end: int, int8: np.ndarray,
-                previous_row: np.ndarray, now: np.ndarray | None, *, connectivity: int, expansion_add: int,
-                threads: int):
-    """The tenant's HNSW index made from the previous generation's: its memories that
-    left removed, the others renamed to their rows now, the new ones added. Returns
-    ``(index, removed)`` with the tombstones it holds (``previous_row`` / ``now``: see
+def dense_index(previous: Generation | None, user: str, start: int, end: int, previous_row: np.ndarray,
+                now: np.ndarray | None, *, connectivity: int, expansion_add: int) -> tuple[Carried, int] | None:
+    """How to make the tenant's HNSW index from the previous generation's: its memories
+    that left removed, the others renamed to their rows now, the new ones added
+    (:func:`helix_ray.ingest.dense.carry_index` does it). Returns ``(carried, removed)``
+    with the tombstones the index will hold (``previous_row`` / ``now``: see
     :func:`moved_to`), or None when there is no index to carry, it was built with other
     parameters, or it would hold too many tombstones."""
     hnsw = (previous.manifest.get("hnsw") or {}) if previous is not None else {}
@@ -236,15 +237,9 @@ def dense_index(previous: Generation | None, user: str, start: int, end: int, in
     removed = int((now < 0).sum()) + int((_carry(previous, "dense_removed") or {}).get(user, 0))
     if removed > MAX_REMOVED_SHARE * (end - start):
         return None
-    index = previous.dense_index_copy(user)
     keys = np.arange(p_start, p_end, dtype=np.uint64)
-    if (now < 0).any():
-        index.remove(keys[now < 0])
     moved = (now >= 0) & (now != np.arange(p_start, p_end))
-    if moved.any():
-        index.rename(keys[moved], keys[moved] + _PARKED)
-        index.rename(keys[moved] + _PARKED, now[moved].astype(np.uint64))
-    new = start + np.flatnonzero(previous_row[start:end] < 0)
-    if len(new):
-        index.add(new.astype(np.uint64), int8[new], threads=threads)
-    return index, removed
+    carried = Carried(source=previous.dense_index_path(user), remove=keys[now < 0], rename_from=keys[moved],
+                      rename_to=now[moved].astype(np.uint64), parked=keys[moved] + _PARKED,
+                      add=start + np.flatnonzero(previous_row[start:end] < 0))
+    return carried, removed

@@ -14,6 +14,7 @@ Stage order (each stage a function of :mod:`helix_ray.ingest`; :func:`_stages` r
    (a conversation turn's vector takes in its session's previous turn: session_context)
    ── barrier: indexes and graph need every row ──
 7b. graph edges (mentions, sessions, temporal, semantic kNN)        ┐ :mod:`.assemble`
+    HNSW indexes built and searched for the kNN                     │ units of work (:mod:`.dense`)
 7c. carried over, not recomputed: the previous generation's rows    │
     keep their entities, BM25 terms, kNN lists and HNSW entries     ┘ (:mod:`.carry`)
 6. quantize (int8 and binary) and    ┐ atomic; the previous generation keeps serving
@@ -21,9 +22,9 @@ Stage order (each stage a function of :mod:`helix_ray.ingest`; :func:`_stages` r
                                        (:mod:`helix_ray.store.generation`)
 
 ``runner="ray"`` runs stages 1–2 and 4–7a on Ray Data (a local Ray it starts, or the
-cluster named by ``RAY_ADDRESS``), wired in :mod:`pipelines.ingest` and imported only
-then (:func:`_ray_job`); ``runner="local"`` runs the same functions in this process, for
-tests and small online batches.
+cluster named by ``RAY_ADDRESS``) and 7b's HNSW units as Ray tasks, wired in
+:mod:`pipelines.ingest` and imported only then (:func:`_ray_job`); ``runner="local"``
+runs the same functions in this process, for tests and small online batches.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from helix_ray.index.bm25 import expansions_of
 from helix_ray.ingest import stages
 from helix_ray.ingest.assemble import NextRows, assemble, bm25_analyzer, collect, memory_table, session_context
 from helix_ray.ingest.dedup import find_duplicates, signatures
+from helix_ray.ingest.dense import LocalTasks, Tasks, work_folder
 from helix_ray.ingest.graph import edges_tables
 from helix_ray.ingest.ids import legacy_markdown_ids
 from helix_ray.ingest.names import SourceName, check_names, one_folder_per_name, source_names
@@ -120,6 +122,7 @@ class Run:
     crash_after: str | None = None  # a generation file after which publishing raises (tests)
     computed: dict[str, stages.Computed] = dataclasses.field(default_factory=dict)  # see :func:`ingest`
     feed: TransformFeed | None = None  # runner="ray": started while stage 3 runs
+    tasks: Tasks = dataclasses.field(default_factory=LocalTasks)  # the HNSW units (:mod:`.dense`)
     progress: Progress = dataclasses.field(default_factory=NoProgress)
     empty_ok: bool = False  # publish a generation even when no record was read (:func:`initialise`)
     scopes: tuple[RepoScope, ...] = ()  # the trees and histories read (:func:`sources.source_items`)
@@ -395,18 +398,19 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
     trim_heap()
 
     # Old rows keep their vectors; sorted so each tenant is one range.
-    with stage(run, "assemble"):
-        rows = NextRows(changes.previous, changes.old_rows, changes.old_index, kept.keep_old, todo, new_cols,
-                        kept.sigs, kept.keep_new)
-        del todo
-        data, node_names = assemble(rows, run.db, config)  # empties rows.todo
-    rows.sigs = kept.sigs = kept.sigs[:0].copy()  # the generation holds them, sorted (a view would keep them)
-    trim_heap()
-    data.extra[ACCESS_WATERMARK] = changes.folded
-    report.total_memories = data.memories.num_rows
+    with work_folder(run.store) as work:  # the HNSW index files, until publish moves them in
+        with stage(run, "assemble"):
+            rows = NextRows(changes.previous, changes.old_rows, changes.old_index, kept.keep_old, todo, new_cols,
+                            kept.sigs, kept.keep_new)
+            del todo
+            data, node_names = assemble(rows, run.db, config, work=work, tasks=run.tasks)  # empties rows.todo
+        rows.sigs = kept.sigs = kept.sigs[:0].copy()  # the generation holds them, sorted (a view would keep them)
+        trim_heap()
+        data.extra[ACCESS_WATERMARK] = changes.folded
+        report.total_memories = data.memories.num_rows
 
-    with stage(run, "publish"):
-        number = _publish(run, data)
+        with stage(run, "publish"):
+            number = _publish(run, data)
     memories, entities, edges = data.memories, data.entities, edges_tables(data.graph, node_names)
     del data, node_names  # the vectors, signatures, terms and kNN lists are written: the record needs none
     trim_heap()

@@ -337,9 +337,9 @@ class Generation:
         table = ipc.open_file(pa.memory_map(str(self.path / DEAD_FILE), "r")).read_all()
         return dict(zip(table.column("id").to_pylist(), table.column("seq").to_pylist()))
 
-    def dense_index_copy(self, user: str):
-        """The tenant's HNSW index loaded into memory (to change and save elsewhere)."""
-        return hnsw.load_copy(self.path / self._partition_files[user])
+    def dense_index_path(self, user: str) -> Path:
+        """The tenant's HNSW index file."""
+        return self.path / self._partition_files[user]
 
     def has_dense_index(self, user: str) -> bool:
         return self._partition_files.get(user) is not None

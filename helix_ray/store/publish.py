@@ -170,7 +170,8 @@ def publish(
     elsewhere first (ingest: in the database) and then calls :func:`set_current`.
 
     ``dense_indexes`` are per-tenant HNSW indexes already built over these rows (ingest
-    builds them for the semantic kNN edges); other tenants with at least
+    builds them for the semantic kNN edges), as index objects or files on the store's
+    disk (moved into the generation); other tenants with at least
     ``hnsw_min_rows`` memories get one built here, smaller ones none (recall scans them).
 
     ``crash_after`` names a file after which to raise (tests inject a crash mid-publish).
@@ -286,7 +287,8 @@ def _write_rows(staging: _Staging, table: pa.Table, data: GenerationData) -> Non
 
 def _write_dense(staging: _Staging, parts: list[dict[str, Any]], vectors: np.ndarray, dim: int,
                  dense_indexes: dict[str, Any], hnsw: HnswSettings) -> None:
-    """Each tenant's HNSW index, given or built here; a tenant with fewer than
+    """Each tenant's HNSW index: given as a file (moved in: it must be on the store's
+    disk) or an index object (saved), or built here; a tenant with fewer than
     ``hnsw.min_rows`` rows gets none, and its partition's ``dense`` becomes None."""
     (staging.folder / "dense").mkdir()
     for part in parts:
@@ -298,7 +300,10 @@ def _write_dense(staging: _Staging, parts: list[dict[str, Any]], vectors: np.nda
         if index is None:
             part["dense"] = None
             continue
-        index.save(str(staging.folder / part["dense"]))
+        if isinstance(index, Path):
+            os.replace(index, staging.folder / part["dense"])
+        else:
+            index.save(str(staging.folder / part["dense"]))
         staging.done(staging.folder / part["dense"])
 
 
