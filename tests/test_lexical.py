@@ -130,10 +130,11 @@ def test_terms_take_gives_the_documents_asked_in_that_order():
     runs = np.r_[np.arange(0, 150), np.arange(390, 400), np.arange(200, 380)]  # three runs
     scattered = rng.permutation(400)[:300]
     for rows in (runs, scattered, np.array([], np.int64), np.array([7])):
-        taken = terms.take(rows)
-        assert len(taken) == len(rows) and taken.vocab == terms.vocab
-        assert [taken.ids[taken.offsets[i]:taken.offsets[i + 1]].tolist() for i in range(len(rows))] == \
-            [own[r] for r in rows]
+        for block in (65536, 7):  # scattered rows are gathered a block at a time
+            taken = terms.take(rows, block=block)
+            assert len(taken) == len(rows) and taken.vocab == terms.vocab
+            assert [taken.ids[taken.offsets[i]:taken.offsets[i + 1]].tolist() for i in range(len(rows))] == \
+                [own[r] for r in rows]
 
 
 def test_terms_analysed_a_block_at_a_time_are_those_of_one_pass():
