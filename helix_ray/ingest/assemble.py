@@ -78,8 +78,8 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     n_new = new_table.num_rows
     table = pa.concat_tables([old_table, new_table])
     del new_table
-    sigs = rows.sigs
-    minhash = np.concatenate([sigs[keep_old], sigs[[rows.n_old + i for i in rows.keep_new]]]) if len(sigs) else sigs
+    sigs = rows.sigs  # of every old row, then of every new record: gathered once they are sorted
+    sig_rows = np.concatenate([np.asarray(keep_old, np.int64), rows.n_old + np.asarray(rows.keep_new, np.int64)])
     old_texts = old_table.column("text")  # read as Python strings only where the old rows' outputs are not carried
     analyzer = bm25_analyzer(config)
     new_lexical = [lexical_text(r["text"], json.loads(x)) for r, x in zip(todo, new_cols["expansions"])]
@@ -99,14 +99,22 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     created = table.column("created_at").cast(pa.int64()).to_numpy()
     take = np.lexsort((np.arange(len(users)), created, tenant_codes(users)[1])).astype(np.int64)
     order = take.tolist()
-    table = table.take(pa.array(take))
+    columns, schema, at = table.columns, table.schema, pa.array(take)
+    del table
+    for i, column in enumerate(columns):  # a column at a time: never the whole table twice
+        columns[i] = column.take(at)
+    del column
+    table = pa.Table.from_arrays(columns, schema=schema)
+    del columns
     vectors = _sorted_vectors(previous, previous_rows, new_cols.pop("vector"), take)
-    minhash, terms = minhash[take], terms.take(take)
+    minhash = sigs[sig_rows[take]] if len(sigs) else sigs
+    del sig_rows
+    terms = terms.take(take)
     previous_row = np.concatenate([previous_rows, np.full(n_new, -1, np.int64)])[take]
     late = _late_tokens(previous, previous_rows, old_table, new_cols, config, db)
     if late is not None:
         late = late.take(take)  # pointers only: publish gathers the new rows' tokens
-    ents = ents.take(pa.array(take))
+    ents = ents.take(at)
     users = [users[i] for i in order]
     del order
     parts = {p["user"]: (p["start"], p["end"]) for p in partitions_of(users)}
