@@ -144,15 +144,16 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
 
 def collect(batches: Iterable[dict[str, np.ndarray]], n: int, config: IngestConfig) -> dict[str, Any]:
     """The transform stages' batches (in any order) as columns in ``seq`` order, one
-    row per input: ``vector``, ``expansions``, ``entities``, ``n_tokens`` and ``late``
-    (the token vectors, or None when late interaction is off).
+    row per input: ``vector`` (float16, what the generation stores), ``expansions``,
+    ``entities``, ``n_tokens`` and ``late`` (the token vectors, or None when late
+    interaction is off).
 
     Takes the batches as they come (a list is emptied as it goes): each column is
     written once into its place, and a batch's arrays go as soon as they are copied, so
     the driver never holds every batch and the columns at once (at a million memories
-    the vectors alone are 1.5 GB in each form). Raises RuntimeError unless every row
+    the vectors alone are 0.75 GB as float16). Raises RuntimeError unless every row
     ``0 … n − 1`` came exactly once."""
-    vector = np.empty((n, DIM), np.float32)
+    vector = np.empty((n, DIM), np.float16)
     expansions: list[Any] = [None] * n
     entities: list[Any] = [None] * n
     n_tokens = np.empty(n, np.int32)
@@ -225,8 +226,11 @@ def session_context(todo: list[dict[str, Any]], vectors: np.ndarray, old_rows: p
     ``unit(v + weight · v_prev)``, ``v_prev`` the stored vector of the latest earlier
     turn of its (user, session) — an old row or a new one, in (created_at, arrival) order.
     Old rows keep their vectors, so a conversation ingested turn by turn is mixed as one
-    ingested at once (when its turns arrive in order). Mixes ``vectors`` in place (when
-    float32) and returns them: a copy would be 1.5 GB at a million memories."""
+    ingested at once (when its turns arrive in order): each turn is mixed in float32 and
+    stored as ``vectors`` hold it (float16, as the generation does), and the next turn
+    mixes in the stored value, as it would from the previous generation. Mixes
+    ``vectors`` in place and returns them: a copy would be 0.75 GB at a million
+    memories."""
     def key(row: dict[str, Any]) -> tuple[str, str] | None:
         if row.get("type") != "episodic" or not row.get("session_id"):
             return None
@@ -244,9 +248,9 @@ def session_context(todo: list[dict[str, Any]], vectors: np.ndarray, old_rows: p
             k = key(row)
             if k is not None and (k not in latest_old or row["created_at"] >= latest_old[k][0]):
                 latest_old[k] = (row["created_at"], i)
-        last = {k: (t, np.asarray(previous.vectors[old_positions[i]], np.float32))
+        last = {k: (t, np.asarray(previous.vectors[old_positions[i]]))
                 for k, (t, i) in latest_old.items()}
-    out = np.asarray(vectors, dtype=np.float32)
+    out = vectors
     for i in sorted(range(len(todo)), key=lambda i: (todo[i]["created_at"], i)):
         k = key(todo[i])
         if k is None:
@@ -255,9 +259,9 @@ def session_context(todo: list[dict[str, Any]], vectors: np.ndarray, old_rows: p
         if seen is not None and seen[0] > todo[i]["created_at"]:
             continue  # arrived after a later turn of its session: left as it is
         if seen is not None:
-            mixed = out[i] + weight * seen[1]
+            mixed = out[i].astype(np.float32) + weight * seen[1].astype(np.float32)
             out[i] = mixed / max(float(np.linalg.norm(mixed)), 1e-12)
-        last[k] = (todo[i]["created_at"], out[i])
+        last[k] = (todo[i]["created_at"], out[i])  # a view of the stored row
     return out
 
 

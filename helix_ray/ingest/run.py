@@ -752,8 +752,8 @@ def _expand_embed_annotate(run: Run, todo: list[dict[str, Any]], reuse: dict[int
                            changes: Changes, kept: Deduplicated) -> dict[str, Any]:
     """Stages 4, 5 and 7a for the new or changed memories (``reuse``: by ``seq``, those
     whose outputs came with the run), as columns in ``todo``'s order (:func:`collect`).
-    The vectors leave as float16, what the generation stores (half the memory the
-    driver holds them in until they are written)."""
+    The vectors are float16 from the start, what the generation stores (half the
+    memory the driver would hold them in as float32 until they are written)."""
     config = run.config
     with stage(run, "expand_embed_annotate"):
         reused = _run_local_batches([r for r in todo if r["seq"] in reuse], [stages.Reuse(config, reuse)])
@@ -767,7 +767,6 @@ def _expand_embed_annotate(run: Run, todo: list[dict[str, Any]], reuse: dict[int
                                              changes.old_rows.take(pa.array(keep_old, pa.int64())), changes.previous,
                                              changes.old_index[keep_old] if keep_old else None,
                                              config.session_context)
-    new_cols["vector"] = new_cols["vector"].astype(np.float16)
     return new_cols
 
 
