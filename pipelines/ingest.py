@@ -61,7 +61,9 @@ def run_stages(run: Run, items: list[dict[str, str]], stages_of: Callable[[Run, 
     ray.data.DataContext.get_current().execution_options.preserve_order = True
     feed = _TransformFeed(run.config, on_rows=run.progress.advance)
     run.feed = feed
-    run.tasks = RayTasks()
+    tasks = RayTasks()
+    if tasks.slots:  # else (a head node started with no CPU for tasks) the units run in this process
+        run.tasks = tasks
     try:
         stages_of(run, items)
     except BaseException:
@@ -81,8 +83,8 @@ class RayTasks:
         import ray
 
         self.node = ray.get_runtime_context().get_node_id()
-        cpus = [n["Resources"].get("CPU", 1) for n in ray.nodes() if n["NodeID"] == self.node]
-        self.slots = max(1, int(cpus[0])) if cpus else 1
+        cpus = [n["Resources"].get("CPU", 0) for n in ray.nodes() if n["NodeID"] == self.node]
+        self.slots = int(cpus[0]) if cpus else 0  # the driver's node's CPUs: units that run at once
 
     def map(self, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]]) -> Iterator[T]:
         import ray
