@@ -202,12 +202,13 @@ def test_units_search_in_blocks_as_one_search_does_and_score_as_usearch(tmp_path
     meet new rows is usearch's int8 cosine."""
     from helix_ray.index.hnsw import open_view
     from helix_ray.ingest import dense
+    from helix_ray.store.publish import HnswSettings
 
     rng = np.random.default_rng(5)
     vectors = rng.standard_normal((300, 32)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     vectors_path = dense.write_vectors(tmp_path, vectors)
-    params = dense.HnswParams(connectivity=8, expansion_add=64, threads=1)
+    params = HnswSettings(connectivity=8, expansion_add=64, min_rows=0, threads=1)
     index_path = dense.build_index(vectors_path, 100, 300, 32, params, tmp_path / "p0.usearch")
     rows = np.arange(100, 300)
     monkeypatch.setattr(dense, "SEARCH_BLOCK", 7)  # 29 units, the last one of 4 rows

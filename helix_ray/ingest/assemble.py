@@ -26,7 +26,7 @@ from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import Generation
 from helix_ray.store.late import SegmentedTokens, TokenRows
-from helix_ray.store.publish import GenerationData, partitions_of
+from helix_ray.store.publish import GenerationData, HnswSettings, partitions_of
 from helix_ray.token_encoder import PassageTokens, empty_tokens, from_blobs, get_token_encoder, to_blobs
 from helix_ray.tokens import token_counter
 
@@ -347,7 +347,8 @@ def _dense_indexes(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previ
     if not large:
         return {}, {}
     dense.write_vectors(work, vectors)
-    params = dense.HnswParams(config.hnsw_connectivity, config.hnsw_expansion_add, config.hnsw_threads)
+    params = HnswSettings(config.hnsw_connectivity, config.hnsw_expansion_add, config.hnsw_min_rows,
+                          config.hnsw_threads)
     removed: dict[str, int] = {}
     calls: list[tuple[Any, ...]] = []
     for i, user in enumerate(large):

@@ -215,7 +215,6 @@ def _merge_to(neighbours, sims, more, more_sims, k: int, width: int):
 #: Past this share of a tenant's size in removed entries (deleted or edited memories,
 #: kept as tombstones by usearch), its HNSW index is built anew instead of carried.
 MAX_REMOVED_SHARE = 0.1
-_PARKED = np.uint64(1 << 62)  # renamed keys pass through here, so no two ever collide
 
 
 def dense_index(previous: Generation | None, user: str, start: int, end: int, previous_row: np.ndarray,
@@ -240,6 +239,6 @@ def dense_index(previous: Generation | None, user: str, start: int, end: int, pr
     keys = np.arange(p_start, p_end, dtype=np.uint64)
     moved = (now >= 0) & (now != np.arange(p_start, p_end))
     carried = Carried(source=previous.dense_index_path(user), remove=keys[now < 0], rename_from=keys[moved],
-                      rename_to=now[moved].astype(np.uint64), parked=keys[moved] + _PARKED,
+                      rename_to=now[moved].astype(np.uint64),
                       add=start + np.flatnonzero(previous_row[start:end] < 0))
     return carried, removed

@@ -28,11 +28,13 @@ import numpy as np
 
 from helix_ray.index.hnsw import build_hnsw, load_copy, open_view
 from helix_ray.index.quantize import quantize_int8
+from helix_ray.store.publish import HnswSettings
 
 T = TypeVar("T")
 
 WORK_PREFIX = ".work-"
 VECTORS = "vectors.npy"  # in the work folder: the generation's sorted float16 vectors
+_PARKED = np.uint64(1 << 62)  # above every row number
 SEARCH_BLOCK = 65536  # rows per search unit at most: the queries' int8 copy is one block's
 
 
@@ -82,30 +84,19 @@ def write_vectors(folder: Path, vectors: np.ndarray) -> Path:
 
 
 @dataclasses.dataclass(frozen=True)
-class HnswParams:
-    """How an index is built: ``connectivity`` is HNSW's M, ``expansion_add`` its
-    efConstruction; ``threads`` insert (1 is deterministic, see :func:`build_hnsw`)."""
-
-    connectivity: int
-    expansion_add: int
-    threads: int
-
-
-@dataclasses.dataclass(frozen=True)
 class Carried:
     """How to make a tenant's index from the previous generation's file ``source``:
-    ``remove`` the keys of memories that left, rename ``rename_from`` to ``rename_to``
-    (through ``parked`` keys, so no two ever collide), add ``add`` (rows now)."""
+    ``remove`` the keys of memories that left, rename ``rename_from`` to ``rename_to``,
+    add ``add`` (rows now)."""
 
     source: Path
     remove: np.ndarray
     rename_from: np.ndarray
     rename_to: np.ndarray
-    parked: np.ndarray
     add: np.ndarray
 
 
-def build_index(vectors_path: Path, start: int, end: int, dim: int, params: HnswParams, out: Path) -> Path:
+def build_index(vectors_path: Path, start: int, end: int, dim: int, params: HnswSettings, out: Path) -> Path:
     """The HNSW index of rows ``start … end − 1``, keyed by row, saved at ``out``."""
     vectors = np.load(vectors_path, mmap_mode="r")
     index = build_hnsw(quantize_int8(vectors[start:end]), start, dim, connectivity=params.connectivity,
@@ -114,14 +105,15 @@ def build_index(vectors_path: Path, start: int, end: int, dim: int, params: Hnsw
     return out
 
 
-def carry_index(vectors_path: Path, carried: Carried, params: HnswParams, out: Path) -> Path:
+def carry_index(vectors_path: Path, carried: Carried, params: HnswSettings, out: Path) -> Path:
     """The previous generation's index changed as ``carried`` says, saved at ``out``."""
     index = load_copy(carried.source)
     if len(carried.remove):
         index.remove(carried.remove)
     if len(carried.rename_from):
-        index.rename(carried.rename_from, carried.parked)
-        index.rename(carried.parked, carried.rename_to)
+        parked = carried.rename_from + _PARKED  # renamed keys pass through here, so no two ever collide
+        index.rename(carried.rename_from, parked)
+        index.rename(parked, carried.rename_to)
     if len(carried.add):
         vectors = np.load(vectors_path, mmap_mode="r")
         index.add(carried.add.astype(np.uint64), quantize_int8(vectors[carried.add]), threads=params.threads)
