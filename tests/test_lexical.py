@@ -119,6 +119,21 @@ def test_the_score_matrix_is_the_one_bm25s_builds(tmp_path):
     assert ours.scores["num_docs"] == reference.scores["num_docs"] == len(texts)
 
 
+def test_the_score_matrix_is_the_same_whatever_the_block_of_documents():
+    """Counting a few documents at a time gives the matrix of counting them all at once,
+    to the bit: pairs from later blocks follow earlier ones within each term."""
+    rng = np.random.default_rng(11)
+    words = [f"w{i}" for i in range(40)]
+    texts = [" ".join(rng.choice(words, int(rng.integers(0, 25)))) for _ in range(200)]
+    terms = bm25.Terms.analyse(bm25.Analyzer(), texts)
+    whole = bm25.bm25_matrix(terms, k1=1.5, b=0.75)
+    for block in (1, 7, 64):
+        part = bm25.bm25_matrix(terms, k1=1.5, b=0.75, block=block)
+        for key in ("data", "indices", "indptr"):
+            assert part[key].dtype == whole[key].dtype
+            np.testing.assert_array_equal(part[key], whole[key])
+
+
 def test_terms_take_gives_the_documents_asked_in_that_order():
     """Runs of adjacent documents (copied a slice at a time) and scattered ones (gathered
     term by term) come out as each document's own terms."""

@@ -194,43 +194,62 @@ class Terms:
         return Terms(renumber[ids], np.asarray(self.offsets), [t for t, u in zip(self.vocab, used) if u])
 
 
-def bm25_matrix(terms: Terms, *, k1: float, b: float) -> dict[str, object]:
+def bm25_matrix(terms: Terms, *, k1: float, b: float, block: int = 65536) -> dict[str, object]:
     """The score matrix bm25s's ``index()`` builds (method "lucene", float32), vectorised:
     one score per (term, document) pair holding it, idf × tf / (tf + k1·(1 − b + b·|d| /
     avgdl)), with idf = ln(1 + (N − df + 0.5) / (df + 0.5)) (Lucene's BM25); stored by
     term (CSC), documents ascending. bm25s counts terms a document at a time in Python;
-    this counts every pair at once. ``test_lexical`` checks both agree."""
-    from scipy import sparse
-
+    this counts ``block`` documents at a time, twice: once for each term's document
+    frequency, then to score the pairs and put them in place. Only the result is held
+    whole (8 bytes a pair; a million memories hold ~50 million pairs), never a
+    temporary of every term occurrence. ``test_lexical`` checks it against bm25s."""
     n_docs, n_vocab = len(terms), len(terms.vocab)
     lengths = np.diff(np.asarray(terms.offsets))
-    docs = np.repeat(np.arange(n_docs, dtype=np.int32), lengths)
-    # Counted by scipy's COO → CSC conversion (linear, in C): one entry per (term,
-    # document) pair, its count summed; documents ascend within a term as they are given.
-    counts = sparse.csc_matrix((np.ones(len(docs), np.float32), (docs, np.asarray(terms.ids, np.int32))),
-                               shape=(n_docs, n_vocab))
-    del docs
-    counts.sum_duplicates()
-    df = np.diff(counts.indptr).astype(np.int64)
-    doc = counts.indices.astype(np.int32, copy=False)
-    # bm25s: idf rounded to float32, the rest in float64, the product stored as float32.
-    # Computed in place, in bm25s's order of operations: a million memories hold ~50
-    # million pairs, and every float64 temporary of them is 400 MB.
-    idf = np.log(1 + (n_docs - df + 0.5) / (df + 0.5)).astype(np.float32)
-    tf = counts.data.astype(np.float64)
-    del counts
-    norm = lengths[doc].astype(np.float64)  # k1 · ((1 − b) + b · |d| / avgdl) + tf
-    norm *= b
-    norm /= lengths.mean()
-    norm += 1 - b
-    norm *= k1
-    norm += tf
-    tf /= norm
-    del norm
-    tf *= np.repeat(idf, df)
+    blocks = [(lo, min(lo + block, n_docs)) for lo in range(0, n_docs, block)]
+    df = np.zeros(n_vocab, np.int64)
+    for lo, hi in blocks:
+        df += np.diff(_counted(terms, lo, hi).indptr)
     indptr = np.zeros(n_vocab + 1, np.int64)
     np.cumsum(df, out=indptr[1:])
-    return {"data": tf.astype(np.float32), "indices": doc, "indptr": indptr, "num_docs": n_docs}
+    # bm25s: idf rounded to float32, the rest in float64, the product stored as float32.
+    idf = np.log(1 + (n_docs - df + 0.5) / (df + 0.5)).astype(np.float32)
+    avgdl = lengths.mean()
+    data = np.empty(int(indptr[-1]), np.float32)
+    indices = np.empty(int(indptr[-1]), np.int32)
+    filled = indptr[:-1].copy()  # where each term's next pair goes
+    for lo, hi in blocks:
+        counts = _counted(terms, lo, hi)
+        block_df = np.diff(counts.indptr)
+        at = np.repeat(filled - counts.indptr[:-1], block_df) + np.arange(len(counts.data))
+        filled += block_df
+        doc = counts.indices + lo
+        tf = counts.data.astype(np.float64)
+        norm = lengths[doc].astype(np.float64)  # k1 · ((1 − b) + b · |d| / avgdl) + tf
+        norm *= b
+        norm /= avgdl
+        norm += 1 - b
+        norm *= k1
+        norm += tf
+        tf /= norm
+        tf *= np.repeat(idf, block_df)
+        data[at] = tf
+        indices[at] = doc
+    return {"data": data, "indices": indices, "indptr": indptr, "num_docs": n_docs}
+
+
+def _counted(terms: Terms, lo: int, hi: int):
+    """Documents ``lo``..``hi``'s terms counted: a CSC matrix (documents numbered from
+    ``lo``) of one entry per (term, document) pair, documents ascending within a term.
+    scipy's COO → CSC conversion counts them (linear, in C)."""
+    from scipy import sparse
+
+    offsets = np.asarray(terms.offsets)
+    docs = np.repeat(np.arange(hi - lo, dtype=np.int32), np.diff(offsets[lo:hi + 1]))
+    ids = np.asarray(terms.ids[offsets[lo]:offsets[hi]], np.int32)
+    counts = sparse.csc_matrix((np.ones(len(docs), np.float32), (docs, ids)),
+                               shape=(hi - lo, len(terms.vocab)))
+    counts.sum_duplicates()
+    return counts
 
 
 ANALYZER_FILE = "helix_analyzer.json"
