@@ -310,15 +310,17 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
             seen["answer"] = (answer.status_code, answer.json() if answer.status_code == 200 else answer.text)
             seen["keyless"] = httpx.post(f"{url}/v1/recall", json={"query": "x", "budget_tokens": 300},
                                          timeout=30).status_code
-            haproxies: list[list[int]] = [[], []]
+            # HAProxy's processes come and go as it reloads: a pid can exit, or be
+            # another process, between the listing and the read. Polled until one under
+            # each server shows the settings helix serve gave it.
+            haproxies: list[dict[str, str]] = [{}, {}]
             until = time.monotonic() + 15
             while not all(haproxies) and time.monotonic() < until:
-                haproxies = [[pid for pid in _descendants(proc.pid) if _cmdline(pid).split("\0")[0].endswith("/haproxy")]
-                             for proc in procs]
+                for i, proc in enumerate(procs):
+                    pids = [pid for pid in _descendants(proc.pid) if _cmdline(pid).split("\0")[0].endswith("/haproxy")]
+                    haproxies[i] = next((e for e in map(_environ, pids) if "RAY_SERVE_HAPROXY_STATS_PORT" in e), {})
                 time.sleep(0.5)
-            # A pid can exit between the listing and the read (HAProxy reloads): read the
-            # first one still there.
-            seen["haproxy"] = [next((e for e in map(_environ, pids) if e), {}) for pids in haproxies if pids]
+            seen["haproxy"] = [e for e in haproxies if e]
             # Ray's template binds the stats page and the metrics endpoint on every interface.
             seen["listening"] = {e[name]: _listening(int(e[name])) for e in seen["haproxy"]
                                  for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")}
@@ -342,7 +344,7 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     assert body["items"] and all(i["id"].startswith("alice-") for i in body["items"]), body
     assert seen["keyless"] == 401
     environs = seen["haproxy"]
-    assert len(environs) == 2, f"not one HAProxy process under each helix serve:\n{out}"
+    assert len(environs) == 2, f"not one HAProxy process with its own ports under each helix serve:\n{out}"
     stats_ports = {e["RAY_SERVE_HAPROXY_STATS_PORT"] for e in environs}
     metrics_ports = {e["RAY_SERVE_HAPROXY_METRICS_PORT"] for e in environs}
     assert len(stats_ports) == len(metrics_ports) == 2 and not {"8404", "9101"} & (stats_ports | metrics_ports)
