@@ -278,6 +278,32 @@ def test_changed_fields_with_the_same_text_update_without_re_embedding(tmp_path)
     assert not again.published and again.unchanged == 2 and again.retagged == 0
 
 
+def test_the_database_keeps_the_expansions_the_bm25_index_was_built_with(tmp_path):
+    """A later ingest with another analyzer re-analyses old memories from their text and
+    the expansions the database holds: those must be what the index was built with,
+    term for term, for every memory (quotes, a backslash and non-ASCII text included)."""
+    from helix_ray.index.bm25 import Terms, lexical_text, load_bm25, load_terms
+    from helix_ray.ingest.doc2query import OfflineExpander
+
+    texts = FACTS + ['A "quoted" path C:\\ops\\deploy and café naïve 😀 notes on the gateway.']
+    rows = [memory(i, t, type="episodic" if i % 2 else "semantic") for i, t in enumerate(texts)]
+    ingest([write_jsonl(tmp_path / "a.jsonl", rows)], tmp_path / "store", runner="local")
+    gen = Generation.open_current(tmp_path / "store")
+    index = load_bm25(gen.path / "bm25")
+    terms = load_terms(gen.path / "bm25", index.retriever.vocab_dict)
+    ids = gen.memories.column("id").to_pylist()
+    with StoreDB(tmp_path / "store") as db:
+        stored = db.expansions_for(ids)
+    made = OfflineExpander(IngestConfig().doc2query.max_queries).expand(texts, [r["type"] for r in rows])
+    assert stored == {r["id"]: queries for r, queries in zip(rows, made)}
+    texts_now = gen.memories.column("text").to_pylist()
+    again = Terms.analyse(index.analyzer, [lexical_text(t, stored[i]) for i, t in zip(ids, texts_now)])
+    for row in range(len(ids)):
+        ours = [terms.vocab[j] for j in terms.ids[terms.offsets[row]:terms.offsets[row + 1]]]
+        theirs = [again.vocab[j] for j in again.ids[again.offsets[row]:again.offsets[row + 1]]]
+        assert ours == theirs, ids[row]
+
+
 def test_same_input_gives_the_same_generation(tmp_path):
     rows = [memory(i, t, session_id="s1") for i, t in enumerate(FACTS)]
     source = write_jsonl(tmp_path / "a.jsonl", rows)

@@ -41,7 +41,6 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from helix_ray.config import IngestConfig
 from helix_ray.errors import InvalidArgument, StoreError, is_disk_full
@@ -823,11 +822,9 @@ def _record(run: Run, number: int, memories: pa.Table, entities: pa.Table, edges
     db, report = run.db, run.report
     db.con.begin()
     try:
-        db.upsert_memories(memories.take(pc.index_in(ids, value_set=memories.column("id"))),
-                           report.run_id)  # the new rows as the generation holds them, in ids' order
+        db.upsert_memories(memories, report.run_id, ids=ids)  # the new rows as the generation holds them
         if changes.retagged:
-            held = memories.filter(pc.is_in(memories.column("id"), pa.array(list(changes.retagged), pa.string())))
-            db.upsert_memories(held, report.run_id)
+            db.upsert_memories(memories, report.run_id, ids=pa.array(list(changes.retagged), pa.string()))
         if kept.dropped_rows:
             db.upsert_memories(memory_table(kept.dropped_rows, None), report.run_id)
             db.delete([r["id"] for r in kept.dropped_rows])
@@ -835,10 +832,7 @@ def _record(run: Run, number: int, memories: pa.Table, entities: pa.Table, edges
             db.delete(kept.dropped_old_ids)
         if changes.superseded:
             db.delete(changes.superseded)
-        db.upsert_expansions(
-            ids.to_pylist(), [json.loads(x) for x in new_cols["expansions"]],
-            run.config.doc2query.backend,
-        )
+        db.upsert_expansions(ids, new_cols["expansions"], run.config.doc2query.backend)
         db.add_duplicates(kept.links, report.run_id)
         db.add_quarantine(quarantined, report.run_id)
         db.replace_graph(entities.select(["user", "key", "df"]), edges, number)

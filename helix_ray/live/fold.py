@@ -77,7 +77,7 @@ def fold(core: WriterCore) -> dict[str, Any] | None:
             rows = [stages.decode_row(json.dumps(e["record"])) for e in pending]
             db.upsert_memories(memory_table(rows, {"n_tokens": [e["n_tokens"] for e in pending]}), run_id)
             db.upsert_expansions([e["id"] for e in pending],
-                                 [expansions_of(e["text"], e["lexical"]) or [] for e in pending],
+                                 [json.dumps(expansions_of(e["text"], e["lexical"]) or []) for e in pending],
                                  core.config.doc2query.backend)
             db.con.execute("UPDATE serve_log SET folded_into = ? WHERE seq IN (SELECT unnest(?::BIGINT[]))",
                            [number, [e["seq"] for e in pending]])

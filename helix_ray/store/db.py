@@ -153,20 +153,41 @@ class StoreDB:
         )
 
     # ---------------------------------------------------------------- writes
-    def upsert_memories(self, table: pa.Table, run_id: str) -> None:
+    def upsert_memories(self, table: pa.Table, run_id: str, *, ids: pa.Array | None = None) -> None:
+        """``table``'s memories (only those of ``ids``, when given: selected by DuckDB,
+        not copied here), replacing those stored under the same ids. Inside a
+        transaction (:meth:`_replace`)."""
         if table.num_rows == 0:
             return
+        select = f"SELECT {MEMORY_COLUMNS}, FALSE, ? FROM incoming"
         with self._registered("incoming", table):
-            self.con.execute(
-                f"INSERT OR REPLACE INTO memories SELECT {MEMORY_COLUMNS}, FALSE, ? FROM incoming", [run_id]
-            )
+            if ids is None:
+                self._replace("memories", "incoming", select, [run_id])
+                return
+            with self._registered("incoming_ids", pa.table({"id": ids})):
+                self._replace("memories", "incoming_ids", select + " WHERE id IN (SELECT id FROM incoming_ids)",
+                              [run_id])
 
-    def upsert_expansions(self, ids: list[str], queries: list[list[str]], backend: str) -> None:
-        if not ids:
+    def upsert_expansions(self, ids: pa.Array | list[str], queries: pa.Array | list[str], backend: str) -> None:
+        """Each memory's doc2query ``queries``, given as a JSON list of strings per id:
+        DuckDB parses them, so a million memories' queries are never Python lists.
+        Inside a transaction (:meth:`_replace`)."""
+        if not len(ids):
             return
-        table = pa.table({"id": ids, "backend": [backend] * len(ids), "queries": queries})
+        table = pa.table({"id": pa.array(ids, pa.string()), "queries": pa.array(queries, pa.string())})
         with self._registered("incoming_x", table):
-            self.con.execute("INSERT OR REPLACE INTO expansions SELECT * FROM incoming_x")
+            self._replace("expansions", "incoming_x",
+                          "SELECT id, ?, CAST(queries AS JSON)::VARCHAR[] FROM incoming_x", [backend])
+
+    def _replace(self, name: str, view: str, select: str, params: list[Any]) -> None:
+        """The rows of ``select`` into table ``name``, in place of those with the same
+        ids as ``view``'s: deleted, then inserted. The caller holds a transaction, so
+        that no one sees (and no crash leaves) the rows deleted and not yet inserted.
+        DuckDB's ``INSERT OR REPLACE`` checks each row against the key's index, and
+        holds several times the memory and takes several times as long for it
+        (docs/benchmarks.md, "What the driver holds")."""
+        self.con.execute(f"DELETE FROM {name} WHERE id IN (SELECT id FROM {view})")
+        self.con.execute(f"INSERT INTO {name} {select}", params)
 
     def expansions_for(self, ids: list[str]) -> dict[str, list[str]]:
         if not ids:
