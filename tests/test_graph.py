@@ -32,7 +32,9 @@ def test_entity_nodes_count_each_memory_once_per_tenant_and_skip_singletons_and_
     assert graph.num_nodes == 9
 
 
-def test_edges_are_symmetric_and_a_pair_keeps_its_highest_priority_type():
+@pytest.mark.parametrize("block", [1, 7, 1 << 18])
+def test_edges_are_symmetric_and_a_pair_keeps_its_highest_priority_type(block):
+    """Whatever the range of source nodes sorted at a time."""
     from helix_ray.ingest.graph import SAME_SESSION, SEMANTIC, TEMPORAL, _to_csr
 
     rng = np.random.default_rng(3)
@@ -52,7 +54,7 @@ def test_edges_are_symmetric_and_a_pair_keeps_its_highest_priority_type():
                 if seen is None or rank[tt] < seen[0]:
                     best[key] = (rank[tt], arrival, ww)
                 arrival += 1
-    graph = _to_csr(list(src), list(dst), list(wts), list(typ), n)
+    graph = _to_csr(list(src), list(dst), list(wts), list(typ), n, block=block)
     got = {(row, int(graph.indices[i])): (int(graph.types[i]), float(graph.weights[i]))
            for row in range(n) for i in range(graph.indptr[row], graph.indptr[row + 1])}
     rank_type = {r: t for t, r in rank.items()}

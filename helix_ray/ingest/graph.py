@@ -56,7 +56,7 @@ def build_graph(
 
     def add(a: np.ndarray, b: np.ndarray, w: np.ndarray, t: int) -> None:
         if len(a):
-            src.append(a.astype(np.int64)); dst.append(b.astype(np.int64))
+            src.append(a.astype(np.int32)); dst.append(b.astype(np.int32))  # node numbers: int32, as the CSR's
             wts.append(w.astype(np.float32)); typ.append(np.full(len(a), t, np.int8))
 
     # Entity nodes: (user, key) with their document frequency inside the tenant.
@@ -150,42 +150,56 @@ def tenant_codes(users: Sequence[str]) -> tuple[list[str], np.ndarray]:
     return tenants, np.fromiter((code[u] for u in users), np.int64, count=len(users))
 
 
-def _to_csr(src, dst, wts, typ, num_nodes: int) -> CSRGraph:
+def _to_csr(src, dst, wts, typ, num_nodes: int, block: int = 1 << 18) -> CSRGraph:
     if not src:
         return CSRGraph(np.zeros(num_nodes + 1, np.int64), np.zeros(0, np.int32),
                         np.zeros(0, np.float32), np.zeros(0, np.int8))
-    # Symmetrise, then keep one edge per ordered pair: the highest-priority type. One
-    # int64 key (a, b, priority), sorted stably: what np.lexsort((priority, b, a)) gives,
-    # in less time on the tens of millions of edges of a large store. The priorities come
-    # from an array lookup, not a per-edge dict.get (docs/benchmarks.md). The key alone
-    # is kept: a and b come back from it, so the sort's temporaries are the largest
-    # thing held (a million memories: ~25 million directed edges).
-    a, b, t = np.concatenate(src), np.concatenate(dst), np.concatenate(typ)
-    src.clear(); dst.clear(); typ.clear()
-    w = np.concatenate(wts + wts)
+    # Each edge goes both ways, and an ordered pair keeps one edge: the highest-priority
+    # type, the first given among equals (each edge as given, then each reversed). Done
+    # ``block`` source nodes at a time: a block's edges are sorted by one int64 key (b,
+    # priority) stably, what np.lexsort((priority, b)) gives in less time. The priorities
+    # come from an array lookup, not a per-edge dict.get (docs/benchmarks.md). Only the
+    # edges given and the result are ever whole (a million memories: ~25 million
+    # directed edges), never a sort of all of them.
+    a = np.concatenate(src, dtype=np.int32, casting="same_kind")
+    src.clear()
+    b = np.concatenate(dst, dtype=np.int32, casting="same_kind")
+    dst.clear()
+    w = np.concatenate(wts, dtype=np.float32, casting="same_kind")
     wts.clear()
+    t = np.concatenate(typ)
+    typ.clear()
     priority = len(_PRIORITY_OF)
-    key = np.concatenate([a, b])
-    key *= num_nodes
-    key[: len(a)] += b
-    key[len(a):] += a
-    del a, b
-    key *= priority
-    t = np.concatenate([t, t])
-    key += _PRIORITY_OF[t]
-    order = np.argsort(key, kind="stable")
-    key = key[order]
-    key //= priority  # the pair (a, b)
-    first = np.r_[True, key[1:] != key[:-1]]
-    pair, order = key[first], order[first]
-    del key, first
-    w, t = w[order], t[order]
-    del order
-    a = pair // num_nodes
     indptr = np.zeros(num_nodes + 1, np.int64)
-    indptr[1:] = np.bincount(a, minlength=num_nodes)
+    indices, weights, types = [], [], []
+    for lo in range(0, num_nodes, block):
+        hi = min(lo + block, num_nodes)
+        given = np.flatnonzero((a >= lo) & (a < hi))
+        reversed_ = np.flatnonzero((b >= lo) & (b < hi))
+        edge = np.concatenate([given, reversed_])  # each edge's place in what was given
+        if not len(edge):
+            continue
+        row = np.concatenate([a[given], b[reversed_]]).astype(np.int64) - lo
+        key = row * num_nodes
+        key += np.concatenate([b[given], a[reversed_]])
+        del row
+        key *= priority
+        key += _PRIORITY_OF[t[edge]]
+        order = np.argsort(key, kind="stable")
+        key = key[order]
+        key //= priority  # the pair (row, b)
+        first = np.r_[True, key[1:] != key[:-1]]
+        pair, edge = key[first], edge[order[first]]
+        del key, order, first
+        row = pair // num_nodes
+        indptr[lo + 1:hi + 1] = np.bincount(row, minlength=hi - lo)
+        indices.append((pair - row * num_nodes).astype(np.int32))
+        weights.append(w[edge])
+        types.append(t[edge])
+    del a, b, w, t
     np.cumsum(indptr, out=indptr)
-    return CSRGraph(indptr, (pair - a * num_nodes).astype(np.int32), w.astype(np.float32), t.astype(np.int8))
+    return CSRGraph(indptr, np.concatenate(indices), np.concatenate(weights).astype(np.float32, copy=False),
+                    np.concatenate(types).astype(np.int8, copy=False))
 
 
 def edges_tables(graph: CSRGraph, node_names: Sequence[str], block: int = 1 << 20) -> Iterator[pa.Table]:
