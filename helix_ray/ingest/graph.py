@@ -156,8 +156,8 @@ def _to_csr(src, dst, wts, typ, num_nodes: int, block: int = 1 << 18) -> CSRGrap
                         np.zeros(0, np.float32), np.zeros(0, np.int8))
     # Each edge goes both ways, and an ordered pair keeps one edge: the highest-priority
     # type, the first given among equals (each edge as given, then each reversed). Done
-    # ``block`` source nodes at a time: a block's edges are sorted by one int64 key (b,
-    # priority) stably, what np.lexsort((priority, b)) gives in less time. The priorities
+    # ``block`` source nodes at a time: a block's edges are sorted by one int64 key
+    # (source, b, priority) stably, what np.lexsort((priority, b, source)) gives in less time. The priorities
     # come from an array lookup, not a per-edge dict.get (docs/benchmarks.md). Only the
     # edges given and the result are ever whole (a million memories: ~25 million
     # directed edges), never a sort of all of them.
@@ -198,8 +198,7 @@ def _to_csr(src, dst, wts, typ, num_nodes: int, block: int = 1 << 18) -> CSRGrap
         types.append(t[edge])
     del a, b, w, t
     np.cumsum(indptr, out=indptr)
-    return CSRGraph(indptr, np.concatenate(indices), np.concatenate(weights).astype(np.float32, copy=False),
-                    np.concatenate(types).astype(np.int8, copy=False))
+    return CSRGraph(indptr, np.concatenate(indices), np.concatenate(weights), np.concatenate(types))
 
 
 def edges_tables(graph: CSRGraph, node_names: Sequence[str], block: int = 1 << 20) -> Iterator[pa.Table]:
