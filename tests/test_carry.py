@@ -5,6 +5,7 @@ index from the previous generation, and the result is the one a full rebuild giv
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -182,6 +183,42 @@ def test_one_new_memory_in_a_tenant_with_an_hnsw_index_carries_its_neighbours(tm
     assert neighbours[row][0] == row and (neighbours[row][1:] >= 0).any()  # itself first, then others
 
 
+def test_the_generation_links_the_vectors_file_the_hnsw_units_read(tmp_path, monkeypatch):
+    """Ingest writes the sorted vectors once, to the work folder's file the HNSW units
+    read; publish links that file into the generation instead of writing it again. The
+    rows of the previous generation keep their vectors when new rows sort among them."""
+    from helix_ray.ingest import dense
+    from helix_ray.store.generation import VECTORS_FILE
+
+    read: list[int] = []
+    build, carry_ = dense.build_index, dense.carry_index
+
+    def recording(unit):
+        def run(vectors_path, *args):
+            read.append(os.stat(vectors_path).st_ino)
+            return unit(vectors_path, *args)
+        return run
+
+    monkeypatch.setattr(dense, "build_index", recording(build))
+    monkeypatch.setattr(dense, "carry_index", recording(carry_))
+    config = IngestConfig(late_interaction={"enabled": False}, hnsw_min_rows=0)
+    store = tmp_path / "store"
+    ingest([write_jsonl(tmp_path / "a.jsonl", _rows(0, 40, seed=8, users=("dana", "lee")))], store,
+           runner="local", config=config)
+    first = Generation.open_current(store)
+    assert read and set(read) == {os.stat(first.path / VECTORS_FILE).st_ino}
+    kept = {i: np.array(first.vectors[row]) for i, row in first.columns.id_to_row.items()}
+    read.clear()
+    ingest([write_jsonl(tmp_path / "b.jsonl", _rows(100, 30, seed=9, users=("bo", "kim", "dana")))], store,
+           runner="local", config=config)
+    second = Generation.open_current(store)
+    assert len(read) == 4 and set(read) == {os.stat(second.path / VECTORS_FILE).st_ino}  # two built, two carried
+    assert second.size == 70 and all(second.columns.id_to_row[i] != row for i, row in first.columns.id_to_row.items()
+                                     if i.startswith("m00"))
+    for i, vector in kept.items():
+        np.testing.assert_array_equal(second.vectors[second.columns.id_to_row[i]], vector)
+
+
 def test_quantize_int8_scales_each_vector_to_127_at_its_peak():
     rng = np.random.default_rng(11)
     vectors = rng.standard_normal((50, 16)).astype(np.float32)
@@ -207,7 +244,8 @@ def test_units_search_in_blocks_as_one_search_does_and_score_as_usearch(tmp_path
     rng = np.random.default_rng(5)
     vectors = rng.standard_normal((300, 32)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    vectors_path = dense.write_vectors(tmp_path, vectors)
+    vectors_path = tmp_path / dense.VECTORS
+    np.save(vectors_path, vectors.astype(np.float16))
     params = HnswSettings(connectivity=8, expansion_add=64, min_rows=0, threads=1)
     index_path = dense.build_index(vectors_path, 100, 300, 32, params, tmp_path / "p0.usearch")
     rows = np.arange(100, 300)

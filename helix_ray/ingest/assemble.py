@@ -26,7 +26,7 @@ from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import Generation
 from helix_ray.store.late import SegmentedTokens, TokenRows
-from helix_ray.store.publish import GenerationData, HnswSettings, partitions_of
+from helix_ray.store.publish import GenerationData, HnswSettings, partitions_of, save_npy_blocks
 from helix_ray.token_encoder import PassageTokens, empty_tokens, from_blobs, get_token_encoder, to_blobs
 from helix_ray.tokens import token_counter
 
@@ -106,7 +106,7 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     del column
     table = pa.Table.from_arrays(columns, schema=schema)
     del columns
-    vectors = _sorted_vectors(previous, previous_rows, new_cols.pop("vector"), take)
+    vectors = _sorted_vectors(previous, previous_rows, new_cols.pop("vector"), take, work / VECTORS)
     minhash = sigs[sig_rows[take]] if len(sigs) else sigs
     del sig_rows
     terms = terms.take(take)
@@ -137,7 +137,7 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
         entities=entities, embedder=config.embedder.name, dim=DIM,
         extra={"doc2query": config.doc2query.backend, "_dense_indexes": dense_indexes,
                "carry": {"mentions": carry.MENTIONS_VERSION, "dense_removed": removed}},
-        late=late, mentions=ents, knn=all_knn,
+        late=late, mentions=ents, knn=all_knn, vectors_file=work / VECTORS,
     )
     return data, node_names
 
@@ -284,25 +284,31 @@ def bm25_analyzer(config: IngestConfig) -> Analyzer:
 
 
 def _sorted_vectors(previous: Generation | None, previous_rows: np.ndarray, new: np.ndarray,
-                    take: np.ndarray, block: int = 65536) -> np.ndarray:
+                    take: np.ndarray, path: Path, block: int = 65536) -> np.ndarray:
     """Row ``take[i]`` of (the previous generation's ``previous_rows``, then ``new``) at
     row i, as the float16 values the generation stores: the kNN, graph and indexes built
     from them are the ones the next ingest carries over for these rows (scored in
-    float32 a block at a time). Each row is read and converted once, straight into its
-    place, ``block`` rows at a time (the temporaries are one block's)."""
+    float32 a block at a time). Written to ``path`` (``.npy``) ``block`` rows at a time
+    and returned memory-mapped from it: the driver never holds them (0.75 GB at a
+    million memories), the HNSW units read the same file, and publish links it into the
+    generation instead of writing it again."""
     n_old = len(previous_rows)
-    out = np.empty((len(take), DIM), np.float16)
-    for lo in range(0, len(take), block):
-        rows = take[lo:lo + block]
-        from_old = rows < n_old
-        at_old, at_new = np.flatnonzero(from_old), np.flatnonzero(~from_old)
-        if len(at_old):
-            assert previous is not None
-            old = np.asarray(previous.vectors[previous_rows[rows[at_old]]])  # ascending within a tenant
-            out[lo + at_old] = old
-        if len(at_new):
-            out[lo + at_new] = np.asarray(new[rows[at_new] - n_old], np.float16)
-    return out
+
+    def blocks() -> Iterator[np.ndarray]:
+        for lo in range(0, len(take), block):
+            rows = take[lo:lo + block]
+            out = np.empty((len(rows), DIM), np.float16)
+            from_old = rows < n_old
+            at_old, at_new = np.flatnonzero(from_old), np.flatnonzero(~from_old)
+            if len(at_old):
+                assert previous is not None
+                out[at_old] = np.asarray(previous.vectors[previous_rows[rows[at_old]]])  # ascending within a tenant
+            if len(at_new):
+                out[at_new] = np.asarray(new[rows[at_new] - n_old], np.float16)
+            yield out
+
+    save_npy_blocks(path, np.float16, (len(take), DIM), blocks())
+    return np.load(path, mmap_mode="r")
 
 
 def _semantic_knn(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previous: Generation | None,
@@ -341,12 +347,11 @@ def _dense_indexes(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previ
                    tasks: Tasks) -> tuple[dict[str, Path], dict[str, int]]:
     """The HNSW index file of each tenant with at least ``hnsw_min_rows`` memories,
     carried from the previous generation's where it can be, else built; and the
-    tombstones each carried one holds. ``vectors`` are written to ``work`` first, for
-    the units to read."""
+    tombstones each carried one holds. The units read ``vectors`` from their file in
+    ``work``."""
     large = [u for u, (start, end) in parts.items() if end - start >= config.hnsw_min_rows]
     if not large:
         return {}, {}
-    dense.write_vectors(work, vectors)
     params = HnswSettings(config.hnsw_connectivity, config.hnsw_expansion_add, config.hnsw_min_rows,
                           config.hnsw_threads)
     removed: dict[str, int] = {}

@@ -1,10 +1,10 @@
 """Stage 7b's heavy part: each large tenant's HNSW index and the HNSW searches that list
 every memory's nearest neighbours, as units of work over files.
 
-Each unit reads the generation's sorted float16 vectors from a ``.npy`` file the driver
-wrote once (:func:`write_vectors`), quantizes the rows it needs to int8 (as
-:func:`helix_ray.index.quantize.quantize_int8` always does), and writes or opens an
-index file; it returns only small arrays. So the units can run anywhere that sees the
+Each unit reads the generation's sorted float16 vectors from the ``.npy`` file the
+driver wrote them to once (:data:`VECTORS`; publish links it into the generation),
+quantizes the rows it needs to int8 (as :func:`helix_ray.index.quantize.quantize_int8`
+always does), and writes or opens an index file; it returns only small arrays. So the units can run anywhere that sees the
 files, in parallel — as Ray tasks on the driver's node for ``runner="ray"``
 (``pipelines.ingest.RayTasks``), here in turn otherwise (:class:`LocalTasks`) — and the
 driver never holds an index or the int8 copy of the vectors: at a million memories
@@ -12,7 +12,7 @@ those are ~0.9 GB and 0.4 GB.
 
 The files live in a work folder (:func:`work_folder`) under the store's
 ``generations/``, on the same disk as the generation, so publish moves an index file
-into the generation instead of writing it again.
+and links the vectors into the generation instead of writing them again.
 """
 
 from __future__ import annotations
@@ -74,13 +74,6 @@ def work_folder(store: Path) -> Iterator[Path]:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def write_vectors(folder: Path, vectors: np.ndarray) -> Path:
-    """``vectors`` (float16) as ``folder/``:data:`VECTORS`, for the units to map."""
-    path = folder / VECTORS
-    np.save(path, np.asarray(vectors, np.float16))
-    return path
 
 
 @dataclasses.dataclass(frozen=True)

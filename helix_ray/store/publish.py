@@ -22,7 +22,7 @@ import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -70,6 +70,9 @@ class GenerationData:
     late: TokenRows | None = None  # late-interaction tokens over the same rows: carried or new
     mentions: pa.Array | None = None  # entity keys per row: list<string> (helix_ray.ingest.carry.MENTIONS_TYPE)
     knn: tuple[np.ndarray, np.ndarray] | None = None  # (N, K) nearest rows, similarities
+    # ``vectors`` already saved as float16 .npy on the store's disk (ingest's work folder):
+    # linked into the generation, not written again
+    vectors_file: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -116,17 +119,28 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
         np.save(fh, np.ascontiguousarray(array))
 
 
+def save_npy_blocks(path: Path, dtype: Any, shape: tuple[int, ...], blocks: Iterable[np.ndarray]) -> None:
+    """An array of ``shape`` saved as ``.npy`` from ``blocks``, its rows in order, each
+    written as it comes: the whole array is never in memory. Raises ValueError when the
+    blocks do not hold exactly ``shape[0]`` rows."""
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape}
+    rows = 0
+    with open(path, "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, header)
+        for block in blocks:
+            fh.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
+            rows += len(block)
+    if rows != shape[0]:
+        raise ValueError(f"{path.name}: {rows} rows written for a shape of {shape}")
+
+
 def _save_npy_rows(path: Path, array: np.ndarray, dtype: Any, convert: Callable[[np.ndarray], np.ndarray],
                    block: int = 65536) -> None:
     """``convert(array)`` saved as ``.npy``, converted and written ``block`` rows at a
     time: the converted copy is never whole in memory."""
     width = convert(array[:0]).shape[1:]
-    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
-              "shape": (len(array), *width)}
-    with open(path, "wb") as fh:
-        np.lib.format.write_array_header_1_0(fh, header)
-        for lo in range(0, len(array), block):
-            fh.write(np.ascontiguousarray(convert(array[lo:lo + block]), dtype=dtype).tobytes())
+    save_npy_blocks(path, dtype, (len(array), *width),
+                    (convert(array[lo:lo + block]) for lo in range(0, len(array), block)))
 
 
 def _save_arrow(path: Path, table: pa.Table) -> None:
@@ -189,6 +203,11 @@ def publish(
     n = table.num_rows
     if data.vectors.shape != (n, data.dim):
         raise ValueError(f"vectors have shape {data.vectors.shape}; expected ({n}, {data.dim})")
+    if data.vectors_file is not None:
+        saved = np.load(data.vectors_file, mmap_mode="r")
+        if saved.dtype != np.float16 or saved.shape != (n, data.dim):
+            raise ValueError(f"{data.vectors_file} holds {saved.dtype} {saved.shape}; "
+                             f"expected float16 ({n}, {data.dim})")
     parts = partitions_of(table.column("user").to_pylist())
 
     _write_rows(staging, table, data)
@@ -277,7 +296,10 @@ def _write_rows(staging: _Staging, table: pa.Table, data: GenerationData) -> Non
     _save_arrow(tmp / "memories.arrow", table)
     staging.done(tmp / "memories.arrow")
     vectors = data.vectors
-    _save_npy_rows(tmp / VECTORS_FILE, vectors, np.float16, lambda rows: rows.astype(np.float16))
+    if data.vectors_file is not None:
+        link_or_copy(data.vectors_file, tmp / VECTORS_FILE)
+    else:
+        _save_npy_rows(tmp / VECTORS_FILE, vectors, np.float16, lambda rows: rows.astype(np.float16))
     staging.done(tmp / VECTORS_FILE)
     _save_npy_rows(tmp / "binary.npy", vectors, np.uint8, binary_codes)
     staging.done(tmp / "binary.npy")
