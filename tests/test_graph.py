@@ -16,7 +16,7 @@ def test_entity_nodes_count_each_memory_once_per_tenant_and_skip_singletons_and_
              ["kafka", "hub"], ["kafka", "hub"], ["hub"], ["hub"]]  # ann: hub in 4 of 4
     config = GraphBuildConfig(knn=0, temporal_window=0, min_entity_df_cap=3, max_entity_df=0.5)
     graph, entities = build_graph(
-        users=users, sessions=[None] * 7, order_keys=[0] * 7,
+        users=users, sessions=[None] * 7, order_keys=[np.zeros(7)],
         entity_lists=pa.array(lists, pa.list_(pa.string())) if as_arrow else lists, knn=None,
         partitions={"bob": (0, 3), "ann": (3, 7)}, config=config)
     # (user, key) order; bob's kafka is mentioned once in bob's tenant (ann's do not count)
@@ -30,6 +30,32 @@ def test_entity_nodes_count_each_memory_once_per_tenant_and_skip_singletons_and_
     w = round(1 / np.sqrt(2), 4)
     assert edges == {(3, 7, w), (4, 7, w), (0, 8, w), (1, 8, w)}
     assert graph.num_nodes == 9
+
+
+@pytest.mark.parametrize("as_arrow", [False, True], ids=["lists", "arrow"])
+def test_session_hubs_and_temporal_edges_follow_session_order_within_each_tenant(as_arrow):
+    from helix_ray.ingest.graph import SAME_SESSION, TEMPORAL
+
+    users = ["ann"] * 5 + ["bob"] * 4
+    sessions = ["s1", "s1", None, "s1", "s2", "s1", "", "s1", "s1"]  # None and "": no session
+    created = np.array([3, 1, 0, 1, 0, 5, 0, 5, 2])
+    turns = np.array([0, 2, 0, 1, 0, 0, 0, 0, 0])
+    config = GraphBuildConfig(knn=0, temporal_window=2)
+    graph, entities = build_graph(
+        users=users, sessions=pa.array(sessions) if as_arrow else sessions, order_keys=[created, turns],
+        entity_lists=[[]] * 9, knn=None, partitions={"ann": (0, 5), "bob": (5, 9)}, config=config)
+    # ann's s1 in order (created, turn, row): 3, 1, 0; bob's s1: 8, then 5 and 7 (a tie: row order);
+    # the same name in two tenants is two sessions, and ann's s2 (one memory) none
+    assert entities.to_pylist() == [
+        {"node": 9, "user": "ann", "key": "session:s1", "df": 3},
+        {"node": 10, "user": "bob", "key": "session:s1", "df": 3},
+    ]
+    edges = {(row, int(graph.indices[i]), int(graph.types[i]))
+             for row in range(graph.num_nodes) for i in range(graph.indptr[row], graph.indptr[row + 1])}
+    temporal = {(3, 1), (1, 0), (3, 0), (8, 5), (5, 7), (8, 7)}  # neighbours one and two places on
+    hubs = {(3, 9), (1, 9), (0, 9), (8, 10), (5, 10), (7, 10)}
+    assert edges == {(a, b, TEMPORAL) for a, b in temporal} | {(b, a, TEMPORAL) for a, b in temporal} \
+        | {(a, b, SAME_SESSION) for a, b in hubs} | {(b, a, SAME_SESSION) for a, b in hubs}
 
 
 @pytest.mark.parametrize("block", [1, 7, 1 << 18])

@@ -58,11 +58,11 @@ class NextRows:
 
 
 def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
-             tasks: Tasks = dense.LocalTasks()) -> tuple[GenerationData, list[str]]:
+             tasks: Tasks = dense.LocalTasks()) -> tuple[GenerationData, pa.Array]:
     """The next generation's rows, sorted so that each tenant is one range, with what
     they carry: the previous generation's rows keep their vectors, and their entities,
     BM25 terms and nearest neighbours where it holds them (:mod:`helix_ray.ingest.carry`).
-    Also returns the graph's node names (memory ids, then ``user|entity``). The HNSW
+    Also returns the graph's node names as strings (memory ids, then ``user|entity``). The HNSW
     indexes are built and searched by ``tasks``, their files left in ``work`` for
     publish to move into the generation (:mod:`helix_ray.ingest.dense`).
 
@@ -121,17 +121,14 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
 
     knn, all_knn, dense_indexes, removed = _semantic_knn(vectors, parts, previous, previous_row, config,
                                                          work, tasks)
-    sessions = table.column("session_id").to_pylist()
-    metadata_turns = turns_of(table.column("metadata"))
-    created_sorted = created[take]
-    order_keys = list(zip(created_sorted.tolist(), metadata_turns.tolist()))  # creation time, then turn
     graph, entities = build_graph(
-        users=users, sessions=sessions, order_keys=order_keys, entity_lists=ents, knn=knn,
+        users=users, sessions=table.column("session_id"), entity_lists=ents, knn=knn,
+        order_keys=[created[take], turns_of(table.column("metadata"))],  # creation time, then turn
         partitions=parts, config=config.graph,
     )
-    del users, sessions, order_keys, metadata_turns, knn  # per-row Python lists, done with
-    node_names = table.column("id").to_pylist() + [
-        f"{u}|{k}" for u, k in zip(entities.column("user").to_pylist(), entities.column("key").to_pylist())]
+    del users, knn  # a Python list per row; the lists for the graph
+    node_names = pa.concat_arrays([table.column("id").combine_chunks(), pc.binary_join_element_wise(
+        entities.column("user").combine_chunks(), entities.column("key").combine_chunks(), "|")])
     data = GenerationData(
         memories=table, vectors=vectors, minhash=minhash, terms=terms, graph=graph,
         entities=entities, embedder=config.embedder.name, dim=DIM,

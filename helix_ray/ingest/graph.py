@@ -16,8 +16,7 @@ semantic   memory ↔ its k nearest memories with cosine ≥ threshold   cosine
 
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -34,8 +33,8 @@ _PRIORITY_OF = np.array([_PRIORITY[t] for t in range(len(EDGE_TYPES))], np.int8)
 def build_graph(
     *,
     users: Sequence[str],
-    sessions: Sequence[str | None],
-    order_keys: Sequence[Any],
+    sessions: Sequence[str | None] | pa.Array | pa.ChunkedArray,
+    order_keys: Sequence[np.ndarray],
     entity_lists: Sequence[Sequence[str]] | pa.Array | pa.ChunkedArray,
     knn: dict[str, tuple[np.ndarray, np.ndarray]] | None,
     partitions: dict[str, tuple[int, int]],
@@ -43,10 +42,14 @@ def build_graph(
 ) -> tuple[CSRGraph, pa.Table]:
     """Build the graph.
 
-    ``order_keys`` orders memories within a session (any comparable per row: ingest
-    gives (created_at, metadata turn); ties keep row order);
+    ``order_keys`` order memories within a session: arrays of one number per row,
+    compared in turn (ingest gives created_at, then the metadata turn); ties keep row
+    order. A row with no session (None or empty) joins none.
     ``knn[user] = (neighbour_rows, similarities)``, each (n_user, k) with -1 padding,
     rows relative to nothing (global row ids).
+
+    Works on arrays throughout, never a Python object per row or edge: at a million
+    memories those lists and dicts would outweigh the edges themselves.
     """
     n = len(users)
     src: list[np.ndarray] = []
@@ -54,48 +57,94 @@ def build_graph(
     wts: list[np.ndarray] = []
     typ: list[np.ndarray] = []
 
-    def add(a: np.ndarray, b: np.ndarray, w: np.ndarray, t: int) -> None:
+    def add(a: np.ndarray, b: np.ndarray, w: float | np.ndarray, t: int) -> None:
         if len(a):
             src.append(a.astype(np.int32)); dst.append(b.astype(np.int32))  # node numbers: int32, as the CSR's
-            wts.append(w.astype(np.float32)); typ.append(np.full(len(a), t, np.int8))
+            wts.append(np.broadcast_to(np.asarray(w, np.float32), a.shape).copy())
+            typ.append(np.full(len(a), t, np.int8))
 
+    tenants, row_tenant = tenant_codes(users)
     # Entity nodes: (user, key) with their document frequency inside the tenant.
-    entity_rows, m_src, m_dst, m_w = _mentions(users, entity_lists, partitions, n, config)
+    entity_table, m_src, m_dst, m_w = _mentions(tenants, row_tenant, entity_lists, partitions, n, config)
     add(m_src, m_dst, m_w, MENTION)
 
     # Sessions: a hub node each, and temporal neighbours in session order.
-    by_session: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for row, (user, session) in enumerate(zip(users, sessions)):
-        if session:
-            by_session[(user, session)].append(row)
-    s_src, s_dst, t_src, t_dst = [], [], [], []
-    for (user, session), rows in sorted(by_session.items()):
-        if len(rows) < 2:
-            continue
-        node = n + len(entity_rows)
-        entity_rows.append({"node": node, "user": user, "key": f"session:{session}", "df": len(rows)})
-        rows = sorted(rows, key=lambda r: (order_keys[r], r))
-        s_src.extend(rows); s_dst.extend([node] * len(rows))
-        for offset in range(1, config.temporal_window + 1):
-            t_src.extend(rows[:-offset]); t_dst.extend(rows[offset:])
-    add(np.array(s_src), np.array(s_dst), np.full(len(s_src), 0.5), SAME_SESSION)
-    add(np.array(t_src), np.array(t_dst), np.ones(len(t_src)), TEMPORAL)
+    session_table, members, hub, t_src, t_dst = _sessions(tenants, row_tenant, sessions, order_keys,
+                                                           n + entity_table.num_rows, config.temporal_window)
+    add(members, hub, 0.5, SAME_SESSION)
+    add(t_src, t_dst, 1.0, TEMPORAL)
+    del members, hub, t_src, t_dst
 
     # Semantic kNN.
     for user, (neighbours, sims) in (knn or {}).items():
         start, end = partitions[user]
-        row_ids = np.repeat(np.arange(start, end), neighbours.shape[1])
+        row_ids = np.repeat(np.arange(start, end, dtype=np.int32), neighbours.shape[1])
         flat_n, flat_s = neighbours.reshape(-1), sims.reshape(-1)
         keep = (flat_n >= 0) & (flat_n != row_ids) & (flat_s >= config.knn_min_similarity)
         add(row_ids[keep], flat_n[keep], flat_s[keep], SEMANTIC)
+        del row_ids, keep
 
-    num_nodes = n + len(entity_rows)
-    graph = _to_csr(src, dst, wts, typ, num_nodes)
-    entities = pa.Table.from_pylist(entity_rows, schema=ENTITY_SCHEMA)
+    entities = pa.concat_tables([entity_table, session_table])
+    graph = _to_csr(src, dst, wts, typ, n + entities.num_rows)
     return graph, entities
 
 
-def _mentions(users: Sequence[str], entity_lists: Sequence[Sequence[str]] | pa.Array | pa.ChunkedArray,
+def _entity_table(first_node: int, users: pa.Array, keys: pa.Array, df: np.ndarray) -> pa.Table:
+    return pa.table({"node": pa.array(first_node + np.arange(len(df), dtype=np.int64)), "user": users,
+                     "key": keys, "df": pa.array(df.astype(np.int32))}, schema=ENTITY_SCHEMA)
+
+
+def _dictionary(values: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """``values`` (strings, nulls allowed) dictionary-encoded: the distinct strings, each
+    value's index among them (−1 for null), and each distinct string's rank in sorted
+    order (so that numbering by rank is numbering in string order)."""
+    import pyarrow.compute as pc
+
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    encoded = pc.dictionary_encode(values)
+    words = encoded.dictionary
+    index = np.asarray(encoded.indices.fill_null(-1), np.int64)
+    rank = np.empty(len(words), np.int64)
+    rank[np.asarray(pc.sort_indices(words), np.int64)] = np.arange(len(words))
+    return words, index, rank
+
+
+def _sessions(tenants: list[str], row_tenant: np.ndarray, sessions: Sequence[str | None] | pa.Array | pa.ChunkedArray,
+              order_keys: Sequence[np.ndarray], first_node: int, window: int):
+    """The session nodes, numbered from ``first_node`` in (user, session) order: one per
+    session of at least two memories within a tenant. Returns their rows, each member
+    row with its session's node, and the temporal edges (each member to the ones up to
+    ``window`` places later in session order)."""
+    import pyarrow.compute as pc
+
+    values = sessions if isinstance(sessions, (pa.Array, pa.ChunkedArray)) else pa.array(list(sessions), pa.string())
+    values = pc.if_else(pc.equal(values, ""), pa.scalar(None, pa.string()), values)  # "" is no session
+    words, word, rank = _dictionary(values)
+    rows = np.flatnonzero(word >= 0)
+    keys = [np.asarray(k)[rows] for k in reversed(order_keys)]
+    order = rows[np.lexsort([rows, *keys, rank[word[rows]], row_tenant[rows]])]  # lexsort: last key first
+    session = row_tenant[order] * max(len(words), 1) + rank[word[order]]  # a (tenant, session) pair as one number
+    start = np.flatnonzero(np.r_[True, session[1:] != session[:-1]])
+    size = np.diff(np.r_[start, len(order)])
+    kept = size >= 2
+    group = np.repeat(np.cumsum(kept) - 1, size)  # each member's session number among those kept
+    member = np.repeat(kept, size)
+    hub = first_node + group[member]
+    t_src, t_dst = [order[:0]], [order[:0]]
+    for offset in range(1, min(window, len(order)) + 1):
+        same = session[offset:] == session[:-offset]
+        t_src.append(order[:-offset][same])
+        t_dst.append(order[offset:][same])
+    heads = order[start[kept]]
+    table = _entity_table(first_node, pa.array(tenants, pa.string()).take(pa.array(row_tenant[heads])),
+                          pc.binary_join_element_wise("session:", words.take(pa.array(word[heads])), ""),
+                          size[kept])
+    return table, order[member], hub, np.concatenate(t_src), np.concatenate(t_dst)
+
+
+def _mentions(tenants: list[str], row_tenant: np.ndarray,
+              entity_lists: Sequence[Sequence[str]] | pa.Array | pa.ChunkedArray,
               partitions: dict[str, tuple[int, int]], n: int, config: GraphBuildConfig):
     """The entity nodes, numbered from ``n`` in (user, key) order: the keys a tenant's
     memories mention at least twice and at most its hub limit. Returns their rows and
@@ -109,16 +158,10 @@ def _mentions(users: Sequence[str], entity_lists: Sequence[Sequence[str]] | pa.A
         else pa.array(list(entity_lists), pa.list_(pa.string()))
     if isinstance(lists, pa.ChunkedArray):
         lists = lists.combine_chunks()
-    flat = pc.list_flatten(lists)
     src = np.asarray(pc.list_parent_indices(lists), np.int64)
-    tenants, row_tenant = tenant_codes(users)
-    encoded = pc.dictionary_encode(flat)
-    words = encoded.dictionary.to_pylist()
-    word = np.asarray(encoded.indices, np.int64)
+    words, word, word_rank = _dictionary(pc.list_flatten(lists))
+    src, word = src[word >= 0], word[word >= 0]  # a null key names nothing
     # A (tenant, key) pair as one number, then numbered densely in (tenant, key) order.
-    by_rank = np.argsort(np.array(words, dtype=object), kind="stable")  # rank → word
-    word_rank = np.empty(len(words), np.int64)
-    word_rank[by_rank] = np.arange(len(words))
     width = max(len(words), 1)
     pair = row_tenant[src] * width + word_rank[word]
     pairs, key_id = np.unique(pair, return_inverse=True)
@@ -135,12 +178,13 @@ def _mentions(users: Sequence[str], entity_lists: Sequence[Sequence[str]] | pa.A
     kept = np.flatnonzero((df >= 2) & (df <= cap))  # pairs are in (tenant, key) order already
     node_of = np.full(len(pairs), -1, np.int64)
     node_of[kept] = n + np.arange(len(kept))
-    entity_rows = [{"node": n + j, "user": tenants[t], "key": words[by_rank[r]], "df": int(d)}
-                   for j, (t, r, d) in enumerate(zip(pair_tenant[kept].tolist(), pair_rank[kept].tolist(),
-                                                     df[kept].tolist()))]
+    by_rank = np.empty(len(words), np.int64)  # rank → word
+    by_rank[word_rank] = np.arange(len(words))
+    table = _entity_table(n, pa.array(tenants, pa.string()).take(pa.array(pair_tenant[kept])),
+                          words.take(pa.array(by_rank[pair_rank[kept]])), df[kept])
     keep = node_of[key_id] >= 0
     src, key_id = src[keep], key_id[keep]
-    return entity_rows, src, node_of[key_id], 1.0 / np.sqrt(df[key_id].astype(np.float64))
+    return table, src, node_of[key_id], 1.0 / np.sqrt(df[key_id].astype(np.float64))
 
 
 def tenant_codes(users: Sequence[str]) -> tuple[list[str], np.ndarray]:
@@ -160,15 +204,8 @@ def _to_csr(src, dst, wts, typ, num_nodes: int, block: int = 1 << 18) -> CSRGrap
     # (source, b, priority) stably, what np.lexsort((priority, b, source)) gives in less time. The priorities
     # come from an array lookup, not a per-edge dict.get (docs/benchmarks.md). Only the
     # edges given and the result are ever whole (a million memories: ~25 million
-    # directed edges), never a sort of all of them.
-    a = np.concatenate(src, dtype=np.int32, casting="same_kind")
-    src.clear()
-    b = np.concatenate(dst, dtype=np.int32, casting="same_kind")
-    dst.clear()
-    w = np.concatenate(wts, dtype=np.float32, casting="same_kind")
-    wts.clear()
-    t = np.concatenate(typ)
-    typ.clear()
+    # directed edges), never a sort of all of them, nor two copies of either.
+    a, b, w, t = _joined(src, np.int32), _joined(dst, np.int32), _joined(wts, np.float32), _joined(typ, np.int8)
     priority = len(_PRIORITY_OF)
     indptr = np.zeros(num_nodes + 1, np.int64)
     indices, weights, types = [], [], []
@@ -198,15 +235,27 @@ def _to_csr(src, dst, wts, typ, num_nodes: int, block: int = 1 << 18) -> CSRGrap
         types.append(t[edge])
     del a, b, w, t
     np.cumsum(indptr, out=indptr)
-    return CSRGraph(indptr, np.concatenate(indices), np.concatenate(weights), np.concatenate(types))
+    return CSRGraph(indptr, _joined(indices, np.int32), _joined(weights, np.float32), _joined(types, np.int8))
 
 
-def edges_tables(graph: CSRGraph, node_names: Sequence[str], block: int = 1 << 20) -> Iterator[pa.Table]:
+def _joined(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+    """``parts`` concatenated, each let go of as soon as it is copied (``parts`` ends
+    empty): the parts and the result are never both whole."""
+    out: np.ndarray = np.empty(sum(len(p) for p in parts), dtype)
+    end = len(out)
+    while parts:  # from the last part back, popping each once copied
+        part = parts.pop()
+        out[end - len(part):end] = part
+        end -= len(part)
+    return out
+
+
+def edges_tables(graph: CSRGraph, node_names: Sequence[str] | pa.Array, block: int = 1 << 20) -> Iterator[pa.Table]:
     """The graph as rows (src < dst only), for the DuckDB ``edges`` table, about ``block``
     edges at a time (whole source nodes per table), so that only one block's names are
     ever held as strings (a million memories: ~10 million edges). The names are taken in
     Arrow, not as a Python string per edge."""
-    names = pa.array(node_names, pa.string())
+    names = node_names if isinstance(node_names, pa.Array) else pa.array(node_names, pa.string())
     type_names = pa.array(EDGE_TYPES, pa.string())
     indptr = np.asarray(graph.indptr)
     first = 0
