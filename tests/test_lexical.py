@@ -163,6 +163,40 @@ def test_terms_analysed_a_block_at_a_time_are_those_of_one_pass():
     assert len(blocks.vocab) > 10 and blocks.offsets[-1] > 100
 
 
+def test_ingest_analyses_text_and_expansions_read_a_block_at_a_time_as_whole_strings():
+    """Ingest hands the analyser its new rows' BM25 texts as a view over the table's text
+    column and the expansions' JSON: the terms are those of the strings made at once."""
+    import json
+
+    import pyarrow as pa
+
+    from helix_ray.ingest.assemble import LexicalTexts
+
+    texts = [f"the parse_tree of HTTPServer {i} ünïcode" for i in range(23)] + ["", "line one\nline two"]
+    expansions = [json.dumps([f"why does server {i} fail", "quotes \" and \\ backslash"] if i % 3 else [])
+                  for i in range(len(texts))]
+    strings = [bm25.lexical_text(t, json.loads(x)) for t, x in zip(texts, expansions)]
+    view = LexicalTexts(pa.chunked_array([pa.array(texts[:10]), pa.array(texts[10:])]), expansions)
+    assert len(view) == len(strings) and view[:] == strings and view[7:13] == strings[7:13]
+    assert view[3] == strings[3] and view[30:40] == [] and view[::4] == strings[::4]
+    analyzer = bm25.Analyzer(stemmer="english", split_identifiers=True)
+    whole, blocks = bm25.Terms.analyse(analyzer, strings), bm25.Terms.analyse(analyzer, view, block=4)
+    assert blocks.vocab == whole.vocab and len(whole.vocab) > 20
+    np.testing.assert_array_equal(blocks.offsets, whole.offsets)
+    np.testing.assert_array_equal(blocks.ids, whole.ids)
+    with pytest.raises(ValueError, match="25 texts but 24 expansion lists"):
+        LexicalTexts(pa.chunked_array([pa.array(texts)]), expansions[:-1])
+
+
+def test_compacted_terms_drop_the_vocabulary_no_document_holds_and_keep_the_rest():
+    terms = bm25.Terms(np.array([3, 0, 3, 1], np.int32), np.array([0, 2, 4]), ["a", "b", "gone", "d"])
+    compact = terms.compacted()
+    assert compact.vocab == ["a", "b", "d"]
+    assert [compact.vocab[i] for i in compact.ids] == [terms.vocab[i] for i in terms.ids]
+    np.testing.assert_array_equal(compact.offsets, terms.offsets)
+    assert compact.compacted() is compact  # every term held: no copy
+
+
 _VOCAB_OF = """
 from helix_ray.index.bm25 import Analyzer, Terms
 texts = ["Kafka lag on the gateway; zeta alpha retries", "beta alpha gateway", "omega kafka", "delta"]

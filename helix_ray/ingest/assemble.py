@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence, overload
 
 import numpy as np
 import pyarrow as pa
@@ -75,24 +75,26 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     old_table = rows.old_rows.take(pa.array(keep_old, pa.int64())) if keep_old else GENERATION_SCHEMA.empty_table()
     previous_rows = rows.old_index[keep_old] if keep_old else np.zeros(0, np.int64)
     new_table = memory_table(todo, new_cols)
+    todo.clear()  # the table holds what the row dicts did
     n_new = new_table.num_rows
+    new_texts = new_table.column("text")
     table = pa.concat_tables([old_table, new_table])
     del new_table
     sigs = rows.sigs  # of every old row, then of every new record: gathered once they are sorted
     sig_rows = np.concatenate([np.asarray(keep_old, np.int64), rows.n_old + np.asarray(rows.keep_new, np.int64)])
     old_texts = old_table.column("text")  # read as Python strings only where the old rows' outputs are not carried
     analyzer = bm25_analyzer(config)
-    new_lexical = [lexical_text(r["text"], json.loads(x)) for r, x in zip(todo, new_cols["expansions"])]
-    todo.clear()
+    new_lexical = LexicalTexts(new_texts, new_cols["expansions"])
+    del new_texts
     old_lexical = None
     if not carry.terms_carried(previous, analyzer):
         old_ids = old_table.column("id").to_pylist()
         old_exp = db.expansions_for(old_ids)
         old_lexical = [lexical_text(t, old_exp.get(i, [])) for i, t in zip(old_ids, old_texts.to_pylist())]
     terms = carry.terms(previous, previous_rows, old_lexical, new_lexical, analyzer)
-    del new_lexical, old_lexical  # a string per memory: ~0.5 GB at a million
+    del new_lexical, old_lexical
     ents = pa.concat_arrays([carry.mentions(previous, previous_rows, old_texts),
-                             pa.array([json.loads(x) for x in new_cols.pop("entities")], carry.MENTIONS_TYPE)])
+                             *_json_lists(new_cols.pop("entities"), carry.MENTIONS_TYPE)])
 
     # Group by tenant, then time, then arrival: a tenant is a contiguous row range.
     users = table.column("user").to_pylist()
@@ -204,6 +206,43 @@ def memory_table(rows: list[dict[str, Any]], cols: dict[str, Any] | None) -> pa.
     else:
         data["n_tokens"] = [int(x) for x in cols["n_tokens"]]
     return pa.table({n: data[n] for n in names}, schema=GENERATION_SCHEMA)
+
+
+def _json_lists(texts: Sequence[str], type_: pa.DataType, block: int = 65536) -> Iterator[pa.Array]:
+    """Each JSON list in ``texts`` as a row of ``type_``, ``block`` rows at a time: the
+    Python lists of one block at once, not of every row."""
+    for lo in range(0, len(texts), block):
+        yield pa.array([json.loads(x) for x in texts[lo:lo + block]], type_)
+
+
+class LexicalTexts(Sequence[str]):
+    """What BM25 indexes for each new row (:func:`lexical_text`), made from the table's
+    text column and the expansions' JSON when a slice of it is read: the analyser reads
+    a block at a time, so there is never a string per memory at once (~0.5 GB at a
+    million)."""
+
+    def __init__(self, texts: pa.ChunkedArray, expansions: Sequence[str]):
+        if len(texts) != len(expansions):
+            raise ValueError(f"{len(texts)} texts but {len(expansions)} expansion lists")
+        self.texts, self.expansions = texts, expansions
+
+    def __len__(self) -> int:
+        return len(self.expansions)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            lo, hi, step = i.indices(len(self))
+            rows = range(lo, hi, step)
+            texts = self.texts.take(pa.array(rows, pa.int64())).to_pylist() if step != 1 \
+                else self.texts.slice(lo, max(hi - lo, 0)).to_pylist()
+            return [lexical_text(t, json.loads(self.expansions[r])) for t, r in zip(texts, rows)]
+        return lexical_text(self.texts[i].as_py(), json.loads(self.expansions[i]))
 
 
 def in_generation_schema(table: pa.Table) -> pa.Table:
