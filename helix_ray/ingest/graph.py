@@ -48,8 +48,8 @@ def build_graph(
     ``knn[user] = (neighbour_rows, similarities)``, each (n_user, k) with -1 padding,
     rows relative to nothing (global row ids).
 
-    Works on arrays throughout, never a Python object per row or edge: at a million
-    memories those lists and dicts would outweigh the edges themselves.
+    Works on arrays: no Python object per edge, nor per row beyond the ``users`` given
+    (at a million memories such lists and dicts would outweigh the edges themselves).
     """
     n = len(users)
     src: list[np.ndarray] = []
