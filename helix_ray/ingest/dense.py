@@ -4,11 +4,11 @@ every memory's nearest neighbours, as units of work over files.
 Each unit reads the generation's sorted float16 vectors from the ``.npy`` file the
 driver wrote them to once (:data:`VECTORS`; publish links it into the generation),
 quantizes the rows it needs to int8 (as :func:`helix_ray.index.quantize.quantize_int8`
-always does), and writes or opens an index file; it returns only small arrays. So the units can run anywhere that sees the
-files, in parallel — as Ray tasks on the driver's node for ``runner="ray"``
-(``pipelines.ingest.RayTasks``), here in turn otherwise (:class:`LocalTasks`) — and the
-driver never holds an index or the int8 copy of the vectors: at a million memories
-those are ~0.9 GB and 0.4 GB.
+always does), and writes or opens an index file; it returns only small arrays. So the
+units can run anywhere that sees the files, in parallel — as Ray tasks on the driver's
+node for ``runner="ray"`` (``pipelines.ingest.RayTasks``), here in turn otherwise
+(:class:`LocalTasks`) — and the driver never holds an index or the int8 copy of the
+vectors: at a million memories those are ~0.9 GB and 0.4 GB.
 
 The files live in a work folder (:func:`work_folder`) under the store's
 ``generations/``, on the same disk as the generation, so publish moves an index file
