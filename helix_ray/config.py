@@ -486,9 +486,9 @@ class RankConfig(_Strict):
     checked?", "what calls publish()?") scores code memories (1 + this) times as much
     (code from test files only when the question asks for tests); one asking why or what
     changed, every other type (commits, decisions, notes). Read by rules
-    (recall/intent.py); shown in the flags as ``intent``. 0: off. With ``reweigh_silent``,
-    it lifts nDCG@10 on this repository's code and history by .12 and changes no tuning
-    set (docs/quality.md)."""
+    (recall/intent.py); shown in the flags as ``intent``. 0: off. Together with
+    ``reweigh_silent`` it lifts nDCG@10 on this repository's code and history by .145 and
+    changes no tuning set as stored (docs/quality.md)."""
     reweigh_silent: bool = True
     """A signal that is 0 for every candidate in the pool (recency when none was ever
     recalled, graph when nothing is linked, a min-max signal that does not vary) says
