@@ -700,7 +700,8 @@ def test_a_time_expression_boosts_what_was_created_in_its_window(tenant_memory, 
     target = bob[len(bob) // 2]
     day = dt.datetime.fromisoformat(target["created_at"]).date()
     query = f"what did we change on {day:%B} {day.day}, {day.year}?"
-    timed = tenant_memory.recall(query, user="bob", k=20, now=NOW, explain=True)
+    # The window's own search (time.window_leg) changes the fused pool: off here, to see the boost alone.
+    timed = tenant_memory.recall(query, user="bob", k=20, now=NOW, explain=True, config=config(time={"window_leg": 0}))
     plain = tenant_memory.recall(query, user="bob", k=20, now=NOW, disabled=frozenset({"time"}))
     window = timed.flags["time"]["window"]
     assert window["kind"] == "absolute" and window["start"].startswith(day.isoformat())
@@ -711,6 +712,45 @@ def test_a_time_expression_boosts_what_was_created_in_its_window(tenant_memory, 
     assert boosted[target["id"]] == pytest.approx(score[target["id"]] * boost, rel=1e-4)
     others = [i for i in boosted if i in score and records[i]["created_at"][:10] != day.isoformat()]
     assert others and all(boosted[i] == pytest.approx(score[i], rel=1e-4) for i in others)
+
+
+WINDOWED = [(f"2024-0{1 + i % 9}-1{i % 10}T10:00:00Z", f"Deployed the payments service again, release {i}: the payments "
+             "deploy went out with the payments migrations.") for i in range(24)]
+WINDOWED.append(("2025-03-11T15:00:00Z", "Rolled out a new build of the billing backend to production."))
+
+
+def test_a_query_naming_a_window_searches_among_that_windows_memories(tmp_path):
+    """Every payments memory outranks the one written on 11 March 2025 by its words, and
+    a pool of five holds none of that day's: the search among the window's memories
+    brings it in. Off, it is never a candidate."""
+    from helix_ray.ingest.run import ingest
+    from helix_ray.memory import Memory
+
+    source = tmp_path / "notes.jsonl"
+    source.write_text("".join(json.dumps({"id": f"m{i}", "text": text, "user": "dana", "created_at": at}) + "\n"
+                              for i, (at, text) in enumerate(WINDOWED)))
+    ingest([source], tmp_path / "store", runner="local", show_progress=False)
+    target = f"m{len(WINDOWED) - 1}"
+    query = "what did we deploy for payments on March 11, 2025?"
+    small = {"lexical": {"top_k": 5}, "dense": {"top_k": 5}, "fusion": {"pool": 5}, "graph": {"enabled": False}}
+    with Memory(tmp_path / "store", record_access=False, warm=False) as memory:
+        def recall(leg: float):
+            return memory.recall(query, user="dana", k=5, now=NOW, explain=True,
+                                 config=config(**small, time={"window_leg": leg}))
+
+        on, off = recall(0.5), recall(0.0)
+        without_time = memory.recall(query, user="dana", k=5, now=NOW, disabled=frozenset({"time"}),
+                                     config=config(**small))
+    assert target not in [i.id for i in off.items] and "window_lists" not in off.flags
+    assert target not in [i.id for i in without_time.items]
+    assert target in [i.id for i in on.items]
+
+    with Memory(tmp_path / "store", record_access=False, warm=False) as memory:
+        memory.delete(target, user="dana")  # pending in the delta: the generation still holds the row
+        gone = memory.recall(query, user="dana", k=5, now=NOW, explain=True, config=config(**small))
+    # Deleted rows are masked out of every search: the day holds no memory to search among.
+    assert target not in [i.id for i in gone.items] and "window_lists" not in gone.flags
+    assert on.flags["window_lists"] == {"bm25": 1, "dense": 1}  # the day holds one memory
 
 
 def test_time_words_are_read_against_now(tenant_memory):

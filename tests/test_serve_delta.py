@@ -18,11 +18,31 @@ def test_merge_dense_orders_by_cosine_and_keeps_top_k():
     from helix_ray.recall.dense import DenseHits
     from helix_ray.live.delta import DELTA_BASE, merge_dense
 
-    base = DenseHits(np.array([4, 9, 2]), np.array([0.9, 0.7, 0.5], np.float32), "binary")
+    base = DenseHits(np.array([4, 9, 2]), np.array([0.9, 0.7, 0.5], np.float32), "binary", window=np.array([2]))
     extra = DenseHits(np.array([DELTA_BASE + 1, DELTA_BASE + 3]), np.array([0.8, 0.1], np.float32), "delta")
     merged = merge_dense(base, extra, top_k=3)
     assert merged.rows.tolist() == [4, DELTA_BASE + 1, 9] and merged.first_pass == "binary+delta"
+    assert merged.window.tolist() == [2]  # the generation's search in the query's time window, kept
     assert merge_dense(base, None, top_k=3) is base
+
+
+def test_rows_hidden_since_the_legs_ran_leave_every_list():
+    """A delete answered between the legs and the finish: the row leaves the query's list,
+    each context turn's and the time window's, whichever list found it."""
+    from helix_ray.live.delta import DeltaSegment
+    from helix_ray.live.recall import _visible
+    from helix_ray.recall.dense import DenseHits
+    from helix_ray.recall.lexical import LexicalHits
+
+    rows = np.array([3, 7, 9], np.int64)
+    dense_hits = DenseHits(rows, np.array([0.9, 0.8, 0.7], np.float32), "binary", (np.array([7, 2]),), np.array([9, 7]))
+    lexical_hits = LexicalHits(rows, np.ones(3, np.float32), np.ones(3, np.float32), False, (), np.array([7, 5]))
+    shown_dense = _visible(dense_hits, {7}, DeltaSegment.empty(), 1)
+    shown_lexical = _visible(lexical_hits, {7}, DeltaSegment.empty(), 1)
+    assert shown_dense.rows.tolist() == [3, 9] and shown_dense.similarities.tolist() == pytest.approx([0.9, 0.7])
+    assert [c.tolist() for c in shown_dense.context] == [[2]] and shown_dense.window.tolist() == [9]
+    assert shown_lexical.rows.tolist() == [3, 9] and shown_lexical.window.tolist() == [5]
+    assert _visible(dense_hits, set(), DeltaSegment.empty(), 1).window.tolist() == [9, 7]
 
 
 def test_merge_lexical_normalises_by_the_shared_ceiling():
@@ -31,10 +51,11 @@ def test_merge_lexical_normalises_by_the_shared_ceiling():
     from helix_ray.recall.lexical import LexicalHits
     from helix_ray.live.delta import DELTA_BASE, DeltaLexical, merge_lexical
 
-    base = LexicalHits(np.array([7, 1]), np.array([6.0, 3.0], np.float32), np.array([1.0, 0.5], np.float32), True)
+    base = LexicalHits(np.array([7, 1]), np.array([6.0, 3.0], np.float32), np.array([1.0, 0.5], np.float32), True,
+                       window=np.array([1]))
     extra = DeltaLexical(np.array([DELTA_BASE + 5]), np.array([4.5], np.float32), ceiling=8.0)
     merged = merge_lexical(base, extra, top_k=10, strong_score=0.85, strong_gap=0.15)
-    assert merged.rows.tolist() == [7, DELTA_BASE + 5, 1]
+    assert merged.rows.tolist() == [7, DELTA_BASE + 5, 1] and merged.window.tolist() == [1]
     np.testing.assert_allclose(merged.normalised, [0.75, 0.5625, 0.375])
     assert merged.strong_signal is False
     assert merge_lexical(base, None, top_k=10, strong_score=0.85, strong_gap=0.15) is base

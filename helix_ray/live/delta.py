@@ -493,7 +493,7 @@ def merge_dense(base: dense.DenseHits | None, extra: dense.DenseHits | None, top
     rows = np.concatenate([base.rows, extra.rows])
     sims = np.concatenate([base.similarities, extra.similarities]).astype(np.float32)
     order = np.lexsort((rows, -sims))[:top_k]
-    return dense.DenseHits(rows[order], sims[order], base.first_pass + "+delta", base.context)
+    return dense.DenseHits(rows[order], sims[order], base.first_pass + "+delta", base.context, base.window)
 
 
 def merge_lexical(base: lexical.LexicalHits | None, extra: DeltaLexical | None, *, top_k: int,
@@ -511,17 +511,5 @@ def merge_lexical(base: lexical.LexicalHits | None, extra: DeltaLexical | None, 
     rows, raw = rows[order], raw[order]
     normalised = np.minimum(raw / (extra.ceiling or 1.0), 1.0).astype(np.float32)
     return lexical.LexicalHits(rows, raw, normalised,
-                               lexical.is_strong(normalised, extra.coverage, strong_score, strong_gap), base.context)
-
-
-def drop_rows(hits, hidden: set[int] | frozenset[int]):
-    """``hits`` (dense or lexical) without the rows in ``hidden``."""
-    if hits is None or not hidden or not len(hits.rows):
-        return hits
-    keep = np.array([int(r) not in hidden for r in hits.rows], dtype=bool)
-    if keep.all():
-        return hits
-    if isinstance(hits, dense.DenseHits):
-        return dense.DenseHits(hits.rows[keep], hits.similarities[keep], hits.first_pass, hits.context)
-    return lexical.LexicalHits(hits.rows[keep], hits.scores[keep], hits.normalised[keep],
-                               hits.strong_signal and bool(keep[0]), hits.context)
+                               lexical.is_strong(normalised, extra.coverage, strong_score, strong_gap), base.context,
+                               base.window)

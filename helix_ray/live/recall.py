@@ -98,21 +98,26 @@ def recall_over(legs: ShellRecaller, joined: ShellRecaller, delta: DeltaSegment,
 def _visible(hits: Any, hidden: set[int], delta: DeltaSegment, generation: int) -> Any:
     """``hits`` without rows this snapshot hides: deleted or replaced generation rows,
     and delta entries it no longer holds (deleted or replaced since the leg ran) or that
-    this generation already holds; the lists of a recall's context turns likewise. Runs
-    before packing, so a delete that was answered before this request arrived can never
-    reach the result."""
+    this generation already holds; the lists of a recall's context turns and of its time
+    window likewise. Runs before packing, so a delete that was answered before this
+    request arrived can never reach the result."""
     if hits is None:
         return hits
-    context = tuple(rows[_shown(np.asarray(rows, dtype=np.int64), hidden, delta, generation)]
-                    for rows in getattr(hits, "context", ()))
+
+    def shown(rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        return rows[_shown(rows, hidden, delta, generation)]
+
+    context = tuple(shown(rows) for rows in hits.context)
+    window = None if hits.window is None else shown(hits.window)
     rows = np.asarray(hits.rows, dtype=np.int64)
     keep = _shown(rows, hidden, delta, generation)
-    if keep.all() and not context:
+    if keep.all() and not context and window is None:
         return hits
     if isinstance(hits, dense_mod.DenseHits):
-        return dense_mod.DenseHits(rows[keep], hits.similarities[keep], hits.first_pass, context)
+        return dense_mod.DenseHits(rows[keep], hits.similarities[keep], hits.first_pass, context, window)
     return lexical_mod.LexicalHits(rows[keep], hits.scores[keep], hits.normalised[keep],
-                                   bool(hits.strong_signal and len(keep) and keep[0]), context)
+                                   bool(hits.strong_signal and len(keep) and keep[0]), context, window)
 
 
 def _shown(rows: np.ndarray, hidden: set[int], delta: DeltaSegment, generation: int) -> np.ndarray:

@@ -29,6 +29,7 @@ class DenseHits:
     similarities: np.ndarray  # float32 cosine
     first_pass: str  # "binary" | "hnsw" | "hnsw+binary"
     context: tuple[np.ndarray, ...] = ()  # rows, best first, per context turn of the plan
+    window: np.ndarray | None = None  # rows, best first, among those created in the query's window
 
 
 def hamming_top(codes: np.ndarray, query_code: np.ndarray, count: int) -> np.ndarray:

@@ -24,6 +24,7 @@ class LexicalHits:
     normalised: np.ndarray  # raw / the query's ceiling (see :func:`ceiling`), in [0, 1]
     strong_signal: bool
     context: tuple[np.ndarray, ...] = ()  # rows, best first, per context turn of the plan
+    window: np.ndarray | None = None  # rows, best first, among those created in the query's window
 
 
 def ceiling(index: BM25Index, tokens: list[str], start: int = 0, end: int | None = None) -> float:

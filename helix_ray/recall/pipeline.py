@@ -348,6 +348,25 @@ class Recaller:
         start, end = self.generation.partitions[plan.user]
         return scope.build_mask(self.generation.scope_columns, start, end, plan.scope)
 
+    def _window_mask(self, plan: Plan, mask: np.ndarray | None) -> np.ndarray | None:
+        """The scope's mask narrowed to the memories created inside the query's window
+        (``time.window_leg``); None when the query names no window, or the window holds
+        none or all of the scope's memories (a second search would find nothing new)."""
+        if plan.window is None or plan.config.time.window_leg <= 0:
+            return None
+        start, end = self.generation.partitions[plan.user]
+        created = self.generation.scope_columns.created_at[start:end]
+        inside = np.ones(end - start, dtype=bool)
+        if plan.window.start > when.UNBOUNDED_START:
+            inside &= created >= int(plan.window.start.timestamp() * 1_000_000)
+        if plan.window.end < when.UNBOUNDED_END:
+            inside &= created < int(plan.window.end.timestamp() * 1_000_000)
+        if mask is not None:
+            inside &= mask
+        if not inside.any() or inside.sum() == (end - start if mask is None else mask.sum()):
+            return None
+        return inside
+
     # ------------------------------------------------------------------ BM25 ∥ dense
     def lexical_leg(self, plan: Plan) -> lexical.LexicalHits | None:
         """BM25 top-k inside the scope; None when its list weight is 0."""
@@ -357,6 +376,11 @@ class Recaller:
         lx, mask = plan.config.lexical, self._mask(plan)
         hits = lexical.search(self.generation.bm25, plan.query, start=start, end=end, mask=mask,
                               top_k=lx.top_k, strong_score=lx.strong_signal_score, strong_gap=lx.strong_signal_gap)
+        window = self._window_mask(plan, mask)
+        if window is not None and not self.strong(plan, hits):
+            hits = dataclasses.replace(hits, window=lexical.search(
+                self.generation.bm25, plan.query, start=start, end=end, mask=window, top_k=lx.top_k,
+                strong_score=1.0, strong_gap=1.0).rows)
         if not plan.context or self.strong(plan, hits):  # a decisive query: no other list is fused
             return hits
         context = tuple(lexical.search(self.generation.bm25, turn.text, start=start, end=end, mask=mask,
@@ -370,6 +394,10 @@ class Recaller:
             return None
         mask = self._mask(plan)
         hits = dense.search(self.generation, plan.user, plan.query_vector, mask=mask, config=plan.config.dense)
+        window = self._window_mask(plan, mask)
+        if window is not None:
+            hits = dataclasses.replace(hits, window=dense.search(self.generation, plan.user, plan.query_vector,
+                                                                 mask=window, config=plan.config.dense).rows)
         if not plan.context:
             return hits
         context = tuple(dense.search(self.generation, plan.user, turn.vector, mask=mask, config=plan.config.dense).rows
@@ -455,6 +483,11 @@ def _fuse(plan: Plan, lex: lexical.LexicalHits | None, dense_hits: dense.DenseHi
         for j, rows in enumerate(hits.context if hits is not None else ()):
             lists[f"{leg}@context{j}"] = rows
             weights[f"{leg}@context{j}"] = plan.weights.get(leg, 0.0) * plan.context[j].weight
+    for leg, hits in (("bm25", lex), ("dense", dense_hits)):
+        if hits is not None and hits.window is not None:  # the same search among the window's memories
+            lists[f"{leg}@window"] = hits.window
+            weights[f"{leg}@window"] = plan.weights.get(leg, 0.0) * cfg.time.window_leg
+            flags.setdefault("window_lists", {})[leg] = len(hits.window)
     if lex is not None and cfg.fusion.adaptive and "bm25" in lists:
         weights["bm25"] *= _lexical_confidence(lex)
         flags["bm25_weight"] = round(weights["bm25"], 4)
