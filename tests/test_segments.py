@@ -474,3 +474,43 @@ def test_a_fold_recorded_but_not_current_is_made_current_by_the_next_writer(stor
 
 def ids_of(mem: Memory, query: str, user: str = "dana") -> list[str]:
     return [item.id for item in mem.recall(query, user=user).items]
+
+
+ADAPT_QUERIES = {"m000": ["which port does the gateway listen on?", "gateway port for tenants", "tenant traffic port",
+                          "where does tenant traffic arrive?", "what port is 8443?"],
+                 "m001": ["how long are billing keys cached?", "billing key cache lifetime", "redis billing cache",
+                          "when do cached billing keys expire?", "what does redis cache?"],
+                 "m010": ["why did we pin uvicorn?", "uvicorn version pin", "keep-alive bug workaround",
+                          "which uvicorn release do we use?", "what broke keep-alive?"],
+                 "m011": ["how are payouts retried?", "ledger payout retries", "failed payout backoff",
+                          "how many times is a payout retried?", "what does the ledger do on failure?"]}
+
+
+def test_an_adapter_fits_on_the_memories_a_segment_holds(store):
+    """Labelled queries may name memories written online and folded into a segment: their
+    vectors are the segment's, a replaced memory's its new version's, and a memory the
+    segment deletes is not found."""
+    from helix_ray.embedder import get_embedder
+    from helix_ray.recall.adapter import _Memories, fit_pairs
+
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        mem.add(WRITES + [memory(1, "Redis now caches the billing keys for an hour.")])  # m001 again
+    rows = live_rows(store)
+    seqs = dict(zip(rows.column("id").to_pylist(), rows.column("seq").to_pylist()))
+    freeze(store, {"m001": seqs["m001"], "m002": max(seqs.values()) + 1})  # m001 replaced, m002 deleted
+    gen = Generation.open_current(store)
+    start, end = gen.partitions["dana"]
+    segment = gen.segment_rows()
+    vector_of = dict(zip(segment.column("id").to_pylist(), segment.column("vector").to_numpy(zero_copy_only=False)))
+
+    pool, at = _Memories(gen).of("dana", ["m000", "m001", "m002", "m010", "m012", "nope"])
+    assert len(pool) == end - start + 3  # the base rows, then dana's three segment rows
+    assert at[0] == gen.columns.id_to_row["m000"] - start and at[1:] and all(p >= end - start for p in at[1:])
+    assert len(at) == 3  # m002 is deleted, m012 is lee's, "nope" is nobody's
+    assert sorted(map(tuple, pool[at[1:]].round(6))) == sorted(
+        tuple(np.asarray(vector_of[i], np.float32).round(6)) for i in ("m001", "m010"))
+
+    pairs = [{"query": q, "user": "dana", "memory_ids": [i]} for i, qs in ADAPT_QUERIES.items() for q in qs]
+    pairs.append({"query": "what does the deploy pipeline run first?", "user": "dana", "memory_ids": ["m002"]})
+    _, report = fit_pairs(gen, get_embedder(), pairs, ridge=1.0)
+    assert (report["queries"], report["skipped_queries"], report["skipped_ids"]) == (20, 1, 1)

@@ -177,6 +177,47 @@ def choose_ridge(queries: np.ndarray, targets: np.ndarray, gold: Sequence[Sequen
     return best, ranks
 
 
+class _Memories:
+    """A generation's memories of each user as the adapter scores them: the vectors of
+    the user's rows, then those of the rows its segments hold (online writes folded in
+    since the base), and where an id's vector is among them. An id a segment holds is
+    found there (its base row, if any, is an older version); one the generation deletes
+    is not found."""
+
+    def __init__(self, generation: Any):
+        self.generation = generation
+        self.pools: dict[str, np.ndarray] = {}
+        self.segments: dict[str, tuple[dict[str, int], np.ndarray]] = {}  # user → (id → position, vectors)
+        rows = generation.segment_rows()
+        if rows is not None and rows.num_rows:
+            dim = rows.schema.field("vector").type.list_size
+            vectors = rows.column("vector").combine_chunks().flatten().to_numpy().reshape(-1, dim)
+            by_user: dict[str, list[int]] = {}
+            for i, user in enumerate(rows.column("user").to_pylist()):
+                by_user.setdefault(user, []).append(i)
+            ids = rows.column("id").to_pylist()
+            for user, at in by_user.items():
+                self.segments[user] = ({ids[i]: n for n, i in enumerate(at)}, vectors[at])
+
+    def of(self, user: str, memory_ids: Sequence[str]) -> tuple[np.ndarray, list[int]]:
+        """The user's pool of vectors, and the positions in it of those of ``memory_ids``
+        the generation holds for the user."""
+        generation = self.generation
+        span = generation.partitions.get(user) or (0, 0)
+        found, seg_vectors = self.segments.get(user, ({}, None))
+        if user not in self.pools:
+            base = np.asarray(generation.vectors[span[0]:span[1]], np.float32)
+            self.pools[user] = base if seg_vectors is None else np.concatenate([base, seg_vectors])
+        rows, dead = generation.columns.id_to_row, generation.dead
+        positions = set()
+        for memory_id in memory_ids:
+            if memory_id in found:
+                positions.add(span[1] - span[0] + found[memory_id])
+            elif memory_id in rows and memory_id not in dead and span[0] <= rows[memory_id] < span[1]:
+                positions.add(rows[memory_id] - span[0])
+        return self.pools[user], sorted(positions)
+
+
 MIN_PAIRS = 20
 MAX_FEEDBACK_IDS = 100
 MAX_FEEDBACK_QUERY_CHARS = 4000
@@ -254,21 +295,21 @@ def fit_pairs_across(parts: Sequence[tuple[Any, Sequence[dict]]], embedder, *, r
     with its own labelled pairs (one map for a kind of query across stores, e.g.
     questions about conversations); each query is scored against its own store, and
     cross-validation leaves one store out at a time."""
-    used, n_pairs, skipped_pairs, skipped_ids = [], 0, 0, 0
+    used: list[tuple[str, np.ndarray, list[int]]] = []  # (query, the user's memory vectors, gold positions)
+    n_pairs, skipped_pairs, skipped_ids = 0, 0, 0
     users: set[str] = set()
     part_of: list[int] = []
     for part, (generation, pairs) in enumerate(parts):
         n_pairs += len(pairs)
-        rows = generation.columns.id_to_row
         grouped: dict[tuple[str, str], list[str]] = {}
         for pair in pairs:
             grouped.setdefault((str(pair["user"]), str(pair["query"])), []).extend(pair["memory_ids"])
+        memories = _Memories(generation)
         for (user, query), ids in grouped.items():
-            span = generation.partitions.get(user)
-            gold = sorted({rows[m] for m in ids if m in rows and span is not None and span[0] <= rows[m] < span[1]})
+            pool, gold = memories.of(user, ids)
             skipped_ids += len(set(ids)) - len(gold)
             if gold:
-                used.append((generation, query, span, gold))
+                used.append((query, pool, gold))
                 users.add(user)
                 part_of.append(part)
             else:
@@ -280,17 +321,15 @@ def fit_pairs_across(parts: Sequence[tuple[Any, Sequence[dict]]], embedder, *, r
             "generation holds for that user; give more labelled queries")
     # One query per call, as recall embeds it (the int8 model's activations are
     # quantized per batch: a batch of queries would give slightly other vectors).
-    queries = np.stack([embedder.embed_queries([q])[0] for _, q, _, _ in used]).astype(np.float32)
+    queries = np.stack([embedder.embed_queries([q])[0] for q, _, _ in used]).astype(np.float32)
     queries /= np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
-    targets = np.stack([np.asarray(g.vectors[gold], np.float32).mean(axis=0) for g, _, _, gold in used])
+    targets = np.stack([pool[gold].mean(axis=0) for _, pool, gold in used])
     targets /= np.maximum(np.linalg.norm(targets, axis=1, keepdims=True), 1e-12)
-    pools_by_span = {(id(g), span): np.asarray(g.vectors[span[0]:span[1]], np.float32)
-                     for g, _, span, _ in used}
-    pools = [pools_by_span[(id(g), span)] for g, _, span, _ in used]
-    offsets = [span[0] for _, _, span, _ in used]
-    gold = [g for _, _, _, g in used]
+    pools = [pool for _, pool, _ in used]
+    offsets = [0] * len(used)
+    golds = [g for _, _, g in used]
     # Several stores: leave one store out, so the estimate is for a store the map never saw.
-    chosen, ranks = choose_ridge(queries, targets, gold, pools, offsets, folds=folds,
+    chosen, ranks = choose_ridge(queries, targets, golds, pools, offsets, folds=folds,
                                  grid=RIDGE_GRID if ridge is None else (ridge,),
                                  groups=part_of if len(set(part_of)) > 1 else None)
     gain = ranks[f"ridge={chosen:g}"] - ranks["identity"]
