@@ -744,6 +744,8 @@ def test_a_query_naming_a_window_searches_among_that_windows_memories(tmp_path):
     assert target not in [i.id for i in off.items] and "window_lists" not in off.flags
     assert target not in [i.id for i in without_time.items]
     assert target in [i.id for i in on.items]
+    row = on.explain.filter(on.explain["id"] == target).row(0, named=True)
+    assert (row["window_rank"], row["dense_rank"], row["bm25_rank"]) == (1, None, None)
 
     with Memory(tmp_path / "store", record_access=False, warm=False) as memory:
         memory.delete(target, user="dana")  # pending in the delta: the generation still holds the row

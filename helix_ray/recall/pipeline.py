@@ -485,7 +485,7 @@ def _fuse(plan: Plan, lex: lexical.LexicalHits | None, dense_hits: dense.DenseHi
             weights[f"{leg}@context{j}"] = plan.weights.get(leg, 0.0) * plan.context[j].weight
     for leg, hits in (("bm25", lex), ("dense", dense_hits)):
         if hits is not None and hits.window is not None:  # the same search among the window's memories
-            lists[f"{leg}@window"] = hits.window
+            lists[f"{leg}@window"] = hits.window  # result.WINDOW_LISTS
             weights[f"{leg}@window"] = plan.weights.get(leg, 0.0) * cfg.time.window_leg
             flags.setdefault("window_lists", {})[leg] = len(hits.window)
     if lex is not None and cfg.fusion.adaptive and "bm25" in lists:
