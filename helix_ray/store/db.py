@@ -340,7 +340,10 @@ class StoreDB:
 
         return {
             "memories": one("SELECT count(*) FROM memories WHERE NOT deleted"),
-            "deleted": one("SELECT count(*) FROM memories WHERE deleted"),
+            # Deleted by a user or a newer ingest; a record dropped as another's near-duplicate
+            # is counted under "duplicates" (its row is marked deleted too).
+            "deleted": one("SELECT count(*) FROM memories WHERE deleted "
+                           "AND id NOT IN (SELECT dropped_id FROM duplicates)"),
             "quarantined": one("SELECT count(*) FROM quarantine"),
             "duplicates": one("SELECT count(*) FROM duplicates"),
             "entities": one("SELECT count(*) FROM entities"),
