@@ -28,7 +28,7 @@ def format_report(report) -> str:
     lines = [
         f"read {report.read} records: {report.accepted} accepted, {report.quarantined} quarantined",
         f"  new {report.new}, updated {report.updated}, unchanged {report.unchanged}, "
-        f"duplicates {report.duplicates}, embedded {report.embedded}"
+        f"dropped as near-duplicates {report.duplicates}, embedded {report.embedded}"
         + (f", removed {report.removed} (gone from the tree)" if report.removed else "")
         + (f", renamed {report.renamed} (their ids now name their user)" if report.renamed else ""),
     ]

@@ -342,16 +342,16 @@ def test_an_ingest_off_a_terminal_prints_a_line_per_stage_and_its_report(tmp_pat
     code, out, err = helix(capsys, "ingest", str(_source(tmp_path)), "--store", store, "--runner", "local")
     assert code == 0 and not _ray_lines(out + err)
     assert _stage_lines(err) == ["read + validate: 4 records, 1 quarantined (T)",
-                                 "dedup: 3 new, 0 updated, 0 unchanged, 0 duplicates (T)",
+                                 "dedup: 3 new, 0 updated, 0 unchanged, 0 dropped as near-duplicates (T)",
                                  "embed: 3 embedded (T)",
                                  "assemble: 3 memories (T)",
                                  "publish: generation 1 (T)"]
     assert out.splitlines()[:2] == ["read 4 records: 3 accepted, 1 quarantined",
-                                    "  new 3, updated 0, unchanged 0, duplicates 0, embedded 3"]
+                                    "  new 3, updated 0, unchanged 0, dropped as near-duplicates 0, embedded 3"]
     assert "generation 1: published, 3 memories" in out
     code, out, err = helix(capsys, "ingest", str(_source(tmp_path)), "--store", store, "--runner", "local")
     assert code == 0 and _stage_lines(err) == ["read + validate: 4 records, 1 quarantined (T)",
-                                               "dedup: 0 new, 0 updated, 3 unchanged, 0 duplicates (T)"]
+                                               "dedup: 0 new, 0 updated, 3 unchanged, 0 dropped as near-duplicates (T)"]
     assert "generation 1: unchanged (nothing new), 3 memories" in out
 
 
@@ -360,7 +360,7 @@ def test_an_ingest_that_accepts_nothing_shows_its_stages_then_says_why(tmp_path,
                            "--runner", "local")
     assert code == 1 and "no generation: nothing to publish, 0 memories" in out
     assert _stage_lines(err) == ["read + validate: 8 records, 8 quarantined (T)",
-                                 "dedup: 0 new, 0 updated, 0 unchanged, 0 duplicates (T)",
+                                 "dedup: 0 new, 0 updated, 0 unchanged, 0 dropped as near-duplicates (T)",
                                  "helix ingest: accepted nothing: all 8 records were quarantined; `helix quarantine "
                                  f"--store {tmp_path / 'a'}` lists them with their reasons."]
 
@@ -438,7 +438,7 @@ def test_an_ingest_on_ray_prints_only_its_own_lines(tmp_path):
     assert not _ray_lines(done.stdout + done.stderr), done.stderr
     assert _stage_lines(done.stderr) == ["start Ray: ready (T)",
                                          "read + validate: 4 records, 1 quarantined (T)",
-                                         "dedup: 3 new, 0 updated, 0 unchanged, 0 duplicates (T)",
+                                         "dedup: 3 new, 0 updated, 0 unchanged, 0 dropped as near-duplicates (T)",
                                          "embed: 3 embedded (T)",
                                          "assemble: 3 memories (T)",
                                          "publish: generation 1 (T)"], done.stderr

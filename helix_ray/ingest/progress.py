@@ -131,7 +131,7 @@ def summary(report: Any, name: str) -> str:
     if name == "read_validate":
         return f"{r.read} records, {r.quarantined} quarantined"
     if name == "dedup":
-        return f"{r.new} new, {r.updated} updated, {r.unchanged} unchanged, {r.duplicates} duplicates"
+        return f"{r.new} new, {r.updated} updated, {r.unchanged} unchanged, {r.duplicates} dropped as near-duplicates"
     if name == "expand_embed_annotate":
         return f"{r.embedded} embedded" + (f", {r.reused} reused" if r.reused else "")
     if name == "assemble":
