@@ -60,15 +60,18 @@ def format_answer(answer: dict[str, Any], took_ms: list[float] | None = None) ->
     if not answer["items"]:
         return "(no memories matched)"
     lines = []
-    for n, item in enumerate(answer["items"], start=1):
+    # A reader reads top-down: best first. The agent's context (`--json`, result.context())
+    # keeps the packed order, best at both ends.
+    for item in sorted(answer["items"], key=lambda i: i["rank"]):
         cut = " [cut]" if item["truncated"] else ""
-        lines.append(f"[{n}] {item['id']} · {item['type']} · rank {item['rank']} · score {item['score']:.3f} · "
+        lines.append(f"[{item['rank']}] {item['id']} · {item['type']} · score {item['score']:.3f} · "
                      f"{item['n_tokens']} tok{cut}")
         lines.append("    " + item["text"].replace("\n", "\n    "))
     timing = ", ".join(f"{k} {v:.1f}" for k, v in answer["timings_ms"].items())
     where = "ms" if took_ms is None else (f"HTTP round trip {took_ms[-1]:.1f} ms ({took_ms[0]:.0f} ms for the "
                                           "replica's first request); in the replica, ms")
     lines.append(f"-- {len(answer['items'])} items, {answer['total_tokens']}/{answer['budget_tokens']} tokens, "
-                 f"generation {answer['generation']}; packed best at both ends (`rank`: relevance order); "
+                 f"generation {answer['generation']}; listed best first (an agent's context packs them best "
+                 "at both ends); "
                  f"{where}: {timing}")
     return "\n".join(lines)

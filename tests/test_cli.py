@@ -471,3 +471,19 @@ def test_a_key_that_expires_is_refused_from_then_on(tmp_path, capsys, monkeypatc
     assert store_keys.user_for(forever) == "lee"
     assert main(["keys", "create", "--store", str(store), "--user", "dana", "--expires", "soon"]) == 2
     assert "Got --expires='soon'" in capsys.readouterr().err
+
+
+def test_a_recall_on_a_terminal_lists_the_best_memory_first():
+    """The packed order puts the best at both ends for an agent's context; a person reads
+    top-down, so the terminal lists by rank, and says the context's order differs."""
+    from helix_ray.cli_common import format_answer
+
+    def item(i: str, rank: int) -> dict:
+        return {"id": i, "type": "semantic", "rank": rank, "score": 1.0 / rank, "n_tokens": 5, "truncated": False,
+                "text": f"text of {i}"}
+
+    answer = {"items": [item("a", 1), item("c", 3), item("b", 2)], "flags": {}, "timings_ms": {"total": 1.0},
+              "total_tokens": 15, "budget_tokens": 100, "generation": 1}
+    lines = format_answer(answer).splitlines()
+    assert [line.split()[0:2] for line in lines if line.startswith("[")] == [["[1]", "a"], ["[2]", "b"], ["[3]", "c"]]
+    assert "best at both ends" in lines[-1]
