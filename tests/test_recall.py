@@ -118,6 +118,13 @@ def test_strong_signal_is_measured_against_the_query_ceiling(tmp_path):
     masked = lexical.search(index, "zqx checksum mismatch shard", start=0, end=3,
                             mask=np.array([False, True, True]), top_k=3, strong_score=0.85, strong_gap=0.15)
     assert 0 not in masked.rows and not masked.strong_signal
+    # A window's rows come from the same scores, as a search masked to it would rank them.
+    windowed = lexical.search(index, "checksum shard upload", start=0, end=3, mask=np.array([True, True, False]),
+                              top_k=3, strong_score=0.85, strong_gap=0.15, window=np.array([False, True, True]))
+    alone = lexical.search(index, "checksum shard upload", start=0, end=3, mask=np.array([False, True, True]),
+                           top_k=3, strong_score=0.85, strong_gap=0.15)
+    assert sorted(windowed.rows.tolist()) == [0, 1] and windowed.window.tolist() == alone.rows.tolist()
+    assert sorted(alone.rows.tolist()) == [1, 2]
 
 
 def test_a_query_term_no_memory_holds_weakens_the_strong_signal(tmp_path):
@@ -739,6 +746,17 @@ def test_a_query_naming_a_window_searches_among_that_windows_memories(tmp_path):
                                  config=config(**small, time={"window_leg": leg}))
 
         on, off = recall(0.5), recall(0.0)
+        # Both legs read one window mask, made once per plan and generation; never pickled.
+        recaller = memory.recaller
+        plan = recaller.plan(query, user="dana", now=NOW, config=config(**small))
+        made = recaller._window_mask(plan, recaller._mask(plan))
+        start, end = recaller.generation.partitions["dana"]
+        assert made is not None and made.sum() == 1 and plan.window_mask[0] == (recaller.generation.number, start, end)
+        assert recaller._window_mask(plan, None) is made
+        plan.window_mask = ((-1, start, end), None)  # another generation's: made again
+        assert np.array_equal(recaller._window_mask(plan, None), made)
+        import pickle
+        assert pickle.loads(pickle.dumps(plan)).window_mask is None
         without_time = memory.recall(query, user="dana", k=5, now=NOW, disabled=frozenset({"time"}),
                                      config=config(**small))
     assert target not in [i.id for i in off.items] and "window_lists" not in off.flags

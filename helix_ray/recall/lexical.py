@@ -10,6 +10,7 @@ memory can never take a slot.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,8 +100,11 @@ def search(
     top_k: int,
     strong_score: float,
     strong_gap: float,
+    window: np.ndarray | None = None,
 ) -> LexicalHits:
-    """Top-k BM25 rows within [start, end) where ``mask`` (length end-start) is true.
+    """Top-k BM25 rows within [start, end) where ``mask`` (length end-start) is true;
+    with ``window`` (a narrower mask: the memories of the query's time window), also the
+    top-k rows where it is true, from the same scores (``LexicalHits.window``).
 
     Strong signal: the top hit's normalised score, times the share of the query's terms
     the index knows, is at least ``strong_score``, and the top hit beats the second by
@@ -113,17 +117,19 @@ def search(
     empty = LexicalHits(np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.float32), False)
     if not tokens:
         return empty
-    scores = np.asarray(index.scores(tokens)[start:end], dtype=np.float32)
-    if mask is not None:  # BM25 scores are >= 0, so a product masks (cheaper than np.where)
-        scores = scores * mask
+    all_scores = np.asarray(index.scores(tokens)[start:end], dtype=np.float32)
+    # BM25 scores are >= 0, so a product masks (cheaper than np.where)
+    scores = all_scores * mask if mask is not None else all_scores
+    within = None if window is None else top_k_rows(all_scores * window, top_k).astype(np.int64) + start
     top = top_k_rows(scores, top_k)
     if len(top) == 0:
-        return empty
+        return empty if within is None else dataclasses.replace(empty, window=within)
     raw = scores[top]
     maxima = term_maxima(index, tokens, start, end)  # the tenant's own: other tenants' words do not count
     normalised = np.minimum(raw / (sum(maxima) or 1.0), 1.0).astype(np.float32)
     strong = is_strong(normalised, sum(m > 0 for m in maxima) / max(n_terms, 1), strong_score, strong_gap)
-    return LexicalHits(rows=top.astype(np.int64) + start, scores=raw, normalised=normalised, strong_signal=strong)
+    return LexicalHits(rows=top.astype(np.int64) + start, scores=raw, normalised=normalised, strong_signal=strong,
+                       window=within)
 
 
 def is_strong(normalised: np.ndarray, coverage: float, strong_score: float, strong_gap: float) -> bool:

@@ -105,6 +105,10 @@ class Plan:
     # (tokens, encoder ms). Read the tokens through tokens(), which waits for it.
     pending_tokens: Future | None = field(default=None, repr=False, compare=False)
     intent: intent.Intent | None = None  # code or its history, as the query asks (recall/intent.py)
+    # The scope's mask narrowed to the query's window, once both legs' (Recaller._window_mask);
+    # never sent over a Serve hop, where each retriever makes its own.
+    window_mask: tuple[tuple[int, int, int], np.ndarray | None] | None = field(default=None, repr=False,
+                                                                                 compare=False)
 
     @property
     def skip(self) -> bool:
@@ -133,7 +137,7 @@ class Plan:
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (a Serve hop) with its tokens, never a running encoding."""
         self.tokens()
-        return dict(self.__dict__)
+        return {**self.__dict__, "window_mask": None}
 
 
 class Recaller:
@@ -351,21 +355,26 @@ class Recaller:
     def _window_mask(self, plan: Plan, mask: np.ndarray | None) -> np.ndarray | None:
         """The scope's mask narrowed to the memories created inside the query's window
         (``time.window_leg``); None when the query names no window, or the window holds
-        none or all of the scope's memories (a second search would find nothing new)."""
+        none or all of the scope's memories (a second search would find nothing new). Made
+        once per plan and generation: the other leg reads it from the plan."""
         if plan.window is None or plan.config.time.window_leg <= 0:
             return None
         start, end = self.generation.partitions[plan.user]
+        key = (self.generation.number, start, end)
+        if plan.window_mask is not None and plan.window_mask[0] == key:  # the other leg's, over the same rows
+            return plan.window_mask[1]
         created = self.generation.scope_columns.created_at[start:end]
-        inside = np.ones(end - start, dtype=bool)
-        if plan.window.start > when.UNBOUNDED_START:
-            inside &= created >= int(plan.window.start.timestamp() * 1_000_000)
-        if plan.window.end < when.UNBOUNDED_END:
-            inside &= created < int(plan.window.end.timestamp() * 1_000_000)
+        lo = int(plan.window.start.timestamp() * 1_000_000) if plan.window.start > when.UNBOUNDED_START else None
+        hi = int(plan.window.end.timestamp() * 1_000_000) if plan.window.end < when.UNBOUNDED_END else None
+        inside = created >= lo if lo is not None else np.ones(end - start, dtype=bool)
+        if hi is not None:
+            inside &= created < hi
         if mask is not None:
             inside &= mask
-        if not inside.any() or inside.sum() == (end - start if mask is None else mask.sum()):
-            return None
-        return inside
+        count = np.count_nonzero(inside)
+        useful = inside if 0 < count < (end - start if mask is None else np.count_nonzero(mask)) else None
+        plan.window_mask = (key, useful)
+        return useful
 
     # ------------------------------------------------------------------ BM25 ∥ dense
     def lexical_leg(self, plan: Plan) -> lexical.LexicalHits | None:
@@ -375,12 +384,10 @@ class Recaller:
         start, end = self.generation.partitions[plan.user]
         lx, mask = plan.config.lexical, self._mask(plan)
         hits = lexical.search(self.generation.bm25, plan.query, start=start, end=end, mask=mask,
-                              top_k=lx.top_k, strong_score=lx.strong_signal_score, strong_gap=lx.strong_signal_gap)
-        window = self._window_mask(plan, mask)
-        if window is not None and not self.strong(plan, hits):
-            hits = dataclasses.replace(hits, window=lexical.search(
-                self.generation.bm25, plan.query, start=start, end=end, mask=window, top_k=lx.top_k,
-                strong_score=1.0, strong_gap=1.0).rows)
+                              top_k=lx.top_k, strong_score=lx.strong_signal_score, strong_gap=lx.strong_signal_gap,
+                              window=self._window_mask(plan, mask))
+        if self.strong(plan, hits):
+            hits = dataclasses.replace(hits, window=None)  # a decisive query: no other list is fused
         if not plan.context or self.strong(plan, hits):  # a decisive query: no other list is fused
             return hits
         context = tuple(lexical.search(self.generation.bm25, turn.text, start=start, end=end, mask=mask,
