@@ -602,12 +602,12 @@ class TimeConfig(_Strict):
     week, month or year inside it, read against when it was written ("last night", in a
     memory of 2 May, is 1 May)."""
     window_leg: float = Field(0.5, ge=0.0, le=1.0)
-    """For a query naming a window: BM25 and dense search once more among the memories
-    created inside it (soft edges included), and each of those lists joins the fusion
-    with this share of its leg's weight, so a memory from the named time is a candidate
-    even where its words rank it below the pool; the boost above then ranks it. Only the
-    generation's rows: online writes not yet compacted are searched by the legs as
-    always. 0: off."""
+    """For a query naming a window: BM25 (from the scores it already has) and dense (a
+    second, masked search) also rank the memories created inside it (soft edges
+    included), and each of those lists joins the fusion with this share of its leg's
+    weight, so a memory from the named time is a candidate even where its words rank it
+    below the pool; the boost above then ranks it. Only the generation's rows: online
+    writes not yet compacted are searched by the legs as always. 0: off."""
 
 
 class ContextConfig(_Strict):
