@@ -105,8 +105,8 @@ class Plan:
     # (tokens, encoder ms). Read the tokens through tokens(), which waits for it.
     pending_tokens: Future | None = field(default=None, repr=False, compare=False)
     intent: intent.Intent | None = None  # code or its history, as the query asks (recall/intent.py)
-    # The scope's mask narrowed to the query's window, once both legs' (Recaller._window_mask);
-    # never sent over a Serve hop, where each retriever makes its own.
+    # The scope's mask narrowed to the query's window: made by the first leg, read by the other
+    # (Recaller._window_mask); never sent over a Serve hop, where each retriever makes its own.
     window_mask: tuple[tuple[int, int, int], np.ndarray | None] | None = field(default=None, repr=False,
                                                                                  compare=False)
 
