@@ -32,7 +32,8 @@ from helix_ray.tokens import token_counter
 from helix_ray import when
 from helix_ray.recall import dense, diversify, expand, fuse, intent, late, lexical, pack, rank, rerank, scope
 from helix_ray.recall.embed import embed_queries, embed_query
-from helix_ray.recall.result import Candidates, RecallItem, RecallResult, empty_explain, explain_table, iso
+from helix_ray.recall.result import (WINDOW_LISTS, Candidates, RecallItem, RecallResult, empty_explain, explain_table,
+                                     iso)
 from helix_ray.recall.threads import (blas_on_caller, elapsed_ms, encode_tokens, encoder_threads, late_on,
                                       one_blas_thread, overlap_tokens, token_pool)
 from helix_ray.token_encoder import get_token_encoder
@@ -491,9 +492,9 @@ def _fuse(plan: Plan, lex: lexical.LexicalHits | None, dense_hits: dense.DenseHi
             lists[f"{leg}@context{j}"] = rows
             weights[f"{leg}@context{j}"] = plan.weights.get(leg, 0.0) * plan.context[j].weight
     for leg, hits in (("bm25", lex), ("dense", dense_hits)):
-        if hits is not None and hits.window is not None:  # the same search among the window's memories
-            lists[f"{leg}@window"] = hits.window  # result.WINDOW_LISTS
-            weights[f"{leg}@window"] = plan.weights.get(leg, 0.0) * cfg.time.window_leg
+        if hits is not None and hits.window is not None:  # the leg's ranking of the window's memories
+            lists[WINDOW_LISTS[leg]] = hits.window
+            weights[WINDOW_LISTS[leg]] = plan.weights.get(leg, 0.0) * cfg.time.window_leg
             flags.setdefault("window_lists", {})[leg] = len(hits.window)
     if lex is not None and cfg.fusion.adaptive and "bm25" in lists:
         weights["bm25"] *= _lexical_confidence(lex)

@@ -93,10 +93,11 @@ class Candidates:
     context_cosine: np.ndarray | None = None  # weighted cosine with the context turns, or None
 
 
-#: The fused lists of the searches among the memories created in the query's time window.
-WINDOW_LISTS = ("bm25@window", "dense@window")
+#: Leg → the name of its fused list of the memories created in the query's time window.
+WINDOW_LISTS = {"bm25": "bm25@window", "dense": "dense@window"}
 
-EXPLAIN_COLUMNS = ("id", "origin", "dense_rank", "bm25_rank", "window_rank", "rrf_score", "cosine", "late_maxsim", "graph_ppr",
+EXPLAIN_COLUMNS = ("id", "origin", "dense_rank", "bm25_rank", "window_rank", "rrf_score", "cosine", "late_maxsim",
+                   "graph_ppr",
                    "similarity", "recency", "salience", "confidence", "graph", "score", "final_position",
                    "dropped_by")
 
@@ -122,7 +123,7 @@ def explain_table(candidates: Candidates, ids: Any, final_position: dict[int, in
         "dense_rank": [c.list_rank.get("dense", {}).get(int(r)) for r in rows],
         "bm25_rank": [c.list_rank.get("bm25", {}).get(int(r)) for r in rows],
         # the best rank in the searches among the memories of the query's time window
-        "window_rank": [min((c.list_rank[name][int(r)] for name in WINDOW_LISTS
+        "window_rank": [min((c.list_rank[name][int(r)] for name in WINDOW_LISTS.values()
                              if int(r) in c.list_rank.get(name, {})), default=None) for r in rows],
         "rrf_score": [c.fused_score.get(int(r), 0.0) for r in rows],
         "cosine": [float(v) for v in c.cosine],
