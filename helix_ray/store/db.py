@@ -91,6 +91,10 @@ def _damaged(path: Path, mode: str, exc: Exception) -> StoreError:
                       f"`helix doctor --store {path.parent}` checks the whole store. {RESTORE}.")
 
 
+#: A memories row deleted by a user or a newer ingest, not one dropped as another's
+#: near-duplicate (whose row is marked deleted too).
+DELETED_NOT_DROPPED = "deleted AND id NOT IN (SELECT dropped_id FROM duplicates)"
+
 class StoreDB:
     """The single writer of a store's DuckDB file."""
 
@@ -296,7 +300,7 @@ class StoreDB:
         """id → (content_hash, deleted) for every memory the store has seen. A memory
         dropped as a duplicate of another is not "deleted": ingesting it again is no news."""
         rows = self.con.execute(
-            "SELECT id, content_hash, deleted AND id NOT IN (SELECT dropped_id FROM duplicates) FROM memories"
+            f"SELECT id, content_hash, {DELETED_NOT_DROPPED} FROM memories"
         ).fetchall()
         return {i: (h, d) for i, h, d in rows}
 
@@ -340,10 +344,8 @@ class StoreDB:
 
         return {
             "memories": one("SELECT count(*) FROM memories WHERE NOT deleted"),
-            # Deleted by a user or a newer ingest; a record dropped as another's near-duplicate
-            # is counted under "duplicates" (its row is marked deleted too).
-            "deleted": one("SELECT count(*) FROM memories WHERE deleted "
-                           "AND id NOT IN (SELECT dropped_id FROM duplicates)"),
+            # A record dropped as another's near-duplicate counts under "duplicates" only.
+            "deleted": one(f"SELECT count(*) FROM memories WHERE {DELETED_NOT_DROPPED}"),
             "quarantined": one("SELECT count(*) FROM quarantine"),
             "duplicates": one("SELECT count(*) FROM duplicates"),
             "entities": one("SELECT count(*) FROM entities"),
