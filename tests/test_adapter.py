@@ -33,7 +33,7 @@ def _rotated_pairs(n: int = 300, dim: int = 32, seed: int = 0):
 
 def _mrr(queries: np.ndarray, docs: np.ndarray) -> float:
     gold = [[i] for i in range(len(docs))]
-    return float(adapter.reciprocal_ranks(queries, gold, [docs] * len(docs), [0] * len(docs)).mean())
+    return float(adapter.reciprocal_ranks(queries, gold, [docs] * len(docs)).mean())
 
 
 def test_fit_learns_a_map_back_to_the_memories():
@@ -55,7 +55,7 @@ def test_a_large_ridge_keeps_the_identity_and_zero_is_refused():
 def test_choose_ridge_scores_each_candidate_by_cross_validation():
     queries, docs = _rotated_pairs()
     gold = [[i] for i in range(len(docs))]
-    best, ranks = adapter.choose_ridge(queries, docs, gold, [docs] * len(docs), [0] * len(docs), folds=3,
+    best, ranks = adapter.choose_ridge(queries, docs, gold, [docs] * len(docs), folds=3,
                                        grid=(0.1, 1000.0))
     scores = {k: v.mean() for k, v in ranks.items()}
     assert set(scores) == {"identity", "ridge=0.1", "ridge=1000"}
@@ -67,8 +67,8 @@ def test_choose_ridge_can_leave_one_group_out():
     queries, docs = _rotated_pairs(n=90)
     gold = [[i] for i in range(len(docs))]
     groups = [i // 30 for i in range(90)]  # three "stores"
-    _, by_group = adapter.choose_ridge(queries, docs, gold, [docs] * 90, [0] * 90, grid=(1.0,), groups=groups)
-    _, by_fold = adapter.choose_ridge(queries, docs, gold, [docs] * 90, [0] * 90, grid=(1.0,), folds=3)
+    _, by_group = adapter.choose_ridge(queries, docs, gold, [docs] * 90, grid=(1.0,), groups=groups)
+    _, by_fold = adapter.choose_ridge(queries, docs, gold, [docs] * 90, grid=(1.0,), folds=3)
     # same number of folds, other partitions: fitted on 60 queries either way, but not the same 60
     assert not np.array_equal(by_group["ridge=1"], by_fold["ridge=1"])
     assert by_group["ridge=1"].mean() > by_group["identity"].mean()
@@ -77,10 +77,9 @@ def test_choose_ridge_can_leave_one_group_out():
 def test_reciprocal_rank_counts_ties_against_the_gold_row():
     pool = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], np.float32)
     query = np.array([[1.0, 0.0]], np.float32)
-    assert adapter.reciprocal_ranks(query, [[1]], [pool], [0])[0] == 0.5  # row 0 ties row 1
-    assert adapter.reciprocal_ranks(query, [[0, 1]], [pool], [0])[0] == 1.0  # both gold
-    # pools start at the user's first row: gold row 11 is the pool's second
-    assert adapter.reciprocal_ranks(query, [[12]], [pool], [10])[0] == 1 / 3
+    assert adapter.reciprocal_ranks(query, [[1]], [pool])[0] == 0.5  # row 0 ties row 1
+    assert adapter.reciprocal_ranks(query, [[0, 1]], [pool])[0] == 1.0  # both gold
+    assert adapter.reciprocal_ranks(query, [[2]], [pool])[0] == 1 / 3  # below both ties
 
 
 def test_saved_adapter_loads_back_and_refuses_another_encoder(tmp_path):

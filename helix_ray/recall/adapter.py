@@ -129,14 +129,14 @@ def fit(queries: np.ndarray, targets: np.ndarray, ridge: float) -> np.ndarray:
 
 
 def reciprocal_ranks(queries: np.ndarray, gold: Sequence[Sequence[int]], pools: Sequence[np.ndarray],
-                     offsets: Sequence[int], depth: int = 10) -> np.ndarray:
+                     depth: int = 10) -> np.ndarray:
     """Reciprocal rank of each query's best gold row among its pool of memory vectors
-    (0 past ``depth``): ``pools[i]`` holds rows ``offsets[i]:`` of the generation. A
-    non-gold row that ties the best gold row counts as ranked above it."""
+    (0 past ``depth``): ``gold[i]`` are positions in ``pools[i]``. A non-gold row that
+    ties the best gold row counts as ranked above it."""
     out = np.zeros(len(queries))
     for i, (q, rows) in enumerate(zip(queries, gold)):
         scores = pools[i] @ q
-        local = np.asarray(rows) - offsets[i]
+        local = np.asarray(rows)
         best = scores[local].max()
         others = np.ones(len(scores), bool)
         others[local] = False
@@ -146,7 +146,7 @@ def reciprocal_ranks(queries: np.ndarray, gold: Sequence[Sequence[int]], pools: 
 
 
 def choose_ridge(queries: np.ndarray, targets: np.ndarray, gold: Sequence[Sequence[int]],
-                 pools: Sequence[np.ndarray], offsets: Sequence[int], *, folds: int = 5,
+                 pools: Sequence[np.ndarray], *, folds: int = 5,
                  grid: Sequence[float] = RIDGE_GRID,
                  groups: Sequence[int] | None = None) -> tuple[float, dict[str, np.ndarray]]:
     """The ``λ`` of ``grid`` with the best cross-validated MRR@10 (``folds`` folds of the
@@ -161,7 +161,7 @@ def choose_ridge(queries: np.ndarray, targets: np.ndarray, gold: Sequence[Sequen
     else:
         folds = max(2, min(folds, n))
         fold_of = np.arange(n) % folds
-    ranks = {"identity": reciprocal_ranks(queries, gold, pools, offsets)}
+    ranks = {"identity": reciprocal_ranks(queries, gold, pools)}
     for ridge in grid:
         rr = np.zeros(n)
         for f in range(folds):
@@ -170,8 +170,7 @@ def choose_ridge(queries: np.ndarray, targets: np.ndarray, gold: Sequence[Sequen
             mapped = queries[held] @ w
             mapped /= np.maximum(np.linalg.norm(mapped, axis=1, keepdims=True), 1e-12)
             picked = [int(i) for i in held]
-            rr[held] = reciprocal_ranks(mapped, [gold[i] for i in picked], [pools[i] for i in picked],
-                                        [offsets[i] for i in picked])
+            rr[held] = reciprocal_ranks(mapped, [gold[i] for i in picked], [pools[i] for i in picked])
         ranks[f"ridge={ridge:g}"] = rr
     best = max(grid, key=lambda r: ranks[f"ridge={r:g}"].mean())
     return best, ranks
@@ -326,10 +325,9 @@ def fit_pairs_across(parts: Sequence[tuple[Any, Sequence[dict]]], embedder, *, r
     targets = np.stack([pool[gold].mean(axis=0) for _, pool, gold in used])
     targets /= np.maximum(np.linalg.norm(targets, axis=1, keepdims=True), 1e-12)
     pools = [pool for _, pool, _ in used]
-    offsets = [0] * len(used)
     golds = [g for _, _, g in used]
     # Several stores: leave one store out, so the estimate is for a store the map never saw.
-    chosen, ranks = choose_ridge(queries, targets, golds, pools, offsets, folds=folds,
+    chosen, ranks = choose_ridge(queries, targets, golds, pools, folds=folds,
                                  grid=RIDGE_GRID if ridge is None else (ridge,),
                                  groups=part_of if len(set(part_of)) > 1 else None)
     gain = ranks[f"ridge={chosen:g}"] - ranks["identity"]
