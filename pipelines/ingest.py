@@ -15,6 +15,7 @@ import logging
 import os
 import queue
 import warnings
+from collections import Counter
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
@@ -74,8 +75,10 @@ def run_stages(run: Run, items: list[dict[str, str]], stages_of: Callable[[Run, 
 
 class RayTasks:
     """Stage 7b's HNSW units (:mod:`helix_ray.ingest.dense`) as Ray tasks of one CPU
-    each, all submitted at once and their results taken in order. They run on the
-    driver's node: the files they read and write are on its disk (the store's)."""
+    each, all submitted at once and their results taken in order. A unit given paths
+    runs on the driver's node: the files it reads and writes are on its disk (the
+    store's). A unit given its inputs (``anywhere``: the searches, on a cluster of
+    several nodes) runs on any node, the units spread over them."""
 
     threads = 1  # one search thread per task: the tasks are the parallelism
 
@@ -83,19 +86,37 @@ class RayTasks:
         import ray
 
         self.node = ray.get_runtime_context().get_node_id()
-        cpus = [n["Resources"].get("CPU", 0) for n in ray.nodes() if n["NodeID"] == self.node]
-        self.slots = int(cpus[0]) if cpus else 0  # the driver's node's CPUs: units that run at once
+        cpus = {n["NodeID"]: int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n["Alive"]}
+        self.slots = cpus.get(self.node, 0)  # the driver's node's CPUs: units that run at once
+        self.nodes = sum(1 for c in cpus.values() if c > 0)
+        self.spread_slots = sum(cpus.values())
+        self.units: Counter[str] = Counter()
 
-    def map(self, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]]) -> Iterator[T]:
+    def share(self, value: np.ndarray) -> Any:
+        import ray
+
+        return ray.put(value)
+
+    def map(self, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]], *,
+            anywhere: bool = False) -> Iterator[T]:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        here = NodeAffinitySchedulingStrategy(self.node, soft=False)
-        remote = ray.remote(num_cpus=1)(fn).options(scheduling_strategy=here)
-        refs = [remote.remote(*call) for call in calls]
+        where = "SPREAD" if anywhere else NodeAffinitySchedulingStrategy(self.node, soft=False)
+        remote = ray.remote(num_cpus=1)(_on_node).options(scheduling_strategy=where)
+        refs = [remote.remote(fn, *call) for call in calls]
         refs.reverse()
         while refs:  # each result is let go of once the caller has taken it
-            yield ray.get(refs.pop())
+            node, result = ray.get(refs.pop())
+            self.units[node] += 1
+            yield result
+
+
+def _on_node(fn: Callable[..., T], *args: Any) -> tuple[str, T]:
+    """``fn(*args)`` in a Ray task, with the id of the node it ran on."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id(), fn(*args)
 
 
 def quiet_ray_data(quiet: bool) -> None:

@@ -4,9 +4,11 @@ index from the previous generation, and the result is the one a full rebuild giv
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -233,10 +235,32 @@ def test_quantize_int8_scales_each_vector_to_127_at_its_peak():
     np.testing.assert_array_equal(quantize_int8(vectors[5]), expected[5].astype(np.int8))  # one vector
 
 
-def test_units_search_in_blocks_as_one_search_does_and_score_as_usearch(tmp_path, monkeypatch):
+class _TwoNodes:
+    """Units run as on a cluster of two nodes: searches given their inputs, never a path."""
+
+    threads, slots, spread_slots, nodes = 1, 2, 4, 2
+
+    def __init__(self) -> None:
+        self.units: collections.Counter[str] = collections.Counter()
+        self.shared = 0
+
+    def share(self, value):
+        self.shared += 1
+        return np.array(value)  # a copy, as the object store's: nothing of the driver's files
+
+    def map(self, fn, calls, *, anywhere=False):
+        assert anywhere and not any(isinstance(a, Path) for call in calls for a in call)
+        for call in calls:
+            self.units[f"node-{self.units.total() % 2}"] += 1
+            yield fn(*call)
+
+
+@pytest.mark.parametrize("spread", [False, True], ids=["paths", "two-nodes"])
+def test_units_search_in_blocks_as_one_search_does_and_score_as_usearch(tmp_path, monkeypatch, spread):
     """The kNN searches run a block of rows per unit (a Ray task on the ray runner):
     pieced together they are the one search over every row, and the similarity used to
-    meet new rows is usearch's int8 cosine."""
+    meet new rows is usearch's int8 cosine. On two nodes each unit is given its rows'
+    vectors and the index's bytes, shared once, and the result is the same."""
     from helix_ray.index.hnsw import open_view
     from helix_ray.ingest import dense
     from helix_ray.store.publish import HnswSettings
@@ -250,7 +274,11 @@ def test_units_search_in_blocks_as_one_search_does_and_score_as_usearch(tmp_path
     index_path = dense.build_index(vectors_path, 100, 300, 32, params, tmp_path / "p0.usearch")
     rows = np.arange(100, 300)
     monkeypatch.setattr(dense, "SEARCH_BLOCK", 7)  # 29 units, the last one of 4 rows
-    keys, sims = dense.search(dense.LocalTasks(), vectors_path, index_path, rows, k=5)
+    tasks = _TwoNodes() if spread else dense.LocalTasks()
+    keys, sims = dense.search(tasks, vectors_path, index_path, rows, k=5)
+    assert tasks.units.total() == 29  # 200 rows, 7 to a unit
+    if spread:
+        assert tasks.shared == 1 + 29 and len(tasks.units) == 2  # the index once, and each unit's rows
     whole = open_view(index_path).search(quantize_int8(vectors[rows].astype(np.float16)), 5)
     np.testing.assert_array_equal(keys, whole.keys.astype(np.int64))
     np.testing.assert_allclose(sims, 1.0 - whole.distances, atol=1e-6)

@@ -487,3 +487,14 @@ def test_a_recall_on_a_terminal_lists_the_best_memory_first():
     lines = format_answer(answer).splitlines()
     assert [line.split()[0:2] for line in lines if line.startswith("[")] == [["[1]", "a"], ["[2]", "b"], ["[3]", "c"]]
     assert "best at both ends" in lines[-1]
+
+
+def test_the_ingest_report_names_the_nodes_that_shared_the_knn_searches():
+    from helix_ray.cli_common import format_report
+    from helix_ray.ingest.run import IngestReport
+
+    report = IngestReport(read=3, accepted=3, new=3, generation=1, published=True, total_memories=3,
+                          hnsw_units={"fb72f273" + "0" * 48: 6})
+    assert "HNSW units" not in format_report(report)  # one node: nothing to tell
+    report.hnsw_units["a671aae8" + "0" * 48] = 4
+    assert "  HNSW units per node: fb72f273 6, a671aae8 4" in format_report(report).splitlines()

@@ -135,6 +135,36 @@ def test_the_batch_ingest_runs_on_the_cluster(cluster, ingested, tmp_path):
     assert len(expected) == 203
 
 
+def test_the_knn_searches_run_on_both_nodes(cluster, tmp_path):
+    """With HNSW indexes to search (tenants of 10 memories or more here; 20,000 by
+    default), the ingest's kNN searches are given their rows' vectors and the index's
+    bytes, and spread over the two nodes; the neighbours they find are the ones the
+    one-process runner finds."""
+    import numpy as np
+
+    from helix_ray.config import IngestConfig
+    from helix_ray.ingest.run import ingest
+    from helix_ray.store.generation import Generation
+
+    config = tmp_path / "ingest.yaml"
+    config.write_text("hnsw_min_rows: 10\n")
+    store = tmp_path / "store"
+    done = subprocess.run([sys.executable, "-m", "helix_ray.cli", "ingest", str(SAMPLE / "memories.jsonl"),
+                           "--store", str(store), "--config", str(config), "--json"],
+                          env=cluster.env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    units = json.loads(done.stdout)["hnsw_units"]
+    print("HNSW units per node:", units)
+    assert len(units) == 2, units
+    alone = tmp_path / "alone"
+    ingest([SAMPLE / "memories.jsonl"], alone, runner="local", config=IngestConfig(hnsw_min_rows=10),
+           show_progress=False)
+    spread, local = Generation.open_current(store), Generation.open_current(alone)
+    assert [p for p in spread.manifest["partitions"] if p["dense"]]
+    for x, y in zip(spread.knn, local.knn):
+        np.testing.assert_array_equal(x, y)
+
+
 def test_configs_serve_yaml_deploys_onto_the_cluster(cluster, ingested, deployed):
     """The split graph from the config file (its replicas wherever Serve placed them on the
     two nodes) recalls; a write through it is recalled; a compaction by the Writer

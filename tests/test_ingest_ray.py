@@ -10,7 +10,7 @@ import pytest
 from helix_ray.config import IngestConfig
 from helix_ray.store.generation import Generation
 from helix_ray.ingest.run import ingest
-from pipelines.ingest import _longest_first
+from pipelines.ingest import RayTasks, _longest_first
 from tests.helpers import SAMPLE
 
 pytestmark = pytest.mark.ray
@@ -29,7 +29,20 @@ def local_ray():
         ray.shutdown()
 
 
-def test_ray_runner_matches_local_runner(tmp_path, local_ray, monkeypatch):
+class _SeenAsTwoNodes(RayTasks):
+    """This one-node Ray taken for a cluster of two nodes: the kNN searches are given
+    their rows' vectors and the index's bytes through the object store, as units that
+    run on a node without the store's disk are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes = 2
+
+
+@pytest.mark.parametrize("spread", [False, True], ids=["one-node", "searches-anywhere"])
+def test_ray_runner_matches_local_runner(tmp_path, local_ray, monkeypatch, spread):
+    if spread:
+        monkeypatch.setattr("pipelines.ingest.RayTasks", _SeenAsTwoNodes)
     # Small blocks and batches so the 300 memories stream through Ray Data as 5 blocks of
     # 64 rows, each cut into 32-row batches: the same batches the local runner embeds.
     monkeypatch.setattr("pipelines.ingest.BLOCK", 64)
@@ -50,6 +63,8 @@ def test_ray_runner_matches_local_runner(tmp_path, local_ray, monkeypatch):
     assert a.manifest["counts"] == b.manifest["counts"]
     indexed = [p for p in a.manifest["partitions"] if p["dense"]]
     assert indexed and any(p["end"] - p["start"] > 16 for p in indexed)  # several search units
+    (node,) = on_ray.hnsw_units  # Ray's one node ran them: a build and one search or more per index
+    assert on_ray.hnsw_units[node] > 2 * len(indexed) and local.hnsw_units["local"] > 2 * len(indexed)
     assert [p for p in b.manifest["partitions"] if p["dense"]] == indexed
     for part in indexed:
         assert (a.path / part["dense"]).read_bytes() == (b.path / part["dense"]).read_bytes()

@@ -25,12 +25,13 @@ def build_hnsw(int8: np.ndarray, first_key: int, dim: int, *, connectivity: int,
     return index
 
 
-def open_view(path: Path):
-    """The index saved at ``path``, opened as a read-only memory-mapped view: pages
-    load on use."""
+def open_view(source: Path | np.ndarray):
+    """The index saved at ``source``, opened as a read-only memory-mapped view (pages
+    load on use); or viewed in place in ``source``, the file's bytes (a uint8 array the
+    caller keeps alive while it uses the index)."""
     from usearch.index import Index
 
-    return Index.restore(str(path), view=True)
+    return Index.restore(source.data if isinstance(source, np.ndarray) else str(source), view=True)
 
 
 def load_copy(path: Path):

@@ -58,19 +58,20 @@ class NextRows:
 
 
 def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
-             tasks: Tasks = dense.LocalTasks()) -> tuple[GenerationData, pa.Array]:
+             tasks: Tasks | None = None) -> tuple[GenerationData, pa.Array]:
     """The next generation's rows, sorted so that each tenant is one range, with what
     they carry: the previous generation's rows keep their vectors, and their entities,
     BM25 terms and nearest neighbours where it holds them (:mod:`helix_ray.ingest.carry`).
     Also returns the graph's node names as strings (memory ids, then ``user|entity``). The HNSW
-    indexes are built and searched by ``tasks``, their files left in ``work`` for
-    publish to move into the generation (:mod:`helix_ray.ingest.dense`).
+    indexes are built and searched by ``tasks`` (here in turn when None), their files
+    left in ``work`` for publish to move into the generation (:mod:`helix_ray.ingest.dense`).
 
     Lets go of what the driver no longer needs as soon as it is in its final form, since
     it all grows with the store (at a million memories, ~1.4 GB of row dicts and 0.75 GB
     of unsorted float16 vectors): empties ``rows.todo`` once its rows are in the table,
     takes ``vector`` and ``entities`` out of ``rows.new_cols`` once used, and drops each
     per-row Python list once done with it."""
+    tasks = tasks or dense.LocalTasks()
     previous, todo, new_cols, keep_old = rows.previous, rows.todo, rows.new_cols, rows.keep_old
     old_table = rows.old_rows.take(pa.array(keep_old, pa.int64())) if keep_old else GENERATION_SCHEMA.empty_table()
     previous_rows = rows.old_index[keep_old] if keep_old else np.zeros(0, np.int64)

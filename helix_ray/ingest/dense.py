@@ -10,6 +10,12 @@ node for ``runner="ray"`` (``pipelines.ingest.RayTasks``), here in turn otherwis
 (:class:`LocalTasks`) — and the driver never holds an index or the int8 copy of the
 vectors: at a million memories those are ~0.9 GB and 0.4 GB.
 
+On a cluster of several nodes the searches leave the driver's node: each search unit
+is given its rows' vectors and the index's bytes (:meth:`Tasks.share`: one copy in
+Ray's object store, fetched once by each node that runs a unit) instead of the files'
+paths, so every node's CPUs search (:func:`search`). Building and changing an index
+writes a file into the generation, so those units stay on the driver's node.
+
 The files live in a work folder (:func:`work_folder`) under the store's
 ``generations/``, on the same disk as the generation, so publish moves an index file
 and links the vectors into the generation instead of writing them again.
@@ -20,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import uuid
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence, TypeVar
@@ -40,23 +47,43 @@ SEARCH_BLOCK = 65536  # rows per search unit at most: the queries' int8 copy is 
 
 class Tasks(Protocol):
     """Runs units of work: ``map(fn, calls)`` gives ``fn(*call)`` for each call, in the
-    calls' order. ``threads`` is what one unit may use for a search (0: every core);
-    ``slots`` how many units run at once."""
+    calls' order, each unit on the driver's node; with ``anywhere`` the calls carry
+    their inputs (no path of the driver's disk), and units may run on every node.
+    ``threads`` is what one unit may use for a search (0: every core); ``slots`` how
+    many units run at once on the driver's node, ``spread_slots`` on every node;
+    ``nodes`` how many nodes run units. ``units`` counts the units each node ran."""
 
     threads: int
     slots: int
+    spread_slots: int
+    nodes: int
+    units: Counter[str]
 
-    def map(self, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]]) -> Iterator[T]: ...
+    def map(self, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]], *,
+            anywhere: bool = False) -> Iterator[T]: ...
+
+    def share(self, value: np.ndarray) -> Any:
+        """What a unit that may run anywhere is given for ``value``: it receives the array."""
+        ...
 
 
 class LocalTasks:
     """Each unit here, one after the other; a search uses every core."""
 
     threads = 0
-    slots = 1
+    slots = spread_slots = nodes = 1
 
-    def map(self, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]]) -> Iterator[T]:
-        return (fn(*call) for call in calls)
+    def __init__(self) -> None:
+        self.units: Counter[str] = Counter()
+
+    def map(self, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]], *,
+            anywhere: bool = False) -> Iterator[T]:
+        for call in calls:
+            self.units["local"] += 1
+            yield fn(*call)
+
+    def share(self, value: np.ndarray) -> np.ndarray:
+        return value
 
 
 @contextmanager
@@ -118,30 +145,46 @@ def search_block(vectors_path: Path, index_path: Path, rows: np.ndarray, k: int,
                  threads: int) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` nearest keys of the index at ``index_path`` to each of ``rows`` (their
     vectors' int8 forms), −1 padded, and their cosine similarities."""
-    vectors = np.load(vectors_path, mmap_mode="r")
-    keys = np.full((len(rows), k), -1, np.int64)
-    sims = np.zeros((len(rows), k), np.float32)
-    if len(rows):
-        matches = open_view(index_path).search(quantize_int8(vectors[rows]), k, threads=threads)
-        found = matches.keys.astype(np.int64).reshape(len(rows), -1)  # one row: usearch answers 1-D
+    return search_vectors(index_path, np.load(vectors_path, mmap_mode="r")[rows], k, threads)
+
+
+def search_vectors(index: Path | np.ndarray, queries: np.ndarray, k: int,
+                   threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`search_block` for ``queries`` (float16 rows) given, against the index
+    saved at ``index`` or given as its file's bytes (a uint8 array)."""
+    keys = np.full((len(queries), k), -1, np.int64)
+    sims = np.zeros((len(queries), k), np.float32)
+    if len(queries):
+        matches = open_view(index).search(quantize_int8(queries), k, threads=threads)
+        found = matches.keys.astype(np.int64).reshape(len(queries), -1)  # one row: usearch answers 1-D
         keys[:, :found.shape[1]] = found
-        sims[:, :found.shape[1]] = 1.0 - matches.distances.astype(np.float32).reshape(len(rows), -1)
+        sims[:, :found.shape[1]] = 1.0 - matches.distances.astype(np.float32).reshape(len(queries), -1)
     return keys, sims
 
 
 def search(tasks: Tasks, vectors_path: Path, index_path: Path, rows: np.ndarray,
            k: int) -> tuple[np.ndarray, np.ndarray]:
     """:func:`search_block` over ``rows``, at most :data:`SEARCH_BLOCK` of them per unit,
-    in a multiple of ``tasks.slots`` units of equal size (so that no slot idles while
-    another searches a last block)."""
+    in a multiple of the slots units of equal size (so that no slot idles while another
+    searches a last block). On several nodes each unit is given its rows' vectors and
+    the index's bytes, shared once (:func:`search_vectors`), and runs on any node."""
     keys = np.full((len(rows), k), -1, np.int64)
     sims = np.zeros((len(rows), k), np.float32)
-    slots = max(1, tasks.slots)
+    spread = tasks.nodes > 1
+    slots = max(1, tasks.spread_slots if spread else tasks.slots)
     units = -(-max(1, -(-len(rows) // SEARCH_BLOCK)) // slots) * slots
     size = max(1, -(-len(rows) // units))
     starts = range(0, len(rows), size)
-    calls = [(vectors_path, index_path, rows[lo:lo + size], k, tasks.threads) for lo in starts]
-    for lo, (found, found_sims) in zip(starts, tasks.map(search_block, calls)):
+    if spread:
+        vectors = np.load(vectors_path, mmap_mode="r")
+        index = tasks.share(np.asarray(np.memmap(index_path, dtype=np.uint8, mode="r")))
+        calls = [(index, tasks.share(np.ascontiguousarray(vectors[rows[lo:lo + size]])), k, tasks.threads)
+                 for lo in starts]
+        done = tasks.map(search_vectors, calls, anywhere=True)
+    else:
+        done = tasks.map(search_block, [(vectors_path, index_path, rows[lo:lo + size], k, tasks.threads)
+                                        for lo in starts])
+    for lo, (found, found_sims) in zip(starts, done):
         keys[lo:lo + len(found)], sims[lo:lo + len(found)] = found, found_sims
     return keys, sims
 

@@ -95,6 +95,7 @@ class IngestReport:
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     quarantine_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
     mirrored: dict[str, Any] | None = None  # what was pushed to the mirror, when one was given
+    hnsw_units: dict[str, int] = dataclasses.field(default_factory=dict)  # index builds and searches per node id
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -403,6 +404,7 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
                             kept.sigs, kept.keep_new)
             del todo
             data, node_names = assemble(rows, run.db, config, work=work, tasks=run.tasks)  # empties rows.todo
+            report.hnsw_units = dict(run.tasks.units)
         rows.sigs = kept.sigs = kept.sigs[:0].copy()  # the generation holds them, sorted (a view would keep them)
         trim_heap()
         data.extra[ACCESS_WATERMARK] = changes.folded
