@@ -17,16 +17,24 @@ memory has close neighbours as real near-duplicates do.
 
 It prints the driver's peak RSS (``VmHWM``) and its RSS just before the ingest (the
 vectors given, held by this script), the peak PSS of the driver and every Ray process
-together, and the run's seconds per stage (``IngestReport.seconds``). Memory does not
-drift with the host's load; seconds do (compare runs made side by side).
+together, the run's seconds per stage (``IngestReport.seconds``) and the HNSW units
+(index builds and kNN searches) each node ran. Memory does not drift with the host's
+load; seconds do (compare runs made side by side).
+
+``--nodes N`` (N ≥ 2) runs the job on a cluster of N ``ray start`` nodes of this host
+(``helix_ray.local_cluster.LocalCluster``, ``--node-cpus`` each), this process joining it
+as the driver: the kNN searches spread over the nodes. On one host the nodes share its
+cores, so this shows where the work runs, not a speed-up.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import itertools
 import json
+import os
 import shutil
 import sys
 import time
@@ -38,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_ingest import MemorySampler, rss_mib  # noqa: E402
+from bench_ingest import MemorySampler, environ, rss_mib  # noqa: E402
 
 
 def given_vectors(path: Path, n: int, seed: int, sigma: float) -> dict:
@@ -77,7 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sigma", type=float, default=0.02)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="also write the figures here")
+    ap.add_argument("--nodes", type=int, default=1, help="with 2 or more: a local cluster of that many nodes")
+    ap.add_argument("--node-cpus", type=int, default=1, help="logical CPUs each of those nodes advertises")
     args = ap.parse_args(argv)
+    if args.nodes > 1 and args.runner != "ray":
+        raise SystemExit("--nodes runs the job on a Ray cluster: not with --runner local")
 
     from synthetic import write_jsonl
 
@@ -94,20 +106,33 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(store, ignore_errors=True)
     before = rss_mib()[0]
     config = IngestConfig(late_interaction=LateInteractionConfig(enabled=False))
-    t0 = time.perf_counter()
-    with MemorySampler() as sampler:
-        report = ingest([source], store, fmt="jsonl", config=config, runner=args.runner, show_progress=False,
-                        computed=computed)
-    seconds = time.perf_counter() - t0
-    if args.runner == "ray":
-        import ray
+    with contextlib.ExitStack() as stack:
+        if args.nodes > 1:
+            from helix_ray.local_cluster import LocalCluster
 
-        ray.shutdown()
+            # The nodes' workers import helix_ray from this checkout; the object store
+            # holds the searches' inputs (the index and each unit's rows).
+            paths = [str(ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+            stack.enter_context(environ({"PYTHONPATH": os.pathsep.join(paths)}))
+            cluster = stack.enter_context(LocalCluster(nodes=args.nodes, cpus=args.node_cpus,
+                                                       object_store_bytes=2_000_000_000))
+            stack.enter_context(environ({k: v for k, v in cluster.env().items()
+                                         if k in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH")}))
+        t0 = time.perf_counter()
+        with MemorySampler() as sampler:
+            report = ingest([source], store, fmt="jsonl", config=config, runner=args.runner, show_progress=False,
+                            computed=computed)
+        seconds = time.perf_counter() - t0
+        if args.runner == "ray":
+            import ray
+
+            ray.shutdown()
     out = {
         "n": args.n, "users": args.users, "runner": args.runner, "memories": report.total_memories,
         "reused": report.reused, "embedded": report.embedded,
         "driver_rss_before_mib": round(before), "driver_peak_rss_mib": round(rss_mib()[1]),
         "tree_peak_pss_mib": round(sampler.peak_mib), "seconds": round(seconds, 1), "stages_s": report.seconds,
+        "nodes": args.nodes, "hnsw_units": report.hnsw_units,
     }
     print(json.dumps(out, indent=1))
     if args.json:
