@@ -412,7 +412,8 @@ class RankConfig(_Strict):
     """Multi-signal ranking of the candidate pool."""
 
     type_weights: dict[str, TypeWeights] = DEFAULT_TYPE_WEIGHTS
-    """Signal weights per memory type; every type needs a row."""
+    """Signal weights per memory type. A type left out keeps its default row, and a row
+    given in part keeps its other defaults (``{"semantic": {"salience": 0}}``)."""
     recency_half_life_days: float = Field(30.0, gt=0)
     """Recency = 0.5 ** (days since last access / half-life)."""
     recency_from_creation: bool = False
@@ -507,16 +508,21 @@ class RankConfig(_Strict):
     pinned_boost: float = Field(1.15, ge=0.0, le=10.0)
     """Multiplier for pinned memories."""
 
-    @model_validator(mode="after")
-    def _check_types(self) -> "RankConfig":
-        missing = set(MEMORY_TYPES) - set(self.type_weights)
-        unknown = set(self.type_weights) - set(MEMORY_TYPES)
-        if missing or unknown:
-            raise ValueError(
-                f"Got type_weights for {sorted(self.type_weights)}; it needs exactly "
-                f"{list(MEMORY_TYPES)} (missing {sorted(missing)}, unknown {sorted(unknown)})."
-            )
-        return self
+    @field_validator("type_weights", mode="before")
+    @classmethod
+    def _fill_type_weights(cls, value: Any) -> Any:
+        # A partial table changes what it names only, as fusion.weights and PATCH /v1/settings do.
+        if not isinstance(value, dict):
+            return value
+        unknown = set(value) - set(MEMORY_TYPES)
+        if unknown:
+            raise ValueError("; ".join(f"{kind} is not a memory type" for kind in sorted(unknown))
+                             + f" (allowed: {', '.join(MEMORY_TYPES)})")
+        rows: dict[str, Any] = {t: w.model_dump() for t, w in DEFAULT_TYPE_WEIGHTS.items()}
+        for kind, row in value.items():
+            row = row.model_dump() if isinstance(row, TypeWeights) else row
+            rows[kind] = {**rows[kind], **row} if isinstance(row, dict) else row
+        return rows
 
 
 class RerankConfig(_Strict):

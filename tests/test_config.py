@@ -29,11 +29,14 @@ def test_partial_weight_override_keeps_the_other_list():
     assert cfg.fusion.weights == {"dense": 2.0, "bm25": 1.0}
 
 
-def test_type_weight_table_needs_every_type():
-    bad = {"rank": {"type_weights": {"episodic": {"similarity": 1, "recency": 0, "salience": 0,
-                                                  "confidence": 0, "graph": 0}}}}
-    with pytest.raises(InvalidArgument, match="missing"):
-        load_config(RetrievalConfig, overrides=bad)
+def test_a_partial_type_weight_table_changes_what_it_names_only():
+    cfg = load_config(RetrievalConfig, overrides={"rank": {"type_weights": {"semantic": {"salience": 0}}}})
+    defaults = RetrievalConfig().rank.type_weights
+    assert cfg.rank.type_weights["semantic"] == defaults["semantic"].model_copy(update={"salience": 0.0})
+    assert {t: w for t, w in cfg.rank.type_weights.items() if t != "semantic"} == {
+        t: w for t, w in defaults.items() if t != "semantic"}
+    with pytest.raises(InvalidArgument, match=r"note is not a memory type \(allowed: episodic, "):
+        load_config(RetrievalConfig, overrides={"rank": {"type_weights": {"note": {"salience": 0}}}})
 
 
 @pytest.mark.parametrize("overrides, where", [

@@ -140,12 +140,6 @@ def _setting_errors(exc: ValidationError) -> list[str]:
     out = []
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"])
-        if tuple(err["loc"][:2]) == ("rank", "type_weights") and len(err["loc"]) > 2 \
-                and err["loc"][2] not in MEMORY_TYPES:  # not four "Field required" about its row
-            sentence = f"rank.type_weights.{err['loc'][2]} is not a memory type (allowed: {', '.join(MEMORY_TYPES)})"
-            if sentence not in out:
-                out.append(sentence)
-            continue
         if err["type"] == "extra_forbidden":
             parent = err["loc"][:-1]
             model: Any = RetrievalConfig
