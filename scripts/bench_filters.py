@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """In-process recall with and without scope filters (project, types, time window).
 
-    .venv/bin/python scripts/bench_filters.py --store /tmp/helixbench/recall/store-1000000 \\
+    .venv/bin/python scripts/bench_filters.py --store /tmp/helixbench/late/store-1000000 \\
         [--queries 200] [--tree /path/to/another/checkout]
 
 A filter is a mask over the tenant's whole row range, built once per retriever leg:
