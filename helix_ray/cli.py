@@ -3,7 +3,7 @@
     helix ingest SOURCE... --store DIR [--format auto|jsonl|parquet|markdown|transcript|locomo|code|git] [--runner ray|local]
     helix ingest REPO --format code|git [--repo-name NAME] --store DIR --user USER      its code or its commits
     helix ingest FOLDER --format markdown [--doc-name NAME] --store DIR --user USER      its sections
-    helix recall QUERY --store DIR --user USER [--budget TOKENS] [--k N] [--explain] [--json]
+    helix recall QUERY --store DIR --user USER [--budget TOKENS] [--k N] [--now TIME] [--context TURN]... [--explain] [--json]
     helix stats --store DIR [--json]
     helix quarantine --store DIR [--reason CODE] [--limit N] [--json]      the records an ingest rejected
     helix doctor --store DIR      check a store's folder, database, generation, files and keys
@@ -110,6 +110,10 @@ def _recall_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     s.add_argument("--type", dest="types", action="append", choices=TYPES, help="repeat for several")
     s.add_argument("--since", help="ISO-8601 time: only memories created at or after it")
     s.add_argument("--until", help="ISO-8601 time: only memories created at or before it")
+    s.add_argument("--now", help="ISO-8601 time the question is asked: what 'last week' or 'yesterday' in the "
+                   "query are read against (default: the clock)")
+    s.add_argument("--context", action="append", metavar="TURN", help="an earlier turn of the conversation, the "
+                   "query being its latest; repeat for several, oldest first")
     s.add_argument("--config", help="retrieval YAML (see configs/retrieval.yaml)")
     s.add_argument("--explain", action="store_true", help="show every candidate's ranks, signals and fate")
     s.add_argument("--json", action="store_true")
@@ -425,7 +429,8 @@ def _recall(args: argparse.Namespace) -> int:
             "an agent. Else wait for the ingest to end and run this again.") from None
     with mem:
         result = mem.recall(args.query, user=args.user, budget_tokens=args.budget, k=args.k, project=args.project,
-                            types=args.types, since=args.since, until=args.until, explain=args.explain)
+                            types=args.types, since=args.since, until=args.until, explain=args.explain,
+                            now=args.now, context=args.context)
     empty = _nothing_to_recall(result, args.store)
     if empty:
         print(f"helix recall: {empty}", file=sys.stderr)

@@ -498,3 +498,19 @@ def test_the_ingest_report_names_the_nodes_that_shared_the_knn_searches():
     assert "HNSW units" not in format_report(report)  # one node: nothing to tell
     report.hnsw_units["a671aae8" + "0" * 48] = 4
     assert "  HNSW units per node: fb72f273 6, a671aae8 4" in format_report(report).splitlines()
+
+
+def test_a_recall_takes_the_moment_it_is_asked_and_the_turns_before_it(store, capsys):
+    """--now reads "last week" against the day given (default: the clock); each --context
+    turn is embedded and searched apart from the query (its timings say so)."""
+    args = ("recall", "and what broke last week?", "--store", str(store), "--user", "dana", "--json")
+    code, out, _ = helix(capsys, *args, "--now", "2025-03-25", "--context", "why did we pin uvicorn?")
+    answer = json.loads(out)
+    assert code == 0 and answer["flags"]["time"]["window"]["core_start"].startswith("2025-03-17")
+    assert "embed_context" in answer["timings_ms"]
+    code, out, _ = helix(capsys, *args)
+    answer = json.loads(out)
+    assert code == 0 and answer["flags"]["time"]["window"]["core_start"] > "2026"
+    assert "embed_context" not in answer["timings_ms"]
+    code, _, err = helix(capsys, *args, "--now", "last tuesday")
+    assert code == 2 and err.startswith("helix recall: Got --now='last tuesday'"), err
