@@ -387,9 +387,9 @@ class Recaller:
         hits = lexical.search(self.generation.bm25, plan.query, start=start, end=end, mask=mask,
                               top_k=lx.top_k, strong_score=lx.strong_signal_score, strong_gap=lx.strong_signal_gap,
                               window=self._window_mask(plan, mask))
-        if self.strong(plan, hits):
-            hits = dataclasses.replace(hits, window=None)  # a decisive query: no other list is fused
-        if not plan.context or self.strong(plan, hits):  # a decisive query: no other list is fused
+        if self.strong(plan, hits):  # a decisive query: no other list is fused
+            return dataclasses.replace(hits, window=None)
+        if not plan.context:
             return hits
         context = tuple(lexical.search(self.generation.bm25, turn.text, start=start, end=end, mask=mask,
                                        top_k=lx.top_k, strong_score=1.0, strong_gap=1.0).rows for turn in plan.context)

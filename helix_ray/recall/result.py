@@ -97,8 +97,7 @@ class Candidates:
 WINDOW_LISTS = {"bm25": "bm25@window", "dense": "dense@window"}
 
 EXPLAIN_COLUMNS = ("id", "origin", "dense_rank", "bm25_rank", "window_rank", "rrf_score", "cosine", "late_maxsim",
-                   "graph_ppr",
-                   "similarity", "recency", "salience", "confidence", "graph", "score", "final_position",
+                   "graph_ppr", "similarity", "recency", "salience", "confidence", "graph", "score", "final_position",
                    "dropped_by")
 
 

@@ -95,6 +95,7 @@ def _damaged(path: Path, mode: str, exc: Exception) -> StoreError:
 #: near-duplicate (whose row is marked deleted too).
 DELETED_NOT_DROPPED = "deleted AND id NOT IN (SELECT dropped_id FROM duplicates)"
 
+
 class StoreDB:
     """The single writer of a store's DuckDB file."""
 
