@@ -211,9 +211,10 @@ class Memory:
         """Fold the pending writes (and deletions) into the next generation now; returns
         what happened (``published``, ``generation``, ``folded``, ...). The background
         compaction does this on its own; recall sees the same memories before and after."""
-        report = self._fold()
-        if report.get("published"):
-            self._compacted(report)
+        with self._shared.folding():
+            report = self._fold()
+            if report.get("published"):
+                self._compacted(report)
         return report
 
     def _fold(self) -> dict[str, Any]:
@@ -233,13 +234,34 @@ class Memory:
                              f"Open the store again: Memory({str(self.store)!r}).")
 
     def _compacted(self, report: dict[str, Any]) -> None:
-        """After a compaction published: open the new generation here, not in the next recall."""
-        from helix_ray.recall.warm import warm_recaller
+        """After a compaction of this process published: open the new generation and warm
+        it here, while recall goes on over the one it reads (the compaction is still
+        :meth:`SharedStore.folding`), then swap. A recall does not meet a cold generation."""
+        from helix_ray.live.recall import recall_over
+        from helix_ray.recall.warm import WARM_QUERY, largest_tenant, warm_recaller
 
-        if not self._closed.is_set():
-            recaller, view, _ = self._current()
-            if view is not None:
-                warm_recaller(recaller)  # what its first question builds (BM25, columns, graph)
+        views = self._views
+        if views is None or self._closed.is_set():
+            return  # nothing opened yet: the first recall opens the current generation
+        try:
+            view = views.prepare()  # reads only CURRENT and the new generation's files
+            if view is None:
+                return
+            recaller = self._open_recaller(view.generation)
+            warm_recaller(recaller)  # what its first question builds (BM25, columns, graph)
+            with self._recaller_lock:
+                delta = views.delta_for(view)  # the segments' rows joined with the newest snapshot
+                legs = views.recaller(view, delta), views.recaller(view, delta, joined=True)
+            user = largest_tenant(view.generation)
+            if user is not None and (len(delta) or delta.tombstones):
+                recall_over(*legs, delta, recaller, WARM_QUERY, user=user)  # their postings and joined columns
+            with self._recaller_lock:
+                if views.latest is None or view.number > views.latest:
+                    views.install(view)
+                    self._recaller = recaller
+        except Exception:  # noqa: BLE001 - the next recall opens it, and reports what it finds
+            log.warning("could not open generation %s after the compaction; the next recall will",
+                        report.get("generation"), exc_info=True)
 
     def _ensure_generation(self) -> None:
         """A new store's first write: an empty generation for the delta to lie over."""
@@ -266,7 +288,9 @@ class Memory:
                 # No files read here: the warm-up reads them in the background.
                 self._views = StoreViews(self.store, role=None, expect_embedder=self.ingest_config.embedder.name,
                                          expect_dim=DIM)
-            else:
+            elif self._recaller is None or not self._shared.folding_now():
+                # During this process's compaction, recall reads the generation it has
+                # with the delta (which holds every write being folded) until _compacted swaps.
                 self._views.refresh_now()
             views = self._views
             view = views.generations.get(views.latest) if views.latest is not None else None
@@ -284,7 +308,9 @@ class Memory:
         # Half the cores per query encoder when the two run side by side.
         threads = encoder_threads(generation, self.retrieval_config)
         embedder = get_embedder(self.ingest_config.embedder, threads)
-        return Recaller(generation, embedder, self.retrieval_config, threads=threads)
+        old = self._recaller  # the router's 30 reference questions, encoded again only for another encoder
+        router = old._router if old is not None and old.embedder is embedder else None
+        return Recaller(generation, embedder, self.retrieval_config, threads=threads, router=router)
 
     def _warm_up(self) -> None:
         """The background warm-up: one question through every stage, then the page cache."""

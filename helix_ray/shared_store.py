@@ -21,8 +21,9 @@ import datetime as dt
 import logging
 import queue
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from helix_ray.config import IngestConfig
 from helix_ray.live.compactor import Compactor
@@ -72,6 +73,8 @@ class SharedStore:
         self._core_lock = threading.Lock()  # one Writer created
         self.compactor: Compactor | None = None
         self._compaction: tuple[float, int] | None = None  # the first (interval, max pending) asked for
+        self._folds = 0  # compactions running in this process, each until its swap is done: folding()
+        self._folds_lock = threading.Lock()
         #: Called after a compaction published (each open Memory opens the new generation).
         self.after_compaction: dict[int, Callable[[dict[str, Any]], None]] = {}
         self.overlay: dict[str, int] = {}  # id → last access (µs) since the generation was built
@@ -113,12 +116,36 @@ class SharedStore:
 
     def _start_compactor(self, interval_s: float, max_pending: int) -> None:
         assert self._core is not None
-        self.compactor = Compactor(self._core, interval_s=interval_s, max_pending=max_pending,
-                                   before=self.flush_accesses, after=self._compacted)
+        self.compactor = Compactor(self._core, interval_s=interval_s, max_pending=max_pending, compact=self.compact)
 
-    def _compacted(self, report: dict[str, Any]) -> None:
-        for after in list(self.after_compaction.values()):
-            after(report)
+    def compact(self) -> dict[str, Any]:
+        """The background compaction: the recall hits so far flushed, then the pending
+        writes folded, and each open ``Memory`` given what it published."""
+        self.flush_accesses()
+        with self.folding():
+            report = self.core().compact()
+            if report.get("published"):
+                for after in list(self.after_compaction.values()):
+                    after(report)
+        return report
+
+    @contextmanager
+    def folding(self) -> Iterator[None]:
+        """Around a compaction of this process and the swap of its ``Memory`` objects to
+        what it publishes. What a compaction publishes holds what the delta already
+        showed beside the generation before it, so meanwhile recall may go on reading
+        the older one (:meth:`folding_now`) while the new one is opened and warmed."""
+        with self._folds_lock:
+            self._folds += 1
+        try:
+            yield
+        finally:
+            with self._folds_lock:
+                self._folds -= 1
+
+    def folding_now(self) -> bool:
+        """Whether a compaction of this process is between its start and the swap to it."""
+        return self._folds > 0
 
     def pending_writes(self) -> int:
         """Writes and deletions no generation holds yet: the Writer's count, or, before

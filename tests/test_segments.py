@@ -289,6 +289,30 @@ def test_a_fold_writes_a_segment_and_recall_answers_as_before(store):
     assert not list((store / "inbox").glob("serve-*.jsonl"))  # the generation holds those writes now
 
 
+def test_recall_during_a_fold_reads_the_older_generation_until_the_new_one_is_warm(store):
+    """A compaction of this process publishes; until the Memory has opened and warmed
+    what it published, recall reads the generation it had, with the writes from the
+    delta, and answers alike before, during and after."""
+    with Memory(store, warm=False, record_access=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+
+        def asked() -> dict:
+            return {(q, u): [(item.id, round(item.score, 5)) for item in mem.recall(q, user=u).items]
+                    for q, u in QUERIES}
+
+        before = asked()
+        with mem._shared.folding():
+            report = mem._core().fold()
+            assert report["published"] and current_generation_number(store) == 2
+            during = asked()
+            assert mem.recaller.generation.number == 1
+            mem._compacted(report)
+            assert mem.recaller.generation.number == 2
+            frozen = mem._views.generations[2].frozen
+            assert frozen is not None and frozen._terms_by  # its rows' postings made before a recall asked
+        assert before == during == asked()
+
+
 def test_writes_after_a_fold_change_and_delete_folded_memories(store):
     with Memory(store, warm=False, compact_interval_s=None) as mem:
         mem.add(WRITES)

@@ -74,19 +74,19 @@ class Compactor:
     """Background compaction of a :class:`~helix_ray.live.writer.WriterCore`'s delta:
     every ``interval_s`` seconds when anything is pending, or as soon as ``max_pending``
     entries are. A failed compaction leaves the writes in the delta and is tried again
-    later. ``before`` runs ahead of each compaction, ``after`` with its report once one
-    published a generation (an open ``Memory`` flushes its recall hits, then opens the
-    new generation off the query path). ``nice``: how much nicer than the process the
-    thread runs (:func:`lower_priority`; 0 keeps the process's priority)."""
+    later. ``compact`` makes one compaction and returns its report (default:
+    ``core.compact``; an open ``Memory``'s store also flushes its recall hits first and
+    swaps every open ``Memory`` to what it published). ``nice``: how much nicer than the
+    process the thread runs (:func:`lower_priority`; 0 keeps the process's priority)."""
 
-    def __init__(self, core: Any, *, interval_s: float, max_pending: int, before: Callable[[], None] | None = None,
-                 after: Callable[[dict[str, Any]], None] | None = None, name: str = "helix-compactor",
+    def __init__(self, core: Any, *, interval_s: float, max_pending: int,
+                 compact: Callable[[], dict[str, Any]] | None = None, name: str = "helix-compactor",
                  nice: int = COMPACT_NICE):
         self.core = core
         self.interval_s = interval_s
         self.max_pending = max_pending
         self.nice = nice
-        self.before, self.after = before, after
+        self.compact = compact or core.compact
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
@@ -114,12 +114,8 @@ class Compactor:
             if todo >= self.max_pending or (due and (todo or self.core.open_tombstones())):
                 soon = False
                 try:
-                    if self.before is not None:
-                        self.before()
-                    report = self.core.compact()
+                    self.compact()
                     failures, retry_at = 0, 0.0
-                    if self.after is not None and report.get("published"):
-                        self.after(report)
                 except Exception as exc:  # noqa: BLE001 - the writes stay in the delta; try again later
                     import duckdb
 

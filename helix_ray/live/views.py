@@ -276,7 +276,9 @@ class StoreViews:
     ``role`` says what to warm when a generation opens: "dense", "bm25", "ranker", "all"
     or None (nothing: an open ``Memory`` warms in the background). A replica follows
     ``CURRENT`` with :meth:`watch` on its event loop; a caller without one calls
-    :meth:`refresh_now`, and holds a lock of its own around the calls.
+    :meth:`refresh_now`, and holds a lock of its own around the calls (or, to warm a new
+    generation before it serves it, :meth:`prepare` off that lock and :meth:`install`
+    under it).
     """
 
     def __init__(self, store: str | Path, *, role: str | None, expect_embedder: str | None = None,
@@ -300,7 +302,7 @@ class StoreViews:
         # Open synchronously at start: the replica is not ready before.
         generation = open_good_generation(self.store, **self._expect())
         if generation is not None:
-            self._install(self._view(generation))
+            self.install(self._view(generation))
 
     # ---------------------------------------------------------------- generations
     def _expect(self) -> dict[str, Any]:
@@ -314,7 +316,8 @@ class StoreViews:
         view.warm(self.role)
         return view
 
-    def _install(self, view: GenerationView) -> None:
+    def install(self, view: GenerationView) -> None:
+        """Serve ``view`` from now on if it is newer than what is served; keep it opened either way."""
         self.generations[view.number] = view
         self.generations.move_to_end(view.number)
         if self.latest is None or view.number > self.latest:
@@ -355,7 +358,7 @@ class StoreViews:
         """A load ended: install its view, whoever awaited it (this runs before any of them resumes)."""
         self._loading.pop(number, None)
         if not future.cancelled() and future.exception() is None:
-            self._install(future.result())
+            self.install(future.result())
 
     def _newer_current(self) -> int | None:
         """The number ``CURRENT`` names, when it is newer than this replica's and not
@@ -388,12 +391,19 @@ class StoreViews:
 
     def refresh_now(self) -> bool:
         """:meth:`refresh` in the caller's thread (one ``stat`` when nothing changed)."""
+        view = self.prepare()
+        if view is None:
+            return False
+        self.install(view)
+        return True
+
+    def prepare(self) -> GenerationView | None:
+        """The store's current generation opened (and warmed for ``role``) when it is
+        newer than the one served, not yet served: :meth:`install` swaps to it. None: keep
+        what is served."""
         number = self._newer_current()
         good = None if number is None else self._good(number)
-        if good is None:
-            return False
-        self._install(self._view(good))
-        return True
+        return None if good is None else self._view(good)
 
     async def watch(self, interval_s: float = 0.5) -> None:
         """Background task: follow ``CURRENT`` every ``interval_s`` seconds."""

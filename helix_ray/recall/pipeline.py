@@ -153,12 +153,12 @@ class Recaller:
     _overlap_tokens = False  # set by __init__ (subclasses that skip it never overlap)
 
     def __init__(self, generation, embedder, config: RetrievalConfig | None = None, token_encoder=None,
-                 threads: int | None = None, adapter=None):
+                 threads: int | None = None, adapter=None, router: scope.Router | None = None):
         self.generation = generation
         self.embedder = embedder
         self.adapter = adapter  # a QueryAdapter (stage 1b) or None
         self.config = config or RetrievalConfig()
-        self._router: scope.Router | None = None
+        self._router = router  # another Recaller's of the same embedder and config: its centroids are theirs
         self._token_encoder = token_encoder
         self._threads = threads  # onnxruntime threads of the query token encoder (None: default)
         self._overlap_tokens = overlap_tokens(threads)
