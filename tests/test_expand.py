@@ -192,3 +192,18 @@ def test_hubs_above_max_degree_are_not_entered():
     # A low-degree path is still followed with the guard on.
     nodes, hops, _ = expand.neighbourhood(graph.indptr, graph.indices, np.array([2]), 3, 1000, max_degree=50)
     assert nodes[:2].tolist() == [2, 1] and hops[:2].tolist() == [0, 1]
+
+
+@settings(max_examples=50, deadline=None)
+@given(nodes=st.lists(st.integers(0, 2_000_000), min_size=1, max_size=40, unique=True),
+       picks=st.lists(st.integers(0, 10**9), max_size=60), strays=st.lists(st.integers(0, 2_000_000), max_size=60))
+def test_positions_in_finds_each_id_by_table_and_by_search(nodes, picks, strays):
+    """Both ways of placing the subgraph's edge ends (a table over a narrow id range, a
+    binary search over a wide one) give each id's index in ``nodes``, −1 for the others."""
+    node_array = np.array(nodes, np.int64)
+    ids = np.array([nodes[p % len(nodes)] for p in picks] + strays, np.int64)
+    expected = np.array([nodes.index(i) if i in nodes else -1 for i in ids.tolist()], np.int64)
+    wide = np.append(ids, 10**12)  # a range far past the table's: the search
+    assert expand.positions_in(node_array, ids).tolist() == expected.tolist()
+    assert expand.positions_in(node_array, wide)[:-1].tolist() == expected.tolist()
+    assert expand.positions_in(node_array, wide)[-1] == -1
