@@ -344,6 +344,11 @@ def main(argv: list[str] | None = None) -> int:
                "forget-user": cli_store.forget_user, "audit": cli_store.audit}[args.command]
     try:
         code = command(args)
+    except BrokenPipeError:
+        # The reader went away (`helix stats | head -3`): stop quietly, as a Unix tool
+        # killed by SIGPIPE does; stdout goes to /dev/null so the exit's flush says nothing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
     except Exception as exc:  # noqa: BLE001 - the CLI prints a sentence, not a traceback
         from helix_ray.errors import HelixError, InvalidArgument
 

@@ -489,6 +489,19 @@ def test_a_recall_on_a_terminal_lists_the_best_memory_first():
     assert "best at both ends" in lines[-1]
 
 
+def test_a_reader_that_goes_away_ends_the_command_quietly(store):
+    """`helix stats | head -1`: the pipe closed before helix writes ends it as SIGPIPE
+    ends a Unix tool (exit 141), without a traceback."""
+    reader, writer = os.pipe()
+    os.close(reader)  # gone before helix writes a byte
+    try:
+        done = subprocess.run([sys.executable, "-m", "helix_ray.cli", "stats", "--store", str(store)], stdout=writer,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(writer)
+    assert done.returncode == 141 and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
 def test_the_ingest_report_names_the_nodes_that_shared_the_knn_searches():
     from helix_ray.cli_common import format_report
     from helix_ray.ingest.run import IngestReport
