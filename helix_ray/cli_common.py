@@ -76,4 +76,11 @@ def format_answer(answer: dict[str, Any], took_ms: list[float] | None = None) ->
                  f"generation {answer['generation']}; listed best first (an agent's context packs them best "
                  "at both ends); "
                  f"{where}: {timing}")
+    over = flags.get("over_budget", 0)
+    if over:
+        shown = {item["rank"] for item in answer["items"]}
+        missing = [r for r in range(1, len(shown) + over + 1) if r not in shown]
+        lines.append(f"-- rank{'s' if over > 1 else ''} {', '.join(map(str, missing))} did not fit the "
+                     f"{answer['budget_tokens']}-token budget; a larger budget (--budget) shows "
+                     f"{'them' if over > 1 else 'it'}")
     return "\n".join(lines)

@@ -489,6 +489,22 @@ def test_a_recall_on_a_terminal_lists_the_best_memory_first():
     assert "best at both ends" in lines[-1]
 
 
+def test_a_recall_says_which_ranks_the_budget_left_out(store, capsys):
+    """Items ranked but left out to keep within the token budget are counted in the
+    flags, and the terminal names their ranks, so a gap in the numbering is explained."""
+    args = ("recall", "how do I rotate the API keys", "--store", str(store), "--user", "dana", "--budget", "60")
+    code, out, _ = helix(capsys, *args, "--json", "--explain")
+    assert code == 0
+    answer = json.loads(out)
+    over = answer["flags"]["over_budget"]
+    assert over >= 1 and over == [row["dropped_by"] for row in answer["explain"]].count("budget")
+    code, out, _ = helix(capsys, *args)
+    shown = {item["rank"] for item in answer["items"]}
+    missing = [r for r in range(1, len(shown) + over + 1) if r not in shown]
+    assert code == 0 and len(missing) == over
+    assert f"{', '.join(map(str, missing))} did not fit the 60-token budget" in out.splitlines()[-1]
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly(store):
     """`helix stats | head -1`: the pipe closed before helix writes ends it as SIGPIPE
     ends a Unix tool (exit 141), without a traceback."""

@@ -467,6 +467,9 @@ class Recaller:
         selected = _diversify(plan, found, order, reranked, cols, flags)
         lap("diversify")
         packed, items = _pack(plan, found, selected, gen, cols)
+        over = sum(1 for i in selected if found.dropped_by.get(i) == "budget")
+        if over:
+            flags["over_budget"] = over  # selected and ranked, but left out to keep within the token budget
         lap("pack")
         timings["total"] = elapsed_ms(started)
         total = sum(p.n_tokens for p in packed) + cfg.pack.separator_tokens * len(packed)
