@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from helix_ray import cli_adapt, cli_serve, cli_store
+from helix_ray import cli_adapt, cli_serve, cli_store, cli_write
 from helix_ray.cli_common import format_report, format_result, load_config_typed
 from helix_ray.cli_serve import serve_graph  # noqa: F401 - re-export for tests/test_cli_memory.py
 
@@ -53,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     _ingest_arguments(sub)
     _recall_arguments(sub)
+    _write_arguments(sub)
     _stats_arguments(sub)
     _quarantine_arguments(sub)
     _doctor_arguments(sub)
@@ -116,6 +117,26 @@ def _recall_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    "query being its latest; repeat for several, oldest first")
     s.add_argument("--config", help="retrieval YAML (see configs/retrieval.yaml)")
     s.add_argument("--explain", action="store_true", help="show every candidate's ranks, signals and fate")
+    s.add_argument("--json", action="store_true")
+
+
+def _write_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``helix add`` and ``helix delete``: one memory, through the store's Writer."""
+    s = sub.add_parser("add", help="write one memory (durable and recallable when it returns)")
+    s.add_argument("text", metavar="TEXT", help="the memory's text; - reads it from stdin (a long text is stored as "
+                   "chunks)")
+    s.add_argument("--store", required=True, help="store folder (created if missing)")
+    s.add_argument("--user", required=True, help="tenant the memory belongs to")
+    s.add_argument("--id", help="its id (default: derived from user and text); an existing id is replaced")
+    s.add_argument("--type", choices=TYPES, help="default: semantic")
+    s.add_argument("--project")
+    s.add_argument("--session", dest="session_id", help="the conversation or work session it belongs to")
+    s.add_argument("--pinned", action="store_true", help="never dropped as a near-duplicate; ranks as pinned")
+    s.add_argument("--json", action="store_true")
+    s = sub.add_parser("delete", help="delete one memory (all its chunks): never recalled again")
+    s.add_argument("id", metavar="ID", help="the memory's id, as recall or add gave it")
+    s.add_argument("--store", required=True)
+    s.add_argument("--user", required=True, help="whose memory it is: another user's id is refused")
     s.add_argument("--json", action="store_true")
 
 
@@ -337,8 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         from helix_ray.runtime import show_ray_output
 
         show_ray_output()
-    command = {"ingest": _ingest, "recall": _recall, "stats": _stats, "eval": _eval, "demo": cli_serve.demo,
-               "adapt": cli_adapt.adapt, "serve": cli_serve.serve, "keys": _keys, "compact": _compact,
+    command = {"ingest": _ingest, "recall": _recall, "add": cli_write.add, "delete": cli_write.delete,
+               "stats": _stats, "eval": _eval, "demo": cli_serve.demo, "adapt": cli_adapt.adapt, "serve": cli_serve.serve, "keys": _keys, "compact": _compact,
                "quarantine": cli_store.quarantine, "doctor": cli_store.doctor, "mcp": _mcp,
                "backup": cli_store.backup, "restore": cli_store.restore,
                "forget-user": cli_store.forget_user, "audit": cli_store.audit}[args.command]

@@ -204,6 +204,46 @@ def test_recall_from_a_store_another_process_holds_says_how_to_ask_it(copy, caps
     assert "`POST /v1/recall`" in err and "`helix mcp --server URL --key KEY`" in err
 
 
+def test_add_then_recall_then_delete_from_the_command_line(copy, capsys, monkeypatch):
+    """`helix add` writes one memory through the Writer: the next `helix recall` (another
+    Memory, as another process would open) finds it; `helix delete` of another user's id
+    is refused, of the owner's removes it; a text from stdin longer than a chunk is
+    stored as chunks; an empty text is refused with what to give."""
+    fact = "The staging cluster's TLS certificates renew on the third day of each month."
+    code, out, _ = helix(capsys, "add", fact, "--store", str(copy), "--user", "dana", "--type", "procedural",
+                         "--json")
+    assert code == 0
+    memory_id = json.loads(out)["ids"][0]
+    asked = ("recall", "when do the staging TLS certificates renew?", "--store", str(copy), "--user", "dana", "--json")
+    code, out, _ = helix(capsys, *asked)
+    found = {i["id"]: i for i in json.loads(out)["items"]}
+    assert code == 0 and memory_id in found and found[memory_id]["type"] == "procedural"
+    code, _, err = helix(capsys, "delete", memory_id, "--store", str(copy), "--user", "lee")
+    assert code == 2 and memory_id in err
+    code, out, _ = helix(capsys, "delete", memory_id, "--store", str(copy), "--user", "dana")
+    assert code == 0 and out.startswith(f"deleted {memory_id}")
+    code, out, _ = helix(capsys, *asked)
+    assert memory_id not in {i["id"] for i in json.loads(out)["items"]}
+
+    long_note = "\n\n".join(f"Paragraph {n}: the ledger service settles payouts in batches. " * 12 for n in range(8))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(long_note))
+    code, out, _ = helix(capsys, "add", "-", "--store", str(copy), "--user", "dana", "--id", "ledger-notes")
+    assert code == 0 and out.startswith("added ledger-notes: recallable now")
+    code, out, _ = helix(capsys, "recall", "how does the ledger settle payouts?", "--store", str(copy), "--user",
+                         "dana", "--json")
+    assert code == 0 and any(i["id"].startswith("ledger-notes#chunk") for i in json.loads(out)["items"])
+    monkeypatch.setattr(sys, "stdin", io.StringIO("  \n"))
+    code, _, err = helix(capsys, "add", "-", "--store", str(copy), "--user", "dana")
+    assert code == 2 and "give the memory's text" in err
+
+
+def test_add_to_a_store_another_process_holds_says_how_to_write_there(copy, capsys):
+    with database_held(copy):
+        code, _, err = helix(capsys, "add", "a note", "--store", str(copy), "--user", "dana")
+    assert code != 0 and f"Cannot add a memory in {copy}: another process holds its database" in err
+    assert "`POST /v1/memories`" in err
+
+
 def test_stats_lines_up_its_counts(copy, capsys):
     code, out, _ = helix(capsys, "stats", "--store", str(copy))
     lines = out.splitlines()
