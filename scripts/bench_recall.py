@@ -35,6 +35,12 @@ matrix products on a busy host (docs/benchmarks.md).
 
 ``--reuse`` (with ``--work`` and ``--keep-stores`` on the earlier run) skips the build and
 re-runs the queries on a kept store (``--no-late`` keeps its stores apart, in ``store-N-nolate``).
+
+``--against REF`` (``main``, a commit) also runs every query phase with the code of that
+git ref, exported with ``git archive`` into ``--work``, on the same stores and queries,
+the two processes alternating which goes first; the report adds, per size and query
+env, the full pipeline's stages under both and the ratio of their totals: a change
+measured against its base in one run, on one host state.
 """
 
 from __future__ import annotations
@@ -305,6 +311,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-prefault", action="store_true",
                     help="skip reading the generation's files once before the queries (then the 10^6 store's "
                          "first hundreds of queries fault pages in, if the OS evicted them since the build)")
+    ap.add_argument("--against", metavar="REF",
+                    help="also run each query phase with the code of this git ref (e.g. main), exported into "
+                         "--work, on the same store and queries, the two alternating which goes first; print both "
+                         "and their ratio")
     ap.add_argument("--json", default=None)
     ap.add_argument("--query-phase", nargs=2, metavar=("STORE", "QUERIES_JSON"), help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -358,7 +368,7 @@ def store_nn_cosine(store: Path, seed: int) -> dict[str, float]:
 
     gen = Generation.open_current(store)
     vectors = gen.vectors
-    sample = np.random.default_rng(seed + 1).choice(len(vectors), 500, replace=False)
+    sample = np.random.default_rng(seed + 1).choice(len(vectors), min(500, len(vectors)), replace=False)
     t0 = time.perf_counter()
     nn = dist(top1_cosine(np.asarray(vectors, dtype=np.float32), np.sort(sample)))
     log(f"top-1 NN cosine over 500 sampled memories: {nn} ({time.perf_counter() - t0:.0f}s)")
@@ -367,29 +377,86 @@ def store_nn_cosine(store: Path, seed: int) -> dict[str, float]:
     return nn
 
 
-def query_variants(args: argparse.Namespace, store: Path, qfile: Path, label: str) -> dict[str, Any]:
-    """The query phase once per ``--query-env``, each in a fresh process."""
+def export_ref(ref: str, work: Path) -> tuple[Path, str]:
+    """The tree of git ref ``ref`` of this repository, exported once into ``work`` (no
+    worktree, nothing of the repository changed): (its folder, its commit)."""
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{ref}^{{commit}}"], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    dest = work / f"against-{sha[:12]}"
+    if not (dest / "scripts" / "bench_recall.py").is_file():
+        dest.mkdir(parents=True, exist_ok=True)
+        tree = subprocess.run(["git", "-C", str(ROOT), "archive", sha], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=tree, check=True)
+    found = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(dest)!r}); import helix_ray; "
+                            "print(helix_ray.__file__)"], capture_output=True, text=True, check=True).stdout.strip()
+    if not found.startswith(str(dest)):
+        raise RuntimeError(f"the query phase of {ref} would import helix_ray from {found}, not from {dest}")
+    return dest, sha
+
+
+def run_phase(script: Path, args: argparse.Namespace, store: Path, qfile: Path, env: dict[str, str]) -> dict[str, Any]:
+    """One query phase: ``script`` (this one, or a ref's copy, which imports its own
+    helix_ray) in a fresh process."""
+    proc = subprocess.run([sys.executable, str(script), "--warmup", str(args.warmup), "--query-phase",
+                           str(store), str(qfile)] + (["--no-prefault"] if args.no_prefault else []),
+                          capture_output=True, text=True, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"query phase of {script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                           f"{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][7:])
+
+
+def query_variants(args: argparse.Namespace, store: Path, qfile: Path, label: str,
+                   against: Path | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The query phase once per ``--query-env``, each in a fresh process; with
+    ``against`` (a ref's exported tree), that tree's too, the two alternating which goes
+    first. Returns (this code's, the ref's) results by variant."""
     variants: dict[str, Any] = {}
-    for variant in [v for v in args.query_env.split(",") if v]:
+    theirs: dict[str, Any] = {}
+    for i, variant in enumerate(v for v in args.query_env.split(",") if v):
         env = dict(os.environ)
         if variant != "default":
             key, _, value = variant.partition("=")
             env[key] = value
-        log(f"query phase [{variant}] ({args.queries} queries + {args.warmup} warm-up, fresh process) ...")
-        proc = subprocess.run([sys.executable, __file__, "--warmup", str(args.warmup), "--query-phase",
-                               str(store), str(qfile)] + (["--no-prefault"] if args.no_prefault else []),
-                              capture_output=True, text=True, env=env)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if proc.returncode != 0 or not lines:
-            raise RuntimeError(f"query phase failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                               f"{proc.stderr[-3000:]}")
-        variants[variant] = json.loads(lines[-1][7:])
-        q = variants[variant]
-        log(f"{label} [{variant}]: full p50/p95 {q['full']['stages_ms']['total']['p50']:.1f}/"
-            f"{q['full']['stages_ms']['total']['p95']:.1f} ms; dense-only "
-            f"{q['dense_only']['stages_ms']['total']['p50']:.1f}/"
-            f"{q['dense_only']['stages_ms']['total']['p95']:.1f} ms")
-    return variants
+        sides = [("this", Path(__file__))] + ([("ref", against / "scripts" / "bench_recall.py")] if against else [])
+        for side, script in sides if i % 2 == 0 else sides[::-1]:
+            log(f"query phase [{variant}] {side} ({args.queries} queries + {args.warmup} warm-up, fresh process) ...")
+            q = run_phase(script, args, store, qfile, env)
+            (variants if side == "this" else theirs)[variant] = q
+            log(f"{label} [{variant}] {side}: full p50/p95 {q['full']['stages_ms']['total']['p50']:.1f}/"
+                f"{q['full']['stages_ms']['total']['p95']:.1f} ms; dense-only "
+                f"{q['dense_only']['stages_ms']['total']['p50']:.1f}/"
+                f"{q['dense_only']['stages_ms']['total']['p95']:.1f} ms")
+    return variants, theirs
+
+
+def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """The tables this run prints (and writes in ``--json``)."""
+    return table(results) + ("\n\n" + against_table(results) if args.against else "")
+
+
+def against_table(results: list[dict[str, Any]]) -> str:
+    """This code beside ``--against``'s, per size and query env: the full pipeline's
+    stages p50 / p95 and the ratio of the totals."""
+    lines = []
+    for r in results:
+        ref = r["against"]["ref"]
+        for variant, theirs in r["against"]["variants"].items():
+            ours = r["query_variants"][variant]["full"]["stages_ms"]
+            other = theirs["full"]["stages_ms"]
+            lines += [f"| {r['label']}, full, {variant}: stage ms p50 / p95 | this code | {ref} | this / {ref} p50, p95 |",
+                      "|---|---:|---:|---:|"]
+            for s in STAGES:
+                a, b = ours.get(s), other.get(s)
+                if a is None or b is None:
+                    continue
+                ratio = (f"{a['p50'] / b['p50']:.2f}×, {a['p95'] / b['p95']:.2f}×"
+                         if b["p50"] > 0 and b["p95"] > 0 else "")
+                label = f"**{s}**" if s == "total" else s
+                lines.append(f"| {label} | {a['p50']:.2f} / {a['p95']:.2f} | {b['p50']:.2f} / {b['p95']:.2f} | {ratio} |")
+            lines.append("")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -406,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     results = []
     try:
+        against, ref_sha = export_ref(args.against, work) if args.against else (None, None)
         base_texts, base_types, base_vectors, tokens, base_info = base_for(args, work)
         for n in [int(s) for s in args.sizes.split(",") if s]:
             label = f"10^{round(np.log10(n))}" if n in (10**5, 10**6) else f"{n:,}"
@@ -414,14 +482,16 @@ def main(argv: list[str] | None = None) -> int:
             queries = make_queries(store, args.queries + args.warmup, args.seed)
             qfile = work / f"queries-{n}.json"
             qfile.write_text(json.dumps({"warmup": queries[: args.warmup], "queries": queries[args.warmup :]}))
-            variants = query_variants(args, store, qfile, label)
+            variants, theirs = query_variants(args, store, qfile, label, against)
             query = next(iter(variants.values()))
             results.append({"label": label, "n": n, "sigma": args.sigma, "late": args.late, "build": build,
                             "nn_cosine_store": nn,
                             "query": query, "query_variants": variants, "loadavg": os.getloadavg()})
+            if against is not None:
+                results[-1]["against"] = {"ref": args.against, "commit": ref_sha, "variants": theirs}
             if args.json:  # write as we go: a later size may take long or fail
                 Path(args.json).write_text(json.dumps({"machine": info, "base": base_info, "results": results,
-                                                       "table": table(results)}, indent=1))
+                                                       "table": report(results, args)}, indent=1))
             if not args.keep_stores:
                 shutil.rmtree(store, ignore_errors=True)
     finally:
@@ -429,12 +499,12 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     info["loadavg_end"] = os.getloadavg()
     print()
-    print(table(results))
+    print(report(results, args))
     print(f"\nbase set: {json.dumps(base_info)}")
     print(f"load average start {info['loadavg_start']} end {info['loadavg_end']}")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": info, "base": base_info, "results": results,
-                                               "table": table(results)}, indent=1))
+                                               "table": report(results, args)}, indent=1))
         print(f"wrote {args.json}")
     return 0
 

@@ -34,6 +34,12 @@ the end (never ``ray stop``). With ``--cluster-nodes N`` it is instead a multi-n
 N ``ray start`` nodes on this machine (``--num-cpus`` each, ``helix_ray.local_cluster``),
 which this process joins as ``helix serve`` does with ``RAY_ADDRESS``; each phase then
 also reports its replicas per node.
+
+``--against REF`` (``main``, a commit) first runs this script as it is at that git ref
+(exported with ``git archive``, importing its own ``helix_ray``) with the same
+arguments, then this code's run, and adds a table of the two: in-process and HTTP
+recall p50 / p95 and the replicas' PSS, with the ratios. The runs are back to back, not
+interleaved: run it twice in a row when a ratio sits within the host's drift.
 """
 
 from __future__ import annotations
@@ -493,9 +499,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="serve on a multi-node Ray of this many `ray start` nodes on this machine, --num-cpus "
                          "logical CPUs each (helix_ray.local_cluster; 0: one local Ray, as helix serve starts)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--against", metavar="REF",
+                    help="first run this script as it is at git ref REF (e.g. main; exported with git archive into "
+                         "a temporary folder, importing its own helix_ray) with the same arguments, then this "
+                         "code's run, and print the two side by side")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     args.dashboard = None  # a multi-node cluster's dashboard (replicas per node)
+    theirs = run_ref(args.against, argv if argv is not None else sys.argv[1:]) if args.against else None
 
     from ray import serve
 
@@ -528,10 +539,62 @@ def main(argv: list[str] | None = None) -> int:
         shut_down(cluster, [p["work"] for p in prepared])
     print(table(results, args.concurrency))
     print(json.dumps([r["ratios"] for r in results], indent=1))
+    if theirs is not None:
+        print()
+        print(against_table(results, theirs["results"], args.against, args.concurrency))
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "load_avg": os.getloadavg(),
-                                               "results": results}, indent=1, default=str))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "load_avg": os.getloadavg(), "results": results,
+                                               **({"against": theirs} if theirs is not None else {})},
+                                              indent=1, default=str))
     return 0
+
+
+def run_ref(ref: str, argv: list[str]) -> dict[str, Any]:
+    """This script as it is at git ref ``ref``, run with ``argv`` (without ``--against``)
+    in a fresh process: what its ``--json`` wrote, with the ref's commit."""
+    import subprocess
+
+    from bench_recall import export_ref
+
+    rest = ref_argv(argv)
+    with tempfile.TemporaryDirectory(prefix="helix-bench-serve-ref-") as tmp:
+        tree, sha = export_ref(ref, Path(tmp))
+        out = Path(tmp) / "ref.json"
+        log(f"--against {ref}: this script at {sha[:12]}, same arguments, first")
+        done = subprocess.run([sys.executable, str(tree / "scripts" / "bench_serve.py"), *rest, "--json", str(out)])
+        if done.returncode != 0 or not out.is_file():
+            raise SystemExit(f"bench_serve at {ref} ({sha[:12]}) failed with exit code {done.returncode}")
+        return {"ref": ref, "commit": sha, **json.loads(out.read_text())}
+
+
+def ref_argv(argv: list[str]) -> list[str]:
+    """``argv`` without ``--against REF`` and ``--json PATH`` (either spelling)."""
+    rest, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--against", "--json"):
+            skip = True
+        elif not arg.startswith(("--against=", "--json=")):
+            rest.append(arg)
+    return rest
+
+
+def against_table(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], ref: str, concurrency: int) -> str:
+    """Each store's HTTP recall (Helix, concurrency 1 and ``concurrency``), in-process
+    recall and replicas' PSS, in this run and in ``ref``'s, with their ratio."""
+    lines = [f"| memories | measure | this code | {ref} | this / {ref} |", "|---:|---|---:|---:|---:|"]
+    for a, b in zip(ours, theirs):
+        rows = [("in-process p50 / p95 ms", a["in_process"], b["in_process"])]
+        rows += [(f"HTTP helix, concurrency {c}, p50 / p95 ms", a["http"][f"helix_c{c}"], b["http"][f"helix_c{c}"])
+                 for c in (1, concurrency)]
+        for label, x, y in rows:
+            lines.append(f"| {a['memories']:,} | {label} | {x['p50']} / {x['p95']} | {y['p50']} / {y['p95']} | "
+                         f"{x['p50'] / y['p50']:.2f}×, {x['p95'] / y['p95']:.2f}× |")
+        pss_a, pss_b = (sum(rep["pss_mib"] for rep in r["replicas"]) for r in (a, b))
+        lines.append(f"| {a['memories']:,} | replicas' PSS, MiB in all | {pss_a:,.0f} | {pss_b:,.0f} | "
+                     f"{pss_a / pss_b:.2f}× |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
