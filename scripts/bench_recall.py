@@ -408,10 +408,11 @@ def run_phase(script: Path, args: argparse.Namespace, store: Path, qfile: Path, 
 
 
 def query_variants(args: argparse.Namespace, store: Path, qfile: Path, label: str,
-                   against: Path | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                   against: Path | None = None, turn: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
     """The query phase once per ``--query-env``, each in a fresh process; with
     ``against`` (a ref's exported tree), that tree's too, the two alternating which goes
-    first. Returns (this code's, the ref's) results by variant."""
+    first (``turn``: how many phases of the run came before, so the alternation goes on
+    across sizes). Returns (this code's, the ref's) results by variant."""
     variants: dict[str, Any] = {}
     theirs: dict[str, Any] = {}
     for i, variant in enumerate(v for v in args.query_env.split(",") if v):
@@ -420,7 +421,7 @@ def query_variants(args: argparse.Namespace, store: Path, qfile: Path, label: st
             key, _, value = variant.partition("=")
             env[key] = value
         sides = [("this", Path(__file__))] + ([("ref", against / "scripts" / "bench_recall.py")] if against else [])
-        for side, script in sides if i % 2 == 0 else sides[::-1]:
+        for side, script in sides if (i + turn) % 2 == 0 else sides[::-1]:
             log(f"query phase [{variant}] {side} ({args.queries} queries + {args.warmup} warm-up, fresh process) ...")
             q = run_phase(script, args, store, qfile, env)
             (variants if side == "this" else theirs)[variant] = q
@@ -482,7 +483,8 @@ def main(argv: list[str] | None = None) -> int:
             queries = make_queries(store, args.queries + args.warmup, args.seed)
             qfile = work / f"queries-{n}.json"
             qfile.write_text(json.dumps({"warmup": queries[: args.warmup], "queries": queries[args.warmup :]}))
-            variants, theirs = query_variants(args, store, qfile, label, against)
+            variants, theirs = query_variants(args, store, qfile, label, against,
+                                              turn=len(results) * len([v for v in args.query_env.split(",") if v]))
             query = next(iter(variants.values()))
             results.append({"label": label, "n": n, "sigma": args.sigma, "late": args.late, "build": build,
                             "nn_cosine_store": nn,
