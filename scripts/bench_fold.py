@@ -17,6 +17,10 @@ questions (after 5 warm-up) time the recall that follows: with the writes in a s
 Prints one row per compaction and the fold / rebuild ratio of the medians; ``--json``
 writes the rows.
 
+``--against REF`` (``main``, a commit) first runs this script as it is at that git ref
+(``scripts/against.py``) with the same arguments, then this code's, and adds the
+medians of the two side by side.
+
 ``--segment-rows 0,1000,5000`` instead times recall over a generation with that many
 segment rows: on a copy of ``--store``, a segment of ``--user``'s first N base rows
 under new ids (their vectors, MinHash and text; no token vectors), as a fold would add
@@ -147,11 +151,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default=None, help="folder for the copies (default: a temporary one)")
     ap.add_argument("--segment-rows", default=None,
                     help="comma-separated segment sizes: time recall over each instead (see above)")
+    ap.add_argument("--against", metavar="REF",
+                    help="first run this script as it is at git ref REF (e.g. main) with the same arguments, then "
+                         "this code's run, and print the median seconds and recall of the two side by side")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
 
     from bench_mcp import queries
 
+    theirs = None
+    if args.against:
+        from against import run_ref
+
+        theirs = run_ref("bench_fold.py", args.against, argv if argv is not None else sys.argv[1:])
     out = []
     if args.segment_rows:
         with tempfile.TemporaryDirectory(prefix="helix-bench-fold-", dir=args.work) as tmp:
@@ -183,9 +195,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {mode} | {mine[0]['memories']:,} | {mine[0]['folded']:,} | {seconds} | {recall} |")
     med = {m: float(np.median([o["seconds"] for o in out if o["mode"] == m])) for m in ("fold", "rebuild")}
     print(f"fold / rebuild, median seconds: {med['fold'] / med['rebuild']:.3f}")
+    if theirs is not None:
+        print(against_table(out, theirs["results"], args.against))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
+
+
+def against_table(ours: list[dict], theirs: list[dict], ref: str) -> str:
+    """Per compaction mode, the medians of this run's rounds and of ``ref``'s: seconds
+    and the recall after it (p50 / p95), with their ratios."""
+    lines = [f"| compaction, medians | this code | {ref} | this / {ref} |", "|---|---:|---:|---:|"]
+    for mode in ("fold", "rebuild"):
+        for key, label in (("seconds", "seconds"), ("recall_p50_ms", "recall after, p50 ms"),
+                           ("recall_p95_ms", "recall after, p95 ms")):
+            a = float(np.median([o[key] for o in ours if o["mode"] == mode]))
+            b = float(np.median([o[key] for o in theirs if o["mode"] == mode]))
+            lines.append(f"| {mode}: {label} | {a:.2f} | {b:.2f} | {a / b:.2f}× |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_ingest import machine_info, rss_mib, tree_pss_mib  # noqa: E402
 from synthetic import VAGUE, VERBS  # noqa: E402
 
+from against import export_ref  # noqa: E402
 from derived_store import base_set, base_tokens, build_store, dist, log, top1_cosine  # noqa: E402
 
 STAGES = ("embed", "route", "bm25", "dense", "fuse", "expand", "late", "embed_tokens", "wait_tokens", "rank",
@@ -375,23 +376,6 @@ def store_nn_cosine(store: Path, seed: int) -> dict[str, float]:
     del gen, vectors
     gc.collect()
     return nn
-
-
-def export_ref(ref: str, work: Path) -> tuple[Path, str]:
-    """The tree of git ref ``ref`` of this repository, exported once into ``work`` (no
-    worktree, nothing of the repository changed): (its folder, its commit)."""
-    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{ref}^{{commit}}"], capture_output=True,
-                         text=True, check=True).stdout.strip()
-    dest = work / f"against-{sha[:12]}"
-    if not (dest / "scripts" / "bench_recall.py").is_file():
-        dest.mkdir(parents=True, exist_ok=True)
-        tree = subprocess.run(["git", "-C", str(ROOT), "archive", sha], capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(dest)], input=tree, check=True)
-    found = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(dest)!r}); import helix_ray; "
-                            "print(helix_ray.__file__)"], capture_output=True, text=True, check=True).stdout.strip()
-    if not found.startswith(str(dest)):
-        raise RuntimeError(f"the query phase of {ref} would import helix_ray from {found}, not from {dest}")
-    return dest, sha
 
 
 def run_phase(script: Path, args: argparse.Namespace, store: Path, qfile: Path, env: dict[str, str]) -> dict[str, Any]:

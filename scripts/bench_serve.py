@@ -506,7 +506,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     args.dashboard = None  # a multi-node cluster's dashboard (replicas per node)
-    theirs = run_ref(args.against, argv if argv is not None else sys.argv[1:]) if args.against else None
+    if args.against:
+        from against import run_ref
+
+        log(f"--against {args.against}: the same run with that ref's code first")
+        ref_run = run_ref("bench_serve.py", args.against, argv if argv is not None else sys.argv[1:])
+        theirs = {"ref": ref_run["ref"], "commit": ref_run["commit"], **ref_run["results"]}
+    else:
+        theirs = None
 
     from ray import serve
 
@@ -547,37 +554,6 @@ def main(argv: list[str] | None = None) -> int:
                                                **({"against": theirs} if theirs is not None else {})},
                                               indent=1, default=str))
     return 0
-
-
-def run_ref(ref: str, argv: list[str]) -> dict[str, Any]:
-    """This script as it is at git ref ``ref``, run with ``argv`` (without ``--against``)
-    in a fresh process: what its ``--json`` wrote, with the ref's commit."""
-    import subprocess
-
-    from bench_recall import export_ref
-
-    rest = ref_argv(argv)
-    with tempfile.TemporaryDirectory(prefix="helix-bench-serve-ref-") as tmp:
-        tree, sha = export_ref(ref, Path(tmp))
-        out = Path(tmp) / "ref.json"
-        log(f"--against {ref}: this script at {sha[:12]}, same arguments, first")
-        done = subprocess.run([sys.executable, str(tree / "scripts" / "bench_serve.py"), *rest, "--json", str(out)])
-        if done.returncode != 0 or not out.is_file():
-            raise SystemExit(f"bench_serve at {ref} ({sha[:12]}) failed with exit code {done.returncode}")
-        return {"ref": ref, "commit": sha, **json.loads(out.read_text())}
-
-
-def ref_argv(argv: list[str]) -> list[str]:
-    """``argv`` without ``--against REF`` and ``--json PATH`` (either spelling)."""
-    rest, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in ("--against", "--json"):
-            skip = True
-        elif not arg.startswith(("--against=", "--json=")):
-            rest.append(arg)
-    return rest
 
 
 def against_table(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], ref: str, concurrency: int) -> str:

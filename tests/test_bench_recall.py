@@ -38,10 +38,10 @@ def test_the_query_phase_runs_with_this_code_and_with_a_refs(tmp_path):
 def test_bench_serve_runs_the_ref_with_the_same_arguments_and_sets_the_runs_side_by_side():
     """``bench_serve --against REF`` gives the ref's copy this run's arguments but its own
     ``--json``, and reports each figure of the two runs with their ratio."""
-    bench_serve = load_script("bench_serve")
+    bench_serve, against = load_script("bench_serve"), load_script("against")
     argv = ["--store", "S", "--against", "main", "--requests", "50", "--json=/tmp/x.json", "--against=v1",
             "--json", "/tmp/y.json", "--concurrency", "4"]
-    assert bench_serve.ref_argv(argv) == ["--store", "S", "--requests", "50", "--concurrency", "4"]
+    assert against.ref_argv(argv) == ["--store", "S", "--requests", "50", "--concurrency", "4"]
 
     def run(scale: float) -> dict:
         timing = {"p50": 10.0 * scale, "p95": 20.0 * scale}
