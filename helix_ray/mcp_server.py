@@ -270,6 +270,7 @@ class RecallOut(BaseModel):
     items: list[RecalledItem]
     total_tokens: int
     budget_tokens: int
+    over_budget: int = Field(0, description="Relevant memories ranked but left out to keep within budget_tokens.")
 
 
 def format_context(items: list[dict[str, Any]]) -> str:
@@ -333,8 +334,13 @@ def build_server(backend: Backend, *, project: str | None = None) -> MCPServer:
         out = await _helix("recall", backend.recall(query, budget_tokens=budget_tokens, k=k, project=project,
                                                     types=types, since=since, until=until, context=context))
         packed = format_context(out["items"])
+        over = int(out.get("flags", {}).get("over_budget", 0))
+        if over:
+            packed += (f"\n\n({over} more relevant {'memory' if over == 1 else 'memories'} did not fit "
+                       f"budget_tokens={out['budget_tokens']}; recall again with a larger budget to read "
+                       f"{'it' if over == 1 else 'them'}.)")
         data = RecallOut(context=packed, items=[RecalledItem.model_validate(i) for i in out["items"]],
-                         total_tokens=out["total_tokens"], budget_tokens=out["budget_tokens"])
+                         total_tokens=out["total_tokens"], budget_tokens=out["budget_tokens"], over_budget=over)
         return CallToolResult(content=[TextContent(type="text", text=packed)],
                               structured_content=data.model_dump(mode="json"))
 

@@ -122,6 +122,21 @@ def test_remember_recall_forget_round_trip_without_a_new_generation(store):
         assert db.row("SELECT count(*) FROM access_log WHERE id = ?", accessed) != (0,)
 
 
+def test_a_recall_says_how_many_memories_the_budget_left_out(store):
+    """A tight budget: the packed text ends with how many more memories ranked but did
+    not fit, and the structured answer counts them, so the agent can ask again."""
+    async def run() -> None:
+        async with session(store, "dana") as s:
+            tight = await call(s, "recall", query="how do I rotate the API keys", budget_tokens=60)
+            roomy = await call(s, "recall", query="how do I rotate the API keys", budget_tokens=4000)
+            over = tight.structured_content["over_budget"]
+            assert over >= 1 and f"{over} more relevant" in text(tight) and "budget_tokens=60" in text(tight)
+            assert roomy.structured_content["over_budget"] == 0 and "more relevant" not in text(roomy)
+            assert len(recalled_ids(roomy)) >= len(recalled_ids(tight)) + over
+
+    asyncio.run(run())
+
+
 def test_what_one_session_remembers_the_next_session_recalls(store):
     """An agent's two sessions are two server processes, one after the other (the client
     starts ``helix mcp`` per session): the first one's write survives its exit, and the
