@@ -108,6 +108,7 @@ class Memory:
         self._views: StoreViews | None = None  # the generations and delta snapshots recall reads
         self._recaller: Any = None  # a Recaller, opened by the first recall (or the warm-up)
         self._recaller_lock = threading.Lock()  # one Recaller built at a time; guards _views
+        self._open_lock = threading.Lock()  # one thread opens a new generation of _views at a time
         self._warm = threading.Event()  # set when the warm-up's question is answered (or there is none)
         self._adapter = adapter.watch(self.store, self.ingest_config.embedder.name)  # re-read when replaced
         self._overlay = self._shared.overlay  # id → last access (µs) since the generation was built
@@ -211,11 +212,8 @@ class Memory:
         """Fold the pending writes (and deletions) into the next generation now; returns
         what happened (``published``, ``generation``, ``folded``, ...). The background
         compaction does this on its own; recall sees the same memories before and after."""
-        with self._shared.folding():
-            report = self._fold()
-            if report.get("published"):
-                self._compacted(report)
-        return report
+        self._check_open()
+        return self._shared.compact()
 
     def _fold(self) -> dict[str, Any]:
         core = self._core()
@@ -234,9 +232,10 @@ class Memory:
                              f"Open the store again: Memory({str(self.store)!r}).")
 
     def _compacted(self, report: dict[str, Any]) -> None:
-        """After a compaction of this process published: open the new generation and warm
-        it here, while recall goes on over the one it reads (the compaction is still
-        :meth:`SharedStore.folding`), then swap. A recall does not meet a cold generation."""
+        """After a compaction of this process published (:meth:`SharedStore.compact`, which
+        holds the Writer's compaction lock throughout): open the new generation and warm it
+        here, while recall goes on over the one the compaction started from, then swap. A
+        recall does not meet a cold generation."""
         from helix_ray.live.recall import recall_over
         from helix_ray.recall.warm import WARM_QUERY, largest_tenant, warm_recaller
 
@@ -244,7 +243,8 @@ class Memory:
         if views is None or self._closed.is_set():
             return  # nothing opened yet: the first recall opens the current generation
         try:
-            view = views.prepare()  # reads only CURRENT and the new generation's files
+            with self._open_lock:
+                view = views.prepare()  # reads only CURRENT and the new generation's files
             if view is None:
                 return
             recaller = self._open_recaller(view.generation)
@@ -288,10 +288,9 @@ class Memory:
                 # No files read here: the warm-up reads them in the background.
                 self._views = StoreViews(self.store, role=None, expect_embedder=self.ingest_config.embedder.name,
                                          expect_dim=DIM)
-            elif self._recaller is None or not self._shared.folding_now():
-                # During this process's compaction, recall reads the generation it has
-                # with the delta (which holds every write being folded) until _compacted swaps.
-                self._views.refresh_now()
+            elif not self._serves_folding_base():
+                with self._open_lock:
+                    self._views.refresh_now()
             views = self._views
             view = views.generations.get(views.latest) if views.latest is not None else None
             generation = view.generation if view is not None else None
@@ -301,6 +300,15 @@ class Memory:
             delta = views.delta_for(view) if view is not None else None
         recaller.adapter = self._adapter.read()  # `helix adapt` while open: the next recall uses it
         return recaller, view, delta
+
+    def _serves_folding_base(self) -> bool:
+        """Whether a compaction of this process runs from the generation this Memory
+        serves (or an older one): recall may go on reading it, with the delta, which holds
+        every write being folded until the next compaction, while :meth:`_compacted`
+        opens and warms what the compaction publishes."""
+        base = self._shared.folding_from
+        latest = self._views.latest if self._views is not None else None
+        return base is not None and self._recaller is not None and latest is not None and latest >= base
 
     def _open_recaller(self, generation):
         from helix_ray.recall.pipeline import Recaller  # loads scipy: on the first recall, not at import

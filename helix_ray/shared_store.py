@@ -21,9 +21,8 @@ import datetime as dt
 import logging
 import queue
 import threading
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
 from helix_ray.config import IngestConfig
 from helix_ray.live.compactor import Compactor
@@ -73,8 +72,10 @@ class SharedStore:
         self._core_lock = threading.Lock()  # one Writer created
         self.compactor: Compactor | None = None
         self._compaction: tuple[float, int] | None = None  # the first (interval, max pending) asked for
-        self._folds = 0  # compactions running in this process, each until its swap is done: folding()
-        self._folds_lock = threading.Lock()
+        #: While :meth:`compact` runs, the generation it started from: what it publishes
+        #: holds what the delta showed beside that one, so a ``Memory`` that serves it may
+        #: go on reading it until it has opened and warmed the new one (Memory._current).
+        self.folding_from: int | None = None
         #: Called after a compaction published (each open Memory opens the new generation).
         self.after_compaction: dict[int, Callable[[dict[str, Any]], None]] = {}
         self.overlay: dict[str, int] = {}  # id → last access (µs) since the generation was built
@@ -119,33 +120,24 @@ class SharedStore:
         self.compactor = Compactor(self._core, interval_s=interval_s, max_pending=max_pending, compact=self.compact)
 
     def compact(self) -> dict[str, Any]:
-        """The background compaction: the recall hits so far flushed, then the pending
-        writes folded, and each open ``Memory`` given what it published."""
+        """A compaction of the store's pending writes (``Memory.compact`` and the
+        background compactor both run this): the recall hits so far flushed, the writes
+        folded, and each open ``Memory`` given what it published before the next
+        compaction or ingest may start (both take the Writer's compaction lock)."""
+        from helix_ray.store.generation import current_generation_number
+
         self.flush_accesses()
-        with self.folding():
-            report = self.core().compact()
-            if report.get("published"):
-                for after in list(self.after_compaction.values()):
-                    after(report)
+        core = self.core()
+        with core._compacting:
+            self.folding_from = current_generation_number(self.store)
+            try:
+                report = core.compact()
+                if report.get("published"):
+                    for after in list(self.after_compaction.values()):
+                        after(report)
+            finally:
+                self.folding_from = None
         return report
-
-    @contextmanager
-    def folding(self) -> Iterator[None]:
-        """Around a compaction of this process and the swap of its ``Memory`` objects to
-        what it publishes. What a compaction publishes holds what the delta already
-        showed beside the generation before it, so meanwhile recall may go on reading
-        the older one (:meth:`folding_now`) while the new one is opened and warmed."""
-        with self._folds_lock:
-            self._folds += 1
-        try:
-            yield
-        finally:
-            with self._folds_lock:
-                self._folds -= 1
-
-    def folding_now(self) -> bool:
-        """Whether a compaction of this process is between its start and the swap to it."""
-        return self._folds > 0
 
     def pending_writes(self) -> int:
         """Writes and deletions no generation holds yet: the Writer's count, or, before

@@ -289,7 +289,7 @@ def test_a_fold_writes_a_segment_and_recall_answers_as_before(store):
     assert not list((store / "inbox").glob("serve-*.jsonl"))  # the generation holds those writes now
 
 
-def test_recall_during_a_fold_reads_the_older_generation_until_the_new_one_is_warm(store):
+def test_recall_during_a_fold_reads_the_older_generation_until_the_new_one_is_warm(store, monkeypatch):
     """A compaction of this process publishes; until the Memory has opened and warmed
     what it published, recall reads the generation it had, with the writes from the
     delta, and answers alike before, during and after."""
@@ -300,17 +300,45 @@ def test_recall_during_a_fold_reads_the_older_generation_until_the_new_one_is_wa
             return {(q, u): [(item.id, round(item.score, 5)) for item in mem.recall(q, user=u).items]
                     for q, u in QUERIES}
 
-        before = asked()
-        with mem._shared.folding():
-            report = mem._core().fold()
+        before, during, served = asked(), [], []
+        core = mem._core()
+
+        def fold_then_ask():
+            report = core.fold()
             assert report["published"] and current_generation_number(store) == 2
-            during = asked()
-            assert mem.recaller.generation.number == 1
-            mem._compacted(report)
-            assert mem.recaller.generation.number == 2
-            frozen = mem._views.generations[2].frozen
-            assert frozen is not None and frozen._terms_by  # its rows' postings made before a recall asked
-        assert before == during == asked()
+            during.append(asked())
+            served.append(mem.recaller.generation.number)
+            return report
+
+        monkeypatch.setattr(core, "compact", fold_then_ask)
+        assert mem.compact()["mode"] == "segment"
+        assert served == [1] and mem.recaller.generation.number == 2
+        frozen = mem._views.generations[2].frozen
+        assert frozen is not None and frozen._terms_by  # its rows' postings made before a recall asked
+        assert before == during[0] == asked()
+
+
+def test_a_recall_inside_a_compaction_sees_what_an_ingest_published_before_it(store, tmp_path, monkeypatch):
+    """A Memory still on the generation before an ingest does not go on reading it while
+    the next compaction runs: that compaction started from the ingest's generation, and
+    only a Memory that serves it may wait for the swap."""
+    more = write_jsonl(tmp_path / "more.jsonl", [memory(20, "The kiln scheduler drains its jobs at midnight UTC.")])
+    with Memory(store, warm=False, record_access=False, compact_interval_s=None) as mem:
+        assert mem.recall("which port does the gateway listen on?", user="dana").items  # serves generation 1
+        assert mem.ingest([more]).published  # generation 2; this Memory has not read it yet
+        mem.add(WRITES[:1])
+        core, seen = mem._core(), []
+        inner = core.compact
+
+        def compact_then_ask(*args, **kwargs):
+            report = inner(*args, **kwargs)  # published, not yet swapped to
+            for query in ("when does the kiln scheduler drain its jobs?", "why did we pin uvicorn?"):
+                seen.append([item.id for item in mem.recall(query, user="dana").items])
+            return report
+
+        monkeypatch.setattr(core, "compact", compact_then_ask)
+        assert mem.compact()["published"]
+    assert memory(20, "")["id"] in seen[0] and WRITES[0]["id"] in seen[1]
 
 
 def test_writes_after_a_fold_change_and_delete_folded_memories(store):
