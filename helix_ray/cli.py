@@ -69,6 +69,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error on
+    the write end then; where poll cannot tell, assume it is)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return True
+
+
 def _ingest_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``helix ingest``: read sources, publish a generation."""
     s = sub.add_parser("ingest", help="ingest sources into a store and publish a new generation")
@@ -365,9 +378,14 @@ def main(argv: list[str] | None = None) -> int:
                "forget-user": cli_store.forget_user, "audit": cli_store.audit}[args.command]
     try:
         code = command(args)
+        sys.stdout.flush()  # a reader gone shows here, not in the interpreter's flush at exit
     except BrokenPipeError:
-        # The reader went away (`helix stats | head -3`): stop quietly, as a Unix tool
-        # killed by SIGPIPE does; stdout goes to /dev/null so the exit's flush says nothing.
+        if not _stdout_gone():
+            raise  # another pipe or socket: an error like any other
+        # The reader went away (`helix stats | head -3`) once the command had done its
+        # work: stop quietly, as a Unix tool killed by SIGPIPE does; stdout goes to
+        # /dev/null so the exit's flush says nothing.
+        cli_store.record(args, 0)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + 13
     except Exception as exc:  # noqa: BLE001 - the CLI prints a sentence, not a traceback

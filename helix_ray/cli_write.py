@@ -39,6 +39,11 @@ def add(args: argparse.Namespace) -> int:
 
 def delete(args: argparse.Namespace) -> int:
     """``helix delete ID``: one memory of ``--user`` (and every chunk of it) deleted."""
+    from helix_ray.store.db import DB_FILE
+
+    if not (Path(args.store) / DB_FILE).is_file():  # Memory would create an empty store there
+        raise FileNotFoundError(f"Store {args.store} does not exist (no {DB_FILE} in it); give the folder of the "
+                                "store that holds the memory.")
     with _writer(args.store, "delete a memory", "DELETE /v1/memories/{id}") as mem:
         written = mem.delete(args.id, user=args.user)
     out = {"ids": list(written.ids), "delta_version": written.delta_version, "generation": written.generation}

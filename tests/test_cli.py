@@ -235,6 +235,8 @@ def test_add_then_recall_then_delete_from_the_command_line(copy, capsys, monkeyp
     monkeypatch.setattr(sys, "stdin", io.StringIO("  \n"))
     code, _, err = helix(capsys, "add", "-", "--store", str(copy), "--user", "dana")
     assert code == 2 and "give the memory's text" in err
+    code, _, err = helix(capsys, "delete", memory_id, "--store", str(copy.parent / "typo"), "--user", "dana")
+    assert code == 2 and "does not exist" in err and not (copy.parent / "typo").exists()
 
 
 def test_add_to_a_store_another_process_holds_says_how_to_write_there(copy, capsys):
