@@ -859,10 +859,12 @@ def _pack(plan: Plan, found: Candidates, selected: list[int], gen: Any,
              for i in selected]
     packed = pack.pack(items, plan.budget_tokens, separator_tokens=cfg.pack.separator_tokens,
                        encoding_name=cfg.pack.encoding)
+    shown: set[int] = set()  # generation rows whose text a widened chunk took in
     if cfg.pack.widen_chunks:
-        packed = _widen(plan, packed, gen, cols, rows)
+        packed, shown = _widen(plan, packed, gen, cols, rows)
     packed_set = {p.row for p in packed}
-    found.dropped_by.update({i: "budget" for i in selected if i not in packed_set})
+    found.dropped_by.update({i: "budget" if int(rows[i]) not in shown else "in_neighbour"
+                             for i in selected if i not in packed_set})
     result_items = []
     for p in packed:
         r = int(rows[p.row])
@@ -876,17 +878,19 @@ def _pack(plan: Plan, found: Candidates, selected: list[int], gen: Any,
     return packed, result_items
 
 
-def _widen(plan: Plan, packed: list[pack.Packed], gen: Any, cols: Any, rows: np.ndarray) -> list[pack.Packed]:
+def _widen(plan: Plan, packed: list[pack.Packed], gen: Any, cols: Any,
+           rows: np.ndarray) -> tuple[list[pack.Packed], set[int]]:
     """Packed chunks widened with their neighbouring chunks while the budget has room:
     best items first, the next chunk's own text appended, then the previous chunk put in
-    front. Only neighbours stored next to each other in the generation (as ingest writes
-    a memory's chunks) are read; a chunk whose neighbours are elsewhere, or that a Serve
-    replica holds in its delta (written since the last compaction), stays as it is."""
+    front; and the generation rows of the neighbours taken in. Only neighbours stored
+    next to each other in the generation (as ingest writes a memory's chunks) are read; a
+    chunk whose neighbours are elsewhere, or that a Serve replica holds in its delta
+    (written since the last compaction), stays as it is."""
     cfg = plan.config.pack
     left = plan.budget_tokens - sum(p.n_tokens + cfg.separator_tokens for p in packed)
     base = gen if hasattr(gen, "memories") else getattr(gen, "base", None)  # Serve: the generation under its delta
     if left <= 0 or base is None or not any("#chunk" in str(cols.ids[int(rows[p.row])]) for p in packed):
-        return packed
+        return packed, set()
     metadata = base.metadata
     size = base.size  # rows past it are the delta's: their chunks stay as they are
     taken = {int(rows[p.row]) for p in packed}
@@ -896,7 +900,7 @@ def _widen(plan: Plan, packed: list[pack.Packed], gen: Any, cols: Any, rows: np.
         place = json.loads(metadata[row] or "{}").get("chunk") or {}
         return place.get("own_from") if isinstance(place.get("own_from"), int) else None
 
-    out = list(packed)
+    out, widened = list(packed), set()
     for i in sorted(range(len(out)), key=lambda i: out[i].rank):
         p, row = out[i], int(rows[out[i].row])
         match = CHUNK_ID.match(str(cols.ids[row]))
@@ -917,7 +921,8 @@ def _widen(plan: Plan, packed: list[pack.Packed], gen: Any, cols: Any, rows: np.
                 out[i] = dataclasses.replace(out[i], text=wider, n_tokens=n_tokens)
                 text = wider
                 taken.add(near)
-    return out
+                widened.add(near)
+    return out, widened
 
 
 class _Laps:
