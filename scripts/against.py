@@ -23,10 +23,11 @@ def export_ref(ref: str, work: Path) -> tuple[Path, str]:
     sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{ref}^{{commit}}"], capture_output=True,
                          text=True, check=True).stdout.strip()
     dest = work / f"against-{sha[:12]}"
-    if not (dest / "helix_ray" / "__init__.py").is_file():
-        dest.mkdir(parents=True, exist_ok=True)
+    if not dest.is_dir():  # extracted beside it, then renamed: an export cut short is never taken for whole
+        partial = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=work))
         tree = subprocess.run(["git", "-C", str(ROOT), "archive", sha], capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(dest)], input=tree, check=True)
+        subprocess.run(["tar", "-x", "-C", str(partial)], input=tree, check=True)
+        partial.rename(dest)
     found = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(dest)!r}); import helix_ray; "
                             "print(helix_ray.__file__)"], capture_output=True, text=True, check=True).stdout.strip()
     if not found.startswith(str(dest)):

@@ -142,7 +142,7 @@ def recall_over_segments(source: Path, work: Path, user: str, n: int, questions:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--store", required=True, help="the store to copy (read only)")
     ap.add_argument("--user", required=True, help="whose memories are written")
     ap.add_argument("--new", type=int, default=1000, help="pending writes each compaction folds")
@@ -160,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench_mcp import queries
 
     theirs = None
+    if args.against and args.segment_rows:
+        raise SystemExit("--against compares compactions; run --segment-rows alone")
     if args.against:
         from against import run_ref
 

@@ -288,7 +288,7 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--sizes", default="100000,1000000", help="comma-separated store sizes")
     ap.add_argument("--base", type=int, default=20000, help="distinct base texts embedded for real")
     ap.add_argument("--sigma", type=float, default=0.02, help="per-dimension noise added to a base vector")

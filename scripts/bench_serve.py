@@ -472,7 +472,7 @@ def shut_down(cluster: Any, work: list[Path]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--store", action="append", required=True, help="a store to serve (repeat for several sizes)")
     ap.add_argument("--requests", type=int, default=300, help="requests per phase (after warm-up)")
     ap.add_argument("--warmup", type=int, default=30)
