@@ -485,8 +485,11 @@ def _recall(args: argparse.Namespace) -> int:
     if args.explain and result.explain is not None:
         import polars as pl
 
+        table = result.explain
+        # A column no candidate has a value in (window_rank without a time window) says nothing here.
+        table = table.select([c for c in table.columns if table[c].null_count() < table.height])
         with pl.Config(tbl_rows=200, tbl_cols=20, fmt_str_lengths=24, tbl_width_chars=200):
-            print(result.explain)
+            print(table)
     return 0
 
 

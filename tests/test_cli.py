@@ -545,6 +545,8 @@ def test_a_recall_says_which_ranks_the_budget_left_out(store, capsys):
     missing = [r for r in range(1, len(shown) + over + 1) if r not in shown]
     assert code == 0 and len(missing) == over
     assert f"{', '.join(map(str, missing))} did not fit the 60-token budget" in out.splitlines()[-1]
+    code, out, _ = helix(capsys, *args, "--explain")  # no time in the question: no window column to show
+    assert code == 0 and "dropped_by" in out and "window_rank" not in out
 
 
 def test_a_reader_that_goes_away_ends_the_command_quietly(store):
