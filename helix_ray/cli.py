@@ -212,7 +212,9 @@ def _eval_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "or 'all'; a Helix system with '+ctx' appended (helix+ctx) gets --query-context's turns "
                         "as recall's context instead of joined before the question; "
                         "helix@<section>.<key>=<value> (several joined by '@', e.g. helix@rank.reweigh_silent=true) "
-                        "runs the whole pipeline with those settings on helix's store, paired with it")
+                        "runs the whole pipeline with those settings on helix's store, paired with it; "
+                        "helix@ingest.<section>.<key>=<value> (helix@ingest.chunk.max_tokens=300) on a store built "
+                        "with that ingest setting")
     s.add_argument("--split", default="test", help="BEIR qrels split (test, train, dev)")
     s.add_argument("--types", choices=("given", "derived"), default="given",
                    help="memory types of documents that have none: given (a conversation turn episodic, any other "

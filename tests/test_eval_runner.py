@@ -85,3 +85,28 @@ def test_derived_types_are_what_ingest_gives_memories_written_without_one(tmp_pa
     assert kinds[False] == {"d1": "semantic", "d2": "semantic", "d3": "procedural"}
     assert kinds[True] == {"d1": "semantic", "d2": "decision", "d3": "procedural"}
     assert len(stores) == 2
+
+
+def test_a_system_with_ingest_settings_runs_on_a_store_built_with_them(tmp_path):
+    """``helix@ingest.<section>.<key>=<value>``: the same recall on a store of its own,
+    built with that ingest setting, paired with helix; retrieval settings beside it still
+    change recall."""
+    from helix_ray.config import IngestConfig
+    from helix_ray.eval import runner
+
+    name = "helix@ingest.doc2query.backend=none@late.weight=0.5"
+    assert runner.ingest_overrides(name) == {"doc2query": {"backend": "none"}}
+    assert runner.settings_of(name) == {"late": {"weight": 0.5}}
+    assert runner.store_variant("helix@late.weight=0.5") is None
+    assert runner.store_variant("helix-no-doc2query") == "helix-no-doc2query"
+    with pytest.raises(ValueError, match="not valid"):
+        runner._system("helix@ingest.doc2query.backend=sometimes")
+    evalset = load_beir(MINI)
+    report = evaluate(evalset, systems=["helix", name], workdir=tmp_path, show_progress=False)
+    assert set(report.comparisons[name]) == {"helix"}
+    built = {d for d in tmp_path.iterdir() if d.is_dir()}
+    assert len(built) == 2 * len(evalset.corpora)  # each corpus: helix's store and the variant's
+    variant = IngestConfig.model_validate({"doc2query": {"backend": "none"}})
+    for corpus_id, docs in evalset.corpora.items():  # built once, and found again, for the variant
+        store = runner.store_for(corpus_id, docs, tmp_path, variant)
+        assert store in built and store != runner.store_for(corpus_id, docs, tmp_path, IngestConfig())

@@ -334,8 +334,8 @@ def evaluate(
     for q in evalset.queries:
         by_corpus.setdefault(q.corpus_id, []).append(q)
     base = ingest_config.model_dump(mode="json")  # a variant changes the given settings, not the defaults
-    variants = {base_system(name): load_config(IngestConfig, overrides=deep_merge(base, INGEST_VARIANTS[base_system(name)]))
-                for name in chosen if base_system(name) in INGEST_VARIANTS}
+    variants = {store_variant(name): load_config(IngestConfig, overrides=deep_merge(base, ingest_overrides(name)))
+                for name in chosen if store_variant(name) is not None}
     tuning: dict[str, list[EvalQuery]] = {}
     for q in (adapt_on.queries if adapt_on is not None else ()):
         tuning.setdefault(q.corpus_id, []).append(q)
@@ -392,7 +392,7 @@ def evaluate(
             recallers[key] = Recaller(generation, get_embedder(ingest_config.embedder, threads),
                                       retrieval_config or RetrievalConfig(), adapter=adapter, threads=threads)
         for name, system in chosen.items():
-            recaller = recallers.get(base_system(name), recallers[None])
+            recaller = recallers[store_variant(name)]
             for q in queries:
                 ranked = _documents(system(recaller, asked(name, q), depth))[:depth]
                 scores = evaluate_ranking(ranked, q.gold, ks=ks)
@@ -447,11 +447,36 @@ def base_system(name: str) -> str:
     return _without_context(name).split(WITH_SETTINGS, 1)[0]
 
 
+#: The section of a system's settings that changes ingest, not recall:
+#: ``helix@ingest.chunk.max_tokens=300`` runs ``helix`` on a store built with that setting.
+INGEST_SECTION = "ingest"
+
+
+def ingest_overrides(name: str) -> dict[str, Any]:
+    """The ingest settings system ``name`` is built with, over the run's: a named
+    variant's (``helix-no-doc2query``), or its ``@ingest.<section>.<key>=<value>`` ones."""
+    return INGEST_VARIANTS.get(base_system(name)) or _all_settings(name).get(INGEST_SECTION, {})
+
+
+def store_variant(name: str) -> str | None:
+    """Which store system ``name`` reads: None for the run's, else a key naming its
+    ingest settings (the variant's name, or the ``@ingest.…`` settings written out)."""
+    if base_system(name) in INGEST_VARIANTS:
+        return base_system(name)
+    changed = ingest_overrides(name)
+    return f"{INGEST_SECTION}:{json.dumps(changed, sort_keys=True)}" if changed else None
+
+
 def settings_of(name: str) -> dict[str, Any]:
     """The retrieval settings a system name changes, as nested overrides:
     ``helix@rank.reweigh_silent=true@late.weight=0.5`` gives
     ``{"rank": {"reweigh_silent": True}, "late": {"weight": 0.5}}``. Values are read as
-    YAML scalars (true, 0.5, none, a word)."""
+    YAML scalars (true, 0.5, none, a word). Settings under ``ingest.`` change the store
+    instead (:func:`ingest_overrides`)."""
+    return {k: v for k, v in _all_settings(name).items() if k != INGEST_SECTION}
+
+
+def _all_settings(name: str) -> dict[str, Any]:
     import yaml
 
     overrides: dict[str, Any] = {}
@@ -492,9 +517,10 @@ def _system(name: str) -> Ranker:
     overrides = settings_of(name)
     try:
         load_config(RetrievalConfig, overrides=overrides)
+        load_config(IngestConfig, overrides=ingest_overrides(name))
     except InvalidArgument as exc:
         raise ValueError(f"Got system {name!r}; its settings are not valid: {exc}") from None
-    return helix(overrides=overrides)
+    return helix(overrides=overrides or None)
 
 
 def _flatten(summary: dict[str, Any]) -> dict[str, Any]:
