@@ -302,10 +302,10 @@ class Memory:
         return recaller, view, delta
 
     def _serves_folding_base(self) -> bool:
-        """Whether a compaction of this process runs from the generation this Memory
-        serves (or an older one): recall may go on reading it, with the delta, which holds
-        every write being folded until the next compaction, while :meth:`_compacted`
-        opens and warms what the compaction publishes."""
+        """Whether a compaction of this process is running and this Memory serves the
+        generation it started from (or a newer one): recall may go on reading it, with the
+        delta, which holds every write being folded until the next compaction, while
+        :meth:`_compacted` opens and warms what the compaction publishes."""
         base = self._shared.folding_from
         latest = self._views.latest if self._views is not None else None
         return base is not None and self._recaller is not None and latest is not None and latest >= base
