@@ -248,13 +248,17 @@ class Memory:
             if view is None:
                 return
             recaller = self._open_recaller(view.generation)
-            warm_recaller(recaller)  # what its first question builds (BM25, columns, graph)
             with self._recaller_lock:
                 delta = views.delta_for(view)  # the segments' rows joined with the newest snapshot
                 legs = views.recaller(view, delta), views.recaller(view, delta, joined=True)
             user = largest_tenant(view.generation)
+            # One question through the path recall takes (Memory.recall): over the delta
+            # when it holds anything (segment rows, pending writes), else the generation's
+            # alone; either builds what the generation makes on first use (BM25, columns, graph).
             if user is not None and (len(delta) or delta.tombstones):
-                recall_over(*legs, delta, recaller, WARM_QUERY, user=user)  # their postings and joined columns
+                recall_over(*legs, delta, recaller, WARM_QUERY, user=user)
+            else:
+                warm_recaller(recaller)
             with self._recaller_lock:
                 if views.latest is None or view.number > views.latest:
                     views.install(view)
