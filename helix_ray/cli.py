@@ -374,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
 
         show_ray_output()
     command = {"ingest": _ingest, "recall": _recall, "add": cli_write.add, "delete": cli_write.delete,
-               "stats": _stats, "eval": _eval, "demo": cli_serve.demo, "adapt": cli_adapt.adapt, "serve": cli_serve.serve, "keys": _keys, "compact": _compact,
+               "stats": _stats, "eval": _eval, "demo": cli_serve.demo, "adapt": cli_adapt.adapt,
+               "serve": cli_serve.serve, "keys": _keys, "compact": _compact,
                "quarantine": cli_store.quarantine, "doctor": cli_store.doctor, "mcp": _mcp,
                "backup": cli_store.backup, "restore": cli_store.restore,
                "forget-user": cli_store.forget_user, "audit": cli_store.audit}[args.command]

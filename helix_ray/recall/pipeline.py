@@ -900,7 +900,7 @@ def _widen(plan: Plan, packed: list[pack.Packed], gen: Any, cols: Any,
         place = json.loads(metadata[row] or "{}").get("chunk") or {}
         return place.get("own_from") if isinstance(place.get("own_from"), int) else None
 
-    out, widened = list(packed), set()
+    out, held = list(packed), set(taken)
     for i in sorted(range(len(out)), key=lambda i: out[i].rank):
         p, row = out[i], int(rows[out[i].row])
         match = CHUNK_ID.match(str(cols.ids[row]))
@@ -921,8 +921,7 @@ def _widen(plan: Plan, packed: list[pack.Packed], gen: Any, cols: Any,
                 out[i] = dataclasses.replace(out[i], text=wider, n_tokens=n_tokens)
                 text = wider
                 taken.add(near)
-                widened.add(near)
-    return out, widened
+    return out, taken - held
 
 
 class _Laps:
