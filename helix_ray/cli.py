@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from helix_ray import cli_adapt, cli_serve, cli_store, cli_write
-from helix_ray.cli_common import format_report, format_result, load_config_typed
+from helix_ray.cli_common import format_report, format_result, load_config_typed, open_memory
 from helix_ray.cli_serve import serve_graph  # noqa: F401 - re-export for tests/test_cli_memory.py
 
 FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo", "code", "git")
@@ -458,22 +458,15 @@ def _recall(args: argparse.Namespace) -> int:
     is a true one (a new user's first session), and an agent's hook that recalls before
     every prompt must not fail on it; the sentence still catches a mistyped --user."""
     from helix_ray.config import RetrievalConfig
-    from helix_ray.memory import Memory
-    from helix_ray.store.db import DatabaseHeld
 
     if not Path(args.store).exists():  # Memory would create an empty store and find nothing in it
         raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR` "
                                 "or `helix serve --store DIR`.")
     config = load_config_typed(RetrievalConfig, args.config, "--config") if args.config else None
-    try:
-        # One question: nothing to warm for, and no compaction to start.
-        mem = Memory(args.store, retrieval=config, warm=False, compact_interval_s=None)
-    except DatabaseHeld:
-        raise DatabaseHeld(
-            f"Cannot recall from {args.store}: another process holds its database (a `helix serve`, `helix mcp "
-            "--store` or an ingest), and DuckDB lets one process open it. With `helix serve` running, ask it: "
-            "`POST /v1/recall` with the user's key (docs/http-api.md), or `helix mcp --server URL --key KEY` for "
-            "an agent. Else wait for the ingest to end and run this again.") from None
+    # One question: nothing to warm for, and no compaction to start.
+    mem = open_memory(args.store, doing="recall from", instead="ask it: `POST /v1/recall` with the user's key "
+                      "(docs/http-api.md), or `helix mcp --server URL --key KEY` for an agent",
+                      retrieval=config, warm=False, compact_interval_s=None)
     with mem:
         result = mem.recall(args.query, user=args.user, budget_tokens=args.budget, k=args.k, project=args.project,
                             types=args.types, since=args.since, until=args.until, explain=args.explain,

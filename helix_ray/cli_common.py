@@ -1,8 +1,10 @@
-"""What the ``helix`` commands share: how a report and a recall answer print, and
-configuration files loaded with errors that name the flag the user typed."""
+"""What the ``helix`` commands share: how a report and a recall answer print,
+configuration files loaded with errors that name the flag the user typed, and a store
+opened in this process with an error that says what to do when another holds it."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -21,6 +23,22 @@ def load_config_typed(model: Any, path: str | None, flag: str, overrides: dict[s
         if named is None:
             raise
         raise InvalidArgument(named, received, exc.allowed, exc.fix) from None
+
+
+def open_memory(store: str | Path, *, doing: str, instead: str, **options: Any) -> Any:
+    """``Memory(store, **options)``; when another process holds the store's database,
+    a :class:`~helix_ray.store.db.DatabaseHeld` that names ``doing`` (``"recall from"``,
+    ``"add a memory in"``) and, with ``helix serve`` running, what to do ``instead``."""
+    from helix_ray.memory import Memory
+    from helix_ray.store.db import DatabaseHeld
+
+    try:
+        return Memory(Path(store), **options)
+    except DatabaseHeld:
+        raise DatabaseHeld(
+            f"Cannot {doing} {store}: another process holds its database (a `helix serve`, `helix mcp --store` or "
+            f"an ingest), and DuckDB lets one process open it. With `helix serve` running, {instead}. Else wait "
+            "for the ingest to end and run this again.") from None
 
 
 def format_report(report) -> str:

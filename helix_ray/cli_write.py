@@ -26,7 +26,7 @@ def add(args: argparse.Namespace) -> int:
             record[key] = getattr(args, key)
     if args.pinned:
         record["pinned"] = True
-    with _writer(args.store, "add a memory", "POST /v1/memories") as mem:
+    with _writer(args.store, "add a memory in", "POST /v1/memories") as mem:
         written = mem.add([record])
     out = {"ids": list(written.ids), "delta_version": written.delta_version, "generation": written.generation}
     if args.json:
@@ -44,23 +44,17 @@ def delete(args: argparse.Namespace) -> int:
     if not (Path(args.store) / DB_FILE).is_file():  # Memory would create an empty store there
         raise FileNotFoundError(f"Store {args.store} does not exist (no {DB_FILE} in it); give the folder of the "
                                 "store that holds the memory.")
-    with _writer(args.store, "delete a memory", "DELETE /v1/memories/{id}") as mem:
+    with _writer(args.store, "delete a memory in", "DELETE /v1/memories/{id}") as mem:
         written = mem.delete(args.id, user=args.user)
     out = {"ids": list(written.ids), "delta_version": written.delta_version, "generation": written.generation}
     print(json.dumps(out) if args.json else f"deleted {args.id}: no recall returns it from now on")
     return 0
 
 
-def _writer(store: str, what: str, route: str) -> Any:
+def _writer(store: str, doing: str, route: str) -> Any:
     """The store opened to write, with no warm-up and no background compaction; a store
     another process holds says what to do instead."""
-    from helix_ray.memory import Memory
-    from helix_ray.store.db import DatabaseHeld
+    from helix_ray.cli_common import open_memory
 
-    try:
-        return Memory(Path(store), warm=False, record_access=False, compact_interval_s=None)
-    except DatabaseHeld:
-        raise DatabaseHeld(
-            f"Cannot {what} in {store}: another process holds its database (a `helix serve`, `helix mcp --store` or "
-            f"an ingest), and DuckDB lets one process open it. With `helix serve` running, send `{route}` with the "
-            "user's key (docs/http-api.md). Else wait for the ingest to end and run this again.") from None
+    return open_memory(store, doing=doing, instead=f"send `{route}` with the user's key (docs/http-api.md)",
+                       warm=False, record_access=False, compact_interval_s=None)
