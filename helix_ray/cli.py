@@ -209,6 +209,7 @@ def _eval_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "helix-no-lead-title (chunks do not repeat their text's title line: chunk.lead_title off), "
                         "helix-no-vector "
                         "(what Serve answers while its Embedder is down: BM25 through the later stages), "
+                        "helix-written (the documents written through Memory.add, still in the delta), "
                         "or 'all'; a Helix system with '+ctx' appended (helix+ctx) gets --query-context's turns "
                         "as recall's context instead of joined before the question; "
                         "helix@<section>.<key>=<value> (several joined by '@', e.g. helix@rank.reweigh_silent=true) "

@@ -110,3 +110,33 @@ def test_a_system_with_ingest_settings_runs_on_a_store_built_with_them(tmp_path)
     for corpus_id, docs in evalset.corpora.items():  # built once, and found again, for the variant
         store = runner.store_for(corpus_id, docs, tmp_path, variant)
         assert store in built and store != runner.store_for(corpus_id, docs, tmp_path, IngestConfig())
+
+
+def test_helix_written_recalls_documents_written_through_memory_add(tmp_path):
+    """``helix-written``: the corpus written through ``Memory.add`` and left in the delta
+    (the generation holds none of it), recalled through ``Memory.recall``, paired with
+    helix on the ingested store; the written store is reused once finished, and built
+    again when a build stopped half-way."""
+    from helix_ray.config import IngestConfig
+    from helix_ray.eval import runner
+    from helix_ray.memory import Memory
+    from helix_ray.store.generation import Generation
+
+    evalset = load_beir(MINI)
+    report = evaluate(evalset, systems=["helix", runner.WRITTEN], workdir=tmp_path, show_progress=False)
+    assert set(report.comparisons[runner.WRITTEN]) == {"helix"}
+    assert report.systems[runner.WRITTEN]["recall@10"] > 0.5
+    (corpus_id, docs), = evalset.corpora.items()
+    store = runner.written_store(corpus_id, docs, tmp_path, IngestConfig())
+    mark = (store / runner.WRITTEN_MARK).stat().st_mtime_ns
+    assert Generation.open_current(store).size == 0
+    with Memory(store, compact_interval_s=None, record_access=False) as mem:
+        assert mem.stats()["pending_writes"] == len(docs)
+    assert runner.written_store(corpus_id, docs, tmp_path, IngestConfig()) == store
+    assert (store / runner.WRITTEN_MARK).stat().st_mtime_ns == mark  # reused, not written again
+    (store / runner.WRITTEN_MARK).unlink()  # as a build that stopped half-way leaves it
+    assert runner.written_store(corpus_id, docs, tmp_path, IngestConfig()) == store
+    with Memory(store, compact_interval_s=None, record_access=False) as mem:
+        assert mem.stats()["pending_writes"] == len(docs)  # written once, not twice
+    with pytest.raises(ValueError, match="no query adapter"):
+        evaluate(evalset, systems=[runner.WRITTEN], workdir=tmp_path, show_progress=False, adapt_on=evalset)

@@ -16,11 +16,13 @@ parent document, at its best rank, once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -63,15 +65,7 @@ def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config:
     ingest's rules derive, as memories written without a type do (a mixed pool of types).
     A document's ``metadata`` is stored with it.
     """
-    if not any(d.session_id for d in docs):  # no conversation turns: session_context cannot matter
-        ingest_config = ingest_config.model_copy(update={"session_context": 0.0})
-    rows = [{
-        "id": d.id, "text": d.text, "user": corpus_id, "session_id": d.session_id,
-        "created_at": d.created_at or "2020-01-01T00:00:00Z",
-        "type": _given(d, "type") or (None if derive_types else "episodic" if d.session_id else "semantic"),
-        "source": "eval",
-        "metadata": {**({"speaker": d.speaker} if d.speaker else {}), **(_given(d, "metadata") or {})},
-    } for d in docs]
+    ingest_config, rows = _records(corpus_id, docs, ingest_config, derive_types)
     store = workdir / f"{corpus_id.replace('/', '_')}-{store_key(docs, ingest_config, [r['type'] for r in rows])}"
     if (store / "CURRENT").exists():
         return store
@@ -85,6 +79,66 @@ def store_for(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config:
     if report.quarantined:
         log.warning("%s: %d documents quarantined (%s)", corpus_id, report.quarantined, report.quarantine_reasons)
     return store
+
+
+def _records(corpus_id: str, docs: Sequence[Any], ingest_config: IngestConfig,
+             derive_types: bool) -> tuple[IngestConfig, list[dict[str, Any]]]:
+    """The memory records of ``docs`` (see :func:`store_for`), and the ingest config to
+    store them with (session context off where no document has a session)."""
+    if not any(d.session_id for d in docs):  # no conversation turns: session_context cannot matter
+        ingest_config = ingest_config.model_copy(update={"session_context": 0.0})
+    rows = [{
+        "id": d.id, "text": d.text, "user": corpus_id, "session_id": d.session_id,
+        "created_at": d.created_at or "2020-01-01T00:00:00Z",
+        "type": _given(d, "type") or (None if derive_types else "episodic" if d.session_id else "semantic"),
+        "source": "eval",
+        "metadata": {**({"speaker": d.speaker} if d.speaker else {}), **(_given(d, "metadata") or {})},
+    } for d in docs]
+    return ingest_config, rows
+
+
+def written_store(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_config: IngestConfig,
+                  derive_types: bool = False) -> Path:
+    """Build (or reuse) a store of one corpus whose documents were written through
+    :meth:`helix_ray.Memory.add`, as an agent's memories arrive (the Writer embeds them
+    at write time), in time order, :data:`WRITE_BATCH` at a time, and left in the
+    delta: what recall reads before a compaction folds them into a generation. The
+    records are :func:`store_for`'s; ``WRITTEN`` in the folder marks a finished store."""
+    from helix_ray.memory import Memory  # the Writer and the recall stages: only for this system
+
+    ingest_config, rows = _records(corpus_id, docs, ingest_config, derive_types)
+    key = store_key(docs, ingest_config, [r["type"] for r in rows])
+    store = workdir / f"{corpus_id.replace('/', '_')}-written-{key}"
+    if (store / WRITTEN_MARK).exists():
+        return store
+    if store.exists():  # a build that stopped half-way
+        shutil.rmtree(store)
+    ordered = [r for _, r in sorted(enumerate(rows), key=lambda p: (p[1]["created_at"], p[0]))]
+    with Memory(store, ingest=ingest_config, warm=False, record_access=False, compact_interval_s=None) as mem:
+        for start in range(0, len(ordered), WRITE_BATCH):
+            mem.add([{k: v for k, v in r.items() if v is not None} for r in ordered[start:start + WRITE_BATCH]])
+    (store / WRITTEN_MARK).write_text(f"{len(rows)} records written\n", encoding="utf-8")
+    return store
+
+
+#: The file that marks a store :func:`written_store` finished.
+WRITTEN_MARK = "WRITTEN"
+#: Records per ``Memory.add`` call when a store is written (the encoders batch them).
+WRITE_BATCH = 64
+
+
+class WrittenRecaller:
+    """What a Helix system calls on a written store: :meth:`Memory.recall`, over the
+    (empty) generation and the delta that holds every memory."""
+
+    def __init__(self, memory: Any, chunked: bool):
+        self.memory, self.chunked = memory, chunked
+        self.generation = memory.recaller.generation
+
+    def recall(self, query: str, *, k: int, **options: Any) -> Any:
+        # A chunked corpus: enough items to fill k documents (the generation, which
+        # helix() reads that from, holds no rows here).
+        return self.memory.recall(query, k=min(CHUNK_OVERFETCH * k, 200) if self.chunked else k, **options)
 
 
 def _any_longer(docs: Sequence[Any], max_tokens: int) -> bool:
@@ -261,13 +315,18 @@ SYSTEMS: dict[str, Ranker] = {
 SYSTEMS["helix-no-doc2query"] = helix()
 SYSTEMS["helix-no-context"] = helix()
 SYSTEMS["helix-no-lead-title"] = helix()
+#: The whole pipeline over a store whose documents were written through ``Memory.add``
+#: and are still in the delta (:func:`written_store`): an agent's memories before a
+#: compaction, beside ``helix`` on the ingested store.
+WRITTEN = "helix-written"
+SYSTEMS[WRITTEN] = helix()
 #: Systems that need stores built differently: their ingest overrides. The baselines read
 #: plain vectors: a conversation turn's session context is Helix's ingest, not theirs.
 _PLAIN = {"session_context": 0.0}
 INGEST_VARIANTS: dict[str, dict[str, Any]] = {"helix-no-doc2query": {"doc2query": {"backend": "none"}},
                                               "helix-no-context": _PLAIN, "bm25": _PLAIN, "dense": _PLAIN,
                                               "helix-no-lead-title": {"chunk": {"lead_title": False}},
-                                              "rrf": _PLAIN}
+                                              "rrf": _PLAIN, WRITTEN: {}}
 #: The suffix of a system given the turns before the question as recall's ``context``.
 WITH_CONTEXT = "+ctx"
 #: What joins retrieval settings to ``helix``'s name: ``helix@rank.reweigh_silent=true``
@@ -326,6 +385,9 @@ def evaluate(
 
     started = time.perf_counter()
     chosen = systems if isinstance(systems, dict) else {name: _system(name) for name in systems}
+    if adapt_on is not None and any(store_variant(name) == WRITTEN for name in chosen):
+        raise ValueError(f"{WRITTEN} takes no query adapter (--adapt-on): a Memory recalls with the adapter "
+                         "`helix adapt` saved in its store, and a written store has none. Run it without --adapt-on.")
     ingest_config = ingest_config or IngestConfig()
     embedder = get_embedder(ingest_config.embedder)
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in chosen}
@@ -373,8 +435,13 @@ def evaluate(
         return adapter if fitted["used"] else None
 
     for n, (corpus_id, queries) in enumerate(sorted(by_corpus.items()), start=1):
-        recallers = {}
+        recallers: dict[str | None, Any] = {}
+        opened = contextlib.ExitStack()
         for key, cfg in [(None, ingest_config), *variants.items()]:
+            if key == WRITTEN:
+                recallers[key] = _written_recaller(opened, corpus_id, evalset.corpora[corpus_id], Path(workdir), cfg,
+                                                   retrieval_config, derive_types)
+                continue
             store = store_for(corpus_id, evalset.corpora[corpus_id], Path(workdir), cfg, derive_types=derive_types)
             generation = Generation.open_current(store)
             adapter = None
@@ -391,18 +458,32 @@ def evaluate(
             threads = encoder_threads(generation, retrieval_config)
             recallers[key] = Recaller(generation, get_embedder(ingest_config.embedder, threads),
                                       retrieval_config or RetrievalConfig(), adapter=adapter, threads=threads)
-        for name, system in chosen.items():
-            recaller = recallers[store_variant(name)]
-            for q in queries:
-                ranked = _documents(system(recaller, asked(name, q), depth))[:depth]
-                scores = evaluate_ranking(ranked, q.gold, ks=ks)
-                metrics = metrics or list(scores)
-                rows[name].append({"query_id": q.id, "category": q.category or "all", **scores, "ranked": ranked})
+        with opened:
+            for name, system in chosen.items():
+                recaller = recallers[store_variant(name)]
+                for q in queries:
+                    ranked = _documents(system(recaller, asked(name, q), depth))[:depth]
+                    scores = evaluate_ranking(ranked, q.gold, ks=ks)
+                    metrics = metrics or list(scores)
+                    rows[name].append({"query_id": q.id, "category": q.category or "all", **scores, "ranked": ranked})
         if show_progress:
             log.info("[%d/%d] %s: %d queries", n, len(by_corpus), corpus_id, len(queries))
     summary = {name: _flatten(summarise(r, metrics=metrics)) for name, r in rows.items()}
     return EvalReport(evalset.name, summary, len(evalset.queries), round(time.perf_counter() - started, 1),
                       adapters, compare(rows, ks), rows)
+
+
+def _written_recaller(opened: contextlib.ExitStack, corpus_id: str, docs: Sequence[Any], workdir: Path,
+                      cfg: IngestConfig, retrieval_config: RetrievalConfig | None,
+                      derive_types: bool) -> WrittenRecaller:
+    """The :data:`WRITTEN` system's recaller over ``corpus_id``: its written store open
+    in a ``Memory`` until ``opened`` closes."""
+    from helix_ray.memory import Memory
+
+    store = written_store(corpus_id, docs, workdir, cfg, derive_types=derive_types)
+    memory = opened.enter_context(Memory(store, retrieval=retrieval_config, ingest=cfg, record_access=False,
+                                         compact_interval_s=None))
+    return WrittenRecaller(memory, chunked=_any_longer(docs, cfg.chunk.max_tokens))
 
 
 #: The systems every other one is compared with, query by query.
