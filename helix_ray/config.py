@@ -212,8 +212,10 @@ class IngestConfig(_Strict):
     ``v_previous`` is the stored vector of the session's previous turn (itself mixed, so
     the context decays geometrically back through the session). No extra embedding:
     the previous turn's vector is at hand. A reply such as "Yes, last Sunday with the
-    kids!" then also matches the question its previous turn answers. 0 turns it off.
-    Tuned on LoCoMo's tuning conversations (docs/quality.md)."""
+    kids!" then also matches the question its previous turn answers. A turn written
+    through the Writer (``Memory.add``, ``POST /v1/memories``, MCP ``remember``) is mixed
+    the same way when it is written. 0 turns it off. Tuned on LoCoMo's tuning
+    conversations (docs/quality.md)."""
     hnsw_connectivity: int = Field(16, ge=4, le=64)
     """HNSW "M": links per node. Higher is better recall and a larger index."""
     hnsw_expansion_add: int = Field(128, ge=16, le=1024)

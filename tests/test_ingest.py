@@ -578,6 +578,7 @@ def test_the_fingerprint_of_stages_4_and_5_follows_the_config_and_the_shipped_mo
     assert stages.fingerprint(IngestConfig(embedder={"batch_chars": 4_000})) == base
     assert stages.fingerprint(IngestConfig(doc2query={"max_queries": 2})) != base
     assert stages.fingerprint(IngestConfig(late_interaction={"max_tokens": 64})) != base
+    assert stages.fingerprint(IngestConfig(session_context=0.5)) != base  # a written turn's vector mixes with it
     for name in ("bge_small_en", "colbert"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "model.onnx").write_bytes(b"x" * 10)

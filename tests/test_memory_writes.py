@@ -394,3 +394,141 @@ def test_recall_over_pending_writes_keeps_blas_on_the_calling_thread(store, monk
         mem.recall("what did we lock down after the connection problem?", user="dana")
     assert seen and set(seen) == {1}
     assert blas_threads() >= 2  # and restored after it
+
+
+CHAT = ["Caroline: I went to the pottery class on Sunday.",
+        "Melanie: Oh nice, how did it go?",
+        "Caroline: Yes! I made a bowl for my mum.",
+        "Melanie: Will you go again next week?",
+        "Caroline: Maybe, if the kiln is free.",
+        "Melanie: Tell me how the bowl turns out!"]
+
+
+def _turn(i: int, session: str = "s1", day: int | None = None) -> dict:
+    return memory(i, CHAT[i % len(CHAT)] if session == "s1" else f"Jon: note {i} about the lake.", type="episodic",
+                  session_id=session, created_at=f"2025-03-02T10:{day if day is not None else i:02d}:00Z")
+
+
+def _unit(v):
+    import numpy as np
+
+    return v / np.linalg.norm(v)
+
+
+def test_a_written_turn_takes_in_its_sessions_previous_turn(tmp_path):
+    """A conversation turn written through Memory.add takes in the stored vector of its
+    session's latest earlier turn, as ingest mixes one (``session_context``): a turn of
+    the generation, of the delta, or one written before it in the same call; a deleted
+    turn is not one; a turn older than the session's latest, another session's first
+    turn and a memory without a session keep their own vector. A compaction stores the
+    mixed vectors as they are, not mixed again.
+
+    Own vectors come from a second store written with session_context 0 in the same
+    calls: the int8 model quantizes activations per batch, so only the same batches
+    give the same vectors."""
+    import numpy as np
+
+    from helix_ray.config import IngestConfig
+    from helix_ray.ingest.run import ingest
+
+    calls = [[_turn(1)], [_turn(2), _turn(3)], [_turn(7, "s2")], [memory(8, "Billing moved to Postgres.")],
+             [_turn(4, day=0)]]  # older than the session's first turn: written last, left as it is
+    stores = {}
+    for name, weight in (("on", 1.0), ("off", 0.0)):
+        config = IngestConfig(session_context=weight)
+        store = tmp_path / name
+        ingest([write_jsonl(tmp_path / "first.jsonl", [_turn(0)])], store, runner="local", config=config,
+               show_progress=False)
+        mem = Memory(store, ingest=config, compact_interval_s=None, record_access=False)
+        for batch in calls:
+            mem.add(batch)
+        stores[name] = mem
+    try:
+        on, off = stores["on"], stores["off"]
+        got = {i: np.asarray(e["vector"], np.float32) for i, e in on._core().entries.items()}
+        own = {i: np.asarray(e["vector"], np.float32) for i, e in off._core().entries.items()}
+        base = Generation.open_current(on.store)
+        first = np.asarray(base.vectors[base.columns.id_to_row["m000"]], np.float32)
+        np.testing.assert_allclose(got["m001"], _unit(own["m001"] + first), atol=1e-6)  # the generation's turn
+        np.testing.assert_allclose(got["m002"], _unit(own["m002"] + got["m001"]), atol=1e-6)  # the delta's
+        np.testing.assert_allclose(got["m003"], _unit(own["m003"] + got["m002"]), atol=1e-6)  # same call
+        for alone in ("m007", "m008", "m004"):
+            np.testing.assert_allclose(got[alone], own[alone], atol=1e-6)
+        assert float(got["m002"] @ own["m002"]) < 0.97  # the context moved it
+
+        for mem in (on, off):  # the session's latest turn deleted: the next one mixes the one before it
+            mem.delete("m003", user="dana")
+            mem.add([_turn(5)])
+        got5 = np.asarray(on._core().entries["m005"]["vector"], np.float32)
+        own5 = np.asarray(off._core().entries["m005"]["vector"], np.float32)
+        np.testing.assert_allclose(got5, _unit(own5 + got["m002"]), atol=1e-6)
+
+        assert on.compact()["published"]
+        folded = Generation.open_current(on.store)
+        for i, vector in [*got.items(), ("m005", got5)]:
+            if i != "m003":  # deleted
+                stored = np.asarray(folded.vectors[folded.columns.id_to_row[i]], np.float32)
+                np.testing.assert_allclose(stored, vector, atol=5e-4)  # float16, not mixed again
+    finally:
+        for mem in stores.values():
+            mem.close()
+
+
+def test_a_written_turn_finds_its_previous_turn_in_a_segment(tmp_path):
+    """Past two folds the session's previous turn is a segment row of the generation
+    (the delta no longer holds it): the next turn mixes its stored vector in."""
+    import numpy as np
+
+    from helix_ray.config import IngestConfig
+    from helix_ray.ingest.run import ingest
+
+    config = IngestConfig(fold={"min_base_rows": 0, "max_share": 1.0})
+    store = tmp_path / "store"
+    ingest([write_jsonl(tmp_path / "base.jsonl", BASE)], store, runner="local", config=config, show_progress=False)
+    with Memory(store, ingest=config, compact_interval_s=None, record_access=False) as mem:
+        mem.add([_turn(11)])
+        assert mem.compact()["mode"] == "segment"
+        mem.add([_turn(17, "s2")])
+        assert mem.compact()["mode"] == "segment"
+        core = mem._core()
+        assert "m011" not in core.entries
+        segment = Generation.open_current(store).segment_rows()
+        held = dict(zip(segment.column("id").to_pylist(), segment.column("vector").to_pylist()))
+        mem.add([_turn(12)])
+        mixed = np.asarray(core.entries["m012"]["vector"], np.float32)
+    with Memory(tmp_path / "plain", ingest=IngestConfig(session_context=0), compact_interval_s=None,
+                record_access=False) as plain:
+        plain.add([_turn(12)])
+        own = np.asarray(plain._core().entries["m012"]["vector"], np.float32)
+    np.testing.assert_allclose(mixed, _unit(own + np.asarray(held["m011"], np.float32)), atol=1e-6)
+
+
+def test_a_large_tenants_sessions_are_indexed_as_a_scan_finds_them(tmp_path, monkeypatch):
+    """SessionRows: the index a large tenant gets gives each session the rows a scan of
+    the tenant's sessions gives (none for a session it does not hold), and is made again
+    for a new generation."""
+    from helix_ray.ingest.run import ingest
+    from helix_ray.live import session_context
+
+    rows = [_turn(1), _turn(2, "s2"), _turn(3), memory(4, "Billing moved to Postgres."), _turn(5, "s2"),
+            memory(6, "Lee's note.", user="lee", session_id="s1")]
+    store = tmp_path / "store"
+    ingest([write_jsonl(tmp_path / "rows.jsonl", rows)], store, runner="local", show_progress=False)
+    generation = Generation.open_current(store)
+    scanned = session_context.SessionRows()
+    found = {s: scanned.offsets(generation, "dana", s).tolist() for s in ("s1", "s2", "s9")}
+    ids = generation.memories.column("id").to_pylist()
+    start = generation.partitions["dana"][0]
+    assert {s: sorted(ids[start + o] for o in found[s]) for s in found} == {
+        "s1": ["m001", "m003"], "s2": ["m002", "m005"], "s9": []}
+    monkeypatch.setattr(session_context, "INDEX_FROM", 0)
+    indexed = session_context.SessionRows()
+    for s, offsets in found.items():
+        assert indexed.offsets(generation, "dana", s).tolist() == offsets
+    assert indexed.offsets(generation, "lee", "s1").tolist() == [0]
+    with Memory(store, compact_interval_s=None, record_access=False) as mem:
+        mem.delete("m001", user="dana")
+        assert mem.compact()["published"]
+    newer = Generation.open_current(store)
+    start = newer.partitions["dana"][0]
+    assert [newer.memories.column("id")[start + o].as_py() for o in indexed.offsets(newer, "dana", "s1")] == ["m003"]

@@ -258,10 +258,14 @@ def in_generation_schema(table: pa.Table) -> pa.Table:
 
 
 def session_context(todo: list[dict[str, Any]], vectors: np.ndarray, old_rows: pa.Table,
-                    previous: Generation | None, old_positions: np.ndarray | None, weight: float) -> np.ndarray:
+                    previous: Generation | None, old_positions: np.ndarray | None, weight: float,
+                    given: frozenset[int] = frozenset()) -> np.ndarray:
     """``IngestConfig.session_context``: each new conversation turn's vector becomes
     ``unit(v + weight · v_prev)``, ``v_prev`` the stored vector of the latest earlier
     turn of its (user, session) — an old row or a new one, in (created_at, arrival) order.
+    The rows of ``todo`` at positions ``given`` came with their vectors (a write's,
+    mixed when it was written: :mod:`helix_ray.live.session_context`): they stay as they
+    are, and the turns after them mix them in.
     Old rows keep their vectors, so a conversation ingested turn by turn is mixed as one
     ingested at once (when its turns arrive in order): each turn is mixed in float32 and
     stored as ``vectors`` hold it (float16, as the generation does), and the next turn
@@ -295,7 +299,7 @@ def session_context(todo: list[dict[str, Any]], vectors: np.ndarray, old_rows: p
         seen = last.get(k)
         if seen is not None and seen[0] > todo[i]["created_at"]:
             continue  # arrived after a later turn of its session: left as it is
-        if seen is not None:
+        if seen is not None and i not in given:
             mixed = out[i].astype(np.float32) + weight * seen[1].astype(np.float32)
             out[i] = mixed / max(float(np.linalg.norm(mixed)), 1e-12)
         last[k] = (todo[i]["created_at"], out[i])  # a view of the stored row

@@ -767,7 +767,7 @@ def _expand_embed_annotate(run: Run, todo: list[dict[str, Any]], reuse: dict[int
         new_cols["vector"] = session_context(todo, new_cols["vector"],
                                              changes.old_rows.take(pa.array(keep_old, pa.int64())), changes.previous,
                                              changes.old_index[keep_old] if keep_old else None,
-                                             config.session_context)
+                                             config.session_context, given=frozenset(reuse))
     return new_cols
 
 

@@ -147,10 +147,12 @@ class Transform:
 def fingerprint(config: IngestConfig) -> str:
     """What stages 4–5 make of a text depends on, as a short hash: outputs stamped with
     it (a served write's) can stand in for the stages' own under the same config and
-    the same shipped models."""
+    the same shipped models. A written turn's vector holds its session's context, mixed
+    with this config's weight (:mod:`helix_ray.live.session_context`)."""
     parts = {"embedder": config.embedder.model_dump(exclude={"batch_size", "batch_chars"}),
              "doc2query": config.doc2query.model_dump(exclude={"llm_timeout_s"}),
-             "late_interaction": config.late_interaction.model_dump(), "models": _shipped_models(config)}
+             "late_interaction": config.late_interaction.model_dump(), "models": _shipped_models(config),
+             "session_context": config.session_context}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -179,7 +181,8 @@ def _shipped_models(config: IngestConfig) -> dict[str, Any]:
 class Computed:
     """Stages 4–5's outputs for one memory's text, made earlier (by the server, for an
     online write): compaction takes them instead of embedding the text again
-    (:class:`Reuse`)."""
+    (:class:`Reuse`), and stores the vector as it is (a written turn's holds its
+    session's context already: :mod:`helix_ray.live.session_context`)."""
 
     text: str
     expansions: str  # a JSON list, as :class:`Expand` makes it

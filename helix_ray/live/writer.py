@@ -52,10 +52,11 @@ from helix_ray.live.delta_format import (
     publish_manifest,
     write_segment,
 )
+from helix_ray.live.session_context import SessionRows
 from helix_ray.heap import trim_heap
 from helix_ray.recall import adapter
 from helix_ray.store.db import StoreDB
-from helix_ray.store.generation import ACCESS_WATERMARK, current_generation_number, open_good_generation
+from helix_ray.store.generation import ACCESS_WATERMARK, Generation, current_generation_number, open_good_generation
 from helix_ray.store.mirror import Mirror, forget_pending, push
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,8 @@ class WriterCore:
         #: user → when they were forgotten (epoch µs): recall hits made before it and
         #: reported after it (the ingress sends them in batches) are not logged.
         self.forgotten: dict[str, int] = {}
-        self._manifest_of: tuple[int, dict[str, Any]] | None = None  # (CURRENT's number, manifest read)
+        self._good_of: tuple[int, Generation | None] | None = None  # (CURRENT's number, the generation read)
+        self.session_rows = SessionRows()  # a written turn's session in the generation (session_context)
         self._stages: stages.Transform | None = None  # ingest's stages 4–7a, built by the first put
         self._fingerprint = stages.fingerprint(self.config)  # a put's outputs are reused under the same one
         self.entries: dict[str, dict[str, Any]] = {}
@@ -204,17 +206,21 @@ class WriterCore:
     def generation(self) -> int | None:
         return current_generation_number(self.store)
 
-    def _manifest(self) -> dict[str, Any]:
-        """The manifest of the generation recall reads: the current one, or the newest
-        whole one when it is damaged (:func:`open_good_generation`); {} when there is
-        none. Read again only when ``CURRENT`` moves."""
+    def base(self) -> Generation | None:
+        """The generation recall reads: the current one, or the newest whole one when it
+        is damaged (:func:`open_good_generation`); None when there is none. Opened again
+        only when ``CURRENT`` moves."""
         number = self.generation
         if number is None:
-            return {}
-        if self._manifest_of is None or self._manifest_of[0] != number:
-            good = open_good_generation(self.store)
-            self._manifest_of = (number, good.manifest if good is not None else {})
-        return self._manifest_of[1]
+            return None
+        if self._good_of is None or self._good_of[0] != number:
+            self._good_of = (number, open_good_generation(self.store))
+        return self._good_of[1]
+
+    def _manifest(self) -> dict[str, Any]:
+        """The manifest of :meth:`base`; {} when there is none."""
+        good = self.base()
+        return good.manifest if good is not None else {}
 
     def _num_perm(self) -> int:
         return int((self._manifest().get("minhash") or {}).get("num_perm") or self.config.dedup.num_perm)

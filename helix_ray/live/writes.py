@@ -5,7 +5,8 @@ A write is, in order:
 1. validated and normalised by the ingest rules (:func:`helix_ray.ingest.normalize.normalise_one`;
    a bad record is a 422 naming the record and the reason, and nothing is written);
 2. expanded, embedded, annotated and signed by the ingest stage functions
-   (:class:`helix_ray.ingest.stages.Transform`, MinHash);
+   (:class:`helix_ray.ingest.stages.Transform`, MinHash); a conversation turn's vector
+   takes in its session's previous turn, as at ingest (:mod:`helix_ray.live.session_context`);
 3. made durable: an fsynced JSONL file in ``inbox/`` (ingest-ready records) and a
    committed row per memory in the ``serve_log`` table of the store's DuckDB file
    (with its vector, so a restarted writer rebuilds the delta without re-embedding);
@@ -34,6 +35,7 @@ from helix_ray.errors import Conflict, Forbidden, InvalidArgument, NotFound, Sto
 from helix_ray.ingest.dedup import signatures
 from helix_ray.live.delta_format import Tombstone
 from helix_ray.live.inputs import MAX_BATCH
+from helix_ray.live.session_context import mix_written
 from helix_ray.schema import CHUNK_ID, DERIVED_ID, MEMORY_SCHEMA, chunk_id, content_hash, parent_of
 from helix_ray.store.space import disk_full
 
@@ -369,6 +371,7 @@ class _Computed:
         batch = core._transform(batch)
         vectors = np.asarray(batch["vector"], np.float32)
         self.vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        mix_written(core, rows, self.vectors)  # a conversation turn takes its session's context, as at ingest
         self.sigs = signatures([r["text"] for r in rows], num_perm=core._num_perm(), shingle=core.config.dedup.shingle)
         # Late-interaction tokens, so a fresh write is scored like a stored memory (None: off).
         n = len(rows)
