@@ -154,11 +154,12 @@ class FoldConfig(_Strict):
     (its files hard-linked, the writes added: :mod:`helix_ray.live.fold`) rather than
     rebuilding every file with the ingest pipeline. A fold costs what is pending; a
     rebuild, what the store holds. Recall searches segment rows as it searches pending
-    writes: exactly, and without graph edges until the next rebuild takes them in."""
+    writes: exactly, and with only their session edges until the next rebuild takes
+    them in."""
 
     min_base_rows: int = Field(50_000, ge=0)
     """Fold only when the generation being extended holds at least this many memories:
-    below it a rebuild takes seconds, and gives every memory its graph edges."""
+    below it a rebuild takes seconds, and gives every memory all its graph edges."""
     max_rows: int = Field(5_000, ge=0)
     """At most this many rows in a generation's segments (0: never fold). The compaction
     that would pass it, or ``max_share``, rebuilds instead. Every replica holds segment rows

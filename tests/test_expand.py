@@ -207,3 +207,34 @@ def test_positions_in_finds_each_id_by_table_and_by_search(nodes, picks, strays)
     assert expand.positions_in(node_array, ids).tolist() == expected.tolist()
     assert expand.positions_in(node_array, wide)[:-1].tolist() == expected.tolist()
     assert expand.positions_in(node_array, wide)[-1] == -1
+
+
+@pytest.mark.parametrize("seeds", [[0], [5, 2], [7]])
+def test_extra_edges_are_walked_as_the_graphs_own(seeds):
+    """Edges given beside the CSR (``graph.extra``: a replica's online writes), with node
+    ids far past the graph's, give the PPR scores of one graph holding them all."""
+    from types import SimpleNamespace
+
+    far = 1 << 40  # a delta row's id
+    split = EDGES[:6]
+    extra = [(3, far, 0.5), (far, far + 1, 2.0), (far + 1, 6, 1.0)]  # both ends past the CSR, and one each side
+    ids = list(range(8)) + [far, far + 1]
+    whole = symmetric(10, split + [(ids.index(a), ids.index(b), w) for a, b, w in extra])
+    src = np.array([a for a, b, _ in extra] + [b for a, b, _ in extra])
+    dst = np.array([b for a, b, _ in extra] + [a for a, b, _ in extra])
+    weights = np.array([w for *_, w in extra] * 2)
+    base = csr_from_dense(symmetric(8, split))
+    padded = np.concatenate([base.indptr, np.full(2, base.indptr[-1])])  # rows past the graph: no CSR edges
+
+    class Ptr:  # as views._PaddedIndptr: any node past the graph has none
+        def __getitem__(self, node):
+            return padded[np.minimum(np.asarray(node, np.int64), len(padded) - 1)]
+
+    graph = SimpleNamespace(indptr=Ptr(), indices=base.indices, weights=base.weights,
+                            extra=expand.ExtraEdges(src, dst, weights))
+    result = expand.ppr(graph, np.array(seeds), np.ones(len(seeds)), damping=0.5, max_hops=6, max_nodes=100, **TIGHT)
+    reference = expand.ppr_dense(whole, np.isin(np.arange(10), seeds).astype(float), 0.5, iterations=5000,
+                                 tol=1e-15)
+    got = np.zeros(10)
+    got[[ids.index(int(n)) for n in result.nodes]] = result.scores
+    np.testing.assert_allclose(got, reference, atol=1e-9)

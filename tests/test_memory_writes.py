@@ -532,3 +532,42 @@ def test_a_large_tenants_sessions_are_indexed_as_a_scan_finds_them(tmp_path, mon
     newer = Generation.open_current(store)
     start = newer.partitions["dana"][0]
     assert [newer.memories.column("id")[start + o].as_py() for o in indexed.offsets(newer, "dana", "s1")] == ["m003"]
+
+
+def _graph_origin(result) -> dict:
+    frame = result.explain
+    return dict(zip(frame["id"].to_list(), frame["origin"].to_list()))
+
+
+def test_graph_expansion_reaches_a_written_turn_through_its_session(tmp_path):
+    """A written conversation turn is linked to its session's node: a query whose seeds
+    are the session's stored turns reaches it by graph expansion, though it shares no
+    word with the query; so does a turn of a session only the delta holds, through a
+    node made for that session once two of its turns are written. A turn outside the
+    recall's scope is not added."""
+    from helix_ray.ingest.run import ingest
+
+    stored = [_turn(1), _turn(2), _turn(3),
+              memory(10, "Jon: the lake was cold this morning.", type="episodic", session_id="s2",
+                     created_at="2025-03-01T09:00:00Z"),
+              memory(11, "Jon: we rowed across the lake.", type="episodic", session_id="s2",
+                     created_at="2025-03-01T09:01:00Z")]
+    store = tmp_path / "store"
+    ingest([write_jsonl(tmp_path / "rows.jsonl", stored)], store, runner="local", show_progress=False)
+    quiet = memory(20, "Melanie: Sounds lovely, send me a photo later!", type="episodic", session_id="s1",
+                   created_at="2025-03-02T10:30:00Z")
+    fresh = [memory(21, "Ana: the glaze recipe for the pottery bowls is in my notebook.", type="episodic",
+                    session_id="s3", created_at="2025-03-03T09:00:00Z"),
+             memory(22, "Ana: remind me on Friday.", type="episodic", session_id="s3",
+                    created_at="2025-03-03T09:01:00Z")]
+    with Memory(store, compact_interval_s=None, record_access=False) as mem:
+        mem.add([quiet, *fresh])
+        # BM25 alone finds the seeds: on so small a store the dense leg would list every turn.
+        ask = dict(user="dana", k=20, budget_tokens=100_000, explain=True, disabled=frozenset({"router", "dense"}))
+        found = _graph_origin(mem.recall("pottery class bowl", **ask))
+        assert found.get("m020") == "graph"  # reached through s1's node in the generation
+        assert found.get("m022") == "graph"  # through the node made for s3
+        assert "m010" not in found and "m011" not in found  # the lake session is not linked to pottery
+        # The stored turns are in this scope and m020 is not: the node links it, and it stays out.
+        early = _graph_origin(mem.recall("pottery class bowl", until="2025-03-02T10:10:00Z", **ask))
+        assert {"m001", "m002"} & set(early) and "m020" not in early and "m022" not in early

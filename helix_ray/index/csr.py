@@ -9,6 +9,10 @@ import numpy as np
 
 #: The edge types, in the order of the codes stored in :attr:`CSRGraph.types`.
 EDGE_TYPES = ("mention", "same_session", "temporal", "semantic")
+#: The weight of a same_session edge (a memory and its session's node).
+SESSION_EDGE_WEIGHT = 0.5
+#: How a session's node is keyed among the entity nodes: ``session:<session id>``.
+SESSION_KEY = "session:"
 
 
 @dataclass

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from helix_ray.config import GraphBuildConfig
-from helix_ray.index.csr import EDGE_TYPES, CSRGraph
+from helix_ray.index.csr import EDGE_TYPES, SESSION_EDGE_WEIGHT, SESSION_KEY, CSRGraph
 from helix_ray.store.generation import ENTITY_SCHEMA
 
 MENTION, SAME_SESSION, TEMPORAL, SEMANTIC = (EDGE_TYPES.index(t) for t in EDGE_TYPES)
@@ -71,7 +71,7 @@ def build_graph(
     # Sessions: a hub node each, and temporal neighbours in session order.
     session_table, members, hub, t_src, t_dst = _sessions(tenants, row_tenant, sessions, order_keys,
                                                            n + entity_table.num_rows, config.temporal_window)
-    add(members, hub, 0.5, SAME_SESSION)
+    add(members, hub, SESSION_EDGE_WEIGHT, SAME_SESSION)
     add(t_src, t_dst, 1.0, TEMPORAL)
     del members, hub, t_src, t_dst
 
@@ -138,7 +138,7 @@ def _sessions(tenants: list[str], row_tenant: np.ndarray, sessions: Sequence[str
         t_dst.append(order[offset:][same])
     heads = order[start[kept]]
     table = _entity_table(first_node, pa.array(tenants, pa.string()).take(pa.array(row_tenant[heads])),
-                          pc.binary_join_element_wise("session:", words.take(pa.array(word[heads])), ""),
+                          pc.binary_join_element_wise(SESSION_KEY, words.take(pa.array(word[heads])), ""),
                           size[kept])
     return table, order[member], hub, np.concatenate(t_src), np.concatenate(t_dst)
 

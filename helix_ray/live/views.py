@@ -34,7 +34,9 @@ from helix_ray.errors import StoreError
 from helix_ray.live.delta import DELTA_BASE, DeltaSegment, SegmentCache, effective
 from helix_ray.live.delta_format import current_delta_version, delta_dir
 from helix_ray.heap import trim_heap_later
+from helix_ray.index.csr import SESSION_EDGE_WEIGHT, SESSION_KEY
 from helix_ray.recall import scope as scope_mod
+from helix_ray.recall.expand import ExtraEdges
 from helix_ray.recall.pipeline import Recaller
 from helix_ray.recall.warm import ROLE_FILES, read_through
 from helix_ray.store.generation import Generation, open_good_generation
@@ -66,6 +68,16 @@ class GenerationView:
         table = self.generation.segment_rows()
         return DeltaSegment.from_table(0, table, []) if table is not None else None
 
+    @functools.cached_property
+    def session_nodes(self) -> dict[tuple[str, str], int]:
+        """(user, session) → the graph's node of that session (a session of two memories
+        or more: :func:`helix_ray.ingest.graph.build_graph`)."""
+        entities = self.generation.entities
+        sessions = entities.filter(pc.starts_with(entities.column("key"), SESSION_KEY))
+        return {(user, key[len(SESSION_KEY):]): int(node) for user, key, node in zip(
+            sessions.column("user").to_pylist(), sessions.column("key").to_pylist(),
+            sessions.column("node").to_pylist())}
+
     def rows_of(self, ids: frozenset[str]) -> np.ndarray:
         """Sorted rows of the ids this generation holds (ids it lacks are skipped)."""
         unknown = [i for i in ids if i not in self._row_of]
@@ -92,7 +104,7 @@ class GenerationView:
         if role in ("bm25", "all"):
             _ = gen.bm25
         if role in ("ranker", "all"):
-            _ = self.columns, gen.minhash, gen.graph, gen._texts, gen.late
+            _ = self.columns, gen.minhash, gen.graph, gen._texts, gen.late, self.session_nodes
         if self.frozen is not None and role in ("bm25", "all"):  # its rows' postings, parsed and analysed once
             self.frozen._analysed(gen.bm25.analyzer)
 
@@ -128,6 +140,13 @@ class ShellRecaller(Recaller):
     @property
     def columns(self):  # type: ignore[override]
         return self._columns if self._columns is not None else self._base.columns
+
+    def _reachable(self, plan) -> np.ndarray | None:
+        """The delta's entries in scope, over a joined generation (their session edges)."""
+        delta = getattr(self.generation, "delta", None)
+        if delta is None or not len(delta):
+            return None
+        return DELTA_BASE + delta.seq[delta.scope_mask(plan.scope, self.generation.number)]
 
     def _mask(self, plan) -> np.ndarray | None:
         start, end = self.generation.partitions[plan.user]
@@ -192,9 +211,41 @@ class _PaddedIndptr:
 
 
 class _JoinedGraph:
-    def __init__(self, graph):
+    """The generation's graph with the delta's entries on it: each live entry with a
+    session is linked to its session's node, as ingest links a session's memories (the
+    edges that carry the graph's worth on conversations: docs/quality.md). The node is
+    the generation's for that session, or, for a session it has none of, one made for
+    this snapshot (numbered past the graph's nodes) once two entries share it. The
+    entries' other edges (mentions, kNN, temporal) come with the compaction that
+    rebuilds the generation."""
+
+    def __init__(self, graph, delta: DeltaSegment, view: GenerationView):
         self.indptr = _PaddedIndptr(graph.indptr)
         self.indices, self.weights, self.types = graph.indices, graph.weights, graph.types
+        self.extra = _session_edges(delta, view, graph.num_nodes)
+
+
+def _session_edges(delta: DeltaSegment, view: GenerationView, first_free: int) -> ExtraEdges:
+    """The delta's session edges (both ways), new session nodes numbered from ``first_free``."""
+    members: dict[tuple[str, str], list[int]] = {}
+    live = delta.live(view.number)
+    for i in np.flatnonzero(live).tolist():
+        session = delta.sessions[i]
+        if session:
+            members.setdefault((str(delta.users[i]), str(session)), []).append(DELTA_BASE + int(delta.seq[i]))
+    rows: list[int] = []
+    hubs: list[int] = []
+    known = view.session_nodes if members else {}
+    for key, entries in members.items():
+        hub = known.get(key)
+        if hub is None:
+            if len(entries) < 2:
+                continue
+            hub, first_free = first_free, first_free + 1
+        rows += entries
+        hubs += [hub] * len(entries)
+    a, b = np.array(rows, np.int64), np.array(hubs, np.int64)
+    return ExtraEdges(np.concatenate([a, b]), np.concatenate([b, a]), np.full(2 * len(a), SESSION_EDGE_WEIGHT))
 
 
 class JoinedColumns:
@@ -254,7 +305,7 @@ class JoinedGeneration:
             own = (0xFFFFFFFF - delta.seq % (1 << 31)).astype(np.uint32)
             signatures = np.repeat(own[:, None], width, axis=1)
         self.minhash = _Joined(gen.minhash, signatures, delta)
-        self.graph = _JoinedGraph(gen.graph)
+        self.graph = _JoinedGraph(gen.graph, delta, view)
         self.late = JoinedTokens(gen.late, delta) if gen.late is not None else None
 
     @property

@@ -25,6 +25,32 @@ class Expansion:
     subgraph_nodes: int
 
 
+class ExtraEdges:
+    """Edges beside a stored graph's, symmetric (each given both ways): the session edges
+    of a Serve replica's online writes, which no generation holds yet
+    (:class:`helix_ray.live.views.JoinedGeneration`). Kept sorted by source node."""
+
+    def __init__(self, src: np.ndarray, dst: np.ndarray, weights: np.ndarray):
+        order = np.argsort(src, kind="stable")
+        self.src = np.asarray(src, np.int64)[order]
+        self.dst = np.asarray(dst, np.int64)[order]
+        self.weights = np.asarray(weights, np.float64)[order]
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def edges_of(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(index into ``nodes`` of the source, the other end, the weight) of every edge of ``nodes``."""
+        first = np.searchsorted(self.src, nodes, side="left")
+        lengths = np.searchsorted(self.src, nodes, side="right") - first
+        owner = np.repeat(np.arange(len(nodes)), lengths)
+        at = np.repeat(first - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+        return owner, self.dst[at], self.weights[at]
+
+    def degree(self, nodes: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.src, nodes, side="right") - np.searchsorted(self.src, nodes, side="left")
+
+
 def _edges_of(indptr, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(index into ``nodes`` of the source, CSR position) of every edge of ``nodes``."""
     starts = np.asarray(indptr[nodes], dtype=np.int64)
@@ -36,10 +62,12 @@ def _edges_of(indptr, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def neighbourhood(indptr, indices, seeds: np.ndarray, max_hops: int, max_nodes: int,
-                  max_degree: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+                  max_degree: int | None = None,
+                  extra: ExtraEdges | None = None) -> tuple[np.ndarray, np.ndarray, int]:
     """BFS from ``seeds`` (at most ``max_nodes`` of them): (nodes, hop of each, depth at
     which the node cap cut the search, 0 if it did not). Seeds come first, then each hop
-    in discovery order. Vectorised per hop: no Python loop over edges.
+    in discovery order. Vectorised per hop: no Python loop over edges. ``extra``: edges
+    beside the CSR's, walked as its own.
 
     A reached node with more than ``max_degree`` edges (a hub: an entity named by
     thousands of memories) is left out: like a term with a tiny IDF it links everything
@@ -56,12 +84,16 @@ def neighbourhood(indptr, indices, seeds: np.ndarray, max_hops: int, max_nodes: 
             break
         _, positions = _edges_of(indptr, frontier)
         reached = np.asarray(indices[positions], dtype=np.int64)
+        if extra is not None and len(extra):
+            reached = np.concatenate([reached, extra.edges_of(frontier)[1]])
         if len(reached) == 0:
             break
         uniq, first = np.unique(reached, return_index=True)
         fresh = uniq[~np.isin(uniq, visited, assume_unique=True)]
         if max_degree is not None and len(fresh):
             degree = np.asarray(indptr[fresh + 1], dtype=np.int64) - np.asarray(indptr[fresh], dtype=np.int64)
+            if extra is not None and len(extra):
+                degree = degree + extra.degree(fresh)
             fresh = fresh[degree <= max_degree]
         fresh = reached[np.sort(first[np.isin(uniq, fresh, assume_unique=True)])]  # discovery order
         room = max_nodes - count
@@ -116,9 +148,10 @@ def ppr_dense(adjacency: np.ndarray, seed: np.ndarray, damping: float, iteration
 def ppr(graph, seeds: np.ndarray, seed_weights: np.ndarray, *, damping: float, max_hops: int, max_nodes: int,
         iterations: int, tolerance: float, max_degree: int | None = None) -> Expansion:
     indptr, indices, weights = graph.indptr, graph.indices, graph.weights
+    extra = getattr(graph, "extra", None)  # a replica's online writes: edges no generation holds yet
     seeds = seeds[:max_nodes]
     seed_weights = seed_weights[:max_nodes]
-    nodes, hops, cut_at = neighbourhood(indptr, indices, seeds, max_hops, max_nodes, max_degree)
+    nodes, hops, cut_at = neighbourhood(indptr, indices, seeds, max_hops, max_nodes, max_degree, extra)
     if cut_at == 1:  # even the first hop overflows: a hub; PPR on a clipped star misleads
         return Expansion(nodes, 1.0 / (1.0 + hops), "bfs", len(nodes))
     # The induced subgraph: every edge of the chosen nodes whose other end was chosen too.
@@ -129,6 +162,13 @@ def ppr(graph, seeds: np.ndarray, seed_weights: np.ndarray, *, damping: float, m
     n = len(nodes)
     source, target = owner[inside], slot[inside]
     edge_weight = np.asarray(weights[edge_pos[inside]], dtype=np.float64)
+    if extra is not None and len(extra):
+        more_owner, more_reached, more_weight = extra.edges_of(nodes)
+        more_slot = positions_in(nodes, more_reached)
+        kept = more_slot >= 0
+        source = np.concatenate([source, more_owner[kept]])
+        target = np.concatenate([target, more_slot[kept]])
+        edge_weight = np.concatenate([edge_weight, more_weight[kept]])
     degree = np.bincount(source, weights=edge_weight, minlength=n).astype(np.float64)  # int64 when empty
     inv = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
     # Pᵀ built at once from the edge list (one COO→CSR pass; duplicates add up).

@@ -353,6 +353,11 @@ class Recaller:
         start, end = self.generation.partitions[plan.user]
         return scope.build_mask(self.generation.scope_columns, start, end, plan.scope)
 
+    def _reachable(self, plan: Plan) -> np.ndarray | None:
+        """Rows numbered past the tenant's (a replica's online writes) that graph
+        expansion may add, in scope; None: none (a generation alone has no such rows)."""
+        return None
+
     def _window_mask(self, plan: Plan, mask: np.ndarray | None) -> np.ndarray | None:
         """The scope's mask narrowed to the memories created inside the query's window
         (``time.window_leg``); None when the query names no window, or the window holds
@@ -448,7 +453,7 @@ class Recaller:
         lap("fuse")
         if cfg.graph.enabled and "graph" not in plan.disabled and not strong and len(found.rows):
             found.added, found.graph_score, flags["graph"] = _expand(gen, found.rows, found.fused_score, start, end,
-                                                                     mask, cfg)
+                                                                     mask, cfg, self._reachable(plan))
         found.rows = np.concatenate([found.rows, np.array(found.added, dtype=np.int64)]).astype(np.int64)
         lap("expand")
         if len(found.rows) == 0:
@@ -523,18 +528,22 @@ def _lexical_confidence(lex: lexical.LexicalHits) -> float:
 
 
 def _expand(gen, pool_rows: np.ndarray, fused_score: dict[int, float], start: int, end: int,
-            mask: np.ndarray | None, cfg: RetrievalConfig) -> tuple[list[int], dict[int, float], dict[str, Any]]:
+            mask: np.ndarray | None, cfg: RetrievalConfig,
+            reachable: np.ndarray | None = None) -> tuple[list[int], dict[int, float], dict[str, Any]]:
     """Personalized PageRank from the pool's head over the memory graph: the memories it
-    adds (in scope, outside the pool), every candidate's graph score, and what it did."""
+    adds (in scope, outside the pool: the tenant's rows, and ``reachable``, online
+    writes in scope that the graph links), every candidate's graph score, and what it did."""
     g = cfg.graph
     seeds = pool_rows[: g.seeds]
     weights = np.array([fused_score[int(r)] for r in seeds])
     result = expand.ppr(gen.graph, seeds, weights, damping=g.damping, max_hops=g.max_hops, max_nodes=g.max_nodes,
                         iterations=g.iterations, tolerance=g.tolerance, max_degree=g.max_degree)
-    # Memories: the tenant's rows, and candidates numbered past them (a Serve replica's
-    # online writes, which have no edges yet but hold a seed's restart mass).
+    # Memories: the tenant's rows, and rows numbered past them (a Serve replica's online
+    # writes: candidates, and those in scope that their session's node links).
     in_range = (result.nodes >= start) & (result.nodes < end)
     memory = in_range | np.isin(result.nodes, pool_rows)
+    if reachable is not None:
+        memory |= np.isin(result.nodes, reachable)
     nodes, scores, in_range = result.nodes[memory], result.scores[memory], in_range[memory]
     if mask is not None:  # the scope filter, over the tenant's rows; candidates are in scope already
         keep = ~in_range
