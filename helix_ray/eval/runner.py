@@ -123,8 +123,10 @@ def written_store(corpus_id: str, docs: Sequence[Any], workdir: Path, ingest_con
 
 #: The file that marks a store :func:`written_store` finished.
 WRITTEN_MARK = "WRITTEN"
-#: Records per ``Memory.add`` call when a store is written (the encoders batch them).
-WRITE_BATCH = 64
+#: Records per ``Memory.add`` call when a store is written: one, as an agent remembers a
+#: turn at a time (doc2query's offline keyphrases weigh words by their rarity within a
+#: call's texts, so the batching changes the expansions).
+WRITE_BATCH = 1
 
 
 class WrittenRecaller:
