@@ -112,7 +112,7 @@ def test_a_system_with_ingest_settings_runs_on_a_store_built_with_them(tmp_path)
         assert store in built and store != runner.store_for(corpus_id, docs, tmp_path, IngestConfig())
 
 
-def test_helix_written_recalls_documents_written_through_memory_add(tmp_path):
+def test_helix_written_recalls_documents_written_through_memory_add(tmp_path, monkeypatch):
     """``helix-written``: the corpus written through ``Memory.add`` and left in the delta
     (the generation holds none of it), recalled through ``Memory.recall``, paired with
     helix on the ingested store; the written store is reused once finished, and built
@@ -123,7 +123,12 @@ def test_helix_written_recalls_documents_written_through_memory_add(tmp_path):
     from helix_ray.store.generation import Generation
 
     evalset = load_beir(MINI)
+    asked = []
+    recall = runner.WrittenRecaller.recall
+    monkeypatch.setattr(runner.WrittenRecaller, "recall",
+                        lambda self, query, **kw: asked.append(query) or recall(self, query, **kw))
     report = evaluate(evalset, systems=["helix", runner.WRITTEN], workdir=tmp_path, show_progress=False)
+    assert sorted(asked) == sorted(q.text for q in evalset.queries)  # helix-written asked the written store
     assert set(report.comparisons[runner.WRITTEN]) == {"helix"}
     assert report.systems[runner.WRITTEN]["recall@10"] > 0.5
     (corpus_id, docs), = evalset.corpora.items()

@@ -404,9 +404,9 @@ CHAT = ["Caroline: I went to the pottery class on Sunday.",
         "Melanie: Tell me how the bowl turns out!"]
 
 
-def _turn(i: int, session: str = "s1", day: int | None = None) -> dict:
+def _turn(i: int, session: str = "s1", at: str | None = None) -> dict:
     return memory(i, CHAT[i % len(CHAT)] if session == "s1" else f"Jon: note {i} about the lake.", type="episodic",
-                  session_id=session, created_at=f"2025-03-02T10:{day if day is not None else i:02d}:00Z")
+                  session_id=session, created_at=f"2025-03-02T{at or f'10:{i:02d}:00'}Z")
 
 
 def _unit(v):
@@ -417,9 +417,10 @@ def _unit(v):
 
 def test_a_written_turn_takes_in_its_sessions_previous_turn(tmp_path):
     """A conversation turn written through Memory.add takes in the stored vector of its
-    session's latest earlier turn, as ingest mixes one (``session_context``): a turn of
-    the generation, of the delta, or one written before it in the same call; a deleted
-    turn is not one; a turn older than the session's latest, another session's first
+    session's latest turn at or before its time, as ingest mixes one
+    (``session_context``): a turn of the generation, of the delta, or one written before
+    it in the same call; a turn written late mixes the one before it in time; a deleted
+    turn is not one; a turn earlier than all of its session's, another session's first
     turn and a memory without a session keep their own vector. A compaction stores the
     mixed vectors as they are, not mixed again.
 
@@ -432,7 +433,8 @@ def test_a_written_turn_takes_in_its_sessions_previous_turn(tmp_path):
     from helix_ray.ingest.run import ingest
 
     calls = [[_turn(1)], [_turn(2), _turn(3)], [_turn(7, "s2")], [memory(8, "Billing moved to Postgres.")],
-             [_turn(4, day=0)]]  # older than the session's first turn: written last, left as it is
+             [_turn(4, at="09:59:00")],  # before every turn of its session: left as it is
+             [_turn(6, at="10:02:30")]]  # written after m003, said between m002 and m003
     stores = {}
     for name, weight in (("on", 1.0), ("off", 0.0)):
         config = IngestConfig(session_context=weight)
@@ -454,6 +456,7 @@ def test_a_written_turn_takes_in_its_sessions_previous_turn(tmp_path):
         np.testing.assert_allclose(got["m003"], _unit(own["m003"] + got["m002"]), atol=1e-6)  # same call
         for alone in ("m007", "m008", "m004"):
             np.testing.assert_allclose(got[alone], own[alone], atol=1e-6)
+        np.testing.assert_allclose(got["m006"], _unit(own["m006"] + got["m002"]), atol=1e-6)
         assert float(got["m002"] @ own["m002"]) < 0.97  # the context moved it
 
         for mem in (on, off):  # the session's latest turn deleted: the next one mixes the one before it
@@ -461,7 +464,7 @@ def test_a_written_turn_takes_in_its_sessions_previous_turn(tmp_path):
             mem.add([_turn(5)])
         got5 = np.asarray(on._core().entries["m005"]["vector"], np.float32)
         own5 = np.asarray(off._core().entries["m005"]["vector"], np.float32)
-        np.testing.assert_allclose(got5, _unit(own5 + got["m002"]), atol=1e-6)
+        np.testing.assert_allclose(got5, _unit(own5 + got["m006"]), atol=1e-6)  # m003 (10:03) gone
 
         assert on.compact()["published"]
         folded = Generation.open_current(on.store)
@@ -571,3 +574,45 @@ def test_graph_expansion_reaches_a_written_turn_through_its_session(tmp_path):
         # The stored turns are in this scope and m020 is not: the node links it, and it stays out.
         early = _graph_origin(mem.recall("pottery class bowl", until="2025-03-02T10:10:00Z", **ask))
         assert {"m001", "m002"} & set(early) and "m020" not in early and "m022" not in early
+
+
+def test_a_written_turn_of_the_same_time_follows_the_latest_arrival(tmp_path):
+    """Turns of one time (LoCoMo dates a session, not its turns): the previous turn is
+    the one that arrived last, a written one after the generation's, and the
+    generation's in row order, as ingest orders them; another user's session of the
+    same id is never one. A memory rewritten long, as chunks, is not mixed with its own
+    earlier version: its first chunk takes the turn before it, each next chunk the one
+    before that."""
+    import numpy as np
+
+    from helix_ray.config import IngestConfig
+    from helix_ray.ingest.run import ingest
+
+    at = "10:00:00"
+    first = [_turn(1, at=at), _turn(2, at=at), memory(3, "Lee: my lake trip.", user="lee", type="episodic",
+                                                       session_id="s1", created_at=f"2025-03-02T{at}Z")]
+    long_text = " ".join(f"Caroline: sentence {n} about the pottery kiln and its glaze." for n in range(120))
+    stores = {}
+    for name, weight in (("on", 1.0), ("off", 0.0)):
+        config = IngestConfig(session_context=weight)
+        ingest([write_jsonl(tmp_path / "first.jsonl", first)], tmp_path / name, runner="local", config=config,
+               show_progress=False)
+        mem = stores[name] = Memory(tmp_path / name, ingest=config, compact_interval_s=None, record_access=False)
+        mem.add([_turn(4, at=at)])
+        mem.add([_turn(5, at=at)])
+        mem.add([_turn(9, at="10:09:00")])
+        mem.patch("m009", user="dana", text=long_text)
+    try:
+        got = {i: np.asarray(e["vector"], np.float32) for i, e in stores["on"]._core().entries.items()}
+        own = {i: np.asarray(e["vector"], np.float32) for i, e in stores["off"]._core().entries.items()}
+        base = Generation.open_current(stores["on"].store)
+        second = np.asarray(base.vectors[base.columns.id_to_row["m002"]], np.float32)
+        np.testing.assert_allclose(got["m004"], _unit(own["m004"] + second), atol=1e-6)
+        np.testing.assert_allclose(got["m005"], _unit(own["m005"] + got["m004"]), atol=1e-6)
+        chunks = sorted(i for i in got if i.startswith("m009#chunk"))
+        assert len(chunks) >= 2 and "m009" not in got
+        np.testing.assert_allclose(got[chunks[0]], _unit(own[chunks[0]] + got["m005"]), atol=1e-6)
+        np.testing.assert_allclose(got[chunks[1]], _unit(own[chunks[1]] + got[chunks[0]]), atol=1e-6)
+    finally:
+        for mem in stores.values():
+            mem.close()

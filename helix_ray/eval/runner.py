@@ -438,29 +438,29 @@ def evaluate(
 
     for n, (corpus_id, queries) in enumerate(sorted(by_corpus.items()), start=1):
         recallers: dict[str | None, Any] = {}
-        opened = contextlib.ExitStack()
-        for key, cfg in [(None, ingest_config), *variants.items()]:
-            if key == WRITTEN:
-                recallers[key] = _written_recaller(opened, corpus_id, evalset.corpora[corpus_id], Path(workdir), cfg,
-                                                   retrieval_config, derive_types)
-                continue
-            store = store_for(corpus_id, evalset.corpora[corpus_id], Path(workdir), cfg, derive_types=derive_types)
-            generation = Generation.open_current(store)
-            adapter = None
-            if adapt_on is not None and key not in LEXICAL_ONLY:  # a lexical system has no query vector
-                if pooled:
-                    if key not in shared:
-                        shared[key] = fit(key, cfg, None)
-                    adapter = shared[key]
-                else:
-                    adapter = fit(key, cfg, corpus_id, generation)
-            # Queries encoded as helix_ray.Memory encodes them (the token encoding beside the
-            # sentence vector, half the cores each, on a store with token vectors); the
-            # adapter fits above batch-encode with every core.
-            threads = encoder_threads(generation, retrieval_config)
-            recallers[key] = Recaller(generation, get_embedder(ingest_config.embedder, threads),
-                                      retrieval_config or RetrievalConfig(), adapter=adapter, threads=threads)
-        with opened:
+        with contextlib.ExitStack() as opened:  # a written store's Memory, closed however the corpus ends
+            for key, cfg in [(None, ingest_config), *variants.items()]:
+                if key == WRITTEN:
+                    recallers[key] = _written_recaller(opened, corpus_id, evalset.corpora[corpus_id], Path(workdir),
+                                                       cfg, retrieval_config, derive_types)
+                    continue
+                store = store_for(corpus_id, evalset.corpora[corpus_id], Path(workdir), cfg,
+                                  derive_types=derive_types)
+                generation = Generation.open_current(store)
+                adapter = None
+                if adapt_on is not None and key not in LEXICAL_ONLY:  # a lexical system has no query vector
+                    if pooled:
+                        if key not in shared:
+                            shared[key] = fit(key, cfg, None)
+                        adapter = shared[key]
+                    else:
+                        adapter = fit(key, cfg, corpus_id, generation)
+                # Queries encoded as helix_ray.Memory encodes them (the token encoding beside the
+                # sentence vector, half the cores each, on a store with token vectors); the
+                # adapter fits above batch-encode with every core.
+                threads = encoder_threads(generation, retrieval_config)
+                recallers[key] = Recaller(generation, get_embedder(ingest_config.embedder, threads),
+                                          retrieval_config or RetrievalConfig(), adapter=adapter, threads=threads)
             for name, system in chosen.items():
                 recaller = recallers[store_variant(name)]
                 for q in queries:
@@ -483,6 +483,7 @@ def _written_recaller(opened: contextlib.ExitStack, corpus_id: str, docs: Sequen
     from helix_ray.memory import Memory
 
     store = written_store(corpus_id, docs, workdir, cfg, derive_types=derive_types)
+    cfg = _records(corpus_id, docs, cfg, derive_types)[0]  # the config it was written with
     memory = opened.enter_context(Memory(store, retrieval=retrieval_config, ingest=cfg, record_access=False,
                                          compact_interval_s=None))
     return WrittenRecaller(memory, chunked=_any_longer(docs, cfg.chunk.max_tokens))

@@ -1,10 +1,10 @@
 """A written conversation turn's session context (``IngestConfig.session_context``), as
 ingest gives a turn it embeds (:func:`helix_ray.ingest.assemble.session_context`): the
 sentence vector of an episodic memory with a session becomes ``unit(v + w · v_prev)``,
-``v_prev`` the stored vector of the latest earlier turn of its (user, session): one
-written before it in the same call, a live delta entry, a segment row or a row of the
-current generation. A turn that arrives after a later turn of its session keeps its own
-vector, as ingest leaves it.
+``v_prev`` the stored vector of its session's latest turn at or before its time: a row
+of the current generation, a segment row, a live delta entry, or a turn written before
+it in the same call, the one that arrived last among turns of the same time. A turn
+with none keeps its own vector.
 
 The log, the delta and the next generation hold the mixed vector: compaction takes a
 write's outputs as they are (a :class:`~helix_ray.ingest.stages.Computed` vector is
@@ -14,7 +14,7 @@ final) and mixes only what it embeds itself, so no turn is mixed twice.
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from helix_ray.live.writer import WriterCore
 
 Session = tuple[str, str]  # (user, session id)
-Turn = tuple[int, np.ndarray]  # (created_at in epoch µs, the stored vector)
+#: Where a stored turn comes from, in arrival order: of two turns of the same time, the
+#: later source (and within one, the later row or seq) arrived later.
+BASE, SEGMENT, ENTRY, CALL = range(4)
 
 
 def session_of(row: dict[str, Any]) -> Session | None:
@@ -45,86 +47,142 @@ def micros(value: Any) -> int:
     return int(when.timestamp() * 1_000_000)
 
 
-def mix_written(core: WriterCore, rows: list[dict[str, Any]], vectors: np.ndarray) -> None:
+class Turns:
+    """A session's stored turns in (time, source, order) order, their vectors read only
+    for the turn chosen."""
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, Callable[[int], np.ndarray]]] = []
+        self._sorted: tuple[np.ndarray, np.ndarray] | None = None  # times, and (source, order, part, index)
+
+    def add(self, created: np.ndarray, source: int, order: np.ndarray, vector: Callable[[int], np.ndarray]) -> None:
+        """Turns created at ``created`` (µs) from ``source``, each with its ``order`` there;
+        ``vector(i)``: the stored vector of the i-th of them."""
+        if len(created):
+            self._parts.append((np.asarray(created, np.int64), np.full(len(created), source, np.int64),
+                                np.asarray(order, np.int64), vector))
+            self._sorted = None
+
+    def latest(self, at: int) -> tuple[tuple[int, int, int], np.ndarray] | None:
+        """The latest turn created at or before ``at``: its (time, source, order) and vector."""
+        if not self._parts:
+            return None
+        if self._sorted is None:
+            created = np.concatenate([p[0] for p in self._parts])
+            source = np.concatenate([p[1] for p in self._parts])
+            order = np.concatenate([p[2] for p in self._parts])
+            where = np.concatenate([np.arange(len(p[0])) for p in self._parts])
+            part = np.concatenate([np.full(len(p[0]), k) for k, p in enumerate(self._parts)])
+            rank = np.lexsort((order, source, created))
+            self._sorted = (created[rank], np.stack([source[rank], order[rank], part[rank], where[rank]], 1))
+        created, info = self._sorted
+        i = int(np.searchsorted(created, at, side="right")) - 1
+        if i < 0:
+            return None
+        came_from, rank_there, part_of, index = (int(x) for x in info[i])
+        return (int(created[i]), came_from, rank_there), np.asarray(self._parts[part_of][3](index), np.float32)
+
+
+def mix_written(core: WriterCore, rows: list[dict[str, Any]], vectors: np.ndarray,
+                replaced: Iterable[str] = ()) -> None:
     """Give the turns among ``rows`` (validated records, about to be written) their
     session's context: ``vectors`` (unit float32 rows, in ``rows``' order) mixed in
-    place, each turn in (created_at, arrival) order."""
+    place, in (created_at, arrival) order. ``replaced``: ids the same write deletes (a
+    memory's earlier chunks), never a previous turn."""
     weight = core.config.session_context
     sessions = [session_of(r) for r in rows]
     wanted = {s for s in sessions if s is not None}
     if weight <= 0 or not wanted:
         return
-    last = stored_tails(core, wanted, writing={r["id"] for r in rows})
+    stored = stored_turns(core, wanted, writing={r["id"] for r in rows} | set(replaced))
     created = [micros(r["created_at"]) for r in rows]
+    made: dict[Session, tuple[tuple[int, int, int], np.ndarray]] = {}  # the call's latest mixed turn
     for i in sorted(range(len(rows)), key=lambda i: (created[i], i)):
         key = sessions[i]
         if key is None:
             continue
-        seen = last.get(key)
-        if seen is not None and seen[0] > created[i]:
-            continue  # arrived after a later turn of its session: left as it is
-        if seen is not None:
-            mixed = vectors[i] + weight * np.asarray(seen[1], np.float32)
+        candidates = [t for t in (stored[key].latest(created[i]), made.get(key)) if t is not None]
+        if candidates:
+            _, previous = max(candidates, key=lambda t: t[0])
+            mixed = vectors[i] + weight * previous
             vectors[i] = mixed / max(float(np.linalg.norm(mixed)), 1e-12)
-        last[key] = (created[i], vectors[i])
+        made[key] = ((created[i], CALL, i), vectors[i])
 
 
-def stored_tails(core: WriterCore, wanted: set[Session], writing: set[str]) -> dict[Session, Turn]:
-    """The latest stored turn of each ``wanted`` session: among the live delta entries,
-    then (ids the delta does not hold, deletes, or ``writing``) the current generation's
-    segment rows and base rows."""
-    tails: dict[Session, Turn] = {}
-
-    def offer(key: Session, created: int, vector: Any) -> None:
-        if key in wanted and (key not in tails or created >= tails[key][0]):
-            tails[key] = (created, vector)
-
+def stored_turns(core: WriterCore, wanted: set[Session], writing: set[str]) -> dict[Session, Turns]:
+    """The stored turns of each ``wanted`` session: the live delta entries, the current
+    generation's segment rows and base rows; of one id, only the version recall reads
+    (an entry over a segment row over a base row), and none of ``writing`` or deleted."""
+    turns = {key: Turns() for key in wanted}
+    by_session: dict[Session, list[dict[str, Any]]] = {}
     for entry in core.entries.values():
         key = session_of(entry)
-        if key is not None and entry["id"] not in writing:
-            offer(key, int(entry["created_at"]), entry["vector"])
+        if key in turns and entry["id"] not in writing:
+            by_session.setdefault(key, []).append(entry)
+    for key, entries in by_session.items():
+        turns[key].add(np.array([int(e["created_at"]) for e in entries], np.int64), ENTRY,
+                       np.array([int(e["seq"]) for e in entries], np.int64), _item_of(entries, "vector"))
     generation = core.base()
     if generation is None:
-        return tails
-    hidden = writing | set(core.entries) | set(core.tombstones)
+        return turns
+    hidden = pa.array(sorted(writing | set(core.entries) | set(core.tombstones)), pa.string())
     segment = generation.segment_rows()
     if segment is not None and segment.num_rows:
-        for row, vector in _matching(segment, wanted, hidden):
-            offer((str(row["user"]), str(row["session_id"])), micros(row["created_at"]), vector)
-    hidden |= set(generation.dead)
+        _segment_turns(segment, turns, hidden)
+    hidden = pa.array(sorted(set(hidden.to_pylist()) | set(generation.dead)), pa.string())
     for user, session in wanted:
         span = generation.partitions.get(user)
         if span is None or span[1] <= span[0]:
             continue
-        start = span[0]
-        offsets = core.session_rows.offsets(generation, user, session)
-        rows = generation.memories.select(["id", "type", "created_at"]).take(pa.array(start + offsets, pa.int64()))
-        for row, offset in zip(rows.to_pylist(), offsets.tolist()):
-            if row["type"] == "episodic" and row["id"] not in hidden:
-                offer((user, session), micros(row["created_at"]), generation.vectors[start + offset])
-    return tails
+        rows = span[0] + core.session_rows.offsets(generation, user, session)
+        table = generation.memories.select(["id", "type", "created_at"]).take(pa.array(rows, pa.int64()))
+        keep = _visible_turns(table, hidden)
+        rows = rows[keep]
+        created = table.column("created_at").cast(pa.timestamp("us", "UTC")).cast(pa.int64()).to_numpy()[keep]
+        turns[(user, session)].add(created, BASE, rows, _row_of(generation.vectors, rows))
+    return turns
 
 
-def _matching(segment: pa.Table, wanted: set[Session], hidden: set[str]) -> list[tuple[dict[str, Any], Any]]:
-    """The segment rows of ``wanted`` sessions (episodic, not ``hidden``), each with its vector."""
-    sessions = pa.array(sorted({s for _, s in wanted}), pa.string())
-    keep = pc.and_(pc.fill_null(pc.is_in(segment.column("session_id"), value_set=sessions), False),
-                   pc.equal(segment.column("type"), "episodic"))
-    rows = segment.filter(keep)
-    out = []
-    for row, vector in zip(rows.select(["id", "user", "session_id", "created_at"]).to_pylist(),
-                           rows.column("vector").to_pylist()):
-        if row["id"] not in hidden and (row["user"], row["session_id"]) in wanted:
-            out.append((row, np.asarray(vector, np.float32)))
-    return out
+def _visible_turns(table: pa.Table, hidden: pa.Array) -> np.ndarray:
+    """Which rows of ``table`` are episodic and not ``hidden`` (by id)."""
+    keep = pc.and_(pc.equal(table.column("type"), "episodic"),
+                   pc.invert(pc.is_in(table.column("id"), value_set=hidden)))
+    return np.asarray(pc.fill_null(keep, False).to_numpy(zero_copy_only=False), bool)
+
+
+def _segment_turns(segment: pa.Table, turns: dict[Session, Turns], hidden: pa.Array) -> None:
+    """The segment rows of the sessions in ``turns``."""
+    for user, session in turns:
+        mine = pc.and_(pc.equal(segment.column("user"), user), pc.equal(segment.column("session_id"), session))
+        rows = np.flatnonzero(pc.fill_null(mine, False).to_numpy(zero_copy_only=False))
+        if not len(rows):
+            continue
+        table = segment.take(pa.array(rows, pa.int64()))
+        keep = _visible_turns(table, hidden)
+        table = table.filter(pa.array(keep))
+        turns[(user, session)].add(table.column("created_at").to_numpy(), SEGMENT, table.column("seq").to_numpy(),
+                                   _list_of(table.column("vector")))
+
+
+def _item_of(entries: list[dict[str, Any]], key: str) -> Callable[[int], np.ndarray]:
+    return lambda i: entries[i][key]
+
+
+def _row_of(vectors: Any, rows: np.ndarray) -> Callable[[int], np.ndarray]:
+    return lambda i: vectors[int(rows[i])]
+
+
+def _list_of(column: pa.ChunkedArray) -> Callable[[int], np.ndarray]:
+    return lambda i: np.asarray(column[i].as_py(), np.float32)
 
 
 class SessionRows:
     """Where a session's rows sit in a tenant's range of a generation. A tenant of
     :data:`INDEX_FROM` rows or more is indexed at its first lookup, and the index kept
-    until the generation changes: a lookup is then a dict get, where a scan of its
-    sessions would cost each written turn 16 ms at 10^6 memories (the index, 0.3 s once).
-    A smaller tenant's sessions are scanned (0.4 ms at 25,000)."""
+    until the generation changes (0.3 s at 10^6 memories, paid by the tenant's first
+    written turn after a compaction): a lookup is then a dict get, where a scan of its
+    sessions would cost each written turn 16 ms at 10^6. A smaller tenant's sessions are
+    scanned (0.4 ms at 25,000)."""
 
     def __init__(self) -> None:
         self._generation: int | None = None

@@ -215,9 +215,10 @@ class _JoinedGraph:
     session is linked to its session's node, as ingest links a session's memories (the
     edges that carry the graph's worth on conversations: docs/quality.md). The node is
     the generation's for that session, or, for a session it has none of, one made for
-    this snapshot (numbered past the graph's nodes) once two entries share it. The
-    entries' other edges (mentions, kNN, temporal) come with the compaction that
-    rebuilds the generation."""
+    this snapshot (numbered past the graph's nodes) once two entries share it (the
+    generation's one row of such a session, if any, is not linked to it). The entries'
+    other edges (mentions, kNN, temporal) come with the compaction that rebuilds the
+    generation."""
 
     def __init__(self, graph, delta: DeltaSegment, view: GenerationView):
         self.indptr = _PaddedIndptr(graph.indptr)

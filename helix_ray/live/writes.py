@@ -265,7 +265,7 @@ def write_rows(core: WriterCore, rows: list[dict[str, Any]], deletes: list[str] 
     rows = list(latest.values())
     deletes = [i for i in dict.fromkeys(deletes) if i not in latest]
     owners = {i: core.owner(i) or "" for i in deletes}
-    put = _Computed(core, rows) if rows else None
+    put = _Computed(core, rows, deletes) if rows else None
     if rows:  # 1. the inbox file (ingest-ready records)
         _write_inbox(core, rows)
     # 2. the log rows in DuckDB and the deleted rows marked, one transaction
@@ -362,16 +362,16 @@ def write_inbox_file(store: Path, prefix: str, rows: list[dict[str, Any]], doing
 
 class _Computed:
     """What a put of ``rows`` computed (vectors, MinHash, late tokens, BM25 text): as the
-    log's rows and as delta entries."""
+    log's rows and as delta entries. ``deletes``: the ids the same write deletes."""
 
-    def __init__(self, core: WriterCore, rows: list[dict[str, Any]]):
+    def __init__(self, core: WriterCore, rows: list[dict[str, Any]], deletes: list[str]):
         self.core, self.rows = core, rows
         batch = {"seq": np.arange(len(rows)), "text": np.array([r["text"] for r in rows], dtype=object),
                  "type": np.array([r["type"] for r in rows], dtype=object)}
         batch = core._transform(batch)
         vectors = np.asarray(batch["vector"], np.float32)
         self.vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        mix_written(core, rows, self.vectors)  # a conversation turn takes its session's context, as at ingest
+        mix_written(core, rows, self.vectors, deletes)  # a conversation turn takes its session's context
         self.sigs = signatures([r["text"] for r in rows], num_perm=core._num_perm(), shingle=core.config.dedup.shingle)
         # Late-interaction tokens, so a fresh write is scored like a stored memory (None: off).
         n = len(rows)
