@@ -13,7 +13,10 @@ only read), in one process, no Ray:
    builds the next generation from it;
 2. ``Memory.add`` of one new memory of ``--user``, ``--adds`` times after one that
    loads the encoders: validated, embedded, logged in DuckDB, published to the delta;
-   after each, a ``Memory.recall`` of its unique word, which must find it;
+   after each, a ``Memory.recall`` of its unique word, which must find it. With
+   ``--turns``, every second add is a conversation turn of the session of the user's
+   latest stored memory (episodic, dated now), which takes that session's context as it
+   is written (:mod:`helix_ray.live.session_context`): timed as its own row;
 3. ``Memory.compact``: the writes folded into a generation;
 4. ``--ingests`` times, what ``Memory.add`` ran before it took the Writer's path: the
    record written to an fsynced JSONL file and a whole ingest of it, publishing a
@@ -62,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--adds", type=int, default=50, help="timed Memory.add calls of one memory")
     ap.add_argument("--ingests", type=int, default=3, help="timed whole ingests of one record (the old path)")
     ap.add_argument("--work", default=None, help="folder for the copy (default: a temporary one)")
+    ap.add_argument("--turns", action="store_true", help="every second add a turn of a stored session")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
 
@@ -80,16 +84,21 @@ def main(argv: list[str] | None = None) -> int:
         generation = Generation.open_current(store)
         size, late = generation.size, bool(generation.manifest.get("late"))
         config = IngestConfig.model_validate({"late_interaction": {"enabled": late}})
-        rows: dict[str, list[float]] = {"add": [], "recall": [], "ingest": []}
+        rows: dict[str, list[float]] = {"add": [], "turn": [], "recall": [], "ingest": []}
+        start, end = generation.partitions[args.user]
+        session = generation.memories.column("session_id")[end - 1].as_py()  # the user's latest memory's
         with Memory(store, ingest=config, record_access=False, compact_interval_s=None) as mem:
             mem.ready()
             first = current_generation_number(store)
             mem.add([note(args.user)[1]])  # loads the passage encoders
-            for _ in range(args.adds):
+            for n in range(args.adds):
                 word, record = note(args.user)
+                turn = args.turns and n % 2 == 1 and session is not None
+                if turn:
+                    record.update(type="episodic", session_id=session)
                 clock = time.perf_counter()
                 mem.add([record])
-                rows["add"].append((time.perf_counter() - clock) * 1000)
+                rows["turn" if turn else "add"].append((time.perf_counter() - clock) * 1000)
                 clock = time.perf_counter()
                 found = mem.recall(word, user=args.user, k=3).items
                 rows["recall"].append((time.perf_counter() - clock) * 1000)
@@ -112,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             last = current_generation_number(store)
 
     names = {"add": "`Memory.add`, one memory (Writer: log + delta)",
+             "turn": "`Memory.add`, one conversation turn of a stored session (its context mixed in)",
              "recall": "`Memory.recall` right after it (finds it)",
              "ingest": "a whole ingest of one record (the path `Memory.add` took before)"}
     print(f"store {args.store}: {size:,} memories, user {args.user}, late-interaction tokens: {late}; copied in "
