@@ -508,8 +508,9 @@ def test_a_written_turn_finds_its_previous_turn_in_a_segment(tmp_path):
 
 def test_a_large_tenants_sessions_are_indexed_as_a_scan_finds_them(tmp_path, monkeypatch):
     """SessionRows: the index a large tenant gets gives each session the rows a scan of
-    the tenant's sessions gives (none for a session it does not hold), and is made again
-    for a new generation."""
+    the tenant's sessions gives (none for a session it does not hold); it is made again
+    for a rebuilt generation and kept for a folded one (the same memories file)."""
+    from helix_ray.config import IngestConfig
     from helix_ray.ingest.run import ingest
     from helix_ray.live import session_context
 
@@ -535,6 +536,14 @@ def test_a_large_tenants_sessions_are_indexed_as_a_scan_finds_them(tmp_path, mon
     newer = Generation.open_current(store)
     start = newer.partitions["dana"][0]
     assert [newer.memories.column("id")[start + o].as_py() for o in indexed.offsets(newer, "dana", "s1")] == ["m003"]
+    kept, before = indexed._users["dana"], indexed.offsets(newer, "dana", "s1").tolist()
+    fold = IngestConfig(fold={"min_base_rows": 0, "max_share": 1.0})
+    with Memory(store, ingest=fold, compact_interval_s=None, record_access=False) as mem:
+        mem.add([_turn(12)])
+        assert mem.compact()["mode"] == "segment"
+    folded = Generation.open_current(store)  # the same memories file, linked: the index stays
+    assert folded.number > newer.number and indexed.offsets(folded, "dana", "s1").tolist() == before
+    assert indexed._users["dana"] is kept
 
 
 def _graph_origin(result) -> dict:
@@ -616,3 +625,23 @@ def test_a_written_turn_of_the_same_time_follows_the_latest_arrival(tmp_path):
     finally:
         for mem in stores.values():
             mem.close()
+
+
+def test_a_forgotten_users_turns_are_never_a_written_turns_previous_turn(tmp_path):
+    """After a user is forgotten without a rebuild, their rows are still in the
+    generation's files; a turn written again under that user and session does not mix
+    them in (compaction would keep that vector for good)."""
+    import numpy as np
+
+    from helix_ray.ingest.run import ingest
+
+    store = tmp_path / "store"
+    ingest([write_jsonl(tmp_path / "rows.jsonl", [_turn(1), _turn(2)])], store, runner="local", show_progress=False)
+    with Memory(store, compact_interval_s=None, record_access=False) as mem:
+        mem._core().forget_user("dana", compact=False)
+        mem.add([_turn(3)])
+        mixed = np.asarray(mem._core().entries["m003"]["vector"], np.float32)
+    with Memory(tmp_path / "plain", compact_interval_s=None, record_access=False) as plain:
+        plain.add([_turn(3)])
+        own = np.asarray(plain._core().entries["m003"]["vector"], np.float32)
+    np.testing.assert_allclose(mixed, own, atol=1e-6)

@@ -14,6 +14,7 @@ final) and mixes only what it embeds itself, so no turn is mixed twice.
 from __future__ import annotations
 
 import datetime as dt
+import os
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
@@ -91,11 +92,14 @@ def mix_written(core: WriterCore, rows: list[dict[str, Any]], vectors: np.ndarra
     memory's earlier chunks), never a previous turn."""
     weight = core.config.session_context
     sessions = [session_of(r) for r in rows]
-    wanted = {s for s in sessions if s is not None}
-    if weight <= 0 or not wanted:
+    if weight <= 0 or not any(sessions):
         return
-    stored = stored_turns(core, wanted, writing={r["id"] for r in rows} | set(replaced))
     created = [micros(r["created_at"]) for r in rows]
+    times: dict[Session, set[int]] = {}
+    for key, at in zip(sessions, created):
+        if key is not None:
+            times.setdefault(key, set()).add(at)
+    stored = stored_turns(core, times, writing={r["id"] for r in rows} | set(replaced))
     made: dict[Session, tuple[tuple[int, int, int], np.ndarray]] = {}  # the call's latest mixed turn
     for i in sorted(range(len(rows)), key=lambda i: (created[i], i)):
         key = sessions[i]
@@ -109,11 +113,13 @@ def mix_written(core: WriterCore, rows: list[dict[str, Any]], vectors: np.ndarra
         made[key] = ((created[i], CALL, i), vectors[i])
 
 
-def stored_turns(core: WriterCore, wanted: set[Session], writing: set[str]) -> dict[Session, Turns]:
-    """The stored turns of each ``wanted`` session: the live delta entries, the current
-    generation's segment rows and base rows; of one id, only the version recall reads
-    (an entry over a segment row over a base row), and none of ``writing`` or deleted."""
-    turns = {key: Turns() for key in wanted}
+def stored_turns(core: WriterCore, times: dict[Session, set[int]], writing: set[str]) -> dict[Session, Turns]:
+    """For each session of ``times`` (the times of the call's turns in it), the stored
+    turns that may precede them: its live delta entries and segment rows, and of its
+    base rows the latest at or before each time. Of one id only the version recall
+    reads counts (an entry over a segment row over a base row), and none of
+    ``writing``, deleted or of a forgotten user."""
+    turns = {key: Turns() for key in times}
     by_session: dict[Session, list[dict[str, Any]]] = {}
     for entry in core.entries.values():
         key = session_of(entry)
@@ -125,22 +131,35 @@ def stored_turns(core: WriterCore, wanted: set[Session], writing: set[str]) -> d
     generation = core.base()
     if generation is None:
         return turns
-    hidden = pa.array(sorted(writing | set(core.entries) | set(core.tombstones)), pa.string())
-    segment = generation.segment_rows()
-    if segment is not None and segment.num_rows:
-        _segment_turns(segment, turns, hidden)
-    hidden = pa.array(sorted(set(hidden.to_pylist()) | set(generation.dead)), pa.string())
-    for user, session in wanted:
+    hidden = writing | set(core.entries) | set(core.tombstones) | core.db.erased_ids()
+    segment = core.session_rows.segment(generation)
+    if segment is not None:
+        _segment_turns(segment, turns, pa.array(sorted(hidden), pa.string()))
+    dead = pa.array(sorted(hidden | set(generation.dead)), pa.string())
+    for (user, session), at in times.items():
         span = generation.partitions.get(user)
         if span is None or span[1] <= span[0]:
             continue
         rows = span[0] + core.session_rows.offsets(generation, user, session)
         table = generation.memories.select(["id", "type", "created_at"]).take(pa.array(rows, pa.int64()))
-        keep = _visible_turns(table, hidden)
+        keep = _visible_turns(table, dead)
         rows = rows[keep]
         created = table.column("created_at").cast(pa.timestamp("us", "UTC")).cast(pa.int64()).to_numpy()[keep]
-        turns[(user, session)].add(created, BASE, rows, _row_of(generation.vectors, rows))
+        picked = _latest_at(created, at)
+        turns[(user, session)].add(created[picked], BASE, rows[picked], _row_of(generation.vectors, rows[picked]))
     return turns
+
+
+def _latest_at(created: np.ndarray, times: Iterable[int]) -> np.ndarray:
+    """For each of ``times``, the position in ``created`` (ascending rows) of the latest
+    time at or before it, the last row of that time: one pass each, no sort."""
+    picked = set()
+    for at in times:
+        before = np.flatnonzero(created <= at)
+        if len(before):
+            latest = created[before].max()
+            picked.add(int(before[created[before] == latest][-1]))
+    return np.array(sorted(picked), np.int64)
 
 
 def _visible_turns(table: pa.Table, hidden: pa.Array) -> np.ndarray:
@@ -151,17 +170,18 @@ def _visible_turns(table: pa.Table, hidden: pa.Array) -> np.ndarray:
 
 
 def _segment_turns(segment: pa.Table, turns: dict[Session, Turns], hidden: pa.Array) -> None:
-    """The segment rows of the sessions in ``turns``."""
-    for user, session in turns:
-        mine = pc.and_(pc.equal(segment.column("user"), user), pc.equal(segment.column("session_id"), session))
-        rows = np.flatnonzero(pc.fill_null(mine, False).to_numpy(zero_copy_only=False))
-        if not len(rows):
-            continue
-        table = segment.take(pa.array(rows, pa.int64()))
-        keep = _visible_turns(table, hidden)
-        table = table.filter(pa.array(keep))
-        turns[(user, session)].add(table.column("created_at").to_numpy(), SEGMENT, table.column("seq").to_numpy(),
-                                   _list_of(table.column("vector")))
+    """The segment rows (episodic, with a session: :meth:`SessionRows.segment`) of the
+    sessions in ``turns``, but ``hidden`` ids."""
+    for user in {u for u, _ in turns}:
+        own = segment.filter(pc.equal(segment.column("user"), user))
+        for u, session in turns:
+            if u != user:
+                continue
+            table = own.filter(pc.equal(own.column("session_id"), session))
+            table = table.filter(pc.invert(pc.is_in(table.column("id"), value_set=hidden)))
+            if table.num_rows:
+                turns[(user, session)].add(table.column("created_at").to_numpy(), SEGMENT,
+                                           table.column("seq").to_numpy(), _list_of(table.column("vector")))
 
 
 def _item_of(entries: list[dict[str, Any]], key: str) -> Callable[[int], np.ndarray]:
@@ -177,16 +197,20 @@ def _list_of(column: pa.ChunkedArray) -> Callable[[int], np.ndarray]:
 
 
 class SessionRows:
-    """Where a session's rows sit in a tenant's range of a generation. A tenant of
-    :data:`INDEX_FROM` rows or more is indexed at its first lookup, and the index kept
-    until the generation changes (0.3 s at 10^6 memories, paid by the tenant's first
-    written turn after a compaction): a lookup is then a dict get, where a scan of its
-    sessions would cost each written turn 16 ms at 10^6. A smaller tenant's sessions are
-    scanned (0.4 ms at 25,000)."""
+    """Where a written turn's session sits in the generation.
+
+    :meth:`offsets`: a session's rows in a tenant's range. A tenant of :data:`INDEX_FROM`
+    rows or more is indexed at its first lookup, and the index kept while the generation's
+    memories file is the same (a fold links it: only a rebuild makes a new one; 0.3 s at
+    10^6 memories, paid by the tenant's first written turn after that): a lookup is then
+    a dict get, where a scan of its sessions would cost each written turn 16 ms at 10^6.
+    A smaller tenant's sessions are scanned (0.4 ms at 25,000). :meth:`segment`: the
+    generation's segment rows that are turns, read once per generation."""
 
     def __init__(self) -> None:
-        self._generation: int | None = None
+        self._memories: tuple[int, ...] | None = None  # the indexed memories file: (device, inode, size, mtime)
         self._users: dict[str, tuple[dict[str, int], np.ndarray, np.ndarray]] = {}
+        self._segment: tuple[int, pa.Table | None] | None = None
 
     def offsets(self, generation: Any, user: str, session: str) -> np.ndarray:
         """The offsets, in ``user``'s range of ``generation``, of the rows of ``session``."""
@@ -194,14 +218,28 @@ class SessionRows:
         column = generation.memories.column("session_id").slice(start, end - start)
         if end - start < INDEX_FROM:
             return np.flatnonzero(pc.fill_null(pc.equal(column, session), False).to_numpy(zero_copy_only=False))
-        if self._generation != generation.number:
-            self._generation, self._users = generation.number, {}
+        st = os.stat(generation.path / "memories.arrow")
+        file = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._memories != file:
+            self._memories, self._users = file, {}
         index = self._users.get(user)
         if index is None:
             index = self._users[user] = _by_session(column)
         names, order, bounds = index
         k = names.get(session)
         return order[bounds[k]:bounds[k + 1]] if k is not None else np.zeros(0, np.int64)
+
+    def segment(self, generation: Any) -> pa.Table | None:
+        """The generation's segment rows that are conversation turns (episodic, with a
+        session): id, user, session, time, seq and vector; None when it has none."""
+        if self._segment is None or self._segment[0] != generation.number:
+            rows = generation.segment_rows()
+            if rows is not None:
+                turn = pc.and_(pc.equal(rows.column("type"), "episodic"), pc.is_valid(rows.column("session_id")))
+                rows = rows.filter(pc.fill_null(turn, False)).select(
+                    ["id", "user", "session_id", "created_at", "seq", "vector"])
+            self._segment = (generation.number, rows if rows is not None and rows.num_rows else None)
+        return self._segment[1]
 
 
 #: The tenant size from which :class:`SessionRows` indexes the sessions.
