@@ -292,20 +292,25 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     store = tmp_path / "store"
     helix("ingest", str(source), "--store", str(store), "--runner", "local", "--no-progress")
     key = helix("keys", "create", "--store", str(store), "--user", "alice").stdout.split()[-1]
-    ports = [spare_port(), spare_port()]  # bound after Ray starts: not in the ephemeral range
     # What helix serve sets for its own Ray, and an explicit setting would override.
     chosen = ("RAY_ADDRESS", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD")
     env = {k: v for k, v in os.environ.items() if k not in chosen}
-    procs = [subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(folder),
-                               "--port", str(port), "--ha-proxy"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for folder, port in ((store, ports[0]), (tmp_path / "second-store", ports[1]))]
-    seen: dict[str, object] = {}
+    ports: list[int] = []
+    procs: list[subprocess.Popen] = []
+    healthy: list[bool] = []
+    seen: dict[str, object] = {"healthy": healthy}
     try:
+        # The second starts once the first listens: a port drawn for it earlier would be
+        # free while the first's HAProxy draws its own stats and metrics ports.
+        for folder in (store, tmp_path / "second-store"):
+            ports.append(spare_port())  # bound after Ray starts: not in the ephemeral range
+            procs.append(subprocess.Popen([sys.executable, "-m", "helix_ray.cli", "serve", "--store", str(folder),
+                                           "--port", str(ports[-1]), "--ha-proxy"],
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+            healthy.append(wait_healthy(f"http://127.0.0.1:{ports[-1]}", procs[-1]))
         urls = [f"http://127.0.0.1:{port}" for port in ports]
-        seen["healthy"] = [wait_healthy(url, proc) for url, proc in zip(urls, procs)]
         url = urls[0]
-        if all(seen["healthy"]):
+        if all(healthy):
             answer = httpx.post(f"{url}/v1/recall", json={"query": "how do we deploy the gateway?",
                                                            "budget_tokens": 300},
                                 headers={"Authorization": f"Bearer {key}"}, timeout=30)
@@ -340,7 +345,7 @@ def test_helix_serve_with_ha_proxy_answers_and_stops(tmp_path):
     finally:
         outs = [_terminate(proc) for proc in procs]
     out = outs[0]
-    assert seen["healthy"] == [True, True], f"helix serve never became healthy:\n{outs[0]}\n{outs[1]}"
+    assert healthy == [True, True], "helix serve never became healthy:\n" + "\n".join(outs)
     status, body = seen["answer"]
     assert status == 200, f"{body}\n{out}"
     assert body["items"] and all(i["id"].startswith("alice-") for i in body["items"]), body
