@@ -42,9 +42,7 @@ class ExtraEdges:
     def edges_of(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(index into ``nodes`` of the source, the other end, the weight) of every edge of ``nodes``."""
         first = np.searchsorted(self.src, nodes, side="left")
-        lengths = np.searchsorted(self.src, nodes, side="right") - first
-        owner = np.repeat(np.arange(len(nodes)), lengths)
-        at = np.repeat(first - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+        owner, at = _spans(first, np.searchsorted(self.src, nodes, side="right") - first)
         return owner, self.dst[at], self.weights[at]
 
     def degree(self, nodes: np.ndarray) -> np.ndarray:
@@ -54,10 +52,14 @@ class ExtraEdges:
 def _edges_of(indptr, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(index into ``nodes`` of the source, CSR position) of every edge of ``nodes``."""
     starts = np.asarray(indptr[nodes], dtype=np.int64)
-    lengths = np.asarray(indptr[nodes + 1], dtype=np.int64) - starts
-    total = int(lengths.sum())
-    owner = np.repeat(np.arange(len(nodes)), lengths)
-    positions = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(total)
+    return _spans(starts, np.asarray(indptr[nodes + 1], dtype=np.int64) - starts)
+
+
+def _spans(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(index of its span, position) of every position in the spans ``starts[i]`` to
+    ``starts[i] + lengths[i]``, span by span, without a Python loop."""
+    owner = np.repeat(np.arange(len(starts)), lengths)
+    positions = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
     return owner, positions
 
 
