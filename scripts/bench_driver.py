@@ -15,8 +15,9 @@ The vectors are those of ``bench_recall.py``'s derived stores in shape, not in m
 one of 5,000 random unit vectors plus N(0, σ²) noise per dimension, renormalised, so a
 memory has close neighbours as real near-duplicates do.
 
-It prints the driver's peak RSS (``VmHWM``) and its RSS just before the ingest (the
-vectors given, held by this script), the peak PSS of the driver and every Ray process
+It prints the driver's peak RSS (``VmHWM``), its peak heap alone (``RssAnon``, sampled:
+without the pages of files it maps, which the kernel can drop) and its RSS just before
+the ingest (the vectors given, held by this script), the peak PSS of the driver and every Ray process
 together, the run's seconds per stage (``IngestReport.seconds``) and the HNSW units
 (index builds and kNN searches) each node ran. Memory does not drift with the host's
 load; seconds do (compare runs made side by side).
@@ -37,6 +38,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -74,6 +76,33 @@ def given_vectors(path: Path, n: int, seed: int, sigma: float) -> dict:
     if len(computed) != n:
         raise SystemExit(f"{path} holds {len(computed)} distinct ids; expected {n}")
     return computed
+
+
+class AnonPeak:
+    """The driver's peak anonymous memory (``RssAnon``: its heap, without the pages of
+    files it maps, which the kernel can drop), sampled every ``interval`` seconds."""
+
+    def __init__(self, interval: float = 0.2):
+        self.interval, self.peak_mib = interval, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            with open("/proc/self/status") as fh:
+                for line in fh:
+                    if line.startswith("RssAnon:"):
+                        self.peak_mib = max(self.peak_mib, int(line.split()[1]) / 1024)
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self) -> "AnonPeak":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             stack.enter_context(environ({k: v for k, v in cluster.env().items()
                                          if k in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH")}))
         t0 = time.perf_counter()
-        with MemorySampler() as sampler:
+        with MemorySampler() as sampler, AnonPeak() as anon:
             report = ingest([source], store, fmt="jsonl", config=config, runner=args.runner, show_progress=False,
                             computed=computed)
         seconds = time.perf_counter() - t0
@@ -131,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "n": args.n, "users": args.users, "runner": args.runner, "memories": report.total_memories,
         "reused": report.reused, "embedded": report.embedded,
         "driver_rss_before_mib": round(before), "driver_peak_rss_mib": round(rss_mib()[1]),
+        "driver_peak_anon_mib": round(anon.peak_mib),
         "tree_peak_pss_mib": round(sampler.peak_mib), "seconds": round(seconds, 1), "stages_s": report.seconds,
         "nodes": args.nodes, "hnsw_units": report.hnsw_units,
     }

@@ -17,6 +17,7 @@ def test_the_script_ingests_every_memory_with_the_vector_it_gives(tmp_path):
     result = json.loads(out.read_text())
     assert result["embedded"] == 0 and result["reused"] == result["memories"] > 250  # a few near-duplicates go
     assert result["driver_peak_rss_mib"] >= result["driver_rss_before_mib"] > 0
+    assert result["driver_peak_rss_mib"] >= result["driver_peak_anon_mib"] > 0
     assert {"dedup", "assemble", "publish", "record"} <= set(result["stages_s"])
     generation = Generation.open_current(tmp_path / "store")
     assert generation.size == result["memories"] and len({*generation.memories.column("user").to_pylist()}) == 2
