@@ -314,8 +314,37 @@ def test_recall_during_a_fold_reads_the_older_generation_until_the_new_one_is_wa
         assert mem.compact()["mode"] == "segment"
         assert served == [1] and mem.recaller.generation.number == 2
         frozen = mem._views.generations[2].frozen
-        assert frozen is not None and frozen._terms_by  # its rows' postings made before a recall asked
+        assert frozen is not None  # its rows' postings made before a recall asked:
+        assert all(part._terms_by for part in frozen.parts_kept(np.ones(len(frozen), bool))[0])
         assert before == during[0] == asked()
+
+
+def test_a_fold_parses_and_analyses_only_the_segment_it_adds(store):
+    """The next generation of a fold links its parent's segment files: their rows are
+    parsed and analysed for BM25 once per process, and the new generation adds one
+    segment's worth of work, however many segments came before."""
+    with Memory(store, warm=False, record_access=False, compact_interval_s=None) as mem:
+        mem.add(WRITES[:2])
+        mem.recall(QUERIES[0][0], user="dana")  # opens the store's views, which open what each fold publishes
+        assert fold(mem)["published"]
+        cache = mem._views.frozen
+        first = mem._views.generations[2].frozen
+        reads = cache.reads
+        mem.add(WRITES[2:])
+        mem.delete(WRITES[0]["id"], user="dana")  # the second fold's dead list hides a first segment row
+        assert fold(mem)["published"]
+        second = mem._views.generations[3].frozen
+        assert cache.reads == reads + 1  # the new segment file alone
+        (old_part,), _ = first.parts_kept(np.ones(len(first), bool))
+        parts, kept = second.parts_kept(np.ones(len(second), bool))
+        assert parts[0] is old_part and old_part._terms_by  # the same object, analysed once
+        assert sorted(second.ids.tolist()) == sorted(Generation.open_current(store).segment_rows()
+                                                     .column("id").to_pylist())
+        assert WRITES[0]["id"] not in second.ids.tolist() and kept.sum() == len(WRITES) - 1
+        got = {(q, u): [(item.id, round(item.score, 5)) for item in mem.recall(q, user=u).items]
+               for q, u in QUERIES}
+    assert answers(store) == got  # a process that parsed every segment anew answers alike
+    assert WRITES[0]["id"] not in [i for items in got.values() for i, _ in items]
 
 
 def test_a_recall_inside_a_compaction_sees_what_an_ingest_published_before_it(store, tmp_path, monkeypatch):

@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -301,6 +302,22 @@ class DeltaSegment:
                 np.array([len(t) for t in tokens], dtype=np.float64))
         return self._terms_by[analyzer]
 
+    def parts_kept(self, keep: np.ndarray) -> tuple[list["DeltaSegment"], np.ndarray]:
+        """The segments this snapshot was joined from (itself when it was not), and a
+        mask over their rows in turn of those it holds that ``keep`` (a mask over its own
+        rows) marks: a join of them is this snapshot, or a part of another, reusing their
+        analysed texts."""
+        if self._joined_from is None:
+            return [self], np.asarray(keep, dtype=bool)
+        parts, _, inverse, _ = self._joined_from
+        return list(parts), (inverse >= 0) & np.asarray(keep, dtype=bool)[np.maximum(inverse, 0)]
+
+    def analyse(self, analyzer: Analyzer) -> None:
+        """Analyse the texts of the segments this snapshot was joined from (or its own)
+        for BM25 now, as a search would at first use."""
+        for part in self.parts_kept(np.ones(len(self), dtype=bool))[0]:
+            part._analysed(analyzer)
+
     def _lengths(self, analyzer: Analyzer) -> np.ndarray:
         if self._joined_from is None:
             return self._analysed(analyzer)[1]
@@ -398,20 +415,16 @@ def effective(live: DeltaSegment, frozen: DeltaSegment | None, dead: Mapping[str
         return live
     live_keep = live.live(generation) & ~np.isin(live.seq, frozen.seq)
     replaced = {i for i, t in live.tombstones.items() if t.applies_to(generation)} | set(live.ids[live_keep].tolist())
-    frozen_keep = np.fromiter((i not in replaced for i in frozen.ids), dtype=bool, count=len(frozen))
-    parts: list[DeltaSegment] = [live] if len(live) else []  # an empty snapshot may have another MinHash width
-    keep_live = live_keep if len(live) else np.zeros(0, dtype=bool)
-    if live._joined_from is not None:  # its segments, whose analysed texts this process keeps
-        own_parts, _, inverse, _ = live._joined_from
-        parts = list(own_parts)
-        keep_live = (inverse >= 0) & live_keep[np.maximum(inverse, 0)]
+    frozen_parts, keep_frozen = frozen.parts_kept(
+        np.fromiter((i not in replaced for i in frozen.ids), dtype=bool, count=len(frozen)))
+    parts, keep_live = live.parts_kept(live_keep) if len(live) else ([], np.zeros(0, dtype=bool))
     # entries kept that a later generation holds (this one is older): they stay live here
     folded = {int(q): int(g) for q, g in zip(live.seq[live_keep], live.folded_into[live_keep]) if g != NOT_FOLDED}
     tombstones = dict(live.tombstones)
     for i in dead:  # hidden in this generation, whatever generations a live tombstone of it applies below
         tombstones[i] = Tombstone(i, tombstones[i].user if i in tombstones else "", None)
-    return DeltaSegment.join(live.version, [frozen, *parts], names=live.segments, folded=folded,
-                             tombstones=tombstones.values(), keep=np.concatenate([frozen_keep, keep_live]))
+    return DeltaSegment.join(live.version, [*frozen_parts, *parts], names=live.segments, folded=folded,
+                             tombstones=tombstones.values(), keep=np.concatenate([keep_frozen, keep_live]))
 
 
 @dataclass(frozen=True)
@@ -450,22 +463,36 @@ class SegmentCache:
         self.parts: dict[str, DeltaSegment] = {}
         self.reads = 0  # files parsed so far (a test's and a benchmark's view of the reuse)
 
-    def get_many(self, folder: Path, names: Sequence[str]) -> list[DeltaSegment]:
+    def get_many(self, folder: Path, names: Sequence[str], *, keys: Sequence[str] | None = None) \
+            -> list[DeltaSegment]:
         """The segments ``names``, in that order. Every file not parsed yet is opened
         before any is parsed: once open, the Writer pruning it (four snapshots later)
-        cannot take it away, however long the parsing of the others takes."""
+        cannot take it away, however long the parsing of the others takes.
+
+        ``keys`` (default: the names) are what the cache knows them by: a generation's
+        segments by their file's identity (:meth:`key`), since the next generation
+        hard-links them under the same names, so each is parsed (and its texts
+        analysed) once, whichever generation asks."""
+        keys = list(names) if keys is None else list(keys)
         opened: dict[str, Any] = {}
         try:
-            for name in dict.fromkeys(names):
-                if name not in self.parts:
-                    opened[name] = pa.memory_map(str(folder / name), "r")
-            for name, source in opened.items():
-                self.parts[name] = DeltaSegment.from_table(0, ipc.open_file(source).read_all(), [])
+            for key, name in dict(zip(keys, names)).items():
+                if key not in self.parts:
+                    opened[key] = pa.memory_map(str(folder / name), "r")
+            for key, source in opened.items():
+                self.parts[key] = DeltaSegment.from_table(0, ipc.open_file(source).read_all(), [])
                 self.reads += 1
         finally:
             for source in opened.values():
                 source.close()
-        return [self.parts[name] for name in names]
+        return [self.parts[key] for key in keys]
+
+    @staticmethod
+    def key(folder: Path, name: str) -> str:
+        """``name`` and the identity of its file in ``folder`` (device, inode, size): the
+        same for every hard link of it, another for another file under that name."""
+        info = os.stat(folder / name)
+        return f"{name}@{info.st_dev}:{info.st_ino}:{info.st_size}"
 
     def retain(self, names: Iterable[str]) -> None:
         """Forget every segment but ``names`` (those of the snapshots still held)."""

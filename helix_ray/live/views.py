@@ -52,10 +52,13 @@ log = logging.getLogger(__name__)
 class GenerationView:
     """A generation plus what the shells derive from it once."""
 
-    def __init__(self, generation: Generation):
+    def __init__(self, generation: Generation, segments: SegmentCache | None = None):
         self.generation = generation
         self.number = generation.number
         self._row_of: dict[str, int] = {}
+        self._segments = segments if segments is not None else SegmentCache()  # see frozen
+        # its segment files' keys there (SegmentCache.key), taken while they are sure to exist
+        self.segment_keys = [SegmentCache.key(generation.path, name) for name in generation.segment_files]
 
     @functools.cached_property
     def columns(self):
@@ -63,10 +66,16 @@ class GenerationView:
 
     @functools.cached_property
     def frozen(self) -> DeltaSegment | None:
-        """The rows this generation's segments hold (format 2), searched as delta
-        entries are; None when it has none. Parsed once per process."""
-        table = self.generation.segment_rows()
-        return DeltaSegment.from_table(0, table, []) if table is not None else None
+        """The rows this generation's segments hold (format 2, :meth:`Generation.segment_rows`),
+        searched as delta entries are; None when it has none. Each segment file is parsed
+        and analysed once per process (``segments``, a cache the views of a store share):
+        the next generation of a fold links the same files, and adds one."""
+        gen = self.generation
+        if not gen.segment_files:
+            return None
+        parts = self._segments.get_many(gen.path, gen.segment_files, keys=self.segment_keys)
+        keep = gen.segment_keep(np.concatenate([p.seq for p in parts]), [i for p in parts for i in p.ids])
+        return DeltaSegment.join(0, parts, keep=keep)
 
     @functools.cached_property
     def session_nodes(self) -> dict[tuple[str, str], int]:
@@ -106,7 +115,7 @@ class GenerationView:
         if role in ("ranker", "all"):
             _ = self.columns, gen.minhash, gen.graph, gen._texts, gen.late, self.session_nodes
         if self.frozen is not None and role in ("bm25", "all"):  # its rows' postings, parsed and analysed once
-            self.frozen._analysed(gen.bm25.analyzer)
+            self.frozen.analyse(gen.bm25.analyzer)
 
 
 # ----------------------------------------------------------------------------- recallers
@@ -345,6 +354,7 @@ class StoreViews:
         # (generation, delta version) → its segments and that snapshot joined: delta_for
         self.effective: OrderedDict[tuple[int, int], DeltaSegment] = OrderedDict()
         self.segments = SegmentCache()  # delta segment files parsed once, shared by the snapshots held
+        self.frozen = SegmentCache()  # generations' segment files, shared by the views held (GenerationView.frozen)
         self.recallers: OrderedDict[tuple[int, int, bool], ShellRecaller] = OrderedDict()
         self._loading: dict[int, asyncio.Future] = {}
         self._gen_pointer = Pointer(self.store / "CURRENT", read_int)
@@ -364,7 +374,7 @@ class StoreViews:
         return self._view(Generation(self.store / "generations" / f"{number:06d}", **self._expect()))
 
     def _view(self, generation: Generation) -> GenerationView:
-        view = GenerationView(generation)
+        view = GenerationView(generation, self.frozen)
         view.warm(self.role)
         return view
 
@@ -384,6 +394,7 @@ class StoreViews:
                 self.recallers.pop(key)
             dropped = True
         if dropped:  # once those requests return, hand what the generation held back to the OS
+            self.frozen.retain(key for held in self.generations.values() for key in held.segment_keys)
             trim_heap_later()
 
     async def generation(self, number: int | None = None, opened: Generation | None = None) -> GenerationView | None:

@@ -70,7 +70,7 @@ import weakref
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -319,14 +319,19 @@ class Generation:
         table = self.segments
         if table is None:
             return None
-        seq = table.column("seq").to_numpy()
+        return table.filter(pa.array(self.segment_keep(table.column("seq").to_numpy(),
+                                                       table.column("id").to_pylist())))
+
+    def segment_keep(self, seq: np.ndarray, ids: Sequence[str]) -> np.ndarray:
+        """Which of the segments' rows (their ``seq`` and ``ids``, all segments in turn)
+        this generation holds: :meth:`segment_rows` as a mask."""
         keep = np.zeros(len(seq), dtype=bool)
         keep[np.unique(seq, return_index=True)[1]] = True  # a seq folded twice counts once
         dead = self.dead
         if dead:
-            floor = np.fromiter((dead.get(i, -1) for i in table.column("id").to_pylist()), np.int64, len(seq))
-            keep &= seq >= floor
-        return table.filter(pa.array(keep))
+            floor = np.fromiter((dead.get(i, -1) for i in ids), np.int64, len(seq))
+            keep &= np.asarray(seq) >= floor
+        return keep
 
     @cached_property
     def dead(self) -> dict[str, int]:
