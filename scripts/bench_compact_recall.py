@@ -24,19 +24,27 @@ stores) first gets the record an ingest would have left (``bench_mcp.record_gene
 Recall hits are not recorded (``record_access=False``), so the only other work is the
 compaction. Prints, per nice value, recall p50 / p95 idle and during compactions, their
 ratio, and the compactions' seconds.
+
+``--busy thread,process`` adds a row per kind, for each nice value: ``--idle`` recalls
+beside a pure-Python busy loop in a second thread of this process, or in another
+process, at that nice value, beside as many idle ones. It tells what work beside recall
+costs it by where the work runs: a process competes for the cores alone, which its nice
+value settles; a thread also for this process's GIL, which no nice value does.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -64,6 +72,36 @@ def compact_in_thread(mem: Any, nice: int, out: dict[str, Any]) -> threading.Thr
     return thread
 
 
+@contextlib.contextmanager
+def busy_loop(kind: str, nice: int) -> Iterator[None]:
+    """A pure-Python busy loop ``nice`` nicer than this process for the block: in a
+    second thread of it (``thread``) or in a process of its own (``process``)."""
+    from helix_ray.live.compactor import lower_priority
+
+    if kind == "process":
+        loop = subprocess.Popen([sys.executable, "-c", f"import os\nos.nice({nice})\nwhile True: pass"])
+        try:
+            yield
+        finally:
+            loop.kill()
+            loop.wait()
+        return
+    stop = threading.Event()
+
+    def spin() -> None:
+        lower_priority(nice)
+        while not stop.is_set():
+            sum(range(1000))
+
+    thread = threading.Thread(target=spin, name=f"bench-busy-nice{nice}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", required=True, help="the store to copy (read only)")
@@ -73,9 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle", type=int, default=100, help="idle recalls before each compaction")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default=None, help="folder for the copy (default: a temporary one)")
+    ap.add_argument("--busy", default="", help="comma-separated: thread, process (rows beside a busy loop)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     nices = [int(v) for v in args.nice.split(",")]
+    kinds = [k for k in args.busy.split(",") if k]
+    if any(k not in ("thread", "process") for k in kinds):
+        raise SystemExit(f"--busy takes thread and process; got {args.busy!r}")
 
     from bench_add import stats
     from bench_compact import WORDS
@@ -88,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     rows: dict[int, dict[str, Any]] = {n: {"idle": [], "during": [], "compaction_s": [], "thread_nice": None}
                                        for n in nices}
+    beside: dict[tuple[str, int], tuple[list[float], list[float]]] = {}  # (kind, nice) → idle, busy recalls
     with tempfile.TemporaryDirectory(prefix="helix-bench-compact-recall-", dir=args.work) as tmp:
         store = Path(tmp) / "store"
         shutil.copytree(args.store, store)
@@ -134,10 +177,16 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"round {round_} nice +{nice} (thread at {out['nice_value']}): compaction "
                           f"{out['seconds']:.1f} s, {len(during)} recalls during it; p95 idle "
                           f"{np.percentile(idle, 95):.1f} ms, during {np.percentile(during, 95):.1f} ms", flush=True)
+            for kind in kinds:
+                for nice in nices:
+                    idle = [recall() for _ in range(args.idle)]
+                    with busy_loop(kind, nice):
+                        during = [recall() for _ in range(args.idle)]
+                    beside[(kind, nice)] = (idle, during)
 
     print("\n| compaction thread | recall p50 / p95 idle, ms | during a compaction | p95 ratio | recalls during "
           "| compaction s |\n|---|---|---|---:|---:|---|")
-    summary = {}
+    summary: dict[Any, Any] = {}
     for nice in nices:
         quiet, busy = stats(rows[nice]["idle"]), stats(rows[nice]["during"])
         ratio = round(busy["p95"] / quiet["p95"], 2)
@@ -146,6 +195,13 @@ def main(argv: list[str] | None = None) -> int:
         seconds = ", ".join(f"{s:.1f}" for s in rows[nice]["compaction_s"])
         print(f"| nice +{nice} | {quiet['p50']} / {quiet['p95']} | {busy['p50']} / {busy['p95']} | {ratio:.2f}× "
               f"| {busy['n']} | {seconds} |")
+    for (kind, nice), (idle, during) in beside.items():
+        quiet, busy = stats(idle), stats(during)
+        ratio = round(busy["p95"] / quiet["p95"], 2)
+        summary[f"busy {kind} +{nice}"] = {"idle": quiet, "during": busy, "p95_ratio": ratio}
+        label = "a Python thread" if kind == "thread" else "a process"
+        print(f"| busy loop in {label}, +{nice} | {quiet['p50']} / {quiet['p95']} | {busy['p50']} / {busy['p95']} "
+              f"| {ratio:.2f}× | {busy['n']} | |")
     if args.json:
         Path(args.json).write_text(json.dumps({"store": args.store, "memories": size, "user": user, "new": args.new,
                                                "rows": summary}, indent=1))

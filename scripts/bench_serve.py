@@ -19,7 +19,13 @@ For each ``--store`` (served from a hard-linked copy, so the original is never w
 4. **paired** (``--paired-rounds N``, after the concurrency-1 phases): in-process and HTTP
    recall on the same queries in alternating blocks, so the ratio of the two is taken
    minutes apart at most, not across the whole run (the baseline of step 1 drifts with
-   the host over an hour; docs/benchmarks.md).
+   the host over an hour; docs/benchmarks.md);
+5. **during compactions** (``--compact-rounds N``, last): each round writes
+   ``--compact-writes`` memories of one user over HTTP, then recalls at concurrency 1
+   for ``--compact-idle`` requests on the idle store, then ``POST /v1/admin/compact``
+   and recalls until it has returned and ``--compact-settle-s`` more seconds have
+   passed (the replicas open and warm the new generation after it is published).
+   The Writer compacts in its own process, as a server always does.
 
 HTTP loops are bounded by ``--requests`` and ``--max-seconds`` per phase, at concurrency 1
 (one keep-alive client) and ``--concurrency`` (asyncio workers sharing a connection
@@ -339,6 +345,10 @@ def prepare(source: Path, args: argparse.Namespace) -> dict[str, Any]:
 
     work = Path(tempfile.mkdtemp(prefix="helix-bench-serve-"))
     store = linked_copy(source, work / "store")
+    if args.compact_rounds:  # the Writer looks ids up there, and a compaction records what it folds
+        from bench_mcp import record_generation
+
+        record_generation(store)
     gen = Generation.open_current(store)
     log(f"store {source} ({gen.size:,} memories, {len(gen.partitions)} users) → {store}")
     queries = queries_for(store, args.requests + args.warmup, args.seed)
@@ -357,6 +367,7 @@ def bench_store(prepared: dict[str, Any], args: argparse.Namespace, port: int) -
 
     store, queries, result = prepared["store"], prepared["queries"], prepared["result"]
     keys = {u: KeyStore(store).create(u)[0] for u in sorted({q["user"] for q in queries})}
+    admin = {"Authorization": f"Bearer {KeyStore(store).create('bench-admin', admin=True)[0]}"}
     bodies = [({"query": q["query"], "budget_tokens": 512}, {"Authorization": f"Bearer {keys[q['user']]}"})
               for q in queries]
     log("deploying helix and echo")
@@ -389,6 +400,11 @@ def bench_store(prepared: dict[str, Any], args: argparse.Namespace, port: int) -
                 result["paired"] = await paired_rounds(store, url, queries[args.warmup:], bodies[args.warmup:],
                                                        args.paired_rounds, args.warmup, args.client)
                 result["paired"]["replicas"] = running_replicas("helix")
+        if args.compact_rounds:
+            writer = bodies[args.warmup][1]  # the first query's user writes
+            log(f"recall during compactions: {args.compact_rounds} rounds of {args.compact_writes} writes")
+            result["compaction"] = await during_compactions(url, bodies[args.warmup:], writer, admin, args)
+            log(f"  {result['compaction']['idle']} / {result['compaction']['during']}")
         return out
 
     result["http"] = asyncio.run(phases())
@@ -418,6 +434,56 @@ def bench_store(prepared: dict[str, Any], args: argparse.Namespace, port: int) -
     return result
 
 
+async def during_compactions(url: str, bodies: list[tuple[dict, dict]], writer: dict, admin: dict,
+                             args: argparse.Namespace) -> dict[str, Any]:
+    """Step 5 of the module's docstring: recall latencies (ms) idle and during each
+    compaction and its settling, at concurrency 1, and each compaction's report."""
+    import aiohttp
+    from bench_compact import WORDS
+
+    rng = np.random.default_rng(args.seed)
+    idle: list[float] = []
+    during: list[float] = []
+    reports: list[dict[str, Any]] = []
+    asked = 0
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+        async def post(path: str, body: Any, headers: dict, status: int) -> Any:
+            async with session.post(url + path, json=body, headers=headers) as response:
+                answer = await response.json()
+                if response.status != status:
+                    raise SystemExit(f"POST {path} answered {response.status}: {answer}")
+                return answer
+
+        async def recall() -> float:
+            nonlocal asked
+            body, headers = bodies[asked % len(bodies)]
+            asked += 1
+            clock = time.perf_counter()
+            await post("/v1/recall", body, headers, 200)
+            return (time.perf_counter() - clock) * 1000
+
+        for round_ in range(args.compact_rounds):
+            notes = [{"text": f"note {round_}-{i}: " + " ".join(rng.choice(WORDS, 30))}
+                     for i in range(args.compact_writes)]
+            await post("/v1/memories", {"memories": notes}, writer, 201)
+            idle += [await recall() for _ in range(args.compact_idle)]
+            compaction = asyncio.create_task(post("/v1/admin/compact", None, admin, 200))
+            clock = time.perf_counter()
+            settle_until = None
+            while settle_until is None or time.monotonic() < settle_until:
+                during.append(await recall())
+                if settle_until is None and compaction.done():
+                    settle_until = time.monotonic() + args.compact_settle_s
+            report = await compaction
+            reports.append({"seconds_with_settle": round(time.perf_counter() - clock, 2),
+                            **{k: report.get(k) for k in ("mode", "seconds", "folded", "generation")}})
+            log(f"  round {round_}: {reports[-1]}; p95 idle {np.percentile(idle, 95):.1f} ms, during "
+                f"{np.percentile(during, 95):.1f} ms")
+    quiet, busy = pct(idle), pct(during)
+    return {"idle": {"n": len(idle), **quiet}, "during": {"n": len(during), **busy},
+            "p95_ratio": round(busy["p95"] / quiet["p95"], 2), "compactions": reports}
+
+
 def table(results: list[dict[str, Any]], concurrency: int) -> str:
     lines = ["| memories | path | conc. | p50 ms | p95 ms | p99 ms | req/s |", "|---:|---|---:|---:|---:|---:|---:|"]
     for r in results:
@@ -433,6 +499,17 @@ def table(results: list[dict[str, Any]], concurrency: int) -> str:
                                                          for name, n in h["per_node"].items())
                 lines.append(f"| {r['memories']:,} | HTTP {app} ({h.get('client', 'httpx')}; {replicas}) "
                              f"| {c} | {h['p50']} | {h['p95']} | {h['p99']} | {h['rps']} |")
+    compacted = [r for r in results if "compaction" in r]
+    if compacted:
+        lines.append("")
+        lines.append("| memories | recall p50 / p95 idle, ms | during a compaction and the swap | p95 ratio | "
+                     "recalls during | compaction s |")
+        lines.append("|---:|---|---|---:|---:|---|")
+        for r in compacted:
+            c = r["compaction"]
+            seconds = ", ".join(str(x["seconds"]) for x in c["compactions"])
+            lines.append(f"| {r['memories']:,} | {c['idle']['p50']} / {c['idle']['p95']} | {c['during']['p50']} / "
+                         f"{c['during']['p95']} | **{c['p95_ratio']}×** | {c['during']['n']} | {seconds} |")
     paired = [r for r in results if "paired" in r]
     if paired:
         lines.append("")
@@ -491,6 +568,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paired-rounds", type=int, default=0,
                     help="after the phases, this many rounds of in-process and HTTP concurrency-1 recall on the "
                          "same queries, alternated (the ratio with the host's drift paired out)")
+    ap.add_argument("--compact-rounds", type=int, default=0,
+                    help="last, this many rounds of recall idle and during a compaction (POST /v1/admin/compact)")
+    ap.add_argument("--compact-writes", type=int, default=300, help="memories written before each compaction")
+    ap.add_argument("--compact-idle", type=int, default=60, help="idle recalls before each compaction")
+    ap.add_argument("--compact-settle-s", type=float, default=2.0,
+                    help="recall goes on this long after a compaction returns: the replicas' swap")
     ap.add_argument("--port", type=int, default=0, help="HTTP port on 127.0.0.1 (0: a free one)")
     ap.add_argument("--proxy-location", choices=("EveryNode", "HeadOnly"), default=None,
                     help="Serve's HTTP proxies (default: Serve's own, EveryNode): with --cluster-nodes, "

@@ -714,3 +714,30 @@ def test_killed_replicas_come_back_and_lose_no_acknowledged_write(served, alice,
     assert _kill_replicas("HelixAPI")
     out = recall(alice, "the code word after the crash")  # held by Serve until the new ingress is up
     assert ids(out)[0] == "alice-crash-2" and not out["flags"].get("degraded")
+
+
+# --------------------------------------------------------------------------- benchmark
+
+
+def test_bench_serve_times_recall_idle_and_around_a_compaction(served):
+    """``scripts/bench_serve.py --compact-rounds``'s phase against the running app: the
+    writes land, the compaction publishes, and recall is timed on both sides of it. Last
+    in the module: the writes are this store's for good."""
+    import argparse
+    import asyncio
+
+    from tests.helpers import load_script
+
+    url, keys, store = served
+    bench = load_script("bench_serve")
+    before = json.loads((store / "CURRENT").read_text())
+    alice_key = {"Authorization": f"Bearer {keys['alice']}"}
+    bodies = [({"query": q, "budget_tokens": 256}, alice_key) for q in ("gateway port", "billing cache")]
+    args = argparse.Namespace(seed=0, compact_rounds=1, compact_writes=3, compact_idle=4, compact_settle_s=0.3)
+    out = asyncio.run(bench.during_compactions(url, bodies, alice_key, {"Authorization": f"Bearer {keys['ops']}"},
+                                               args))
+    assert out["idle"]["n"] == 4 and out["during"]["n"] >= 2 and out["p95_ratio"] > 0
+    (report,) = out["compactions"]
+    assert report["folded"] == 3 or report["mode"] == "rebuild", report
+    assert report["generation"] == json.loads((store / "CURRENT").read_text()) > before
+    assert report["seconds_with_settle"] >= args.compact_settle_s
