@@ -322,7 +322,8 @@ def test_recall_during_a_fold_reads_the_older_generation_until_the_new_one_is_wa
 def test_a_fold_parses_and_analyses_only_the_segment_it_adds(store):
     """The next generation of a fold links its parent's segment files: their rows are
     parsed and analysed for BM25 once per process, and the new generation adds one
-    segment's worth of work, however many segments came before."""
+    segment's worth of work, however many segments came before; what is built from
+    its other linked files (the session nodes) is shared."""
     with Memory(store, warm=False, record_access=False, compact_interval_s=None) as mem:
         mem.add(WRITES[:2])
         mem.recall(QUERIES[0][0], user="dana")  # opens the store's views, which open what each fold publishes
@@ -338,6 +339,8 @@ def test_a_fold_parses_and_analyses_only_the_segment_it_adds(store):
         (old_part,), _ = first.parts_kept(np.ones(len(first), bool))
         parts, kept = second.parts_kept(np.ones(len(second), bool))
         assert parts[0] is old_part and old_part._terms_by  # the same object, analysed once
+        views = mem._views.generations
+        assert views[3].session_nodes is views[2].session_nodes  # built once from the linked entities.arrow
         assert sorted(second.ids.tolist()) == sorted(Generation.open_current(store).segment_rows()
                                                      .column("id").to_pylist())
         assert WRITES[0]["id"] not in second.ids.tolist() and kept.sum() == len(WRITES) - 1

@@ -34,7 +34,7 @@ from helix_ray.errors import StoreError
 from helix_ray.live.delta import DELTA_BASE, DeltaSegment, SegmentCache, effective
 from helix_ray.live.delta_format import current_delta_version, delta_dir
 from helix_ray.heap import trim_heap_later
-from helix_ray.index.csr import SESSION_EDGE_WEIGHT, SESSION_KEY
+from helix_ray.index.csr import SESSION_EDGE_WEIGHT
 from helix_ray.recall import scope as scope_mod
 from helix_ray.recall.expand import ExtraEdges
 from helix_ray.recall.pipeline import Recaller
@@ -77,15 +77,10 @@ class GenerationView:
         keep = gen.segment_keep(np.concatenate([p.seq for p in parts]), [i for p in parts for i in p.ids])
         return DeltaSegment.join(0, parts, keep=keep)
 
-    @functools.cached_property
+    @property
     def session_nodes(self) -> dict[tuple[str, str], int]:
-        """(user, session) → the graph's node of that session (a session of two memories
-        or more: :func:`helix_ray.ingest.graph.build_graph`)."""
-        entities = self.generation.entities
-        sessions = entities.filter(pc.starts_with(entities.column("key"), SESSION_KEY))
-        return {(user, key[len(SESSION_KEY):]): int(node) for user, key, node in zip(
-            sessions.column("user").to_pylist(), sessions.column("key").to_pylist(),
-            sessions.column("node").to_pylist())}
+        """(user, session) → the graph's node of that session (:attr:`Generation.session_nodes`)."""
+        return self.generation.session_nodes
 
     def rows_of(self, ids: frozenset[str]) -> np.ndarray:
         """Sorted rows of the ids this generation holds (ids it lacks are skipped)."""

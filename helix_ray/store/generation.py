@@ -74,12 +74,13 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from helix_ray.errors import GenerationDamaged, ManifestMismatch, StoreError
 from helix_ray.index import hnsw
 from helix_ray.index.bm25 import BM25Index, load_bm25, load_terms
-from helix_ray.index.csr import CSRGraph
+from helix_ray.index.csr import SESSION_KEY, CSRGraph
 from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.store import integrity
 from helix_ray.store.late import SegmentedTokens
@@ -261,6 +262,19 @@ class Generation:
         return ipc.open_file(pa.memory_map(str(self.path / "entities.arrow"), "r")).read_all()
 
     @cached_property
+    def session_nodes(self) -> "SessionNodes":
+        """(user, session) → the graph's node of that session (a session of two memories
+        or more: :func:`helix_ray.ingest.graph.build_graph`); shared with every open
+        generation that links the same ``entities.arrow`` (a fold's)."""
+        def build() -> SessionNodes:
+            sessions = self.entities.filter(pc.starts_with(self.entities.column("key"), SESSION_KEY))
+            return SessionNodes(((user, key[len(SESSION_KEY):]), int(node)) for user, key, node in zip(
+                sessions.column("user").to_pylist(), sessions.column("key").to_pylist(),
+                sessions.column("node").to_pylist()))
+
+        return _shared("sessions", self.path / "entities.arrow", build)
+
+    @cached_property
     def late(self) -> SegmentedTokens | ProjectedTokens | None:
         """The memories' late-interaction token vectors (segments read by row), or None
         when this generation was built without them. Backbone tokens (a store written
@@ -362,6 +376,10 @@ class Generation:
 #: file, while some open generation holds it: a generation that a compaction folded links
 #: its parent's ``memories.arrow``, so the two share the per-row columns built from it.
 _BUILT: "weakref.WeakValueDictionary[tuple[Any, ...], Any]" = weakref.WeakValueDictionary()
+
+
+class SessionNodes(dict[tuple[str, str], int]):
+    """:attr:`Generation.session_nodes` (a dict that :data:`_BUILT` can hold weakly)."""
 _BUILT_LOCK = threading.Lock()
 
 
