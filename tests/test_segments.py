@@ -350,6 +350,28 @@ def test_a_fold_parses_and_analyses_only_the_segment_it_adds(store):
     assert WRITES[0]["id"] not in [i for items in got.values() for i, _ in items]
 
 
+def test_warming_a_fold_looks_up_the_terms_of_the_writes_it_folded(store, monkeypatch):
+    """The live delta's texts were analysed for BM25 when recall first searched them; the
+    fold's segment holds the same writes, so warming its generation analyses none again."""
+    from helix_ray.index.bm25 import Analyzer
+
+    with Memory(store, warm=False, record_access=False, compact_interval_s=None) as mem:
+        mem.add(WRITES)
+        before = mem.recall("why did we pin uvicorn?", user="dana")  # the delta's texts analysed
+        analysed: list[str] = []
+        inner = Analyzer.tokenize
+
+        def tokenize(self, texts, **kwargs):
+            analysed.extend(texts)
+            return inner(self, texts, **kwargs)
+
+        monkeypatch.setattr(Analyzer, "tokenize", tokenize)
+        assert fold(mem)["published"] and mem._views.generations[2].frozen is not None
+        assert analysed and not [t for t in analysed for w in WRITES if w["text"] in t]  # the warm-up's query only
+        after = mem.recall("why did we pin uvicorn?", user="dana")
+    assert [(i.id, round(i.score, 5)) for i in after.items] == [(i.id, round(i.score, 5)) for i in before.items]
+
+
 def test_a_recall_inside_a_compaction_sees_what_an_ingest_published_before_it(store, tmp_path, monkeypatch):
     """A Memory still on the generation before an ingest does not go on reading it while
     the next compaction runs: that compaction started from the ingest's generation, and

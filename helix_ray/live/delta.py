@@ -38,7 +38,8 @@ import functools
 import json
 import math
 import os
-from collections import Counter
+import threading
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -290,7 +291,7 @@ class DeltaSegment:
         tokens. Kept per analyzer (a swap to a generation built with another one analyses
         again); a segment's are made once per process and shared by every snapshot."""
         if analyzer not in self._terms_by:
-            tokens = analyzer.tokenize(self.lexical_texts, return_ids=False) if self.lexical_texts else []
+            tokens = analysed_texts(analyzer, self.lexical_texts)
             postings: dict[str, tuple[list[int], list[int]]] = {}
             for i, entry in enumerate(tokens):
                 for token, n in Counter(entry).items():
@@ -502,6 +503,31 @@ class SegmentCache:
 
 
 _NO_POSTINGS = (np.zeros(0, np.int64), np.zeros(0, np.float64))
+
+#: How many texts' terms :func:`analysed_texts` keeps: more than the writes a compaction
+#: folds at a time (``fold.max_rows``).
+TERMS_KEPT = 10_000
+_TERMS: "OrderedDict[tuple[Analyzer, str], list[str]]" = OrderedDict()  # oldest first
+_TERMS_LOCK = threading.Lock()
+
+
+def analysed_texts(analyzer: Analyzer, texts: Sequence[str]) -> list[list[str]]:
+    """Each text's BM25 terms, as ``analyzer.tokenize`` gives them; the latest
+    :data:`TERMS_KEPT` are kept by this process. A fold's segment holds the writes the
+    live delta's segments held, with the same texts: the replica warming the fold's
+    generation looks their terms up instead of analysing them again, holding the GIL
+    beside recall."""
+    with _TERMS_LOCK:
+        found: list[list[str] | None] = [_TERMS.get((analyzer, t)) for t in texts]
+    missing = [i for i, terms in enumerate(found) if terms is None]
+    if missing:
+        fresh = analyzer.tokenize([texts[i] for i in missing], return_ids=False)
+        with _TERMS_LOCK:
+            for i, terms in zip(missing, fresh):
+                found[i] = _TERMS[(analyzer, texts[i])] = terms
+            while len(_TERMS) > TERMS_KEPT:
+                _TERMS.popitem(last=False)
+    return [terms for terms in found if terms is not None]
 
 
 def _no_lexical_hits() -> lexical.LexicalHits:
