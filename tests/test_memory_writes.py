@@ -15,11 +15,13 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from helix_ray import Memory
 from helix_ray.errors import NotFound, StoreError
 from helix_ray.live import compactor
+from helix_ray.live.delta import DELTA_BASE
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import Generation, current_generation_number
 from tests.helpers import memory, write_jsonl
@@ -527,6 +529,8 @@ def test_a_large_tenants_sessions_are_indexed_as_a_scan_finds_them(tmp_path, mon
         "s1": ["m001", "m003"], "s2": ["m002", "m005"], "s9": []}
     monkeypatch.setattr(session_context, "INDEX_FROM", 0)
     indexed = session_context.SessionRows()
+    indexed.index_large_tenants(generation)  # what a replica warming the generation does
+    assert sorted(indexed._users) == ["dana", "lee"]
     for s, offsets in found.items():
         assert indexed.offsets(generation, "dana", s).tolist() == offsets
     assert indexed.offsets(generation, "lee", "s1").tolist() == [0]
@@ -645,3 +649,45 @@ def test_a_forgotten_users_turns_are_never_a_written_turns_previous_turn(tmp_pat
         plain.add([_turn(3)])
         own = np.asarray(plain._core().entries["m003"]["vector"], np.float32)
     np.testing.assert_allclose(mixed, own, atol=1e-6)
+
+
+def test_a_written_turn_links_the_one_turn_the_generation_holds_of_its_session(tmp_path):
+    """Ingest gives a session a node from its second memory on: a generation holding one
+    turn of a session has none. A turn written to that session then links the two through
+    a node of the snapshot's own, as a compaction would; another user's session of the
+    same name, and a turn the delta deleted, stay out."""
+    from helix_ray.ingest.run import ingest
+    from helix_ray.live.views import _session_edges
+
+    base = [memory(0, "Jon: we moved the lake trip to June.", type="episodic", session_id="s9"),
+            memory(1, "Lee: the lake trip moved too.", user="lee", type="episodic", session_id="s9"),
+            memory(2, "Jon: the cabin needs a new roof.", type="episodic", session_id="s7"),
+            memory(3, "The gateway listens on port 8443.")]
+    store = tmp_path / "store"
+    assert ingest([write_jsonl(tmp_path / "base.jsonl", base)], store, runner="local", show_progress=False).published
+
+    def linked(mem: Memory) -> dict[str, set[str]]:
+        """Each memory id → the ids of the memories its session edges reach through a hub."""
+        views = mem._views
+        view = views.generations[views.latest]
+        delta = views.delta_for(view)
+        edges = _session_edges(delta, view, view.generation.graph.num_nodes)
+        ids = view.generation.memories.column("id").to_pylist()
+
+        def name(node: int) -> str:
+            return ids[node] if node < len(ids) else str(delta.ids[delta.positions(np.array([node]))[0]])
+
+        hubs: dict[int, set[str]] = {}
+        for src, dst in zip(edges.src.tolist(), edges.dst.tolist()):
+            if dst >= view.generation.graph.num_nodes and (src < len(ids) or src >= DELTA_BASE):
+                hubs.setdefault(dst, set()).add(name(src))
+        return {i: members - {i} for members in hubs.values() for i in members}
+
+    with Memory(store, warm=False, record_access=False, compact_interval_s=None) as mem:
+        mem.add([memory(4, "Jon: and we booked the cabin for the trip.", type="episodic", session_id="s9")])
+        mem.recall("when is the lake trip?", user="dana")  # opens the views
+        assert linked(mem) == {"m000": {"m004"}, "m004": {"m000"}}
+        mem.add([memory(5, "Jon: the roof is fixed.", type="episodic", session_id="s7")])
+        mem.delete("m002", user="dana")
+        mem.recall("is the roof fixed?", user="dana")
+        assert linked(mem) == {"m000": {"m004"}, "m004": {"m000"}}  # m005's session: its one row is deleted

@@ -215,19 +215,30 @@ class SessionRows:
     def offsets(self, generation: Any, user: str, session: str) -> np.ndarray:
         """The offsets, in ``user``'s range of ``generation``, of the rows of ``session``."""
         start, end = generation.partitions[user]
-        column = generation.memories.column("session_id").slice(start, end - start)
         if end - start < INDEX_FROM:
+            column = generation.memories.column("session_id").slice(start, end - start)
             return np.flatnonzero(pc.fill_null(pc.equal(column, session), False).to_numpy(zero_copy_only=False))
+        names, order, bounds = self._index(generation, user)
+        k = names.get(session)
+        return order[bounds[k]:bounds[k + 1]] if k is not None else np.zeros(0, np.int64)
+
+    def index_large_tenants(self, generation: Any) -> None:
+        """Index now the sessions of every tenant that :meth:`offsets` would index at its
+        first lookup (a replica warming a generation: no request pays for it)."""
+        for user, (start, end) in generation.partitions.items():
+            if end - start >= INDEX_FROM:
+                self._index(generation, user)
+
+    def _index(self, generation: Any, user: str) -> tuple[dict[str, int], np.ndarray, np.ndarray]:
         st = os.stat(generation.path / "memories.arrow")
         file = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         if self._memories != file:
             self._memories, self._users = file, {}
         index = self._users.get(user)
         if index is None:
-            index = self._users[user] = _by_session(column)
-        names, order, bounds = index
-        k = names.get(session)
-        return order[bounds[k]:bounds[k + 1]] if k is not None else np.zeros(0, np.int64)
+            start, end = generation.partitions[user]
+            index = self._users[user] = _by_session(generation.memories.column("session_id").slice(start, end - start))
+        return index
 
     def segment(self, generation: Any) -> pa.Table | None:
         """The generation's segment rows that are conversation turns (episodic, with a

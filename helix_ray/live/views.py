@@ -33,6 +33,7 @@ from helix_ray.config import RetrievalConfig
 from helix_ray.errors import StoreError
 from helix_ray.live.delta import DELTA_BASE, DeltaSegment, SegmentCache, effective
 from helix_ray.live.delta_format import current_delta_version, delta_dir
+from helix_ray.live.session_context import SessionRows
 from helix_ray.heap import trim_heap_later
 from helix_ray.index.csr import SESSION_EDGE_WEIGHT
 from helix_ray.recall import scope as scope_mod
@@ -52,10 +53,13 @@ log = logging.getLogger(__name__)
 class GenerationView:
     """A generation plus what the shells derive from it once."""
 
-    def __init__(self, generation: Generation, segments: SegmentCache | None = None):
+    def __init__(self, generation: Generation, segments: SegmentCache | None = None,
+                 sessions: SessionRows | None = None):
         self.generation = generation
         self.number = generation.number
         self._row_of: dict[str, int] = {}
+        self._sessions = sessions if sessions is not None else SessionRows()  # see lone_session_row
+        self._lone_rows: dict[tuple[str, str], int | None] = {}
         self._segments = segments if segments is not None else SegmentCache()  # see frozen
         # its segment files' keys there (SegmentCache.key), taken while they are sure to exist
         self.segment_keys = [SegmentCache.key(generation.path, name) for name in generation.segment_files]
@@ -81,6 +85,20 @@ class GenerationView:
     def session_nodes(self) -> dict[tuple[str, str], int]:
         """(user, session) → the graph's node of that session (:attr:`Generation.session_nodes`)."""
         return self.generation.session_nodes
+
+    def lone_session_row(self, user: str, session: str) -> int | None:
+        """The row of ``user``'s session ``session`` when this generation holds exactly
+        one memory of it (so its graph has no node for the session), else None. Found
+        as the Writer finds a written turn's session (``sessions``,
+        :class:`~helix_ray.live.session_context.SessionRows`: a scan of the tenant's
+        rows, or its index for a large tenant), once per session and generation."""
+        key = (user, session)
+        if key not in self._lone_rows:
+            gen = self.generation
+            offsets = self._sessions.offsets(gen, user, session) if user in gen.partitions \
+                else np.zeros(0, np.int64)
+            self._lone_rows[key] = gen.partitions[user][0] + int(offsets[0]) if len(offsets) == 1 else None
+        return self._lone_rows[key]
 
     def rows_of(self, ids: frozenset[str]) -> np.ndarray:
         """Sorted rows of the ids this generation holds (ids it lacks are skipped)."""
@@ -109,6 +127,7 @@ class GenerationView:
             _ = gen.bm25
         if role in ("ranker", "all"):
             _ = self.columns, gen.minhash, gen.graph, gen._texts, gen.late, self.session_nodes
+            self._sessions.index_large_tenants(gen)  # a written turn's session found in it (lone_session_row)
         if self.frozen is not None and role in ("bm25", "all"):  # its rows' postings, parsed and analysed once
             self.frozen.analyse(gen.bm25.analyzer)
 
@@ -219,10 +238,10 @@ class _JoinedGraph:
     session is linked to its session's node, as ingest links a session's memories (the
     edges that carry the graph's worth on conversations: docs/quality.md). The node is
     the generation's for that session, or, for a session it has none of, one made for
-    this snapshot (numbered past the graph's nodes) once two entries share it (the
-    generation's one row of such a session, if any, is not linked to it). The entries'
-    other edges (mentions, kNN, temporal) come with the compaction that rebuilds the
-    generation."""
+    this snapshot (numbered past the graph's nodes) once two memories share it: two
+    entries, or an entry and the generation's one row of that session (ingest gives a
+    session a node from its second memory on). The entries' other edges (mentions, kNN,
+    temporal) come with the compaction that rebuilds the generation."""
 
     def __init__(self, graph, delta: DeltaSegment, view: GenerationView):
         self.indptr = _PaddedIndptr(graph.indptr)
@@ -241,9 +260,15 @@ def _session_edges(delta: DeltaSegment, view: GenerationView, first_free: int) -
     rows: list[int] = []
     hubs: list[int] = []
     known = view.session_nodes if members else {}
+    hidden: frozenset[str] | None = None
     for key, entries in members.items():
         hub = known.get(key)
         if hub is None:
+            lone = view.lone_session_row(*key)
+            if lone is not None:
+                hidden = delta.hidden_ids(view.number) if hidden is None else hidden
+                if view.generation.memories.column("id")[lone].as_py() not in hidden:
+                    entries = [lone, *entries]  # a generation row's node is its row number
             if len(entries) < 2:
                 continue
             hub, first_free = first_free, first_free + 1
@@ -350,6 +375,7 @@ class StoreViews:
         self.effective: OrderedDict[tuple[int, int], DeltaSegment] = OrderedDict()
         self.segments = SegmentCache()  # delta segment files parsed once, shared by the snapshots held
         self.frozen = SegmentCache()  # generations' segment files, shared by the views held (GenerationView.frozen)
+        self.sessions = SessionRows()  # a written session's rows in a generation (GenerationView.lone_session_row)
         self.recallers: OrderedDict[tuple[int, int, bool], ShellRecaller] = OrderedDict()
         self._loading: dict[int, asyncio.Future] = {}
         self._gen_pointer = Pointer(self.store / "CURRENT", read_int)
@@ -369,7 +395,7 @@ class StoreViews:
         return self._view(Generation(self.store / "generations" / f"{number:06d}", **self._expect()))
 
     def _view(self, generation: Generation) -> GenerationView:
-        view = GenerationView(generation, self.frozen)
+        view = GenerationView(generation, self.frozen, self.sessions)
         view.warm(self.role)
         return view
 
