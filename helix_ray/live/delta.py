@@ -458,11 +458,13 @@ class DeltaTokens:
 
 
 class SegmentCache:
-    """The delta segment files one process has parsed, by name (they never change)."""
+    """The delta segment files one process has parsed, by name (they never change).
+    Safe to share between a replica's event loop and the thread loading a generation."""
 
     def __init__(self) -> None:
         self.parts: dict[str, DeltaSegment] = {}
         self.reads = 0  # files parsed so far (a test's and a benchmark's view of the reuse)
+        self._lock = threading.Lock()
 
     def get_many(self, folder: Path, names: Sequence[str], *, keys: Sequence[str] | None = None) \
             -> list[DeltaSegment]:
@@ -475,18 +477,22 @@ class SegmentCache:
         hard-links them under the same names, so each is parsed (and its texts
         analysed) once, whichever generation asks."""
         keys = list(names) if keys is None else list(keys)
+        with self._lock:
+            found = {key: self.parts[key] for key in keys if key in self.parts}
         opened: dict[str, Any] = {}
         try:
             for key, name in dict(zip(keys, names)).items():
-                if key not in self.parts:
+                if key not in found:
                     opened[key] = pa.memory_map(str(folder / name), "r")
             for key, source in opened.items():
-                self.parts[key] = DeltaSegment.from_table(0, ipc.open_file(source).read_all(), [])
+                found[key] = DeltaSegment.from_table(0, ipc.open_file(source).read_all(), [])
                 self.reads += 1
         finally:
             for source in opened.values():
                 source.close()
-        return [self.parts[key] for key in keys]
+        with self._lock:
+            self.parts.update((key, found[key]) for key in opened)
+        return [found[key] for key in keys]
 
     @staticmethod
     def key(folder: Path, name: str) -> str:
@@ -498,8 +504,9 @@ class SegmentCache:
     def retain(self, names: Iterable[str]) -> None:
         """Forget every segment but ``names`` (those of the snapshots still held)."""
         keep = set(names)
-        for name in [n for n in self.parts if n not in keep]:
-            del self.parts[name]
+        with self._lock:
+            for name in [n for n in self.parts if n not in keep]:
+                del self.parts[name]
 
 
 _NO_POSTINGS = (np.zeros(0, np.int64), np.zeros(0, np.float64))
