@@ -530,7 +530,7 @@ def test_a_large_tenants_sessions_are_indexed_as_a_scan_finds_them(tmp_path, mon
     monkeypatch.setattr(session_context, "INDEX_FROM", 0)
     indexed = session_context.SessionRows()
     indexed.index_large_tenants(generation)  # what a replica warming the generation does
-    assert sorted(indexed._users) == ["dana", "lee"]
+    assert sorted(list(indexed._indexes.values())[-1]) == ["dana", "lee"]
     for s, offsets in found.items():
         assert indexed.offsets(generation, "dana", s).tolist() == offsets
     assert indexed.offsets(generation, "lee", "s1").tolist() == [0]
@@ -540,14 +540,14 @@ def test_a_large_tenants_sessions_are_indexed_as_a_scan_finds_them(tmp_path, mon
     newer = Generation.open_current(store)
     start = newer.partitions["dana"][0]
     assert [newer.memories.column("id")[start + o].as_py() for o in indexed.offsets(newer, "dana", "s1")] == ["m003"]
-    kept, before = indexed._users["dana"], indexed.offsets(newer, "dana", "s1").tolist()
+    kept, before = indexed._index(newer, "dana"), indexed.offsets(newer, "dana", "s1").tolist()
     fold = IngestConfig(fold={"min_base_rows": 0, "max_share": 1.0})
     with Memory(store, ingest=fold, compact_interval_s=None, record_access=False) as mem:
         mem.add([_turn(12)])
         assert mem.compact()["mode"] == "segment"
     folded = Generation.open_current(store)  # the same memories file, linked: the index stays
     assert folded.number > newer.number and indexed.offsets(folded, "dana", "s1").tolist() == before
-    assert indexed._users["dana"] is kept
+    assert indexed._index(folded, "dana") is kept
 
 
 def _graph_origin(result) -> dict:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
@@ -200,16 +202,20 @@ class SessionRows:
     """Where a written turn's session sits in the generation.
 
     :meth:`offsets`: a session's rows in a tenant's range. A tenant of :data:`INDEX_FROM`
-    rows or more is indexed at its first lookup, and the index kept while the generation's
-    memories file is the same (a fold links it: only a rebuild makes a new one; 0.3 s at
-    10^6 memories, paid by the tenant's first written turn after that): a lookup is then
-    a dict get, where a scan of its sessions would cost each written turn 16 ms at 10^6.
-    A smaller tenant's sessions are scanned (0.4 ms at 25,000). :meth:`segment`: the
-    generation's segment rows that are turns, read once per generation."""
+    rows or more is indexed at its first lookup (or by :meth:`index_large_tenants`), and
+    the index kept while the generation's memories file is the same (a fold links it:
+    only a rebuild makes a new one; 0.3 s at 10^6 memories, paid by the tenant's first
+    written turn after that); the two newest files' indexes are kept, so the generation
+    served until a swap keeps its own. A lookup is then a dict get, where a scan of its
+    sessions would cost each written turn 16 ms at 10^6. A smaller tenant's sessions are
+    scanned (0.4 ms at 25,000). :meth:`segment`: the generation's segment rows that are
+    turns, read once per generation."""
 
     def __init__(self) -> None:
-        self._memories: tuple[int, ...] | None = None  # the indexed memories file: (device, inode, size, mtime)
-        self._users: dict[str, tuple[dict[str, int], np.ndarray, np.ndarray]] = {}
+        # by memories file (device, inode, size, mtime), the newest last: each tenant's index
+        self._indexes: OrderedDict[tuple[int, ...], dict[str, tuple[dict[str, int], np.ndarray, np.ndarray]]] = \
+            OrderedDict()
+        self._lock = threading.Lock()  # a replica's loader thread indexes while its event loop looks up
         self._segment: tuple[int, pa.Table | None] | None = None
 
     def offsets(self, generation: Any, user: str, session: str) -> np.ndarray:
@@ -232,12 +238,18 @@ class SessionRows:
     def _index(self, generation: Any, user: str) -> tuple[dict[str, int], np.ndarray, np.ndarray]:
         st = os.stat(generation.path / "memories.arrow")
         file = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if self._memories != file:
-            self._memories, self._users = file, {}
-        index = self._users.get(user)
+        with self._lock:
+            users = self._indexes.get(file)
+            if users is None:  # a rebuilt generation: the one before it is still served until the swap
+                users = self._indexes[file] = {}
+                while len(self._indexes) > 2:
+                    self._indexes.popitem(last=False)
+            index = users.get(user)
         if index is None:
             start, end = generation.partitions[user]
-            index = self._users[user] = _by_session(generation.memories.column("session_id").slice(start, end - start))
+            index = _by_session(generation.memories.column("session_id").slice(start, end - start))
+            with self._lock:
+                index = users.setdefault(user, index)
         return index
 
     def segment(self, generation: Any) -> pa.Table | None:
