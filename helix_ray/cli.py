@@ -16,7 +16,7 @@
     helix serve --store DIR [--host 127.0.0.1] [--port 8000] [--no-auth] [--graph auto|split|compact|inline] [--ha-proxy]
     helix keys create|list|revoke --store DIR [--user USER | KEY_ID]
     helix audit --store DIR [--since TIME] [--limit N] [--json]      who did which admin action, and how it ended
-    helix mcp (--store DIR --user USER [--project P] | --server URL --key KEY) [--http [--port N]]
+    helix mcp (--store DIR --user USER [--project P] [--session S] | --server URL --key KEY) [--http [--port N]]
     helix --version
 
 Quiet by default: an ingest shows its progress on stderr (one bar on a terminal, else a
@@ -355,6 +355,8 @@ def _mcp_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     s.add_argument("--store", help="store folder opened in this process (created empty if missing)")
     s.add_argument("--user", help="with --store: the one user whose memories the tools read and write")
     s.add_argument("--project", help="project that `remember` files memories under when the agent names none")
+    s.add_argument("--session", help="session that `remember` files memories under when the agent names none "
+                                      "(e.g. the agent's conversation id): recall links a session's memories")
     s.add_argument("--server", metavar="URL", help="a running `helix serve` instead of --store (e.g. http://127.0.0.1:8000)")
     s.add_argument("--key", help="with --server: an API key; its user is the tenant")
     s.add_argument("--http", action="store_true", help="MCP's streamable HTTP transport on 127.0.0.1 instead of stdio")
@@ -654,9 +656,9 @@ def _mcp(args: argparse.Namespace) -> int:
     if args.http:
         print(f"helix mcp: MCP (streamable HTTP) for user {backend.user!r} on http://127.0.0.1:{args.port}/mcp; "
               "Ctrl-C stops it", file=sys.stderr, flush=True)
-        mcp_server.run_http(backend, project=args.project, port=args.port)
+        mcp_server.run_http(backend, project=args.project, session=args.session, port=args.port)
     else:
-        mcp_server.run_stdio(backend, project=args.project)
+        mcp_server.run_stdio(backend, project=args.project, session=args.session)
     return 0
 
 

@@ -261,6 +261,7 @@ class RecalledItem(BaseModel):
     created_at: str
     score: float
     project: str | None = None
+    session_id: str | None = None
     parent: str | None = None
     text: str
 
@@ -307,10 +308,11 @@ async def _helix(tool: str, call: Any) -> Any:
 _TYPES = "episodic (what happened), semantic (facts), procedural (how to), decision (what was chosen and why), code"
 
 
-def build_server(backend: Backend, *, project: str | None = None) -> MCPServer:
-    """The MCP server with Helix's tools over ``backend``; ``project``: the project
-    ``remember`` files memories under when the call names none."""
-    default_project = project  # the tools' own `project` argument shadows it
+def build_server(backend: Backend, *, project: str | None = None, session: str | None = None) -> MCPServer:
+    """The MCP server with Helix's tools over ``backend``; ``project`` and ``session``:
+    the project and the session ``remember`` files memories under when the call names
+    none."""
+    default_project, default_session = project, session  # the tools' own arguments shadow them
 
     async def recall(
         query: Annotated[str, Field(description="What to recall, as a question or keywords (non-empty).")],
@@ -352,12 +354,14 @@ def build_server(backend: Backend, *, project: str | None = None) -> MCPServer:
         salience: Annotated[float | None, Field(description="How important, 0-1 (derived when left out).")] = None,
         pinned: Annotated[bool | None, Field(description="Always kept and preferred over near-duplicates.")] = None,
         metadata: Annotated[dict[str, Any] | None, Field(description="Any JSON object kept with it.")] = None,
+        session: Annotated[str | None, Field(description="The conversation or task it belongs to: a recall that "
+                                             "finds one memory of a session also reaches the others.")] = None,
     ) -> str:
         """Store a memory for this user: a decision and its reason, a fact learned, a procedure
         that worked, a fix. It is durable before this returns and found by the very next
         `recall`. Returns the memory's id."""
         record = {"text": text, "type": type, "project": project or default_project, "salience": salience,
-                  "pinned": pinned, "metadata": metadata}
+                  "pinned": pinned, "metadata": metadata, "session_id": session or default_session}
         out = await _helix("remember", backend.remember({k: v for k, v in record.items() if v is not None}))
         return out["ids"][0]
 
@@ -444,19 +448,20 @@ def _exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
-def run_stdio(backend: Backend, *, project: str | None = None) -> None:
+def run_stdio(backend: Backend, *, project: str | None = None, session: str | None = None) -> None:
     """Serve MCP over stdin/stdout until the client closes it; then close the store."""
     _exit_on_sigterm()
     try:
-        build_server(backend, project=project).run("stdio")
+        build_server(backend, project=project, session=session).run("stdio")
     finally:
         backend.close()
 
 
-def run_http(backend: Backend, *, project: str | None = None, port: int = 8765) -> None:
+def run_http(backend: Backend, *, project: str | None = None, session: str | None = None,
+             port: int = 8765) -> None:
     """Serve MCP's streamable HTTP transport on 127.0.0.1:``port`` (path ``/mcp``)."""
     _exit_on_sigterm()
     try:
-        build_server(backend, project=project).run("streamable-http", host="127.0.0.1", port=port)
+        build_server(backend, project=project, session=session).run("streamable-http", host="127.0.0.1", port=port)
     finally:
         backend.close()

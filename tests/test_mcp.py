@@ -194,6 +194,21 @@ def test_project_given_at_start_files_what_remember_writes(store):
     asyncio.run(run())
 
 
+def test_a_session_given_at_start_or_by_the_call_files_what_remember_writes(store):
+    """``--session`` names the session ``remember`` files memories under (an agent's
+    conversation), a call's ``session`` another; recall shows each memory's session."""
+    async def run() -> None:
+        async with session(store, "dana", "--session", "chat-7") as s:
+            chosen = text(await call(s, "remember", text="We chose Postgres for the ledger because of its row locks."))
+            moved = text(await call(s, "remember", text="The ledger migration to Postgres runs on Sunday nights.",
+                                    session="chat-8"))
+            items = (await call(s, "recall", query="Postgres for the ledger")).structured_content["items"]
+            sessions = {item["id"]: item["session_id"] for item in items}
+            assert sessions[chosen] == "chat-7" and sessions[moved] == "chat-8", items
+
+    asyncio.run(run())
+
+
 def test_bad_arguments_are_tool_errors_with_helix_sentences_and_the_server_goes_on(store):
     async def run() -> None:
         async with session(store, "dana") as s:
