@@ -738,6 +738,6 @@ def test_bench_serve_times_recall_idle_and_around_a_compaction(served):
                                                args))
     assert out["idle"]["n"] == 4 and out["during"]["n"] >= 2 and out["p95_ratio"] > 0
     (report,) = out["compactions"]
-    assert report["folded"] == 3 or report["mode"] == "rebuild", report
+    assert report["folded"] >= args.compact_writes, report  # and whatever earlier tests left pending
     assert report["generation"] == json.loads((store / "CURRENT").read_text()) > before
     assert report["seconds_with_settle"] >= args.compact_settle_s
