@@ -37,7 +37,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import threading
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
@@ -53,6 +52,7 @@ from helix_ray.index.bm25 import Analyzer
 from helix_ray.live.delta_format import NOT_FOLDED, Tombstone, check_format, delta_dir, delta_schema
 from helix_ray.recall import dense, lexical
 from helix_ray.recall.scope import Scope
+from helix_ray.store.pointer import file_identity
 from helix_ray.token_encoder import from_blobs
 
 #: Delta entries recall under row ids ``DELTA_BASE + seq``: above any generation row
@@ -498,8 +498,8 @@ class SegmentCache:
     def key(folder: Path, name: str) -> str:
         """``name`` and the identity of its file in ``folder`` (device, inode, size): the
         same for every hard link of it, another for another file under that name."""
-        info = os.stat(folder / name)
-        return f"{name}@{info.st_dev}:{info.st_ino}:{info.st_size}"
+        device, inode, size, _ = file_identity(folder / name)
+        return f"{name}@{device}:{inode}:{size}"
 
     def retain(self, names: Iterable[str]) -> None:
         """Forget every segment but ``names`` (those of the snapshots still held)."""

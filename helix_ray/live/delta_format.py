@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from helix_ray.errors import StoreError
+from helix_ray.store.pointer import file_identity
 from helix_ray.store.publish import fsync_path
 
 DELTA_DIR = "delta"
@@ -153,7 +154,7 @@ def publish_manifest(store: Path, version: int, segments: Sequence[str], *, dead
 #: Segment lists of the manifests this process has read while pruning, by path and
 #: file identity (a store deleted and made again at the same path has new files): a
 #: manifest never changes once written, so each is parsed once, not on every publish.
-_LISTED: dict[tuple[Path, int, int], list[str]] = {}
+_LISTED: dict[tuple[Path, int, int, int, int], list[str]] = {}
 #: A temporary file older than this (seconds) is left over from a writer that crashed.
 _STALE_TMP_S = 300.0
 
@@ -175,10 +176,9 @@ def _prune(folder: Path, keep: int) -> None:
     for version in kept:
         path = folder / f"{version:010d}.json"
         try:
-            stat = path.stat()
+            key = (path, *file_identity(path))
         except FileNotFoundError:  # a format-1 snapshot lists none
             continue
-        key = (path, stat.st_ino, stat.st_mtime_ns)
         if key not in _LISTED:
             _LISTED[key] = json.loads(path.read_text()).get("segments", [])
         listed.update(_LISTED[key])

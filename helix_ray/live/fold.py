@@ -57,7 +57,7 @@ def fold(core: WriterCore) -> dict[str, Any] | None:
             return None
         current = Generation.open_current(core.store)  # a damaged one raises: a full compaction rebuilds
         upto = core.seq
-        frozen = int(current.manifest["counts"].get("segment_rows") or 0)  # what fold.max_rows counts
+        segment_rows = int(current.manifest["counts"].get("segment_rows") or 0)  # what fold.max_rows counts
         # Every pending entry is new to the segments: the log marks what a fold froze in the
         # transaction that records its generation, and a Writer rolls forward to that one.
         dead = dict(current.dead)
@@ -107,6 +107,6 @@ def fold(core: WriterCore) -> dict[str, Any] | None:
         core.last_compaction = {
             "published": True, "generation": number, "folded": len(pending), "kept_in_delta": 0,
             "deletions": len(open_tombstones), "seconds": round(time.perf_counter() - started, 3),
-            "mode": "segment", "segment_rows": frozen + len(pending),
+            "mode": "segment", "segment_rows": segment_rows + len(pending),
         }
         return core.last_compaction

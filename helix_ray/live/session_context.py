@@ -14,7 +14,6 @@ final) and mixes only what it embeds itself, so no turn is mixed twice.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -22,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from helix_ray.store.pointer import file_identity
 
 if TYPE_CHECKING:
     from helix_ray.live.writer import WriterCore
@@ -236,8 +237,7 @@ class SessionRows:
                 self._index(generation, user)
 
     def _index(self, generation: Any, user: str) -> tuple[dict[str, int], np.ndarray, np.ndarray]:
-        st = os.stat(generation.path / "memories.arrow")
-        file = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        file = file_identity(generation.path / "memories.arrow")
         with self._lock:
             users = self._indexes.get(file)
             if users is None:  # a rebuilt generation: the one before it is still served until the swap

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from helix_ray.store.generation import VECTOR_FILES
+from helix_ray.store.pointer import file_identity
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,7 @@ def read_through(folder: str | Path, names: Iterable[str] | None = None, *, once
                 try:
                     key = None
                     if once:
-                        st = path.stat()
-                        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+                        key = file_identity(path)
                         if key in _READ:
                             continue
                     with open(path, "rb", buffering=0) as fh:

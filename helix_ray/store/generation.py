@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import threading
 import weakref
 from dataclasses import dataclass
@@ -84,6 +83,7 @@ from helix_ray.index.csr import SESSION_KEY, CSRGraph
 from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.store import integrity
 from helix_ray.store.late import SegmentedTokens
+from helix_ray.store.pointer import file_identity
 from helix_ray.store.rows import ArrowFile, ArrowStrings, RowFile
 from helix_ray.token_encoder import BACKBONE_NAME
 from helix_ray.token_encoder import NAME as LATE_NAME
@@ -386,8 +386,7 @@ _BUILT_LOCK = threading.Lock()
 def _shared(what: str, file: Path, build: Callable[[], Any]) -> Any:
     """``build()``, or what it returned for the same file (an immutable generation file:
     the objects are read, never changed)."""
-    st = os.stat(file)
-    key = (what, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    key = (what, *file_identity(file))
     with _BUILT_LOCK:
         found = _BUILT.get(key)
     if found is not None:

@@ -43,6 +43,7 @@ from typing import Iterator
 
 from helix_ray.errors import InvalidArgument, Unauthorized
 from helix_ray.store import audit
+from helix_ray.store.pointer import file_identity
 
 KEYS_FILE = "keys.json"
 _KEY = re.compile(r"^hx_([0-9a-f]{8})_[A-Za-z0-9_-]{20,}$")
@@ -85,17 +86,16 @@ class KeyStore:
     def __init__(self, store: str | Path):
         self.store = Path(store)
         self.path = self.store / KEYS_FILE
-        self._stat: tuple[int, int, int] | None = None
+        self._stat: tuple[int, int, int, int] | None = None
         self._by_id: dict[str, KeyRecord] = {}
 
     # ---------------------------------------------------------------- reading
     def _load(self) -> None:
         try:
-            st = os.stat(self.path)
+            key = file_identity(self.path)
         except FileNotFoundError:
             self._stat, self._by_id = None, {}
             return
-        key = (st.st_ino, st.st_mtime_ns, st.st_size)
         if key == self._stat:
             return
         data = json.loads(self.path.read_text())

@@ -52,7 +52,7 @@ import pyarrow.fs as pafs
 from helix_ray.errors import GenerationDamaged, InvalidArgument, StoreError
 from helix_ray.store.generation import current_generation_number, generations_dir
 from helix_ray.store.integrity import MANIFEST, check_manifest, file_problem
-from helix_ray.store.pointer import read_int, write_bytes_atomic, write_text_atomic
+from helix_ray.store.pointer import file_identity, read_int, write_bytes_atomic, write_text_atomic
 from helix_ray.store.publish import _rename_durably, fsync_path, set_current
 
 log = logging.getLogger(__name__)
@@ -362,10 +362,9 @@ def _prune_mirror_delta(mirror: Mirror, names: set[str], keep: int) -> None:
 
 def _stat_key(path: Path) -> tuple[Any, ...] | None:
     try:
-        st = path.stat()
+        return file_identity(path)
     except FileNotFoundError:
         return None
-    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def _push_small(store: Path, mirror: Mirror) -> list[str]:

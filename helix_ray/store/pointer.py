@@ -1,6 +1,7 @@
 """Small files of a store: re-read only when they changed (:class:`Pointer`: store
 pointers such as ``CURRENT``, the live settings, the query adapter; shared by Serve's
-replicas and :class:`helix_ray.Memory`), and replaced whole (:func:`write_text_atomic`)."""
+replicas and :class:`helix_ray.Memory`), and replaced whole (:func:`write_text_atomic`); and
+the identity of a file (:func:`file_identity`) that keys what is built from one."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def file_identity(path: str | os.PathLike[str]) -> tuple[int, int, int, int]:
+    """``path``'s (device, inode, size, mtime): the same for every hard link of one file,
+    another once the file is replaced by rename or changed. Raises FileNotFoundError."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def read_int(path: Path) -> int | None:
     """The number a pointer file such as ``CURRENT`` holds; None when it is missing or empty."""
     try:
@@ -48,19 +56,18 @@ class Pointer:
     def __init__(self, path: Path, parse: Callable[[Path], Any]):
         self.path = path
         self.parse = parse
-        self._key: tuple[int, int, int] | None = None
+        self._key: tuple[int, int, int, int] | None = None
         self._value: Any = None
         self.version = 0  # bumped every time the contents are read again
 
     def read(self) -> Any:
         try:
-            st = os.stat(self.path)
+            key = file_identity(self.path)
         except FileNotFoundError:
             if self._key is not None or self.version == 0:
                 self._key, self._value = None, self.parse(self.path)
                 self.version += 1
             return self._value
-        key = (st.st_ino, st.st_mtime_ns, st.st_size)
         if key != self._key:
             self._value = self.parse(self.path)
             self._key = key
