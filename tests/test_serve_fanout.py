@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -468,26 +469,34 @@ def test_recall_hits_reach_the_writer_without_another_recall(monkeypatch):
     assert [[h[0] for h in batch] for batch in received] == [["a", "b"], ["c"]] and server._accessed == []
 
 
+def _copy_with_newer_generation(source: Path, store: Path) -> Path:
+    """``source`` copied to ``store`` with its current generation copied as the next
+    number (not yet current)."""
+    import shutil
+
+    from helix_ray.store.generation import current_generation_number
+    from helix_ray.store.integrity import seal
+
+    shutil.copytree(source, store)
+    first = current_generation_number(store)
+    newer = store / "generations" / f"{first + 1:06d}"
+    shutil.copytree(store / "generations" / f"{first:06d}", newer)
+    manifest = json.loads((newer / "manifest.json").read_text())
+    (newer / "manifest.json").write_text(json.dumps(seal({**manifest, "generation": first + 1})))
+    return store
+
+
 def test_a_cancelled_request_does_not_cancel_the_generation_load_others_wait_for(tenant_store, tmp_path,
                                                                                   monkeypatch):
     """Two requests wait for a replica to open a new generation; one is cancelled (its
     client left, or the ingress gave up on a leg). The other still gets the generation,
     installed once, opened once: the cancellation must not cancel the shared load, which
     would fail every request of the swap that waits for it."""
-    import json
-    import shutil
-
     from helix_ray.live.views import StoreViews
-    from helix_ray.store.integrity import seal
 
-    store = tmp_path / "store"
-    shutil.copytree(tenant_store[0], store)
+    store = _copy_with_newer_generation(tenant_store[0], tmp_path / "store")
     views = StoreViews(store, role="ranker")
     first = views.latest
-    newer = store / "generations" / f"{first + 1:06d}"
-    shutil.copytree(store / "generations" / f"{first:06d}", newer)
-    manifest = json.loads((newer / "manifest.json").read_text())
-    (newer / "manifest.json").write_text(json.dumps(seal({**manifest, "generation": first + 1})))
     opened = []
     real_open = views._open
 
@@ -511,3 +520,33 @@ def test_a_cancelled_request_does_not_cancel_the_generation_load_others_wait_for
     assert view.number == first + 1 and views.generations[first + 1] is view and views.latest == first + 1
     assert opened == [first + 1] and not views._loading
     assert _run(views.generation(first + 1)) is view  # installed: no second open
+
+
+def test_a_replica_makes_the_first_requests_recaller_while_it_loads(tenant_store, tmp_path):
+    """What the first request over a new generation, or a new delta snapshot, would make
+    on the event loop (the snapshot read and joined, the role's recaller) is made by the
+    replica's loader off the loop: that request finds it made, and uses it."""
+    from helix_ray.live.views import StoreViews
+    from helix_ray.memory import Memory
+
+    store = _copy_with_newer_generation(tenant_store[0], tmp_path / "store")
+    views = StoreViews(store, role="ranker")
+    first = views.latest
+    (store / "CURRENT").write_text(str(first + 1))
+
+    assert _run(views.refresh())
+    version = views.delta_version()
+    assert set(views.recallers) == {(first + 1, version, True)} and version in views.deltas
+    view = views.generations[first + 1]
+    made = views.recallers[(first + 1, version, True)]
+    assert views.recaller(view, views.delta_for(view), joined=True) is made
+
+    with Memory(store, record_access=False, warm=False) as mem:
+        mem.add([{"id": "fresh", "user": "alice", "text": "The canary rollout waits for the p99 alarm."}])
+    assert views.delta_version() > version and views.delta_version() not in views.deltas
+    _run(views._follow_delta())
+    key = (first + 1, views.delta_version(), True)
+    assert key in views.recallers and views.delta_version() in views.deltas
+    delta = views.delta_for(view)
+    assert "fresh" in set(delta.ids.tolist())
+    assert views.recaller(view, delta, joined=True) is views.recallers[key]

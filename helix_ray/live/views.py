@@ -19,6 +19,7 @@ expand, rank, diversify, pack — runs unchanged over both.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections import OrderedDict
@@ -429,20 +430,27 @@ class StoreViews:
             return view
         future = self._loading.get(number)
         if future is None:
-            loop = asyncio.get_running_loop()
-            future = loop.run_in_executor(None, self._open, number) if opened is None else \
-                loop.run_in_executor(None, self._view, opened)
+            future = asyncio.get_running_loop().run_in_executor(None, self._load, number, opened)
             self._loading[number] = future
             future.add_done_callback(functools.partial(self._loaded, number))
         # Shielded: a caller cancelled while it waits (a client gone, the ingress giving
         # up on a leg) must not cancel the load every other request of the swap waits for.
-        return await asyncio.shield(future)
+        view, _ = await asyncio.shield(future)
+        return view
+
+    def _load(self, number: int, opened: Generation | None) -> tuple[GenerationView, Ready | None]:
+        """Off the event loop: generation ``number`` opened and warmed, and what its first
+        request would make (:meth:`ready`)."""
+        view = self._open(number) if opened is None else self._view(opened)
+        return view, self.ready(view)
 
     def _loaded(self, number: int, future: asyncio.Future) -> None:
         """A load ended: install its view, whoever awaited it (this runs before any of them resumes)."""
         self._loading.pop(number, None)
         if not future.cancelled() and future.exception() is None:
-            self.install(future.result())
+            view, ready = future.result()
+            self.install(view)
+            self.keep(ready)
 
     def _newer_current(self) -> int | None:
         """The number ``CURRENT`` names, when it is newer than this replica's and not
@@ -490,13 +498,24 @@ class StoreViews:
         return None if good is None else self._view(good)
 
     async def watch(self, interval_s: float = 0.5) -> None:
-        """Background task: follow ``CURRENT`` every ``interval_s`` seconds."""
+        """Background task: follow ``CURRENT`` every ``interval_s`` seconds, and the delta's:
+        a new snapshot is read, joined and given its recallers off the event loop too."""
         while True:
             try:
                 await self.refresh()
             except Exception:  # noqa: BLE001 - a bad publish must not stop the watcher
                 log.exception("could not open the store's new generation; still serving %s", self.latest)
+            try:
+                await self._follow_delta()
+            except Exception:  # noqa: BLE001 - the next request reads the snapshot itself, and reports it
+                log.warning("could not read the new delta snapshot ahead of requests", exc_info=True)
             await asyncio.sleep(interval_s)
+
+    async def _follow_delta(self) -> None:
+        view = self.generations.get(self.latest) if self.latest is not None else None
+        if view is None or self.delta_version() in self.deltas:
+            return
+        self.keep(await asyncio.get_running_loop().run_in_executor(None, self.ready, view))
 
     # ---------------------------------------------------------------- delta
     def delta_version(self) -> int:
@@ -516,12 +535,15 @@ class StoreViews:
                     raise
                 self._delta_pointer = Pointer(delta_dir(self.store) / "CURRENT", read_int)
                 continue
-            self.deltas[version] = seg
-            while len(self.deltas) > 4:
-                self.deltas.popitem(last=False)
-            self.segments.retain(name for held in self.deltas.values() for name in held.segments)
-            return seg
+            return self._remember_delta(seg)
         raise AssertionError("unreachable")
+
+    def _remember_delta(self, seg: DeltaSegment) -> DeltaSegment:
+        seg = self.deltas.setdefault(seg.version, seg)
+        while len(self.deltas) > 4:
+            self.deltas.popitem(last=False)
+        self.segments.retain(name for held in self.deltas.values() for name in held.segments)
+        return seg
 
     def delta_for(self, view: GenerationView) -> DeltaSegment:
         """What recall searches beside ``view``'s files: the newest delta snapshot, joined
@@ -533,10 +555,13 @@ class StoreViews:
         key = (view.number, live.version)
         seg = self.effective.get(key)
         if seg is None:
-            seg = effective(live, view.frozen, view.generation.dead, view.number)
-            self.effective[key] = seg
-            while len(self.effective) > 4:
-                self.effective.popitem(last=False)
+            seg = self._remember_joined(key, effective(live, view.frozen, view.generation.dead, view.number))
+        return seg
+
+    def _remember_joined(self, key: tuple[int, int], seg: DeltaSegment) -> DeltaSegment:
+        seg = self.effective.setdefault(key, seg)
+        while len(self.effective) > 4:
+            self.effective.popitem(last=False)
         return seg
 
     def pending_ids(self, view: GenerationView) -> set[str]:
@@ -555,18 +580,72 @@ class StoreViews:
         key = (view.number, delta.version, joined)
         rec = self.recallers.get(key)
         if rec is None:
-            hidden = view.rows_of(delta.hidden_ids(view.number)) if len(delta) or delta.tombstones \
-                else np.zeros(0, np.int64)
-            if joined:
-                gen = JoinedGeneration(view, delta)
-                rec = ShellRecaller(gen, view, hidden, columns=JoinedColumns(view.columns, delta))
-            else:
-                rec = ShellRecaller(view.generation, view, hidden)
-            self.recallers[key] = rec
-            while len(self.recallers) > self.keep_recallers:
-                self.recallers.popitem(last=False)
+            rec = self._remember_recaller(key, _new_recaller(view, delta, joined))
         return rec
 
+    def _remember_recaller(self, key: tuple[int, int, bool], rec: ShellRecaller) -> ShellRecaller:
+        rec = self.recallers.setdefault(key, rec)
+        while len(self.recallers) > self.keep_recallers:
+            self.recallers.popitem(last=False)
+        return rec
 
-__all__ = ["StoreViews", "ShellRecaller", "JoinedGeneration", "GenerationView", "Pointer",
+    # ---------------------------------------------------------------- ahead of requests
+    def ready(self, view: GenerationView) -> Ready | None:
+        """What the first request over ``view`` and the newest delta snapshot would make
+        on the event loop, made by the caller's thread instead (a replica's loader: the
+        swap's first requests do not wait for it): the snapshot read, joined with the
+        view's segments, and the recallers of this replica's role over it. None for no
+        role (``Memory`` makes them after its compaction) or a snapshot gone meanwhile
+        (the request reads the newer one). Only reads the dicts; :meth:`keep` files it."""
+        legs = _ROLE_LEGS.get(self.role or "", ())
+        if not legs:
+            return None
+        version = self.delta_version()
+        live = self.deltas.get(version)
+        if live is None:
+            try:
+                live = DeltaSegment.load(self.store, version, self.segments)
+            except StoreError:
+                return None
+        key = (view.number, live.version)
+        seg = live if view.frozen is None else \
+            self.effective.get(key) or effective(live, view.frozen, view.generation.dead, view.number)
+        return Ready(live, key if view.frozen is not None else None, seg,
+                     {(view.number, seg.version, joined): _new_recaller(view, seg, joined) for joined in legs})
+
+    def keep(self, ready: Ready | None) -> None:
+        """File what :meth:`ready` made (on the thread that serves requests); what a
+        request made meanwhile stays."""
+        if ready is None:
+            return
+        self._remember_delta(ready.live)
+        if ready.joined_key is not None:
+            self._remember_joined(ready.joined_key, ready.joined)
+        for key, rec in ready.recallers.items():
+            self._remember_recaller(key, rec)
+
+
+#: Which recallers a role's requests use (``joined``: the Ranker's, over generation + delta).
+_ROLE_LEGS = {"dense": (False,), "bm25": (False,), "ranker": (True,), "all": (False, True)}
+
+
+@dataclasses.dataclass
+class Ready:
+    """What :meth:`StoreViews.ready` made for one generation and delta snapshot."""
+
+    live: DeltaSegment
+    joined_key: tuple[int, int] | None  # (generation, version) when ``joined`` is a join
+    joined: DeltaSegment
+    recallers: dict[tuple[int, int, bool], ShellRecaller]
+
+
+def _new_recaller(view: GenerationView, delta: DeltaSegment, joined: bool) -> ShellRecaller:
+    hidden = view.rows_of(delta.hidden_ids(view.number)) if len(delta) or delta.tombstones \
+        else np.zeros(0, np.int64)
+    if joined:
+        return ShellRecaller(JoinedGeneration(view, delta), view, hidden, columns=JoinedColumns(view.columns, delta))
+    return ShellRecaller(view.generation, view, hidden)
+
+
+__all__ = ["StoreViews", "Ready", "ShellRecaller", "JoinedGeneration", "GenerationView", "Pointer",
            "current_delta_version"]
