@@ -534,6 +534,11 @@ def test_a_large_tenants_sessions_are_indexed_as_a_scan_finds_them(tmp_path, mon
     for s, offsets in found.items():
         assert indexed.offsets(generation, "dana", s).tolist() == offsets
     assert indexed.offsets(generation, "lee", "s1").tolist() == [0]
+    with Memory(store, compact_interval_s=None, record_access=False) as warmed:  # warms in the background
+        warmed.ready(60)
+        for thread in [t for t in threading.enumerate() if t.name == "helix-warm"]:
+            thread.join(60)  # after the question, it indexes the sessions and reads the files
+        assert sorted(list(warmed._views.sessions._indexes.values())[-1]) == ["dana", "lee"]
     with Memory(store, compact_interval_s=None, record_access=False) as mem:
         mem.delete("m001", user="dana")
         assert mem.compact()["published"]
