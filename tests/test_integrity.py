@@ -98,6 +98,24 @@ def test_open_hashes_the_smallest_files_within_its_budget():
     assert integrity.to_hash_at_open(files, budget=0) == set()
 
 
+def test_a_file_is_hashed_once_per_process_until_it_changes(copy, monkeypatch):
+    """An open hashes each small file once: opened again (a folded generation links its
+    parent's files), a file that matched is not read again; changed in place since (a
+    new mtime), it is hashed again and refused."""
+    hashed = []
+    real = integrity.file_crc32
+    monkeypatch.setattr(integrity, "file_crc32", lambda path: hashed.append(path.name) or real(path))
+    Generation(copy / GEN2)
+    assert "minhash.npy" in hashed
+    hashed.clear()
+    Generation(copy / GEN2)
+    assert hashed == []
+    flip_middle_byte(copy / GEN2 / "minhash.npy")
+    with pytest.raises(GenerationDamaged, match="minhash.npy has CRC-32"):
+        Generation(copy / GEN2)
+    assert hashed == ["minhash.npy"]
+
+
 def test_a_whole_store_opens_and_doctor_passes(store, capsys):
     assert Generation(store / GEN2, verify="full").number == 2
     assert doctor(capsys, store) == (0, [])

@@ -16,7 +16,11 @@ standard library (docs/operations.md gives the measured rates). What is checked 
 - every open (``verify="open"``): the manifest's checksum, every file's size, and the
   CRC-32 of the smallest files up to :data:`OPEN_HASH_BYTES` in all. A generation of
   10^6 memories is gigabytes: hashing all of it at every replica's open would cost far
-  more than the open, while sizes catch every truncated file for one ``stat`` each;
+  more than the open, while sizes catch every truncated file for one ``stat`` each.
+  A file that matched its record once is not hashed again by the same process while it
+  is the same file (:func:`~helix_ray.store.pointer.file_identity`): a generation that a
+  compaction folded links its parent's files, and a compaction in process opens both
+  (its fold, then the swap), so each of its compactions would hash them twice again;
 - ``verify="full"`` and ``helix doctor``: every file's CRC-32.
 
 A generation written before checksums were recorded has neither key and opens as before.
@@ -25,11 +29,14 @@ A generation written before checksums were recorded has neither key and opens as
 from __future__ import annotations
 
 import json
+import threading
 import zlib
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 from helix_ray.errors import GenerationDamaged
+from helix_ray.store.pointer import file_identity
 
 MANIFEST = "manifest.json"
 #: The manifest key holding the CRC-32 of the rest of the manifest.
@@ -37,6 +44,10 @@ MANIFEST_CHECKSUM = "manifest_crc32"
 #: At every open, files are hashed smallest first while their sizes add up to at most this.
 OPEN_HASH_BYTES = 64 << 20
 _CHUNK = 1 << 20
+#: (file identity, CRC-32) of the files an open found matching their record, newest last.
+_MATCHED: "OrderedDict[tuple[Any, ...], None]" = OrderedDict()
+_MATCHED_KEPT = 4096
+_MATCHED_LOCK = threading.Lock()
 
 #: What to do with a damaged store.
 RESTORE = ("Restore the store folder from a backup, or rebuild it from your sources into a new folder "
@@ -116,19 +127,32 @@ def check_manifest(folder: Path, manifest: dict[str, Any]) -> None:
         raise damaged(folder, [f"{MANIFEST} has CRC-32 {found}; it records {recorded} for itself"])
 
 
-def file_problem(path: Path, recorded: dict[str, Any], *, checksum: bool) -> str | None:
+def file_problem(path: Path, recorded: dict[str, Any], *, checksum: bool, once: bool = False) -> str | None:
     """What differs between the file at ``path`` and its manifest record (size, and
-    with ``checksum`` its CRC-32), in words; None when nothing does."""
+    with ``checksum`` its CRC-32), in words; None when nothing does. ``once``: a file
+    this process found matching the same CRC-32 before, unchanged since, is not hashed
+    again (an open's check; ``helix doctor`` reads every byte)."""
     try:
-        size = path.stat().st_size
+        identity = file_identity(path)
     except FileNotFoundError:
         return "is missing"
+    size = identity[2]
     if size != recorded["bytes"]:
         return f"has {size} bytes; the manifest records {recorded['bytes']}"
     if checksum:
+        key = (identity, recorded["crc32"])
+        if once:
+            with _MATCHED_LOCK:
+                if key in _MATCHED:
+                    return None
         found = file_crc32(path)
         if found != recorded["crc32"]:
             return f"has CRC-32 {found}; the manifest records {recorded['crc32']}"
+        if once:
+            with _MATCHED_LOCK:
+                _MATCHED[key] = None
+                while len(_MATCHED) > _MATCHED_KEPT:
+                    _MATCHED.popitem(last=False)
     return None
 
 
@@ -157,7 +181,7 @@ def verify_files(folder: Path, manifest: dict[str, Any], *, full: bool) -> None:
     hashed = set(files) if full else to_hash_at_open(files)
     problems = []
     for name, record in files.items():
-        problem = file_problem(folder / name, record, checksum=name in hashed)
+        problem = file_problem(folder / name, record, checksum=name in hashed, once=not full)
         if problem:
             problems.append(f"{name} {problem}")
     if problems:
