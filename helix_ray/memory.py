@@ -236,9 +236,6 @@ class Memory:
         holds the Writer's compaction lock throughout): open the new generation and warm it
         here, while recall goes on over the one the compaction started from, then swap. A
         recall does not meet a cold generation."""
-        from helix_ray.live.recall import recall_over
-        from helix_ray.recall.warm import WARM_QUERY, largest_tenant, warm_recaller
-
         views = self._views
         if views is None or self._closed.is_set():
             return  # nothing opened yet: the first recall opens the current generation
@@ -250,15 +247,12 @@ class Memory:
             recaller = self._open_recaller(view.generation)
             with self._recaller_lock:
                 delta = views.delta_for(view)  # the segments' rows joined with the newest snapshot
-                legs = views.recaller(view, delta), views.recaller(view, delta, joined=True)
-            user = largest_tenant(view.generation)
-            # One question through the path recall takes (Memory.recall): over the delta
-            # when it holds anything (segment rows, pending writes), else the generation's
-            # alone; either builds what the generation makes on first use (BM25, columns, graph).
-            if user is not None and (len(delta) or delta.tombstones):
-                recall_over(*legs, delta, recaller, WARM_QUERY, user=user)
-            else:
-                warm_recaller(recaller)
+                views.recaller(view, delta), views.recaller(view, delta, joined=True)
+            # What the generation makes on first use (BM25, columns, graph, the segment
+            # rows' terms), as a replica warms it, without a question: asking one holds
+            # this process's GIL as long as a recall does, beside the recalls it serves.
+            view.warm("all")
+            delta.analyse(view.generation.bm25.analyzer)
             self._index_sessions(view.generation)
             with self._recaller_lock:
                 if views.latest is None or view.number > views.latest:

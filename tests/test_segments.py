@@ -367,7 +367,9 @@ def test_warming_a_fold_looks_up_the_terms_of_the_writes_it_folded(store, monkey
 
         monkeypatch.setattr(Analyzer, "tokenize", tokenize)
         assert fold(mem)["published"] and mem._views.generations[2].frozen is not None
-        assert analysed and not [t for t in analysed for w in WRITES if w["text"] in t]  # the warm-up's query only
+        frozen = mem._views.generations[2].frozen
+        assert all(part._terms_by for part in frozen.parts_kept(np.ones(len(frozen), bool))[0])  # warmed
+        assert not [t for t in analysed for w in WRITES if w["text"] in t]  # by looking the terms up
         after = mem.recall("why did we pin uvicorn?", user="dana")
     assert [(i.id, round(i.score, 5)) for i in after.items] == [(i.id, round(i.score, 5)) for i in before.items]
 

@@ -124,6 +124,8 @@ class GenerationView:
         gen = self.generation
         read_through(gen.path, ROLE_FILES[role], once=True)  # a folded generation: its new files only
         _ = gen.memories, gen.vectors, gen.binary, gen.scope_columns  # the legs' and the ranker's filters
+        if role in ("dense", "all"):  # each HNSW index's view (a tenant past hnsw_min_rows: a few per store)
+            _ = [gen.dense_index(user) for user in gen.partitions if gen.has_dense_index(user)]
         if role in ("bm25", "all"):
             _ = gen.bm25
         if role in ("ranker", "all"):
@@ -608,8 +610,9 @@ class StoreViews:
             except StoreError:
                 return None
         key = (view.number, live.version)
-        seg = live if view.frozen is None else \
-            self.effective.get(key) or effective(live, view.frozen, view.generation.dead, view.number)
+        seg = live if view.frozen is None else self.effective.get(key)
+        if seg is None:
+            seg = effective(live, view.frozen, view.generation.dead, view.number)
         return Ready(live, key if view.frozen is not None else None, seg,
                      {(view.number, seg.version, joined): _new_recaller(view, seg, joined) for joined in legs})
 
