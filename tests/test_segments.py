@@ -185,7 +185,8 @@ def test_a_replica_warming_a_folded_generation_reads_only_its_new_files(store):
 
 
 def test_a_folded_generation_shares_its_parents_per_row_columns(store):
-    """What a reader builds per row is built once for a base and the folds on it."""
+    """What a reader builds per row, and the BM25 index, is built once for a base and the
+    folds on it."""
     import gc
 
     parent = Generation.open_current(store)
@@ -193,8 +194,9 @@ def test_a_folded_generation_shares_its_parents_per_row_columns(store):
         mem.add(WRITES)
     folded = Generation(store / "generations" / f"{freeze(store):06d}")
     assert folded.columns is parent.columns and folded.scope_columns is parent.scope_columns
+    assert folded.bm25 is parent.bm25  # the linked index files: their vocabulary parsed once
     copy = Generation(shutil.copytree(parent.path, store / "copy"))  # the same rows in another file
-    assert copy.columns is not parent.columns
+    assert copy.columns is not parent.columns and copy.bm25 is not parent.bm25
     assert list(copy.columns.ids) == list(parent.columns.ids)
     from helix_ray.store import generation
 

@@ -296,7 +296,14 @@ class Generation:
 
     @cached_property
     def bm25(self) -> BM25Index:
-        return load_bm25(self.path / "bm25")
+        """The BM25 index, memory-mapped; one object for every open generation that links
+        the same index files (a fold links its parent's: its vocabulary, JSON parsed
+        under the GIL, is not parsed again beside recall)."""
+        folder = self.path / "bm25"
+        try:
+            return _shared("bm25", folder / BM25_SCORES, lambda: load_bm25(folder))
+        except FileNotFoundError:  # an index saved without a score matrix file: nothing to share it by
+            return load_bm25(folder)
 
     @cached_property
     def terms(self):
@@ -376,11 +383,14 @@ class Generation:
 #: file, while some open generation holds it: a generation that a compaction folded links
 #: its parent's ``memories.arrow``, so the two share the per-row columns built from it.
 _BUILT: "weakref.WeakValueDictionary[tuple[Any, ...], Any]" = weakref.WeakValueDictionary()
+_BUILT_LOCK = threading.Lock()
+#: The file of a BM25 index that a new build always writes anew (its score matrix):
+#: what :attr:`Generation.bm25` is shared by.
+BM25_SCORES = "data.csc.index.npy"
 
 
 class SessionNodes(dict[tuple[str, str], int]):
     """:attr:`Generation.session_nodes` (a dict that :data:`_BUILT` can hold weakly)."""
-_BUILT_LOCK = threading.Lock()
 
 
 def _shared(what: str, file: Path, build: Callable[[], Any]) -> Any:
