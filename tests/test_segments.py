@@ -201,10 +201,23 @@ def test_a_folded_generation_shares_its_parents_per_row_columns(store):
     from helix_ray.store import generation
 
     inode = os.stat(parent.path / "memories.arrow").st_ino
-    assert sum(key[2] == inode for key in list(generation._BUILT.keys())) == 2
+    assert sorted(key[0] for key in list(generation._BUILT.keys()) if key[2] == inode) == ["columns", "rows", "scope"]
     del parent, folded
     gc.collect()
     assert not any(key[2] == inode for key in list(generation._BUILT.keys()))  # gone with the generations
+
+
+def test_generations_linking_one_hnsw_file_share_its_view(tenant_store, tmp_path):
+    """A fold links its parent's HNSW files: every open generation that links one file
+    searches one view of it; a copy of the bytes in another file gets its own."""
+    parent = Generation.open_current(tenant_store[0])
+    linked = Generation(shutil.copytree(parent.path, tmp_path / "linked", copy_function=os.link))
+    copied = Generation(shutil.copytree(parent.path, tmp_path / "copied"))
+    users = [u for u in parent.partitions if parent.has_dense_index(u)]
+    assert users
+    for user in users:
+        assert linked.dense_index(user) is parent.dense_index(user)
+        assert copied.dense_index(user) is not parent.dense_index(user)
 
 
 def test_a_crash_while_writing_a_segment_leaves_the_current_generation(store):

@@ -208,7 +208,7 @@ class Generation:
 
     @cached_property
     def _memories_file(self) -> ArrowFile:
-        return ArrowFile(self.path / "memories.arrow")
+        return _shared("rows", self.path / "memories.arrow", lambda: ArrowFile(self.path / "memories.arrow"))
 
     @cached_property
     def memories(self) -> pa.Table:
@@ -371,10 +371,12 @@ class Generation:
         return self._partition_files.get(user) is not None
 
     def dense_index(self, user: str):
-        """The tenant's HNSW index, opened as a read-only view of the file."""
+        """The tenant's HNSW index, opened as a read-only view of the file (one view for
+        every open generation that links the file: a fold links its parent's)."""
         index = self._dense.get(user)
         if index is None:
-            index = hnsw.open_view(self.path / self._partition_files[user])
+            path = self.path / self._partition_files[user]
+            index = _shared("hnsw", path, lambda: hnsw.open_view(path))
             self._dense[user] = index
         return index
 
