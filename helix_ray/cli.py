@@ -66,7 +66,19 @@ def _parser() -> argparse.ArgumentParser:
     _keys_arguments(sub)
     _audit_arguments(sub)
     _mcp_arguments(sub)
+    _describe(sub)
     return p
+
+
+def _describe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Head each command's own ``--help`` with the line ``helix --help`` lists it by."""
+    for action in sub._choices_actions:
+        parser = sub.choices[action.dest]
+        if parser.description is None and action.help:
+            parser.description = action.help[:1].upper() + action.help[1:] + "."
+        nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        for inner in nested:
+            _describe(inner)
 
 
 def _stdout_gone() -> bool:

@@ -587,3 +587,24 @@ def test_a_recall_takes_the_moment_it_is_asked_and_the_turns_before_it(store, ca
     assert "embed_context" not in answer["timings_ms"]
     code, _, err = helix(capsys, *args, "--now", "last tuesday")
     assert code == 2 and err.startswith("helix recall: Got --now='last tuesday'"), err
+
+
+def test_each_commands_help_says_what_it_does():
+    """`helix CMD --help` heads with the line `helix --help` lists CMD by, nested
+    commands (`helix keys create`) too."""
+    import argparse
+
+    from helix_ray.cli import _parser
+
+    def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for listed in action._choices_actions:
+                    yield (*path, listed.dest), listed.help, action.choices[listed.dest]
+                    yield from commands(action.choices[listed.dest], (*path, listed.dest))
+
+    found = list(commands(_parser()))
+    assert {path for path, _, _ in found} >= {("mcp",), ("ingest",), ("keys",), ("keys", "create")}
+    for path, listed, parser in found:
+        description = " ".join(parser.format_help().split("\n\n")[1].split())
+        assert description.lower().startswith(listed.lower()), path
