@@ -34,8 +34,11 @@ def demo(args: argparse.Namespace) -> int:
             print(f"\n== recall {args.query!r} for user dana (budget 400 tokens), in process")
             result = mem.recall(args.query, user="dana", budget_tokens=400, k=6)
             print(format_result(result))
-        return 0
-    return _demo_over_http(Path(args.store), args.query, ours, quiet=not args.verbose)
+    elif _demo_over_http(Path(args.store), args.query, ours, quiet=not args.verbose):
+        return 1
+    print(f"\n== next: the store stays in {args.store}; ask it yourself, in process: `source .venv/bin/activate`, "
+          f"then `helix recall \"why NATS over Kafka?\" --store {args.store} --user dana`")
+    return 0
 
 
 def _demo_over_http(store: Path, query: str, ours: bool, *, quiet: bool = True) -> int:

@@ -266,6 +266,7 @@ def test_the_demo_answers_through_the_server(tmp_path):
     assert "== POST http://127.0.0.1:" in run.stdout and "/v1/recall" in run.stdout
     answer = run.stdout.split("== POST", 1)[1]
     assert "We chose NATS JetStream over Kafka" in answer and "HTTP round trip" in answer
+    assert f"helix recall \"why NATS over Kafka?\" --store {store} --user dana" in answer.split("== next", 1)[1]
     keys = KeyStore(store).records()
     assert keys and all(k.revoked for k in keys)  # the demo's key does not outlive it
     # No colour codes in a file or a pipe, Ray's worker-log prefixes (its "(raylet)" line
