@@ -248,12 +248,12 @@ class Memory:
             with self._recaller_lock:
                 delta = views.delta_for(view)  # the segments' rows joined with the newest snapshot
                 views.recaller(view, delta), views.recaller(view, delta, joined=True)
-            # What the generation makes on first use (BM25, columns, graph, the segment
-            # rows' terms), as a replica warms it, without a question: asking one holds
-            # this process's GIL as long as a recall does, beside the recalls it serves.
+            # What the generation makes on first use (BM25, columns, graph, the sessions'
+            # index, the segment rows' terms), as a replica warms it, without a question:
+            # asking one holds this process's GIL as long as a recall does, beside the
+            # recalls it serves.
             view.warm("all")
             delta.analyse(view.generation.bm25.analyzer)
-            self._index_sessions(view.generation)
             with self._recaller_lock:
                 if views.latest is None or view.number > views.latest:
                     views.install(view)

@@ -19,8 +19,7 @@ standard library (docs/operations.md gives the measured rates). What is checked 
   more than the open, while sizes catch every truncated file for one ``stat`` each.
   A file that matched its record once is not hashed again by the same process while it
   is the same file (:func:`~helix_ray.store.pointer.file_identity`): a generation that a
-  compaction folded links its parent's files, and a compaction in process opens both
-  (its fold, then the swap), so each of its compactions would hash them twice again;
+  compaction folded links its parent's files, which the fold and then the swap open;
 - ``verify="full"`` and ``helix doctor``: every file's CRC-32.
 
 A generation written before checksums were recorded has neither key and opens as before.
