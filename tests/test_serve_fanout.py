@@ -550,3 +550,33 @@ def test_a_replica_makes_the_first_requests_recaller_while_it_loads(tenant_store
     delta = views.delta_for(view)
     assert "fresh" in set(delta.ids.tolist())
     assert views.recaller(view, delta, joined=True) is views.recallers[key]
+
+
+def test_a_delta_snapshot_the_watcher_cannot_read_ahead_is_left_to_requests(tenant_store, tmp_path, monkeypatch,
+                                                                             caplog):
+    """The watcher tries a new snapshot once: failing, it warns once and leaves it to the
+    next request, instead of trying (and logging) every half second."""
+    import logging
+
+    from helix_ray.live.views import StoreViews
+    from helix_ray.memory import Memory
+
+    store = _copy_with_newer_generation(tenant_store[0], tmp_path / "store")
+    views = StoreViews(store, role="ranker")
+    with Memory(store, record_access=False, warm=False) as mem:
+        mem.add([{"id": "fresh", "user": "alice", "text": "The canary rollout waits for the p99 alarm."}])
+    tried = []
+
+    def unreadable(view):
+        tried.append(view.number)
+        raise OSError("segment unreadable")
+
+    monkeypatch.setattr(views, "ready", unreadable)
+    with caplog.at_level(logging.WARNING, logger="helix_ray.live.views"):
+        for _ in range(3):
+            _run(views._follow_delta())
+    assert tried == [views.latest]
+    assert len([r for r in caplog.records if "ahead of requests" in r.message]) == 1
+    assert views.delta_version() not in views.deltas
+    view = views.generations[views.latest]
+    assert "fresh" in set(views.delta_for(view).ids.tolist())  # a request reads it itself

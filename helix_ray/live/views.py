@@ -385,6 +385,7 @@ class StoreViews:
         self._delta_pointer = Pointer(delta_dir(self.store) / "CURRENT", read_int)
         self.latest: int | None = None
         self._damaged_current: int | None = None  # a CURRENT found damaged, not tried again
+        self._unready: int | None = None  # a delta snapshot _follow_delta failed on, not tried again
         # Open synchronously at start: the replica is not ready before.
         generation = open_good_generation(self.store, **self._expect())
         if generation is not None:
@@ -507,17 +508,22 @@ class StoreViews:
                 await self.refresh()
             except Exception:  # noqa: BLE001 - a bad publish must not stop the watcher
                 log.exception("could not open the store's new generation; still serving %s", self.latest)
-            try:
-                await self._follow_delta()
-            except Exception:  # noqa: BLE001 - the next request reads the snapshot itself, and reports it
-                log.warning("could not read the new delta snapshot ahead of requests", exc_info=True)
+            await self._follow_delta()
             await asyncio.sleep(interval_s)
 
     async def _follow_delta(self) -> None:
+        """Make what the first request over a new delta snapshot would make (:meth:`ready`);
+        a snapshot it fails on is not tried again (the next request reads it itself, and
+        reports what it finds)."""
         view = self.generations.get(self.latest) if self.latest is not None else None
-        if view is None or self.delta_version() in self.deltas:
+        version = self.delta_version()
+        if view is None or version in self.deltas or version == self._unready:
             return
-        self.keep(await asyncio.get_running_loop().run_in_executor(None, self.ready, view))
+        try:
+            self.keep(await asyncio.get_running_loop().run_in_executor(None, self.ready, view))
+        except Exception:  # noqa: BLE001 - the watcher goes on
+            self._unready = version
+            log.warning("could not read delta snapshot %d ahead of requests", version, exc_info=True)
 
     # ---------------------------------------------------------------- delta
     def delta_version(self) -> int:
