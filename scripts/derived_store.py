@@ -18,7 +18,7 @@ those of the base text (the store's size and token count, and so the cost of rea
 scoring them, are those of real tokens).
 
 The generation is then assembled and published with the ingest pipeline's own functions
-— ``helix_ray.ingest.assemble.assemble`` (with its ``memory_table``) and
+— ``helix_ray.ingest.assemble.assemble`` (the rows as ``new_row_table`` makes them) and
 ``helix_ray.store.publish.publish``, called directly — with
 rows validated by ``helix_ray.ingest.normalize.normalise_one``, doc2query expansions,
 entities and token counts from ``helix_ray.ingest.stages`` (Expand, Annotate) and MinHash
@@ -298,7 +298,6 @@ def build_timer() -> StepTimer:
     from helix_ray.store import publish as publish_mod
 
     timer = StepTimer()
-    timer.wrap(assemble_mod, "memory_table")
     timer.wrap(carry_mod, "exact_knn", "exact_knn (small tenants)")
     timer.wrap(assemble_mod, "build_graph")
     timer.wrap(graph_mod, "_to_csr", "build_graph: _to_csr")
@@ -332,8 +331,9 @@ def build_store(n: int, store: Path, *, users: int | None, base_texts: list[str]
     is on, as in the default ``IngestConfig``, and each memory has its base memory's
     tokens; without, the generation has no ``late/``."""
     from helix_ray.config import IngestConfig, LateInteractionConfig
-    from helix_ray.ingest.assemble import NextRows, assemble
+    from helix_ray.ingest.assemble import NextRows, assemble, new_row_table
     from helix_ray.ingest.dense import work_folder
+    from helix_ray.schema import GENERATION_SCHEMA
     from helix_ray.store.publish import publish
 
     config = IngestConfig(hnsw_threads=hnsw_threads,
@@ -360,10 +360,16 @@ def build_store(n: int, store: Path, *, users: int | None, base_texts: list[str]
     if base_tokens is not None:  # todo[k]'s tokens as row k, where ingest's collect() puts them
         new_cols["late"] = DerivedTokens(base_tokens, base_of)
 
+    table = new_row_table(todo)  # the rows as an ingest holds them from dedup on
+    todo.clear()
+    t = step("rows as columns (new_row_table)", t)
+
     timer = build_timer()
     try:
         t0 = time.perf_counter()
-        rows = NextRows(None, [], np.zeros(0, np.int64), [], todo, new_cols, sigs, list(range(n)))
+        rows = NextRows(None, GENERATION_SCHEMA.empty_table(), np.zeros(0, np.int64), [], table, new_cols, sigs,
+                        list(range(n)))
+        del table
         with work_folder(store) as work:  # the HNSW index files, until publish moves them in
             data, _names = assemble(rows, _NoPreviousStore(), config, work=work)
             assemble_s = time.perf_counter() - t0

@@ -39,15 +39,15 @@ class NextRows:
     ``old_rows`` are the previous generation's rows that stay (its schema, its order) and
     ``old_index`` their row numbers there; ``keep_old`` those of them deduplication kept.
     ``todo`` are the new or changed records deduplication kept (``keep_new``: their
-    positions among all the run's new records), ``new_cols`` their stage 4–7a outputs
-    (:func:`collect`). ``sigs`` holds the MinHash signatures of every old row, then of
-    every new record."""
+    positions among all the run's new records), as columns (:func:`new_row_table`), and
+    ``new_cols`` their stage 4–7a outputs (:func:`collect`). ``sigs`` holds the MinHash
+    signatures of every old row, then of every new record."""
 
     previous: Generation | None
     old_rows: pa.Table
     old_index: np.ndarray
     keep_old: list[int]
-    todo: list[dict[str, Any]]
+    todo: pa.Table | None
     new_cols: dict[str, Any]
     sigs: np.ndarray
     keep_new: list[int]
@@ -67,21 +67,24 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     left in ``work`` for publish to move into the generation (:mod:`helix_ray.ingest.dense`).
 
     Lets go of what the driver no longer needs as soon as it is in its final form, since
-    it all grows with the store (at a million memories, ~1.4 GB of row dicts and 0.75 GB
-    of unsorted float16 vectors): empties ``rows.todo`` once its rows are in the table,
-    takes ``vector`` and ``entities`` out of ``rows.new_cols`` once used, and drops each
-    per-row Python list once done with it."""
+    it all grows with the store (at a million memories, 0.75 GB of unsorted float16
+    vectors): takes ``rows.todo`` into the table and ``rows.sigs`` into their sorted
+    copy, ``vector`` and ``entities`` out of ``rows.new_cols`` once used, sorts the
+    vectors before the columns, and drops each per-row Python list once done with it."""
     tasks = tasks or dense.LocalTasks()
-    previous, todo, new_cols, keep_old = rows.previous, rows.todo, rows.new_cols, rows.keep_old
+    previous, new_cols, keep_old = rows.previous, rows.new_cols, rows.keep_old
     old_table = rows.old_rows.take(pa.array(keep_old, pa.int64())) if keep_old else GENERATION_SCHEMA.empty_table()
     previous_rows = rows.old_index[keep_old] if keep_old else np.zeros(0, np.int64)
-    new_table = memory_table(todo, new_cols)
-    todo.clear()  # the table holds what the row dicts did
+    if rows.todo is None:
+        raise ValueError("assemble takes the new rows once: rows.todo is None")
+    new_table = with_token_counts(rows.todo, new_cols["n_tokens"])
+    rows.todo = None  # the table holds its columns
     n_new = new_table.num_rows
     new_texts = new_table.column("text")
     table = pa.concat_tables([old_table, new_table])
     del new_table
     sigs = rows.sigs  # of every old row, then of every new record: gathered once they are sorted
+    rows.sigs = sigs[:0].copy()  # taken: the sorted ones are a copy
     sig_rows = np.concatenate([np.asarray(keep_old, np.int64), rows.n_old + np.asarray(rows.keep_new, np.int64)])
     old_texts = old_table.column("text")  # read as Python strings only where the old rows' outputs are not carried
     analyzer = bm25_analyzer(config)
@@ -97,10 +100,17 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     ents = pa.concat_arrays([carry.mentions(previous, previous_rows, old_texts),
                              *_json_lists(new_cols.pop("entities"), carry.MENTIONS_TYPE)])
 
+    late = _late_tokens(previous, previous_rows, old_table, new_cols, config, db)
+    del old_table, old_texts  # the old rows' unsorted columns: the sorted ones are copies
+
     # Group by tenant, then time, then arrival: a tenant is a contiguous row range.
     users = table.column("user").to_pylist()
     created = table.column("created_at").cast(pa.int64()).to_numpy()
     take = np.lexsort((np.arange(len(users)), created, tenant_codes(users)[1])).astype(np.int64)
+    # The vectors first: the unsorted ones go before the columns are copied.
+    vectors = _sorted_vectors(previous, previous_rows, new_cols.pop("vector"), take, work / VECTORS)
+    minhash = sigs[sig_rows[take]] if len(sigs) else sigs
+    del sigs, sig_rows
     order = take.tolist()
     columns, schema, at = table.columns, table.schema, pa.array(take)
     del table
@@ -109,12 +119,8 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     del column
     table = pa.Table.from_arrays(columns, schema=schema)
     del columns
-    vectors = _sorted_vectors(previous, previous_rows, new_cols.pop("vector"), take, work / VECTORS)
-    minhash = sigs[sig_rows[take]] if len(sigs) else sigs
-    del sig_rows
     terms = terms.take(take)
     previous_row = np.concatenate([previous_rows, np.full(n_new, -1, np.int64)])[take]
-    late = _late_tokens(previous, previous_rows, old_table, new_cols, config, db)
     if late is not None:
         late = late.take(take)  # pointers only: publish gathers the new rows' tokens
     ents = ents.take(at)
@@ -196,17 +202,38 @@ def _draining(batches: Iterable[dict[str, np.ndarray]]) -> Iterator[dict[str, np
         yield batches.pop()
 
 
+#: A new row's columns from deduplication until stage 7a has counted its tokens
+#: (:func:`new_row_table`): :data:`GENERATION_SCHEMA` without ``n_tokens``, its last.
+PENDING_SCHEMA = pa.schema([f for f in GENERATION_SCHEMA if f.name != "n_tokens"])
+
+
+def new_row_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """``rows`` (decoded records, :func:`helix_ray.ingest.stages.decode_row`) as a table
+    in :data:`PENDING_SCHEMA`, a column at a time. An ingest holds its new rows so from
+    deduplication on: as dicts they are ~1.4 KB a row of small Python objects, whose
+    memory the process keeps for as long as any object allocated among them lives."""
+    return pa.Table.from_arrays([pa.array([r.get(f.name) for r in rows], f.type) for f in PENDING_SCHEMA],
+                                schema=PENDING_SCHEMA)
+
+
+def with_token_counts(table: pa.Table, n_tokens: Sequence[int] | np.ndarray) -> pa.Table:
+    """``table`` (:data:`PENDING_SCHEMA`) with its rows' token counts: a table in
+    :data:`GENERATION_SCHEMA`."""
+    if len(n_tokens) != table.num_rows:
+        raise ValueError(f"{len(n_tokens)} token counts for {table.num_rows} rows")
+    field = GENERATION_SCHEMA.field("n_tokens")
+    return table.append_column(field, pa.array(np.asarray(n_tokens, np.int64), field.type))
+
+
 def memory_table(rows: list[dict[str, Any]], cols: dict[str, Any] | None) -> pa.Table:
     """``rows`` as a table in :data:`GENERATION_SCHEMA`, their token counts from ``cols``
     (:func:`collect`), or counted here when there are none (rows that were not transformed)."""
-    names = [f.name for f in GENERATION_SCHEMA]
-    data = {name: [r.get(name) for r in rows] for name in names if name != "n_tokens"}
     if cols is None:
         count = token_counter()
-        data["n_tokens"] = [count(r["text"]) for r in rows]
+        n_tokens = [count(r["text"]) for r in rows]
     else:
-        data["n_tokens"] = [int(x) for x in cols["n_tokens"]]
-    return pa.table({n: data[n] for n in names}, schema=GENERATION_SCHEMA)
+        n_tokens = cols["n_tokens"]
+    return with_token_counts(new_row_table(rows), n_tokens)
 
 
 def _json_lists(texts: Sequence[str], type_: pa.DataType, block: int = 65536) -> Iterator[pa.Array]:
@@ -257,12 +284,13 @@ def in_generation_schema(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=GENERATION_SCHEMA)
 
 
-def session_context(todo: list[dict[str, Any]], vectors: np.ndarray, old_rows: pa.Table,
+def session_context(todo: pa.Table, vectors: np.ndarray, old_rows: pa.Table,
                     previous: Generation | None, old_positions: np.ndarray | None, weight: float,
                     given: frozenset[int] = frozenset()) -> np.ndarray:
-    """``IngestConfig.session_context``: each new conversation turn's vector becomes
-    ``unit(v + weight · v_prev)``, ``v_prev`` the stored vector of the latest earlier
-    turn of its (user, session) — an old row or a new one, in (created_at, arrival) order.
+    """``IngestConfig.session_context``: each new conversation turn's vector (row i of
+    ``todo``, :data:`PENDING_SCHEMA`) becomes ``unit(v + weight · v_prev)``, ``v_prev``
+    the stored vector of the latest earlier turn of its (user, session) — an old row or
+    a new one, in (created_at, arrival) order.
     The rows of ``todo`` at positions ``given`` came with their vectors (a write's,
     mixed when it was written: :mod:`helix_ray.live.session_context`): they stay as they
     are, and the turns after them mix them in.
@@ -272,38 +300,46 @@ def session_context(todo: list[dict[str, Any]], vectors: np.ndarray, old_rows: p
     mixes in the stored value, as it would from the previous generation. Mixes
     ``vectors`` in place and returns them: a copy would be 0.75 GB at a million
     memories."""
-    def key(row: dict[str, Any]) -> tuple[str, str] | None:
-        if row.get("type") != "episodic" or not row.get("session_id"):
-            return None
-        return str(row["user"]), str(row["session_id"])
-
-    last: dict[tuple[str, str], tuple[Any, np.ndarray]] = {}  # session → (time, vector) of its last turn
-    wanted = {k for k in map(key, todo) if k is not None}  # only these sessions' old turns matter
+    at, keys, times = _turns(todo)
+    last: dict[tuple[str, str], tuple[int, np.ndarray]] = {}  # session → (time, vector) of its last turn
+    wanted = set(keys)  # only these sessions' old turns matter
     if previous is not None and old_positions is not None and wanted:
-        latest_old: dict[tuple[str, str], tuple[Any, int]] = {}
         sessions = old_rows.column("session_id")
         candidates = np.flatnonzero(pc.is_in(sessions, value_set=pa.array(sorted({s for _, s in wanted}),
                                                                            sessions.type)).to_numpy(zero_copy_only=False))
-        rows = old_rows.select(["type", "session_id", "user", "created_at"]).take(pa.array(candidates, pa.int64()))
-        for i, row in zip(candidates.tolist(), rows.to_pylist()):
-            k = key(row)
-            if k is not None and (k not in latest_old or row["created_at"] >= latest_old[k][0]):
-                latest_old[k] = (row["created_at"], i)
-        last = {k: (t, np.asarray(previous.vectors[old_positions[i]]))
-                for k, (t, i) in latest_old.items()}
+        old_at, old_keys, old_times = _turns(old_rows.select(list(TURN_COLUMNS)).take(pa.array(candidates,
+                                                                                                pa.int64())))
+        latest_old: dict[tuple[str, str], tuple[int, int]] = {}
+        for j, k, t in zip(old_at.tolist(), old_keys, old_times.tolist()):
+            if k not in latest_old or t >= latest_old[k][0]:
+                latest_old[k] = (t, int(candidates[j]))
+        last = {k: (t, np.asarray(previous.vectors[old_positions[i]])) for k, (t, i) in latest_old.items()}
     out = vectors
-    for i in sorted(range(len(todo)), key=lambda i: (todo[i]["created_at"], i)):
-        k = key(todo[i])
-        if k is None:
-            continue
+    for n in np.lexsort((at, times)).tolist():  # by time, then arrival
+        i, k, t = int(at[n]), keys[n], int(times[n])
         seen = last.get(k)
-        if seen is not None and seen[0] > todo[i]["created_at"]:
+        if seen is not None and seen[0] > t:
             continue  # arrived after a later turn of its session: left as it is
         if seen is not None and i not in given:
             mixed = out[i].astype(np.float32) + weight * seen[1].astype(np.float32)
             out[i] = mixed / max(float(np.linalg.norm(mixed)), 1e-12)
-        last[k] = (todo[i]["created_at"], out[i])  # a view of the stored row
+        last[k] = (t, out[i])  # a view of the stored row
     return out
+
+
+#: The columns :func:`_turns` reads.
+TURN_COLUMNS = ("type", "user", "session_id", "created_at")
+
+
+def _turns(rows: pa.Table) -> tuple[np.ndarray, list[tuple[str, str]], np.ndarray]:
+    """The conversation turns among ``rows`` (episodic, with a session): their row
+    numbers, (user, session) keys and creation times (microseconds)."""
+    sessions = rows.column("session_id")
+    is_turn = pc.and_(pc.equal(rows.column("type"), "episodic"), pc.not_equal(pc.fill_null(sessions, ""), ""))
+    at = np.flatnonzero(pc.fill_null(is_turn, False).to_numpy(zero_copy_only=False)).astype(np.int64)
+    turns = rows.select(["user", "session_id", "created_at"]).take(pa.array(at, pa.int64()))
+    keys = list(zip(turns.column("user").to_pylist(), turns.column("session_id").to_pylist()))
+    return at, keys, turns.column("created_at").cast(pa.int64()).to_numpy()
 
 
 def turns_of(metadata: pa.ChunkedArray) -> np.ndarray:
@@ -325,7 +361,7 @@ def bm25_analyzer(config: IngestConfig) -> Analyzer:
 
 
 def _sorted_vectors(previous: Generation | None, previous_rows: np.ndarray, new: np.ndarray,
-                    take: np.ndarray, path: Path, block: int = 65536) -> np.ndarray:
+                    take: np.ndarray, path: Path, block: int = 16384) -> np.ndarray:
     """Row ``take[i]`` of (the previous generation's ``previous_rows``, then ``new``) at
     row i, as the float16 values the generation stores: the kNN, graph and indexes built
     from them are the ones the next ingest carries over for these rows (scored in

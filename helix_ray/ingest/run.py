@@ -47,7 +47,8 @@ from helix_ray.errors import InvalidArgument, StoreError, is_disk_full
 from helix_ray.heap import trim_heap
 from helix_ray.index.bm25 import expansions_of
 from helix_ray.ingest import stages
-from helix_ray.ingest.assemble import NextRows, assemble, bm25_analyzer, collect, memory_table, session_context
+from helix_ray.ingest.assemble import (NextRows, assemble, bm25_analyzer, collect, memory_table, new_row_table,
+                                       session_context)
 from helix_ray.ingest.dedup import find_duplicates, signatures
 from helix_ray.ingest.dense import LocalTasks, Tasks, work_folder
 from helix_ray.ingest.graph import edges_tables
@@ -163,7 +164,7 @@ class Deduplicated:
     links: list[tuple[str, str, float]]  # (dropped id, kept id, Jaccard similarity)
     keep_old: list[int]
     keep_new: list[int]
-    dropped_rows: list[dict[str, Any]]  # fresh records dropped
+    dropped: pa.Table  # fresh records dropped, as the store's database keeps them (:func:`memory_table`)
     dropped_old_ids: list[str]  # stored memories dropped (a new record is preferred)
 
 
@@ -385,15 +386,17 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
         kept = _deduplicate(run, changes)
     trim_heap()
 
-    todo = [changes.fresh[i] for i in kept.keep_new]
-    changes.fresh.clear()  # the rows live on in todo only, for assemble to let go of
+    # From here on the new rows are columns; a row's place among them is its ``seq``
+    # (:func:`collect`). The row dicts go before stage 4 makes its strings among them.
+    todo = new_row_table([changes.fresh[i] for i in kept.keep_new])
+    changes.fresh.clear()
     accepted.latest.clear()
-    new_ids = pa.array([r["id"] for r in todo], pa.string())
-    for k, row in enumerate(todo):
-        row["seq"] = k  # each row's place in the run's columns (:func:`collect`); the rows are not copied
-    reuse = {r["seq"]: run.computed[r["id"]] for r in todo if r["id"] in run.computed}
+    trim_heap()
+    new_ids = todo.column("id").combine_chunks()
+    reuse = {k: run.computed[i] for k, i in enumerate(new_ids.to_pylist()) if i in run.computed} \
+        if run.computed else {}
     report.reused = len(reuse)
-    report.embedded = len(todo) - len(reuse)
+    report.embedded = todo.num_rows - len(reuse)
     new_cols = _expand_embed_annotate(run, todo, reuse, changes, kept)
     trim_heap()
 
@@ -403,9 +406,10 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
             rows = NextRows(changes.previous, changes.old_rows, changes.old_index, kept.keep_old, todo, new_cols,
                             kept.sigs, kept.keep_new)
             del todo
-            data, node_names = assemble(rows, run.db, config, work=work, tasks=run.tasks)  # empties rows.todo
+            # assemble takes the signatures into their sorted copy (a view of them here would keep them all)
+            kept.sigs = kept.sigs[:0].copy()
+            data, node_names = assemble(rows, run.db, config, work=work, tasks=run.tasks)
             report.hnsw_units = dict(run.tasks.units)
-        rows.sigs = kept.sigs = kept.sigs[:0].copy()  # the generation holds them, sorted (a view would keep them)
         trim_heap()
         data.extra[ACCESS_WATERMARK] = changes.folded
         report.total_memories = data.memories.num_rows
@@ -737,7 +741,7 @@ def _deduplicate(run: Run, changes: Changes) -> Deduplicated:
         sigs=sigs, links=links,
         keep_old=[i for i in range(n_old) if i not in drop],
         keep_new=[i for i in range(len(fresh)) if n_old + i not in drop],
-        dropped_rows=[fresh[i] for i in range(len(fresh)) if n_old + i in drop],
+        dropped=memory_table([fresh[i] for i in range(len(fresh)) if n_old + i in drop], None),
         dropped_old_ids=[all_ids[i] for i in range(n_old) if i in drop],
     )
 
@@ -749,19 +753,20 @@ def never_paired(memory_id: str, source: str) -> str | None:
     return source if source.startswith(("code:", "git:")) else parent_of(memory_id)
 
 
-def _expand_embed_annotate(run: Run, todo: list[dict[str, Any]], reuse: dict[int, stages.Computed],
+def _expand_embed_annotate(run: Run, todo: pa.Table, reuse: dict[int, stages.Computed],
                            changes: Changes, kept: Deduplicated) -> dict[str, Any]:
-    """Stages 4, 5 and 7a for the new or changed memories (``reuse``: by ``seq``, those
-    whose outputs came with the run), as columns in ``todo``'s order (:func:`collect`).
-    The vectors are float16 from the start, what the generation stores (half the
-    memory the driver would hold them in as float32 until they are written)."""
+    """Stages 4, 5 and 7a for the new or changed memories (``todo``; ``reuse``: by
+    ``seq``, those whose outputs came with the run), as columns in ``todo``'s order
+    (:func:`collect`). The vectors are float16 from the start, what the generation
+    stores (half the memory the driver would hold them in as float32 until they are
+    written)."""
     config = run.config
     with stage(run, "expand_embed_annotate"):
-        reused = _run_local_batches([r for r in todo if r["seq"] in reuse], [stages.Reuse(config, reuse)])
+        reused = _run_local_batches(todo, sorted(reuse), [stages.Reuse(config, reuse)])
         # Each batch goes into the columns as it arrives: held all at once, the batches
         # (vectors, token blobs) would be more than the columns themselves.
-        new_cols = collect(itertools.chain(_transform(run, [r for r in todo if r["seq"] not in reuse]), reused),
-                           len(todo), config)
+        transformed = _transform(run, todo, [k for k in range(todo.num_rows) if k not in reuse])
+        new_cols = collect(itertools.chain(transformed, reused), todo.num_rows, config)
     if config.session_context > 0:
         keep_old = kept.keep_old
         new_cols["vector"] = session_context(todo, new_cols["vector"],
@@ -771,27 +776,31 @@ def _expand_embed_annotate(run: Run, todo: list[dict[str, Any]], reuse: dict[int
     return new_cols
 
 
-def _transform(run: Run, todo: list[dict[str, Any]]) -> Iterator[dict[str, np.ndarray]]:
-    if not todo:
+#: The columns the transform stages read (:mod:`.stages`), with ``seq``.
+TRANSFORM_INPUT = ("text", "type", "metadata")
+
+
+def _transform(run: Run, todo: pa.Table, seqs: list[int]) -> Iterator[dict[str, np.ndarray]]:
+    """Stages 4, 5 and 7a for rows ``seqs`` of ``todo``, their batches as they come."""
+    if not seqs:
         return
     if run.runner == "local":
-        for batch in _run_local_batches(todo, [stages.Transform(run.config)]):
+        for batch in _run_local_batches(todo, seqs, [stages.Transform(run.config)]):
             run.progress.advance(len(batch["seq"]))
             yield batch
         return
     assert run.feed is not None
-    yield from run.feed.run(pa.table({
-        "seq": pa.array([r["seq"] for r in todo], pa.int64()),
-        "text": [r["text"] for r in todo],
-        "type": [r["type"] for r in todo],
-        "metadata": [r["metadata"] for r in todo],
-    }))
+    at = pa.array(seqs, pa.int64())
+    yield from run.feed.run(todo.select(list(TRANSFORM_INPUT)).take(at).add_column(0, "seq", at))
 
 
-def _run_local_batches(rows: list[dict[str, Any]], transforms: Sequence[Any]) -> Iterator[dict[str, np.ndarray]]:
-    for start in range(0, len(rows), BATCH):
-        chunk = rows[start : start + BATCH]
-        batch = {k: np.array([r[k] for r in chunk], dtype=object) for k in ("seq", "text", "type", "metadata")}
+def _run_local_batches(todo: pa.Table, seqs: list[int], transforms: Sequence[Any]) -> Iterator[dict[str, np.ndarray]]:
+    """``transforms`` run in this process over rows ``seqs`` of ``todo``, ``BATCH`` at a time."""
+    for start in range(0, len(seqs), BATCH):
+        chunk = seqs[start : start + BATCH]
+        rows = todo.select(list(TRANSFORM_INPUT)).take(pa.array(chunk, pa.int64()))
+        batch = {"seq": np.array(chunk, dtype=object)}
+        batch.update((k, np.array(rows.column(k).to_pylist(), dtype=object)) for k in TRANSFORM_INPUT)
         for fn in transforms:
             batch = fn(batch)
         yield batch
@@ -827,9 +836,9 @@ def _record(run: Run, number: int, memories: pa.Table, entities: pa.Table, edges
         db.upsert_memories(memories, report.run_id, ids=ids)  # the new rows as the generation holds them
         if changes.retagged:
             db.upsert_memories(memories, report.run_id, ids=pa.array(list(changes.retagged), pa.string()))
-        if kept.dropped_rows:
-            db.upsert_memories(memory_table(kept.dropped_rows, None), report.run_id)
-            db.delete([r["id"] for r in kept.dropped_rows])
+        if kept.dropped.num_rows:
+            db.upsert_memories(kept.dropped, report.run_id)
+            db.delete(kept.dropped.column("id").to_pylist())
         if kept.dropped_old_ids:
             db.delete(kept.dropped_old_ids)
         if changes.superseded:
