@@ -39,7 +39,8 @@ class NextRows:
     ``old_rows`` are the previous generation's rows that stay (its schema, its order) and
     ``old_index`` their row numbers there; ``keep_old`` those of them deduplication kept.
     ``todo`` are the new or changed records deduplication kept (``keep_new``: their
-    positions among all the run's new records), as columns (:func:`new_row_table`), and
+    positions among all the run's new records), as columns (:func:`new_row_table`; None
+    once :func:`assemble` has taken them), and
     ``new_cols`` their stage 4–7a outputs (:func:`collect`). ``sigs`` holds the MinHash
     signatures of every old row, then of every new record."""
 

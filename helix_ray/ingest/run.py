@@ -796,9 +796,10 @@ def _transform(run: Run, todo: pa.Table, seqs: list[int]) -> Iterator[dict[str, 
 
 def _run_local_batches(todo: pa.Table, seqs: list[int], transforms: Sequence[Any]) -> Iterator[dict[str, np.ndarray]]:
     """``transforms`` run in this process over rows ``seqs`` of ``todo``, ``BATCH`` at a time."""
+    columns = todo.select(list(TRANSFORM_INPUT))
     for start in range(0, len(seqs), BATCH):
         chunk = seqs[start : start + BATCH]
-        rows = todo.select(list(TRANSFORM_INPUT)).take(pa.array(chunk, pa.int64()))
+        rows = columns.take(pa.array(chunk, pa.int64()))
         batch = {"seq": np.array(chunk, dtype=object)}
         batch.update((k, np.array(rows.column(k).to_pylist(), dtype=object)) for k in TRANSFORM_INPUT)
         for fn in transforms:
