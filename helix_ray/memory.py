@@ -44,7 +44,7 @@ from helix_ray.recall import adapter
 from helix_ray.recall.threads import encoder_threads
 from helix_ray.schema import MemoryRecord
 from helix_ray.shared_store import open_shared
-from helix_ray.store.generation import current_generation_number
+from helix_ray.store.generation import current_generation_number, generation_counts
 
 if TYPE_CHECKING:
     from helix_ray.live.views import StoreViews
@@ -413,7 +413,8 @@ class Memory:
         with self._db_lock:
             counts = self.db.counts()
         counts["pending_writes"] = self._shared.pending_writes()  # not in a generation yet
-        counts["generation"] = current_generation_number(self.store)
+        counts["generation"] = number = current_generation_number(self.store)
+        counts["edges"] = 0 if number is None else generation_counts(self.store, number)["edges"]  # the graph's
         found = self._adapter.read()  # None: recall uses raw vectors
         counts["query_adapter"] = None if found is None else {
             "queries": found.pairs, "ridge": found.ridge, "created_at": found.created_at}

@@ -371,7 +371,7 @@ def build_store(n: int, store: Path, *, users: int | None, base_texts: list[str]
                         list(range(n)))
         del table
         with work_folder(store) as work:  # the HNSW index files, until publish moves them in
-            data, _names = assemble(rows, _NoPreviousStore(), config, work=work)
+            data = assemble(rows, _NoPreviousStore(), config, work=work)
             assemble_s = time.perf_counter() - t0
             t = step("assemble (helix_ray.ingest.assemble.assemble)", t)
             del todo, new_cols, vectors, sigs

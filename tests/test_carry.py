@@ -169,6 +169,18 @@ def test_terms_taken_and_joined_index_as_the_texts_do(tmp_path, analyzer):
         np.testing.assert_array_equal(x.scores(tokens), y.scores(tokens))
 
 
+def test_terms_joined_with_no_documents_are_the_other_sides():
+    analyzer = Analyzer()
+    none = Terms.analyse(analyzer, [])
+    head = Terms.analyse(analyzer, DOCS[:2])
+    for joined, expected in ((none.then(head), head), (head.then(Terms.analyse(analyzer, [], head.vocab)), head)):
+        assert len(joined) == 2 and joined.vocab == expected.vocab
+        np.testing.assert_array_equal(joined.offsets, expected.offsets)
+        np.testing.assert_array_equal(joined.ids, expected.ids)
+    tail = Terms.analyse(analyzer, DOCS[2:], head.vocab)  # whose vocabulary extends head's
+    assert head.then(Terms.analyse(analyzer, [], tail.vocab)).vocab == tail.vocab
+
+
 def test_one_new_memory_in_a_tenant_with_an_hnsw_index_carries_its_neighbours(tmp_path):
     """A single new row is searched in the carried index alone: usearch answers one
     query with 1-D arrays, which the nearest-neighbour lists still take."""

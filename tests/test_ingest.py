@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from helix_ray.config import IngestConfig
@@ -13,6 +15,7 @@ from helix_ray.embedder import get_embedder
 from helix_ray.errors import InvalidArgument, ManifestMismatch
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import Generation, current_generation_number, generations_dir
+from helix_ray.ingest.graph import edges_tables
 from helix_ray.ingest.run import ingest
 from tests.helpers import SAMPLE, memory, write_jsonl
 
@@ -359,12 +362,12 @@ def _ingest_failing_at(owner, attribute: str, sources, store, monkeypatch) -> No
 
 def test_a_failure_recording_the_run_leaves_the_previous_generation_current(tmp_path, monkeypatch):
     """The database records a generation before readers switch to it: a failure there
-    (here the graph's tables) leaves CURRENT, and the database, as they were."""
+    (here the graph's entities) leaves CURRENT, and the database, as they were."""
     store = tmp_path / "store"
     ingest([write_jsonl(tmp_path / "a.jsonl", [memory(i, t) for i, t in enumerate(FACTS[:3])])], store, runner="local")
     more = write_jsonl(tmp_path / "b.jsonl", [memory(10 + i, t) for i, t in enumerate(FACTS[3:])])
 
-    _ingest_failing_at(StoreDB, "replace_graph", [more], store, monkeypatch)
+    _ingest_failing_at(StoreDB, "replace_entities", [more], store, monkeypatch)
     assert current_generation_number(store) == 1 and Generation.open_current(store).size == 3
     with StoreDB(store) as db:
         assert db.counts()["memories"] == 3
@@ -454,13 +457,48 @@ def test_graph_links_sessions_entities_and_neighbours(tmp_path):
         "Lunch was pizza.",
     ])]
     ingest([write_jsonl(tmp_path / "g.jsonl", rows)], tmp_path / "store", runner="local")
-    with StoreDB(tmp_path / "store") as db:
-        edges = db.con.execute("SELECT src, dst, type FROM edges").fetchall()
+    generation = Generation.open_current(tmp_path / "store")
+    entities = generation.entities
+    names = pa.concat_arrays([generation.memories.column("id").combine_chunks(), pc.binary_join_element_wise(
+        entities.column("user").combine_chunks(), entities.column("key").combine_chunks(), "|")])
+    edges = [(e["src"], e["dst"], e["type"]) for block in edges_tables(generation.graph, names)
+             for e in block.to_pylist()]
+    with StoreDB(tmp_path / "store") as db:  # the database keeps the entity nodes, not the edges
+        assert db.counts()["entities"] == entities.num_rows
+        tables = {t for (t,) in db.con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    assert "entities" in tables and "edges" not in tables
     types = {t for _, _, t in edges}
     assert {"mention", "same_session", "temporal"} <= types
     assert ("m000", "m001", "temporal") in edges and ("m001", "m002", "temporal") in edges
     mentions = {(s, d) for s, d, t in edges if t == "mention"}
     assert ("m000", "dana|path:services/ingest/worker.py") in mentions
+
+
+def test_forgetting_a_user_counts_the_served_graph_edges_of_their_nodes(tmp_path):
+    """The graph's edges live only in the generation's files: a forget counts those that
+    touch the user's memories and entities there, and no edge of the other tenant."""
+    from helix_ray.memory import Memory
+
+    rows = [memory(i, t, user=user, session_id="s1", created_at=f"2025-03-01T10:0{i}:00Z")
+            for user in ("dana", "lee") for i, t in enumerate([
+                "The ingest worker in services/ingest/worker.py crashed with OperationalError.",
+                "We restarted services/ingest/worker.py and it recovered.",
+                "Lunch was pizza."][: 3 if user == "dana" else 2])]
+    for i, row in enumerate(rows):
+        row["id"] = f"{row['user']}-{i}"
+    store = tmp_path / "store"
+    ingest([write_jsonl(tmp_path / "g.jsonl", rows)], store, runner="local")
+    generation = Generation.open_current(store)
+    entities = generation.entities
+    names = pa.concat_arrays([generation.memories.column("id").combine_chunks(), pc.binary_join_element_wise(
+        entities.column("user").combine_chunks(), entities.column("key").combine_chunks(), "|")])
+    ends = [(e["src"], e["dst"]) for block in edges_tables(generation.graph, names) for e in block.to_pylist()]
+    dana = sum(s.startswith("dana") and d.startswith("dana") for s, d in ends)
+    assert 0 < dana < len(ends) and all(s[:3] == d[:3] for s, d in ends)  # each edge within one tenant
+    with Memory(store, compact_interval_s=None, record_access=False) as mem:
+        assert mem.stats()["edges"] == len(ends)
+        gone = mem._core().forget_user("dana", compact=False)
+    assert (gone["memories"], gone["edges"]) == (3, dana), gone
 
 
 def test_bad_arguments(tmp_path):

@@ -59,12 +59,11 @@ class NextRows:
 
 
 def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
-             tasks: Tasks | None = None) -> tuple[GenerationData, pa.Array]:
+             tasks: Tasks | None = None) -> GenerationData:
     """The next generation's rows, sorted so that each tenant is one range, with what
     they carry: the previous generation's rows keep their vectors, and their entities,
     BM25 terms and nearest neighbours where it holds them (:mod:`helix_ray.ingest.carry`).
-    Also returns the graph's node names as strings (memory ids, then ``user|entity``). The HNSW
-    indexes are built and searched by ``tasks`` (here in turn when None), their files
+    The HNSW indexes are built and searched by ``tasks`` (here in turn when None), their files
     left in ``work`` for publish to move into the generation (:mod:`helix_ray.ingest.dense`).
 
     Lets go of what the driver no longer needs as soon as it is in its final form, since
@@ -137,16 +136,13 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
         partitions=parts, config=config.graph,
     )
     del users, knn  # a Python list per row; the lists for the graph
-    node_names = pa.concat_arrays([table.column("id").combine_chunks(), pc.binary_join_element_wise(
-        entities.column("user").combine_chunks(), entities.column("key").combine_chunks(), "|")])
-    data = GenerationData(
+    return GenerationData(
         memories=table, vectors=vectors, minhash=minhash, terms=terms, graph=graph,
         entities=entities, embedder=config.embedder.name, dim=DIM,
         extra={"doc2query": config.doc2query.backend, "_dense_indexes": dense_indexes,
                "carry": {"mentions": carry.MENTIONS_VERSION, "dense_removed": removed}},
         late=late, mentions=ents, knn=all_knn, vectors_file=work / VECTORS,
     )
-    return data, node_names
 
 
 def collect(batches: Iterable[dict[str, np.ndarray]], n: int, config: IngestConfig) -> dict[str, Any]:

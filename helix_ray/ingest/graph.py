@@ -251,10 +251,12 @@ def _joined(parts: list[np.ndarray], dtype: type) -> np.ndarray:
 
 
 def edges_tables(graph: CSRGraph, node_names: Sequence[str] | pa.Array, block: int = 1 << 20) -> Iterator[pa.Table]:
-    """The graph as rows (src < dst only), for the DuckDB ``edges`` table, about ``block``
+    """The graph as rows (``src``, ``dst``, ``type``, ``weight``; src < dst only), to read
+    or export a generation's graph, which lives only in its CSR files. About ``block``
     edges at a time (whole source nodes per table), so that only one block's names are
     ever held as strings (a million memories: ~10 million edges). The names are taken in
-    Arrow, not as a Python string per edge."""
+    Arrow, not as a Python string per edge: ``node_names`` are the memory ids, then
+    ``user|key`` of each entity node."""
     names = node_names if isinstance(node_names, pa.Array) else pa.array(node_names, pa.string())
     type_names = pa.array(EDGE_TYPES, pa.string())
     indptr = np.asarray(graph.indptr)

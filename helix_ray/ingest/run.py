@@ -51,7 +51,6 @@ from helix_ray.ingest.assemble import (NextRows, assemble, bm25_analyzer, collec
                                        session_context)
 from helix_ray.ingest.dedup import find_duplicates, signatures
 from helix_ray.ingest.dense import LocalTasks, Tasks, work_folder
-from helix_ray.ingest.graph import edges_tables
 from helix_ray.ingest.ids import legacy_markdown_ids
 from helix_ray.ingest.names import SourceName, check_names, one_folder_per_name, source_names
 from helix_ray.ingest.previous import (OldThenNew, carried_over, fold_accesses, has_deletions, held_by,
@@ -408,7 +407,7 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
             del todo
             # assemble takes the signatures into their sorted copy (a view of them here would keep them all)
             kept.sigs = kept.sigs[:0].copy()
-            data, node_names = assemble(rows, run.db, config, work=work, tasks=run.tasks)
+            data = assemble(rows, run.db, config, work=work, tasks=run.tasks)
             report.hnsw_units = dict(run.tasks.units)
         trim_heap()
         data.extra[ACCESS_WATERMARK] = changes.folded
@@ -416,11 +415,11 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
 
         with stage(run, "publish"):
             number = _publish(run, data)
-    memories, entities, edges = data.memories, data.entities, edges_tables(data.graph, node_names)
-    del data, node_names  # the vectors, signatures, terms and kNN lists are written: the record needs none
+    memories, entities = data.memories, data.entities
+    del data  # the vectors, signatures, terms, graph and kNN lists are written: the record needs none
     trim_heap()
     with stage(run, "record"):
-        _record(run, number, memories, entities, edges, new_ids, rows.new_cols, changes, kept, accepted.quarantined)
+        _record(run, number, memories, entities, new_ids, rows.new_cols, changes, kept, accepted.quarantined)
     _make_current(run, number)
 
 
@@ -823,14 +822,13 @@ def _publish(run: Run, data: GenerationData) -> int:
     )
 
 
-def _record(run: Run, number: int, memories: pa.Table, entities: pa.Table, edges: Iterable[pa.Table],
-            ids: pa.Array, new_cols: dict[str, Any], changes: Changes, kept: Deduplicated,
+def _record(run: Run, number: int, memories: pa.Table, entities: pa.Table, ids: pa.Array, new_cols: dict[str, Any], changes: Changes, kept: Deduplicated,
             quarantined: list[dict[str, Any]]) -> None:
     """The database records, in one transaction, what published generation ``number``
-    holds (its ``memories``, and its graph: ``entities`` and ``edges``, see
-    :func:`edges_tables`): the new and changed memories (``ids``, their stage outputs
-    ``new_cols``), the re-tagged and the dropped ones, expansions, duplicate links, the
-    quarantine, the graph; and the names of the folders read."""
+    holds: the new and changed memories (``ids``, their stage outputs ``new_cols``), the
+    re-tagged and the dropped ones, expansions, duplicate links, the quarantine, the
+    graph's entities (its edges are only in the generation's files); and the names of
+    the folders read."""
     db, report = run.db, run.report
     db.con.begin()
     try:
@@ -847,7 +845,7 @@ def _record(run: Run, number: int, memories: pa.Table, entities: pa.Table, edges
         db.upsert_expansions(ids, new_cols["expansions"], run.config.doc2query.backend)
         db.add_duplicates(kept.links, report.run_id)
         db.add_quarantine(quarantined, report.run_id)
-        db.replace_graph(entities.select(["user", "key", "df"]), edges, number)
+        db.replace_entities(entities.select(["user", "key", "df"]), number)
         _record_names(run)
         db.record_generation(number, report.run_id)
         db.con.commit()

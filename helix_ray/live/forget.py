@@ -30,6 +30,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pyarrow.compute as pc
+
 from helix_ray.errors import NotFound
 from helix_ray.live.delta_format import drop_history
 from helix_ray.recall import adapter
@@ -54,7 +57,8 @@ def forget_user(core: WriterCore, user: str, *, compact: bool = True) -> dict[st
         with core._compacting, core._lock:
             counts = erase.forget_user(core.store, user, db=core.db)  # checks the id (422) before anything
             keys = KeyStore(core.store).forget(user)
-            if not keys and not _served(core, user) and not any(counts[k] for k in HELD):
+            served, edges = _served(core, user)
+            if not keys and not served and not any(counts[k] for k in HELD):
                 raise NotFound(f"Got user {user!r}; this store holds nothing of that user: no memories, online "
                                "writes, feedback, recall hits or API keys, and no rows in the served generation. "
                                "Check the id (GET /v1/stats with an admin key counts each user's memories).")
@@ -73,7 +77,7 @@ def forget_user(core: WriterCore, user: str, *, compact: bool = True) -> dict[st
         if compact:
             mirror_clean = _compact_without(core, user)
         return {"user": user, "memories": counts["memories"], "chunks": counts["chunks"],
-                "expansions": counts["expansions"], "entities": counts["entities"], "edges": counts["edges"],
+                "expansions": counts["expansions"], "entities": counts["entities"], "edges": edges,
                 "duplicates": counts["duplicates"], "feedback": counts["feedback"],
                 "access_rows": counts["access_log"], "online_writes": counts.get("serve_log", 0),
                 "inbox_lines": counts["inbox_lines"], "quarantined": counts["quarantine"], "keys": keys,
@@ -81,14 +85,23 @@ def forget_user(core: WriterCore, user: str, *, compact: bool = True) -> dict[st
                 "mirror_stale": not mirror_clean}
 
 
-def _served(core: WriterCore, user: str) -> bool:
+def _served(core: WriterCore, user: str) -> tuple[bool, int]:
     """Whether the current generation holds rows of ``user``, in its files or its
-    segments (a user forgotten without ``compact`` is served until the next generation)."""
+    segments (a user forgotten without ``compact`` is served until the next generation),
+    and how many of its graph's edges touch their memories and entities: every edge lies
+    within one tenant, so half the sum of their nodes' degrees. Those edges leave with
+    the generation that leaves the rows out."""
     if core.generation is None:
-        return False
+        return False, 0
     generation = Generation.open_current(core.store)
     segments = generation.segment_rows()
-    return user in generation.partitions or (segments is not None and user in segments.column("user").to_pylist())
+    served = user in generation.partitions or (segments is not None and user in segments.column("user").to_pylist())
+    start, end = generation.partitions.get(user, (0, 0))
+    entities = generation.entities
+    nodes = np.concatenate([np.arange(start, end, dtype=np.int64), entities.filter(
+        pc.equal(entities.column("user"), user)).column("node").to_numpy().astype(np.int64)])
+    degrees = np.diff(np.asarray(generation.graph.indptr))
+    return served, int(degrees[nodes].sum()) // 2
 
 
 def _compact_without(core: WriterCore, user: str) -> bool:

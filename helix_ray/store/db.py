@@ -1,8 +1,9 @@
 """The store's DuckDB database: the durable record of what was ingested.
 
 Tables: ``memories`` (every accepted memory, the generation's rows come from here and
-from the previous generation), ``expansions`` (doc2query), ``entities`` and ``edges``
-(the typed graph, as rows), ``quarantine`` (rejected records with their reason and
+from the previous generation), ``expansions`` (doc2query), ``entities`` (the graph's
+entity nodes with their document frequency; the edges live only in the generation's
+CSR files), ``quarantine`` (rejected records with their reason and
 position: nothing is lost), ``duplicates`` (dropped → kept links), ``access_log``
 (recall hits, folded into ``last_accessed_at`` / ``access_count`` at the next
 generation), ``erased`` (ids of forgotten users' memories, :mod:`helix_ray.store.erase`),
@@ -40,7 +41,7 @@ CREATE TABLE IF NOT EXISTS memories (
 );
 CREATE TABLE IF NOT EXISTS expansions (id VARCHAR PRIMARY KEY, backend VARCHAR, queries VARCHAR[]);
 CREATE TABLE IF NOT EXISTS entities ("user" VARCHAR, key VARCHAR, df INTEGER, generation INTEGER);
-CREATE TABLE IF NOT EXISTS edges (src VARCHAR, dst VARCHAR, type VARCHAR, weight REAL, generation INTEGER);
+DROP TABLE IF EXISTS edges;  -- a copy of the graph earlier versions kept: the generation holds the graph
 CREATE TABLE IF NOT EXISTS quarantine (
     ingest_run VARCHAR, quarantined_at TIMESTAMPTZ, source VARCHAR, position VARCHAR, reason VARCHAR, raw VARCHAR
 );
@@ -227,14 +228,10 @@ class StoreDB:
         })
         self._append("duplicates", table)
 
-    def replace_graph(self, entities: pa.Table, edges: Iterable[pa.Table], generation: int) -> None:
-        """The graph of generation ``generation``: its entity nodes, and its edges as
-        tables (appended one after the other: a large graph's names need not be held all
-        at once)."""
-        self.con.execute("DELETE FROM entities; DELETE FROM edges;")
+    def replace_entities(self, entities: pa.Table, generation: int) -> None:
+        """The entity nodes of generation ``generation``'s graph (``user``, ``key``, ``df``)."""
+        self.con.execute("DELETE FROM entities")
         self._append("entities", entities.append_column("generation", pa.array([generation] * entities.num_rows, pa.int32())))
-        for block in edges:
-            self._append("edges", block.append_column("generation", pa.array([generation] * block.num_rows, pa.int32())))
 
     def log_access(self, hits: list[tuple[str, str, dt.datetime]]) -> None:
         if not hits:
@@ -350,7 +347,6 @@ class StoreDB:
             "quarantined": one("SELECT count(*) FROM quarantine"),
             "duplicates": one("SELECT count(*) FROM duplicates"),
             "entities": one("SELECT count(*) FROM entities"),
-            "edges": one("SELECT count(*) FROM edges"),
             "accesses": one("SELECT count(*) FROM access_log"),
             "feedback": one("SELECT count(DISTINCT (\"user\", query)) FROM feedback"),
             "ingest_runs": one("SELECT count(*) FROM ingest_runs"),

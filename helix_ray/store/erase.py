@@ -1,8 +1,8 @@
 """Forgetting a user: every row of theirs leaves the store's database at once.
 
 :func:`forget_user` deletes, in one transaction, the user's memories (chunks
-included: a chunk is a memory of its own), their doc2query expansions, entities and
-the edges that touch either, duplicate links, feedback, quarantined records that name
+included: a chunk is a memory of its own), their doc2query expansions and entities,
+duplicate links, feedback, quarantined records that name
 the user, the online writes' log (``serve_log``) and the folders their document sets and
 repositories were read from (``source_names``); access-log rows are blanked, not
 deleted, because a generation records how far into the log it has folded by row
@@ -11,7 +11,8 @@ lines. The database file is then rewritten into a fresh one (:func:`rewrite_data
 DuckDB reuses freed blocks but does not wipe them, so deleted text stays readable in
 the file until it is.
 
-What the user's rows in the served generation become is the next compaction's work:
+What the user's rows in the served generation (and the graph's edges, which only its
+files hold) become is the next compaction's work:
 the ids are kept in ``erased`` (ids only) so that no later generation carries those
 rows over, and a generation built after this holds none of them. The single writer
 runs the whole erasure (:mod:`helix_ray.live.forget`: ``DELETE /v1/users/{user}`` and
@@ -57,11 +58,8 @@ def _delete_rows(db: StoreDB, user: str) -> dict[str, int]:
         con.execute('CREATE TEMP TABLE forgotten AS SELECT id FROM memories WHERE "user" = ?'
                     + (' UNION SELECT id FROM serve_log WHERE "user" = ?' if "serve_log" in tables else ""),
                     [user, user] if "serve_log" in tables else [user])
-        prefix = user + "|"  # an entity's node name in ``edges``
         statements: dict[str, tuple[str, list[Any]]] = {
             "expansions": ("DELETE FROM expansions WHERE id IN (SELECT id FROM forgotten)", []),
-            "edges": ("DELETE FROM edges WHERE src IN (SELECT id FROM forgotten) OR dst IN (SELECT id FROM forgotten) "
-                      "OR starts_with(src, ?) OR starts_with(dst, ?)", [prefix, prefix]),
             "duplicates": ("DELETE FROM duplicates WHERE dropped_id IN (SELECT id FROM forgotten) "
                            "OR kept_id IN (SELECT id FROM forgotten)", []),
             "access_log": ('UPDATE access_log SET id = NULL, "user" = NULL '

@@ -139,6 +139,13 @@ def current_generation_number(store: Path) -> int | None:
     return int(pointer.read_text().strip())
 
 
+def generation_counts(store: Path, number: int) -> dict[str, int]:
+    """What generation ``number`` holds, from its manifest: ``memories``, ``users``,
+    ``entities``, ``edges`` (its graph's, which only its files hold), and
+    ``segment_rows`` once a fold has added some."""
+    return dict(integrity.read_manifest(generations_dir(Path(store)) / f"{number:06d}")["counts"])
+
+
 class Generation:
     """A published generation: its indexes memory-mapped, the rows a query reads at
     scattered places read with ``pread`` (:mod:`helix_ray.store.rows`). Cheap to open;
