@@ -450,6 +450,14 @@ def test_reader_refuses_a_mismatched_manifest(tmp_path):
         Generation.open_current(store)
 
 
+def _edges(generation: Generation) -> list[dict]:
+    """The generation's graph as rows, its nodes named: memory ids, then ``user|key``."""
+    entities = generation.entities
+    names = pa.concat_arrays([generation.memories.column("id").combine_chunks(), pc.binary_join_element_wise(
+        entities.column("user").combine_chunks(), entities.column("key").combine_chunks(), "|")])
+    return [e for block in edges_tables(generation.graph, names) for e in block.to_pylist()]
+
+
 def test_graph_links_sessions_entities_and_neighbours(tmp_path):
     rows = [memory(i, t, session_id="s1", created_at=f"2025-03-01T10:0{i}:00Z") for i, t in enumerate([
         "The ingest worker in services/ingest/worker.py crashed with OperationalError.",
@@ -458,13 +466,9 @@ def test_graph_links_sessions_entities_and_neighbours(tmp_path):
     ])]
     ingest([write_jsonl(tmp_path / "g.jsonl", rows)], tmp_path / "store", runner="local")
     generation = Generation.open_current(tmp_path / "store")
-    entities = generation.entities
-    names = pa.concat_arrays([generation.memories.column("id").combine_chunks(), pc.binary_join_element_wise(
-        entities.column("user").combine_chunks(), entities.column("key").combine_chunks(), "|")])
-    edges = [(e["src"], e["dst"], e["type"]) for block in edges_tables(generation.graph, names)
-             for e in block.to_pylist()]
+    edges = [(e["src"], e["dst"], e["type"]) for e in _edges(generation)]
     with StoreDB(tmp_path / "store") as db:  # the database keeps the entity nodes, not the edges
-        assert db.counts()["entities"] == entities.num_rows
+        assert db.counts()["entities"] == generation.entities.num_rows
         tables = {t for (t,) in db.con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
     assert "entities" in tables and "edges" not in tables
     types = {t for _, _, t in edges}
@@ -488,11 +492,7 @@ def test_forgetting_a_user_counts_the_served_graph_edges_of_their_nodes(tmp_path
         row["id"] = f"{row['user']}-{i}"
     store = tmp_path / "store"
     ingest([write_jsonl(tmp_path / "g.jsonl", rows)], store, runner="local")
-    generation = Generation.open_current(store)
-    entities = generation.entities
-    names = pa.concat_arrays([generation.memories.column("id").combine_chunks(), pc.binary_join_element_wise(
-        entities.column("user").combine_chunks(), entities.column("key").combine_chunks(), "|")])
-    ends = [(e["src"], e["dst"]) for block in edges_tables(generation.graph, names) for e in block.to_pylist()]
+    ends = [(e["src"], e["dst"]) for e in _edges(Generation.open_current(store))]
     dana = sum(s.startswith("dana") and d.startswith("dana") for s, d in ends)
     assert 0 < dana < len(ends) and all(s[:3] == d[:3] for s, d in ends)  # each edge within one tenant
     with Memory(store, compact_interval_s=None, record_access=False) as mem:

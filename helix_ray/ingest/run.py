@@ -822,8 +822,8 @@ def _publish(run: Run, data: GenerationData) -> int:
     )
 
 
-def _record(run: Run, number: int, memories: pa.Table, entities: pa.Table, ids: pa.Array, new_cols: dict[str, Any], changes: Changes, kept: Deduplicated,
-            quarantined: list[dict[str, Any]]) -> None:
+def _record(run: Run, number: int, memories: pa.Table, entities: pa.Table, ids: pa.Array,
+            new_cols: dict[str, Any], changes: Changes, kept: Deduplicated, quarantined: list[dict[str, Any]]) -> None:
     """The database records, in one transaction, what published generation ``number``
     holds: the new and changed memories (``ids``, their stage outputs ``new_cols``), the
     re-tagged and the dropped ones, expansions, duplicate links, the quarantine, the
