@@ -274,7 +274,9 @@ def test_the_serve_shells_answer_from_a_segment(shells):
              "ranker": sh.RankerShell(store)}
     _, lexical, dense, frozen = local_recall(fresh, query)
     assert lexical.generation == dense.generation == frozen["generation"] == 2
-    assert [(i["id"], i["score"]) for i in frozen["items"]] == [(i["id"], i["score"]) for i in pending["items"]]
+    # The same order and scores; a score may differ in its last digit (float32 sums in another order).
+    assert [i["id"] for i in frozen["items"]] == [i["id"] for i in pending["items"]]
+    assert [i["score"] for i in frozen["items"]] == pytest.approx([i["score"] for i in pending["items"]], abs=1e-5)
     assert frozen["items"][0]["origin"] == "generation"
 
 
