@@ -16,9 +16,9 @@ one of 5,000 random unit vectors plus N(0, σ²) noise per dimension, renormalis
 memory has close neighbours as real near-duplicates do.
 
 It prints the driver's peak RSS (``VmHWM``), its peak heap alone (``RssAnon``, sampled:
-without the pages of files it maps, which the kernel can drop) and its RSS just before
-the ingest (the vectors given, held by this script), the peak PSS of the driver and every Ray process
-together, the run's seconds per stage (``IngestReport.seconds``) and the HNSW units
+without the pages of files it maps, which the kernel can drop; overall and per stage)
+and its RSS just before the ingest (the vectors given, held by this script), the peak
+PSS of the driver and every Ray process together, the run's seconds per stage (``IngestReport.seconds``) and the HNSW units
 (index builds and kNN searches) each node ran. Memory does not drift with the host's
 load; seconds do (compare runs made side by side).
 
@@ -40,7 +40,9 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -80,10 +82,14 @@ def given_vectors(path: Path, n: int, seed: int, sigma: float) -> dict:
 
 class AnonPeak:
     """The driver's peak anonymous memory (``RssAnon``: its heap, without the pages of
-    files it maps, which the kernel can drop), sampled every ``interval`` seconds."""
+    files it maps, which the kernel can drop), sampled every ``interval`` seconds, overall
+    and per ingest stage (``by_stage``: the stage that was running, or the step after it
+    until the next one starts)."""
 
     def __init__(self, interval: float = 0.2):
         self.interval, self.peak_mib = interval, 0.0
+        self.stage = "start"
+        self.by_stage: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -92,7 +98,9 @@ class AnonPeak:
             with open("/proc/self/status") as fh:
                 for line in fh:
                     if line.startswith("RssAnon:"):
-                        self.peak_mib = max(self.peak_mib, int(line.split()[1]) / 1024)
+                        mib = int(line.split()[1]) / 1024
+                        self.peak_mib = max(self.peak_mib, mib)
+                        self.by_stage[self.stage] = max(self.by_stage.get(self.stage, 0.0), mib)
             if self._stop.wait(self.interval):
                 return
 
@@ -103,6 +111,24 @@ class AnonPeak:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+    @contextlib.contextmanager
+    def following(self, run_module: Any) -> Iterator[None]:
+        """Names each sample by the stage ``run_module`` (``helix_ray.ingest.run``) times."""
+        timed = run_module.timed
+
+        @contextlib.contextmanager
+        def named(report: Any, name: str) -> Iterator[None]:
+            self.stage = name
+            with timed(report, name):
+                yield
+            self.stage = f"after {name}"
+
+        run_module.timed = named
+        try:
+            yield
+        finally:
+            run_module.timed = timed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     from synthetic import write_jsonl
 
     from helix_ray.config import IngestConfig, LateInteractionConfig
+    from helix_ray.ingest import run as run_module
     from helix_ray.ingest.run import ingest
 
     work = Path(args.work)
@@ -148,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             stack.enter_context(environ({k: v for k, v in cluster.env().items()
                                          if k in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH")}))
         t0 = time.perf_counter()
-        with MemorySampler() as sampler, AnonPeak() as anon:
+        with MemorySampler() as sampler, AnonPeak() as anon, anon.following(run_module):
             report = ingest([source], store, fmt="jsonl", config=config, runner=args.runner, show_progress=False,
                             computed=computed)
         seconds = time.perf_counter() - t0
@@ -161,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         "reused": report.reused, "embedded": report.embedded,
         "driver_rss_before_mib": round(before), "driver_peak_rss_mib": round(rss_mib()[1]),
         "driver_peak_anon_mib": round(anon.peak_mib),
+        "driver_peak_anon_by_stage_mib": {k: round(v) for k, v in anon.by_stage.items()},
         "tree_peak_pss_mib": round(sampler.peak_mib), "seconds": round(seconds, 1), "stages_s": report.seconds,
         "nodes": args.nodes, "hnsw_units": report.hnsw_units,
     }
