@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from bench_ingest import rss_mib
 from synthetic import Corpus, derive_text
 
@@ -270,7 +271,8 @@ def minhash(todo: list[dict[str, Any]], config: Any) -> np.ndarray:
 
 
 def annotated_columns(todo: list[dict[str, Any]], vectors: np.ndarray, config: Any) -> dict[str, Any]:
-    """The new columns ``assemble`` takes: vectors, doc2query expansions, entities, token counts."""
+    """The new columns ``assemble`` takes, as ingest's ``collect`` gives them: vectors,
+    doc2query expansions (Arrow strings), entities, token counts."""
     from helix_ray.ingest import stages
     from helix_ray.ingest.run import BATCH
 
@@ -286,7 +288,8 @@ def annotated_columns(todo: list[dict[str, Any]], vectors: np.ndarray, config: A
         expansions.extend(str(x) for x in batch["expansions"])
         ents.extend(str(x) for x in batch["entities"])
         n_tokens.append(np.asarray(batch["n_tokens"], np.int32))
-    return {"vector": vectors, "expansions": expansions, "entities": ents, "n_tokens": np.concatenate(n_tokens)}
+    return {"vector": vectors, "expansions": pa.array(expansions, pa.string()), "entities": ents,
+            "n_tokens": np.concatenate(n_tokens)}
 
 
 def build_timer() -> StepTimer:

@@ -662,6 +662,27 @@ def test_a_long_record_is_stored_as_chunks_and_a_new_version_leaves_none_behind(
     assert live == set(again)
 
 
+def test_sorted_rows_and_arrays_are_written_to_files_and_mapped(tmp_path):
+    """What ingest keeps out of its heap from the sort on: a table's rows in a given
+    order, written a block at a time and read back from a memory map of the file; an
+    array filled in place in a file whose blocks were taken when it was made."""
+    import pyarrow.ipc as ipc
+
+    from helix_ray.store.publish import file_array, mapped_table
+
+    table = pa.table({"id": [f"m{i}" for i in range(10)], "n": list(range(10))})
+    order = np.array([3, 1, 4, 0, 9, 2, 6, 5, 8, 7])
+    mapped = mapped_table(table, tmp_path / "rows.arrow", order=order, block=3)
+    assert mapped.column("n").to_pylist() == order.tolist() and mapped.column("id")[0].as_py() == "m3"
+    assert ipc.open_file(str(tmp_path / "rows.arrow")).read_all().equals(mapped)
+    assert mapped_table(table, tmp_path / "none.arrow", order=np.zeros(0, np.int64)).num_rows == 0
+    filled = file_array(tmp_path / "ids.npy", np.int32, (5,))
+    filled[:] = [5, 4, 3, 2, 1]
+    filled.flush()
+    assert isinstance(filled, np.memmap) and np.load(tmp_path / "ids.npy").tolist() == [5, 4, 3, 2, 1]
+    assert file_array(tmp_path / "empty.npy", np.uint32, (0, 4)).shape == (0, 4)
+
+
 def _batch(seq: list[int]) -> dict[str, np.ndarray]:
     from helix_ray.embedder import DIM
 
@@ -670,10 +691,11 @@ def _batch(seq: list[int]) -> dict[str, np.ndarray]:
              "entities": np.array([f'["name:e{s}"]' for s in seq], object)}
 
 
-def test_collect_takes_batches_as_they_come_and_each_row_once():
+def test_collect_takes_batches_as_they_come_and_each_row_once(tmp_path):
     """The transform stages' batches, in any order, from a generator: each row lands in
     its place, and a batch is let go once copied (the generator is never held whole).
-    A row missing, or one sent twice, is an error rather than a zero vector."""
+    A row missing, or one sent twice, is an error rather than a zero vector. Given a
+    file, the vectors are written into it as they come, not held."""
     from helix_ray.ingest.assemble import collect
 
     config = IngestConfig(late_interaction={"enabled": False})
@@ -687,7 +709,7 @@ def test_collect_takes_batches_as_they_come_and_each_row_once():
 
     cols = collect(batches(), 5, config)
     assert cols["vector"][:, 0].tolist() == [0, 1, 2, 3, 4] and cols["n_tokens"].tolist() == [1, 2, 3, 4, 5]
-    assert cols["expansions"] == [f'["q{s}"]' for s in range(5)] and cols["late"] is None
+    assert cols["expansions"].to_pylist() == [f'["q{s}"]' for s in range(5)] and cols["late"] is None
     listed = [_batch([1]), _batch([0])]
     assert collect(listed, 2, config)["entities"] == ['["name:e0"]', '["name:e1"]'] and listed == []
     with pytest.raises(RuntimeError, match="1 rows for 2 inputs"):
@@ -698,3 +720,6 @@ def test_collect_takes_batches_as_they_come_and_each_row_once():
         collect(iter([_batch([0, 2])]), 2, config)
     empty = collect(iter([]), 0, config)
     assert empty["vector"].shape[0] == 0 and empty["late"] is None
+    mapped = collect(iter([_batch([2, 0]), _batch([1])]), 3, config, vectors_path=tmp_path / "new-vectors.npy")
+    assert isinstance(mapped["vector"], np.memmap) and mapped["vector"][:, 0].tolist() == [0, 1, 2]
+    assert np.load(tmp_path / "new-vectors.npy")[:, 0].tolist() == [0, 1, 2]

@@ -150,6 +150,9 @@ def test_terms_take_gives_the_documents_asked_in_that_order():
             assert len(taken) == len(rows) and taken.vocab == terms.vocab
             assert [taken.ids[taken.offsets[i]:taken.offsets[i + 1]].tolist() for i in range(len(rows))] == \
                 [own[r] for r in rows]
+    given: list[np.ndarray] = []  # the array to write into, from the caller (ingest gives a file's memory map)
+    into = terms.take(scattered, empty=lambda n: given.append(np.full(n, -1, np.int32)) or given[0])
+    assert into.ids is given[0] and into.ids.tolist() == sum((own[r] for r in scattered), [])
 
 
 def test_terms_analysed_a_block_at_a_time_are_those_of_one_pass():
@@ -176,7 +179,7 @@ def test_ingest_analyses_text_and_expansions_read_a_block_at_a_time_as_whole_str
     expansions = [json.dumps([f"why does server {i} fail", "quotes \" and \\ backslash"] if i % 3 else [])
                   for i in range(len(texts))]
     strings = [bm25.lexical_text(t, json.loads(x)) for t, x in zip(texts, expansions)]
-    view = LexicalTexts(pa.chunked_array([pa.array(texts[:10]), pa.array(texts[10:])]), expansions)
+    view = LexicalTexts(pa.chunked_array([pa.array(texts[:10]), pa.array(texts[10:])]), pa.array(expansions))
     assert len(view) == len(strings) and view[:] == strings and view[7:13] == strings[7:13]
     assert view[3] == strings[3] and view[30:40] == [] and view[::4] == strings[::4]
     analyzer = bm25.Analyzer(stemmer="english", split_identifiers=True)
@@ -185,7 +188,7 @@ def test_ingest_analyses_text_and_expansions_read_a_block_at_a_time_as_whole_str
     np.testing.assert_array_equal(blocks.offsets, whole.offsets)
     np.testing.assert_array_equal(blocks.ids, whole.ids)
     with pytest.raises(ValueError, match="25 texts but 24 expansion lists"):
-        LexicalTexts(pa.chunked_array([pa.array(texts)]), expansions[:-1])
+        LexicalTexts(pa.chunked_array([pa.array(texts)]), pa.array(expansions[:-1]))
 
 
 def test_compacted_terms_drop_the_vocabulary_no_document_holds_and_keep_the_rest():

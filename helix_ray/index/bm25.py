@@ -16,7 +16,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -105,6 +105,10 @@ def expansions_of(text: str, lexical: str) -> list[str] | None:
     return lexical[len(text) + 1:].split("\n") if len(lexical) > len(text) else []
 
 
+def _empty_ids(n: int) -> np.ndarray:
+    return np.empty(n, np.int32)
+
+
 @dataclass
 class Terms:
     """Analysed terms of N documents: ``ids[offsets[i]:offsets[i + 1]]`` are document
@@ -150,19 +154,21 @@ class Terms:
             np.cumsum(np.concatenate(lengths), out=offsets[1:])
         return cls(np.concatenate(ids) if ids else np.zeros(0, np.int32), offsets, vocab)
 
-    def take(self, rows: np.ndarray, block: int = 65536) -> "Terms":
+    def take(self, rows: np.ndarray, block: int = 65536,
+             empty: Callable[[int], np.ndarray] | None = None) -> "Terms":
         """Documents ``rows``, in that order. Runs of rows that follow one another here
         (what an ingest mostly takes: the rows it carries, then a sort by tenant) are
         copied a slice at a time; scattered rows are gathered term by term, ``block``
         rows at a time (the positions to gather are 8 bytes a term: at a million
-        memories, ~0.5 GB for all rows at once)."""
+        memories, ~0.5 GB for all rows at once). ``empty(n)``: the int32 array of n
+        terms to write them into (a memory map, say), a new one by default."""
         rows = np.asarray(rows, np.int64)
         all_offsets = np.asarray(self.offsets)
         starts, ends = all_offsets[rows], all_offsets[rows + 1]
         offsets = np.zeros(len(rows) + 1, np.int64)
         np.cumsum(ends - starts, out=offsets[1:])
         ids = np.asarray(self.ids)
-        out = np.empty(int(offsets[-1]), np.int32)
+        out = (empty or _empty_ids)(int(offsets[-1]))
         breaks = np.flatnonzero(starts[1:] != ends[:-1]) + 1  # where a run of adjacent documents ends
         if len(breaks) > len(rows) // 16:
             for lo in range(0, len(rows), block):

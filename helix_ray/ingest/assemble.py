@@ -26,9 +26,14 @@ from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import Generation
 from helix_ray.store.late import SegmentedTokens, TokenRows
-from helix_ray.store.publish import GenerationData, HnswSettings, partitions_of, save_npy_blocks
+from helix_ray.store.publish import (GenerationData, HnswSettings, file_array, mapped_table, partitions_of,
+                                     save_npy_blocks)
 from helix_ray.token_encoder import PassageTokens, empty_tokens, from_blobs, get_token_encoder, to_blobs
 from helix_ray.tokens import token_counter
+
+
+#: Rows sorted into a file at a time (the vectors, the MinHash signatures).
+SORT_BLOCK = 16384
 
 
 @dataclasses.dataclass
@@ -70,7 +75,9 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     it all grows with the store (at a million memories, 0.75 GB of unsorted float16
     vectors): takes ``rows.todo`` into the table and ``rows.sigs`` into their sorted
     copy, ``vector`` and ``entities`` out of ``rows.new_cols`` once used, sorts the
-    vectors before the columns, and drops each per-row Python list once done with it."""
+    vectors before the columns, and drops each per-row Python list once done with it.
+    What is final — the sorted vectors, rows, terms and signatures, and the expansions
+    the record reads — is written to ``work`` a block at a time and mapped from there."""
     tasks = tasks or dense.LocalTasks()
     previous, new_cols, keep_old = rows.previous, rows.new_cols, rows.keep_old
     old_table = rows.old_rows.take(pa.array(keep_old, pa.int64())) if keep_old else GENERATION_SCHEMA.empty_table()
@@ -97,6 +104,9 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
         old_lexical = [lexical_text(t, old_exp.get(i, [])) for i, t in zip(old_ids, old_texts.to_pylist())]
     terms = carry.terms(previous, previous_rows, old_lexical, new_lexical, analyzer)
     del new_lexical, old_lexical
+    # The expansions wait for the database's record from here on: in a file, not the heap.
+    new_cols["expansions"] = mapped_table(pa.table({"queries": new_cols["expansions"]}),
+                                          work / "expansions.arrow").column("queries")
     ents = pa.concat_arrays([carry.mentions(previous, previous_rows, old_texts),
                              *_json_lists(new_cols.pop("entities"), carry.MENTIONS_TYPE)])
 
@@ -107,19 +117,19 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     users = table.column("user").to_pylist()
     created = table.column("created_at").cast(pa.int64()).to_numpy()
     take = np.lexsort((np.arange(len(users)), created, tenant_codes(users)[1])).astype(np.int64)
-    # The vectors first: the unsorted ones go before the columns are copied.
+    # The vectors first: the unsorted ones go before the columns are sorted.
     vectors = _sorted_vectors(previous, previous_rows, new_cols.pop("vector"), take, work / VECTORS)
-    minhash = sigs[sig_rows[take]] if len(sigs) else sigs
+    minhash = file_array(work / "minhash.npy", np.uint32, (len(take), *sigs.shape[1:])) if len(sigs) else sigs
+    for lo in range(0, len(take) if len(sigs) else 0, SORT_BLOCK):
+        minhash[lo:lo + SORT_BLOCK] = sigs[sig_rows[take[lo:lo + SORT_BLOCK]]]
     del sigs, sig_rows
     order = take.tolist()
-    columns, schema, at = table.columns, table.schema, pa.array(take)
-    del table
-    for i, column in enumerate(columns):  # a column at a time: never the whole table twice
-        columns[i] = column.take(at)
-    del column
-    table = pa.Table.from_arrays(columns, schema=schema)
-    del columns
-    terms = terms.take(take)
+    # The sorted rows and terms are final: written to the work folder a block at a time
+    # and mapped from it until publish and the record have read them (at a million
+    # memories ~0.5 GB and ~0.3 GB that the heap does not hold, nor a sorted copy of).
+    table = mapped_table(table, work / "rows.arrow", order=take)
+    terms = terms.take(take, empty=lambda n: file_array(work / "terms.npy", np.int32, (n,)))
+    at = pa.array(take)
     previous_row = np.concatenate([previous_rows, np.full(n_new, -1, np.int64)])[take]
     if late is not None:
         late = late.take(take)  # pointers only: publish gathers the new rows' tokens
@@ -145,18 +155,20 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     )
 
 
-def collect(batches: Iterable[dict[str, np.ndarray]], n: int, config: IngestConfig) -> dict[str, Any]:
+def collect(batches: Iterable[dict[str, np.ndarray]], n: int, config: IngestConfig, *,
+            vectors_path: Path | None = None) -> dict[str, Any]:
     """The transform stages' batches (in any order) as columns in ``seq`` order, one
-    row per input: ``vector`` (float16, what the generation stores), ``expansions``,
-    ``entities``, ``n_tokens`` and ``late`` (the token vectors, or None when late
-    interaction is off).
+    row per input: ``vector`` (float16, what the generation stores; a writable memory
+    map of ``vectors_path`` when given), ``expansions`` (Arrow strings), ``entities``,
+    ``n_tokens`` and ``late`` (the token vectors, or None when late interaction is off).
 
     Takes the batches as they come (a list is emptied as it goes): each column is
     written once into its place, and a batch's arrays go as soon as they are copied, so
     the driver never holds every batch and the columns at once (at a million memories
     the vectors alone are 0.75 GB as float16). Raises RuntimeError unless every row
     ``0 … n − 1`` came exactly once."""
-    vector = np.empty((n, DIM), np.float16)
+    vector = file_array(vectors_path, np.float16, (n, DIM)) if vectors_path is not None \
+        else np.empty((n, DIM), np.float16)
     expansions: list[Any] = [None] * n
     entities: list[Any] = [None] * n
     n_tokens = np.empty(n, np.int32)
@@ -185,7 +197,8 @@ def collect(batches: Iterable[dict[str, np.ndarray]], n: int, config: IngestConf
         late = empty_tokens() if config.late_interaction.enabled else None
     else:
         late = from_blobs(codes, scales) if with_late else None
-    return {"vector": vector, "expansions": expansions, "entities": entities, "n_tokens": n_tokens, "late": late}
+    return {"vector": vector, "expansions": pa.array(expansions, pa.string()), "entities": entities,
+            "n_tokens": n_tokens, "late": late}
 
 
 def _draining(batches: Iterable[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
@@ -246,7 +259,7 @@ class LexicalTexts(Sequence[str]):
     a block at a time, so there is never a string per memory at once (~0.5 GB at a
     million)."""
 
-    def __init__(self, texts: pa.ChunkedArray, expansions: Sequence[str]):
+    def __init__(self, texts: pa.ChunkedArray, expansions: pa.Array | pa.ChunkedArray):
         if len(texts) != len(expansions):
             raise ValueError(f"{len(texts)} texts but {len(expansions)} expansion lists")
         self.texts, self.expansions = texts, expansions
@@ -264,10 +277,11 @@ class LexicalTexts(Sequence[str]):
         if isinstance(i, slice):
             lo, hi, step = i.indices(len(self))
             rows = range(lo, hi, step)
-            texts = self.texts.take(pa.array(rows, pa.int64())).to_pylist() if step != 1 \
-                else self.texts.slice(lo, max(hi - lo, 0)).to_pylist()
-            return [lexical_text(t, json.loads(self.expansions[r])) for t, r in zip(texts, rows)]
-        return lexical_text(self.texts[i].as_py(), json.loads(self.expansions[i]))
+            at = pa.array(rows, pa.int64())
+            texts, expansions = (c.take(at).to_pylist() if step != 1 else c.slice(lo, max(hi - lo, 0)).to_pylist()
+                                 for c in (self.texts, self.expansions))
+            return [lexical_text(t, json.loads(x)) for t, x in zip(texts, expansions)]
+        return lexical_text(self.texts[i].as_py(), json.loads(self.expansions[i].as_py()))
 
 
 def in_generation_schema(table: pa.Table) -> pa.Table:
@@ -358,7 +372,7 @@ def bm25_analyzer(config: IngestConfig) -> Analyzer:
 
 
 def _sorted_vectors(previous: Generation | None, previous_rows: np.ndarray, new: np.ndarray,
-                    take: np.ndarray, path: Path, block: int = 16384) -> np.ndarray:
+                    take: np.ndarray, path: Path, block: int = SORT_BLOCK) -> np.ndarray:
     """Row ``take[i]`` of (the previous generation's ``previous_rows``, then ``new``) at
     row i, as the float16 values the generation stores: the kNN, graph and indexes built
     from them are the ones the next ingest carries over for these rows (scored in

@@ -396,11 +396,13 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
         if run.computed else {}
     report.reused = len(reuse)
     report.embedded = todo.num_rows - len(reuse)
-    new_cols = _expand_embed_annotate(run, todo, reuse, changes, kept)
-    trim_heap()
+    # The run's files, until publish has taken what it keeps: the new vectors as they
+    # come, the sorted rows, terms and signatures, the HNSW indexes (:func:`assemble`).
+    with work_folder(run.store) as work:
+        new_cols = _expand_embed_annotate(run, todo, reuse, changes, kept, work)
+        trim_heap()
 
-    # Old rows keep their vectors; sorted so each tenant is one range.
-    with work_folder(run.store) as work:  # the HNSW index files, until publish moves them in
+        # Old rows keep their vectors; sorted so each tenant is one range.
         with stage(run, "assemble"):
             rows = NextRows(changes.previous, changes.old_rows, changes.old_index, kept.keep_old, todo, new_cols,
                             kept.sigs, kept.keep_new)
@@ -753,19 +755,20 @@ def never_paired(memory_id: str, source: str) -> str | None:
 
 
 def _expand_embed_annotate(run: Run, todo: pa.Table, reuse: dict[int, stages.Computed],
-                           changes: Changes, kept: Deduplicated) -> dict[str, Any]:
+                           changes: Changes, kept: Deduplicated, work: Path) -> dict[str, Any]:
     """Stages 4, 5 and 7a for the new or changed memories (``todo``; ``reuse``: by
     ``seq``, those whose outputs came with the run), as columns in ``todo``'s order
     (:func:`collect`). The vectors are float16 from the start, what the generation
-    stores (half the memory the driver would hold them in as float32 until they are
-    written)."""
+    stores, written into a file of ``work`` as they come rather than held (0.75 GB at a
+    million memories)."""
     config = run.config
     with stage(run, "expand_embed_annotate"):
         reused = _run_local_batches(todo, sorted(reuse), [stages.Reuse(config, reuse)])
         # Each batch goes into the columns as it arrives: held all at once, the batches
         # (vectors, token blobs) would be more than the columns themselves.
         transformed = _transform(run, todo, [k for k in range(todo.num_rows) if k not in reuse])
-        new_cols = collect(itertools.chain(transformed, reused), todo.num_rows, config)
+        new_cols = collect(itertools.chain(transformed, reused), todo.num_rows, config,
+                           vectors_path=work / "new-vectors.npy")
     if config.session_context > 0:
         keep_old = kept.keep_old
         new_cols["vector"] = session_context(todo, new_cols["vector"],

@@ -174,13 +174,16 @@ class StoreDB:
                 self._replace("memories", "incoming_ids", select + " WHERE id IN (SELECT id FROM incoming_ids)",
                               [run_id])
 
-    def upsert_expansions(self, ids: pa.Array | list[str], queries: pa.Array | list[str], backend: str) -> None:
+    def upsert_expansions(self, ids: pa.Array | list[str], queries: pa.Array | pa.ChunkedArray | list[str],
+                          backend: str) -> None:
         """Each memory's doc2query ``queries``, given as a JSON list of strings per id:
         DuckDB parses them, so a million memories' queries are never Python lists.
         Inside a transaction (:meth:`_replace`)."""
         if not len(ids):
             return
-        table = pa.table({"id": pa.array(ids, pa.string()), "queries": pa.array(queries, pa.string())})
+        if not isinstance(queries, pa.ChunkedArray):
+            queries = pa.array(queries, pa.string())
+        table = pa.table({"id": pa.array(ids, pa.string()), "queries": queries})
         with self._registered("incoming_x", table):
             self._replace("expansions", "incoming_x",
                           "SELECT id, ?, CAST(queries AS JSON)::VARCHAR[] FROM incoming_x", [backend])

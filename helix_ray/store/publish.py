@@ -148,6 +148,40 @@ def _save_arrow(path: Path, table: pa.Table) -> None:
         writer.write_table(table)
 
 
+def mapped_table(table: pa.Table, path: Path, order: np.ndarray | None = None, block: int = 65536) -> pa.Table:
+    """``table`` written to ``path`` (Arrow IPC) and read back from a memory map of it:
+    the same rows, out of the heap. The kernel keeps their pages in its cache while
+    memory allows and drops them when it does not (ingest holds its sorted rows so, from
+    the sort until the database has recorded them). ``order``: its rows in that order
+    instead, taken ``block`` at a time (never a sorted copy of the whole table)."""
+    if order is None:
+        _save_arrow(path, table)
+    else:
+        with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+            for lo in range(0, len(order), block):
+                writer.write_table(table.take(pa.array(order[lo:lo + block], pa.int64())))
+    return ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+
+
+def file_array(path: Path, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """A new ``.npy`` file at ``path`` as a writable memory map of ``shape``: an array
+    to fill out of the heap, as :func:`mapped_table` holds a table (a plain empty array
+    when it holds no element: a file of none cannot be mapped). Its disk blocks are
+    taken here, so that a full disk is an ``OSError`` now rather than a SIGBUS at a
+    page written later."""
+    if not np.prod(shape):
+        return np.empty(shape, dtype)
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape}
+    with open(path, "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, header)
+        size = fh.tell() + int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fh.fileno(), 0, size)
+        else:  # macOS: a sparse file
+            fh.truncate(size)
+    return np.load(path, mmap_mode="r+")
+
+
 @dataclass
 class _Staging:
     """A generation being written into ``folder`` (``generations/.tmp-*``).
@@ -303,7 +337,7 @@ def _write_rows(staging: _Staging, table: pa.Table, data: GenerationData) -> Non
     staging.done(tmp / VECTORS_FILE)
     _save_npy_rows(tmp / "binary.npy", vectors, np.uint8, binary_codes)
     staging.done(tmp / "binary.npy")
-    _save_npy(tmp / "minhash.npy", data.minhash.astype(np.uint32))
+    _save_npy(tmp / "minhash.npy", data.minhash.astype(np.uint32, copy=False))
     staging.done(tmp / "minhash.npy")
 
 
