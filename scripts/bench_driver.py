@@ -18,9 +18,10 @@ memory has close neighbours as real near-duplicates do.
 It prints the driver's peak RSS (``VmHWM``), its peak heap alone (``RssAnon``, sampled:
 without the pages of files it maps, which the kernel can drop; overall and per stage)
 and its RSS just before the ingest (the vectors given, held by this script), the peak
-PSS of the driver and every Ray process together, the run's seconds per stage (``IngestReport.seconds``) and the HNSW units
-(index builds and kNN searches) each node ran. Memory does not drift with the host's
-load; seconds do (compare runs made side by side).
+PSS of the driver and every Ray process together, the run's seconds per stage
+(``IngestReport.seconds``) and the HNSW units (index builds and kNN searches) each node
+ran. Memory does not drift with the host's load; seconds do (compare runs made side by
+side).
 
 ``--nodes N`` (N ≥ 2) runs the job on a cluster of N ``ray start`` nodes of this host
 (``helix_ray.local_cluster.LocalCluster``, ``--node-cpus`` each), this process joining it

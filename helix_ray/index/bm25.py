@@ -105,10 +105,6 @@ def expansions_of(text: str, lexical: str) -> list[str] | None:
     return lexical[len(text) + 1:].split("\n") if len(lexical) > len(text) else []
 
 
-def _empty_ids(n: int) -> np.ndarray:
-    return np.empty(n, np.int32)
-
-
 @dataclass
 class Terms:
     """Analysed terms of N documents: ``ids[offsets[i]:offsets[i + 1]]`` are document
@@ -168,7 +164,7 @@ class Terms:
         offsets = np.zeros(len(rows) + 1, np.int64)
         np.cumsum(ends - starts, out=offsets[1:])
         ids = np.asarray(self.ids)
-        out = (empty or _empty_ids)(int(offsets[-1]))
+        out = np.empty(int(offsets[-1]), np.int32) if empty is None else empty(int(offsets[-1]))
         breaks = np.flatnonzero(starts[1:] != ends[:-1]) + 1  # where a run of adjacent documents ends
         if len(breaks) > len(rows) // 16:
             for lo in range(0, len(rows), block):

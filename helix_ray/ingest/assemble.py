@@ -119,9 +119,11 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     take = np.lexsort((np.arange(len(users)), created, tenant_codes(users)[1])).astype(np.int64)
     # The vectors first: the unsorted ones go before the columns are sorted.
     vectors = _sorted_vectors(previous, previous_rows, new_cols.pop("vector"), take, work / VECTORS)
-    minhash = file_array(work / "minhash.npy", np.uint32, (len(take), *sigs.shape[1:])) if len(sigs) else sigs
-    for lo in range(0, len(take) if len(sigs) else 0, SORT_BLOCK):
-        minhash[lo:lo + SORT_BLOCK] = sigs[sig_rows[take[lo:lo + SORT_BLOCK]]]
+    minhash = sigs
+    if len(sigs):  # sorted into a file as the vectors are
+        save_npy_blocks(work / "minhash.npy", np.uint32, (len(take), *sigs.shape[1:]),
+                        (sigs[sig_rows[take[lo:lo + SORT_BLOCK]]] for lo in range(0, len(take), SORT_BLOCK)))
+        minhash = np.load(work / "minhash.npy", mmap_mode="r")
     del sigs, sig_rows
     order = take.tolist()
     # The sorted rows and terms are final: written to the work folder a block at a time

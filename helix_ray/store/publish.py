@@ -119,14 +119,19 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
         np.save(fh, np.ascontiguousarray(array))
 
 
+def _npy_header(fh: Any, dtype: Any, shape: tuple[int, ...]) -> None:
+    """The ``.npy`` header of a C-ordered array of ``dtype`` and ``shape``, written to ``fh``."""
+    np.lib.format.write_array_header_1_0(
+        fh, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape})
+
+
 def save_npy_blocks(path: Path, dtype: Any, shape: tuple[int, ...], blocks: Iterable[np.ndarray]) -> None:
     """An array of ``shape`` saved as ``.npy`` from ``blocks``, its rows in order, each
     written as it comes: the whole array is never in memory. Raises ValueError when the
     blocks do not hold exactly ``shape[0]`` rows."""
-    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape}
     rows = 0
     with open(path, "wb") as fh:
-        np.lib.format.write_array_header_1_0(fh, header)
+        _npy_header(fh, dtype, shape)
         for block in blocks:
             fh.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
             rows += len(block)
@@ -154,12 +159,11 @@ def mapped_table(table: pa.Table, path: Path, order: np.ndarray | None = None, b
     memory allows and drops them when it does not (ingest holds its sorted rows so, from
     the sort until the database has recorded them). ``order``: its rows in that order
     instead, taken ``block`` at a time (never a sorted copy of the whole table)."""
-    if order is None:
-        _save_arrow(path, table)
-    else:
-        with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
-            for lo in range(0, len(order), block):
-                writer.write_table(table.take(pa.array(order[lo:lo + block], pa.int64())))
+    parts = [table] if order is None else \
+        (table.take(pa.array(order[lo:lo + block], pa.int64())) for lo in range(0, len(order), block))
+    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+        for part in parts:
+            writer.write_table(part)
     return ipc.open_file(pa.memory_map(str(path), "r")).read_all()
 
 
@@ -171,9 +175,8 @@ def file_array(path: Path, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
     page written later."""
     if not np.prod(shape):
         return np.empty(shape, dtype)
-    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape}
     with open(path, "wb") as fh:
-        np.lib.format.write_array_header_1_0(fh, header)
+        _npy_header(fh, dtype, shape)
         size = fh.tell() + int(np.prod(shape)) * np.dtype(dtype).itemsize
         if hasattr(os, "posix_fallocate"):
             os.posix_fallocate(fh.fileno(), 0, size)
