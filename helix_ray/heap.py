@@ -8,7 +8,10 @@ the process's anonymous memory stays a few MiB higher after every swap; after a
 compaction the Writer would keep 100–160 MiB (at 10^5 memories), and an ingest driver
 ~1.5 KB per memory of what its steps let go. ``malloc_trim(0)``
 returns the free pages at the top of each arena and the free whole pages inside them.
-Elsewhere (macOS, musl) there is no such call and nothing is done.
+Elsewhere (macOS, musl) there is no such call and nothing is done. Arrow's buffers come
+from its own pool (mimalloc by default), which keeps the pages of freed buffers as well,
+in an ingest driver more than the Arrow data it holds live; a trim asks that pool to
+release them too.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import functools
 import logging
 import threading
 from typing import Any, Callable
+
+import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +41,12 @@ def _malloc_trim() -> Callable[[int], Any] | None:
 
 
 def trim_heap() -> bool:
-    """``malloc_trim(0)``: True when glibc gave memory back, False otherwise (never raises)."""
+    """Arrow's pool releases its unused pages, then ``malloc_trim(0)``: True when glibc
+    gave memory back, False otherwise (never raises)."""
+    try:
+        pa.default_memory_pool().release_unused()
+    except Exception:  # noqa: BLE001 - as below
+        log.debug("releasing Arrow's unused memory failed", exc_info=True)
     trim = _malloc_trim()
     if trim is None:
         return False

@@ -49,6 +49,9 @@ DERIVED_FIELDS = [
     pa.field("n_tokens", pa.int32(), nullable=False),
 ]
 GENERATION_SCHEMA = pa.schema(list(MEMORY_SCHEMA) + DERIVED_FIELDS)
+#: A new row's columns from the read phase until stage 7a has counted its tokens:
+#: :data:`GENERATION_SCHEMA` without ``n_tokens``, its last.
+PENDING_SCHEMA = pa.schema([f for f in GENERATION_SCHEMA if f.name != "n_tokens"])
 
 QUARANTINE_SCHEMA = pa.schema(
     [

@@ -50,13 +50,17 @@ def test_quarantine_keeps_every_bad_row_with_reason_and_position(tmp_path):
 
 
 def test_an_id_given_twice_keeps_the_later_and_quarantines_the_earlier(tmp_path):
-    source = write_jsonl(tmp_path / "a.jsonl", [memory(0, FACTS[0]), memory(1, FACTS[1]), memory(0, FACTS[2])])
+    earlier = memory(0, FACTS[0], salience=0.7, project="atlas", metadata={"k": [1, "two"]})
+    source = write_jsonl(tmp_path / "a.jsonl", [earlier, memory(1, FACTS[1]), memory(0, FACTS[2])])
     report = ingest([source], tmp_path / "store", runner="local")
     assert (report.read, report.accepted, report.quarantined) == (3, 2, 1)
     assert report.quarantine_reasons == {"duplicate_id": 1}
     with StoreDB(tmp_path / "store") as db:
         (held,) = db.quarantine()
-        assert json.loads(held["raw"])["text"] == FACTS[0]  # the earlier record, whole
+    raw = json.loads(held["raw"])  # the earlier record, whole, with its values as given
+    assert (raw["text"], raw["salience"], raw["project"]) == (FACTS[0], 0.7, "atlas")
+    assert json.loads(raw["metadata"]) == {"k": [1, "two"]}
+    assert raw["created_at"].startswith("2025-03-01 10:00:00")
     gen = Generation.open_current(tmp_path / "store")
     assert gen.memories.column("text")[gen.columns.id_to_row["m000"]].as_py() == FACTS[2]
 

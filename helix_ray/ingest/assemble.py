@@ -22,7 +22,7 @@ from helix_ray.index.bm25 import Analyzer, lexical_text
 from helix_ray.ingest import carry, dense
 from helix_ray.ingest.dense import VECTORS, Tasks
 from helix_ray.ingest.graph import build_graph, tenant_codes
-from helix_ray.schema import GENERATION_SCHEMA
+from helix_ray.schema import GENERATION_SCHEMA, PENDING_SCHEMA
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import Generation
 from helix_ray.store.late import SegmentedTokens, TokenRows
@@ -214,11 +214,6 @@ def _draining(batches: Iterable[dict[str, np.ndarray]]) -> Iterator[dict[str, np
         yield batches.pop()
 
 
-#: A new row's columns from deduplication until stage 7a has counted its tokens
-#: (:func:`new_row_table`): :data:`GENERATION_SCHEMA` without ``n_tokens``, its last.
-PENDING_SCHEMA = pa.schema([f for f in GENERATION_SCHEMA if f.name != "n_tokens"])
-
-
 def new_row_table(rows: list[dict[str, Any]]) -> pa.Table:
     """``rows`` (decoded records, :func:`helix_ray.ingest.stages.decode_row`) as a table
     in :data:`PENDING_SCHEMA`, a column at a time. An ingest holds its new rows so from
@@ -237,15 +232,17 @@ def with_token_counts(table: pa.Table, n_tokens: Sequence[int] | np.ndarray) -> 
     return table.append_column(field, pa.array(np.asarray(n_tokens, np.int64), field.type))
 
 
-def memory_table(rows: list[dict[str, Any]], cols: dict[str, Any] | None) -> pa.Table:
-    """``rows`` as a table in :data:`GENERATION_SCHEMA`, their token counts from ``cols``
-    (:func:`collect`), or counted here when there are none (rows that were not transformed)."""
+def memory_table(rows: list[dict[str, Any]] | pa.Table, cols: dict[str, Any] | None) -> pa.Table:
+    """``rows`` (decoded records, or a table in :data:`PENDING_SCHEMA`) as a table in
+    :data:`GENERATION_SCHEMA`, their token counts from ``cols`` (:func:`collect`), or
+    counted here when there are none (rows that were not transformed)."""
+    table = rows if isinstance(rows, pa.Table) else new_row_table(rows)
     if cols is None:
         count = token_counter()
-        n_tokens = [count(r["text"]) for r in rows]
+        n_tokens = [count(t) for t in table.column("text").to_pylist()]
     else:
         n_tokens = cols["n_tokens"]
-    return with_token_counts(new_row_table(rows), n_tokens)
+    return with_token_counts(table, n_tokens)
 
 
 def _json_lists(texts: Sequence[str], type_: pa.DataType, block: int = 65536) -> Iterator[pa.Array]:

@@ -40,14 +40,21 @@ def held_by(previous: Generation | None, ids: list[str]) -> set[str]:
     return {i for i, hit in zip(ids, found) if hit}
 
 
-def retagged(previous: Generation | None, rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """id → new field values, for rows whose text the previous generation holds with
-    other values in :data:`RETAG_FIELDS`."""
-    out = {}
-    for row, old in previous_values(previous, rows, RETAG_FIELDS):
-        new = {k: row.get(k) for k in RETAG_FIELDS}
-        if any(not _same_value(k, old[k], new[k]) for k in RETAG_FIELDS):
-            out[row["id"]] = new
+def retagged(previous: Generation | None, rows: pa.Table, block: int = 65536) -> dict[str, dict[str, Any]]:
+    """id → new field values, for ``rows`` (a table with ``id`` and :data:`RETAG_FIELDS`)
+    that the previous generation holds with other values in :data:`RETAG_FIELDS`;
+    compared ``block`` rows at a time."""
+    out: dict[str, dict[str, Any]] = {}
+    if previous is None or not rows.num_rows:
+        return out
+    where = pc.index_in(rows.column("id"), value_set=previous.memories.column("id"))
+    held = pc.is_valid(where)
+    new = rows.filter(held).select(["id", *RETAG_FIELDS])
+    old = previous.memories.take(where.filter(held)).select(list(RETAG_FIELDS))
+    for lo in range(0, new.num_rows, block):
+        for n, o in zip(new.slice(lo, block).to_pylist(), old.slice(lo, block).to_pylist()):
+            if any(not _same_value(k, o[k], n[k]) for k in RETAG_FIELDS):
+                out[n["id"]] = {k: n[k] for k in RETAG_FIELDS}
     return out
 
 
@@ -140,18 +147,18 @@ def has_deletions(previous: Generation | None, kept_index: np.ndarray) -> bool:
 
 
 class OldThenNew(Sequence):
-    """A sequence of ``n_old`` values computed on demand (``old(i)``: read from the
-    carried rows' table) then the new rows' values (a list)."""
+    """A sequence of ``n_old`` values then ``n_new``, each read when asked for: ``old(i)``
+    from the carried rows' table, ``new(k)`` from the new rows'."""
 
-    def __init__(self, old: Callable[[int], Any], new: list[Any], n_old: int):
-        self.old, self.new, self.n_old = old, new, n_old
+    def __init__(self, old: Callable[[int], Any], new: Callable[[int], Any], n_old: int, n_new: int):
+        self.old, self.new, self.n_old, self.n_new = old, new, n_old, n_new
 
     def __len__(self) -> int:
-        return self.n_old + len(self.new)
+        return self.n_old + self.n_new
 
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         if i < 0:
             i += len(self)
-        return self.old(i) if i < self.n_old else self.new[i - self.n_old]
+        return self.old(i) if i < self.n_old else self.new(i - self.n_old)

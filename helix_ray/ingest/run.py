@@ -37,7 +37,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Container, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -47,11 +47,11 @@ from helix_ray.errors import InvalidArgument, StoreError, is_disk_full
 from helix_ray.heap import trim_heap
 from helix_ray.index.bm25 import expansions_of
 from helix_ray.ingest import stages
-from helix_ray.ingest.assemble import (NextRows, assemble, bm25_analyzer, collect, memory_table, new_row_table,
-                                       session_context)
+from helix_ray.ingest.assemble import NextRows, assemble, bm25_analyzer, collect, memory_table, session_context
 from helix_ray.ingest.dedup import find_duplicates, signatures
 from helix_ray.ingest.dense import LocalTasks, Tasks, work_folder
 from helix_ray.ingest.ids import legacy_markdown_ids
+from helix_ray.ingest.incoming import Incoming
 from helix_ray.ingest.names import SourceName, check_names, one_folder_per_name, source_names
 from helix_ray.ingest.previous import (OldThenNew, carried_over, fold_accesses, has_deletions, held_by,
                                        keep_folded_accesses, open_previous, retagged)
@@ -133,9 +133,8 @@ class Run:
 
 @dataclasses.dataclass
 class Accepted:
-    """Stages 1–2's outcome: the records to store, by id, and those held back."""
+    """Stages 1–2's outcome besides the records to store (an :class:`Incoming`)."""
 
-    latest: dict[str, dict[str, Any]]
     quarantined: list[dict[str, Any]]  # as rows of the store's quarantine
     validated: int  # records that passed validation, before id conflicts were held back
 
@@ -145,7 +144,7 @@ class Changes:
     """Stage 3, first part: how the accepted records differ from what the store holds."""
 
     previous: Generation | None
-    fresh: list[dict[str, Any]]  # new memories and new versions of stored ones
+    fresh: list[int]  # rows of the run's :class:`Incoming`: new memories and new versions of stored ones
     replaced: set[str]  # ids of the stored memories that ``fresh`` holds new versions of
     retagged: dict[str, dict[str, Any]]  # same text, other fields: id → new field values
     old_rows: pa.Table  # the previous generation's rows that stay (:func:`previous.carried_over`)
@@ -369,27 +368,26 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
     of the folders read (``run.named``) recorded."""
     report, config = run.report, run.config
     with stage(run, "read_validate"):
-        accepted = _accept(run, _read_validate(run, items))
+        incoming, accepted = _accept(run, _read_validate(run, items))
     trim_heap()  # each step gives back what it let go: the next one's arrays need not fit in its leftovers
     run.quarantined = accepted.quarantined
-    _absorb_segments(run, accepted.latest)
+    _absorb_segments(run, incoming)
 
     with stage(run, "dedup"):
-        changes = _changes(run, accepted.latest)
+        changes = _changes(run, incoming)
         if _nothing_to_publish(run, accepted, changes):
             report.total_memories = len(changes.old_index)
             report.generation = current_generation_number(run.store)
             run.db.add_quarantine(accepted.quarantined, report.run_id)
             _record_names(run)
             return
-        kept = _deduplicate(run, changes)
+        kept = _deduplicate(run, changes, incoming)
     trim_heap()
 
-    # From here on the new rows are columns; a row's place among them is its ``seq``
-    # (:func:`collect`). The row dicts go before stage 4 makes its strings among them.
-    todo = new_row_table([changes.fresh[i] for i in kept.keep_new])
+    # The new rows that stay; a row's place among them is its ``seq`` (:func:`collect`).
+    todo = incoming.pending([changes.fresh[i] for i in kept.keep_new])
     changes.fresh.clear()
-    accepted.latest.clear()
+    del incoming
     trim_heap()
     new_ids = todo.column("id").combine_chunks()
     reuse = {k: run.computed[i] for k, i in enumerate(new_ids.to_pylist()) if i in run.computed} \
@@ -449,41 +447,46 @@ def read_validate_sign(item: dict[str, Any], *, config: IngestConfig) -> list[di
     return out
 
 
-def _accept(run: Run, out: Iterable[dict[str, Any]]) -> Accepted:
-    """The valid records that can be stored as given; the report's read counts.
-    Decodes ``out`` as it comes (each payload goes once decoded), and holds each
-    record's MinHash signature as a uint32 array (:func:`read_validate_sign`)."""
+def _accept(run: Run, out: Iterable[dict[str, Any]]) -> tuple[Incoming, Accepted]:
+    """The valid records, as columns, with the id of each that can be stored as given
+    in ``Incoming.index``; the report's read counts. Decodes ``out`` as it comes, a
+    block of records at a time (:class:`Incoming`)."""
     read = 0
-    quarantined, incoming = [], []
-    for r in out:
-        read += 1
-        if r["ok"]:
-            row = stages.decode_row(r["payload"])
-            row["minhash"] = np.frombuffer(r["minhash"], np.uint32)
-            incoming.append(row)
-        else:
-            quarantined.append(json.loads(r["payload"]))
+    quarantined: list[dict[str, Any]] = []
+
+    def valid() -> Iterator[tuple[dict[str, Any], bytes]]:
+        nonlocal read
+        for r in out:
+            read += 1
+            if r["ok"]:
+                yield stages.decode_row(r["payload"]), r["minhash"]
+            else:
+                quarantined.append(json.loads(r["payload"]))
+
+    incoming = Incoming.gather(valid(), run.config.dedup.num_perm)
     # An id given twice in the input: the later record wins, the earlier is quarantined
     # whole. An id that is another user's memory: quarantined (ingest never moves a
     # memory between tenants; the server's writes refuse it the same way).
     # The same id for two users in one ingest: the first keeps it, as the store's
     # memories keep theirs.
-    latest: dict[str, dict[str, Any]] = {}
-    for row in incoming:
-        earlier = latest.get(row["id"])
-        if earlier is not None and earlier["user"] != row["user"]:
-            quarantined.append(_held_back(row, "id_conflict", f"id {row['id']!r} is given earlier in this ingest "
-                                          f"to a memory of user {earlier['user']!r}, not {row['user']!r}; give this "
-                                          "record another id (or none: one is derived)"))
+    latest, users = incoming.index, incoming.values("user")
+    for at, memory_id in enumerate(incoming.values("id")):
+        earlier = latest.get(memory_id)
+        if earlier is not None and users[earlier] != users[at]:
+            quarantined.append(_held_back(incoming.rows([at])[0], "id_conflict",
+                                          f"id {memory_id!r} is given earlier in this ingest to a memory of user "
+                                          f"{users[earlier]!r}, not {users[at]!r}; give this record another id (or "
+                                          "none: one is derived)"))
             continue
         if earlier is not None:
-            quarantined.append(_held_back(earlier, "duplicate_id", "the same id is given again later in "
-                                          "this ingest; the later record is kept"))
-        latest[row["id"]] = row
-    for memory_id, owner in run.db.foreign_ids([(r["id"], r["user"]) for r in latest.values()]).items():
-        row = latest.pop(memory_id)
-        quarantined.append(_held_back(row, "id_conflict", f"id {memory_id!r} is a memory of user {owner!r}, not "
-                                      f"{row['user']!r}; give this record another id (or none: one is derived)"))
+            quarantined.append(_held_back(incoming.rows([earlier])[0], "duplicate_id", "the same id is given again "
+                                          "later in this ingest; the later record is kept"))
+        latest[memory_id] = at
+    for memory_id, owner in run.db.foreign_ids([(i, users[at]) for i, at in latest.items()]).items():
+        at = latest.pop(memory_id)
+        quarantined.append(_held_back(incoming.rows([at])[0], "id_conflict", f"id {memory_id!r} is a memory of user "
+                                      f"{owner!r}, not {users[at]!r}; give this record another id (or none: one is "
+                                      "derived)"))
     report = run.report
     report.read = read
     report.quarantined = len(quarantined)
@@ -491,10 +494,10 @@ def _accept(run: Run, out: Iterable[dict[str, Any]]) -> Accepted:
     for q in quarantined:
         reason = q["reason"].split(":", 1)[0]
         report.quarantine_reasons[reason] = report.quarantine_reasons.get(reason, 0) + 1
-    return Accepted(latest, quarantined, len(incoming))
+    return incoming, Accepted(quarantined, len(incoming))
 
 
-def _absorb_segments(run: Run, latest: dict[str, dict[str, Any]]) -> None:
+def _absorb_segments(run: Run, incoming: Incoming) -> None:
     """The rows a previous generation of format 2 holds in segments (folded writes:
     :mod:`helix_ray.live.fold`) join this run's records, so that the generation it
     publishes holds them in its own files: each as its write logged it, with the outputs
@@ -507,6 +510,9 @@ def _absorb_segments(run: Run, latest: dict[str, dict[str, Any]]) -> None:
     deleted = run.db.deleted_ids()
     fingerprint = stages.fingerprint(run.config)
     num_perm = run.config.dedup.num_perm
+    latest = incoming.index
+    absorbed: list[dict[str, Any]] = []
+    sigs: list[Any] = []
     for r in rows.to_pylist():
         if r["id"] in deleted:
             continue
@@ -517,14 +523,17 @@ def _absorb_segments(run: Run, latest: dict[str, dict[str, Any]]) -> None:
             raise StoreError(f"Generation {previous.number} of {run.store} holds a segment row without its record "
                              f"(id {r['id']!r}): the segment is damaged. Restore the store from a backup.")
         row = stages.decode_row(r["record"])
-        row["minhash"] = r["minhash"] if len(r["minhash"]) == num_perm else signatures(
-            [row["text"]], num_perm=num_perm, shingle=run.config.dedup.shingle)[0].tolist()
-        latest[r["id"]] = row
+        latest[r["id"]] = len(incoming) + len(absorbed)
+        absorbed.append(row)
+        sigs.append(r["minhash"] if len(r["minhash"]) == num_perm else signatures(
+            [row["text"]], num_perm=num_perm, shingle=run.config.dedup.shingle)[0])
         queries = expansions_of(r["text"], r["lexical"])
         if r.get("computed_by") == fingerprint and queries is not None and r["id"] not in run.computed:
             run.computed[r["id"]] = stages.Computed(r["text"], json.dumps(queries),
                                                     np.asarray(r["vector"], np.float32), r.get("late_codes"),
                                                     r.get("late_scales"))
+    if absorbed:
+        incoming.append(absorbed, sigs)
     run.report.accepted = len(latest)
 
 
@@ -536,36 +545,45 @@ def _held_back(row: dict[str, Any], code: str, sentence: str) -> dict[str, Any]:
             "raw": json.dumps(record, default=str, ensure_ascii=False, sort_keys=True)}
 
 
-def _changes(run: Run, latest: dict[str, dict[str, Any]]) -> Changes:
+def _changes(run: Run, incoming: Incoming) -> Changes:
     """What is new, changed or re-tagged against the store, and the previous generation's
     rows that stay. Starts the Ray transform stage as soon as some records need it."""
     report, config = run.report, run.config
     known = run.db.known_hashes()
     previous = open_previous(run.store, config)
-    fresh, replaced, same_text = _compare(run, latest, known, previous)
-    superseded = superseded_parts(latest, known, run.db.owners)
-    moved = renamed(run, latest, known)
-    gone = sorted(set(vanished(run, latest, known)) - set(moved))
+    fresh, replaced, same_text = _compare(run, incoming, known, previous)
+    superseded = superseded_parts(incoming, known, run.db.owners)
+    moved = renamed(run, incoming, known)
+    gone = sorted(set(vanished(run, incoming.index, known)) - set(moved))
     report.removed, report.renamed = len(gone), len(moved)
     superseded = sorted(set(superseded) | set(gone) | set(moved))
     replaced |= set(superseded)  # not carried over: the memory's new version does not hold them
-    run.computed = {r["id"]: run.computed[r["id"]] for r in fresh if _reusable(r, run.computed, config)}
+    ids = incoming.values("id")
+    if run.computed:
+        text = incoming.reader("text", fresh)
+        run.computed = {ids[at]: run.computed[ids[at]] for k, at in enumerate(fresh)
+                        if _reusable(run.computed.get(ids[at]), lambda: text(k), config)}
     if run.feed is not None and len(fresh) > len(run.computed):
         run.feed.start(len(fresh) - len(run.computed))  # the embedding actors start while dedup runs
     # Same text, other fields changed (a PATCH of type or salience, a re-tagged
     # record): the carried-over row takes the new fields and keeps its embedding.
-    retags = retagged(previous, same_text)
+    retags = retagged(previous, incoming.table.take(pa.array(same_text, pa.int64())))
     report.unchanged += len(same_text) - len(retags)
     report.updated += len(retags)
     report.retagged = len(retags)
 
     old_rows, old_index, folded, accesses = carried_over(previous, run.db, replaced, retags)
-    keep_folded_accesses(fresh, previous, replaced)
-    fold_accesses(fresh, accesses)
+    # New versions keep their memory's hits: only the rows these touch become dicts.
+    touched = [at for at in fresh if ids[at] in replaced or ids[at] in accesses]
+    if touched:
+        rows = incoming.rows(touched)
+        keep_folded_accesses(rows, previous, replaced)
+        fold_accesses(rows, accesses)
+        incoming.fix(touched, rows, ("access_count", "last_accessed_at"))
     return Changes(previous, fresh, replaced, retags, old_rows, old_index, folded, superseded)
 
 
-def superseded_parts(latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]],
+def superseded_parts(incoming: Incoming, known: dict[str, tuple[str, bool]],
                      owners: Callable[[list[str]], dict[str, str]]) -> list[str]:
     """Stored memories that a memory written again whole leaves behind: the chunks of a
     text now shorter (or chunked otherwise), or its whole earlier version when it is now
@@ -575,22 +593,25 @@ def superseded_parts(latest: dict[str, dict[str, Any]], known: dict[str, tuple[s
     supersedes nothing. ``owners``: id → user of the live ones among some ids."""
     counts: dict[str, int] = {}
     complete: dict[str, str] = {}  # parent → user
-    for i, row in latest.items():
+    latest, users = incoming.index, incoming.values("user")
+    metadata: list[str] | None = None  # read once a chunk is met
+    for i, at in latest.items():
         parent = parent_of(i)
         if parent is None:
-            complete[i] = row["user"]
+            complete[i] = users[at]
             continue
         counts[parent] = counts.get(parent, 0) + 1
-        of = (json.loads(row["metadata"]).get("chunk") or {}).get("of")
+        metadata = metadata if metadata is not None else incoming.values("metadata")
+        of = (json.loads(metadata[at]).get("chunk") or {}).get("of")
         if counts[parent] == of:
-            complete[parent] = row["user"]
+            complete[parent] = users[at]
     stale = [i for i, (_, deleted) in known.items()
              if not deleted and i not in latest and (parent_of(i) or i) in complete]
     mine = owners(stale)
     return sorted(i for i in stale if mine.get(i) == complete[parent_of(i) or i])
 
 
-def vanished(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]]) -> list[str]:
+def vanished(run: Run, latest: Container[str], known: dict[str, tuple[str, bool]]) -> list[str]:
     """Stored code memories that a source tree read whole (``run.scopes``) no longer
     holds: the symbol was renamed or deleted, or its file removed. They are deleted, not
     left to be recalled as if the code still said so. Only the ingesting user's (under
@@ -611,7 +632,7 @@ def vanished(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple
     return sorted(i for i, user in stale.items() if owners.get(i) == user)
 
 
-def renamed(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]]) -> list[str]:
+def renamed(run: Run, incoming: Incoming, known: dict[str, tuple[str, bool]]) -> list[str]:
     """Stored memories of a store made before derived ids named their user
     (``code:<folder>:<path>::<symbol>``, ``git:<folder>:<sha12>``, ``md:<path>#<slug>``),
     or Markdown ids their document set (``md:<user>/<path>#<slug>``), that this run
@@ -619,7 +640,7 @@ def renamed(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[
     recalled twice. Only those of the user who gives them again (another user's stay
     theirs until they read the source again). A chunk counts by its memory: the new
     version may be cut otherwise."""
-    given = {parent_of(i) or i for i in latest}
+    given = {parent_of(i) or i for i in incoming.index}
     found: dict[str, str] = {}  # old id → its user
     for scope in run.scopes:
         for i, (_, deleted) in known.items():
@@ -628,69 +649,72 @@ def renamed(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[
                 if (parent_of(now) or now) in given:
                     found[i] = scope.user
     owners = run.db.owners(list(found))
-    return sorted([i for i, user in found.items() if owners.get(i) == user] + _renamed_sections(run, latest, known))
+    return sorted([i for i, user in found.items() if owners.get(i) == user] + _renamed_sections(incoming, known, run.db))
 
 
-def _renamed_sections(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]]) -> list[str]:
+def _renamed_sections(incoming: Incoming, known: dict[str, tuple[str, bool]], db: StoreDB) -> list[str]:
     """The stored Markdown sections of :func:`renamed`: ``md:<user>/<path>#<slug>`` and
     ``md:<path>#<slug>`` of the user whose ``md:<user>/<docs>/<path>#<slug>`` this run
     gives, read from the same file (its path in the folder read). The file tells an id of
     an older form from one of today's that reads alike (``md:dev/notes/x.md#s`` is dev's
     x.md of notes today, and before, dev's notes/x.md or anyone's dev/notes/x.md)."""
     sections: dict[str, tuple[str, str]] = {}  # old id → (user, file) of the section given again
-    for i, row in latest.items():
-        file = json.loads(row["metadata"]).get("file")
+    latest, users, metadata = incoming.index, incoming.values("user"), incoming.values("metadata")
+    for i, at in latest.items():
+        file = json.loads(metadata[at]).get("file")
         if not isinstance(file, str):
             continue
-        for old in legacy_markdown_ids(parent_of(i) or i, row["user"], file):
-            sections[old] = (row["user"], file)
+        for old in legacy_markdown_ids(parent_of(i) or i, users[at], file):
+            sections[old] = (users[at], file)
     if not sections:
         return []
     found = {i: sections[parent_of(i) or i] for i, (_, deleted) in known.items()
              if not deleted and i not in latest and (parent_of(i) or i) in sections}
-    stored = run.db.files(list(found))
+    stored = db.files(list(found))
     return [i for i, section in found.items() if stored.get(i) == section]
 
 
-def _compare(run: Run, latest: dict[str, dict[str, Any]], known: dict[str, tuple[str, bool]],
-             previous: Generation | None) -> tuple[list[dict[str, Any]], set[str], list[dict[str, Any]]]:
-    """The accepted records that are new or have a new text (and the ids these replace),
-    and those whose text the store holds (``known``: id → (content hash, deleted))."""
+def _compare(run: Run, incoming: Incoming, known: dict[str, tuple[str, bool]],
+             previous: Generation | None) -> tuple[list[int], set[str], list[int]]:
+    """The accepted records that are new or have a new text (their rows in ``incoming``,
+    and the ids these replace), and those whose text the store holds (``known``: id →
+    (content hash, deleted))."""
+    latest = incoming.index
     dropped_before = run.db.dropped_as_duplicates([i for i in latest if i in known])
-    fresh: list[dict[str, Any]] = []
+    fresh: list[int] = []
     replaced: set[str] = set()
-    same_text = []
-    held = held_by(previous, [r["id"] for r in latest.values() if r["id"] in known or r["id"] in run.absorbed])
-    for row in latest.values():
-        if row["id"] in run.absorbed:  # a folded write: new, or a new version of what the base holds
-            if row["id"] in held:
-                replaced.add(row["id"])
+    same_text: list[int] = []
+    held = held_by(previous, [i for i in latest if i in known or i in run.absorbed])
+    hashes = incoming.values("content_hash")
+    for memory_id, at in latest.items():
+        if memory_id in run.absorbed:  # a folded write: new, or a new version of what the base holds
+            if memory_id in held:
+                replaced.add(memory_id)
                 run.report.updated += 1
             else:
                 run.report.new += 1
-            fresh.append(row)
+            fresh.append(at)
             continue
-        seen = known.get(row["id"])
+        seen = known.get(memory_id)
         if seen is not None and seen[1]:  # deleted, now given again: it comes back
             seen = None
-        if seen is not None and row["id"] not in held and row["id"] not in dropped_before:
+        if seen is not None and memory_id not in held and memory_id not in dropped_before:
             seen = None  # restored: recorded by a run whose generation never became current
-        if seen is not None and seen[0] == row["content_hash"]:
-            same_text.append(row)
+        if seen is not None and seen[0] == hashes[at]:
+            same_text.append(at)
             continue
         if seen is not None:
             run.report.updated += 1
-            replaced.add(row["id"])
+            replaced.add(memory_id)
         else:
             run.report.new += 1
-        fresh.append(row)
+        fresh.append(at)
     return fresh, replaced, same_text
 
 
-def _reusable(row: dict[str, Any], computed: dict[str, stages.Computed], config: IngestConfig) -> bool:
-    """Whether ``computed`` holds stage 4–5 outputs for ``row``'s text as it is now."""
-    got = computed.get(row["id"])
-    return got is not None and got.text == row["text"] and \
+def _reusable(got: stages.Computed | None, text: Callable[[], str], config: IngestConfig) -> bool:
+    """Whether ``got`` holds stage 4–5 outputs for a record's ``text()`` as it is now."""
+    return got is not None and got.text == text() and \
         (got.late_codes is not None or not config.late_interaction.enabled)
 
 
@@ -705,14 +729,17 @@ def _nothing_to_publish(run: Run, accepted: Accepted, changes: Changes) -> bool:
         and not (changes.previous is not None and changes.previous.segment_files)  # segments: always rebuilt
 
 
-def _deduplicate(run: Run, changes: Changes) -> Deduplicated:
+def _deduplicate(run: Run, changes: Changes, incoming: Incoming) -> Deduplicated:
     """Stage 3: near-duplicate removal over the rows that stay and the fresh ones, by
     MinHash-LSH within each tenant (:func:`find_duplicates`)."""
     config, fresh, old_rows, previous = run.config, changes.fresh, changes.old_rows, changes.previous
     n_old = old_rows.num_rows
-    users = old_rows.column("user").to_pylist() + [r["user"] for r in fresh]
-    all_ids = old_rows.column("id").to_pylist() + [r["id"] for r in fresh]
-    sources = old_rows.column("source").to_pylist() + [r["source"] for r in fresh]
+
+    def old_then_new(name: str) -> list[Any]:
+        new = incoming.values(name)
+        return old_rows.column(name).to_pylist() + [new[at] for at in fresh]
+
+    users, all_ids, sources = old_then_new("user"), old_then_new("id"), old_then_new("source")
     old_sigs = previous.minhash[changes.old_index] if previous is not None and len(changes.old_index) else np.zeros(
         (0, config.dedup.num_perm), np.uint32)
     if old_sigs.shape[1:] != (config.dedup.num_perm,):  # dedup.num_perm changed since: sign the old rows again
@@ -720,17 +747,16 @@ def _deduplicate(run: Run, changes: Changes) -> Deduplicated:
                  "memories again", config.dedup.num_perm, old_sigs.shape[1], n_old)
         old_sigs = signatures(old_rows.column("text").to_pylist(), num_perm=config.dedup.num_perm,
                               shingle=config.dedup.shingle)
-    # Each row's signature moves into the one array (a row no longer holds it).
-    sigs = np.concatenate([old_sigs, np.array([r.pop("minhash") for r in fresh], np.uint32).reshape(
-        len(fresh), config.dedup.num_perm)])
-    # Dedup reads the text and preference of the new rows and of the old rows that
-    # share an LSH band with one: old ones are read from the table when asked for.
+    sigs = np.concatenate([old_sigs, incoming.sigs[fresh]])
+    # Dedup reads the text and preference of the rows that share an LSH band with
+    # another: read from the tables when asked for.
     pinned, created, texts = (old_rows.column(name) for name in ("pinned", "created_at", "text"))
+    new_pinned, new_created, new_texts = (incoming.reader(name, fresh) for name in ("pinned", "created_at", "text"))
     preference = OldThenNew(lambda i: (bool(pinned[i].as_py()), created[i].as_py(), i),
-                            [(bool(r["pinned"]), r["created_at"], n_old + j) for j, r in enumerate(fresh)], n_old)
+                            lambda k: (bool(new_pinned(k)), new_created(k), n_old + k), n_old, len(fresh))
     dropped = find_duplicates(
         users, sigs, preference, threshold=config.dedup.threshold,
-        texts=OldThenNew(lambda i: texts[i].as_py(), [r["text"] for r in fresh], n_old),
+        texts=OldThenNew(lambda i: texts[i].as_py(), new_texts, n_old, len(fresh)),
         shingle=config.dedup.shingle,
         settled=n_old,  # the previous generation's rows: deduplicated when it was built
         parents=[never_paired(i, s) for i, s in zip(all_ids, sources)],
@@ -742,7 +768,7 @@ def _deduplicate(run: Run, changes: Changes) -> Deduplicated:
         sigs=sigs, links=links,
         keep_old=[i for i in range(n_old) if i not in drop],
         keep_new=[i for i in range(len(fresh)) if n_old + i not in drop],
-        dropped=memory_table([fresh[i] for i in range(len(fresh)) if n_old + i in drop], None),
+        dropped=memory_table(incoming.pending([at for k, at in enumerate(fresh) if n_old + k in drop]), None),
         dropped_old_ids=[all_ids[i] for i in range(n_old) if i in drop],
     )
 

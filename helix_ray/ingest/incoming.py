@@ -1,0 +1,134 @@
+"""The records an ingest run reads, as Arrow columns from the moment they are decoded.
+
+A run holds every record it read until deduplication has chosen what to keep: at a
+million records, as Python dicts, that is ~1.4 KB a record of small objects, and the
+process keeps their memory for as long as any object allocated among them lives. So
+:class:`Incoming` decodes them a block at a time into a table (and their MinHash
+signatures into one array), and the read phase's steps read the columns they need.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from helix_ray.schema import PENDING_SCHEMA
+
+#: A record's columns as read: :data:`PENDING_SCHEMA`, with ``salience`` and
+#: ``confidence`` as given (float64), so a record held back goes to the quarantine with
+#: the values it came with; the new rows take float32, as the generation stores them.
+INCOMING_SCHEMA = pa.schema([pa.field(f.name, pa.float64(), nullable=f.nullable)
+                             if f.name in ("salience", "confidence") else f for f in PENDING_SCHEMA])
+
+#: Records decoded into a table at a time.
+BLOCK = 8192
+
+
+class Incoming:
+    """Records as columns (``table``, :data:`INCOMING_SCHEMA`) and their MinHash
+    signatures (``sigs``, a row each), in the order they came. ``index`` maps each id
+    the run keeps to its row: the caller decides which of several rows of one id that
+    is (:func:`helix_ray.ingest.run.ingest`). A row's ``fixed`` values (see
+    :meth:`fix`) stand in for its own."""
+
+    def __init__(self, table: pa.Table, sigs: np.ndarray):
+        if len(sigs) != table.num_rows:
+            raise ValueError(f"{len(sigs)} signatures for {table.num_rows} records")
+        self.table, self.sigs = table, sigs
+        self.index: dict[str, int] = {}
+        self.fixed: dict[int, dict[str, Any]] = {}
+
+    @classmethod
+    def gather(cls, rows: Iterable[tuple[dict[str, Any], Any]], num_perm: int) -> Incoming:
+        """The records ``rows`` gives — (a decoded record, its signature as uint32 bytes
+        or values) — :data:`BLOCK` at a time."""
+        tables: list[pa.Table] = []
+        sigs: list[np.ndarray] = []
+        block: list[dict[str, Any]] = []
+        block_sigs: list[Any] = []
+
+        def flush() -> None:
+            tables.append(pa.Table.from_pylist(block, schema=INCOMING_SCHEMA))
+            sigs.append(_signatures(block_sigs, num_perm))
+            block.clear()
+            block_sigs.clear()
+
+        for row, sig in rows:
+            block.append(row)
+            block_sigs.append(sig)
+            if len(block) == BLOCK:
+                flush()
+        flush()
+        return cls(pa.concat_tables(tables), np.concatenate(sigs))
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def append(self, rows: list[dict[str, Any]], sigs: Sequence[Any]) -> int:
+        """Adds ``rows`` (decoded records) and their signatures; returns the first's row."""
+        first = len(self)
+        more = Incoming.gather(zip(rows, sigs), self.sigs.shape[1])
+        self.table = pa.concat_tables([self.table, more.table])
+        self.sigs = np.concatenate([self.sigs, more.sigs])
+        return first
+
+    def values(self, name: str) -> list[Any]:
+        """Column ``name`` as Python values, a row each (fixed values in place)."""
+        out = self.table.column(name).to_pylist()
+        for i, fixed in self.fixed.items():
+            if name in fixed:
+                out[i] = fixed[name]
+        return out
+
+    def value(self, i: int, name: str) -> Any:
+        """Row ``i``'s ``name``."""
+        fixed = self.fixed.get(i)
+        if fixed is not None and name in fixed:
+            return fixed[name]
+        return self.table.column(name)[i].as_py()
+
+    def rows(self, at: Sequence[int]) -> list[dict[str, Any]]:
+        """Rows ``at`` as decoded records (:func:`helix_ray.ingest.stages.decode_row`)."""
+        out = self.table.take(pa.array(at, pa.int64())).to_pylist()
+        for row, i in zip(out, at):
+            row.update(self.fixed.get(i, {}))
+        return out
+
+    def fix(self, at: Sequence[int], rows: list[dict[str, Any]], names: Sequence[str]) -> None:
+        """Rows ``at`` take ``rows``' values of ``names`` from now on."""
+        for i, row in zip(at, rows):
+            self.fixed.setdefault(i, {}).update((k, row.get(k)) for k in names)
+
+    def pending(self, at: Sequence[int]) -> pa.Table:
+        """Rows ``at`` as the new rows' table (:data:`PENDING_SCHEMA`)."""
+        taken = self.table.take(pa.array(at, pa.int64()))
+        fixed = [(k, i) for k, i in enumerate(at) if i in self.fixed]
+        columns = []
+        for f in PENDING_SCHEMA:
+            column = taken.column(f.name)
+            changed = [(k, self.fixed[i][f.name]) for k, i in fixed if f.name in self.fixed[i]]
+            if changed:
+                values = column.to_pylist()
+                for k, v in changed:
+                    values[k] = v
+                column = pa.chunked_array([pa.array(values, f.type)])
+            columns.append(column.cast(f.type))
+        return pa.Table.from_arrays(columns, schema=PENDING_SCHEMA)
+
+    def reader(self, name: str, at: Sequence[int]) -> Callable[[int], Any]:
+        """``k`` → column ``name`` of row ``at[k]``, read when asked for."""
+        column = self.table.column(name)
+
+        def read(k: int) -> Any:
+            fixed = self.fixed.get(at[k])
+            return fixed[name] if fixed is not None and name in fixed else column[at[k]].as_py()
+        return read
+
+
+def _signatures(sigs: list[Any], num_perm: int) -> np.ndarray:
+    out = np.empty((len(sigs), num_perm), np.uint32)
+    for k, sig in enumerate(sigs):
+        out[k] = np.frombuffer(sig, np.uint32) if isinstance(sig, bytes) else np.asarray(sig, np.uint32)
+    return out
