@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from helix_ray.schema import PENDING_SCHEMA
 
@@ -82,12 +83,22 @@ class Incoming:
                 out[i] = fixed[name]
         return out
 
-    def value(self, i: int, name: str) -> Any:
-        """Row ``i``'s ``name``."""
-        fixed = self.fixed.get(i)
-        if fixed is not None and name in fixed:
-            return fixed[name]
-        return self.table.column(name)[i].as_py()
+    def shared(self, name: str) -> list[Any]:
+        """Column ``name`` (never fixed) as Python values, a row each, each distinct
+        value one object: for a column of few values (users, sources), a list of
+        references rather than a string per row."""
+        column = self.table.column(name)
+        distinct = pc.unique(column)
+        values = distinct.to_pylist()
+        return [values[k] for k in pc.index_in(column, value_set=distinct).to_numpy().tolist()]
+
+    def row_ids(self) -> list[str]:
+        """The id of each row that ``index`` keeps, by row ("" for the others): the
+        index's own strings."""
+        out = [""] * len(self)
+        for memory_id, at in self.index.items():
+            out[at] = memory_id
+        return out
 
     def rows(self, at: Sequence[int]) -> list[dict[str, Any]]:
         """Rows ``at`` as decoded records (:func:`helix_ray.ingest.stages.decode_row`)."""

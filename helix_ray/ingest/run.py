@@ -469,7 +469,7 @@ def _accept(run: Run, out: Iterable[dict[str, Any]]) -> tuple[Incoming, Accepted
     # memory between tenants; the server's writes refuse it the same way).
     # The same id for two users in one ingest: the first keeps it, as the store's
     # memories keep theirs.
-    latest, users = incoming.index, incoming.values("user")
+    latest, users = incoming.index, incoming.shared("user")
     for at, memory_id in enumerate(incoming.values("id")):
         earlier = latest.get(memory_id)
         if earlier is not None and users[earlier] != users[at]:
@@ -558,7 +558,7 @@ def _changes(run: Run, incoming: Incoming) -> Changes:
     report.removed, report.renamed = len(gone), len(moved)
     superseded = sorted(set(superseded) | set(gone) | set(moved))
     replaced |= set(superseded)  # not carried over: the memory's new version does not hold them
-    ids = incoming.values("id")
+    ids = incoming.row_ids()
     if run.computed:
         text = incoming.reader("text", fresh)
         run.computed = {ids[at]: run.computed[ids[at]] for k, at in enumerate(fresh)
@@ -593,7 +593,7 @@ def superseded_parts(incoming: Incoming, known: dict[str, tuple[str, bool]],
     supersedes nothing. ``owners``: id → user of the live ones among some ids."""
     counts: dict[str, int] = {}
     complete: dict[str, str] = {}  # parent → user
-    latest, users = incoming.index, incoming.values("user")
+    latest, users = incoming.index, incoming.shared("user")
     metadata: list[str] | None = None  # read once a chunk is met
     for i, at in latest.items():
         parent = parent_of(i)
@@ -659,7 +659,7 @@ def _renamed_sections(incoming: Incoming, known: dict[str, tuple[str, bool]], db
     an older form from one of today's that reads alike (``md:dev/notes/x.md#s`` is dev's
     x.md of notes today, and before, dev's notes/x.md or anyone's dev/notes/x.md)."""
     sections: dict[str, tuple[str, str]] = {}  # old id → (user, file) of the section given again
-    latest, users, metadata = incoming.index, incoming.values("user"), incoming.values("metadata")
+    latest, users, metadata = incoming.index, incoming.shared("user"), incoming.values("metadata")
     for i, at in latest.items():
         file = json.loads(metadata[at]).get("file")
         if not isinstance(file, str):
@@ -735,11 +735,11 @@ def _deduplicate(run: Run, changes: Changes, incoming: Incoming) -> Deduplicated
     config, fresh, old_rows, previous = run.config, changes.fresh, changes.old_rows, changes.previous
     n_old = old_rows.num_rows
 
-    def old_then_new(name: str) -> list[Any]:
-        new = incoming.values(name)
+    def old_then_new(name: str, new: list[Any]) -> list[Any]:
         return old_rows.column(name).to_pylist() + [new[at] for at in fresh]
 
-    users, all_ids, sources = old_then_new("user"), old_then_new("id"), old_then_new("source")
+    users, all_ids, sources = (old_then_new("user", incoming.shared("user")), old_then_new("id", incoming.row_ids()),
+                               old_then_new("source", incoming.shared("source")))
     old_sigs = previous.minhash[changes.old_index] if previous is not None and len(changes.old_index) else np.zeros(
         (0, config.dedup.num_perm), np.uint32)
     if old_sigs.shape[1:] != (config.dedup.num_perm,):  # dedup.num_perm changed since: sign the old rows again
@@ -747,7 +747,11 @@ def _deduplicate(run: Run, changes: Changes, incoming: Incoming) -> Deduplicated
                  "memories again", config.dedup.num_perm, old_sigs.shape[1], n_old)
         old_sigs = signatures(old_rows.column("text").to_pylist(), num_perm=config.dedup.num_perm,
                               shingle=config.dedup.shingle)
-    sigs = np.concatenate([old_sigs, incoming.sigs[fresh]])
+    # The fresh rows' signatures move into the one array of every row's.
+    sigs = np.empty((n_old + len(fresh), config.dedup.num_perm), np.uint32)
+    sigs[:n_old] = old_sigs
+    np.take(incoming.sigs, np.asarray(fresh, np.int64), axis=0, out=sigs[n_old:])
+    incoming.sigs = np.zeros((0, config.dedup.num_perm), np.uint32)
     # Dedup reads the text and preference of the rows that share an LSH band with
     # another: read from the tables when asked for.
     pinned, created, texts = (old_rows.column(name) for name in ("pinned", "created_at", "text"))
