@@ -1,14 +1,16 @@
 """The records an ingest run reads, as Arrow columns from the moment they are decoded.
 
 A run holds every record it read until deduplication has chosen what to keep: at a
-million records, as Python dicts, that is ~1.4 KB a record of small objects, and the
+million records, as Python dicts, that is ~1.2 KB a record of small objects, and the
 process keeps their memory for as long as any object allocated among them lives. So
 :class:`Incoming` decodes them a block at a time into a table (and their MinHash
-signatures into one array), and the read phase's steps read the columns they need.
+signatures into one array), the read phase's steps read the columns they need, and the
+new rows deduplication keeps are taken from it into a table of their own.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -16,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from helix_ray.schema import PENDING_SCHEMA
+from helix_ray.store.publish import mapped_parts
 
 #: A record's columns as read: :data:`PENDING_SCHEMA`, with ``salience`` and
 #: ``confidence`` as given (float64), so a record held back goes to the quarantine with
@@ -25,6 +28,9 @@ INCOMING_SCHEMA = pa.schema([pa.field(f.name, pa.float64(), nullable=f.nullable)
 
 #: Records decoded into a table at a time.
 BLOCK = 8192
+
+#: New rows taken into their table (:meth:`Incoming.pending`) at a time.
+PENDING_BLOCK = 65536
 
 
 class Incoming:
@@ -67,13 +73,11 @@ class Incoming:
     def __len__(self) -> int:
         return self.table.num_rows
 
-    def append(self, rows: list[dict[str, Any]], sigs: Sequence[Any]) -> int:
-        """Adds ``rows`` (decoded records) and their signatures; returns the first's row."""
-        first = len(self)
+    def append(self, rows: list[dict[str, Any]], sigs: Sequence[Any]) -> None:
+        """Adds ``rows`` (decoded records) and their signatures after the others."""
         more = Incoming.gather(zip(rows, sigs), self.sigs.shape[1])
         self.table = pa.concat_tables([self.table, more.table])
         self.sigs = np.concatenate([self.sigs, more.sigs])
-        return first
 
     def values(self, name: str) -> list[Any]:
         """Column ``name`` as Python values, a row each (fixed values in place)."""
@@ -112,8 +116,15 @@ class Incoming:
         for i, row in zip(at, rows):
             self.fixed.setdefault(i, {}).update((k, row.get(k)) for k in names)
 
-    def pending(self, at: Sequence[int]) -> pa.Table:
-        """Rows ``at`` as the new rows' table (:data:`PENDING_SCHEMA`)."""
+    def pending(self, at: Sequence[int], path: Path | None = None) -> pa.Table:
+        """Rows ``at`` as the new rows' table (:data:`PENDING_SCHEMA`); with ``path``,
+        written there a block at a time and mapped from it (:func:`mapped_parts`)."""
+        parts = (self._pending(at[lo:lo + PENDING_BLOCK]) for lo in range(0, len(at), PENDING_BLOCK))
+        if path is not None:
+            return mapped_parts(parts, PENDING_SCHEMA, path)
+        return pa.concat_tables([PENDING_SCHEMA.empty_table(), *parts]).combine_chunks()
+
+    def _pending(self, at: Sequence[int]) -> pa.Table:
         taken = self.table.take(pa.array(at, pa.int64()))
         fixed = [(k, i) for k, i in enumerate(at) if i in self.fixed]
         columns = []

@@ -384,19 +384,20 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
         kept = _deduplicate(run, changes, incoming)
     trim_heap()
 
-    # The new rows that stay; a row's place among them is its ``seq`` (:func:`collect`).
-    todo = incoming.pending([changes.fresh[i] for i in kept.keep_new])
-    changes.fresh.clear()
-    del incoming
-    trim_heap()
-    new_ids = todo.column("id").combine_chunks()
-    reuse = {k: run.computed[i] for k, i in enumerate(new_ids.to_pylist()) if i in run.computed} \
-        if run.computed else {}
-    report.reused = len(reuse)
-    report.embedded = todo.num_rows - len(reuse)
-    # The run's files, until publish has taken what it keeps: the new vectors as they
-    # come, the sorted rows, terms and signatures, the HNSW indexes (:func:`assemble`).
+    # The run's files, until publish has taken what it keeps: the new rows, their
+    # vectors as they come, the sorted rows, terms and signatures, the HNSW indexes
+    # (:func:`assemble`).
     with work_folder(run.store) as work:
+        # The new rows that stay; a row's place among them is its ``seq`` (:func:`collect`).
+        todo = incoming.pending([changes.fresh[i] for i in kept.keep_new], work / "new-rows.arrow")
+        changes.fresh.clear()
+        del incoming
+        trim_heap()
+        new_ids = todo.column("id").combine_chunks()
+        reuse = {k: run.computed[i] for k, i in enumerate(new_ids.to_pylist()) if i in run.computed} \
+            if run.computed else {}
+        report.reused = len(reuse)
+        report.embedded = todo.num_rows - len(reuse)
         new_cols = _expand_embed_annotate(run, todo, reuse, changes, kept, work)
         trim_heap()
 

@@ -161,7 +161,14 @@ def mapped_table(table: pa.Table, path: Path, order: np.ndarray | None = None, b
     instead, taken ``block`` at a time (never a sorted copy of the whole table)."""
     parts = [table] if order is None else \
         (table.take(pa.array(order[lo:lo + block], pa.int64())) for lo in range(0, len(order), block))
-    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+    return mapped_parts(parts, table.schema, path)
+
+
+def mapped_parts(parts: Iterable[pa.Table], schema: pa.Schema, path: Path) -> pa.Table:
+    """The tables ``parts`` (each of ``schema``) written one after another to ``path``
+    (Arrow IPC) as they come, and read back from a memory map of it: the rows of a
+    table made a block at a time, never whole in the heap (:func:`mapped_table`)."""
+    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, schema) as writer:
         for part in parts:
             writer.write_table(part)
     return ipc.open_file(pa.memory_map(str(path), "r")).read_all()
