@@ -11,7 +11,7 @@ new rows deduplication keeps are taken from it into a table of their own.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -48,27 +48,31 @@ class Incoming:
         self.fixed: dict[int, dict[str, Any]] = {}
 
     @classmethod
-    def gather(cls, rows: Iterable[tuple[dict[str, Any], Any]], num_perm: int) -> Incoming:
+    def gather(cls, rows: Iterable[tuple[dict[str, Any], Any]], num_perm: int, path: Path | None = None) -> Incoming:
         """The records ``rows`` gives — (a decoded record, its signature as uint32 bytes
-        or values) — :data:`BLOCK` at a time."""
-        tables: list[pa.Table] = []
+        or values) — :data:`BLOCK` at a time; with ``path``, their table is written
+        there a block at a time and mapped from it (:func:`mapped_parts`)."""
         sigs: list[np.ndarray] = []
         block: list[dict[str, Any]] = []
         block_sigs: list[Any] = []
 
-        def flush() -> None:
-            tables.append(pa.Table.from_pylist(block, schema=INCOMING_SCHEMA))
+        def flush() -> pa.Table:
             sigs.append(_signatures(block_sigs, num_perm))
+            table = pa.Table.from_pylist(block, schema=INCOMING_SCHEMA)
             block.clear()
             block_sigs.clear()
+            return table
 
-        for row, sig in rows:
-            block.append(row)
-            block_sigs.append(sig)
-            if len(block) == BLOCK:
-                flush()
-        flush()
-        return cls(pa.concat_tables(tables), np.concatenate(sigs))
+        def blocks() -> Iterator[pa.Table]:
+            for row, sig in rows:
+                block.append(row)
+                block_sigs.append(sig)
+                if len(block) == BLOCK:
+                    yield flush()
+            yield flush()
+
+        table = mapped_parts(blocks(), INCOMING_SCHEMA, path) if path is not None else pa.concat_tables(blocks())
+        return cls(table, np.concatenate(sigs))
 
     def __len__(self) -> int:
         return self.table.num_rows

@@ -366,9 +366,17 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
     """Stages 1–8 of one run (the picture at the top of this module): a new generation
     published and recorded, or, when nothing changed, only the quarantine and the names
     of the folders read (``run.named``) recorded."""
+    # The run's files, until the record has read what it keeps: the records read, the
+    # new rows and their vectors as they come, the sorted rows, terms and signatures,
+    # the HNSW indexes (:func:`assemble`).
+    with work_folder(run.store) as work:
+        _steps(run, items, work)
+
+
+def _steps(run: Run, items: list[dict[str, str]], work: Path) -> None:
     report, config = run.report, run.config
     with stage(run, "read_validate"):
-        incoming, accepted = _accept(run, _read_validate(run, items))
+        incoming, accepted = _accept(run, _read_validate(run, items), work / "records.arrow")
     trim_heap()  # each step gives back what it let go: the next one's arrays need not fit in its leftovers
     run.quarantined = accepted.quarantined
     _absorb_segments(run, incoming)
@@ -384,38 +392,34 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
         kept = _deduplicate(run, changes, incoming)
     trim_heap()
 
-    # The run's files, until publish has taken what it keeps: the new rows, their
-    # vectors as they come, the sorted rows, terms and signatures, the HNSW indexes
-    # (:func:`assemble`).
-    with work_folder(run.store) as work:
-        # The new rows that stay; a row's place among them is its ``seq`` (:func:`collect`).
-        todo = incoming.pending([changes.fresh[i] for i in kept.keep_new], work / "new-rows.arrow")
-        changes.fresh.clear()
-        del incoming
-        trim_heap()
-        new_ids = todo.column("id").combine_chunks()
-        reuse = {k: run.computed[i] for k, i in enumerate(new_ids.to_pylist()) if i in run.computed} \
-            if run.computed else {}
-        report.reused = len(reuse)
-        report.embedded = todo.num_rows - len(reuse)
-        new_cols = _expand_embed_annotate(run, todo, reuse, changes, kept, work)
-        trim_heap()
+    # The new rows that stay; a row's place among them is its ``seq`` (:func:`collect`).
+    todo = incoming.pending([changes.fresh[i] for i in kept.keep_new], work / "new-rows.arrow")
+    changes.fresh.clear()
+    del incoming
+    trim_heap()
+    new_ids = todo.column("id").combine_chunks()
+    reuse = {k: run.computed[i] for k, i in enumerate(new_ids.to_pylist()) if i in run.computed} \
+        if run.computed else {}
+    report.reused = len(reuse)
+    report.embedded = todo.num_rows - len(reuse)
+    new_cols = _expand_embed_annotate(run, todo, reuse, changes, kept, work)
+    trim_heap()
 
-        # Old rows keep their vectors; sorted so each tenant is one range.
-        with stage(run, "assemble"):
-            rows = NextRows(changes.previous, changes.old_rows, changes.old_index, kept.keep_old, todo, new_cols,
-                            kept.sigs, kept.keep_new)
-            del todo
-            # assemble takes the signatures into their sorted copy (a view of them here would keep them all)
-            kept.sigs = kept.sigs[:0].copy()
-            data = assemble(rows, run.db, config, work=work, tasks=run.tasks)
-            report.hnsw_units = dict(run.tasks.units)
-        trim_heap()
-        data.extra[ACCESS_WATERMARK] = changes.folded
-        report.total_memories = data.memories.num_rows
+    # Old rows keep their vectors; sorted so each tenant is one range.
+    with stage(run, "assemble"):
+        rows = NextRows(changes.previous, changes.old_rows, changes.old_index, kept.keep_old, todo, new_cols,
+                        kept.sigs, kept.keep_new)
+        del todo
+        # assemble takes the signatures into their sorted copy (a view of them here would keep them all)
+        kept.sigs = kept.sigs[:0].copy()
+        data = assemble(rows, run.db, config, work=work, tasks=run.tasks)
+        report.hnsw_units = dict(run.tasks.units)
+    trim_heap()
+    data.extra[ACCESS_WATERMARK] = changes.folded
+    report.total_memories = data.memories.num_rows
 
-        with stage(run, "publish"):
-            number = _publish(run, data)
+    with stage(run, "publish"):
+        number = _publish(run, data)
     memories, entities = data.memories, data.entities
     del data  # the vectors, signatures, terms, graph and kNN lists are written: the record needs none
     trim_heap()
@@ -448,10 +452,10 @@ def read_validate_sign(item: dict[str, Any], *, config: IngestConfig) -> list[di
     return out
 
 
-def _accept(run: Run, out: Iterable[dict[str, Any]]) -> tuple[Incoming, Accepted]:
-    """The valid records, as columns, with the id of each that can be stored as given
-    in ``Incoming.index``; the report's read counts. Decodes ``out`` as it comes, a
-    block of records at a time (:class:`Incoming`)."""
+def _accept(run: Run, out: Iterable[dict[str, Any]], path: Path) -> tuple[Incoming, Accepted]:
+    """The valid records, as columns (written to ``path`` and mapped), with the id of
+    each that can be stored as given in ``Incoming.index``; the report's read counts.
+    Decodes ``out`` as it comes, a block of records at a time (:class:`Incoming`)."""
     read = 0
     quarantined: list[dict[str, Any]] = []
 
@@ -464,7 +468,7 @@ def _accept(run: Run, out: Iterable[dict[str, Any]]) -> tuple[Incoming, Accepted
             else:
                 quarantined.append(json.loads(r["payload"]))
 
-    incoming = Incoming.gather(valid(), run.config.dedup.num_perm)
+    incoming = Incoming.gather(valid(), run.config.dedup.num_perm, path)
     # An id given twice in the input: the later record wins, the earlier is quarantined
     # whole. An id that is another user's memory: quarantined (ingest never moves a
     # memory between tenants; the server's writes refuse it the same way).
