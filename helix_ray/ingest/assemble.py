@@ -44,7 +44,7 @@ class NextRows:
     ``old_rows`` are the previous generation's rows that stay (its schema, its order) and
     ``old_index`` their row numbers there; ``keep_old`` those of them deduplication kept.
     ``todo`` are the new or changed records deduplication kept (``keep_new``: their
-    positions among all the run's new records), as columns (:func:`new_row_table`; None
+    positions among all the run's new records), as columns (:data:`PENDING_SCHEMA`; None
     once :func:`assemble` has taken them), and
     ``new_cols`` their stage 4–7a outputs (:func:`collect`). ``sigs`` holds the MinHash
     signatures of every old row, then of every new record."""
@@ -216,9 +216,8 @@ def _draining(batches: Iterable[dict[str, np.ndarray]]) -> Iterator[dict[str, np
 
 def new_row_table(rows: list[dict[str, Any]]) -> pa.Table:
     """``rows`` (decoded records, :func:`helix_ray.ingest.stages.decode_row`) as a table
-    in :data:`PENDING_SCHEMA`, a column at a time. An ingest holds its new rows so from
-    deduplication on: as dicts they are ~1.4 KB a row of small Python objects, whose
-    memory the process keeps for as long as any object allocated among them lives."""
+    in :data:`PENDING_SCHEMA`, a column at a time (an ingest takes its new rows from its
+    :class:`~helix_ray.ingest.incoming.Incoming` records instead)."""
     return pa.Table.from_arrays([pa.array([r.get(f.name) for r in rows], f.type) for f in PENDING_SCHEMA],
                                 schema=PENDING_SCHEMA)
 

@@ -374,6 +374,7 @@ def _stages(run: Run, items: list[dict[str, str]]) -> None:
 
 
 def _steps(run: Run, items: list[dict[str, str]], work: Path) -> None:
+    """:func:`_stages`, their files in ``work``."""
     report, config = run.report, run.config
     with stage(run, "read_validate"):
         incoming, accepted = _accept(run, _read_validate(run, items), work / "records.arrow")
