@@ -567,8 +567,8 @@ def _changes(run: Run, incoming: Incoming) -> Changes:
     ids = incoming.row_ids()
     if run.computed:
         text = incoming.reader("text", fresh)
-        run.computed = {ids[at]: run.computed[ids[at]] for k, at in enumerate(fresh)
-                        if _reusable(run.computed.get(ids[at]), lambda: text(k), config)}
+        run.computed = {ids[at]: got for k, at in enumerate(fresh)
+                        if (got := run.computed.get(ids[at])) is not None and _reusable(got, text(k), config)}
     if run.feed is not None and len(fresh) > len(run.computed):
         run.feed.start(len(fresh) - len(run.computed))  # the embedding actors start while dedup runs
     # Same text, other fields changed (a PATCH of type or salience, a re-tagged
@@ -718,10 +718,9 @@ def _compare(run: Run, incoming: Incoming, known: dict[str, tuple[str, bool]],
     return fresh, replaced, same_text
 
 
-def _reusable(got: stages.Computed | None, text: Callable[[], str], config: IngestConfig) -> bool:
-    """Whether ``got`` holds stage 4–5 outputs for a record's ``text()`` as it is now."""
-    return got is not None and got.text == text() and \
-        (got.late_codes is not None or not config.late_interaction.enabled)
+def _reusable(got: stages.Computed, text: str, config: IngestConfig) -> bool:
+    """Whether ``got`` holds stage 4–5 outputs for a record's ``text`` as it is now."""
+    return got.text == text and (got.late_codes is not None or not config.late_interaction.enabled)
 
 
 def _nothing_to_publish(run: Run, accepted: Accepted, changes: Changes) -> bool:

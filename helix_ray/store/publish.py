@@ -149,8 +149,15 @@ def _save_npy_rows(path: Path, array: np.ndarray, dtype: Any, convert: Callable[
 
 
 def _save_arrow(path: Path, table: pa.Table) -> None:
-    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
+    _save_arrow_parts(path, table.schema, [table])
+
+
+def _save_arrow_parts(path: Path, schema: pa.Schema, parts: Iterable[pa.Table]) -> None:
+    """The tables ``parts`` (each of ``schema``) written to ``path`` (Arrow IPC) one after
+    another, as they come."""
+    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, schema) as writer:
+        for part in parts:
+            writer.write_table(part)
 
 
 def mapped_table(table: pa.Table, path: Path, order: np.ndarray | None = None, block: int = 65536) -> pa.Table:
@@ -168,9 +175,7 @@ def mapped_parts(parts: Iterable[pa.Table], schema: pa.Schema, path: Path) -> pa
     """The tables ``parts`` (each of ``schema``) written one after another to ``path``
     (Arrow IPC) as they come, and read back from a memory map of it: the rows of a
     table made a block at a time, never whole in the heap (:func:`mapped_table`)."""
-    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, schema) as writer:
-        for part in parts:
-            writer.write_table(part)
+    _save_arrow_parts(path, schema, parts)
     return ipc.open_file(pa.memory_map(str(path), "r")).read_all()
 
 
