@@ -272,8 +272,9 @@ def minhash(todo: list[dict[str, Any]], config: Any) -> np.ndarray:
 
 def annotated_columns(todo: list[dict[str, Any]], vectors: np.ndarray, config: Any) -> dict[str, Any]:
     """The new columns ``assemble`` takes, as ingest's ``collect`` gives them: vectors,
-    doc2query expansions (Arrow strings), entities, token counts."""
+    doc2query expansions (Arrow strings), entities (Arrow lists), token counts."""
     from helix_ray.ingest import stages
+    from helix_ray.ingest.carry import MENTIONS_TYPE
     from helix_ray.ingest.run import BATCH
 
     n = len(todo)
@@ -286,9 +287,10 @@ def annotated_columns(todo: list[dict[str, Any]], vectors: np.ndarray, config: A
                  "type": np.array([r["type"] for r in chunk], dtype=object)}
         batch = annotate(expand(batch))
         expansions.extend(str(x) for x in batch["expansions"])
-        ents.extend(str(x) for x in batch["entities"])
+        ents.append(pa.array([json.loads(str(x)) for x in batch["entities"]], MENTIONS_TYPE))
         n_tokens.append(np.asarray(batch["n_tokens"], np.int32))
-    return {"vector": vectors, "expansions": pa.array(expansions, pa.string()), "entities": ents,
+    return {"vector": vectors, "expansions": pa.array(expansions, pa.string()),
+            "entities": pa.concat_arrays([pa.array([], MENTIONS_TYPE), *ents]),
             "n_tokens": np.concatenate(n_tokens)}
 
 

@@ -113,3 +113,20 @@ def test_edges_tables_give_each_undirected_edge_once_whatever_the_block(block):
     assert sum(len(s) for s in sources) == len(set().union(*sources))
     if block == 1:
         assert len(tables) > 1
+
+
+def test_tenants_and_their_row_ranges_read_from_an_arrow_column_as_from_a_list():
+    """tenant_codes and partitions_of take the sorted rows' user column as Arrow (any
+    chunks) as they take a list; an ungrouped column is refused."""
+    from helix_ray.ingest.graph import tenant_codes
+    from helix_ray.store.publish import partitions_of
+
+    users = ["bo", "bo", "al", "al", "al", "cy"]
+    for given in (users, pa.array(users), pa.chunked_array([users[:3], users[3:4], [], users[4:]])):
+        tenants, codes = tenant_codes(given)
+        assert tenants == ["al", "bo", "cy"] and codes.tolist() == [1, 1, 0, 0, 0, 2]
+        assert [(p["user"], p["start"], p["end"], p["dense"]) for p in partitions_of(given)] == [
+            ("bo", 0, 2, "dense/p0.usearch"), ("al", 2, 5, "dense/p1.usearch"), ("cy", 5, 6, "dense/p2.usearch")]
+    assert partitions_of(pa.chunked_array([], pa.string())) == [] and tenant_codes([])[1].tolist() == []
+    with pytest.raises(ValueError, match="grouped by user"):
+        partitions_of(pa.chunked_array([["al", "bo"], ["al"]]))

@@ -715,7 +715,7 @@ def test_collect_takes_batches_as_they_come_and_each_row_once(tmp_path):
     assert cols["vector"][:, 0].tolist() == [0, 1, 2, 3, 4] and cols["n_tokens"].tolist() == [1, 2, 3, 4, 5]
     assert cols["expansions"].to_pylist() == [f'["q{s}"]' for s in range(5)] and cols["late"] is None
     listed = [_batch([1]), _batch([0])]
-    assert collect(listed, 2, config)["entities"] == ['["name:e0"]', '["name:e1"]'] and listed == []
+    assert collect(listed, 2, config)["entities"].to_pylist() == [["name:e0"], ["name:e1"]] and listed == []
     with pytest.raises(RuntimeError, match="1 rows for 2 inputs"):
         collect(iter([_batch([1])]), 2, config)
     with pytest.raises(RuntimeError, match="twice"):
@@ -723,7 +723,7 @@ def test_collect_takes_batches_as_they_come_and_each_row_once(tmp_path):
     with pytest.raises(RuntimeError, match="outside"):
         collect(iter([_batch([0, 2])]), 2, config)
     empty = collect(iter([]), 0, config)
-    assert empty["vector"].shape[0] == 0 and empty["late"] is None
+    assert empty["vector"].shape[0] == 0 and empty["late"] is None and len(empty["entities"]) == 0
     mapped = collect(iter([_batch([2, 0]), _batch([1])]), 3, config, vectors_path=tmp_path / "new-vectors.npy")
     assert isinstance(mapped["vector"], np.memmap) and mapped["vector"][:, 0].tolist() == [0, 1, 2]
     assert np.load(tmp_path / "new-vectors.npy")[:, 0].tolist() == [0, 1, 2]

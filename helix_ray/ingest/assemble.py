@@ -107,16 +107,14 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     # The expansions wait for the database's record from here on: in a file, not the heap.
     new_cols["expansions"] = mapped_table(pa.table({"queries": new_cols["expansions"]}),
                                           work / "expansions.arrow").column("queries")
-    ents = pa.concat_arrays([carry.mentions(previous, previous_rows, old_texts),
-                             *_json_lists(new_cols.pop("entities"), carry.MENTIONS_TYPE)])
+    ents = pa.concat_arrays([carry.mentions(previous, previous_rows, old_texts), new_cols.pop("entities")])
 
     late = _late_tokens(previous, previous_rows, old_table, new_cols, config, db)
     del old_table, old_texts  # the old rows' unsorted columns: the sorted ones are copies
 
     # Group by tenant, then time, then arrival: a tenant is a contiguous row range.
-    users = table.column("user").to_pylist()
     created = table.column("created_at").cast(pa.int64()).to_numpy()
-    take = np.lexsort((np.arange(len(users)), created, tenant_codes(users)[1])).astype(np.int64)
+    take = np.lexsort((np.arange(len(created)), created, tenant_codes(table.column("user"))[1])).astype(np.int64)
     # The vectors first: the unsorted ones go before the columns are sorted.
     vectors = _sorted_vectors(previous, previous_rows, new_cols.pop("vector"), take, work / VECTORS)
     minhash = sigs
@@ -125,7 +123,6 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
                         (sigs[sig_rows[take[lo:lo + SORT_BLOCK]]] for lo in range(0, len(take), SORT_BLOCK)))
         minhash = np.load(work / "minhash.npy", mmap_mode="r")
     del sigs, sig_rows
-    order = take.tolist()
     # The sorted rows and terms are final: written to the work folder a block at a time
     # and mapped from it until publish and the record have read them (at a million
     # memories ~0.5 GB and ~0.3 GB that the heap does not hold, nor a sorted copy of).
@@ -136,18 +133,16 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     if late is not None:
         late = late.take(take)  # pointers only: publish gathers the new rows' tokens
     ents = ents.take(at)
-    users = [users[i] for i in order]
-    del order
-    parts = {p["user"]: (p["start"], p["end"]) for p in partitions_of(users)}
+    parts = {p["user"]: (p["start"], p["end"]) for p in partitions_of(table.column("user"))}
 
     knn, all_knn, dense_indexes, removed = _semantic_knn(vectors, parts, previous, previous_row, config,
                                                          work, tasks)
     graph, entities = build_graph(
-        users=users, sessions=table.column("session_id"), entity_lists=ents, knn=knn,
+        users=table.column("user"), sessions=table.column("session_id"), entity_lists=ents, knn=knn,
         order_keys=[created[take], turns_of(table.column("metadata"))],  # creation time, then turn
         partitions=parts, config=config.graph,
     )
-    del users, knn  # a Python list per row; the lists for the graph
+    del knn  # the lists for the graph
     return GenerationData(
         memories=table, vectors=vectors, minhash=minhash, terms=terms, graph=graph,
         entities=entities, embedder=config.embedder.name, dim=DIM,
@@ -161,18 +156,21 @@ def collect(batches: Iterable[dict[str, np.ndarray]], n: int, config: IngestConf
             vectors_path: Path | None = None) -> dict[str, Any]:
     """The transform stages' batches (in any order) as columns in ``seq`` order, one
     row per input: ``vector`` (float16, what the generation stores; a writable memory
-    map of ``vectors_path`` when given), ``expansions`` (Arrow strings), ``entities``,
+    map of ``vectors_path`` when given), ``expansions`` (Arrow strings: each row's JSON
+    list), ``entities`` (Arrow lists of entity keys, :data:`carry.MENTIONS_TYPE`),
     ``n_tokens`` and ``late`` (the token vectors, or None when late interaction is off).
 
-    Takes the batches as they come (a list is emptied as it goes): each column is
-    written once into its place, and a batch's arrays go as soon as they are copied, so
-    the driver never holds every batch and the columns at once (at a million memories
-    the vectors alone are 0.75 GB as float16). Raises RuntimeError unless every row
-    ``0 … n − 1`` came exactly once."""
+    Takes the batches as they come (a list is emptied as it goes): the vectors and token
+    counts are written once into their place, a batch's expansions and entities become
+    Arrow arrays put in order at the end, and a batch's arrays go as soon as they are
+    copied, so the driver never holds every batch and the columns at once, nor a Python
+    string per row (at a million memories the vectors alone are 0.75 GB as float16).
+    Raises RuntimeError unless every row ``0 … n − 1`` came exactly once."""
     vector = file_array(vectors_path, np.float16, (n, DIM)) if vectors_path is not None \
         else np.empty((n, DIM), np.float16)
-    expansions: list[Any] = [None] * n
-    entities: list[Any] = [None] * n
+    seqs: list[np.ndarray] = []
+    expansions: list[pa.Array] = []
+    entities: list[pa.Array] = []
     n_tokens = np.empty(n, np.int32)
     codes: list[Any] = [None] * n
     scales: list[Any] = [None] * n
@@ -188,8 +186,9 @@ def collect(batches: Iterable[dict[str, np.ndarray]], n: int, config: IngestConf
         rows = np.asarray(batch.pop("vector"))
         vector[at] = np.stack(list(rows)) if rows.ndim == 1 else rows
         n_tokens[at] = np.asarray(batch.pop("n_tokens"), np.int32)
-        for i, e, m in zip(at.tolist(), batch.pop("expansions"), batch.pop("entities")):
-            expansions[i], entities[i] = str(e), str(m)
+        seqs.append(at)
+        expansions.append(pa.array([str(e) for e in batch.pop("expansions")], pa.string()))
+        entities.append(pa.array([json.loads(str(m)) for m in batch.pop("entities")], carry.MENTIONS_TYPE))
         if with_late:
             for i, c, x in zip(at.tolist(), batch.pop("late_codes"), batch.pop("late_scales")):
                 codes[i], scales[i] = bytes(c), bytes(x)
@@ -199,8 +198,14 @@ def collect(batches: Iterable[dict[str, np.ndarray]], n: int, config: IngestConf
         late = empty_tokens() if config.late_interaction.enabled else None
     else:
         late = from_blobs(codes, scales) if with_late else None
-    return {"vector": vector, "expansions": pa.array(expansions, pa.string()), "entities": entities,
-            "n_tokens": n_tokens, "late": late}
+    order = pa.array(np.argsort(np.concatenate(seqs), kind="stable") if seqs else np.zeros(0, np.int64))
+    return {"vector": vector, "expansions": _in_order(expansions, pa.string(), order),
+            "entities": _in_order(entities, carry.MENTIONS_TYPE, order), "n_tokens": n_tokens, "late": late}
+
+
+def _in_order(chunks: list[pa.Array], type_: pa.DataType, order: pa.Array) -> pa.Array:
+    """The rows of ``chunks`` (one after another) taken in ``order``, as one array."""
+    return pa.chunked_array(chunks, type_).take(order).combine_chunks()
 
 
 def _draining(batches: Iterable[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
@@ -242,13 +247,6 @@ def memory_table(rows: list[dict[str, Any]] | pa.Table, cols: dict[str, Any] | N
     else:
         n_tokens = cols["n_tokens"]
     return with_token_counts(table, n_tokens)
-
-
-def _json_lists(texts: Sequence[str], type_: pa.DataType, block: int = 65536) -> Iterator[pa.Array]:
-    """Each JSON list in ``texts`` as a row of ``type_``, ``block`` rows at a time: the
-    Python lists of one block at once, not of every row."""
-    for lo in range(0, len(texts), block):
-        yield pa.array([json.loads(x) for x in texts[lo:lo + block]], type_)
 
 
 class LexicalTexts(Sequence[str]):
@@ -309,23 +307,23 @@ def session_context(todo: pa.Table, vectors: np.ndarray, old_rows: pa.Table,
     mixes in the stored value, as it would from the previous generation. Mixes
     ``vectors`` in place and returns them: a copy would be 0.75 GB at a million
     memories."""
-    at, keys, times = _turns(todo)
-    last: dict[tuple[str, str], tuple[int, np.ndarray]] = {}  # session → (time, vector) of its last turn
-    wanted = set(keys)  # only these sessions' old turns matter
-    if previous is not None and old_positions is not None and wanted:
+    at, keys, times, pairs = _turns(todo)
+    last: dict[int, tuple[int, np.ndarray]] = {}  # session → (time, vector) of its last turn
+    if previous is not None and old_positions is not None and len(at):  # only these sessions' old turns matter
         sessions = old_rows.column("session_id")
-        candidates = np.flatnonzero(pc.is_in(sessions, value_set=pa.array(sorted({s for _, s in wanted}),
-                                                                           sessions.type)).to_numpy(zero_copy_only=False))
-        old_at, old_keys, old_times = _turns(old_rows.select(list(TURN_COLUMNS)).take(pa.array(candidates,
-                                                                                                pa.int64())))
-        latest_old: dict[tuple[str, str], tuple[int, int]] = {}
-        for j, k, t in zip(old_at.tolist(), old_keys, old_times.tolist()):
-            if k not in latest_old or t >= latest_old[k][0]:
+        candidates = np.flatnonzero(pc.is_in(sessions, value_set=pairs[1].cast(sessions.type))
+                                    .to_numpy(zero_copy_only=False))
+        old_at, old_keys, old_times, _ = _turns(old_rows.select(list(TURN_COLUMNS)).take(pa.array(candidates,
+                                                                                                   pa.int64())), pairs)
+        latest_old: dict[int, tuple[int, int]] = {}
+        for j, k, t in zip(old_at.tolist(), old_keys.tolist(), old_times.tolist()):
+            if k >= 0 and (k not in latest_old or t >= latest_old[k][0]):
                 latest_old[k] = (t, int(candidates[j]))
         last = {k: (t, np.asarray(previous.vectors[old_positions[i]])) for k, (t, i) in latest_old.items()}
     out = vectors
+    key_of = keys.tolist()
     for n in np.lexsort((at, times)).tolist():  # by time, then arrival
-        i, k, t = int(at[n]), keys[n], int(times[n])
+        i, k, t = int(at[n]), key_of[n], int(times[n])
         seen = last.get(k)
         if seen is not None and seen[0] > t:
             continue  # arrived after a later turn of its session: left as it is
@@ -340,15 +338,26 @@ def session_context(todo: pa.Table, vectors: np.ndarray, old_rows: pa.Table,
 TURN_COLUMNS = ("type", "user", "session_id", "created_at")
 
 
-def _turns(rows: pa.Table) -> tuple[np.ndarray, list[tuple[str, str]], np.ndarray]:
+def _turns(rows: pa.Table, pairs: tuple[pa.Array, pa.Array] | None = None
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[pa.Array, pa.Array]]:
     """The conversation turns among ``rows`` (episodic, with a session): their row
-    numbers, (user, session) keys and creation times (microseconds)."""
+    numbers, their (user, session) keys, and creation times (microseconds); then the
+    distinct users and sessions that number the keys. A key is a number, ``u · S + s``
+    for the user's place ``u`` among ``pairs[0]`` and the session's ``s`` among the
+    ``S`` of ``pairs[1]`` (the turns' own when ``pairs`` is None; −1 for a turn whose
+    user or session is not there): a Python tuple of two strings per turn would be
+    ~0.3 GB at a million turns."""
     sessions = rows.column("session_id")
     is_turn = pc.and_(pc.equal(rows.column("type"), "episodic"), pc.not_equal(pc.fill_null(sessions, ""), ""))
     at = np.flatnonzero(pc.fill_null(is_turn, False).to_numpy(zero_copy_only=False)).astype(np.int64)
     turns = rows.select(["user", "session_id", "created_at"]).take(pa.array(at, pa.int64()))
-    keys = list(zip(turns.column("user").to_pylist(), turns.column("session_id").to_pylist()))
-    return at, keys, turns.column("created_at").cast(pa.int64()).to_numpy()
+    user, session = turns.column("user"), turns.column("session_id")
+    if pairs is None:
+        pairs = (pc.unique(user), pc.unique(session))
+    u, s = (pc.fill_null(pc.index_in(column, value_set=values.cast(column.type)), -1).to_numpy(zero_copy_only=False)
+            .astype(np.int64) for column, values in zip((user, session), pairs))
+    keys = np.where((u >= 0) & (s >= 0), u * len(pairs[1]) + s, -1)
+    return at, keys, turns.column("created_at").cast(pa.int64()).to_numpy(), pairs
 
 
 def turns_of(metadata: pa.ChunkedArray) -> np.ndarray:

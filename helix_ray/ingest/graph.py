@@ -20,6 +20,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from helix_ray.config import GraphBuildConfig
 from helix_ray.index.csr import EDGE_TYPES, SESSION_EDGE_WEIGHT, SESSION_KEY, CSRGraph
@@ -32,7 +33,7 @@ _PRIORITY_OF = np.array([_PRIORITY[t] for t in range(len(EDGE_TYPES))], np.int8)
 
 def build_graph(
     *,
-    users: Sequence[str],
+    users: Sequence[str] | pa.Array | pa.ChunkedArray,
     sessions: Sequence[str | None] | pa.Array | pa.ChunkedArray,
     order_keys: Sequence[np.ndarray],
     entity_lists: Sequence[Sequence[str]] | pa.Array | pa.ChunkedArray,
@@ -187,11 +188,13 @@ def _mentions(tenants: list[str], row_tenant: np.ndarray,
     return table, src, node_of[key_id], 1.0 / np.sqrt(df[key_id].astype(np.float64))
 
 
-def tenant_codes(users: Sequence[str]) -> tuple[list[str], np.ndarray]:
-    """The tenants in sorted order, and each row's tenant as its position there."""
-    tenants = sorted(set(users))
-    code = {u: i for i, u in enumerate(tenants)}
-    return tenants, np.fromiter((code[u] for u in users), np.int64, count=len(users))
+def tenant_codes(users: Sequence[str] | pa.Array | pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
+    """The tenants in sorted order, and each row's tenant as its position there (an
+    Arrow column is read as one: no Python string per row)."""
+    column = users if isinstance(users, (pa.Array, pa.ChunkedArray)) else pa.array(list(users), pa.string())
+    tenants = sorted(pc.unique(column).to_pylist())
+    at = pc.index_in(column, value_set=pa.array(tenants, column.type))
+    return tenants, at.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def _to_csr(src, dst, wts, typ, num_nodes: int, block: int = 1 << 18) -> CSRGraph:

@@ -62,7 +62,7 @@ from helix_ray.schema import parent_of
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import ACCESS_WATERMARK, Generation, current_generation_number
 from helix_ray.store.mirror import Mirror, open_mirror, push
-from helix_ray.store.publish import GenerationData, prune, publish, set_current
+from helix_ray.store.publish import GenerationData, file_array, prune, publish, set_current
 from helix_ray.store.space import disk_full
 
 log = logging.getLogger(__name__)
@@ -390,7 +390,7 @@ def _steps(run: Run, items: list[dict[str, str]], work: Path) -> None:
             run.db.add_quarantine(accepted.quarantined, report.run_id)
             _record_names(run)
             return
-        kept = _deduplicate(run, changes, incoming)
+        kept = _deduplicate(run, changes, incoming, work)
     trim_heap()
 
     # The new rows that stay; a row's place among them is its ``seq`` (:func:`collect`).
@@ -734,9 +734,14 @@ def _nothing_to_publish(run: Run, accepted: Accepted, changes: Changes) -> bool:
         and not (changes.previous is not None and changes.previous.segment_files)  # segments: always rebuilt
 
 
-def _deduplicate(run: Run, changes: Changes, incoming: Incoming) -> Deduplicated:
+#: Signatures gathered into dedup's array at a time.
+SIG_BLOCK = 65536
+
+
+def _deduplicate(run: Run, changes: Changes, incoming: Incoming, work: Path) -> Deduplicated:
     """Stage 3: near-duplicate removal over the rows that stay and the fresh ones, by
-    MinHash-LSH within each tenant (:func:`find_duplicates`)."""
+    MinHash-LSH within each tenant (:func:`find_duplicates`). Every row's signature goes
+    into one file of ``work``, mapped until :func:`assemble` has sorted them."""
     config, fresh, old_rows, previous = run.config, changes.fresh, changes.old_rows, changes.previous
     n_old = old_rows.num_rows
 
@@ -745,17 +750,25 @@ def _deduplicate(run: Run, changes: Changes, incoming: Incoming) -> Deduplicated
 
     users, all_ids, sources = (old_then_new("user", incoming.shared("user")), old_then_new("id", incoming.row_ids()),
                                old_then_new("source", incoming.shared("source")))
-    old_sigs = previous.minhash[changes.old_index] if previous is not None and len(changes.old_index) else np.zeros(
+    old_sigs = previous.minhash if previous is not None and len(changes.old_index) else np.zeros(
         (0, config.dedup.num_perm), np.uint32)
-    if old_sigs.shape[1:] != (config.dedup.num_perm,):  # dedup.num_perm changed since: sign the old rows again
+    old_at = changes.old_index
+    if n_old and old_sigs.shape[1:] != (config.dedup.num_perm,):  # dedup.num_perm changed: sign the old rows again
         log.info("dedup.num_perm is %d, the previous generation's signatures have %d: signing its %d "
                  "memories again", config.dedup.num_perm, old_sigs.shape[1], n_old)
         old_sigs = signatures(old_rows.column("text").to_pylist(), num_perm=config.dedup.num_perm,
                               shingle=config.dedup.shingle)
-    # The fresh rows' signatures move into the one array of every row's.
-    sigs = np.empty((n_old + len(fresh), config.dedup.num_perm), np.uint32)
-    sigs[:n_old] = old_sigs
-    np.take(incoming.sigs, np.asarray(fresh, np.int64), axis=0, out=sigs[n_old:])
+        old_at = np.arange(n_old)
+    # The old rows' signatures, then the fresh rows', into the one array of every row's,
+    # a block at a time (a gather of all at once is a copy of them all in the heap).
+    sigs = file_array(work / "dedup-minhash.npy", np.uint32, (n_old + len(fresh), config.dedup.num_perm))
+    for lo in range(0, n_old, SIG_BLOCK):
+        taken = old_at[lo:lo + SIG_BLOCK]
+        sigs[lo:lo + len(taken)] = old_sigs[taken]
+    for lo in range(0, len(fresh), SIG_BLOCK):
+        rows = fresh[lo:lo + SIG_BLOCK]
+        sigs[n_old + lo:n_old + lo + len(rows)] = incoming.sigs[rows]
+    del old_sigs
     incoming.sigs = np.zeros((0, config.dedup.num_perm), np.uint32)
     # Dedup reads the text and preference of the rows that share an LSH band with
     # another: read from the tables when asked for.

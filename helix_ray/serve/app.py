@@ -77,6 +77,7 @@ from helix_ray.serve.responses import (BODY, KEYED, RETRY_AFTER_S, add_error_han
                                        replica_error)
 from helix_ray.serve.shells import PipelineShell
 from helix_ray.store.audit import read as read_audit
+from helix_ray.store.generation import generation_counts
 from helix_ray.store.keys import KeyStore
 from helix_ray.store.mirror import open_mirror, push
 from helix_ray.store.pointer import Pointer
@@ -500,14 +501,12 @@ class HelixAPI(SplitGraph):
             mine = await self.writer.user_stats.remote(record.user)
             return {"generation": generation, "user": record.user, **mine, "latency_ms": self.latency.summary(),
                     "requests_seen_by_this_ingress": self.latency.requests}
-        manifest = _read_json(self.store / "generations" / f"{generation:06d}" / "manifest.json") \
-            if generation is not None else {}
         writer = await self.writer.stats.remote()
         db = dict(writer["db"])
         db["user_memories"] = db.pop("by_user", {})
         return {
             "generation": generation,
-            "generation_counts": manifest.get("counts", {}),
+            "generation_counts": generation_counts(self.store, generation) if generation is not None else {},
             "delta": writer["delta"],
             "last_compaction": writer["last_compaction"],
             "mirror": writer["mirror"],  # None without one; else whether it lags the store, since when

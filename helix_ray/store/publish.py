@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from helix_ray.errors import StoreError
@@ -87,19 +88,20 @@ class HnswSettings:
     threads: int
 
 
-def partitions_of(users: np.ndarray | list[str]) -> list[dict[str, Any]]:
-    """Contiguous [start, end) row ranges per user of a user-grouped column."""
-    out: list[dict[str, Any]] = []
-    users = list(users)
-    start = 0
-    for i in range(1, len(users) + 1):
-        if i == len(users) or users[i] != users[start]:
-            out.append({"user": users[start], "start": start, "end": i, "dense": f"dense/p{len(out)}.usearch"})
-            start = i
-    seen = [p["user"] for p in out]
+def partitions_of(users: pa.Array | pa.ChunkedArray | np.ndarray | list[str]) -> list[dict[str, Any]]:
+    """Contiguous [start, end) row ranges per user of a user-grouped column (an Arrow
+    column is compared as one: no Python string per row)."""
+    column = users if isinstance(users, (pa.Array, pa.ChunkedArray)) else pa.array(list(users), pa.string())
+    if not len(column):
+        return []
+    changed = pc.not_equal(column[1:], column[:-1]).to_numpy(zero_copy_only=False)
+    starts = np.flatnonzero(np.r_[True, changed])
+    ends = np.r_[starts[1:], len(column)]
+    seen = column.take(pa.array(starts, pa.int64())).to_pylist()
     if len(seen) != len(set(seen)):
         raise ValueError("memories must be grouped by user before a generation is written")
-    return out
+    return [{"user": user, "start": int(start), "end": int(end), "dense": f"dense/p{k}.usearch"}
+            for k, (user, start, end) in enumerate(zip(seen, starts.tolist(), ends.tolist()))]
 
 
 # ----------------------------------------------------------------------------- files
@@ -257,7 +259,7 @@ def publish(
         if saved.dtype != np.float16 or saved.shape != (n, data.dim):
             raise ValueError(f"{data.vectors_file} holds {saved.dtype} {saved.shape}; "
                              f"expected float16 ({n}, {data.dim})")
-    parts = partitions_of(table.column("user").to_pylist())
+    parts = partitions_of(table.column("user"))
 
     _write_rows(staging, table, data)
     _write_dense(staging, parts, data.vectors, data.dim, dense_indexes or {}, hnsw)
