@@ -5,11 +5,12 @@ import pyarrow as pa
 import pytest
 
 from helix_ray.config import GraphBuildConfig
-from helix_ray.ingest.graph import MENTION, build_graph
+from helix_ray.ingest.graph import MENTION, build_graph, tenant_codes
 
 
-@pytest.mark.parametrize("as_arrow", [False, True], ids=["lists", "arrow"])
-def test_entity_nodes_count_each_memory_once_per_tenant_and_skip_singletons_and_hubs(as_arrow):
+@pytest.mark.parametrize("as_arrow,codes_given", [(False, False), (True, False), (True, True)],
+                         ids=["lists", "arrow", "tenant-codes-given"])
+def test_entity_nodes_count_each_memory_once_per_tenant_and_skip_singletons_and_hubs(as_arrow, codes_given):
     users = ["bob", "bob", "bob", "ann", "ann", "ann", "ann"]
     lists = [["redis", "redis", "kafka"],  # bob: redis twice in one memory counts once
              ["redis"], ["zeta"],           # bob: zeta once, a singleton
@@ -18,7 +19,8 @@ def test_entity_nodes_count_each_memory_once_per_tenant_and_skip_singletons_and_
     graph, entities = build_graph(
         users=users, sessions=[None] * 7, order_keys=[np.zeros(7)],
         entity_lists=pa.array(lists, pa.list_(pa.string())) if as_arrow else lists, knn=None,
-        partitions={"bob": (0, 3), "ann": (3, 7)}, config=config)
+        partitions={"bob": (0, 3), "ann": (3, 7)}, config=config,
+        tenant_rows=tenant_codes(users) if codes_given else None)
     # (user, key) order; bob's kafka is mentioned once in bob's tenant (ann's do not count)
     assert entities.to_pylist() == [
         {"node": 7, "user": "ann", "key": "kafka", "df": 2},

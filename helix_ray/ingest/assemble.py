@@ -114,7 +114,9 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
 
     # Group by tenant, then time, then arrival: a tenant is a contiguous row range.
     created = table.column("created_at").cast(pa.int64()).to_numpy()
-    take = np.lexsort((np.arange(len(created)), created, tenant_codes(table.column("user"))[1])).astype(np.int64)
+    tenants, row_tenant = tenant_codes(table.column("user"))
+    take = np.lexsort((np.arange(len(created)), created, row_tenant)).astype(np.int64)
+    row_tenant = row_tenant[take]  # the graph's tenant of each sorted row
     # The vectors first: the unsorted ones go before the columns are sorted.
     vectors = _sorted_vectors(previous, previous_rows, new_cols.pop("vector"), take, work / VECTORS)
     minhash = sigs
@@ -140,7 +142,7 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     graph, entities = build_graph(
         users=table.column("user"), sessions=table.column("session_id"), entity_lists=ents, knn=knn,
         order_keys=[created[take], turns_of(table.column("metadata"))],  # creation time, then turn
-        partitions=parts, config=config.graph,
+        partitions=parts, config=config.graph, tenant_rows=(tenants, row_tenant),
     )
     del knn  # the lists for the graph
     return GenerationData(

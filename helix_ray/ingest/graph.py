@@ -40,8 +40,12 @@ def build_graph(
     knn: dict[str, tuple[np.ndarray, np.ndarray]] | None,
     partitions: dict[str, tuple[int, int]],
     config: GraphBuildConfig,
+    tenant_rows: tuple[list[str], np.ndarray] | None = None,
 ) -> tuple[CSRGraph, pa.Table]:
     """Build the graph.
+
+    ``tenant_rows``: :func:`tenant_codes` of ``users`` when the caller has them already
+    (ingest found them to sort the rows), so the column is not read again.
 
     ``order_keys`` order memories within a session: arrays of one number per row,
     compared in turn (ingest gives created_at, then the metadata turn); ties keep row
@@ -64,7 +68,7 @@ def build_graph(
             wts.append(np.broadcast_to(np.asarray(w, np.float32), a.shape).copy())
             typ.append(np.full(len(a), t, np.int8))
 
-    tenants, row_tenant = tenant_codes(users)
+    tenants, row_tenant = tenant_rows if tenant_rows is not None else tenant_codes(users)
     # Entity nodes: (user, key) with their document frequency inside the tenant.
     entity_table, m_src, m_dst, m_w = _mentions(tenants, row_tenant, entity_lists, partitions, n, config)
     add(m_src, m_dst, m_w, MENTION)
