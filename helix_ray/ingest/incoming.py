@@ -40,10 +40,11 @@ class Incoming:
     is (:func:`helix_ray.ingest.run.ingest`). A row's ``fixed`` values (see
     :meth:`fix`) stand in for its own."""
 
-    def __init__(self, table: pa.Table, sigs: np.ndarray):
+    def __init__(self, table: pa.Table, sigs: np.ndarray, sig_file: Path | None = None):
         if len(sigs) != table.num_rows:
             raise ValueError(f"{len(sigs)} signatures for {table.num_rows} records")
         self.table, self.sigs = table, sigs
+        self.sig_file = sig_file  # the file ``sigs`` maps, when they are mapped
         self.index: dict[str, int] = {}
         self.fixed: dict[int, dict[str, Any]] = {}
 
@@ -80,17 +81,25 @@ class Incoming:
             keep = fh.write
             table = mapped_parts(blocks(), INCOMING_SCHEMA, path)
         if not table.num_rows:
-            return cls(table, np.zeros((0, num_perm), np.uint32))
-        return cls(table, np.memmap(signature_path(path), np.uint32, mode="r", shape=(table.num_rows, num_perm)))
+            return cls(table, np.zeros((0, num_perm), np.uint32), signature_path(path))
+        return cls(table, np.memmap(signature_path(path), np.uint32, mode="r", shape=(table.num_rows, num_perm)),
+                   signature_path(path))
 
     def __len__(self) -> int:
         return self.table.num_rows
 
     def append(self, rows: list[dict[str, Any]], sigs: Sequence[Any]) -> None:
         """Adds ``rows`` (decoded records) and their signatures after the others."""
-        more = Incoming.gather(zip(rows, sigs), self.sigs.shape[1])
+        num_perm = self.sigs.shape[1]
+        more = Incoming.gather(zip(rows, sigs), num_perm)
         self.table = pa.concat_tables([self.table, more.table])
-        self.sigs = np.concatenate([self.sigs, more.sigs])
+        if self.sig_file is None:
+            self.sigs = np.concatenate([self.sigs, more.sigs])
+            return
+        # Mapped signatures grow in their file: the heap never holds all of them.
+        with open(self.sig_file, "ab") as fh:
+            fh.write(np.ascontiguousarray(more.sigs, np.uint32).tobytes())
+        self.sigs = np.memmap(self.sig_file, np.uint32, mode="r", shape=(self.table.num_rows, num_perm))
 
     def values(self, name: str) -> list[Any]:
         """Column ``name`` as Python values, a row each (fixed values in place)."""
