@@ -197,6 +197,34 @@ def test_one_new_memory_in_a_tenant_with_an_hnsw_index_carries_its_neighbours(tm
     assert neighbours[row][0] == row and (neighbours[row][1:] >= 0).any()  # itself first, then others
 
 
+def test_the_generation_links_the_sorted_minhash_file(tmp_path, monkeypatch):
+    """Ingest sorts the MinHash signatures into a work-folder file; publish links that
+    file into the generation (as the vectors') instead of writing it again, and the
+    generation's signatures are the rows' own, in its row order."""
+    from helix_ray.ingest.dedup import signatures
+    from helix_ray.store import publish
+
+    linked: list[tuple[str, str, int]] = []
+    link = publish.link_or_copy
+
+    def recording(source, target):
+        linked.append((Path(source).name, Path(target).name, os.stat(source).st_ino))
+        link(source, target)
+
+    monkeypatch.setattr(publish, "link_or_copy", recording)
+    config = IngestConfig(late_interaction={"enabled": False})
+    store = tmp_path / "store"
+    rows = _rows(0, 30, seed=5, users=("dana", "lee"))
+    ingest([write_jsonl(tmp_path / "a.jsonl", rows)], store, runner="local", config=config)
+    gen = Generation.open_current(store)
+    inode = os.stat(gen.path / "minhash.npy").st_ino
+    assert [(s, t) for s, t, i in linked if i == inode] == [("minhash.npy", "minhash.npy")]
+    text = {r["id"]: r["text"] for r in rows}
+    ids = [gen.columns.ids[row] for row in range(gen.size)]
+    expected = signatures([text[i] for i in ids], num_perm=config.dedup.num_perm, shingle=config.dedup.shingle)
+    np.testing.assert_array_equal(np.asarray(gen.minhash[np.arange(gen.size)]), np.asarray(expected, np.uint32))
+
+
 def test_the_generation_links_the_vectors_file_the_hnsw_units_read(tmp_path, monkeypatch):
     """Ingest writes the sorted vectors once, to the work folder's file the HNSW units
     read; publish links that file into the generation instead of writing it again. The

@@ -119,11 +119,12 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     row_tenant = row_tenant[take]  # the graph's tenant of each sorted row
     # The vectors first: the unsorted ones go before the columns are sorted.
     vectors = _sorted_vectors(previous, previous_rows, new_cols.pop("vector"), take, work / VECTORS)
-    minhash = sigs
+    minhash, minhash_file = sigs, None
     if len(sigs):  # sorted into a file as the vectors are
         save_npy_blocks(work / "minhash.npy", np.uint32, (len(take), *sigs.shape[1:]),
                         (sigs[sig_rows[take[lo:lo + SORT_BLOCK]]] for lo in range(0, len(take), SORT_BLOCK)))
-        minhash = np.load(work / "minhash.npy", mmap_mode="r")
+        minhash_file = work / "minhash.npy"
+        minhash = np.load(minhash_file, mmap_mode="r")
     del sigs, sig_rows
     # The sorted rows and terms are final: written to the work folder a block at a time
     # and mapped from it until publish and the record have read them (at a million
@@ -150,7 +151,7 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
         entities=entities, embedder=config.embedder.name, dim=DIM,
         extra={"doc2query": config.doc2query.backend, "_dense_indexes": dense_indexes,
                "carry": {"mentions": carry.MENTIONS_VERSION, "dense_removed": removed}},
-        late=late, mentions=ents, knn=all_knn, vectors_file=work / VECTORS,
+        late=late, mentions=ents, knn=all_knn, vectors_file=work / VECTORS, minhash_file=minhash_file,
     )
 
 

@@ -74,6 +74,8 @@ class GenerationData:
     # ``vectors`` already saved as float16 .npy on the store's disk (ingest's work folder):
     # linked into the generation, not written again
     vectors_file: Path | None = None
+    # ``minhash`` already saved as uint32 .npy on the store's disk: linked, as the vectors
+    minhash_file: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,10 @@ def publish(
         if saved.dtype != np.float16 or saved.shape != (n, data.dim):
             raise ValueError(f"{data.vectors_file} holds {saved.dtype} {saved.shape}; "
                              f"expected float16 ({n}, {data.dim})")
+    if data.minhash_file is not None:
+        saved = np.load(data.minhash_file, mmap_mode="r")
+        if saved.dtype != np.uint32 or len(saved) != n:
+            raise ValueError(f"{data.minhash_file} holds {saved.dtype} {saved.shape}; expected uint32 ({n}, …)")
     parts = partitions_of(table.column("user"))
 
     _write_rows(staging, table, data)
@@ -354,7 +360,10 @@ def _write_rows(staging: _Staging, table: pa.Table, data: GenerationData) -> Non
     staging.done(tmp / VECTORS_FILE)
     _save_npy_rows(tmp / "binary.npy", vectors, np.uint8, binary_codes)
     staging.done(tmp / "binary.npy")
-    _save_npy(tmp / "minhash.npy", data.minhash.astype(np.uint32, copy=False))
+    if data.minhash_file is not None:
+        link_or_copy(data.minhash_file, tmp / "minhash.npy")
+    else:
+        _save_npy(tmp / "minhash.npy", data.minhash.astype(np.uint32, copy=False))
     staging.done(tmp / "minhash.npy")
 
 
