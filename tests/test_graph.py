@@ -5,22 +5,26 @@ import pyarrow as pa
 import pytest
 
 from helix_ray.config import GraphBuildConfig
+from helix_ray.ingest import graph as graph_module
 from helix_ray.ingest.graph import MENTION, build_graph, tenant_codes
 
 
 @pytest.mark.parametrize("as_arrow,codes_given", [(False, False), (True, False), (True, True)],
                          ids=["lists", "arrow", "tenant-codes-given"])
-def test_entity_nodes_count_each_memory_once_per_tenant_and_skip_singletons_and_hubs(as_arrow, codes_given):
+def test_entity_nodes_count_each_memory_once_per_tenant_and_skip_singletons_and_hubs(as_arrow, codes_given,
+                                                                                     monkeypatch):
     users = ["bob", "bob", "bob", "ann", "ann", "ann", "ann"]
     lists = [["redis", "redis", "kafka"],  # bob: redis twice in one memory counts once
              ["redis"], ["zeta"],           # bob: zeta once, a singleton
              ["kafka", "hub"], ["kafka", "hub"], ["hub"], ["hub"]]  # ann: hub in 4 of 4
     config = GraphBuildConfig(knn=0, temporal_window=0, min_entity_df_cap=3, max_entity_df=0.5)
+    codes = tenant_codes(users) if codes_given else None
+    if codes_given:  # the codes given are used, the users column not read for them again
+        monkeypatch.setattr(graph_module, "tenant_codes", lambda users: pytest.fail("tenant codes read again"))
     graph, entities = build_graph(
         users=users, sessions=[None] * 7, order_keys=[np.zeros(7)],
         entity_lists=pa.array(lists, pa.list_(pa.string())) if as_arrow else lists, knn=None,
-        partitions={"bob": (0, 3), "ann": (3, 7)}, config=config,
-        tenant_rows=tenant_codes(users) if codes_given else None)
+        partitions={"bob": (0, 3), "ann": (3, 7)}, config=config, tenant_rows=codes)
     # (user, key) order; bob's kafka is mentioned once in bob's tenant (ann's do not count)
     assert entities.to_pylist() == [
         {"node": 7, "user": "ann", "key": "kafka", "df": 2},

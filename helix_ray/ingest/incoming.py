@@ -77,13 +77,11 @@ class Incoming:
 
         if path is None:
             return cls(pa.concat_tables(blocks()), np.concatenate(sigs))
-        with open(signature_path(path), "wb") as fh:
+        sig_file = signature_path(path)
+        with open(sig_file, "wb") as fh:
             keep = fh.write
             table = mapped_parts(blocks(), INCOMING_SCHEMA, path)
-        if not table.num_rows:
-            return cls(table, np.zeros((0, num_perm), np.uint32), signature_path(path))
-        return cls(table, np.memmap(signature_path(path), np.uint32, mode="r", shape=(table.num_rows, num_perm)),
-                   signature_path(path))
+        return cls(table, _mapped_signatures(sig_file, table.num_rows, num_perm), sig_file)
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -99,7 +97,7 @@ class Incoming:
         # Mapped signatures grow in their file: the heap never holds all of them.
         with open(self.sig_file, "ab") as fh:
             fh.write(np.ascontiguousarray(more.sigs, np.uint32).tobytes())
-        self.sigs = np.memmap(self.sig_file, np.uint32, mode="r", shape=(self.table.num_rows, num_perm))
+        self.sigs = _mapped_signatures(self.sig_file, self.table.num_rows, num_perm)
 
     def values(self, name: str) -> list[Any]:
         """Column ``name`` as Python values, a row each (fixed values in place)."""
@@ -175,6 +173,14 @@ def signature_path(path: Path) -> Path:
     """Where :meth:`Incoming.gather` writes the signatures of the records it writes to
     ``path``: uint32, ``num_perm`` a record, in their order, no header."""
     return path.with_name(path.stem + "-minhash.u32")
+
+
+def _mapped_signatures(sig_file: Path, n: int, num_perm: int) -> np.ndarray:
+    """The ``n`` signatures ``sig_file`` holds, mapped (an empty array for none: a file
+    of no bytes cannot be mapped)."""
+    if not n:
+        return np.zeros((0, num_perm), np.uint32)
+    return np.memmap(sig_file, np.uint32, mode="r", shape=(n, num_perm))
 
 
 def _signatures(sigs: list[Any], num_perm: int) -> np.ndarray:

@@ -118,6 +118,14 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def _check_saved(path: Path, dtype: Any, shape: tuple[int, ...]) -> None:
+    """Raises ValueError unless the ``.npy`` file at ``path`` holds ``dtype`` in ``shape``
+    (a file a generation is to link rather than write)."""
+    saved = np.load(path, mmap_mode="r")
+    if saved.dtype != dtype or saved.shape != shape:
+        raise ValueError(f"{path} holds {saved.dtype} {saved.shape}; expected {np.dtype(dtype)} {shape}")
+
+
 def _save_npy(path: Path, array: np.ndarray) -> None:
     with open(path, "wb") as fh:
         np.save(fh, np.ascontiguousarray(array))
@@ -257,14 +265,9 @@ def publish(
     if data.vectors.shape != (n, data.dim):
         raise ValueError(f"vectors have shape {data.vectors.shape}; expected ({n}, {data.dim})")
     if data.vectors_file is not None:
-        saved = np.load(data.vectors_file, mmap_mode="r")
-        if saved.dtype != np.float16 or saved.shape != (n, data.dim):
-            raise ValueError(f"{data.vectors_file} holds {saved.dtype} {saved.shape}; "
-                             f"expected float16 ({n}, {data.dim})")
+        _check_saved(data.vectors_file, np.float16, (n, data.dim))
     if data.minhash_file is not None:
-        saved = np.load(data.minhash_file, mmap_mode="r")
-        if saved.dtype != np.uint32 or len(saved) != n:
-            raise ValueError(f"{data.minhash_file} holds {saved.dtype} {saved.shape}; expected uint32 ({n}, …)")
+        _check_saved(data.minhash_file, np.uint32, (n, *data.minhash.shape[1:]))
     parts = partitions_of(table.column("user"))
 
     _write_rows(staging, table, data)
