@@ -272,7 +272,8 @@ def minhash(todo: list[dict[str, Any]], config: Any) -> np.ndarray:
 
 def annotated_columns(todo: list[dict[str, Any]], vectors: np.ndarray, config: Any) -> dict[str, Any]:
     """The new columns ``assemble`` takes, as ingest's ``collect`` gives them: vectors,
-    doc2query expansions (Arrow strings), entities (Arrow lists), token counts."""
+    doc2query expansions (Arrow strings), entities (Arrow lists), token counts, BM25 terms."""
+    from helix_ray.index.bm25 import TermsOfWords
     from helix_ray.ingest import stages
     from helix_ray.ingest.carry import MENTIONS_TYPE
     from helix_ray.ingest.run import BATCH
@@ -280,6 +281,7 @@ def annotated_columns(todo: list[dict[str, Any]], vectors: np.ndarray, config: A
     n = len(todo)
     expand, annotate = stages.Expand(config.doc2query), stages.Annotate(config)
     expansions, ents, n_tokens = [], [], []
+    terms = TermsOfWords(n)
     for lo in range(0, n, BATCH):
         chunk = todo[lo : lo + BATCH]
         batch = {"seq": np.array([r["seq"] for r in chunk], dtype=object),
@@ -289,9 +291,10 @@ def annotated_columns(todo: list[dict[str, Any]], vectors: np.ndarray, config: A
         expansions.extend(str(x) for x in batch["expansions"])
         ents.append(pa.array([json.loads(str(x)) for x in batch["entities"]], MENTIONS_TYPE))
         n_tokens.append(np.asarray(batch["n_tokens"], np.int32))
+        terms.add(np.arange(lo, lo + len(chunk)), batch["words"])
     return {"vector": vectors, "expansions": pa.array(expansions, pa.string()),
             "entities": pa.concat_arrays([pa.array([], MENTIONS_TYPE), *ents]),
-            "n_tokens": np.concatenate(n_tokens)}
+            "n_tokens": np.concatenate(n_tokens), "terms": terms}
 
 
 def build_timer() -> StepTimer:

@@ -692,7 +692,8 @@ def _batch(seq: list[int]) -> dict[str, np.ndarray]:
 
     return {"seq": np.array(seq), "vector": np.array([np.full(DIM, s, np.float32) for s in seq]),
              "n_tokens": np.array([s + 1 for s in seq]), "expansions": np.array([f'["q{s}"]' for s in seq], object),
-             "entities": np.array([f'["name:e{s}"]' for s in seq], object)}
+             "entities": np.array([f'["name:e{s}"]' for s in seq], object),
+             "words": np.array([f"w{s} common" for s in seq], object)}
 
 
 def test_collect_takes_batches_as_they_come_and_each_row_once(tmp_path):
@@ -714,6 +715,8 @@ def test_collect_takes_batches_as_they_come_and_each_row_once(tmp_path):
     cols = collect(batches(), 5, config)
     assert cols["vector"][:, 0].tolist() == [0, 1, 2, 3, 4] and cols["n_tokens"].tolist() == [1, 2, 3, 4, 5]
     assert cols["expansions"].to_pylist() == [f'["q{s}"]' for s in range(5)] and cols["late"] is None
+    terms = cols["terms"].terms()  # numbered as the rows give them, not as the batches came
+    assert terms.vocab == ["w0", "common", "w1", "w2", "w3", "w4"] and terms.ids.tolist() == [0, 1, 2, 1, 3, 1, 4, 1, 5, 1]
     listed = [_batch([1]), _batch([0])]
     assert collect(listed, 2, config)["entities"].to_pylist() == [["name:e0"], ["name:e1"]] and listed == []
     with pytest.raises(RuntimeError, match="1 rows for 2 inputs"):
@@ -724,6 +727,8 @@ def test_collect_takes_batches_as_they_come_and_each_row_once(tmp_path):
         collect(iter([_batch([0, 2])]), 2, config)
     empty = collect(iter([]), 0, config)
     assert empty["vector"].shape[0] == 0 and empty["late"] is None and len(empty["entities"]) == 0
-    mapped = collect(iter([_batch([2, 0]), _batch([1])]), 3, config, vectors_path=tmp_path / "new-vectors.npy")
+    mapped = collect(iter([_batch([2, 0]), _batch([1])]), 3, config, work=tmp_path)
     assert isinstance(mapped["vector"], np.memmap) and mapped["vector"][:, 0].tolist() == [0, 1, 2]
     assert np.load(tmp_path / "new-vectors.npy")[:, 0].tolist() == [0, 1, 2]
+    assert mapped["terms"].ids == [] and (tmp_path / "new-terms-arrived.i32").stat().st_size == 6 * 4  # in the file
+    assert mapped["terms"].terms().vocab == ["w0", "common", "w1", "w2"]

@@ -166,29 +166,34 @@ def test_terms_analysed_a_block_at_a_time_are_those_of_one_pass():
     assert len(blocks.vocab) > 10 and blocks.offsets[-1] > 100
 
 
-def test_ingest_analyses_text_and_expansions_read_a_block_at_a_time_as_whole_strings():
-    """Ingest hands the analyser its new rows' BM25 texts as a view over the table's text
-    column and the expansions' JSON: the terms are those of the strings made at once."""
-    import json
-
-    import pyarrow as pa
-
-    from helix_ray.ingest.assemble import LexicalTexts
-
-    texts = [f"the parse_tree of HTTPServer {i} ünïcode" for i in range(23)] + ["", "line one\nline two"]
-    expansions = [json.dumps([f"why does server {i} fail", "quotes \" and \\ backslash"] if i % 3 else [])
-                  for i in range(len(texts))]
-    strings = [bm25.lexical_text(t, json.loads(x)) for t, x in zip(texts, expansions)]
-    view = LexicalTexts(pa.chunked_array([pa.array(texts[:10]), pa.array(texts[10:])]), pa.array(expansions))
-    assert len(view) == len(strings) and view[:] == strings and view[7:13] == strings[7:13]
-    assert view[3] == strings[3] and view[30:40] == [] and view[::4] == strings[::4]
+def test_terms_of_words_batched_in_any_order_are_those_analysed_at_once():
+    """The transform stage hands the driver each batch's words; numbered there, a batch
+    at a time in the order the batches come, they are the terms one pass of the analyser
+    over the texts in row order gives: the same ids, offsets and vocabulary, after the
+    old rows' vocabulary when there is one."""
     analyzer = bm25.Analyzer(stemmer="english", split_identifiers=True)
-    whole, blocks = bm25.Terms.analyse(analyzer, strings), bm25.Terms.analyse(analyzer, view, block=4)
-    assert blocks.vocab == whole.vocab and len(whole.vocab) > 20
-    np.testing.assert_array_equal(blocks.offsets, whole.offsets)
-    np.testing.assert_array_equal(blocks.ids, whole.ids)
-    with pytest.raises(ValueError, match="25 texts but 24 expansion lists"):
-        LexicalTexts(pa.chunked_array([pa.array(texts)]), pa.array(expansions[:-1]))
+    texts = [f"the parse_tree of HTTPServer {i} in region {i % 5} word{i % 7} ünïcode" for i in range(40)]
+    texts += ["", "the", "line one\nline two"]  # no terms (nothing, a stop-word), two lines
+    order = np.random.default_rng(0).permutation(len(texts))
+    for vocab in ([], ["region", "zzz"]):
+        whole = bm25.Terms.analyse(analyzer, texts, vocab)
+        words = bm25.TermsOfWords(len(texts))
+        for lo in range(0, len(texts), 6):
+            rows = order[lo:lo + 6]
+            words.add(rows, analyzer.words([texts[i] for i in rows]))
+        given: list[np.ndarray] = []
+        terms = words.terms(vocab, empty=lambda n: given.append(np.zeros(n, np.int32)) or given[0], block=7)
+        assert terms.vocab == whole.vocab and len(whole.vocab) > 20 and terms.ids is given[0]
+        np.testing.assert_array_equal(terms.offsets, whole.offsets)
+        np.testing.assert_array_equal(terms.ids, whole.ids)
+    words = bm25.TermsOfWords(3)
+    words.add(np.array([0, 2]), ["a b", ""])
+    with pytest.raises(ValueError, match="given twice"):
+        words.add(np.array([1, 2]), ["c", "d"])
+    with pytest.raises(ValueError, match="words came for 2 of 3 rows"):
+        words.terms()
+    with pytest.raises(ValueError, match="2 word strings for 1 rows"):
+        words.add(np.array([1]), ["c", "d"])
 
 
 def test_compacted_terms_drop_the_vocabulary_no_document_holds_and_keep_the_rest():

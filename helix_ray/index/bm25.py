@@ -79,6 +79,12 @@ class Analyzer:
             return_ids=return_ids, show_progress=False,
         )
 
+    def words(self, texts: list[str]) -> list[str]:
+        """Each text's terms (:meth:`tokenize`'s, in order) as one string, a space between
+        two: what an ingest's transform stage hands the driver (:class:`TermsOfWords`
+        numbers them). A term is a run of word characters, so it holds no space."""
+        return [" ".join(terms) for terms in self.tokenize(texts, return_ids=False)]
+
     def to_dict(self) -> dict[str, object]:
         return {"stemmer": self.stemmer or "", "split_identifiers": self.split_identifiers}
 
@@ -200,6 +206,96 @@ class Terms:
             return self
         renumber = (np.cumsum(used) - 1).astype(np.int32)
         return Terms(renumber[ids], np.asarray(self.offsets), [t for t, u in zip(self.vocab, used) if u])
+
+
+class TermsOfWords:
+    """:class:`Terms` of N documents from their words (:meth:`Analyzer.words`), given a
+    batch at a time in any order of batches (rows ``0 … N − 1``, each once): the same
+    terms, numbered the same way, as :meth:`Terms.analyse` of the texts would give.
+
+    An ingest's transform stage analyses its batch's texts in parallel on the cluster;
+    the driver only numbers the words, in C but for one dictionary lookup per distinct
+    term of a batch (Arrow splits and dictionary-encodes them). Given ``path``, the
+    numbered terms go into that file as the batches come, not the heap (at a million
+    memories, ~0.2 GB)."""
+
+    def __init__(self, n: int, path: Path | None = None):
+        self.n = n
+        self.index: dict[str, int] = {}  # term → number, in the order batches brought them
+        self.ids: list[np.ndarray] = []  # per batch, its rows' terms one after another (without a path)
+        self.path, self.written = path, 0
+        if path is not None:
+            path.write_bytes(b"")
+        self.rows: list[np.ndarray] = []  # per batch, its rows
+        self.lengths = np.full(n, -1, np.int64)
+
+    def add(self, rows: np.ndarray, words: Sequence[str] | np.ndarray) -> None:
+        """Rows ``rows``' words (one string each)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        rows = np.asarray(rows, np.int64)
+        if len(rows) != len(words):
+            raise ValueError(f"{len(words)} word strings for {len(rows)} rows")
+        if len(rows) and (rows.min() < 0 or rows.max() >= self.n or (self.lengths[rows] >= 0).any()
+                          or len(np.unique(rows)) < len(rows)):
+            raise ValueError(f"rows outside 0..{self.n - 1}, or given twice")
+        given = pa.array(list(words), pa.string())
+        if given.null_count:
+            raise ValueError("a row's words are None: expected a string (empty when it has no terms)")
+        # "" splits into one empty term: a row without terms becomes a null list instead.
+        split = pc.utf8_split_whitespace(pc.if_else(pc.equal(given, ""), pa.scalar(None, pa.string()), given))
+        self.lengths[rows] = pc.fill_null(pc.list_value_length(split), 0).to_numpy(zero_copy_only=False)
+        encoded = split.flatten().dictionary_encode()
+        to_number = np.fromiter((self.index.setdefault(t, len(self.index)) for t in encoded.dictionary.to_pylist()),
+                                np.int32, count=len(encoded.dictionary))
+        ids = to_number[encoded.indices.to_numpy(zero_copy_only=False)]
+        if self.path is None:
+            self.ids.append(ids)
+        else:
+            with open(self.path, "ab") as fh:
+                fh.write(ids.tobytes())
+            self.written += len(ids)
+        self.rows.append(rows)
+
+    def terms(self, vocab: Sequence[str] = (), empty: Callable[[int], np.ndarray] | None = None,
+              block: int = 1 << 20) -> Terms:
+        """The documents' terms in row order, numbered after ``vocab`` as
+        :meth:`Terms.analyse` with it would: a term ``vocab`` holds keeps its number
+        there, the others follow in the order they first occur. ``empty(n)``: the
+        int32 array of n terms to write them into (as :meth:`Terms.take`). Raises
+        ValueError unless every row came. Takes the batches' terms: call it once."""
+        if (self.lengths < 0).any():
+            raise ValueError(f"words came for {int((self.lengths >= 0).sum())} of {self.n} rows")
+        came = np.concatenate(self.rows) if self.rows else np.zeros(0, np.int64)
+        if self.path is not None:
+            ids = np.memmap(self.path, np.int32, "r", shape=(self.written,)) if self.written \
+                else np.zeros(0, np.int32)
+        else:
+            ids = np.concatenate(self.ids) if self.ids else np.zeros(0, np.int32)
+        self.ids = []
+        offsets = np.zeros(len(came) + 1, np.int64)
+        np.cumsum(self.lengths[came], out=offsets[1:])
+        place = np.empty(self.n, np.int64)  # each row's place among the rows as they came
+        place[came] = np.arange(len(came))
+        terms = Terms(ids, offsets, list(self.index)).take(place, empty=empty)
+        del ids
+        # Numbered by first occurrence in row order (the batches' order changes from run
+        # to run; the generation's files must not), after the terms ``vocab`` holds.
+        flat = terms.ids
+        first = np.full(len(terms.vocab), len(flat), np.int64)
+        for lo in range(0, len(flat), block):
+            seen, at = np.unique(flat[lo:lo + block], return_index=True)
+            first[seen] = np.minimum(first[seen], at + lo)
+        given = {t: i for i, t in enumerate(vocab)}
+        known = np.fromiter((given.get(t, -1) for t in terms.vocab), np.int64, count=len(terms.vocab))
+        fresh = np.flatnonzero(known < 0)
+        fresh = fresh[np.argsort(first[fresh], kind="stable")]
+        number = known.astype(np.int32)
+        number[fresh] = np.arange(len(given), len(given) + len(fresh), dtype=np.int32)
+        for lo in range(0, len(flat), block):
+            flat[lo:lo + block] = number[flat[lo:lo + block]]
+        return Terms(flat, terms.offsets, [*vocab, *(terms.vocab[i] for i in fresh.tolist())])
 
 
 def bm25_matrix(terms: Terms, *, k1: float, b: float, block: int = 65536) -> dict[str, object]:

@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence, overload
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -18,10 +18,11 @@ import pyarrow.compute as pc
 
 from helix_ray.config import IngestConfig
 from helix_ray.embedder import DIM
-from helix_ray.index.bm25 import Analyzer, lexical_text
+from helix_ray.index.bm25 import TermsOfWords, lexical_text
 from helix_ray.ingest import carry, dense
 from helix_ray.ingest.dense import VECTORS, Tasks
 from helix_ray.ingest.graph import build_graph, tenant_codes
+from helix_ray.ingest.stages import bm25_analyzer
 from helix_ray.schema import GENERATION_SCHEMA, PENDING_SCHEMA
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import Generation
@@ -87,7 +88,6 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     new_table = with_token_counts(rows.todo, new_cols["n_tokens"])
     rows.todo = None  # the table holds its columns
     n_new = new_table.num_rows
-    new_texts = new_table.column("text")
     table = pa.concat_tables([old_table, new_table])
     del new_table
     sigs = rows.sigs  # of every old row, then of every new record: gathered once they are sorted
@@ -95,15 +95,14 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     sig_rows = np.concatenate([np.asarray(keep_old, np.int64), rows.n_old + np.asarray(rows.keep_new, np.int64)])
     old_texts = old_table.column("text")  # read as Python strings only where the old rows' outputs are not carried
     analyzer = bm25_analyzer(config)
-    new_lexical = LexicalTexts(new_texts, new_cols["expansions"])
-    del new_texts
     old_lexical = None
     if not carry.terms_carried(previous, analyzer):
         old_ids = old_table.column("id").to_pylist()
         old_exp = db.expansions_for(old_ids)
         old_lexical = [lexical_text(t, old_exp.get(i, [])) for i, t in zip(old_ids, old_texts.to_pylist())]
-    terms = carry.terms(previous, previous_rows, old_lexical, new_lexical, analyzer)
-    del new_lexical, old_lexical
+    terms = carry.terms(previous, previous_rows, old_lexical, new_cols.pop("terms"), analyzer,
+                        new_file=lambda n: file_array(work / "new-terms.npy", np.int32, (n,)))
+    del old_lexical
     # The expansions wait for the database's record from here on: in a file, not the heap.
     new_cols["expansions"] = mapped_table(pa.table({"queries": new_cols["expansions"]}),
                                           work / "expansions.arrow").column("queries")
@@ -156,20 +155,23 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
 
 
 def collect(batches: Iterable[dict[str, np.ndarray]], n: int, config: IngestConfig, *,
-            vectors_path: Path | None = None) -> dict[str, Any]:
+            work: Path | None = None) -> dict[str, Any]:
     """The transform stages' batches (in any order) as columns in ``seq`` order, one
-    row per input: ``vector`` (float16, what the generation stores; a writable memory
-    map of ``vectors_path`` when given), ``expansions`` (Arrow strings: each row's JSON
+    row per input: ``vector`` (float16, what the generation stores; given ``work``, a
+    writable memory map of its ``new-vectors.npy``), ``expansions`` (Arrow strings: each row's JSON
     list), ``entities`` (Arrow lists of entity keys, :data:`carry.MENTIONS_TYPE`),
-    ``n_tokens`` and ``late`` (the token vectors, or None when late interaction is off).
+    ``n_tokens``, ``late`` (the token vectors, or None when late interaction is off) and
+    ``terms`` (the BM25 terms, numbered as :func:`assemble` takes them: a
+    :class:`TermsOfWords`).
 
     Takes the batches as they come (a list is emptied as it goes): the vectors and token
     counts are written once into their place, a batch's expansions and entities become
-    Arrow arrays put in order at the end, and a batch's arrays go as soon as they are
+    Arrow arrays put in order at the end, its words numbered terms (into ``work`` when
+    given), and a batch's arrays go as soon as they are
     copied, so the driver never holds every batch and the columns at once, nor a Python
     string per row (at a million memories the vectors alone are 0.75 GB as float16).
     Raises RuntimeError unless every row ``0 … n − 1`` came exactly once."""
-    vector = file_array(vectors_path, np.float16, (n, DIM)) if vectors_path is not None \
+    vector = file_array(work / "new-vectors.npy", np.float16, (n, DIM)) if work is not None \
         else np.empty((n, DIM), np.float16)
     seqs: list[np.ndarray] = []
     expansions: list[pa.Array] = []
@@ -179,6 +181,7 @@ def collect(batches: Iterable[dict[str, np.ndarray]], n: int, config: IngestConf
     scales: list[Any] = [None] * n
     seen = np.zeros(n, bool)
     with_late = None
+    terms = TermsOfWords(n, work / "new-terms-arrived.i32" if work is not None else None)  # numbered as they come
     for batch in _draining(batches):
         at = np.asarray(batch.pop("seq"), np.int64)
         if len(at) and (at.min() < 0 or at.max() >= n or seen[at].any() or len(np.unique(at)) < len(at)):
@@ -192,6 +195,7 @@ def collect(batches: Iterable[dict[str, np.ndarray]], n: int, config: IngestConf
         seqs.append(at)
         expansions.append(pa.array([str(e) for e in batch.pop("expansions")], pa.string()))
         entities.append(pa.array([json.loads(str(m)) for m in batch.pop("entities")], carry.MENTIONS_TYPE))
+        terms.add(at, batch.pop("words"))
         if with_late:
             for i, c, x in zip(at.tolist(), batch.pop("late_codes"), batch.pop("late_scales")):
                 codes[i], scales[i] = bytes(c), bytes(x)
@@ -203,7 +207,8 @@ def collect(batches: Iterable[dict[str, np.ndarray]], n: int, config: IngestConf
         late = from_blobs(codes, scales) if with_late else None
     order = pa.array(np.argsort(np.concatenate(seqs), kind="stable") if seqs else np.zeros(0, np.int64))
     return {"vector": vector, "expansions": _in_order(expansions, pa.string(), order),
-            "entities": _in_order(entities, carry.MENTIONS_TYPE, order), "n_tokens": n_tokens, "late": late}
+            "entities": _in_order(entities, carry.MENTIONS_TYPE, order), "n_tokens": n_tokens, "late": late,
+            "terms": terms}
 
 
 def _in_order(chunks: list[pa.Array], type_: pa.DataType, order: pa.Array) -> pa.Array:
@@ -250,37 +255,6 @@ def memory_table(rows: list[dict[str, Any]] | pa.Table, cols: dict[str, Any] | N
     else:
         n_tokens = cols["n_tokens"]
     return with_token_counts(table, n_tokens)
-
-
-class LexicalTexts(Sequence[str]):
-    """What BM25 indexes for each new row (:func:`lexical_text`), made from the table's
-    text column and the expansions' JSON when a slice of it is read: the analyser reads
-    a block at a time, so there is never a string per memory at once (~0.5 GB at a
-    million)."""
-
-    def __init__(self, texts: pa.ChunkedArray, expansions: pa.Array | pa.ChunkedArray):
-        if len(texts) != len(expansions):
-            raise ValueError(f"{len(texts)} texts but {len(expansions)} expansion lists")
-        self.texts, self.expansions = texts, expansions
-
-    def __len__(self) -> int:
-        return len(self.expansions)
-
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[str]: ...
-
-    def __getitem__(self, i: int | slice) -> str | list[str]:
-        if isinstance(i, slice):
-            lo, hi, step = i.indices(len(self))
-            rows = range(lo, hi, step)
-            at = pa.array(rows, pa.int64())
-            texts, expansions = (c.take(at).to_pylist() if step != 1 else c.slice(lo, max(hi - lo, 0)).to_pylist()
-                                 for c in (self.texts, self.expansions))
-            return [lexical_text(t, json.loads(x)) for t, x in zip(texts, expansions)]
-        return lexical_text(self.texts[i].as_py(), json.loads(self.expansions[i].as_py()))
 
 
 def in_generation_schema(table: pa.Table) -> pa.Table:
@@ -374,11 +348,6 @@ def turns_of(metadata: pa.ChunkedArray) -> np.ndarray:
         if isinstance(turn, int) and not isinstance(turn, bool) and 0 <= turn <= np.iinfo(np.int64).max:
             turns[i] = turn
     return turns
-
-
-def bm25_analyzer(config: IngestConfig) -> Analyzer:
-    """The BM25 analyzer ``config.lexical`` describes."""
-    return Analyzer(stemmer=config.lexical.stemmer or None, split_identifiers=config.lexical.split_identifiers)
 
 
 def _sorted_vectors(previous: Generation | None, previous_rows: np.ndarray, new: np.ndarray,

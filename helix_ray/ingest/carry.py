@@ -22,12 +22,12 @@ entity lists and term ids, and for tenants searched exactly the same nearest nei
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from helix_ray.index.bm25 import Analyzer, Terms
+from helix_ray.index.bm25 import Analyzer, Terms, TermsOfWords
 from helix_ray.ingest import entities as entity_mod
 from helix_ray.ingest.dense import Carried
 
@@ -62,11 +62,13 @@ def mentions(previous: Generation | None, old_rows: np.ndarray, old_texts: pa.Ch
 
 
 def terms(previous: Generation | None, old_rows: np.ndarray, old_lexical: Sequence[str] | None,
-          new_lexical: Sequence[str], analyzer: Analyzer) -> Terms:
-    """Terms of the carried-over rows then of the new ones. The old rows' come from
-    ``previous`` when its index was built with ``analyzer``; otherwise ``old_lexical``
-    (their text and expansions) is analysed again — pass None only when
-    :func:`terms_carried` said yes."""
+          new: TermsOfWords, analyzer: Analyzer,
+          new_file: Callable[[int], np.ndarray] | None = None) -> Terms:
+    """Terms of the carried-over rows then of the new ones (their words, analysed by
+    the transform stage with ``analyzer``, numbered after the old rows' vocabulary into
+    ``new_file(n)`` when given). The old rows' come from ``previous`` when its index was
+    built with ``analyzer``; otherwise ``old_lexical`` (their text and expansions) is
+    analysed again — pass None only when :func:`terms_carried` said yes."""
     if terms_carried(previous, analyzer):
         assert previous is not None
         old = previous.terms.take(old_rows)
@@ -74,7 +76,7 @@ def terms(previous: Generation | None, old_rows: np.ndarray, old_lexical: Sequen
         raise ValueError("the previous generation holds no terms made by this analyzer: pass old_lexical")
     else:
         old = Terms.analyse(analyzer, old_lexical)
-    return old.then(Terms.analyse(analyzer, new_lexical, old.vocab))
+    return old.then(new.terms(old.vocab, empty=new_file))
 
 
 def terms_carried(previous: Generation | None, analyzer: Analyzer) -> bool:

@@ -47,7 +47,7 @@ from helix_ray.errors import InvalidArgument, StoreError, is_disk_full
 from helix_ray.heap import trim_heap
 from helix_ray.index.bm25 import expansions_of
 from helix_ray.ingest import stages
-from helix_ray.ingest.assemble import NextRows, assemble, bm25_analyzer, collect, memory_table, session_context
+from helix_ray.ingest.assemble import NextRows, assemble, collect, memory_table, session_context
 from helix_ray.ingest.dedup import find_duplicates, signatures
 from helix_ray.ingest.dense import LocalTasks, Tasks, work_folder
 from helix_ray.ingest.ids import legacy_markdown_ids
@@ -816,7 +816,7 @@ def _expand_embed_annotate(run: Run, todo: pa.Table, reuse: dict[int, stages.Com
         # (vectors, token blobs) would be more than the columns themselves.
         transformed = _transform(run, todo, [k for k in range(todo.num_rows) if k not in reuse])
         new_cols = collect(itertools.chain(transformed, reused), todo.num_rows, config,
-                           vectors_path=work / "new-vectors.npy")
+                           work=work)
     if config.session_context > 0:
         keep_old = kept.keep_old
         new_cols["vector"] = session_context(todo, new_cols["vector"],
@@ -868,7 +868,7 @@ def _publish(run: Run, data: GenerationData) -> int:
         dense_indexes=data.extra.pop("_dense_indexes", None),
         hnsw_min_rows=config.hnsw_min_rows,
         hnsw_threads=config.hnsw_threads,
-        bm25_analyzer=bm25_analyzer(config),
+        bm25_analyzer=stages.bm25_analyzer(config),
         make_current=False,  # after the database has recorded it (_record)
     )
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from helix_ray import embedder, token_encoder
 from helix_ray.config import Doc2QueryConfig, EmbedderConfig, IngestConfig, LateInteractionConfig
+from helix_ray.index.bm25 import Analyzer, lexical_text
 from helix_ray.ingest import dedup, doc2query, entities
 from helix_ray.ingest.normalize import normalise
 from helix_ray.ingest.sources import read_source
@@ -98,11 +99,14 @@ class Embed:
 
 class Annotate:
     """Stage 7a: entities (from the text, and for code and commits from what their
-    metadata names: :func:`entities.from_metadata`) and token counts per memory."""
+    metadata names: :func:`entities.from_metadata`), token counts, and the BM25 terms of
+    the text and its expansions (``words``: :meth:`Analyzer.words`, so the driver only
+    numbers them) per memory. Runs after stage 4 (the batch holds ``expansions``)."""
 
     def __init__(self, config: IngestConfig):
         self.config = config
         self.count_tokens = token_counter()
+        self.analyzer = bm25_analyzer(config)
 
     def __call__(self, batch: Batch) -> Batch:
         texts = [str(t) for t in batch["text"]]
@@ -110,7 +114,14 @@ class Annotate:
         batch["entities"] = np.array([json.dumps(list(dict.fromkeys(entities.extract(t) + entities.from_metadata(m, t))))
                                       for t, m in zip(texts, metas)], dtype=object)
         batch["n_tokens"] = np.array([self.count_tokens(t) for t in texts], dtype=np.int32)
+        lexical = [lexical_text(t, json.loads(str(x))) for t, x in zip(texts, batch["expansions"])]
+        batch["words"] = np.array(self.analyzer.words(lexical), dtype=object)
         return batch
+
+
+def bm25_analyzer(config: IngestConfig) -> Analyzer:
+    """The BM25 analyzer ``config.lexical`` describes."""
+    return Analyzer(stemmer=config.lexical.stemmer or None, split_identifiers=config.lexical.split_identifiers)
 
 
 class Transform:
