@@ -57,8 +57,8 @@ def format_report(report) -> str:
     lines.append(f"generation {report.generation}: {state}, {memories}" if report.generation is not None else
                  f"no generation: nothing to publish, {memories}")
     lines.append("  seconds: " + ", ".join(f"{k} {v}" for k, v in report.seconds.items()))
-    if len(report.hnsw_units) > 1:  # a cluster's nodes shared the kNN searches
-        lines.append("  HNSW units per node: " + ", ".join(f"{node[:8]} {n}" for node, n in report.hnsw_units.items()))
+    if len(report.work_units) > 1:  # a cluster's nodes shared the kNN searches
+        lines.append("  units of work per node: " + ", ".join(f"{node[:8]} {n}" for node, n in report.work_units.items()))
     if report.mirrored:
         m = report.mirrored
         lines.append(f"mirror {m['uri']}: generation {m['generation']} ({m['uploaded']} files uploaded, "

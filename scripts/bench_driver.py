@@ -19,7 +19,7 @@ It prints the driver's peak RSS (``VmHWM``), its peak heap alone (``RssAnon``, s
 without the pages of files it maps, which the kernel can drop; overall and per stage)
 and its RSS just before the ingest (the vectors given, held by this script), the peak
 PSS of the driver and every Ray process together, the run's seconds per stage
-(``IngestReport.seconds``) and the HNSW units (index builds and kNN searches) each node
+(``IngestReport.seconds``) and the units of work (index builds, kNN searches, the graph) each node
 ran. Memory does not drift with the host's load; seconds do (compare runs made side by
 side).
 
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         "driver_peak_anon_mib": round(anon.peak_mib),
         "driver_peak_anon_by_stage_mib": {k: round(v) for k, v in anon.by_stage.items()},
         "tree_peak_pss_mib": round(sampler.peak_mib), "seconds": round(seconds, 1), "stages_s": report.seconds,
-        "nodes": args.nodes, "hnsw_units": report.hnsw_units,
+        "nodes": args.nodes, "work_units": report.work_units,
     }
     print(json.dumps(out, indent=1))
     if args.json:

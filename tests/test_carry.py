@@ -225,7 +225,7 @@ def test_the_generation_links_the_sorted_minhash_file(tmp_path, monkeypatch):
     np.testing.assert_array_equal(np.asarray(gen.minhash[np.arange(gen.size)]), np.asarray(expected, np.uint32))
 
 
-def test_the_generation_links_the_vectors_file_the_hnsw_units_read(tmp_path, monkeypatch):
+def test_the_generation_links_the_vectors_file_the_work_units_read(tmp_path, monkeypatch):
     """Ingest writes the sorted vectors once, to the work folder's file the HNSW units
     read; publish links that file into the generation instead of writing it again. The
     rows of the previous generation keep their vectors when new rows sort among them."""

@@ -567,10 +567,10 @@ def test_the_ingest_report_names_the_nodes_that_shared_the_knn_searches():
     from helix_ray.ingest.run import IngestReport
 
     report = IngestReport(read=3, accepted=3, new=3, generation=1, published=True, total_memories=3,
-                          hnsw_units={"fb72f273" + "0" * 48: 6})
-    assert "HNSW units" not in format_report(report)  # one node: nothing to tell
-    report.hnsw_units["a671aae8" + "0" * 48] = 4
-    assert "  HNSW units per node: fb72f273 6, a671aae8 4" in format_report(report).splitlines()
+                          work_units={"fb72f273" + "0" * 48: 6})
+    assert "units of work" not in format_report(report)  # one node: nothing to tell
+    report.work_units["a671aae8" + "0" * 48] = 4
+    assert "  units of work per node: fb72f273 6, a671aae8 4" in format_report(report).splitlines()
 
 
 def test_a_recall_takes_the_moment_it_is_asked_and_the_turns_before_it(store, capsys):

@@ -153,7 +153,7 @@ def test_the_knn_searches_run_on_both_nodes(cluster, tmp_path):
                            "--store", str(store), "--config", str(config), "--json"],
                           env=cluster.env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    units = json.loads(done.stdout)["hnsw_units"]
+    units = json.loads(done.stdout)["work_units"]
     print("HNSW units per node:", units)
     assert len(units) == 2, units
     alone = tmp_path / "alone"

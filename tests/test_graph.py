@@ -6,7 +6,7 @@ import pytest
 
 from helix_ray.config import GraphBuildConfig
 from helix_ray.ingest import graph as graph_module
-from helix_ray.ingest.graph import MENTION, build_graph, tenant_codes
+from helix_ray.ingest.graph import MENTION, SEMANTIC, build_graph, tenant_codes
 
 
 @pytest.mark.parametrize("as_arrow,codes_given", [(False, False), (True, False), (True, True)],
@@ -136,3 +136,46 @@ def test_tenants_and_their_row_ranges_read_from_an_arrow_column_as_from_a_list()
     assert partitions_of(pa.chunked_array([], pa.string())) == [] and tenant_codes([])[1].tolist() == []
     with pytest.raises(ValueError, match="grouped by user"):
         partitions_of(pa.chunked_array([["al", "bo"], ["al"]]))
+
+
+def test_the_graph_built_from_files_is_the_one_built_from_the_columns(tmp_path):
+    """Ingest builds the graph in a unit of work from the files its sorted rows, their
+    mentions and kNN lists are in, and maps what it writes: the same edges and entity
+    nodes as from the columns, each tenant's semantic edges its rows' first
+    min(width, rows) neighbours, and none for a tenant of one memory."""
+    from pyarrow import ipc
+
+    from helix_ray.ingest.graph import GraphInputs, build_graph_files, load_graph_files
+
+    users = ["ann"] * 4 + ["bob"] * 5 + ["cy"]
+    sessions = ["s1", "s1", None, "s2", "s1", "s1", "s1", "", "s2", "s1"]
+    lists = [["kafka"], ["kafka", "redis"], ["redis"], [], ["redis"], ["redis"], ["zeta"], ["zeta"], [], ["kafka"]]
+    created, turns = np.arange(10)[::-1].copy(), np.zeros(10, np.int64)
+    rng = np.random.default_rng(3)
+    neighbours, sims = np.full((10, 4), -1, np.int64), np.zeros((10, 4), np.float32)
+    parts = {"ann": (0, 4), "bob": (4, 9), "cy": (9, 10)}
+    for start, end in parts.values():
+        for row in range(start, end):
+            others = rng.permutation(np.arange(start, end))[:4]
+            neighbours[row, :len(others)], sims[row, :len(others)] = others, rng.uniform(0.5, 1, len(others))
+    rows = tmp_path / "rows.arrow"
+    for path, table in ((rows, pa.table({"user": users, "session_id": sessions, "text": ["t"] * 10})),
+                        (tmp_path / "mentions.arrow", pa.table({"entities": pa.array(lists, pa.list_(pa.string()))}))):
+        with ipc.new_file(str(path), table.schema) as writer:
+            writer.write_table(table)
+    np.save(tmp_path / "n.npy", neighbours)
+    np.save(tmp_path / "s.npy", sims)
+    config = GraphBuildConfig(knn=3, temporal_window=1, knn_min_similarity=0.0)
+    codes = tenant_codes(users)
+    out = build_graph_files(GraphInputs(rows, tmp_path / "mentions.arrow", (tmp_path / "n.npy", tmp_path / "s.npy")),
+                            tmp_path / "graph", order_keys=[created, turns], partitions=parts, tenant_rows=codes,
+                            config=config)
+    graph, entities = load_graph_files(out)
+    knn = {u: (neighbours[s:e, :min(4, e - s)], sims[s:e, :min(4, e - s)]) for u, (s, e) in parts.items() if e - s > 1}
+    want, want_entities = build_graph(users=users, sessions=sessions, order_keys=[created, turns], entity_lists=lists,
+                                      knn=knn, partitions=parts, config=config)
+    assert isinstance(graph.indices, np.memmap) and entities.equals(want_entities) and entities.num_rows >= 3
+    for name in ("indptr", "indices", "weights", "types"):
+        np.testing.assert_array_equal(getattr(graph, name), getattr(want, name))
+    assert (np.asarray(graph.types) == SEMANTIC).sum() > 0
+    assert not np.isin(np.asarray(graph.indices[graph.indptr[9]:graph.indptr[10]]), np.arange(10)).any()  # cy: alone

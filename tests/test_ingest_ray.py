@@ -63,8 +63,8 @@ def test_ray_runner_matches_local_runner(tmp_path, local_ray, monkeypatch, sprea
     assert a.manifest["counts"] == b.manifest["counts"]
     indexed = [p for p in a.manifest["partitions"] if p["dense"]]
     assert indexed and any(p["end"] - p["start"] > 16 for p in indexed)  # several search units
-    (node,) = on_ray.hnsw_units  # Ray's one node ran them: a build and one search or more per index
-    assert on_ray.hnsw_units[node] > 2 * len(indexed) and local.hnsw_units["local"] > 2 * len(indexed)
+    (node,) = on_ray.work_units  # Ray's one node ran them: a build and one search or more per index
+    assert on_ray.work_units[node] > 2 * len(indexed) and local.work_units["local"] > 2 * len(indexed)
     assert [p for p in b.manifest["partitions"] if p["dense"]] == indexed
     for part in indexed:
         assert (a.path / part["dense"]).read_bytes() == (b.path / part["dense"]).read_bytes()

@@ -21,7 +21,7 @@ from helix_ray.embedder import DIM
 from helix_ray.index.bm25 import TermsOfWords, lexical_text
 from helix_ray.ingest import carry, dense
 from helix_ray.ingest.dense import VECTORS, Tasks
-from helix_ray.ingest.graph import build_graph, tenant_codes
+from helix_ray.ingest.graph import GraphInputs, build_graph_files, load_graph_files, tenant_codes
 from helix_ray.ingest.stages import bm25_analyzer
 from helix_ray.schema import GENERATION_SCHEMA, PENDING_SCHEMA
 from helix_ray.store.db import StoreDB
@@ -69,8 +69,9 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     """The next generation's rows, sorted so that each tenant is one range, with what
     they carry: the previous generation's rows keep their vectors, and their entities,
     BM25 terms and nearest neighbours where it holds them (:mod:`helix_ray.ingest.carry`).
-    The HNSW indexes are built and searched by ``tasks`` (here in turn when None), their files
-    left in ``work`` for publish to move into the generation (:mod:`helix_ray.ingest.dense`).
+    The HNSW indexes are built and searched, and then the graph built, by ``tasks`` (here in
+    turn when None), their files left in ``work`` for publish to move into the generation
+    (:mod:`helix_ray.ingest.dense`, :func:`helix_ray.ingest.graph.build_graph_files`).
 
     Lets go of what the driver no longer needs as soon as it is in its final form, since
     it all grows with the store (at a million memories, 0.75 GB of unsorted float16
@@ -134,17 +135,19 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     previous_row = np.concatenate([previous_rows, np.full(n_new, -1, np.int64)])[take]
     if late is not None:
         late = late.take(take)  # pointers only: publish gathers the new rows' tokens
-    ents = ents.take(at)
+    ents = mapped_table(pa.table({"entities": ents.take(at)}), work / "mentions.arrow").column("entities")
     parts = {p["user"]: (p["start"], p["end"]) for p in partitions_of(table.column("user"))}
 
-    knn, all_knn, dense_indexes, removed = _semantic_knn(vectors, parts, previous, previous_row, config,
-                                                         work, tasks)
-    graph, entities = build_graph(
-        users=table.column("user"), sessions=table.column("session_id"), entity_lists=ents, knn=knn,
+    all_knn, dense_indexes, removed = _semantic_knn(vectors, parts, previous, previous_row, config, work, tasks)
+    # The graph is built by a unit of work from the files the rows, mentions and kNN
+    # lists are in, and mapped from the files it writes: the driver never holds its edges.
+    inputs = GraphInputs(work / "rows.arrow", work / "mentions.arrow",
+                         (work / KNN_FILES[0], work / KNN_FILES[1]) if all_knn is not None else None)
+    build = functools.partial(
+        build_graph_files, inputs, work / "graph",
         order_keys=[created[take], turns_of(table.column("metadata"))],  # creation time, then turn
-        partitions=parts, config=config.graph, tenant_rows=(tenants, row_tenant),
-    )
-    del knn  # the lists for the graph
+        partitions=parts, tenant_rows=(tenants, row_tenant), config=config.graph)
+    graph, entities = load_graph_files(next(iter(tasks.map(build, [()]))))
     return GenerationData(
         memories=table, vectors=vectors, minhash=minhash, terms=terms, graph=graph,
         entities=entities, embedder=config.embedder.name, dim=DIM,
@@ -385,16 +388,17 @@ def _semantic_knn(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previo
     else exactly. A memory carried over keeps its list unless a neighbour left; it meets
     only the new memories; an HNSW index is carried too (:func:`carry.dense_index`).
     The indexes are built and searched by ``tasks`` over files in ``work``
-    (:mod:`helix_ray.ingest.dense`). Returns the per-tenant lists for the graph, all
-    rows' lists (N, k + 1) to store (None when ``graph.knn`` is 0), the HNSW index files,
-    and the tombstones each carried index holds."""
+    (:mod:`helix_ray.ingest.dense`). Returns all rows' lists (N, k + 1) to store (None
+    when ``graph.knn`` is 0), mapped from ``work``'s :data:`KNN_FILES` (which the graph's
+    unit reads), the HNSW index files, and the tombstones each carried index holds."""
     width = config.graph.knn + 1 if config.graph.knn > 0 else 0  # 0: no semantic edges
     now = carry.moved_to(previous.size, previous_row) if previous is not None else None
     before = carry.previous_knn(previous, width, now) if width else None
     dense_indexes, removed = _dense_indexes(vectors, parts, previous, previous_row, now, config, work, tasks)
-    knn = {}
-    all_n = np.full((len(vectors), width), -1, np.int64)
-    all_s = np.zeros((len(vectors), width), np.float32)
+    all_n = file_array(work / KNN_FILES[0], np.int64, (len(vectors), width))
+    all_n[:] = -1
+    all_s = file_array(work / KNN_FILES[1], np.float32, (len(vectors), width))
+    all_s[:] = 0
     for user, (start, end) in parts.items() if width else ():
         k = min(width, end - start)
         search = similarity = None
@@ -404,9 +408,11 @@ def _semantic_knn(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previo
         all_n[start:end], all_s[start:end] = carry.tenant_knn(
             vectors, start, end, k, width, previous=before, previous_row=previous_row, search=search,
             similarity=similarity)
-        if k > 1:
-            knn[user] = (all_n[start:end, :k], all_s[start:end, :k])
-    return knn, (all_n, all_s) if width else None, dense_indexes, removed
+    return (all_n, all_s) if width else None, dense_indexes, removed
+
+
+#: The files of ``work`` the kNN lists are written into: neighbours, similarities.
+KNN_FILES = ("knn-neighbours.npy", "knn-similarities.npy")
 
 
 def _dense_indexes(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previous: Generation | None,

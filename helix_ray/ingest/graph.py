@@ -16,15 +16,19 @@ semantic   memory ↔ its k nearest memories with cosine ≥ threshold   cosine
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyarrow import ipc
 
 from helix_ray.config import GraphBuildConfig
 from helix_ray.index.csr import EDGE_TYPES, SESSION_EDGE_WEIGHT, SESSION_KEY, CSRGraph
 from helix_ray.store.generation import ENTITY_SCHEMA
+from helix_ray.store.publish import save_arrow, save_npy
 
 MENTION, SAME_SESSION, TEMPORAL, SEMANTIC = (EDGE_TYPES.index(t) for t in EDGE_TYPES)
 _PRIORITY = {TEMPORAL: 0, MENTION: 1, SEMANTIC: 2, SAME_SESSION: 3}
@@ -92,6 +96,60 @@ def build_graph(
     entities = pa.concat_tables([entity_table, session_table])
     graph = _to_csr(src, dst, wts, typ, n + entities.num_rows)
     return graph, entities
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphInputs:
+    """What :func:`build_graph_files` reads: the sorted rows (Arrow IPC, with ``user``
+    and ``session_id``), each row's entity keys (Arrow IPC, one ``entities`` column of
+    :data:`helix_ray.ingest.carry.MENTIONS_TYPE`), and the rows' nearest neighbours and
+    similarities (``.npy``, (N, width)), or None for no semantic edges."""
+
+    rows: Path
+    mentions: Path
+    knn: tuple[Path, Path] | None
+
+
+def build_graph_files(inputs: GraphInputs, out: Path, *, order_keys: Sequence[np.ndarray],
+                      partitions: dict[str, tuple[int, int]], tenant_rows: tuple[list[str], np.ndarray],
+                      config: GraphBuildConfig) -> Path:
+    """:func:`build_graph` as a unit of work over files: the graph's CSR arrays and its
+    entity nodes written into the folder ``out`` (:func:`load_graph_files` maps them),
+    which is returned. An ingest runs it as a task on its node, so the driver never holds
+    the edges (at a million memories ~25 million directed ones, and the parts they are
+    joined from). A tenant's semantic edges are its rows' first ``min(width, rows)``
+    neighbours, none for a tenant of one memory."""
+    rows = _mapped(inputs.rows)
+    knn = None
+    if inputs.knn is not None:
+        neighbours, sims = (np.load(path, mmap_mode="r") for path in inputs.knn)
+        width = neighbours.shape[1]
+        knn = {user: (neighbours[start:end, :k], sims[start:end, :k]) for user, (start, end) in partitions.items()
+               if (k := min(width, end - start)) > 1}
+    graph, entities = build_graph(users=rows.column("user"), sessions=rows.column("session_id"),
+                                  entity_lists=_mapped(inputs.mentions).column("entities"), knn=knn,
+                                  order_keys=order_keys, partitions=partitions, config=config,
+                                  tenant_rows=tenant_rows)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in GRAPH_ARRAYS:
+        save_npy(out / f"{name}.npy", getattr(graph, name))
+    save_arrow(out / "entities.arrow", entities)
+    return out
+
+
+#: The CSR arrays of a graph, a file each.
+GRAPH_ARRAYS = ("indptr", "indices", "weights", "types")
+
+
+def load_graph_files(folder: Path) -> tuple[CSRGraph, pa.Table]:
+    """The graph and entity nodes :func:`build_graph_files` wrote into ``folder``,
+    memory-mapped."""
+    graph = CSRGraph(*(np.load(folder / f"{name}.npy", mmap_mode="r") for name in GRAPH_ARRAYS))
+    return graph, _mapped(folder / "entities.arrow")
+
+
+def _mapped(path: Path) -> pa.Table:
+    return ipc.open_file(pa.memory_map(str(path), "r")).read_all()
 
 
 def _entity_table(first_node: int, users: pa.Array, keys: pa.Array, df: np.ndarray) -> pa.Table:

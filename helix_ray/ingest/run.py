@@ -10,11 +10,11 @@ Stage order (each stage a function of :mod:`helix_ray.ingest`; :func:`_stages` r
 4. doc2query expansion               ┐ Ray Data, streaming, only for memories that are
 5. embed (actor pool, batched):      │ new or changed: old ones keep their vectors
    sentence vector + token vectors   │ (:mod:`.stages`)
-7a. entities, token counts           ┘
+7a. entities, token counts, BM25 terms ┘
    (a conversation turn's vector takes in its session's previous turn: session_context)
    ── barrier: indexes and graph need every row ──
 7b. graph edges (mentions, sessions, temporal, semantic kNN)        ┐ :mod:`.assemble`
-    HNSW indexes built and searched for the kNN                     │ units of work (:mod:`.dense`)
+    HNSW indexes built and searched for the kNN, then the graph     │ units of work (:mod:`.dense`, :mod:`.graph`)
 7c. carried over, not recomputed: the previous generation's rows    │
     keep their entities, BM25 terms, kNN lists and HNSW entries     ┘ (:mod:`.carry`)
 6. quantize (int8 and binary) and    ┐ atomic; the previous generation keeps serving
@@ -22,7 +22,7 @@ Stage order (each stage a function of :mod:`helix_ray.ingest`; :func:`_stages` r
                                        (:mod:`helix_ray.store.generation`)
 
 ``runner="ray"`` runs stages 1–2 and 4–7a on Ray Data (a local Ray it starts, or the
-cluster named by ``RAY_ADDRESS``) and 7b's HNSW units as Ray tasks, wired in
+cluster named by ``RAY_ADDRESS``) and 7b's units of work (HNSW, the graph) as Ray tasks, wired in
 :mod:`pipelines.ingest` and imported only then (:func:`_ray_job`); ``runner="local"``
 runs the same functions in this process, for tests and small online batches.
 """
@@ -95,7 +95,7 @@ class IngestReport:
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     quarantine_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
     mirrored: dict[str, Any] | None = None  # what was pushed to the mirror, when one was given
-    hnsw_units: dict[str, int] = dataclasses.field(default_factory=dict)  # index builds and searches per node id
+    work_units: dict[str, int] = dataclasses.field(default_factory=dict)  # per node id: index builds, searches, the graph
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -122,7 +122,7 @@ class Run:
     crash_after: str | None = None  # a generation file after which publishing raises (tests)
     computed: dict[str, stages.Computed] = dataclasses.field(default_factory=dict)  # see :func:`ingest`
     feed: TransformFeed | None = None  # runner="ray": started while stage 3 runs
-    tasks: Tasks = dataclasses.field(default_factory=LocalTasks)  # the HNSW units (:mod:`.dense`)
+    tasks: Tasks = dataclasses.field(default_factory=LocalTasks)  # the units of work (:mod:`.dense`, the graph)
     progress: Progress = dataclasses.field(default_factory=NoProgress)
     empty_ok: bool = False  # publish a generation even when no record was read (:func:`initialise`)
     scopes: tuple[RepoScope, ...] = ()  # the trees and histories read (:func:`sources.source_items`)
@@ -414,7 +414,7 @@ def _steps(run: Run, items: list[dict[str, str]], work: Path) -> None:
         # assemble takes the signatures into their sorted copy (a view of them here would keep them all)
         kept.sigs = kept.sigs[:0].copy()
         data = assemble(rows, run.db, config, work=work, tasks=run.tasks)
-        report.hnsw_units = dict(run.tasks.units)
+        report.work_units = dict(run.tasks.units)
     trim_heap()
     data.extra[ACCESS_WATERMARK] = changes.folded
     report.total_memories = data.memories.num_rows

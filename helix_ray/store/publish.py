@@ -126,7 +126,7 @@ def _check_saved(path: Path, dtype: Any, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{path} holds {saved.dtype} {saved.shape}; expected {np.dtype(dtype)} {shape}")
 
 
-def _save_npy(path: Path, array: np.ndarray) -> None:
+def save_npy(path: Path, array: np.ndarray) -> None:
     with open(path, "wb") as fh:
         np.save(fh, np.ascontiguousarray(array))
 
@@ -160,7 +160,7 @@ def _save_npy_rows(path: Path, array: np.ndarray, dtype: Any, convert: Callable[
                     (convert(array[lo:lo + block]) for lo in range(0, len(array), block)))
 
 
-def _save_arrow(path: Path, table: pa.Table) -> None:
+def save_arrow(path: Path, table: pa.Table) -> None:
     _save_arrow_parts(path, table.schema, [table])
 
 
@@ -312,9 +312,9 @@ def publish_segment(store: Path, rows: pa.Table, dead: pa.Table, *, make_current
             link_or_copy(base / name, staging.folder / name)
     (staging.folder / SEGMENTS_DIR).mkdir(exist_ok=True)
     segment = f"{SEGMENTS_DIR}/s{number:06d}.arrow"
-    _save_arrow(staging.folder / segment, rows)
+    save_arrow(staging.folder / segment, rows)
     staging.done(staging.folder / segment)
-    _save_arrow(staging.folder / DEAD_FILE, dead.select(DEAD_SCHEMA.names).cast(DEAD_SCHEMA))
+    save_arrow(staging.folder / DEAD_FILE, dead.select(DEAD_SCHEMA.names).cast(DEAD_SCHEMA))
     segments = [*(manifest.get("segments") or []), {"file": segment, "rows": rows.num_rows}]
     out = {k: v for k, v in manifest.items() if k not in ("files", MANIFEST_CHECKSUM)}
     out.update({
@@ -353,7 +353,7 @@ def _write_rows(staging: _Staging, table: pa.Table, data: GenerationData) -> Non
     signatures; each file is converted a block at a time, never as a copy of all the
     vectors."""
     tmp = staging.folder
-    _save_arrow(tmp / "memories.arrow", table)
+    save_arrow(tmp / "memories.arrow", table)
     staging.done(tmp / "memories.arrow")
     vectors = data.vectors
     if data.vectors_file is not None:
@@ -366,7 +366,7 @@ def _write_rows(staging: _Staging, table: pa.Table, data: GenerationData) -> Non
     if data.minhash_file is not None:
         link_or_copy(data.minhash_file, tmp / "minhash.npy")
     else:
-        _save_npy(tmp / "minhash.npy", data.minhash.astype(np.uint32, copy=False))
+        save_npy(tmp / "minhash.npy", data.minhash.astype(np.uint32, copy=False))
     staging.done(tmp / "minhash.npy")
 
 
@@ -400,7 +400,7 @@ def _write_carried(staging: _Staging, data: GenerationData, n: int, analyzer: An
     if data.mentions is not None:
         if len(data.mentions) != n:
             raise ValueError(f"mentions cover {len(data.mentions)} memories; expected {n}")
-        _save_arrow(tmp / "mentions.arrow", pa.table({"entities": data.mentions}))
+        save_arrow(tmp / "mentions.arrow", pa.table({"entities": data.mentions}))
         staging.done(tmp / "mentions.arrow")
     else:
         carry.pop("mentions", None)
@@ -409,8 +409,8 @@ def _write_carried(staging: _Staging, data: GenerationData, n: int, analyzer: An
         if neighbours.shape[0] != n or similarities.shape != neighbours.shape:
             raise ValueError(f"kNN lists have shapes {neighbours.shape} and {similarities.shape}; expected ({n}, K)")
         (tmp / "knn").mkdir()
-        _save_npy(tmp / "knn" / "neighbours.npy", neighbours.astype(np.int32))
-        _save_npy(tmp / "knn" / "similarities.npy", similarities.astype(np.float32))
+        save_npy(tmp / "knn" / "neighbours.npy", neighbours.astype(np.int32))
+        save_npy(tmp / "knn" / "similarities.npy", similarities.astype(np.float32))
         staging.done(tmp / "knn")
         carry["knn"] = int(neighbours.shape[1])
     else:
@@ -423,9 +423,9 @@ def _write_graph(staging: _Staging, data: GenerationData) -> None:
     tmp = staging.folder
     (tmp / "graph").mkdir()
     for name in ("indptr", "indices", "weights", "types"):
-        _save_npy(tmp / "graph" / f"{name}.npy", getattr(data.graph, name))
+        save_npy(tmp / "graph" / f"{name}.npy", getattr(data.graph, name))
     staging.done(tmp / "graph")
-    _save_arrow(tmp / "entities.arrow", data.entities)
+    save_arrow(tmp / "entities.arrow", data.entities)
     staging.done(tmp / "entities.arrow")
 
 
