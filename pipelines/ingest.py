@@ -103,8 +103,8 @@ class RayTasks:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         where = "SPREAD" if anywhere else NodeAffinitySchedulingStrategy(self.node, soft=False)
-        remote = ray.remote(num_cpus=1)(_on_node).options(scheduling_strategy=where,
-                                                         name=getattr(fn, "__name__", "unit"))  # as Ray shows it
+        name = getattr(getattr(fn, "func", fn), "__name__", "unit")  # as Ray shows it (a partial's function)
+        remote = ray.remote(num_cpus=1)(_on_node).options(scheduling_strategy=where, name=name)
         refs = [remote.remote(fn, *call) for call in calls]
         refs.reverse()
         while refs:  # each result is let go of once the caller has taken it

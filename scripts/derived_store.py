@@ -307,7 +307,7 @@ def build_timer() -> StepTimer:
 
     timer = StepTimer()
     timer.wrap(carry_mod, "exact_knn", "exact_knn (small tenants)")
-    timer.wrap(assemble_mod, "build_graph")
+    timer.wrap(graph_mod, "build_graph")
     timer.wrap(graph_mod, "_to_csr", "build_graph: _to_csr")
     timer.wrap(dense_mod, "build_hnsw")  # as the assembly's index units import it
     timer.wrap(dense_mod, "search_block", "HNSW kNN searches")

@@ -101,12 +101,14 @@ class Annotate:
     """Stage 7a: entities (from the text, and for code and commits from what their
     metadata names: :func:`entities.from_metadata`), token counts, and the BM25 terms of
     the text and its expansions (``words``: :meth:`Analyzer.words`, so the driver only
-    numbers them) per memory. Runs after stage 4 (the batch holds ``expansions``)."""
+    numbers them) per memory, unless ``terms`` is False (a served write: the delta
+    analyses its text with the generation's analyzer). Runs after stage 4 (the batch
+    holds ``expansions``)."""
 
-    def __init__(self, config: IngestConfig):
+    def __init__(self, config: IngestConfig, *, terms: bool = True):
         self.config = config
         self.count_tokens = token_counter()
-        self.analyzer = bm25_analyzer(config)
+        self.analyzer = bm25_analyzer(config) if terms else None
 
     def __call__(self, batch: Batch) -> Batch:
         texts = [str(t) for t in batch["text"]]
@@ -114,8 +116,9 @@ class Annotate:
         batch["entities"] = np.array([json.dumps(list(dict.fromkeys(entities.extract(t) + entities.from_metadata(m, t))))
                                       for t, m in zip(texts, metas)], dtype=object)
         batch["n_tokens"] = np.array([self.count_tokens(t) for t in texts], dtype=np.int32)
-        lexical = [lexical_text(t, json.loads(str(x))) for t, x in zip(texts, batch["expansions"])]
-        batch["words"] = np.array(self.analyzer.words(lexical), dtype=object)
+        if self.analyzer is not None:
+            lexical = [lexical_text(t, json.loads(str(x))) for t, x in zip(texts, batch["expansions"])]
+            batch["words"] = np.array(self.analyzer.words(lexical), dtype=object)
         return batch
 
 
@@ -131,11 +134,12 @@ class Transform:
     small host the stages cannot overlap usefully (embedding is nearly all of the work),
     and every extra stage costs a hand-off of each block through the object store.
     Quantization (stage 6) is not here: publishing quantizes the final vectors (after
-    session context has mixed them), so codes made per batch would be stale and unread."""
+    session context has mixed them), so codes made per batch would be stale and unread.
+    ``terms``: as :class:`Annotate`'s."""
 
-    def __init__(self, config: IngestConfig, threads: int | None = None):
+    def __init__(self, config: IngestConfig, threads: int | None = None, *, terms: bool = True):
         self.steps: list[Callable[[Batch], Batch]] = [Expand(config.doc2query), Embed(config.embedder, config.late_interaction, threads),
-                      Annotate(config)]
+                      Annotate(config, terms=terms)]
 
     def __call__(self, batch: Batch) -> Batch:
         for step in self.steps:

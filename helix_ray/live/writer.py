@@ -169,7 +169,7 @@ class WriterCore:
         """Load the passage encoders now rather than at the first write: a server's Writer
         does it at start, so its first write costs what the others do."""
         if self._stages is None:
-            self._stages = stages.Transform(self.config)
+            self._stages = stages.Transform(self.config, terms=False)  # the delta analyses BM25
 
     def warn_tokens_once(self) -> None:
         """:meth:`_warn_if_tokens_missing`, the first time only (at start, or at the
