@@ -4,6 +4,7 @@ weights,types}.npy`` and memory-mapped on load."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -13,6 +14,23 @@ EDGE_TYPES = ("mention", "same_session", "temporal", "semantic")
 SESSION_EDGE_WEIGHT = 0.5
 #: How a session's node is keyed among the entity nodes: ``session:<session id>``.
 SESSION_KEY = "session:"
+
+
+#: The arrays of a :class:`CSRGraph`, a ``.npy`` file each in its folder.
+CSR_ARRAYS = ("indptr", "indices", "weights", "types")
+
+
+def save_csr(folder: Path, graph: "CSRGraph") -> None:
+    """``graph``'s arrays into ``folder`` (made if missing), a file each."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in CSR_ARRAYS:
+        with open(folder / f"{name}.npy", "wb") as fh:
+            np.save(fh, np.ascontiguousarray(getattr(graph, name)))
+
+
+def load_csr(folder: Path) -> "CSRGraph":
+    """The graph :func:`save_csr` wrote into ``folder``, memory-mapped."""
+    return CSRGraph(*(np.load(folder / f"{name}.npy", mmap_mode="r") for name in CSR_ARRAYS))
 
 
 @dataclass

@@ -141,8 +141,8 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     all_knn, dense_indexes, removed = _semantic_knn(vectors, parts, previous, previous_row, config, work, tasks)
     # The graph is built by a unit of work from the files the rows, mentions and kNN
     # lists are in, and mapped from the files it writes: the driver never holds its edges.
-    inputs = GraphInputs(work / "rows.arrow", work / "mentions.arrow",  # no files of no rows
-                         (work / KNN_FILES[0], work / KNN_FILES[1]) if all_knn is not None and len(take) else None)
+    inputs = GraphInputs(work / "rows.arrow", work / "mentions.arrow",
+                         (work / KNN_FILES[0], work / KNN_FILES[1]) if all_knn is not None else None)
     build = functools.partial(
         build_graph_files, inputs, work / "graph",
         order_keys=[created[take], turns_of(table.column("metadata"))],  # creation time, then turn

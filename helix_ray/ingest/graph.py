@@ -26,9 +26,9 @@ import pyarrow.compute as pc
 from pyarrow import ipc
 
 from helix_ray.config import GraphBuildConfig
-from helix_ray.index.csr import EDGE_TYPES, SESSION_EDGE_WEIGHT, SESSION_KEY, CSRGraph
+from helix_ray.index.csr import EDGE_TYPES, SESSION_EDGE_WEIGHT, SESSION_KEY, CSRGraph, load_csr, save_csr
 from helix_ray.store.generation import ENTITY_SCHEMA
-from helix_ray.store.publish import save_arrow, save_npy
+from helix_ray.store.publish import save_arrow
 
 MENTION, SAME_SESSION, TEMPORAL, SEMANTIC = (EDGE_TYPES.index(t) for t in EDGE_TYPES)
 _PRIORITY = {TEMPORAL: 0, MENTION: 1, SEMANTIC: 2, SAME_SESSION: 3}
@@ -130,22 +130,15 @@ def build_graph_files(inputs: GraphInputs, out: Path, *, order_keys: Sequence[np
                                   entity_lists=_mapped(inputs.mentions).column("entities"), knn=knn,
                                   order_keys=order_keys, partitions=partitions, config=config,
                                   tenant_rows=tenant_rows)
-    out.mkdir(parents=True, exist_ok=True)
-    for name in GRAPH_ARRAYS:
-        save_npy(out / f"{name}.npy", getattr(graph, name))
+    save_csr(out, graph)
     save_arrow(out / "entities.arrow", entities)
     return out
-
-
-#: The CSR arrays of a graph, a file each.
-GRAPH_ARRAYS = ("indptr", "indices", "weights", "types")
 
 
 def load_graph_files(folder: Path) -> tuple[CSRGraph, pa.Table]:
     """The graph and entity nodes :func:`build_graph_files` wrote into ``folder``,
     memory-mapped."""
-    graph = CSRGraph(*(np.load(folder / f"{name}.npy", mmap_mode="r") for name in GRAPH_ARRAYS))
-    return graph, _mapped(folder / "entities.arrow")
+    return load_csr(folder), _mapped(folder / "entities.arrow")
 
 
 def _mapped(path: Path) -> pa.Table:

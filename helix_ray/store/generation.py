@@ -79,7 +79,7 @@ import pyarrow.ipc as ipc
 from helix_ray.errors import GenerationDamaged, ManifestMismatch, StoreError
 from helix_ray.index import hnsw
 from helix_ray.index.bm25 import BM25Index, load_bm25, load_terms
-from helix_ray.index.csr import SESSION_KEY, CSRGraph
+from helix_ray.index.csr import SESSION_KEY, CSRGraph, load_csr
 from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.store import integrity
 from helix_ray.store.late import SegmentedTokens
@@ -261,8 +261,7 @@ class Generation:
 
     @cached_property
     def graph(self) -> CSRGraph:
-        g = self.path / "graph"
-        return CSRGraph(*(np.load(g / f"{n}.npy", mmap_mode="r") for n in ("indptr", "indices", "weights", "types")))
+        return load_csr(self.path / "graph")
 
     @cached_property
     def entities(self) -> pa.Table:

@@ -31,7 +31,7 @@ import pyarrow.ipc as ipc
 
 from helix_ray.errors import StoreError
 from helix_ray.index.bm25 import Analyzer, Terms, build_bm25
-from helix_ray.index.csr import CSRGraph
+from helix_ray.index.csr import CSRGraph, save_csr
 from helix_ray.index.hnsw import build_hnsw
 from helix_ray.index.quantize import binary_codes, quantize_int8
 from helix_ray.schema import GENERATION_SCHEMA
@@ -126,7 +126,7 @@ def _check_saved(path: Path, dtype: Any, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{path} holds {saved.dtype} {saved.shape}; expected {np.dtype(dtype)} {shape}")
 
 
-def save_npy(path: Path, array: np.ndarray) -> None:
+def _save_npy(path: Path, array: np.ndarray) -> None:
     with open(path, "wb") as fh:
         np.save(fh, np.ascontiguousarray(array))
 
@@ -193,12 +193,10 @@ def mapped_parts(parts: Iterable[pa.Table], schema: pa.Schema, path: Path) -> pa
 
 def file_array(path: Path, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
     """A new ``.npy`` file at ``path`` as a writable memory map of ``shape``: an array
-    to fill out of the heap, as :func:`mapped_table` holds a table (a plain empty array
-    when it holds no element: a file of none cannot be mapped). Its disk blocks are
+    to fill out of the heap, as :func:`mapped_table` holds a table (one of no element
+    too: numpy maps its header-only file). Its disk blocks are
     taken here, so that a full disk is an ``OSError`` now rather than a SIGBUS at a
     page written later."""
-    if not np.prod(shape):
-        return np.empty(shape, dtype)
     with open(path, "wb") as fh:
         _npy_header(fh, dtype, shape)
         size = fh.tell() + int(np.prod(shape)) * np.dtype(dtype).itemsize
@@ -366,7 +364,7 @@ def _write_rows(staging: _Staging, table: pa.Table, data: GenerationData) -> Non
     if data.minhash_file is not None:
         link_or_copy(data.minhash_file, tmp / "minhash.npy")
     else:
-        save_npy(tmp / "minhash.npy", data.minhash.astype(np.uint32, copy=False))
+        _save_npy(tmp / "minhash.npy", data.minhash.astype(np.uint32, copy=False))
     staging.done(tmp / "minhash.npy")
 
 
@@ -409,8 +407,8 @@ def _write_carried(staging: _Staging, data: GenerationData, n: int, analyzer: An
         if neighbours.shape[0] != n or similarities.shape != neighbours.shape:
             raise ValueError(f"kNN lists have shapes {neighbours.shape} and {similarities.shape}; expected ({n}, K)")
         (tmp / "knn").mkdir()
-        save_npy(tmp / "knn" / "neighbours.npy", neighbours.astype(np.int32))
-        save_npy(tmp / "knn" / "similarities.npy", similarities.astype(np.float32))
+        _save_npy(tmp / "knn" / "neighbours.npy", neighbours.astype(np.int32))
+        _save_npy(tmp / "knn" / "similarities.npy", similarities.astype(np.float32))
         staging.done(tmp / "knn")
         carry["knn"] = int(neighbours.shape[1])
     else:
@@ -421,9 +419,7 @@ def _write_carried(staging: _Staging, data: GenerationData, n: int, analyzer: An
 def _write_graph(staging: _Staging, data: GenerationData) -> None:
     """The CSR adjacency (``graph/``) and the entity nodes (``entities.arrow``)."""
     tmp = staging.folder
-    (tmp / "graph").mkdir()
-    for name in ("indptr", "indices", "weights", "types"):
-        save_npy(tmp / "graph" / f"{name}.npy", getattr(data.graph, name))
+    save_csr(tmp / "graph", data.graph)
     staging.done(tmp / "graph")
     save_arrow(tmp / "entities.arrow", data.entities)
     staging.done(tmp / "entities.arrow")
