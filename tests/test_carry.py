@@ -225,6 +225,30 @@ def test_the_generation_links_the_sorted_minhash_file(tmp_path, monkeypatch):
     np.testing.assert_array_equal(np.asarray(gen.minhash[np.arange(gen.size)]), np.asarray(expected, np.uint32))
 
 
+def test_the_generation_links_the_knn_files_the_graph_read(tmp_path, monkeypatch):
+    """The kNN lists are written once, as int32 and float32, into the work folder's
+    files the graph's unit reads; publish links those into the generation, and a row's
+    list holds itself first."""
+    from helix_ray.store import publish
+
+    linked: list[tuple[str, str]] = []
+    link = publish.link_or_copy
+
+    def recording(source, target):
+        linked.append((Path(source).name, Path(target).name))
+        link(source, target)
+
+    monkeypatch.setattr(publish, "link_or_copy", recording)
+    config = IngestConfig(late_interaction={"enabled": False}, hnsw_min_rows=0)
+    ingest([write_jsonl(tmp_path / "a.jsonl", _rows(0, 40, seed=4, users=("dana", "lee")))], tmp_path / "store",
+           runner="local", config=config)
+    assert ("knn-neighbours.npy", "neighbours.npy") in linked and ("knn-similarities.npy", "similarities.npy") in linked
+    gen = Generation.open_current(tmp_path / "store")
+    neighbours, similarities = gen.knn
+    assert neighbours.dtype == np.int32 and similarities.dtype == np.float32
+    assert (np.asarray(neighbours[:, 0]) == np.arange(gen.size)).all()
+
+
 def test_the_generation_links_the_vectors_file_the_work_units_read(tmp_path, monkeypatch):
     """Ingest writes the sorted vectors once, to the work folder's file the HNSW units
     read; publish links that file into the generation instead of writing it again. The
@@ -325,3 +349,9 @@ def test_units_search_in_blocks_as_one_search_does_and_score_as_usearch(tmp_path
     assert (keys[:, 0] == rows).mean() > 0.95 and keys.min() >= 100  # each row finds itself; keys are rows
     cosine = dense.Int8Cosine(np.load(vectors_path))
     np.testing.assert_allclose(np.take_along_axis(cosine(rows, rows), keys - 100, axis=1), sims, atol=1e-5)
+    # into the caller's arrays (ingest gives views of a file's int32 map), the columns past k untouched
+    given = np.full((len(rows), 8), 7, np.int32), np.full((len(rows), 8), 7, np.float32)
+    dense.search(tasks, vectors_path, index_path, rows, k=5, out=(given[0][:, :5], given[1][:, :5]))
+    np.testing.assert_array_equal(given[0][:, :5], keys)
+    np.testing.assert_array_equal(given[1][:, :5], sims)
+    assert (given[0][:, 5:] == 7).all() and (given[1][:, 5:] == 7).all()

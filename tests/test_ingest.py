@@ -717,6 +717,13 @@ def test_collect_takes_batches_as_they_come_and_each_row_once(tmp_path):
     assert cols["expansions"].to_pylist() == [f'["q{s}"]' for s in range(5)] and cols["late"] is None
     terms = cols["terms"].terms()  # numbered as the rows give them, not as the batches came
     assert terms.vocab == ["w0", "common", "w1", "w2", "w3", "w4"] and terms.ids.tolist() == [0, 1, 2, 1, 3, 1, 4, 1, 5, 1]
+    given.clear()  # given a work folder: the columns are written into its files and mapped from them
+    mapped = collect(batches(), 5, config, work=tmp_path)
+    assert isinstance(mapped["vector"], np.memmap) and mapped["vector"][:, 0].tolist() == [0, 1, 2, 3, 4]
+    in_file = pa.ipc.open_file(tmp_path / "new-outputs.arrow").read_all()
+    for name in ("expansions", "entities"):
+        assert mapped[name].to_pylist() == in_file.column(name).to_pylist() == cols[name].to_pylist()
+    assert mapped["terms"].terms().ids.tolist() == terms.ids.tolist()
     listed = [_batch([1]), _batch([0])]
     assert collect(listed, 2, config)["entities"].to_pylist() == [["name:e0"], ["name:e1"]] and listed == []
     with pytest.raises(RuntimeError, match="1 rows for 2 inputs"):

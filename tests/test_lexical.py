@@ -117,6 +117,8 @@ def test_the_score_matrix_is_the_one_bm25s_builds(tmp_path):
         np.testing.assert_array_equal(ours.scores["indices"][a[0]:a[1]], reference.scores["indices"][b[0]:b[1]])
         np.testing.assert_allclose(ours.scores["data"][a[0]:a[1]], reference.scores["data"][b[0]:b[1]], rtol=1e-6)
     assert ours.scores["num_docs"] == reference.scores["num_docs"] == len(texts)
+    # the matrix was filled in scratch files beside the index (not the heap): none is left
+    assert not [p.name for p in (tmp_path / "ours").iterdir() if p.name.startswith(".")]
 
 
 def test_the_score_matrix_is_the_same_whatever_the_block_of_documents():
@@ -132,6 +134,12 @@ def test_the_score_matrix_is_the_same_whatever_the_block_of_documents():
         for key in ("data", "indices", "indptr"):
             assert part[key].dtype == whole[key].dtype
             np.testing.assert_array_equal(part[key], whole[key])
+    given: dict[str, np.ndarray] = {}  # the arrays to fill, from the caller (build_bm25 gives memory maps)
+    into = bm25.bm25_matrix(terms, k1=1.5, b=0.75, block=7,
+                            empty=lambda name, n, dtype: given.setdefault(name, np.full(n, -1, dtype)))
+    assert into["data"] is given["data"] and into["indices"] is given["indices"]
+    for key in ("data", "indices"):
+        np.testing.assert_array_equal(into[key], whole[key])
 
 
 def test_terms_take_gives_the_documents_asked_in_that_order():

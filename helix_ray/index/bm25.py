@@ -16,7 +16,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -156,7 +156,7 @@ class Terms:
             np.cumsum(np.concatenate(lengths), out=offsets[1:])
         return cls(np.concatenate(ids) if ids else np.zeros(0, np.int32), offsets, vocab)
 
-    def take(self, rows: np.ndarray, block: int = 65536,
+    def take(self, rows: np.ndarray, block: int = 8192,
              empty: Callable[[int], np.ndarray] | None = None) -> "Terms":
         """Documents ``rows``, in that order. Runs of rows that follow one another here
         (what an ingest mostly takes: the rows it carries, then a sort by tenant) are
@@ -298,7 +298,8 @@ class TermsOfWords:
         return Terms(flat, terms.offsets, [*vocab, *(terms.vocab[i] for i in fresh.tolist())])
 
 
-def bm25_matrix(terms: Terms, *, k1: float, b: float, block: int = 65536) -> dict[str, object]:
+def bm25_matrix(terms: Terms, *, k1: float, b: float, block: int = 8192,
+                empty: Callable[[str, int, Any], np.ndarray] | None = None) -> dict[str, object]:
     """The score matrix bm25s's ``index()`` builds (method "lucene", float32), vectorised:
     one score per (term, document) pair holding it, idf × tf / (tf + k1·(1 − b + b·|d| /
     avgdl)), with idf = ln(1 + (N − df + 0.5) / (df + 0.5)) (Lucene's BM25); stored by
@@ -306,7 +307,9 @@ def bm25_matrix(terms: Terms, *, k1: float, b: float, block: int = 65536) -> dic
     this counts ``block`` documents at a time, twice: once for each term's document
     frequency, then to score the pairs and put them in place. Only the result is held
     whole (8 bytes a pair; a million memories hold ~50 million pairs), never a
-    temporary of every term occurrence. ``test_lexical`` checks it against bm25s."""
+    temporary of every term occurrence. ``empty(name, n, dtype)``: the array of n pairs'
+    ``data`` or ``indices`` to fill (a memory map, say), a new one by default.
+    ``test_lexical`` checks it against bm25s."""
     n_docs, n_vocab = len(terms), len(terms.vocab)
     lengths = np.diff(np.asarray(terms.offsets))
     blocks = [(lo, min(lo + block, n_docs)) for lo in range(0, n_docs, block)]
@@ -318,8 +321,8 @@ def bm25_matrix(terms: Terms, *, k1: float, b: float, block: int = 65536) -> dic
     # bm25s: idf rounded to float32, the rest in float64, the product stored as float32.
     idf = np.log(1 + (n_docs - df + 0.5) / (df + 0.5)).astype(np.float32)
     avgdl = lengths.mean()
-    data = np.empty(int(indptr[-1]), np.float32)
-    indices = np.empty(int(indptr[-1]), np.int32)
+    make = empty or (lambda name, n, dtype: np.empty(n, dtype))
+    data, indices = make("data", int(indptr[-1]), np.float32), make("indices", int(indptr[-1]), np.int32)
     filled = indptr[:-1].copy()  # where each term's next pair goes
     for lo, hi in blocks:
         counts = _counted(terms, lo, hi)
@@ -371,8 +374,14 @@ def build_bm25(texts: list[str] | None, folder: Path, *, analyzer: Analyzer = An
         terms = Terms.analyse(analyzer, texts or [])
     terms = terms.compacted()
     retriever = bm25s.BM25()
+    folder.mkdir(parents=True, exist_ok=True)
+    # The score matrix is filled in files beside the index, not the heap (8 bytes a pair:
+    # ~0.4 GB at a million memories), and bm25s's save copies them to its own names.
+    scratch = {name: folder / f".{name}-scratch.npy" for name in ("data", "indices")}
     if len(terms):
-        retriever.scores = bm25_matrix(terms, k1=retriever.k1, b=retriever.b)
+        retriever.scores = bm25_matrix(
+            terms, k1=retriever.k1, b=retriever.b,
+            empty=lambda name, n, dtype: np.lib.format.open_memmap(scratch[name], "w+", dtype, (n,)))
         retriever.vocab_dict = {t: i for i, t in enumerate(terms.vocab)}
         retriever.vocab_dict[""] = len(terms.vocab)  # as bm25s's index() adds it
         retriever.nonoccurrence_array = None
@@ -382,6 +391,9 @@ def build_bm25(texts: list[str] | None, folder: Path, *, analyzer: Analyzer = An
         retriever.vocab_dict = {}
         retriever.nonoccurrence_array = None
     retriever.save(str(folder))
+    del retriever
+    for path in scratch.values():
+        path.unlink(missing_ok=True)
     (folder / ANALYZER_FILE).write_text(json.dumps(analyzer.to_dict()))
     np.save(folder / TERMS_FILES[0], np.asarray(terms.ids, np.int32))
     np.save(folder / TERMS_FILES[1], np.asarray(terms.offsets, np.int64))

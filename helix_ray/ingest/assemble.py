@@ -27,8 +27,8 @@ from helix_ray.schema import GENERATION_SCHEMA, PENDING_SCHEMA
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import Generation
 from helix_ray.store.late import SegmentedTokens, TokenRows
-from helix_ray.store.publish import (GenerationData, HnswSettings, file_array, mapped_table, partitions_of,
-                                     save_npy_blocks)
+from helix_ray.store.publish import (GenerationData, HnswSettings, file_array, mapped_parts, mapped_table,
+                                     partitions_of, save_npy_blocks)
 from helix_ray.token_encoder import PassageTokens, empty_tokens, from_blobs, get_token_encoder, to_blobs
 from helix_ray.tokens import token_counter
 
@@ -104,10 +104,9 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     terms = carry.terms(previous, previous_rows, old_lexical, new_cols.pop("terms"), analyzer,
                         new_file=lambda n: file_array(work / "new-terms.npy", np.int32, (n,)))
     del old_lexical
-    # The expansions wait for the database's record from here on: in a file, not the heap.
-    new_cols["expansions"] = mapped_table(pa.table({"queries": new_cols["expansions"]}),
-                                          work / "expansions.arrow").column("queries")
-    ents = pa.concat_arrays([carry.mentions(previous, previous_rows, old_texts), new_cols.pop("entities")])
+    # The old rows' entity lists, then the new ones' (mapped from the work folder: collect)
+    ents = pa.chunked_array([carry.mentions(previous, previous_rows, old_texts), *new_cols.pop("entities").chunks],
+                            carry.MENTIONS_TYPE)
 
     late = _late_tokens(previous, previous_rows, old_table, new_cols, config, db)
     del old_table, old_texts  # the old rows' unsorted columns: the sorted ones are copies
@@ -131,11 +130,10 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     # memories ~0.5 GB and ~0.3 GB that the heap does not hold, nor a sorted copy of).
     table = mapped_table(table, work / "rows.arrow", order=take)
     terms = terms.take(take, empty=lambda n: file_array(work / "terms.npy", np.int32, (n,)))
-    at = pa.array(take)
     previous_row = np.concatenate([previous_rows, np.full(n_new, -1, np.int64)])[take]
     if late is not None:
         late = late.take(take)  # pointers only: publish gathers the new rows' tokens
-    ents = mapped_table(pa.table({"entities": ents.take(at)}), work / "mentions.arrow").column("entities")
+    ents = mapped_table(pa.table({"entities": ents}), work / "mentions.arrow", order=take).column("entities")
     parts = {p["user"]: (p["start"], p["end"]) for p in partitions_of(table.column("user"))}
 
     all_knn, dense_indexes, removed = _semantic_knn(vectors, parts, previous, previous_row, config, work, tasks)
@@ -154,6 +152,7 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
         extra={"doc2query": config.doc2query.backend, "_dense_indexes": dense_indexes,
                "carry": {"mentions": carry.MENTIONS_VERSION, "dense_removed": removed}},
         late=late, mentions=ents, knn=all_knn, vectors_file=work / VECTORS, minhash_file=minhash_file,
+        knn_files=inputs.knn,
     )
 
 
@@ -169,54 +168,67 @@ def collect(batches: Iterable[dict[str, np.ndarray]], n: int, config: IngestConf
 
     Takes the batches as they come (a list is emptied as it goes): the vectors and token
     counts are written once into their place, a batch's expansions and entities become
-    Arrow arrays put in order at the end, its words numbered terms (into ``work`` when
-    given), and a batch's arrays go as soon as they are
-    copied, so the driver never holds every batch and the columns at once, nor a Python
-    string per row (at a million memories the vectors alone are 0.75 GB as float16).
-    Raises RuntimeError unless every row ``0 … n − 1`` came exactly once."""
+    Arrow arrays put in order at the end, its words numbered terms, and a batch's arrays
+    go as soon as they are copied, so the driver never holds every batch and the columns
+    at once, nor a Python string per row. Given ``work``, the vectors, terms, expansions
+    and entities go into its files and are mapped from there: at a million memories
+    0.75 GB of float16 vectors and ~0.4 GB of expansions and entities the heap does not
+    hold. Raises RuntimeError unless every row ``0 … n − 1`` came exactly once."""
     vector = file_array(work / "new-vectors.npy", np.float16, (n, DIM)) if work is not None \
         else np.empty((n, DIM), np.float16)
     seqs: list[np.ndarray] = []
-    expansions: list[pa.Array] = []
-    entities: list[pa.Array] = []
     n_tokens = np.empty(n, np.int32)
-    codes: list[Any] = [None] * n
-    scales: list[Any] = [None] * n
+    codes: list[Any] = []  # per row, its token vectors' blobs (with late interaction)
+    scales: list[Any] = []
     seen = np.zeros(n, bool)
     with_late = None
     terms = TermsOfWords(n, work / "new-terms-arrived.i32" if work is not None else None)  # numbered as they come
-    for batch in _draining(batches):
-        at = np.asarray(batch.pop("seq"), np.int64)
-        if len(at) and (at.min() < 0 or at.max() >= n or seen[at].any() or len(np.unique(at)) < len(at)):
-            raise RuntimeError(f"the transform stages returned rows outside 0..{n - 1} or twice")
-        seen[at] = True
-        if with_late is None:
-            with_late = "late_codes" in batch
-        rows = np.asarray(batch.pop("vector"))
-        vector[at] = np.stack(list(rows)) if rows.ndim == 1 else rows
-        n_tokens[at] = np.asarray(batch.pop("n_tokens"), np.int32)
-        seqs.append(at)
-        expansions.append(pa.array([str(e) for e in batch.pop("expansions")], pa.string()))
-        entities.append(pa.array([json.loads(str(m)) for m in batch.pop("entities")], carry.MENTIONS_TYPE))
-        terms.add(at, batch.pop("words"))
-        if with_late:
-            for i, c, x in zip(at.tolist(), batch.pop("late_codes"), batch.pop("late_scales")):
-                codes[i], scales[i] = bytes(c), bytes(x)
+
+    def arrived() -> Iterator[pa.Table]:
+        """Each batch taken in, its expansions and entities given back as they came."""
+        nonlocal with_late
+        for batch in _draining(batches):
+            at = np.asarray(batch.pop("seq"), np.int64)
+            if len(at) and (at.min() < 0 or at.max() >= n or seen[at].any() or len(np.unique(at)) < len(at)):
+                raise RuntimeError(f"the transform stages returned rows outside 0..{n - 1} or twice")
+            seen[at] = True
+            if with_late is None:
+                with_late = "late_codes" in batch
+                if with_late:
+                    codes.extend([None] * n)
+                    scales.extend([None] * n)
+            rows = np.asarray(batch.pop("vector"))
+            vector[at] = np.stack(list(rows)) if rows.ndim == 1 else rows
+            n_tokens[at] = np.asarray(batch.pop("n_tokens"), np.int32)
+            seqs.append(at)
+            terms.add(at, batch.pop("words"))
+            if with_late:
+                for i, c, x in zip(at.tolist(), batch.pop("late_codes"), batch.pop("late_scales")):
+                    codes[i], scales[i] = bytes(c), bytes(x)
+            yield pa.table([pa.array([str(e) for e in batch.pop("expansions")], pa.string()),
+                            pa.array([json.loads(str(m)) for m in batch.pop("entities")], carry.MENTIONS_TYPE)],
+                           schema=NEW_OUTPUTS)
+
+    if work is None:
+        outputs = pa.concat_tables([NEW_OUTPUTS.empty_table(), *arrived()])
+    else:
+        outputs = mapped_parts(arrived(), NEW_OUTPUTS, work / "new-outputs-arrived.arrow")
     if not seen.all():
         raise RuntimeError(f"the transform stages returned {int(seen.sum())} rows for {n} inputs")
     if with_late is None:  # no batch came: no rows
         late = empty_tokens() if config.late_interaction.enabled else None
     else:
         late = from_blobs(codes, scales) if with_late else None
-    order = pa.array(np.argsort(np.concatenate(seqs), kind="stable") if seqs else np.zeros(0, np.int64))
-    return {"vector": vector, "expansions": _in_order(expansions, pa.string(), order),
-            "entities": _in_order(entities, carry.MENTIONS_TYPE, order), "n_tokens": n_tokens, "late": late,
-            "terms": terms}
+    order = np.argsort(np.concatenate(seqs), kind="stable") if seqs else np.zeros(0, np.int64)
+    outputs = outputs.take(pa.array(order)).combine_chunks() if work is None else \
+        mapped_table(outputs, work / "new-outputs.arrow", order=order)  # a block at a time
+    return {"vector": vector, "expansions": outputs.column("expansions"), "entities": outputs.column("entities"),
+            "n_tokens": n_tokens, "late": late, "terms": terms}
 
 
-def _in_order(chunks: list[pa.Array], type_: pa.DataType, order: pa.Array) -> pa.Array:
-    """The rows of ``chunks`` (one after another) taken in ``order``, as one array."""
-    return pa.chunked_array(chunks, type_).take(order).combine_chunks()
+#: The transform stages' outputs :func:`collect` puts in row order as tables: each new
+#: row's expansions (its JSON list) and entity keys.
+NEW_OUTPUTS = pa.schema([("expansions", pa.string()), ("entities", carry.MENTIONS_TYPE)])
 
 
 def _draining(batches: Iterable[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
@@ -395,7 +407,7 @@ def _semantic_knn(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previo
     now = carry.moved_to(previous.size, previous_row) if previous is not None else None
     before = carry.previous_knn(previous, width, now) if width else None
     dense_indexes, removed = _dense_indexes(vectors, parts, previous, previous_row, now, config, work, tasks)
-    all_n = file_array(work / KNN_FILES[0], np.int64, (len(vectors), width))
+    all_n = file_array(work / KNN_FILES[0], np.int32, (len(vectors), width))
     all_n[:] = -1
     all_s = file_array(work / KNN_FILES[1], np.float32, (len(vectors), width))
     all_s[:] = 0
@@ -405,9 +417,8 @@ def _semantic_knn(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previo
         if user in dense_indexes:
             search = functools.partial(dense.search, tasks, work / VECTORS, dense_indexes[user], k=k)
             similarity = dense.Int8Cosine(vectors)
-        all_n[start:end], all_s[start:end] = carry.tenant_knn(
-            vectors, start, end, k, width, previous=before, previous_row=previous_row, search=search,
-            similarity=similarity)
+        carry.tenant_knn(vectors, start, end, k, width, previous=before, previous_row=previous_row, search=search,
+                         similarity=similarity, out=(all_n[start:end], all_s[start:end]))
     return (all_n, all_s) if width else None, dense_indexes, removed
 
 

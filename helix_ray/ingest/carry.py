@@ -149,12 +149,14 @@ MAX_FRESH_TO_MEET = 2048
 
 def tenant_knn(vectors: np.ndarray, start: int, end: int, k: int, width: int, *,
                previous: PreviousKnn | None, previous_row: np.ndarray, search=None,
-               similarity=None) -> tuple[np.ndarray, np.ndarray]:
-    """(end − start, width) nearest rows of a tenant's rows, self included, −1 padded.
+               similarity=None, out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(end − start, width) nearest rows of a tenant's rows, self included, −1 padded:
+    in ``out`` when given (views of a file's memory map, say), else new arrays.
 
-    ``search(rows) -> (neighbours, sims)`` finds the k nearest of the given tenant rows
-    (absolute numbers); by default exactly. ``similarity(rows, candidates)`` scores row
-    pairs as ``search`` does (default: dot products of ``vectors``, in float32).
+    ``search(rows, out=None) -> (neighbours, sims)`` finds the k nearest of the given
+    tenant rows (absolute numbers), into ``out`` when given; by default exactly.
+    ``similarity(rows, candidates)`` scores row pairs as ``search`` does (default: dot
+    products of ``vectors``, in float32).
 
     With ``previous``, a carried-over row keeps its list when none of its neighbours
     left (it meets only the tenant's new rows, scored directly); a new row, or one that
@@ -163,14 +165,19 @@ def tenant_knn(vectors: np.ndarray, start: int, end: int, k: int, width: int, *,
     if search is None or similarity is None:
         block = np.asarray(vectors[start:end], np.float32)  # float16 rows are scored in float32
     if search is None:
-        def search(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            return exact_knn(block, k, offset=start, queries=rows - start)
+        def search(rows: np.ndarray, out: tuple[np.ndarray, np.ndarray] | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+            found = exact_knn(block, k, offset=start, queries=rows - start)
+            if out is None:
+                return found
+            out[0][:], out[1][:] = found
+            return out
     if similarity is None:
         def similarity(rows: np.ndarray, candidates: np.ndarray) -> np.ndarray:
             return block[rows - start] @ block[candidates - start].T
 
-    out_n = np.full((n, width), -1, np.int64)
-    out_s = np.zeros((n, width), np.float32)
+    out_n, out_s = out if out is not None else (np.empty((n, width), np.int64), np.empty((n, width), np.float32))
+    out_n[:], out_s[:] = -1, 0
     rows = np.arange(start, end)
     before = previous_row[start:end]
     fresh = rows[before < 0]
@@ -195,7 +202,9 @@ def tenant_knn(vectors: np.ndarray, start: int, end: int, k: int, width: int, *,
                         more_s, more_n = np.take_along_axis(more_s, top, axis=1), fresh[top]
                     kept_n[part], kept_s[part] = _merge_to(kept_n[part], kept_s[part], more_n, more_s, k, width)
             out_n[keep - start], out_s[keep - start] = kept_n, kept_s
-    if len(searched):
+    if len(searched) == n:  # every row (a first ingest): the lists go straight into place, not through a copy
+        search(rows, out=(out_n[:, :k], out_s[:, :k]))
+    elif len(searched):
         searched = np.sort(searched)
         found_n, found_s = search(searched)
         out_n[searched - start, : found_n.shape[1]] = found_n

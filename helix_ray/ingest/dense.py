@@ -162,14 +162,16 @@ def search_vectors(index: Path | np.ndarray, queries: np.ndarray, k: int,
     return keys, sims
 
 
-def search(tasks: Tasks, vectors_path: Path, index_path: Path, rows: np.ndarray,
-           k: int) -> tuple[np.ndarray, np.ndarray]:
+def search(tasks: Tasks, vectors_path: Path, index_path: Path, rows: np.ndarray, k: int, *,
+           out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`search_block` over ``rows``, at most :data:`SEARCH_BLOCK` of them per unit,
     in a multiple of the slots units of equal size (so that no slot idles while another
     searches a last block). On several nodes each unit is given its rows' vectors and
-    the index's bytes, shared once (:func:`search_vectors`), and runs on any node."""
-    keys = np.full((len(rows), k), -1, np.int64)
-    sims = np.zeros((len(rows), k), np.float32)
+    the index's bytes, shared once (:func:`search_vectors`), and runs on any node.
+    ``out``: the (len(rows), k) arrays of keys and similarities to fill and return (views
+    of a file's memory map, say), new ones by default."""
+    keys, sims = out if out is not None else (np.empty((len(rows), k), np.int64), np.empty((len(rows), k), np.float32))
+    keys[:], sims[:] = -1, 0
     spread = tasks.nodes > 1
     slots = max(1, tasks.spread_slots if spread else tasks.slots)
     units = -(-max(1, -(-len(rows) // SEARCH_BLOCK)) // slots) * slots

@@ -76,6 +76,8 @@ class GenerationData:
     vectors_file: Path | None = None
     # ``minhash`` already saved as uint32 .npy on the store's disk: linked, as the vectors
     minhash_file: Path | None = None
+    # ``knn`` already saved as int32 and float32 .npy on the store's disk: linked too
+    knn_files: tuple[Path, Path] | None = None
 
 
 @dataclass(frozen=True)
@@ -407,8 +409,14 @@ def _write_carried(staging: _Staging, data: GenerationData, n: int, analyzer: An
         if neighbours.shape[0] != n or similarities.shape != neighbours.shape:
             raise ValueError(f"kNN lists have shapes {neighbours.shape} and {similarities.shape}; expected ({n}, K)")
         (tmp / "knn").mkdir()
-        _save_npy(tmp / "knn" / "neighbours.npy", neighbours.astype(np.int32))
-        _save_npy(tmp / "knn" / "similarities.npy", similarities.astype(np.float32))
+        saved = zip(data.knn_files or (None, None), ("neighbours.npy", "similarities.npy"), (neighbours, similarities),
+                    (np.int32, np.float32))
+        for given, name, array, dtype in saved:
+            if given is not None:
+                _check_saved(given, dtype, neighbours.shape)
+                link_or_copy(given, tmp / "knn" / name)
+            else:
+                _save_npy(tmp / "knn" / name, array.astype(dtype, copy=False))
         staging.done(tmp / "knn")
         carry["knn"] = int(neighbours.shape[1])
     else:
