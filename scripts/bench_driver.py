@@ -16,7 +16,8 @@ one of 5,000 random unit vectors plus N(0, σ²) noise per dimension, renormalis
 memory has close neighbours as real near-duplicates do.
 
 It prints the driver's peak RSS (``VmHWM``), its peak heap alone (``RssAnon``, sampled:
-without the pages of files it maps, which the kernel can drop; overall and per stage)
+without the pages of files it maps, which the kernel can drop; overall, per stage, and
+at the places in the code where it peaked highest)
 and its RSS just before the ingest (the vectors given, held by this script), the peak
 PSS of the driver and every Ray process together, the run's seconds per stage
 (``IngestReport.seconds``) and the units of work (index builds, kNN searches, the graph) each node
@@ -85,25 +86,33 @@ class AnonPeak:
     """The driver's peak anonymous memory (``RssAnon``: its heap, without the pages of
     files it maps, which the kernel can drop), sampled every ``interval`` seconds, overall
     and per ingest stage (``by_stage``: the stage that was running, or the step after it
-    until the next one starts)."""
+    until the next one starts), and per place in the code (``by_frame``: the innermost
+    ``helix_ray`` lines the main thread was running, the two closest), which names what
+    raised a peak."""
 
     def __init__(self, interval: float = 0.2):
         self.interval, self.peak_mib = interval, 0.0
         self.stage = "start"
         self.by_stage: dict[str, float] = {}
+        self.by_frame: dict[str, float] = {}
+        self._main = threading.main_thread().ident
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while True:
             with open("/proc/self/status") as fh:
-                for line in fh:
-                    if line.startswith("RssAnon:"):
-                        mib = int(line.split()[1]) / 1024
-                        self.peak_mib = max(self.peak_mib, mib)
-                        self.by_stage[self.stage] = max(self.by_stage.get(self.stage, 0.0), mib)
+                mib = next(int(line.split()[1]) / 1024 for line in fh if line.startswith("RssAnon:"))
+            where = _where(sys._current_frames().get(self._main))
+            self.peak_mib = max(self.peak_mib, mib)
+            self.by_stage[self.stage] = max(self.by_stage.get(self.stage, 0.0), mib)
+            self.by_frame[where] = max(self.by_frame.get(where, 0.0), mib)
             if self._stop.wait(self.interval):
                 return
+
+    def top_frames(self, n: int = 12) -> dict[str, int]:
+        """The ``n`` places in the code with the highest peaks, highest first."""
+        return {k: round(v) for k, v in sorted(self.by_frame.items(), key=lambda kv: -kv[1])[:n]}
 
     def __enter__(self) -> "AnonPeak":
         self._thread.start()
@@ -130,6 +139,18 @@ class AnonPeak:
             yield
         finally:
             run_module.timed = timed
+
+
+def _where(frame: Any) -> str:
+    """``path:line function`` of the two innermost ``helix_ray`` frames from ``frame`` out
+    (``-`` when the thread runs none: the script's own code, or a library's)."""
+    places = []
+    while frame is not None and len(places) < 2:
+        name = frame.f_code.co_filename
+        if f"{os.sep}helix_ray{os.sep}" in name:
+            places.append(f"{name.rsplit(os.sep + 'helix_ray' + os.sep, 1)[1]}:{frame.f_lineno} {frame.f_code.co_name}")
+        frame = frame.f_back
+    return " < ".join(places) or "-"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         "driver_rss_before_mib": round(before), "driver_peak_rss_mib": round(rss_mib()[1]),
         "driver_peak_anon_mib": round(anon.peak_mib),
         "driver_peak_anon_by_stage_mib": {k: round(v) for k, v in anon.by_stage.items()},
+        "driver_peak_anon_by_frame_mib": anon.top_frames(),
         "tree_peak_pss_mib": round(sampler.peak_mib), "seconds": round(seconds, 1), "stages_s": report.seconds,
         "nodes": args.nodes, "work_units": report.work_units,
     }

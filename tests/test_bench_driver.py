@@ -19,5 +19,8 @@ def test_the_script_ingests_every_memory_with_the_vector_it_gives(tmp_path):
     assert result["driver_peak_rss_mib"] >= result["driver_rss_before_mib"] > 0
     assert result["driver_peak_rss_mib"] >= result["driver_peak_anon_mib"] > 0
     assert {"dedup", "assemble", "publish", "record"} <= set(result["stages_s"])
+    frames = result["driver_peak_anon_by_frame_mib"]  # where in helix_ray the heap peaked, highest first
+    assert any(k.split(":")[0].endswith(".py") for k in frames) and max(frames.values()) <= result["driver_peak_anon_mib"]
+    assert list(frames.values()) == sorted(frames.values(), reverse=True)
     generation = Generation.open_current(tmp_path / "store")
     assert generation.size == result["memories"] and len({*generation.memories.column("user").to_pylist()}) == 2
