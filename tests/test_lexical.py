@@ -211,6 +211,8 @@ def test_compacted_terms_drop_the_vocabulary_no_document_holds_and_keep_the_rest
     assert [compact.vocab[i] for i in compact.ids] == [terms.vocab[i] for i in terms.ids]
     np.testing.assert_array_equal(compact.offsets, terms.offsets)
     assert compact.compacted() is compact  # every term held: no copy
+    by_one = terms.compacted(block=1)  # the terms in use marked an occurrence at a time: the same
+    assert by_one.vocab == compact.vocab and by_one.ids.tolist() == compact.ids.tolist()
 
 
 _VOCAB_OF = """
