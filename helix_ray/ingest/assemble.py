@@ -104,9 +104,12 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     terms = carry.terms(previous, previous_rows, old_lexical, new_cols.pop("terms"), analyzer,
                         new_file=lambda n: file_array(work / "new-terms.npy", np.int32, (n,)))
     del old_lexical
-    # The old rows' entity lists, then the new ones' (mapped from the work folder: collect)
-    ents = pa.chunked_array([carry.mentions(previous, previous_rows, old_texts), *new_cols.pop("entities").chunks],
+    # The old rows' entity lists, then the new ones' (collect maps them from the work folder)
+    new_ents = new_cols.pop("entities")
+    ents = pa.chunked_array([carry.mentions(previous, previous_rows, old_texts),
+                             *(new_ents.chunks if isinstance(new_ents, pa.ChunkedArray) else [new_ents])],
                             carry.MENTIONS_TYPE)
+    del new_ents
 
     late = _late_tokens(previous, previous_rows, old_table, new_cols, config, db)
     del old_table, old_texts  # the old rows' unsorted columns: the sorted ones are copies
