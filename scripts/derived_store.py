@@ -272,7 +272,8 @@ def minhash(todo: list[dict[str, Any]], config: Any) -> np.ndarray:
 
 def annotated_columns(todo: list[dict[str, Any]], vectors: np.ndarray, config: Any) -> dict[str, Any]:
     """The new columns ``assemble`` takes, as ingest's ``collect`` gives them: vectors,
-    doc2query expansions (Arrow strings), entities (Arrow lists), token counts, BM25 terms."""
+    doc2query expansions (Arrow strings), entities (Arrow lists), both chunked arrays,
+    token counts, BM25 terms."""
     from helix_ray.index.bm25 import TermsOfWords
     from helix_ray.ingest import stages
     from helix_ray.ingest.carry import MENTIONS_TYPE
@@ -292,8 +293,8 @@ def annotated_columns(todo: list[dict[str, Any]], vectors: np.ndarray, config: A
         ents.append(pa.array([json.loads(str(x)) for x in batch["entities"]], MENTIONS_TYPE))
         n_tokens.append(np.asarray(batch["n_tokens"], np.int32))
         terms.add(np.arange(lo, lo + len(chunk)), batch["words"])
-    return {"vector": vectors, "expansions": pa.array(expansions, pa.string()),
-            "entities": pa.concat_arrays([pa.array([], MENTIONS_TYPE), *ents]),
+    return {"vector": vectors, "expansions": pa.chunked_array([pa.array(expansions, pa.string())]),
+            "entities": pa.chunked_array(ents, MENTIONS_TYPE),
             "n_tokens": np.concatenate(n_tokens), "terms": terms}
 
 

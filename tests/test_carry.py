@@ -355,3 +355,32 @@ def test_units_search_in_blocks_as_one_search_does_and_score_as_usearch(tmp_path
     np.testing.assert_array_equal(given[0][:, :5], keys)
     np.testing.assert_array_equal(given[1][:, :5], sims)
     assert (given[0][:, 5:] == 7).all() and (given[1][:, 5:] == 7).all()
+
+
+def test_a_tenants_exact_lists_go_into_the_callers_arrays_padded():
+    """tenant_knn without an index searches exactly, straight into the arrays it is
+    given (views of the kNN file in an ingest): every row of its range written, the
+    columns past k padded −1 / 0 whatever the arrays held."""
+    from helix_ray.ingest import carry
+
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((40, 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    start, end, k, width = 10, 16, 6, 9  # a tenant of 6 rows: k is its size, the lists are wider
+    held = np.full((40, width), 7, np.int32), np.full((40, width), 7.0, np.float32)
+    out = held[0][start:end], held[1][start:end]
+    got_n, got_s = carry.tenant_knn(vectors, start, end, k, width, previous=None,
+                                    previous_row=np.full(40, -1, np.int64), out=out)
+    assert got_n is out[0] and got_s is out[1]
+    scores = vectors[start:end] @ vectors[start:end].T
+    want = np.argsort(-scores, axis=1, kind="stable") + start
+    np.testing.assert_array_equal(held[0][start:end, :k], want)
+    np.testing.assert_allclose(held[1][start:end, :k], np.take_along_axis(scores, want - start, axis=1), atol=1e-6)
+    assert (held[0][start:end, k:] == -1).all() and (held[1][start:end, k:] == 0).all()
+    assert (held[0][:start] == 7).all() and (held[0][end:] == 7).all()  # nothing outside the range
+    # exact_knn into given arrays is what it returns without them
+    given = np.empty((end - start, k), np.int64), np.empty((end - start, k), np.float32)
+    alone = carry.exact_knn(vectors[start:end], k, offset=start)
+    carry.exact_knn(vectors[start:end], k, offset=start, out=given)
+    np.testing.assert_array_equal(given[0], alone[0])
+    np.testing.assert_array_equal(given[1], alone[1])

@@ -106,8 +106,7 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     del old_lexical
     # The old rows' entity lists, then the new ones' (collect maps them from the work folder)
     new_ents = new_cols.pop("entities")
-    ents = pa.chunked_array([carry.mentions(previous, previous_rows, old_texts),
-                             *(new_ents.chunks if isinstance(new_ents, pa.ChunkedArray) else [new_ents])],
+    ents = pa.chunked_array([carry.mentions(previous, previous_rows, old_texts), *new_ents.chunks],
                             carry.MENTIONS_TYPE)
     del new_ents
 
@@ -410,10 +409,9 @@ def _semantic_knn(vectors: np.ndarray, parts: dict[str, tuple[int, int]], previo
     now = carry.moved_to(previous.size, previous_row) if previous is not None else None
     before = carry.previous_knn(previous, width, now) if width else None
     dense_indexes, removed = _dense_indexes(vectors, parts, previous, previous_row, now, config, work, tasks)
+    # The tenants' ranges cover every row, and tenant_knn writes all of its range (−1 padded).
     all_n = file_array(work / KNN_FILES[0], np.int32, (len(vectors), width))
-    all_n[:] = -1
     all_s = file_array(work / KNN_FILES[1], np.float32, (len(vectors), width))
-    all_s[:] = 0
     for user, (start, end) in parts.items() if width else ():
         k = min(width, end - start)
         search = similarity = None

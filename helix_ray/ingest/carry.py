@@ -87,13 +87,15 @@ def terms_carried(previous: Generation | None, analyzer: Analyzer) -> bool:
 
 
 def exact_knn(vectors: np.ndarray, k: int, *, offset: int, queries: np.ndarray | None = None,
-              rows_per_step: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+              rows_per_step: int = 2048, out: tuple[np.ndarray, np.ndarray] | None = None
+              ) -> tuple[np.ndarray, np.ndarray]:
     """The k nearest of ``vectors`` (unit rows: cosine) to each of its rows, or to the
     rows ``queries`` (relative row numbers) only; neighbours as ``offset`` + row, nearest
-    first, ties by row. Computed in blocks of queries to bound memory."""
+    first, ties by row. Computed in blocks of queries to bound memory, into ``out``
+    (the (rows, k) arrays of neighbours and similarities) when given."""
     rows = np.arange(len(vectors)) if queries is None else np.asarray(queries, np.int64)
-    neighbours = np.empty((len(rows), k), np.int64)
-    sims = np.empty((len(rows), k), np.float32)
+    neighbours, sims = out if out is not None else (np.empty((len(rows), k), np.int64),
+                                                    np.empty((len(rows), k), np.float32))
     for lo in range(0, len(rows), rows_per_step):
         scores = vectors[rows[lo : lo + rows_per_step]] @ vectors.T
         top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
@@ -167,11 +169,7 @@ def tenant_knn(vectors: np.ndarray, start: int, end: int, k: int, width: int, *,
     if search is None:
         def search(rows: np.ndarray, out: tuple[np.ndarray, np.ndarray] | None = None
                    ) -> tuple[np.ndarray, np.ndarray]:
-            found = exact_knn(block, k, offset=start, queries=rows - start)
-            if out is None:
-                return found
-            out[0][:], out[1][:] = found
-            return out
+            return exact_knn(block, k, offset=start, queries=rows - start, out=out)
     if similarity is None:
         def similarity(rows: np.ndarray, candidates: np.ndarray) -> np.ndarray:
             return block[rows - start] @ block[candidates - start].T

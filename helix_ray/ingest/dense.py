@@ -169,9 +169,9 @@ def search(tasks: Tasks, vectors_path: Path, index_path: Path, rows: np.ndarray,
     searches a last block). On several nodes each unit is given its rows' vectors and
     the index's bytes, shared once (:func:`search_vectors`), and runs on any node.
     ``out``: the (len(rows), k) arrays of keys and similarities to fill and return (views
-    of a file's memory map, say), new ones by default."""
+    of a file's memory map, say), new ones by default. Every row is written (a unit's
+    answer is −1 padded), so ``out`` needs no filling first."""
     keys, sims = out if out is not None else (np.empty((len(rows), k), np.int64), np.empty((len(rows), k), np.float32))
-    keys[:], sims[:] = -1, 0
     spread = tasks.nodes > 1
     slots = max(1, tasks.spread_slots if spread else tasks.slots)
     units = -(-max(1, -(-len(rows) // SEARCH_BLOCK)) // slots) * slots
