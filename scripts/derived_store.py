@@ -376,8 +376,8 @@ def build_store(n: int, store: Path, *, users: int | None, base_texts: list[str]
     timer = build_timer()
     try:
         t0 = time.perf_counter()
-        rows = NextRows(None, GENERATION_SCHEMA.empty_table(), np.zeros(0, np.int64), [], table, new_cols, sigs,
-                        list(range(n)))
+        rows = NextRows(None, GENERATION_SCHEMA.empty_table(), np.zeros(0, np.int64), np.zeros(0, np.int64), table,
+                        new_cols, sigs, np.arange(n))
         del table
         with work_folder(store) as work:  # the HNSW index files, until publish moves them in
             data = assemble(rows, _NoPreviousStore(), config, work=work)

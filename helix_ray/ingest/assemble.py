@@ -31,6 +31,7 @@ from helix_ray.store.publish import (GenerationData, HnswSettings, file_array, m
                                      partitions_of, save_npy_blocks)
 from helix_ray.token_encoder import PassageTokens, empty_tokens, from_blobs, get_token_encoder, to_blobs
 from helix_ray.tokens import token_counter
+from helix_ray.tables import take_rows
 
 
 #: Rows sorted into a file at a time (the vectors, the MinHash signatures).
@@ -53,11 +54,11 @@ class NextRows:
     previous: Generation | None
     old_rows: pa.Table
     old_index: np.ndarray
-    keep_old: list[int]
+    keep_old: np.ndarray  # int64, ascending
     todo: pa.Table | None
     new_cols: dict[str, Any]
     sigs: np.ndarray
-    keep_new: list[int]
+    keep_new: np.ndarray  # int64, ascending
 
     @property
     def n_old(self) -> int:
@@ -82,8 +83,8 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     the record reads — is written to ``work`` a block at a time and mapped from there."""
     tasks = tasks or dense.LocalTasks()
     previous, new_cols, keep_old = rows.previous, rows.new_cols, rows.keep_old
-    old_table = rows.old_rows.take(pa.array(keep_old, pa.int64())) if keep_old else GENERATION_SCHEMA.empty_table()
-    previous_rows = rows.old_index[keep_old] if keep_old else np.zeros(0, np.int64)
+    old_table = take_rows(rows.old_rows, keep_old) if len(keep_old) else GENERATION_SCHEMA.empty_table()
+    previous_rows = rows.old_index[keep_old] if len(keep_old) else np.zeros(0, np.int64)
     if rows.todo is None:
         raise ValueError("assemble takes the new rows once: rows.todo is None")
     new_table = with_token_counts(rows.todo, new_cols["n_tokens"])
@@ -222,7 +223,7 @@ def collect(batches: Iterable[dict[str, np.ndarray]], n: int, config: IngestConf
     else:
         late = from_blobs(codes, scales) if with_late else None
     order = np.argsort(np.concatenate(seqs), kind="stable") if seqs else np.zeros(0, np.int64)
-    outputs = outputs.take(pa.array(order)).combine_chunks() if work is None else \
+    outputs = take_rows(outputs, order).combine_chunks() if work is None else \
         mapped_table(outputs, work / "new-outputs.arrow", order=order)  # a block at a time
     return {"vector": vector, "expansions": outputs.column("expansions"), "entities": outputs.column("entities"),
             "n_tokens": n_tokens, "late": late, "terms": terms}
@@ -307,8 +308,7 @@ def session_context(todo: pa.Table, vectors: np.ndarray, old_rows: pa.Table,
         sessions = old_rows.column("session_id")
         candidates = np.flatnonzero(pc.is_in(sessions, value_set=pairs[1].cast(sessions.type))
                                     .to_numpy(zero_copy_only=False))
-        old_at, old_keys, old_times, _ = _turns(old_rows.select(list(TURN_COLUMNS)).take(pa.array(candidates,
-                                                                                                   pa.int64())), pairs)
+        old_at, old_keys, old_times, _ = _turns(take_rows(old_rows.select(list(TURN_COLUMNS)), candidates), pairs)
         latest_old: dict[int, tuple[int, int]] = {}
         for j, k, t in zip(old_at.tolist(), old_keys.tolist(), old_times.tolist()):
             if k >= 0 and (k not in latest_old or t >= latest_old[k][0]):
@@ -344,7 +344,7 @@ def _turns(rows: pa.Table, pairs: tuple[pa.Array, pa.Array] | None = None
     sessions = rows.column("session_id")
     is_turn = pc.and_(pc.equal(rows.column("type"), "episodic"), pc.not_equal(pc.fill_null(sessions, ""), ""))
     at = np.flatnonzero(pc.fill_null(is_turn, False).to_numpy(zero_copy_only=False)).astype(np.int64)
-    turns = rows.select(["user", "session_id", "created_at"]).take(pa.array(at, pa.int64()))
+    turns = take_rows(rows.select(["user", "session_id", "created_at"]), at)
     user, session = turns.column("user"), turns.column("session_id")
     if pairs is None:
         pairs = (pc.unique(user), pc.unique(session))
@@ -360,7 +360,7 @@ def turns_of(metadata: pa.ChunkedArray) -> np.ndarray:
     Only the rows whose JSON text names a "turn" are parsed."""
     turns = np.zeros(len(metadata), np.int64)
     named = np.flatnonzero(pc.fill_null(pc.match_substring(metadata, '"turn"'), False).to_numpy(zero_copy_only=False))
-    for i, text in zip(named.tolist(), metadata.take(pa.array(named, pa.int64())).to_pylist()):
+    for i, text in zip(named.tolist(), take_rows(metadata, named).to_pylist()):
         turn = json.loads(text).get("turn")
         if isinstance(turn, int) and not isinstance(turn, bool) and 0 <= turn <= np.iinfo(np.int64).max:
             turns[i] = turn

@@ -50,7 +50,7 @@ def exact_jaccard(a: str, b: str, size: int) -> float:
 
 
 def find_duplicates(
-    users: Sequence[str],
+    users: Sequence[str] | np.ndarray,
     sigs: np.ndarray,
     preference: Sequence[tuple],
     *,
@@ -60,7 +60,8 @@ def find_duplicates(
     settled: int = 0,
     parents: Sequence[str | None] | None = None,
 ) -> list[tuple[int, int, float]]:
-    """Return ``(dropped, kept, jaccard)`` index triples.
+    """Return ``(dropped, kept, jaccard)`` index triples. ``users``: each item's tenant,
+    a name or a number (an integer array, as an ingest gives them).
 
     ``preference[i]`` is a sortable key; the larger key wins a duplicate pair. Items are
     visited best first, so each dropped item points at a kept one (no chains). The
@@ -122,7 +123,7 @@ def lsh_bands(num_perm: int, threshold: float) -> tuple[tuple[int, int], ...]:
     return tuple(MinHashLSH(threshold=max(0.3, threshold - 0.2), num_perm=num_perm).hashranges)
 
 
-def band_buckets(users: Sequence[str], sigs: np.ndarray, settled: int,
+def band_buckets(users: Sequence[str] | np.ndarray, sigs: np.ndarray, settled: int,
                  bands: Sequence[tuple[int, int]]) -> list[np.ndarray]:
     """The groups of two or more items of one tenant with the same values in a band
     (each a sorted array of items), leaving out groups of ``[0, settled)`` items alone.
@@ -134,8 +135,12 @@ def band_buckets(users: Sequence[str], sigs: np.ndarray, settled: int,
     n = len(users)
     if not n or sigs.ndim != 2 or not sigs.shape[1]:
         return []
-    codes = {u: k for k, u in enumerate(dict.fromkeys(users))}
-    user = np.fromiter((codes[u] for u in users), np.uint64, count=n) * np.uint64(0x9E3779B97F4A7C15)
+    if isinstance(users, np.ndarray):  # tenants as numbers already
+        user = users.astype(np.uint64)
+    else:
+        codes = {u: k for k, u in enumerate(dict.fromkeys(users))}
+        user = np.fromiter((codes[u] for u in users), np.uint64, count=n)
+    user *= np.uint64(0x9E3779B97F4A7C15)
     rng = np.random.default_rng(0)
     buckets: list[np.ndarray] = []
     with np.errstate(over="ignore"):

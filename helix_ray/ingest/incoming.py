@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from helix_ray.schema import PENDING_SCHEMA
 from helix_ray.store.publish import mapped_parts
+from helix_ray.tables import take_rows
 
 #: A record's columns as read: :data:`PENDING_SCHEMA`, with ``salience`` and
 #: ``confidence`` as given (float64), so a record held back goes to the quarantine with
@@ -126,7 +127,7 @@ class Incoming:
 
     def rows(self, at: Sequence[int]) -> list[dict[str, Any]]:
         """Rows ``at`` as decoded records (:func:`helix_ray.ingest.stages.decode_row`)."""
-        out = self.table.take(pa.array(at, pa.int64())).to_pylist()
+        out = take_rows(self.table, at).to_pylist()
         for row, i in zip(out, at):
             row.update(self.fixed.get(i, {}))
         return out
@@ -136,7 +137,7 @@ class Incoming:
         for i, row in zip(at, rows):
             self.fixed.setdefault(i, {}).update((k, row.get(k)) for k in names)
 
-    def pending(self, at: Sequence[int], path: Path | None = None) -> pa.Table:
+    def pending(self, at: Sequence[int] | np.ndarray, path: Path | None = None) -> pa.Table:
         """Rows ``at`` as the new rows' table (:data:`PENDING_SCHEMA`); with ``path``,
         written there a block at a time and mapped from it (:func:`mapped_parts`)."""
         parts = (self._pending(at[lo:lo + PENDING_BLOCK]) for lo in range(0, len(at), PENDING_BLOCK))
@@ -144,8 +145,8 @@ class Incoming:
             return mapped_parts(parts, PENDING_SCHEMA, path)
         return pa.concat_tables([PENDING_SCHEMA.empty_table(), *parts]).combine_chunks()
 
-    def _pending(self, at: Sequence[int]) -> pa.Table:
-        taken = self.table.take(pa.array(at, pa.int64()))
+    def _pending(self, at: Sequence[int] | np.ndarray) -> pa.Table:
+        taken = take_rows(self.table, at)
         fixed = [(k, i) for k, i in enumerate(at) if i in self.fixed]
         columns = []
         for f in PENDING_SCHEMA:

@@ -18,6 +18,7 @@ from helix_ray.ingest.assemble import in_generation_schema
 from helix_ray.schema import GENERATION_SCHEMA
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import ACCESS_WATERMARK, Generation, current_generation_number
+from helix_ray.tables import take_rows
 
 #: Record fields that can change without the text: compared on re-ingest, taken over
 #: by the carried-over row (times and access counts are the store's, not the record's).
@@ -50,7 +51,7 @@ def retagged(previous: Generation | None, rows: pa.Table, block: int = 65536) ->
     where = pc.index_in(rows.column("id"), value_set=previous.memories.column("id"))
     held = pc.is_valid(where)
     new = rows.filter(held).select(["id", *RETAG_FIELDS])
-    old = previous.memories.take(where.filter(held)).select(list(RETAG_FIELDS))
+    old = take_rows(previous.memories.select(list(RETAG_FIELDS)), where.filter(held))
     for lo in range(0, new.num_rows, block):
         for n, o in zip(new.slice(lo, block).to_pylist(), old.slice(lo, block).to_pylist()):
             if any(not _same_value(k, o[k], n[k]) for k in RETAG_FIELDS):
@@ -69,7 +70,7 @@ def previous_values(previous: Generation | None, rows: list[dict[str, Any]],
     found = [(row, i) for row, i in zip(rows, where) if i is not None]
     if not found:
         return []
-    held = table.take(pa.array([i for _, i in found], pa.int64())).select(list(columns)).to_pylist()
+    held = take_rows(table.select(list(columns)), [i for _, i in found]).to_pylist()
     return [(row, old) for (row, _), old in zip(found, held)]
 
 
@@ -100,20 +101,20 @@ def carried_over(previous: Generation | None, db: StoreDB, replaced: set[str],
     table = in_generation_schema(previous.memories)
     ids = table.column("id").to_pylist()
     index = np.array([i for i, mid in enumerate(ids) if mid not in replaced and mid not in deleted], np.int64)
-    kept = table.take(pa.array(index, pa.int64()))
+    kept = take_rows(table, index)
     changed = [k for k, i in enumerate(index) if (retagged and ids[i] in retagged) or ids[i] in accesses]
     if not changed:
         return kept, index, folded, accesses
-    rows = kept.take(pa.array(changed, pa.int64())).to_pylist()
+    rows = take_rows(kept, changed).to_pylist()
     for row in rows:
         if retagged and row["id"] in retagged:
             row.update(retagged[row["id"]])
     fold_accesses(rows, accesses)
     unchanged = np.setdiff1d(np.arange(len(index)), changed)
-    spliced = pa.concat_tables([kept.take(pa.array(unchanged, pa.int64())),
+    spliced = pa.concat_tables([take_rows(kept, unchanged),
                                 pa.Table.from_pylist(rows, schema=GENERATION_SCHEMA)])
     back = np.argsort(np.concatenate([unchanged, np.asarray(changed, np.int64)]), kind="stable")
-    return spliced.take(pa.array(back, pa.int64())), index, folded, accesses
+    return take_rows(spliced, back), index, folded, accesses
 
 
 def fold_accesses(rows: list[dict[str, Any]], accesses: dict[str, tuple[Any, int]]) -> None:

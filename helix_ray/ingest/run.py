@@ -41,6 +41,7 @@ from typing import Any, Callable, Container, Iterable, Iterator, Protocol, Seque
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from helix_ray.config import IngestConfig
 from helix_ray.errors import InvalidArgument, StoreError, is_disk_full
@@ -64,6 +65,7 @@ from helix_ray.store.generation import ACCESS_WATERMARK, Generation, current_gen
 from helix_ray.store.mirror import Mirror, open_mirror, push
 from helix_ray.store.publish import GenerationData, file_array, prune, publish, set_current
 from helix_ray.store.space import disk_full
+from helix_ray.tables import take_rows
 
 log = logging.getLogger(__name__)
 
@@ -160,8 +162,8 @@ class Deduplicated:
 
     sigs: np.ndarray  # MinHash signatures of every old row, then of every fresh one
     links: list[tuple[str, str, float]]  # (dropped id, kept id, Jaccard similarity)
-    keep_old: list[int]
-    keep_new: list[int]
+    keep_old: np.ndarray  # the old rows kept, ascending (int64)
+    keep_new: np.ndarray  # the fresh rows kept, by their place in ``Changes.fresh``, ascending (int64)
     dropped: pa.Table  # fresh records dropped, as the store's database keeps them (:func:`memory_table`)
     dropped_old_ids: list[str]  # stored memories dropped (a new record is preferred)
 
@@ -394,7 +396,7 @@ def _steps(run: Run, items: list[dict[str, str]], work: Path) -> None:
     trim_heap()
 
     # The new rows that stay; a row's place among them is its ``seq`` (:func:`collect`).
-    todo = incoming.pending([changes.fresh[i] for i in kept.keep_new], work / "new-rows.arrow")
+    todo = incoming.pending(np.asarray(changes.fresh, np.int64)[kept.keep_new], work / "new-rows.arrow")
     changes.fresh.clear()
     del incoming
     trim_heap()
@@ -488,11 +490,14 @@ def _accept(run: Run, out: Iterable[dict[str, Any]], path: Path) -> tuple[Incomi
             quarantined.append(_held_back(incoming.rows([earlier])[0], "duplicate_id", "the same id is given again "
                                           "later in this ingest; the later record is kept"))
         latest[memory_id] = at
-    for memory_id, owner in run.db.foreign_ids([(i, users[at]) for i, at in latest.items()]).items():
+    # the ids kept and their users, as columns (a Python tuple each would be ~70 MB at 10^6)
+    ids_users = take_rows(incoming.table.select(["id", "user"]), np.fromiter(latest.values(), np.int64, len(latest)))
+    for memory_id, owner in run.db.foreign_ids(ids_users).items():
         at = latest.pop(memory_id)
         quarantined.append(_held_back(incoming.rows([at])[0], "id_conflict", f"id {memory_id!r} is a memory of user "
                                       f"{owner!r}, not {users[at]!r}; give this record another id (or none: one is "
                                       "derived)"))
+    del ids_users
     report = run.report
     report.read = read
     report.quarantined = len(quarantined)
@@ -573,7 +578,7 @@ def _changes(run: Run, incoming: Incoming) -> Changes:
         run.feed.start(len(fresh) - len(run.computed))  # the embedding actors start while dedup runs
     # Same text, other fields changed (a PATCH of type or salience, a re-tagged
     # record): the carried-over row takes the new fields and keeps its embedding.
-    retags = retagged(previous, incoming.table.take(pa.array(same_text, pa.int64())))
+    retags = retagged(previous, take_rows(incoming.table, same_text))
     report.unchanged += len(same_text) - len(retags)
     report.updated += len(retags)
     report.retagged = len(retags)
@@ -694,7 +699,7 @@ def _compare(run: Run, incoming: Incoming, known: dict[str, tuple[str, bool]],
     # The content hashes of the records whose id the store knows (a first ingest reads
     # none: at a million records, 0.1 GB of Python strings); the column is never fixed.
     known_at = np.fromiter((at for memory_id, at in latest.items() if memory_id in known), np.int64)
-    hashes = dict(zip(known_at.tolist(), incoming.table.column("content_hash").take(pa.array(known_at)).to_pylist()))
+    hashes = dict(zip(known_at.tolist(), take_rows(incoming.table.column("content_hash"), known_at).to_pylist()))
     for memory_id, at in latest.items():
         if memory_id in run.absorbed:  # a folded write: new, or a new version of what the base holds
             if memory_id in held:
@@ -748,11 +753,19 @@ def _deduplicate(run: Run, changes: Changes, incoming: Incoming, work: Path) -> 
     config, fresh, old_rows, previous = run.config, changes.fresh, changes.old_rows, changes.previous
     n_old = old_rows.num_rows
 
-    def old_then_new(name: str, new: list[Any]) -> list[Any]:
-        return old_rows.column(name).to_pylist() + [new[at] for at in fresh]
-
-    users, all_ids, sources = (old_then_new("user", incoming.shared("user")), old_then_new("id", incoming.row_ids()),
-                               old_then_new("source", incoming.shared("source")))
+    # Per row, the old ones then the fresh ones: the tenant as a number (an array, as
+    # LSH hashes it), and the id and the group never paired read when asked for (only
+    # for the rows that share an LSH band with another, and the dropped ones): no
+    # Python list of every row's values.
+    user = pa.chunked_array([*old_rows.column("user").chunks, *take_rows(incoming.table.column("user"), fresh).chunks],
+                            pa.string())
+    tenants = np.asarray(pc.index_in(user, value_set=pc.unique(user)), np.int64)
+    del user
+    old_ids, old_sources = old_rows.column("id"), old_rows.column("source")
+    new_ids, new_sources = incoming.reader("id", fresh), incoming.reader("source", fresh)
+    all_ids = OldThenNew(lambda i: old_ids[i].as_py(), new_ids, n_old, len(fresh))
+    parents = OldThenNew(lambda i: never_paired(old_ids[i].as_py(), old_sources[i].as_py()),
+                         lambda k: never_paired(new_ids(k), new_sources(k)), n_old, len(fresh))
     old_sigs = previous.minhash if previous is not None and len(changes.old_index) else np.zeros(
         (0, config.dedup.num_perm), np.uint32)
     old_at = changes.old_index
@@ -780,21 +793,21 @@ def _deduplicate(run: Run, changes: Changes, incoming: Incoming, work: Path) -> 
     preference = OldThenNew(lambda i: (bool(pinned[i].as_py()), created[i].as_py(), i),
                             lambda k: (bool(new_pinned(k)), new_created(k), n_old + k), n_old, len(fresh))
     dropped = find_duplicates(
-        users, sigs, preference, threshold=config.dedup.threshold,
+        tenants, sigs, preference, threshold=config.dedup.threshold,
         texts=OldThenNew(lambda i: texts[i].as_py(), new_texts, n_old, len(fresh)),
         shingle=config.dedup.shingle,
         settled=n_old,  # the previous generation's rows: deduplicated when it was built
-        parents=[never_paired(i, s) for i, s in zip(all_ids, sources)],
+        parents=parents,
     )
-    drop = {i for i, _, _ in dropped}
+    keep = np.ones(n_old + len(fresh), bool)
+    keep[np.array([i for i, _, _ in dropped], np.int64)] = False
     links = [(all_ids[i], all_ids[j], s) for i, j, s in dropped]
     run.report.duplicates = len(links)
     return Deduplicated(
         sigs=sigs, links=links,
-        keep_old=[i for i in range(n_old) if i not in drop],
-        keep_new=[i for i in range(len(fresh)) if n_old + i not in drop],
-        dropped=memory_table(incoming.pending([at for k, at in enumerate(fresh) if n_old + k in drop]), None),
-        dropped_old_ids=[all_ids[i] for i in range(n_old) if i in drop],
+        keep_old=np.flatnonzero(keep[:n_old]), keep_new=np.flatnonzero(keep[n_old:]),
+        dropped=memory_table(incoming.pending(np.asarray(fresh, np.int64)[~keep[n_old:]]), None),
+        dropped_old_ids=[all_ids[i] for i in np.flatnonzero(~keep[:n_old]).tolist()],
     )
 
 
@@ -823,8 +836,8 @@ def _expand_embed_annotate(run: Run, todo: pa.Table, reuse: dict[int, stages.Com
     if config.session_context > 0:
         keep_old = kept.keep_old
         new_cols["vector"] = session_context(todo, new_cols["vector"],
-                                             changes.old_rows.take(pa.array(keep_old, pa.int64())), changes.previous,
-                                             changes.old_index[keep_old] if keep_old else None,
+                                             take_rows(changes.old_rows, keep_old), changes.previous,
+                                             changes.old_index[keep_old] if len(keep_old) else None,
                                              config.session_context, given=frozenset(reuse))
     return new_cols
 
@@ -844,7 +857,7 @@ def _transform(run: Run, todo: pa.Table, seqs: list[int]) -> Iterator[dict[str, 
         return
     assert run.feed is not None
     at = pa.array(seqs, pa.int64())
-    yield from run.feed.run(todo.select(list(TRANSFORM_INPUT)).take(at).add_column(0, "seq", at))
+    yield from run.feed.run(take_rows(todo.select(list(TRANSFORM_INPUT)), seqs).add_column(0, "seq", at))
 
 
 def _run_local_batches(todo: pa.Table, seqs: list[int], transforms: Sequence[Any]) -> Iterator[dict[str, np.ndarray]]:
@@ -852,7 +865,7 @@ def _run_local_batches(todo: pa.Table, seqs: list[int], transforms: Sequence[Any
     columns = todo.select(list(TRANSFORM_INPUT))
     for start in range(0, len(seqs), BATCH):
         chunk = seqs[start : start + BATCH]
-        rows = columns.take(pa.array(chunk, pa.int64()))
+        rows = take_rows(columns, chunk)
         batch = {"seq": np.array(chunk, dtype=object)}
         batch.update((k, np.array(rows.column(k).to_pylist(), dtype=object)) for k in TRANSFORM_INPUT)
         for fn in transforms:

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from helix_ray.store.pointer import file_identity
+from helix_ray.tables import take_rows
 
 if TYPE_CHECKING:
     from helix_ray.live.writer import WriterCore
@@ -144,7 +145,7 @@ def stored_turns(core: WriterCore, times: dict[Session, set[int]], writing: set[
         if span is None or span[1] <= span[0]:
             continue
         rows = span[0] + core.session_rows.offsets(generation, user, session)
-        table = generation.memories.select(["id", "type", "created_at"]).take(pa.array(rows, pa.int64()))
+        table = take_rows(generation.memories.select(["id", "type", "created_at"]), rows)
         keep = _visible_turns(table, dead)
         rows = rows[keep]
         created = table.column("created_at").cast(pa.timestamp("us", "UTC")).cast(pa.int64()).to_numpy()[keep]

@@ -376,13 +376,12 @@ class StoreDB:
                                     "ON d.dropped_id = a.id").fetchall()
         return {r[0] for r in rows}
 
-    def foreign_ids(self, pairs: list[tuple[str, str]]) -> dict[str, str]:
-        """Of ``(id, user)`` pairs, the ids that name a live memory of *another* user,
-        with that user."""
-        if not pairs:
+    def foreign_ids(self, pairs: pa.Table) -> dict[str, str]:
+        """Of ``pairs`` (a table of ``id`` and ``user``), the ids that name a live memory of
+        *another* user, with that user."""
+        if not pairs.num_rows:
             return {}
-        table = pa.table({"id": [p[0] for p in pairs], "user": [p[1] for p in pairs]})
-        with self._registered("incoming_owners", table):
+        with self._registered("incoming_owners", pairs.select(["id", "user"])):
             return dict(self.con.execute(
                 'SELECT m.id, m."user" FROM memories m JOIN incoming_owners i ON m.id = i.id '
                 'WHERE NOT m.deleted AND m."user" <> i."user"').fetchall())

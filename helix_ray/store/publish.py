@@ -51,6 +51,7 @@ from helix_ray.store.integrity import MANIFEST, MANIFEST_CHECKSUM, read_manifest
 from helix_ray.store.late import TokenRows, link_or_copy, write_late
 from helix_ray.token_encoder import DIM as LATE_DIM
 from helix_ray.token_encoder import NAME as LATE_NAME
+from helix_ray.tables import take_rows
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def partitions_of(users: pa.Array | pa.ChunkedArray | np.ndarray | list[str]) ->
     changed = pc.not_equal(column[1:], column[:-1]).to_numpy(zero_copy_only=False)
     starts = np.flatnonzero(np.r_[True, changed])
     ends = np.r_[starts[1:], len(column)]
-    seen = column.take(pa.array(starts, pa.int64())).to_pylist()
+    seen = take_rows(column, starts).to_pylist()
     if len(seen) != len(set(seen)):
         raise ValueError("memories must be grouped by user before a generation is written")
     return [{"user": user, "start": int(start), "end": int(end), "dense": f"dense/p{k}.usearch"}
@@ -181,7 +182,7 @@ def mapped_table(table: pa.Table, path: Path, order: np.ndarray | None = None, b
     the sort until the database has recorded them). ``order``: its rows in that order
     instead, taken ``block`` at a time (never a sorted copy of the whole table)."""
     parts = [table] if order is None else \
-        (table.take(pa.array(order[lo:lo + block], pa.int64())) for lo in range(0, len(order), block))
+        (take_rows(table, order[lo:lo + block]) for lo in range(0, len(order), block))
     return mapped_parts(parts, table.schema, path)
 
 
