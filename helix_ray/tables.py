@@ -35,14 +35,14 @@ def take_rows(data: Rows, at: Any) -> Rows:
         raise IndexError(f"row {int(at.min() if at.min() < 0 else at.max())} asked of {int(starts[-1])} rows")
     which = np.searchsorted(starts, at, side="right") - 1
     in_order = bool((np.diff(which) >= 0).all())  # ascending rows, a sorted block: no reordering
-    order = np.arange(len(at)) if in_order else np.argsort(which, kind="stable")
-    grouped = which[order]
+    order = None if in_order else np.argsort(which, kind="stable")
+    grouped, rows = (which, at) if order is None else (which[order], at[order])
     cuts = np.flatnonzero(np.diff(grouped)) + 1
-    parts = [pieces[grouped[lo]].take(pa.array(at[order[lo:hi]] - starts[grouped[lo]], pa.int64()))
+    parts = [pieces[grouped[lo]].take(pa.array(rows[lo:hi] - starts[grouped[lo]], pa.int64()))
              for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(at)].tolist())]
     out: Any = pa.Table.from_batches(parts, data.schema) if isinstance(data, pa.Table) \
         else pa.chunked_array(parts, data.type)
-    if in_order:
+    if order is None:
         return out
     back = np.empty(len(at), np.int64)
     back[order] = np.arange(len(at))

@@ -84,7 +84,7 @@ def assemble(rows: NextRows, db: StoreDB, config: IngestConfig, *, work: Path,
     tasks = tasks or dense.LocalTasks()
     previous, new_cols, keep_old = rows.previous, rows.new_cols, rows.keep_old
     old_table = take_rows(rows.old_rows, keep_old) if len(keep_old) else GENERATION_SCHEMA.empty_table()
-    previous_rows = rows.old_index[keep_old] if len(keep_old) else np.zeros(0, np.int64)
+    previous_rows = rows.old_index[keep_old]
     if rows.todo is None:
         raise ValueError("assemble takes the new rows once: rows.todo is None")
     new_table = with_token_counts(rows.todo, new_cols["n_tokens"])

@@ -135,11 +135,10 @@ def band_buckets(users: Sequence[str] | np.ndarray, sigs: np.ndarray, settled: i
     n = len(users)
     if not n or sigs.ndim != 2 or not sigs.shape[1]:
         return []
-    if isinstance(users, np.ndarray):  # tenants as numbers already
+    if isinstance(users, np.ndarray) and users.dtype.kind in "iu":  # tenants as numbers already
         user = users.astype(np.uint64)
     else:
-        codes = {u: k for k, u in enumerate(dict.fromkeys(users))}
-        user = np.fromiter((codes[u] for u in users), np.uint64, count=n)
+        user = np.unique(np.asarray(users, object), return_inverse=True)[1].astype(np.uint64)
     user *= np.uint64(0x9E3779B97F4A7C15)
     rng = np.random.default_rng(0)
     buckets: list[np.ndarray] = []

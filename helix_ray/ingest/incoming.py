@@ -160,7 +160,7 @@ class Incoming:
             columns.append(column.cast(f.type))
         return pa.Table.from_arrays(columns, schema=PENDING_SCHEMA)
 
-    def reader(self, name: str, at: Sequence[int]) -> Callable[[int], Any]:
+    def reader(self, name: str, at: Sequence[int] | np.ndarray) -> Callable[[int], Any]:
         """``k`` → column ``name`` of row ``at[k]``, read when asked for."""
         column = self.table.column(name)
 

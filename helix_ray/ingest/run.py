@@ -41,7 +41,6 @@ from typing import Any, Callable, Container, Iterable, Iterator, Protocol, Seque
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from helix_ray.config import IngestConfig
 from helix_ray.errors import InvalidArgument, StoreError, is_disk_full
@@ -51,6 +50,7 @@ from helix_ray.ingest import stages
 from helix_ray.ingest.assemble import NextRows, assemble, collect, memory_table, session_context
 from helix_ray.ingest.dedup import find_duplicates, signatures
 from helix_ray.ingest.dense import LocalTasks, Tasks, work_folder
+from helix_ray.ingest.graph import tenant_codes
 from helix_ray.ingest.ids import legacy_markdown_ids
 from helix_ray.ingest.incoming import Incoming
 from helix_ray.ingest.names import SourceName, check_names, one_folder_per_name, source_names
@@ -146,7 +146,7 @@ class Changes:
     """Stage 3, first part: how the accepted records differ from what the store holds."""
 
     previous: Generation | None
-    fresh: list[int]  # rows of the run's :class:`Incoming`: new memories and new versions of stored ones
+    fresh: np.ndarray  # rows of the run's :class:`Incoming` (int64): new memories and new versions of stored ones
     replaced: set[str]  # ids of the stored memories that ``fresh`` holds new versions of
     retagged: dict[str, dict[str, Any]]  # same text, other fields: id → new field values
     old_rows: pa.Table  # the previous generation's rows that stay (:func:`previous.carried_over`)
@@ -396,8 +396,8 @@ def _steps(run: Run, items: list[dict[str, str]], work: Path) -> None:
     trim_heap()
 
     # The new rows that stay; a row's place among them is its ``seq`` (:func:`collect`).
-    todo = incoming.pending(np.asarray(changes.fresh, np.int64)[kept.keep_new], work / "new-rows.arrow")
-    changes.fresh.clear()
+    todo = incoming.pending(changes.fresh[kept.keep_new], work / "new-rows.arrow")
+    changes.fresh = changes.fresh[:0]
     del incoming
     trim_heap()
     new_ids = todo.column("id").combine_chunks()
@@ -572,7 +572,7 @@ def _changes(run: Run, incoming: Incoming) -> Changes:
     ids = incoming.row_ids()
     if run.computed:
         text = incoming.reader("text", fresh)
-        run.computed = {ids[at]: got for k, at in enumerate(fresh)
+        run.computed = {ids[at]: got for k, at in enumerate(fresh.tolist())
                         if (got := run.computed.get(ids[at])) is not None and _reusable(got, text(k), config)}
     if run.feed is not None and len(fresh) > len(run.computed):
         run.feed.start(len(fresh) - len(run.computed))  # the embedding actors start while dedup runs
@@ -585,7 +585,8 @@ def _changes(run: Run, incoming: Incoming) -> Changes:
 
     old_rows, old_index, folded, accesses = carried_over(previous, run.db, replaced, retags)
     # New versions keep their memory's hits: only the rows these touch become dicts.
-    touched = [at for at in fresh if ids[at] in replaced or ids[at] in accesses]
+    touched = [at for at in fresh.tolist() if ids[at] in replaced or ids[at] in accesses] \
+        if replaced or accesses else []
     if touched:
         rows = incoming.rows(touched)
         keep_folded_accesses(rows, previous, replaced)
@@ -686,9 +687,9 @@ def _renamed_sections(incoming: Incoming, known: dict[str, tuple[str, bool]], db
 
 
 def _compare(run: Run, incoming: Incoming, known: dict[str, tuple[str, bool]],
-             previous: Generation | None) -> tuple[list[int], set[str], list[int]]:
+             previous: Generation | None) -> tuple[np.ndarray, set[str], list[int]]:
     """The accepted records that are new or have a new text (their rows in ``incoming``,
-    and the ids these replace), and those whose text the store holds (``known``: id →
+    int64, and the ids these replace), and those whose text the store holds (``known``: id →
     (content hash, deleted))."""
     latest = incoming.index
     dropped_before = run.db.dropped_as_duplicates([i for i in latest if i in known])
@@ -723,7 +724,7 @@ def _compare(run: Run, incoming: Incoming, known: dict[str, tuple[str, bool]],
         else:
             run.report.new += 1
         fresh.append(at)
-    return fresh, replaced, same_text
+    return np.array(fresh, np.int64), replaced, same_text
 
 
 def _reusable(got: stages.Computed, text: str, config: IngestConfig) -> bool:
@@ -736,7 +737,7 @@ def _nothing_to_publish(run: Run, accepted: Accepted, changes: Changes) -> bool:
     re-tagged, no row left it, and it holds no segments (a store without a generation
     gets one when records were read, empty if all were duplicates, or when
     :func:`initialise` asks)."""
-    return not changes.fresh and not changes.retagged \
+    return not len(changes.fresh) and not changes.retagged \
         and (changes.previous is not None or not (accepted.validated or run.empty_ok)) \
         and not has_deletions(changes.previous, changes.old_index) \
         and not (changes.previous is not None and changes.previous.segment_files)  # segments: always rebuilt
@@ -757,10 +758,8 @@ def _deduplicate(run: Run, changes: Changes, incoming: Incoming, work: Path) -> 
     # LSH hashes it), and the id and the group never paired read when asked for (only
     # for the rows that share an LSH band with another, and the dropped ones): no
     # Python list of every row's values.
-    user = pa.chunked_array([*old_rows.column("user").chunks, *take_rows(incoming.table.column("user"), fresh).chunks],
-                            pa.string())
-    tenants = np.asarray(pc.index_in(user, value_set=pc.unique(user)), np.int64)
-    del user
+    tenants = tenant_codes(pa.chunked_array(
+        [*old_rows.column("user").chunks, *take_rows(incoming.table.column("user"), fresh).chunks], pa.string()))[1]
     old_ids, old_sources = old_rows.column("id"), old_rows.column("source")
     new_ids, new_sources = incoming.reader("id", fresh), incoming.reader("source", fresh)
     all_ids = OldThenNew(lambda i: old_ids[i].as_py(), new_ids, n_old, len(fresh))
@@ -806,7 +805,7 @@ def _deduplicate(run: Run, changes: Changes, incoming: Incoming, work: Path) -> 
     return Deduplicated(
         sigs=sigs, links=links,
         keep_old=np.flatnonzero(keep[:n_old]), keep_new=np.flatnonzero(keep[n_old:]),
-        dropped=memory_table(incoming.pending(np.asarray(fresh, np.int64)[~keep[n_old:]]), None),
+        dropped=memory_table(incoming.pending(fresh[~keep[n_old:]]), None),
         dropped_old_ids=[all_ids[i] for i in np.flatnonzero(~keep[:n_old]).tolist()],
     )
 
