@@ -894,11 +894,13 @@ def _record(run: Run, number: int, memories: pa.Table, entities: pa.Table, ids: 
     holds: the new and changed memories (``ids``, their stage outputs ``new_cols``), the
     re-tagged and the dropped ones, expansions, duplicate links, the quarantine, the
     graph's entities (its edges are only in the generation's files); and the names of
-    the folders read."""
+    the folders read. What DuckDB's allocator keeps after each large insert goes back to
+    the system before the next (:meth:`StoreDB.release_memory`)."""
     db, report = run.db, run.report
     db.con.begin()
     try:
         db.upsert_memories(memories, report.run_id, ids=ids)  # the new rows as the generation holds them
+        db.release_memory()
         if changes.retagged:
             db.upsert_memories(memories, report.run_id, ids=pa.array(list(changes.retagged), pa.string()))
         if kept.dropped.num_rows:
@@ -909,6 +911,7 @@ def _record(run: Run, number: int, memories: pa.Table, entities: pa.Table, ids: 
         if changes.superseded:
             db.delete(changes.superseded)
         db.upsert_expansions(ids, new_cols["expansions"], run.config.doc2query.backend)
+        db.release_memory()
         db.add_duplicates(kept.links, report.run_id)
         db.add_quarantine(quarantined, report.run_id)
         db.replace_entities(entities.select(["user", "key", "df"]), number)
@@ -918,6 +921,7 @@ def _record(run: Run, number: int, memories: pa.Table, entities: pa.Table, ids: 
     except BaseException:
         db.con.rollback()
         raise
+    db.release_memory()
 
 
 def _record_names(run: Run) -> None:

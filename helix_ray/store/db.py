@@ -188,6 +188,14 @@ class StoreDB:
             self._replace("expansions", "incoming_x",
                           "SELECT id, ?, CAST(queries AS JSON)::VARCHAR[] FROM incoming_x", [backend])
 
+    def release_memory(self) -> None:
+        """Hand back to the system what DuckDB's allocator keeps after a large statement.
+        DuckDB holds on to the memory a statement freed, for the next one, and flushes
+        it when its memory limit is set. ``RESET`` sets the limit to the default it
+        already is (Helix sets none: a fixed limit fails inserts into a large store's
+        primary key), so nothing else changes."""
+        self.con.execute("RESET memory_limit")
+
     def _replace(self, name: str, view: str, select: str, params: list[Any]) -> None:
         """The rows of ``select`` into table ``name``, in place of those with the same
         ids as ``view``'s: deleted, then inserted. The caller holds a transaction, so
