@@ -397,7 +397,7 @@ def _steps(run: Run, items: list[dict[str, str]], work: Path) -> None:
 
     # The new rows that stay; a row's place among them is its ``seq`` (:func:`collect`).
     todo = incoming.pending(changes.fresh[kept.keep_new], work / "new-rows.arrow")
-    changes.fresh = changes.fresh[:0]
+    changes.fresh = np.zeros(0, np.int64)  # not a slice: a view would keep the whole array
     del incoming
     trim_heap()
     new_ids = todo.column("id").combine_chunks()
