@@ -217,6 +217,13 @@ class IngestConfig(_Strict):
     through the Writer (``Memory.add``, ``POST /v1/memories``, MCP ``remember``) is mixed
     the same way when it is written. 0 turns it off. Tuned on LoCoMo's tuning
     conversations (docs/quality.md)."""
+    session_context_words: bool = True
+    """A conversation turn is also found by the words of its session's previous turn:
+    that turn's text is one more line of its doc2query expansions, which BM25 indexes
+    and nothing embeds. "Yes! I made a bowl for my mum." then matches a question in the
+    words of the turn it answers ("did you make anything for your mother?"). Not
+    between the chunks of a long memory. A turn written through the Writer takes it
+    when it is written; a turn already stored keeps what it took."""
     hnsw_connectivity: int = Field(16, ge=4, le=64)
     """HNSW "M": links per node. Higher is better recall and a larger index."""
     hnsw_expansion_add: int = Field(128, ge=16, le=1024)

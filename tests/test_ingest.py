@@ -608,6 +608,49 @@ def test_a_conversation_turn_takes_in_its_sessions_previous_turn(tmp_path):
         np.testing.assert_allclose(new, expected, atol=F16)
 
 
+def test_a_conversation_turn_is_also_found_by_its_previous_turns_words(tmp_path):
+    """session_context_words: a turn's expansions end with its session's previous turn's
+    text, as one line; an old row's when the turns come one ingest at a time. The first
+    turn, another session's first, a memory without a session, a chunk of a long turn
+    and the turn after it take none; off, no turn does. BM25 alone then finds the reply
+    "Oh nice, how did it go?" by the words of the turn it answers."""
+    from helix_ray.memory import Memory
+
+    at = "2025-03-02T10:0{}:00Z"
+    turns = [memory(i, t, type="episodic", session_id="s1", created_at=at.format(i)) for i, t in enumerate(TURNS)]
+    other = memory(9, "Caroline: I am off to the lake.", type="episodic", session_id="s2")
+    plain = memory(20, "Billing moved to Postgres in March.", type="semantic", session_id="s1")
+    pasted = memory(30, _long_doc("kiln", 4), type="episodic", session_id="s1", created_at=at.format(5))
+    after = memory(31, "Melanie: That is a lot of notes!", type="episodic", session_id="s1", created_at=at.format(6))
+    source = write_jsonl(tmp_path / "all.jsonl", [*reversed(turns), other, plain, pasted, after])  # time orders them
+    ingest([source], tmp_path / "on", runner="local", show_progress=False)
+    ingest([source], tmp_path / "off", runner="local", config=IngestConfig(session_context_words=False),
+           show_progress=False)
+    with StoreDB(tmp_path / "on") as db:
+        ids_ = list(db.expansions_for([f"m{i:03d}" for i in (0, 1, 2, 3, 9, 20, 31)]))
+        chunks = [i for i in db.known_hashes() if i.startswith("m030#")]
+        expanded = db.expansions_for([*ids_, *chunks])
+    assert len(chunks) >= 2
+    for i in (1, 2, 3):
+        assert expanded[f"m{i:03d}"][-1] == TURNS[i - 1]
+    for i in ("m000", "m009", "m020", "m031", *chunks):
+        assert not any(line.startswith(("Caroline:", "Melanie:")) for line in expanded[i]), i
+    with StoreDB(tmp_path / "off") as db:
+        assert not any(line in TURNS for lines in db.expansions_for(ids_).values() for line in lines)
+
+    ask = dict(user="dana", k=10, budget_tokens=10_000, disabled=frozenset({"router", "dense", "late"}))
+    for name, reply_found in (("on", True), ("off", False)):
+        with Memory(tmp_path / name, compact_interval_s=None, record_access=False) as mem:
+            found = [m.id for m in mem.recall("pottery class", **ask).items]
+        assert "m000" in found and ("m001" in found) == reply_found, (name, found)
+
+    for i, turn in enumerate(turns[:2]):  # one ingest a turn: the second takes the stored first's words
+        ingest([write_jsonl(tmp_path / f"t{i}.jsonl", [turn])], tmp_path / "steps", runner="local",
+               show_progress=False)
+    with StoreDB(tmp_path / "steps") as db:
+        assert db.expansions_for(["m001"])["m001"][-1] == TURNS[0]
+
+
 def test_the_fingerprint_of_stages_4_and_5_follows_the_config_and_the_shipped_models(tmp_path, monkeypatch):
     """A served write's vectors stand in for compaction's own only under the same
     fingerprint: another config, or a model replaced under the same name, is another."""
@@ -621,6 +664,7 @@ def test_the_fingerprint_of_stages_4_and_5_follows_the_config_and_the_shipped_mo
     assert stages.fingerprint(IngestConfig(doc2query={"max_queries": 2})) != base
     assert stages.fingerprint(IngestConfig(late_interaction={"max_tokens": 64})) != base
     assert stages.fingerprint(IngestConfig(session_context=0.5)) != base  # a written turn's vector mixes with it
+    assert stages.fingerprint(IngestConfig(session_context_words=False)) != base  # and its expansions
     for name in ("bge_small_en", "colbert"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "model.onnx").write_bytes(b"x" * 10)

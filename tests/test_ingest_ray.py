@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from helix_ray.config import IngestConfig
+from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import Generation
 from helix_ray.ingest.run import ingest
 from pipelines.ingest import RayTasks, _longest_first
@@ -70,6 +71,13 @@ def test_ray_runner_matches_local_runner(tmp_path, local_ray, monkeypatch, sprea
         assert (a.path / part["dense"]).read_bytes() == (b.path / part["dense"]).read_bytes()
     for x, y in zip(a.knn, b.knn):
         np.testing.assert_array_equal(x, y)
+    ids = a.memories.column("id").to_pylist()
+    with StoreDB(tmp_path / "ray") as x, StoreDB(tmp_path / "local") as y:
+        expansions = x.expansions_for(ids)
+        assert expansions == y.expansions_for(ids)
+    # the transcript's turns take their previous turn's words, through Ray Data as locally
+    texts = {" ".join(t.split()) for t in a.memories.column("text").to_pylist()}
+    assert sum(bool(lines) and lines[-1] in texts for lines in expansions.values()) > 10
 
 
 def test_ray_runner_incremental_embeds_only_new(tmp_path, local_ray):

@@ -424,7 +424,9 @@ def test_a_written_turn_takes_in_its_sessions_previous_turn(tmp_path):
     it in the same call; a turn written late mixes the one before it in time; a deleted
     turn is not one; a turn earlier than all of its session's, another session's first
     turn and a memory without a session keep their own vector. A compaction stores the
-    mixed vectors as they are, not mixed again.
+    mixed vectors as they are, not mixed again. The same previous turn's text is the
+    last line of the written turn's BM25 text (``session_context_words``), and of its
+    expansions once compacted.
 
     Own vectors come from a second store written with session_context 0 in the same
     calls: the int8 model quantizes activations per batch, so only the same batches
@@ -460,6 +462,11 @@ def test_a_written_turn_takes_in_its_sessions_previous_turn(tmp_path):
             np.testing.assert_allclose(got[alone], own[alone], atol=1e-6)
         np.testing.assert_allclose(got["m006"], _unit(own["m006"] + got["m002"]), atol=1e-6)
         assert float(got["m002"] @ own["m002"]) < 0.97  # the context moved it
+        lexical = {i: e["lexical"] for i, e in on._core().entries.items()}
+        for i, before in (("m001", 0), ("m002", 1), ("m003", 2), ("m006", 2)):
+            assert lexical[i].endswith("\n" + CHAT[before]), (i, lexical[i])
+        for alone in ("m007", "m008", "m004"):
+            assert not any(lexical[alone].endswith(line) for line in CHAT if line != CHAT[int(alone[-1]) % 6])
 
         for mem in (on, off):  # the session's latest turn deleted: the next one mixes the one before it
             mem.delete("m003", user="dana")
@@ -467,6 +474,7 @@ def test_a_written_turn_takes_in_its_sessions_previous_turn(tmp_path):
         got5 = np.asarray(on._core().entries["m005"]["vector"], np.float32)
         own5 = np.asarray(off._core().entries["m005"]["vector"], np.float32)
         np.testing.assert_allclose(got5, _unit(own5 + got["m006"]), atol=1e-6)  # m003 (10:03) gone
+        assert on._core().entries["m005"]["lexical"].endswith("\n" + CHAT[0])  # m006's text
 
         assert on.compact()["published"]
         folded = Generation.open_current(on.store)
@@ -474,6 +482,10 @@ def test_a_written_turn_takes_in_its_sessions_previous_turn(tmp_path):
             if i != "m003":  # deleted
                 stored = np.asarray(folded.vectors[folded.columns.id_to_row[i]], np.float32)
                 np.testing.assert_allclose(stored, vector, atol=5e-4)  # float16, not mixed again
+        expansions = on._core().db.expansions_for(["m001", "m002", "m005", "m007"])
+        # The rebuild's dedup dropped m000 for m006, the same text: m001 follows m004 (09:59) now.
+        assert [expansions[i][-1] for i in ("m001", "m002", "m005")] == [CHAT[4], CHAT[1], CHAT[0]]
+        assert expansions["m007"][-1] not in CHAT
     finally:
         for mem in stores.values():
             mem.close()
@@ -501,6 +513,7 @@ def test_a_written_turn_finds_its_previous_turn_in_a_segment(tmp_path):
         held = dict(zip(segment.column("id").to_pylist(), segment.column("vector").to_pylist()))
         mem.add([_turn(12)])
         mixed = np.asarray(core.entries["m012"]["vector"], np.float32)
+        assert core.entries["m012"]["lexical"].endswith("\n" + CHAT[11 % len(CHAT)])  # the segment row's text
     with Memory(tmp_path / "plain", ingest=IngestConfig(session_context=0), compact_interval_s=None,
                 record_access=False) as plain:
         plain.add([_turn(12)])
@@ -565,8 +578,12 @@ def test_graph_expansion_reaches_a_written_turn_through_its_session(tmp_path):
     are the session's stored turns reaches it by graph expansion, though it shares no
     word with the query; so does a turn of a session only the delta holds, through a
     node made for that session once two of its turns are written. A turn outside the
-    recall's scope is not added."""
+    recall's scope is not added. Turns take no words of the turn before them here
+    (``session_context_words``), so that the query's words stay in the seeds alone."""
+    from helix_ray.config import IngestConfig
     from helix_ray.ingest.run import ingest
+
+    config = IngestConfig(session_context_words=False)
 
     stored = [_turn(1), _turn(2), _turn(3),
               memory(10, "Jon: the lake was cold this morning.", type="episodic", session_id="s2",
@@ -574,14 +591,14 @@ def test_graph_expansion_reaches_a_written_turn_through_its_session(tmp_path):
               memory(11, "Jon: we rowed across the lake.", type="episodic", session_id="s2",
                      created_at="2025-03-01T09:01:00Z")]
     store = tmp_path / "store"
-    ingest([write_jsonl(tmp_path / "rows.jsonl", stored)], store, runner="local", show_progress=False)
+    ingest([write_jsonl(tmp_path / "rows.jsonl", stored)], store, runner="local", config=config, show_progress=False)
     quiet = memory(20, "Melanie: Sounds lovely, send me a photo later!", type="episodic", session_id="s1",
                    created_at="2025-03-02T10:30:00Z")
     fresh = [memory(21, "Ana: the glaze recipe for the pottery bowls is in my notebook.", type="episodic",
                     session_id="s3", created_at="2025-03-03T09:00:00Z"),
              memory(22, "Ana: remind me on Friday.", type="episodic", session_id="s3",
                     created_at="2025-03-03T09:01:00Z")]
-    with Memory(store, compact_interval_s=None, record_access=False) as mem:
+    with Memory(store, ingest=config, compact_interval_s=None, record_access=False) as mem:
         mem.add([quiet, *fresh])
         # BM25 alone finds the seeds: on so small a store the dense leg would list every turn.
         ask = dict(user="dana", k=20, budget_tokens=100_000, explain=True, disabled=frozenset({"router", "dense"}))

@@ -323,8 +323,9 @@ SYSTEMS["helix-no-lead-title"] = helix()
 WRITTEN = "helix-written"
 SYSTEMS[WRITTEN] = helix()
 #: Systems that need stores built differently: their ingest overrides. The baselines read
-#: plain vectors: a conversation turn's session context is Helix's ingest, not theirs.
-_PLAIN = {"session_context": 0.0}
+#: plain vectors and plain BM25 text: a conversation turn's session context is Helix's
+#: ingest, not theirs.
+_PLAIN = {"session_context": 0.0, "session_context_words": False}
 INGEST_VARIANTS: dict[str, dict[str, Any]] = {"helix-no-doc2query": {"doc2query": {"backend": "none"}},
                                               "helix-no-context": _PLAIN, "bm25": _PLAIN, "dense": _PLAIN,
                                               "helix-no-lead-title": {"chunk": {"lead_title": False}},

@@ -11,7 +11,8 @@ Stage order (each stage a function of :mod:`helix_ray.ingest`; :func:`_stages` r
 5. embed (actor pool, batched):      │ new or changed: old ones keep their vectors
    sentence vector + token vectors   │ (:mod:`.stages`)
 7a. entities, token counts, BM25 terms ┘
-   (a conversation turn's vector takes in its session's previous turn: session_context)
+   (a conversation turn takes in its session's previous turn: its words as an
+    expansion line, then its vector: :mod:`.sessions`)
    ── barrier: indexes and graph need every row ──
 7b. graph edges (mentions, sessions, temporal, semantic kNN)        ┐ :mod:`.assemble`
     HNSW indexes built and searched for the kNN, then the graph     │ units of work (:mod:`.dense`, :mod:`.graph`)
@@ -47,7 +48,8 @@ from helix_ray.errors import InvalidArgument, StoreError, is_disk_full
 from helix_ray.heap import trim_heap
 from helix_ray.index.bm25 import expansions_of
 from helix_ray.ingest import stages
-from helix_ray.ingest.assemble import NextRows, assemble, collect, memory_table, session_context
+from helix_ray.ingest.assemble import NextRows, assemble, collect, memory_table
+from helix_ray.ingest.sessions import context_lines, previous_turns, session_context
 from helix_ray.ingest.dedup import find_duplicates, signatures
 from helix_ray.ingest.dense import LocalTasks, Tasks, work_folder
 from helix_ray.ingest.graph import tenant_codes
@@ -826,17 +828,19 @@ def _expand_embed_annotate(run: Run, todo: pa.Table, reuse: dict[int, stages.Com
     million memories)."""
     config = run.config
     with stage(run, "expand_embed_annotate"):
-        reused = _run_local_batches(todo, sorted(reuse), [stages.Reuse(config, reuse)])
+        turns = previous_turns(todo, changes.old_rows, kept.keep_old)
+        inputs = todo.select(list(TRANSFORM_INPUT))
+        if config.session_context_words:
+            inputs = inputs.append_column("context", context_lines(todo, changes.old_rows, turns,
+                                                                   work / "new-contexts.arrow"))
+        reused = _run_local_batches(inputs, sorted(reuse), [stages.Reuse(config, reuse)])
         # Each batch goes into the columns as it arrives: held all at once, the batches
         # (vectors, token blobs) would be more than the columns themselves.
-        transformed = _transform(run, todo, [k for k in range(todo.num_rows) if k not in reuse])
+        transformed = _transform(run, inputs, [k for k in range(todo.num_rows) if k not in reuse])
         new_cols = collect(itertools.chain(transformed, reused), todo.num_rows, config,
                            work=work)
     if config.session_context > 0:
-        keep_old = kept.keep_old
-        new_cols["vector"] = session_context(todo, new_cols["vector"],
-                                             take_rows(changes.old_rows, keep_old), changes.previous,
-                                             changes.old_index[keep_old] if len(keep_old) else None,
+        new_cols["vector"] = session_context(new_cols["vector"], turns, changes.previous, changes.old_index,
                                              config.session_context, given=frozenset(reuse))
     return new_cols
 
@@ -845,28 +849,30 @@ def _expand_embed_annotate(run: Run, todo: pa.Table, reuse: dict[int, stages.Com
 TRANSFORM_INPUT = ("text", "type", "metadata")
 
 
-def _transform(run: Run, todo: pa.Table, seqs: list[int]) -> Iterator[dict[str, np.ndarray]]:
-    """Stages 4, 5 and 7a for rows ``seqs`` of ``todo``, their batches as they come."""
+def _transform(run: Run, inputs: pa.Table, seqs: list[int]) -> Iterator[dict[str, np.ndarray]]:
+    """Stages 4, 5 and 7a for rows ``seqs`` of ``inputs`` (:data:`TRANSFORM_INPUT`, and
+    ``context`` when the run gives turns their previous turn's words), their batches as
+    they come."""
     if not seqs:
         return
     if run.runner == "local":
-        for batch in _run_local_batches(todo, seqs, [stages.Transform(run.config)]):
+        for batch in _run_local_batches(inputs, seqs, [stages.Transform(run.config)]):
             run.progress.advance(len(batch["seq"]))
             yield batch
         return
     assert run.feed is not None
     at = pa.array(seqs, pa.int64())
-    yield from run.feed.run(take_rows(todo.select(list(TRANSFORM_INPUT)), seqs).add_column(0, "seq", at))
+    yield from run.feed.run(take_rows(inputs, seqs).add_column(0, "seq", at))
 
 
-def _run_local_batches(todo: pa.Table, seqs: list[int], transforms: Sequence[Any]) -> Iterator[dict[str, np.ndarray]]:
-    """``transforms`` run in this process over rows ``seqs`` of ``todo``, ``BATCH`` at a time."""
-    columns = todo.select(list(TRANSFORM_INPUT))
+def _run_local_batches(inputs: pa.Table, seqs: list[int], transforms: Sequence[Any]) -> Iterator[dict[str, np.ndarray]]:
+    """``transforms`` run in this process over rows ``seqs`` of ``inputs`` (as
+    :func:`_transform` takes them), ``BATCH`` at a time."""
     for start in range(0, len(seqs), BATCH):
         chunk = seqs[start : start + BATCH]
-        rows = take_rows(columns, chunk)
+        rows = take_rows(inputs, chunk)
         batch = {"seq": np.array(chunk, dtype=object)}
-        batch.update((k, np.array(rows.column(k).to_pylist(), dtype=object)) for k in TRANSFORM_INPUT)
+        batch.update((k, np.array(rows.column(k).to_pylist(), dtype=object)) for k in inputs.column_names)
         for fn in transforms:
             batch = fn(batch)
         yield batch

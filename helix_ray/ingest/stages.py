@@ -64,15 +64,25 @@ def decode_row(payload: str) -> dict[str, Any]:
 
 
 class Expand:
-    """Stage 4: doc2query expansions → ``expansions`` (JSON list per row)."""
+    """Stage 4: doc2query expansions → ``expansions`` (JSON list per row), then the
+    row's ``context`` where the batch has one (its session's previous turn as a line:
+    :mod:`helix_ray.ingest.sessions`)."""
 
     def __init__(self, config: Doc2QueryConfig):
         self.expander = doc2query.make_expander(config)
 
     def __call__(self, batch: Batch) -> Batch:
         queries = self.expander.expand(list(batch["text"]), list(batch["type"]))
-        batch["expansions"] = np.array([json.dumps(q) for q in queries], dtype=object)
+        contexts = batch["context"] if "context" in batch else [None] * len(queries)
+        batch["expansions"] = np.array([json.dumps(with_context(q, c)) for q, c in zip(queries, contexts)],
+                                       dtype=object)
         return batch
+
+
+def with_context(queries: list[str], context: str | None) -> list[str]:
+    """A memory's expansions, then its session's previous turn as one line
+    (``IngestConfig.session_context_words``; None or empty: none)."""
+    return [*queries, " ".join(context.split())] if context else queries
 
 
 class Embed:
@@ -155,7 +165,7 @@ def fingerprint(config: IngestConfig) -> str:
     parts = {"embedder": config.embedder.model_dump(exclude={"batch_size", "batch_chars"}),
              "doc2query": config.doc2query.model_dump(exclude={"llm_timeout_s"}),
              "late_interaction": config.late_interaction.model_dump(), "models": _shipped_models(config),
-             "session_context": config.session_context}
+             "session_context": config.session_context, "session_context_words": config.session_context_words}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 

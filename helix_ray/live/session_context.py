@@ -1,10 +1,13 @@
-"""A written conversation turn's session context (``IngestConfig.session_context``), as
-ingest gives a turn it embeds (:func:`helix_ray.ingest.assemble.session_context`): the
-sentence vector of an episodic memory with a session becomes ``unit(v + w · v_prev)``,
-``v_prev`` the stored vector of its session's latest turn at or before its time: a row
-of the current generation, a segment row, a live delta entry, or a turn written before
-it in the same call, the one that arrived last among turns of the same time. A turn
-with none keeps its own vector.
+"""A written conversation turn's session context, as ingest gives a turn it embeds
+(:mod:`helix_ray.ingest.sessions`). The previous turn of an episodic memory with a
+session is its session's latest turn at or before its time: a row of the current
+generation, a segment row, a live delta entry, or a turn written before it in the same
+call, the one that arrived last among turns of the same time. With
+``IngestConfig.session_context`` the turn's sentence vector becomes
+``unit(v + w · v_prev)``, ``v_prev`` the previous turn's stored vector; with
+``IngestConfig.session_context_words`` the previous turn's text is one more line of its
+expansions (neither for a chunk or after one). A turn with no previous turn keeps its
+own.
 
 The log, the delta and the next generation hold the mixed vector: compaction takes a
 write's outputs as they are (a :class:`~helix_ray.ingest.stages.Computed` vector is
@@ -16,12 +19,13 @@ from __future__ import annotations
 import datetime as dt
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from helix_ray.schema import parent_of
 from helix_ray.store.pointer import file_identity
 from helix_ray.tables import take_rows
 
@@ -32,6 +36,14 @@ Session = tuple[str, str]  # (user, session id)
 #: Where a stored turn comes from, in arrival order: of two turns of the same time, the
 #: later source (and within one, the later row or seq) arrived later.
 BASE, SEGMENT, ENTRY, CALL = range(4)
+
+
+class Turn(NamedTuple):
+    """What a turn after a stored turn takes from it."""
+
+    vector: np.ndarray
+    text: str
+    chunk: bool  # a chunk of a long memory: no turn takes its words
 
 
 def session_of(row: dict[str, Any]) -> Session | None:
@@ -53,23 +65,23 @@ def micros(value: Any) -> int:
 
 
 class Turns:
-    """A session's stored turns in (time, source, order) order, their vectors read only
-    for the turn chosen."""
+    """A session's stored turns in (time, source, order) order, each read only if it is
+    the turn chosen."""
 
     def __init__(self) -> None:
-        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, Callable[[int], np.ndarray]]] = []
+        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, Callable[[int], Turn]]] = []
         self._sorted: tuple[np.ndarray, np.ndarray] | None = None  # times, and (source, order, part, index)
 
-    def add(self, created: np.ndarray, source: int, order: np.ndarray, vector: Callable[[int], np.ndarray]) -> None:
+    def add(self, created: np.ndarray, source: int, order: np.ndarray, turn: Callable[[int], Turn]) -> None:
         """Turns created at ``created`` (µs) from ``source``, each with its ``order`` there;
-        ``vector(i)``: the stored vector of the i-th of them."""
+        ``turn(i)``: what the i-th of them gives the turn after it."""
         if len(created):
             self._parts.append((np.asarray(created, np.int64), np.full(len(created), source, np.int64),
-                                np.asarray(order, np.int64), vector))
+                                np.asarray(order, np.int64), turn))
             self._sorted = None
 
-    def latest(self, at: int) -> tuple[tuple[int, int, int], np.ndarray] | None:
-        """The latest turn created at or before ``at``: its (time, source, order) and vector."""
+    def latest(self, at: int) -> tuple[tuple[int, int, int], Turn] | None:
+        """The latest turn created at or before ``at``: its (time, source, order), and it."""
         if not self._parts:
             return None
         if self._sorted is None:
@@ -85,36 +97,43 @@ class Turns:
         if i < 0:
             return None
         came_from, rank_there, part_of, index = (int(x) for x in info[i])
-        return (int(created[i]), came_from, rank_there), np.asarray(self._parts[part_of][3](index), np.float32)
+        return (int(created[i]), came_from, rank_there), self._parts[part_of][3](index)
 
 
-def mix_written(core: WriterCore, rows: list[dict[str, Any]], vectors: np.ndarray,
-                replaced: Iterable[str] = ()) -> None:
+def written_context(core: WriterCore, rows: list[dict[str, Any]], vectors: np.ndarray,
+                replaced: Iterable[str] = ()) -> list[str | None]:
     """Give the turns among ``rows`` (validated records, about to be written) their
-    session's context: ``vectors`` (unit float32 rows, in ``rows``' order) mixed in
-    place, in (created_at, arrival) order. ``replaced``: ids the same write deletes (a
-    memory's earlier chunks), never a previous turn."""
-    weight = core.config.session_context
+    session's context, in (created_at, arrival) order: ``vectors`` (unit float32 rows,
+    in ``rows``' order) mixed in place, and each row's previous turn's text returned
+    (None where it takes none). ``replaced``: ids the same write deletes (a memory's
+    earlier chunks), never a previous turn."""
+    weight, words = core.config.session_context, core.config.session_context_words
     sessions = [session_of(r) for r in rows]
-    if weight <= 0 or not any(sessions):
-        return
+    contexts: list[str | None] = [None] * len(rows)
+    if (weight <= 0 and not words) or not any(sessions):
+        return contexts
     created = [micros(r["created_at"]) for r in rows]
     times: dict[Session, set[int]] = {}
     for key, at in zip(sessions, created):
         if key is not None:
             times.setdefault(key, set()).add(at)
     stored = stored_turns(core, times, writing={r["id"] for r in rows} | set(replaced))
-    made: dict[Session, tuple[tuple[int, int, int], np.ndarray]] = {}  # the call's latest mixed turn
+    made: dict[Session, tuple[tuple[int, int, int], Turn]] = {}  # the call's latest turn
     for i in sorted(range(len(rows)), key=lambda i: (created[i], i)):
         key = sessions[i]
         if key is None:
             continue
+        chunk = parent_of(rows[i]["id"]) is not None
         candidates = [t for t in (stored[key].latest(created[i]), made.get(key)) if t is not None]
         if candidates:
             _, previous = max(candidates, key=lambda t: t[0])
-            mixed = vectors[i] + weight * previous
-            vectors[i] = mixed / max(float(np.linalg.norm(mixed)), 1e-12)
-        made[key] = ((created[i], CALL, i), vectors[i])
+            if weight > 0:
+                mixed = vectors[i] + weight * previous.vector
+                vectors[i] = mixed / max(float(np.linalg.norm(mixed)), 1e-12)
+            if words and not chunk and not previous.chunk:
+                contexts[i] = previous.text
+        made[key] = ((created[i], CALL, i), Turn(vectors[i], rows[i]["text"], chunk))
+    return contexts
 
 
 def stored_turns(core: WriterCore, times: dict[Session, set[int]], writing: set[str]) -> dict[Session, Turns]:
@@ -131,7 +150,7 @@ def stored_turns(core: WriterCore, times: dict[Session, set[int]], writing: set[
             by_session.setdefault(key, []).append(entry)
     for key, entries in by_session.items():
         turns[key].add(np.array([int(e["created_at"]) for e in entries], np.int64), ENTRY,
-                       np.array([int(e["seq"]) for e in entries], np.int64), _item_of(entries, "vector"))
+                       np.array([int(e["seq"]) for e in entries], np.int64), _entry_turn(entries))
     generation = core.base()
     if generation is None:
         return turns
@@ -150,7 +169,8 @@ def stored_turns(core: WriterCore, times: dict[Session, set[int]], writing: set[
         rows = rows[keep]
         created = table.column("created_at").cast(pa.timestamp("us", "UTC")).cast(pa.int64()).to_numpy()[keep]
         picked = _latest_at(created, at)
-        turns[(user, session)].add(created[picked], BASE, rows[picked], _row_of(generation.vectors, rows[picked]))
+        turns[(user, session)].add(created[picked], BASE, rows[picked],
+                                   _row_turn(generation, rows[picked], table.column("id"), np.flatnonzero(keep)[picked]))
     return turns
 
 
@@ -185,19 +205,24 @@ def _segment_turns(segment: pa.Table, turns: dict[Session, Turns], hidden: pa.Ar
             table = table.filter(pc.invert(pc.is_in(table.column("id"), value_set=hidden)))
             if table.num_rows:
                 turns[(user, session)].add(table.column("created_at").to_numpy(), SEGMENT,
-                                           table.column("seq").to_numpy(), _list_of(table.column("vector")))
+                                           table.column("seq").to_numpy(), _segment_turn(table))
 
 
-def _item_of(entries: list[dict[str, Any]], key: str) -> Callable[[int], np.ndarray]:
-    return lambda i: entries[i][key]
+def _entry_turn(entries: list[dict[str, Any]]) -> Callable[[int], Turn]:
+    return lambda i: Turn(np.asarray(entries[i]["vector"], np.float32), entries[i]["text"],
+                          parent_of(entries[i]["id"]) is not None)
 
 
-def _row_of(vectors: Any, rows: np.ndarray) -> Callable[[int], np.ndarray]:
-    return lambda i: vectors[int(rows[i])]
+def _row_turn(generation: Any, rows: np.ndarray, ids: pa.ChunkedArray, at: np.ndarray) -> Callable[[int], Turn]:
+    """Base rows ``rows`` of ``generation``, their ids ``ids[at]``."""
+    return lambda i: Turn(np.asarray(generation.vectors[int(rows[i])], np.float32),
+                          generation.memories.column("text")[int(rows[i])].as_py(),
+                          parent_of(ids[int(at[i])].as_py()) is not None)
 
 
-def _list_of(column: pa.ChunkedArray) -> Callable[[int], np.ndarray]:
-    return lambda i: np.asarray(column[i].as_py(), np.float32)
+def _segment_turn(table: pa.Table) -> Callable[[int], Turn]:
+    return lambda i: Turn(np.asarray(table.column("vector")[i].as_py(), np.float32), table.column("text")[i].as_py(),
+                          parent_of(table.column("id")[i].as_py()) is not None)
 
 
 class SessionRows:
@@ -255,13 +280,13 @@ class SessionRows:
 
     def segment(self, generation: Any) -> pa.Table | None:
         """The generation's segment rows that are conversation turns (episodic, with a
-        session): id, user, session, time, seq and vector; None when it has none."""
+        session): id, user, session, time, seq, vector and text; None when it has none."""
         if self._segment is None or self._segment[0] != generation.number:
             rows = generation.segment_rows()
             if rows is not None:
                 turn = pc.and_(pc.equal(rows.column("type"), "episodic"), pc.is_valid(rows.column("session_id")))
                 rows = rows.filter(pc.fill_null(turn, False)).select(
-                    ["id", "user", "session_id", "created_at", "seq", "vector"])
+                    ["id", "user", "session_id", "created_at", "seq", "vector", "text"])
             self._segment = (generation.number, rows if rows is not None and rows.num_rows else None)
         return self._segment[1]
 

@@ -32,10 +32,12 @@ import numpy as np
 import pyarrow as pa
 
 from helix_ray.errors import Conflict, Forbidden, InvalidArgument, NotFound, StoreError, is_disk_full
+from helix_ray.index.bm25 import lexical_text
 from helix_ray.ingest.dedup import signatures
+from helix_ray.ingest.stages import with_context
 from helix_ray.live.delta_format import Tombstone
 from helix_ray.live.inputs import MAX_BATCH
-from helix_ray.live.session_context import mix_written
+from helix_ray.live.session_context import written_context
 from helix_ray.schema import CHUNK_ID, DERIVED_ID, MEMORY_SCHEMA, chunk_id, content_hash, parent_of
 from helix_ray.store.space import disk_full
 
@@ -371,7 +373,7 @@ class _Computed:
         batch = core._transform(batch)
         vectors = np.asarray(batch["vector"], np.float32)
         self.vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        mix_written(core, rows, self.vectors, deletes)  # a conversation turn takes its session's context
+        contexts = written_context(core, rows, self.vectors, deletes)  # a conversation turn takes its session's context
         self.sigs = signatures([r["text"] for r in rows], num_perm=core._num_perm(), shingle=core.config.dedup.shingle)
         # Late-interaction tokens, so a fresh write is scored like a stored memory (None: off).
         n = len(rows)
@@ -379,9 +381,8 @@ class _Computed:
         self.late_scales = [bytes(x) for x in batch["late_scales"]] if "late_scales" in batch else [None] * n
         self.n_tokens = [int(x) for x in batch["n_tokens"]]
         self.lexical = []
-        for row, expansions in zip(rows, batch["expansions"]):
-            queries = json.loads(str(expansions))
-            self.lexical.append(row["text"] + ("\n" + "\n".join(queries) if queries else ""))
+        for row, expansions, context in zip(rows, batch["expansions"], contexts):
+            self.lexical.append(lexical_text(row["text"], with_context(json.loads(str(expansions)), context)))
 
     def table(self, seqs: list[int]) -> pa.Table:
         rows = self.rows
