@@ -223,7 +223,9 @@ class IngestConfig(_Strict):
     and nothing embeds. "Yes! I made a bowl for my mum." then matches a question in the
     words of the turn it answers ("did you make anything for your mother?"). Not
     between the chunks of a long memory. A turn written through the Writer takes it
-    when it is written; a turn already stored keeps what it took."""
+    when it is written; a turn already stored keeps what it took, as its vector keeps
+    its mix: a turn changed or deleted later stays in the next turn's words until that
+    turn is written again (forgetting a user removes all of their turns at once)."""
     hnsw_connectivity: int = Field(16, ge=4, le=64)
     """HNSW "M": links per node. Higher is better recall and a larger index."""
     hnsw_expansion_add: int = Field(128, ge=16, le=1024)
