@@ -828,9 +828,10 @@ def _expand_embed_annotate(run: Run, todo: pa.Table, reuse: dict[int, stages.Com
     million memories)."""
     config = run.config
     with stage(run, "expand_embed_annotate"):
-        turns = previous_turns(todo, changes.old_rows, kept.keep_old)
+        turns = previous_turns(todo, changes.old_rows, kept.keep_old) \
+            if config.session_context > 0 or config.session_context_words else None
         inputs = todo.select(list(TRANSFORM_INPUT))
-        if config.session_context_words:
+        if turns is not None and config.session_context_words:
             inputs = inputs.append_column("context", context_lines(todo, changes.old_rows, turns,
                                                                    work / "new-contexts.arrow"))
         reused = _run_local_batches(inputs, sorted(reuse), [stages.Reuse(config, reuse)])
@@ -839,7 +840,7 @@ def _expand_embed_annotate(run: Run, todo: pa.Table, reuse: dict[int, stages.Com
         transformed = _transform(run, inputs, [k for k in range(todo.num_rows) if k not in reuse])
         new_cols = collect(itertools.chain(transformed, reused), todo.num_rows, config,
                            work=work)
-    if config.session_context > 0:
+    if turns is not None and config.session_context > 0:
         new_cols["vector"] = session_context(new_cols["vector"], turns, changes.previous, changes.old_index,
                                              config.session_context, given=frozenset(reuse))
     return new_cols

@@ -9,8 +9,9 @@ turn of its (user, session), an old row of the previous generation or a new one,
   turn's (:func:`session_context`).
 - ``IngestConfig.session_context_words``: the previous turn's text is one more line of
   the turn's doc2query expansions, so BM25 finds a reply by the words of what it replies
-  to (:func:`context_lines`; :func:`helix_ray.ingest.stages.with_context`). Not between the chunks of a long memory: they overlap
-  already, and a chunked memory is no turn of a dialogue.
+  to (:func:`context_lines`; :func:`helix_ray.ingest.stages.with_context`). Not
+  between the chunks of a long memory: they overlap already, and a chunked memory is no
+  turn of a dialogue.
 
 A turn written through the Writer gets the same when it is written
 (:mod:`helix_ray.live.session_context`).
@@ -26,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from helix_ray.schema import CHUNK_ID
 from helix_ray.store.generation import Generation
 from helix_ray.store.publish import mapped_parts
 from helix_ray.tables import take_rows
@@ -82,7 +84,7 @@ def previous_turns(todo: pa.Table, old_rows: pa.Table, keep_old: np.ndarray) -> 
 
 
 def session_context(vectors: np.ndarray, turns: PreviousTurns, previous: Generation | None,
-                    old_positions: np.ndarray | None, weight: float,
+                    old_positions: np.ndarray, weight: float,
                     given: frozenset[int] = frozenset()) -> np.ndarray:
     """``IngestConfig.session_context``: each new conversation turn's vector (row i of the
     run's new rows) becomes ``unit(v + weight · v_prev)``, ``v_prev`` the stored vector
@@ -102,7 +104,7 @@ def session_context(vectors: np.ndarray, turns: PreviousTurns, previous: Generat
             continue
         if turns.new[i] >= 0:
             before = np.asarray(vectors[turns.new[i]])
-        elif turns.old[i] >= 0 and previous is not None and old_positions is not None:
+        elif turns.old[i] >= 0 and previous is not None:
             before = np.asarray(previous.vectors[old_positions[turns.old[i]]])
         else:
             continue
@@ -137,7 +139,7 @@ def context_lines(todo: pa.Table, old_rows: pa.Table, turns: PreviousTurns, path
 
 def is_chunk(ids: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """Which of ``ids`` are a chunk's (``<id>#chunk<n>``, as :data:`helix_ray.schema.CHUNK_ID` reads it)."""
-    matched = pc.match_substring_regex(ids, r"(?s)^.+#chunk[1-9][0-9]*$")
+    matched = pc.match_substring_regex(ids, "(?s)" + CHUNK_ID.pattern)
     return np.asarray(pc.fill_null(matched, False).to_numpy(zero_copy_only=False), bool)
 
 

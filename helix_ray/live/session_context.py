@@ -101,7 +101,7 @@ class Turns:
 
 
 def written_context(core: WriterCore, rows: list[dict[str, Any]], vectors: np.ndarray,
-                replaced: Iterable[str] = ()) -> list[str | None]:
+                    replaced: Iterable[str] = ()) -> list[str | None]:
     """Give the turns among ``rows`` (validated records, about to be written) their
     session's context, in (created_at, arrival) order: ``vectors`` (unit float32 rows,
     in ``rows``' order) mixed in place, and each row's previous turn's text returned
