@@ -134,6 +134,30 @@ WINDOWS = [
      d(2023, 9, 15), d(2023, 9, 16), d(2023, 9, 15), d(2023, 9, 16)),
     ("the weekend before 4th October, 2023", "the weekend before 4th October, 2023", "absolute",
      d(2023, 9, 30), d(2023, 10, 2), d(2023, 9, 30), d(2023, 10, 2)),
+    # the period before last; the part of this one before or after now
+    ("what did we ship the week before last", "the week before last", "relative",
+     d(2023, 4, 24), d(2023, 5, 1), d(2023, 4, 23), d(2023, 5, 2)),
+    ("the month before last", "the month before last", "relative", d(2023, 3, 1), d(2023, 4, 1), d(2023, 2, 24), d(2023, 4, 6)),
+    ("the weekend before last", "the weekend before last", "relative",
+     d(2023, 4, 29), d(2023, 5, 1), d(2023, 4, 29), d(2023, 5, 1)),
+    ("bugs fixed earlier this month", "earlier this month", "relative", d(2023, 5, 1), NOW, d(2023, 4, 26), NOW),
+    ("what is due later this week", "later this week", "relative", NOW, d(2023, 5, 15), NOW - timedelta(days=1), d(2023, 5, 16)),
+    # quarters: a bare one is the latest begun (Q3 2022 in May 2023); 90 days × 0.15 → ± 14
+    ("what did we ship in Q3", "in Q3", "absolute", d(2022, 7, 1), d(2022, 10, 1), d(2022, 7, 1), d(2022, 10, 1)),
+    ("the Q1 2024 roadmap", "Q1 2024", "absolute", d(2024, 1, 1), d(2024, 4, 1), d(2024, 1, 1), d(2024, 4, 1)),
+    ("what shipped last quarter", "last quarter", "relative", d(2023, 1, 1), d(2023, 4, 1), d(2022, 12, 18), d(2023, 4, 15)),
+    ("in the first quarter of 2023", "in the first quarter of 2023", "absolute",
+     d(2023, 1, 1), d(2023, 4, 1), d(2023, 1, 1), d(2023, 4, 1)),
+    # holidays: the latest at or before now; Christmas and Easter reach two days around them
+    ("what did we do at Christmas", "at Christmas", "absolute", d(2022, 12, 25), d(2022, 12, 26), d(2022, 12, 23), d(2022, 12, 28)),
+    ("last Christmas", "last Christmas", "relative", d(2022, 12, 25), d(2022, 12, 26), d(2022, 12, 23), d(2022, 12, 28)),
+    ("over Easter", "over Easter", "absolute", d(2023, 4, 9), d(2023, 4, 10), d(2023, 4, 7), d(2023, 4, 12)),
+    ("on Thanksgiving 2022", "on Thanksgiving 2022", "absolute",
+     d(2022, 11, 24), d(2022, 11, 25), d(2022, 11, 23), d(2022, 11, 26)),
+    ("over the holidays", "over the holidays", "absolute", d(2022, 12, 20), d(2023, 1, 3), d(2022, 12, 20), d(2023, 1, 3)),
+    ("the Friday before Thanksgiving", "the Friday before Thanksgiving", "absolute",
+     d(2022, 11, 18), d(2022, 11, 19), d(2022, 11, 18), d(2022, 11, 19)),
+    ("the fourth of July", "the fourth of July", "absolute", d(2022, 7, 4), d(2022, 7, 5), d(2022, 7, 4), d(2022, 7, 5)),
     # since: from the time to now
     ("what broke since May", "since May", "since", d(2023, 5, 1), NOW, d(2023, 5, 1), NOW),
     ("errors since the migration in May", "since the migration in May", "since", d(2023, 5, 1), NOW, d(2023, 5, 1), NOW),
@@ -155,6 +179,8 @@ WINDOWS = [
      d(2022, 8, 11), d(2022, 8, 16), d(2022, 8, 11), d(2022, 8, 16)),
     ("from last Monday to yesterday", "from last Monday to yesterday", "range",
      d(2023, 5, 1), d(2023, 5, 8), d(2023, 5, 1), d(2023, 5, 8)),
+    ("between Christmas and New Year's", "between Christmas and New Year's", "range",
+     d(2022, 12, 25), d(2023, 1, 2), d(2022, 12, 23), d(2023, 1, 3)),
 ]
 
 
@@ -177,6 +203,11 @@ NO_TIME = [
     "the 3-year-old server keeps rebooting",
     "summer vibes playlist",
     "Where did Caroline move from?",
+    "put a Christmas tree in the lobby",  # a holiday needs a preposition, "last", "this" or a year
+    "found an easter egg in the settings page",
+    "Q3: why is the build slow",  # a quarter needs a preposition or a year
+    "the plan for Q3",  # "for" is no such preposition: a plan for Q3 may be this year's or last
+    "he scored twice in the last quarter",  # of a game
     "",
 ]
 
@@ -321,6 +352,7 @@ MENTIONS = [
     ("May I join? I'll be there in May, or I may march with them.", ["date:2023-05"]),
     ("It's been my stress-buster since childhood!", []),
     ("YESTERDAY the CI was red", ["date:2023-05-07"]),
+    ("We went skiing over Christmas, and at Easter 2021 too.", ["date:2022-12-25", "date:2021-04-04"]),
 ]
 
 
@@ -328,6 +360,12 @@ MENTIONS = [
 def test_mentions(text, expected):
     assert mentions(text, CREATED) == expected
     assert has_time(text) is bool(expected)
+
+
+@pytest.mark.parametrize(("year", "day"), [(2019, 21), (2021, 4), (2023, 9), (2025, 20)])
+def test_easter_is_the_gregorian_computus(year, day):
+    assert when.rules.easter(year) == datetime(year, 4, day).date()
+    assert when.rules.easter(2024) == datetime(2024, 3, 31).date()
 
 
 def test_has_time_sees_clock_times_and_loose_times():

@@ -11,8 +11,12 @@
 
 Conventions. Windows are half-open ``[start, end)`` in UTC. Calendar arithmetic (which day
 "yesterday" is, where a month starts) happens in the anchor's time zone; a naive anchor is
-UTC. Weeks start on Monday (ISO 8601). A month, a day or a season named without a year is the
-most recent one at or before the anchor ("in June", asked in May 2023, is June 2022).
+UTC. Weeks start on Monday (ISO 8601). A month, a day, a season, a quarter or a holiday named
+without a year is the most recent one begun by the anchor ("in June", asked in May 2023, is
+June 2022; "at Christmas" is Christmas 2022). Holidays are Christmas (Eve, Day), Boxing Day,
+New Year's (Eve, Day), Valentine's Day, Easter (Sunday, Monday), Independence Day (the
+Fourth of July), Halloween, the United States' Thanksgiving and "the holidays" (20 December
+to 2 January); "over Christmas" and Easter reach two days to each side, Thanksgiving one.
 Relative windows are soft: each side is widened, in whole days, by a share of the window's
 length (:data:`CALENDAR_MARGIN`, :data:`ROLLING_MARGIN`) or of the distance back
 (:data:`AGO_MARGIN`), while ``core_start``/``core_end`` keep what the words name. Named dates,
@@ -22,7 +26,9 @@ Ambiguous words need context. ``May`` and ``March`` are months only when capital
 every month name needs a day, a year or a preposition next to it ("in May", "May 8",
 "8 May 2023", "May 2023"; never "I may go" or "we march"); abbreviations ("Sep") need a day
 or a year. Weekdays need a determiner ("last Friday", "on Monday"), bare years a preposition
-("in 2022"). "second" is never a unit of time.
+("in 2022"), and so do holidays ("at Christmas", "last Easter"; never "a Christmas tree") and
+quarters ("in Q3", "Q3 2024"; "last quarter", but not "the last quarter" of a game). "second"
+is never a unit of time.
 
 The module is pure and deterministic, imports only the standard library, and never raises on
 odd text (impossible dates are skipped); it raises TypeError only for an anchor that is not a

@@ -244,9 +244,11 @@ def _weekday(m: re.Match[str], ctx: Context) -> Hit | None:
 
 
 def _weekend(m: re.Match[str], ctx: Context) -> Hit | None:
-    rel = " ".join(m["rel"].lower().split())
+    rel = " ".join((m["rel"] or m["rel2"]).lower().split())
     saturday = monday(ctx.today) + timedelta(days=5)  # this week's
-    if rel in ("last", "previous"):
+    if rel in ("before last", "after next"):
+        saturday += timedelta(days=14 if rel == "after next" else -14)
+    elif rel in ("last", "previous"):
         saturday -= timedelta(days=7)
     elif rel in ("next", "coming", "this coming"):
         saturday += timedelta(days=7)
@@ -255,9 +257,12 @@ def _weekend(m: re.Match[str], ctx: Context) -> Hit | None:
     return ctx.period(saturday, saturday + timedelta(days=2), "week", "relative", CALENDAR_MARGIN)
 
 
+_STEPS = {"this": 0, "last": -1, "previous": -1, "next": 1, "coming": 1, "before last": -2, "after next": 2}
+
+
 def _calendar(m: re.Match[str], ctx: Context) -> Hit | None:
-    step = {"this": 0, "last": -1, "previous": -1, "next": 1, "coming": 1}[m["rel"].lower()]
-    name = m["unit"].lower()
+    step = _STEPS[" ".join((m["rel"] or m["rel2"]).lower().split())]
+    name = (m["unit"] or m["unit2"]).lower()
     t = ctx.today
     if name == "week":
         first = monday(t) + timedelta(days=7 * step)
@@ -267,7 +272,18 @@ def _calendar(m: re.Match[str], ctx: Context) -> Hit | None:
         stop = add_months(first, 1)
     else:
         first, stop = date(t.year + step, 1, 1), date(t.year + step + 1, 1, 1)
-    return ctx.period(first, stop, name, "relative", CALENDAR_MARGIN)
+    hit = ctx.period(first, stop, name, "relative", CALENDAR_MARGIN)
+    return _split_at_now(hit, (m["part"] or "").lower(), ctx) if step == 0 else hit
+
+
+def _split_at_now(hit: Hit, part: str, ctx: Context) -> Hit:
+    """"earlier this month": the period's days up to now; "later this month": from now on."""
+    assert hit.start is not None and hit.end is not None
+    if part == "earlier" and hit.start < ctx.now:
+        return replace(hit, end=ctx.now, open_end=True)
+    if part == "later" and ctx.now < hit.end:
+        return replace(hit, start=ctx.now)
+    return hit
 
 
 _FIXED_UNITS = {"minute": timedelta(minutes=1), "hour": timedelta(hours=1), "day": timedelta(days=1),
@@ -343,6 +359,104 @@ def _season(m: re.Match[str], ctx: Context) -> Hit | None:
     relative = rel in ("last", "past", "this", "next")
     return ctx.period(first, stop, "year", "relative" if relative else "absolute",
                       CALENDAR_MARGIN if relative else ABSOLUTE_MARGIN)
+
+
+def _quarter(m: re.Match[str], ctx: Context) -> Hit | None:
+    t = ctx.today
+    current = (t.month - 1) // 3  # this quarter, 0–3
+    if m["rel"]:
+        year, index = divmod(t.year * 4 + current + _STEPS[m["rel"].lower()], 4)
+    elif m["y"] or m["yrel"]:
+        year, index = int(m["y"]) if m["y"] else t.year + _STEPS[m["yrel"].lower()], int(m["q"]) - 1
+    elif m["prep"] or ctx.in_context(m):  # "in Q3": the latest Q3 begun by now
+        index = int(m["q"]) - 1
+        year = t.year if index <= current else t.year - 1
+    else:
+        return None  # "Q3" alone: a label as often as a time
+    first = date(year, 3 * index + 1, 1)
+    relative = bool(m["rel"] or m["yrel"])
+    hit = ctx.period(first, add_months(first, 3), None, "relative" if relative else "absolute",
+                     CALENDAR_MARGIN if relative else ABSOLUTE_MARGIN)
+    return replace(hit, yearless=not (m["y"] or relative))
+
+
+def easter(year: int) -> date:
+    """Western Easter Sunday (the Gregorian computus, Meeus/Jones/Butcher)."""
+    a, b, c = year % 19, year // 100, year % 100
+    d, e = divmod(b, 4)
+    g = (8 * b + 13) // 25
+    h = (19 * a + b - d - g + 15) % 30
+    i, k = divmod(c, 4)
+    l = (32 + 2 * e + 2 * i - h - k) % 7  # noqa: E741 (the algorithm's own names)
+    m = (a + 11 * h + 22 * l) // 451
+    month, day = divmod(h + l - 7 * m + 114, 31)
+    return date(year, month, day + 1)
+
+
+def _thanksgiving(year: int) -> date:
+    """The fourth Thursday of November (the United States')."""
+    first = date(year, 11, 1)
+    return first + timedelta(days=(3 - first.weekday()) % 7 + 21)
+
+
+HOLIDAY = r"""(?:christmas(?:\s+(?:eve|day))?|xmas(?:\s+eve)?|new\s+year[’']?s(?:\s+(?:eve|day))?|halloween
+    |valentine[’']?s(?:\s+day)?|thanksgiving|easter(?:\s+(?:sunday|monday))?|independence\s+day
+    |(?:the\s+)?(?:fourth|4th)\s+of\s+july|boxing\s+day|the\s+holidays|the\s+holiday\s+season)"""
+# A holiday after another and a joining word ("between Christmas and New Year's").
+_HOLIDAY_LIST_BEFORE = re.compile(rf"\b{HOLIDAY}\b[\s,.]*(?:and|to|or|through|thru|until|till|-|–|—)\s*$",
+                                  re.IGNORECASE | re.VERBOSE)
+
+#: A holiday's first day in a year, its length in days, and the days it is widened by on
+#: each side ("over Christmas" reaches the days around it).
+_HOLIDAYS: dict[str, Callable[[int], tuple[date, int, int]]] = {
+    "christmas eve": lambda y: (date(y, 12, 24), 1, 0),
+    "christmas day": lambda y: (date(y, 12, 25), 1, 0),
+    "christmas": lambda y: (date(y, 12, 25), 1, 2),
+    "boxing day": lambda y: (date(y, 12, 26), 1, 0),
+    "new year's eve": lambda y: (date(y, 12, 31), 1, 0),
+    "new year's day": lambda y: (date(y, 1, 1), 1, 0),
+    "new year's": lambda y: (date(y - 1, 12, 31), 2, 1),  # the night and the day after it
+    "halloween": lambda y: (date(y, 10, 31), 1, 0),
+    "valentine's day": lambda y: (date(y, 2, 14), 1, 0),
+    "independence day": lambda y: (date(y, 7, 4), 1, 0),
+    "thanksgiving": lambda y: (_thanksgiving(y), 1, 1),
+    "easter": lambda y: (easter(y), 1, 2),  # Good Friday to Easter Monday
+    "easter sunday": lambda y: (easter(y), 1, 0),
+    "easter monday": lambda y: (easter(y) + timedelta(days=1), 1, 0),
+    "holidays": lambda y: (date(y, 12, 20), 14, 0),  # the holidays of year y's end
+}
+_HOLIDAY_NAMES = {"xmas": "christmas", "xmas eve": "christmas eve", "new years": "new year's",
+                  "new years eve": "new year's eve", "new years day": "new year's day",
+                  "valentine's": "valentine's day", "valentines": "valentine's day",
+                  "valentines day": "valentine's day", "fourth of july": "independence day",
+                  "4th of july": "independence day", "holiday season": "holidays"}
+
+
+def _holiday(m: re.Match[str], ctx: Context) -> Hit | None:
+    rel = (m["rel"] or "").lower()
+    name = " ".join(m["h"].lower().replace("’", "'").split()).removeprefix("the ")
+    name = _HOLIDAY_NAMES.get(name, name)
+    listed = _HOLIDAY_LIST_BEFORE.search(ctx.text, max(0, m.start() - 40), m.start()) is not None
+    if not (m["prep"] or rel or m["y"] or "july" in m["h"].lower() or listed or ctx.in_context(m)):
+        return None  # "a Christmas tree", "an Easter egg in the UI"
+    days = _HOLIDAYS[name]
+    t = ctx.today
+    if m["y"]:
+        year = int(m["y"])
+    elif rel == "this":
+        year = t.year if name != "new year's" else t.year + 1
+    else:  # the latest begun by today ("last": before today; "next": the first after it)
+        year = t.year + 1
+        while days(year)[0] > t or (rel in ("last", "past") and days(year)[0] == t):
+            year -= 1
+        if rel == "next":
+            year += 1
+    first, length, widen = days(year)
+    stop = first + timedelta(days=length)
+    relative = bool(rel)
+    kind = "relative" if relative else "absolute"
+    hit = Hit(ctx.midnight(first), ctx.midnight(stop), timedelta(days=widen), "day" if length == 1 else None, kind)
+    return replace(hit, yearless=not (m["y"] or relative))
 
 
 def _duration(m: re.Match[str], ctx: Context) -> Hit | None:
@@ -423,14 +537,30 @@ RULES: list[Rule] = [
     _rule(rf"""\b(?P<rel>last|this\s+past|past|previous|this\s+coming|coming|this|next|on)\s+
             (?P<wd>{WEEKDAY})\b{_PART_OF_DAY}""",
           _weekday, " ".join(WEEKDAYS)),
-    # last weekend, over the weekend
+    # last weekend, over the weekend, the weekend before last
     _rule(r"""\b(?P<rel>last|this\s+past|past|previous|this\s+coming|coming|this|next|over\s+the)\s+weekend\b
-            (?!\s+(?:of|before|after)\b)""",
+            (?!\s+(?:of|before|after)\b)
+            | \bthe\s+weekend\s+(?P<rel2>before\s+last|after\s+next)\b""",
           _weekend, "weekend"),
-    # this week, last month, next year ("last week of August" is a part of August)
-    _rule(r"""\b(?:(?:earlier|later)\s+)?(?P<rel>this|last|previous|next|coming)\s+(?P<unit>week|month|year)\b
-            (?!\s+(?:of|before|after)\b)""",
+    # this week, last month, next year, earlier this month, the week before last
+    # ("last week of August" is a part of August)
+    _rule(r"""\b(?:(?P<part>earlier|later)\s+)?(?P<rel>this|last|previous|next|coming)\s+(?P<unit>week|month|year)\b
+            (?!\s+(?:of|before|after)\b)
+            | \bthe\s+(?P<unit2>week|month|year)\s+(?P<rel2>before\s+last|after\s+next)\b""",
           _calendar, "week month year"),
+    # in Q3, Q1 2024, last quarter ("the last quarter" of a game is not one; "the first
+    # quarter of 2023" is a part of 2023)
+    _rule(rf"""(?:\b(?P<prep>in|during|throughout)\s+)?
+            (?: (?<![\w-])(?-i:Q)(?P<q>[1-4])(?![\w:])
+                (?:,?\s+(?:of\s+)?(?P<y>{_YEAR}) | \s+(?:of\s+)?(?P<yrel>last|this|next)\s+year\b)?
+              | (?<!\bthe\s)\b(?P<rel>this|last|previous|next|coming)\s+quarter\b(?!\s+of\b) )""",
+          _quarter, "q quarter"),
+    # at Christmas, on Thanksgiving 2022, last Easter, over the holidays
+    _rule(rf"""(?:\b(?P<prep>on|at|over|for|during|around|by|in)\s+)?(?:\b(?P<rel>last|this|next|past)\s+)?
+            \b(?P<h>{HOLIDAY})\b
+            (?:,?\s+(?:of\s+)?(?P<y>{_YEAR}))?""",
+          _holiday, "christmas xmas new halloween valentine valentines thanksgiving easter independence "
+                    "july boxing holidays holiday"),
     # in the last 3 days, over the past few months, the past week
     _rule(rf"""(?:\b(?P<prep>in|over|during|within|for|throughout)\s+)?
             (?: (?:\bthe\s+)?\b(?:last|past|previous)\s+(?P<n>{NUM})\s+(?P<unit>{UNIT})

@@ -1,7 +1,7 @@
 """Reading a text: every expression the rules find, then what surrounds each one.
 
 The words before an expression can narrow it ("the end of May", "the last week of August"),
-step from it ("the Friday before 17 September"), bound it ("since the migration in May",
+step from it ("the Friday before 17 September", "the week before Christmas"), bound it ("since the migration in May",
 "before 2022", "as of November") or open a range with the next one ("between March and May").
 """
 
@@ -32,6 +32,7 @@ from helix_ray.when.window import CALENDAR_MARGIN
 _PART_OF = re.compile(rf"""(?:\b(?:in|during|at|by|towards?|around|over)\s+)?(?:\bthe\s+)?\b
     (?: (?P<third>beginning|start|middle|end)
       | (?P<half>first|second)\s+half
+      | (?P<quarter>first|second|third|fourth|last)\s+quarter
       | (?P<ord>first|second|third|fourth|last)\s+(?:(?P<n>{NUM})\s+)?(?P<unit>weekend|weeks?|days?) )
     \s+of\s+(?:the\s+)?$""", re.IGNORECASE | re.VERBOSE)
 _STEP_FROM = re.compile(rf"(?:\b(?:the|a|last)\s+)?(?:\b(?P<n>{NUM})\s+)?\b(?P<unit>{WEEKDAY}|weekend|{UNIT})\s+"
@@ -147,6 +148,12 @@ def _part_of(q: re.Match[str], hit: Hit, ctx: Context) -> Hit | None:
         months = (stop.year - first.year) * 12 + stop.month - first.month
         middle = add_months(first, months // 2) if months >= 2 else first.replace(day=16)
         first, stop = (first, middle) if q["half"].lower() == "first" else (middle, stop)
+    elif q["quarter"]:  # of a year
+        if (stop.year - first.year) * 12 + stop.month - first.month != 12:
+            return None
+        which = q["quarter"].lower()
+        first = add_months(first, 3 * (3 if which == "last" else _ORDINAL[which]))
+        stop = add_months(first, 3)
     elif q["unit"].lower() == "weekend":
         if q["ord"].lower() == "last":
             last_day = stop - timedelta(days=1)
