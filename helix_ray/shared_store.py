@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from helix_ray.config import IngestConfig
+from helix_ray.errors import GenerationDamaged
 from helix_ray.live.compactor import Compactor
 from helix_ray.store.db import StoreDB
+from helix_ray.store.generation import folded_accesses
 
 if TYPE_CHECKING:
     from helix_ray.live.writer import WriterCore
@@ -78,12 +80,24 @@ class SharedStore:
         self.folding_from: int | None = None
         #: Called after a compaction published (each open Memory opens the new generation).
         self.after_compaction: dict[int, Callable[[dict[str, Any]], None]] = {}
-        self.overlay: dict[str, int] = {}  # id → last access (µs) since the generation was built
+        self.overlay: dict[str, int] = self._unfolded_accesses()  # id → last access (µs) since the generation
         self.accesses: queue.Queue = queue.Queue()
         self.closing = threading.Event()  # the last Memory closed: no new one joins
         self.closed = threading.Event()  # the database is closed
         self._access_log = threading.Thread(target=self._flush_accesses, name="helix-access-log", daemon=True)
         self._access_log.start()
+
+    def _unfolded_accesses(self) -> dict[str, int]:
+        """The access log's hits the current generation has not folded, the latest per
+        id (epoch µs): what earlier processes recalled since the last compaction, so
+        recency reads them here too (each `helix recall` is a new process). Recency takes
+        the newer of a row's folded access and this, so with a manifest that does not
+        read (recall falls back to an older generation) the whole log is as right."""
+        try:
+            after = folded_accesses(self.store)
+        except (GenerationDamaged, ValueError, TypeError):
+            after = 0
+        return self.db.last_accesses(after)
 
     # ------------------------------------------------------------------ the Writer
     @property

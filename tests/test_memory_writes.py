@@ -273,6 +273,27 @@ def test_recall_and_stats_change_nothing_in_the_store_but_the_access_log(store):
         assert db.row("SELECT count(*) FROM access_log WHERE id = 'm030'") == (1,)
 
 
+def test_a_new_process_reads_the_recall_hits_no_compaction_folded_yet(store):
+    """Recency reads a recall's hits at once, in the process that made them and in the
+    next one to open the store (each `helix recall` is one), before a compaction folds
+    them into the generation."""
+    import json
+    import subprocess
+
+    question = "which port does the gateway listen on?"
+    with Memory(store, warm=False, compact_interval_s=None, record_access=False) as mem:
+        first = mem.recall(question, user="dana").items[0]
+    assert first.id == "m000" and first.signals["recency"] == 0.0  # never accessed
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        assert mem.recall(question, user="dana").items[0].signals["recency"] == 0.0  # recorded after ranking
+        assert mem.recall(question, user="dana").items[0].signals["recency"] > 0.99
+    found = json.loads(subprocess.run([sys.executable, "-m", "helix_ray.cli", "recall", question, "--user", "dana",
+                                       "--store", str(store), "--json"],
+                                      capture_output=True, text=True, check=True, timeout=300).stdout)
+    assert found["items"][0]["id"] == "m000" and found["items"][0]["signals"]["recency"] > 0.99
+    assert current_generation_number(store) == 1  # no compaction folded the hits
+
+
 def test_ingest_folds_and_ingests_with_no_write_in_between(store, tmp_path, monkeypatch):
     """A write that returns between the fold of the pending writes and the ingest would
     stay in the delta over the ingested record of its id (and the next compaction would

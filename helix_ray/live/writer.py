@@ -444,8 +444,7 @@ class WriterCore:
         after = 0
         if self.generation is not None:
             after = int(self._manifest().get(ACCESS_WATERMARK, 0))
-        summary, _ = self.db.access_summary(after)
-        self.recent_accesses = {i: int(t.timestamp() * 1_000_000) for i, (t, _) in summary.items()}
+        self.recent_accesses = self.db.last_accesses(after)
         self._publish_accesses()
 
     def _publish_accesses(self, fresh: dict[str, int] | None = None) -> None:

@@ -343,6 +343,12 @@ class StoreDB:
         utc = dt.timezone.utc
         return {i: (dt.datetime.fromtimestamp(t / 1e6, tz=utc), c) for i, t, c in rows}, max(end, int(after))
 
+    def last_accesses(self, after: int = 0) -> dict[str, int]:
+        """Per memory id, its latest access (epoch µs) over the access-log rows from
+        position ``after`` on (see :meth:`access_summary`)."""
+        summary, _ = self.access_summary(after)
+        return {i: int(t.timestamp() * 1_000_000) for i, (t, _) in summary.items()}
+
     def counts(self) -> dict[str, Any]:
         q = self.con.execute
 

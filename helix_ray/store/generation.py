@@ -146,6 +146,15 @@ def generation_counts(store: Path, number: int) -> dict[str, int]:
     return dict(integrity.read_manifest(generations_dir(Path(store)) / f"{number:06d}")["counts"])
 
 
+def folded_accesses(store: Path) -> int:
+    """How far into the access log the current generation has folded (its manifest's
+    :data:`ACCESS_WATERMARK`); 0 when there is no generation."""
+    number = current_generation_number(Path(store))
+    if number is None:
+        return 0
+    return int(integrity.read_manifest(generations_dir(Path(store)) / f"{number:06d}").get(ACCESS_WATERMARK, 0))
+
+
 class Generation:
     """A published generation: its indexes memory-mapped, the rows a query reads at
     scattered places read with ``pread`` (:mod:`helix_ray.store.rows`). Cheap to open;
