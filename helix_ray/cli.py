@@ -137,7 +137,8 @@ def _recall_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     s.add_argument("--since", help="ISO-8601 time: only memories created at or after it")
     s.add_argument("--until", help="ISO-8601 time: only memories created at or before it")
     s.add_argument("--now", help="ISO-8601 time the question is asked: what 'last week' or 'yesterday' in the "
-                   "query are read against (default: the clock)")
+                   "query are read against (default: the clock); it raises the memories of that time and hides "
+                   "none (--until hides later ones)")
     s.add_argument("--context", action="append", metavar="TURN", help="an earlier turn of the conversation, the "
                    "query being its latest; repeat for several, oldest first")
     s.add_argument("--config", help="retrieval YAML (see configs/retrieval.yaml)")
@@ -363,7 +364,8 @@ def _audit_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 def _mcp_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``helix mcp``: the tools for coding agents (Model Context Protocol)."""
-    s = sub.add_parser("mcp", help="serve recall/remember/forget to a coding agent over MCP (stdio)")
+    s = sub.add_parser("mcp", help="serve recall/remember/forget to a coding agent over MCP (stdio; "
+                          "streamable HTTP with --http)")
     s.add_argument("--store", help="store folder opened in this process (created empty if missing)")
     s.add_argument("--user", help="with --store: the one user whose memories the tools read and write")
     s.add_argument("--project", help="project that `remember` files memories under when the agent names none")

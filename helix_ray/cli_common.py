@@ -84,8 +84,8 @@ def format_answer(answer: dict[str, Any], took_ms: list[float] | None = None) ->
     # keeps the packed order, best at both ends.
     for item in sorted(answer["items"], key=lambda i: i["rank"]):
         cut = " [cut]" if item["truncated"] else ""
-        lines.append(f"[{item['rank']}] {item['id']} · {item['type']} · score {item['score']:.3f} · "
-                     f"{item['n_tokens']} tok{cut}")
+        lines.append(f"[{item['rank']}] {item['id']} · {item['type']} · {_minute(item['created_at'])} · "
+                     f"score {item['score']:.3f} · {item['n_tokens']} tok{cut}")
         lines.append("    " + item["text"].replace("\n", "\n    "))
     timing = ", ".join(f"{k} {v:.1f}" for k, v in answer["timings_ms"].items())
     where = "ms" if took_ms is None else (f"HTTP round trip {took_ms[-1]:.1f} ms ({took_ms[0]:.0f} ms for the "
@@ -94,6 +94,9 @@ def format_answer(answer: dict[str, Any], took_ms: list[float] | None = None) ->
                  f"generation {answer['generation']}; listed best first (an agent's context packs them best "
                  "at both ends); "
                  f"{where}: {timing}")
+    read = _time_read(flags.get("time") or {})
+    if read:
+        lines.append(read)
     over = flags.get("over_budget", 0)
     if over:
         shown = {item["rank"] for item in answer["items"]}
@@ -102,3 +105,32 @@ def format_answer(answer: dict[str, Any], took_ms: list[float] | None = None) ->
                      f"{answer['budget_tokens']}-token budget; a larger budget (--budget) shows "
                      f"{'them' if over > 1 else 'it'}")
     return "\n".join(lines)
+
+
+def _minute(iso: str) -> str:
+    """``2025-03-18T14:02:11+00:00`` as ``2025-03-18 14:02`` (UTC, as stored)."""
+    return iso[:16].replace("T", " ")
+
+
+def _time_read(time: dict[str, Any]) -> str | None:
+    """A recall's reading of the time its query names (``flags.time``), and what it did:
+    a window no candidate falls in changed nothing, which a reader should see."""
+    import datetime as dt
+
+    window = time.get("window")
+    if not window:
+        return None
+
+    def day(iso: str, end: bool) -> str:
+        moment = dt.datetime.fromisoformat(iso)
+        if moment.year in (1, 9999):  # an open side: "since May", "before 2024"
+            return "…"
+        return (moment - dt.timedelta(microseconds=1) if end else moment).date().isoformat()
+
+    line = (f"-- time: {window['expression']!r} read as {day(window['core_start'], False)} – "
+            f"{day(window['core_end'], True)}")
+    inside = time.get("inside")
+    if inside == 0:
+        return (line + "; no candidate was made in it or states a date in it, so it changed no rank (asked on "
+                "another day? give that day as now: --now)")
+    return line + (f"; it raised {inside} candidate{'s' if inside != 1 else ''}" if inside else "")

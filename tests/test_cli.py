@@ -522,12 +522,13 @@ def test_a_recall_on_a_terminal_lists_the_best_memory_first():
 
     def item(i: str, rank: int) -> dict:
         return {"id": i, "type": "semantic", "rank": rank, "score": 1.0 / rank, "n_tokens": 5, "truncated": False,
-                "text": f"text of {i}"}
+                "text": f"text of {i}", "created_at": "2025-03-18T14:02:11+00:00"}
 
     answer = {"items": [item("a", 1), item("c", 3), item("b", 2)], "flags": {}, "timings_ms": {"total": 1.0},
               "total_tokens": 15, "budget_tokens": 100, "generation": 1}
     lines = format_answer(answer).splitlines()
     assert [line.split()[0:2] for line in lines if line.startswith("[")] == [["[1]", "a"], ["[2]", "b"], ["[3]", "c"]]
+    assert lines[0] == "[1] a · semantic · 2025-03-18 14:02 · score 1.000 · 5 tok"
     assert "best at both ends" in lines[-1]
 
 
@@ -587,6 +588,22 @@ def test_a_recall_takes_the_moment_it_is_asked_and_the_turns_before_it(store, ca
     assert "embed_context" not in answer["timings_ms"]
     code, _, err = helix(capsys, *args, "--now", "last tuesday")
     assert code == 2 and err.startswith("helix recall: Got --now='last tuesday'"), err
+
+
+def test_a_recall_in_a_terminal_says_how_it_read_the_time_and_dates_each_memory(store, capsys):
+    """The text answer shows the window a time expression was read as, and says so when
+    no candidate falls in it (the window then changed nothing: a question asked on
+    another day needs --now); each memory shows when it was made."""
+    args = ("recall", "and what broke last week?", "--store", str(store), "--user", "dana")
+    code, out, _ = helix(capsys, *args, "--now", "2025-03-25")
+    read = [line for line in out.splitlines() if line.startswith("-- time:")]
+    assert code == 0 and len(read) == 1 and read[0].startswith("-- time: 'last week' read as 2025-03-17 – 2025-03-23; "
+                                                                "it raised "), out
+    assert re.search(r"^\[1\] \S+ · \w+ · 2025-\d\d-\d\d \d\d:\d\d · score ", out, re.M), out
+    code, out, _ = helix(capsys, *args, "--now", "2031-06-12")
+    assert code == 0 and "-- time: 'last week' read as 2031-06-02 – 2031-06-08; no candidate was made in it" in out
+    code, out, _ = helix(capsys, "recall", "how do I rotate the API keys", "--store", str(store), "--user", "dana")
+    assert code == 0 and "-- time:" not in out
 
 
 def test_each_commands_help_says_what_it_does():

@@ -672,9 +672,11 @@ def _containers(plan: Plan, types: np.ndarray, ids: Any,
     return memories, containers
 
 
-def _time_boost(plan: Plan, rows: np.ndarray, cols: Any, gen: Any) -> np.ndarray | None:
+def _time_boost(plan: Plan, rows: np.ndarray, cols: Any, gen: Any, flags: dict[str, Any]) -> np.ndarray | None:
     """Per candidate: (1 + window_boost · how far inside the query's window it was created)
-    × (1 + when_boost if the question asks for a time and the memory states one)."""
+    × (1 + when_boost if the question asks for a time and the memory states one). The
+    flags' ``time.inside`` counts the candidates the window raised: 0 says it changed
+    nothing (no memory of that time, or a ``now`` other than the asker's)."""
     if plan.window is None and not plan.asks_when:
         return None
     t = plan.config.time
@@ -686,6 +688,7 @@ def _time_boost(plan: Plan, rows: np.ndarray, cols: Any, gen: Any) -> np.ndarray
             inside = np.maximum(inside, [_states_date_in(plan.window, gen.text(int(r))[:TIME_TEXT_CHARS], int(c))
                                          for r, c in zip(rows, created)])
         boost *= 1.0 + t.window_boost * inside
+        flags["time"] = {**flags.get("time", {}), "inside": int(np.count_nonzero(inside > 0))}
     if plan.asks_when and t.when_boost > 0:
         boost *= 1.0 + t.when_boost * np.array([_states_time(gen.text(int(r))[:TIME_TEXT_CHARS]) for r in rows],
                                                 dtype=np.float64)
@@ -801,7 +804,7 @@ def _rank(plan: Plan, found: Candidates, cols: Any, last_access_overlay: AccessO
         if found.bm25_score and (cfg.rank.lexical_weight or cfg.rank.lexical_beyond_tokens) else None,
         lexical_share=_lexical_share(cfg.rank, cols.n_tokens[rows]),
         context=found.context_cosine, context_share=cfg.context.similarity_share,
-        boost=_boosts(_time_boost(plan, rows, cols, gen), _intent_boost(plan, types, ids, flags),
+        boost=_boosts(_time_boost(plan, rows, cols, gen, flags), _intent_boost(plan, types, ids, flags),
                       _speaker_boost(plan, rows, types, cols, gen, flags)),
         parents=[_parent(str(i)) for i in cols.ids[rows]] if cfg.rank.chunk_support > 0 else None,
         containers=_containers(plan, types, ids, flags) if ids is not None and _wants_containers(plan) else None,
