@@ -122,6 +122,29 @@ def test_remember_recall_forget_round_trip_without_a_new_generation(store):
         assert db.row("SELECT count(*) FROM access_log WHERE id = ?", accessed) != (0,)
 
 
+def test_an_agents_parallel_calls_are_all_answered_and_every_write_lands(store):
+    """An agent may send tool calls without waiting for the previous one: the server
+    answers them concurrently, over one store, and each write is there afterwards."""
+    tag = uuid.uuid4().hex[:6]
+    facts = [f"The {name} job (run {tag}) retries {n} times before paging." for n, name in
+             enumerate(("ledger", "invoice", "mailer", "thumbnail"), start=2)]
+
+    async def run() -> None:
+        async with session(store, "dana") as s:
+            calls = [call(s, "remember", text=fact, type="semantic") for fact in facts]
+            calls += [call(s, "recall", query="how do I rotate the API keys", k=3) for _ in range(4)]
+            answers = await asyncio.gather(*calls)
+            assert all(not a.is_error for a in answers), [text(a) for a in answers if a.is_error]
+            written = [text(a) for a in answers[:4]]
+            assert len(set(written)) == 4
+            assert all(recalled_ids(a) for a in answers[4:])
+            for memory_id, fact in zip(written, facts):
+                found = await call(s, "recall", query=fact, k=3)
+                assert recalled_ids(found)[0] == memory_id, text(found)
+
+    asyncio.run(run())
+
+
 def test_a_recall_says_how_many_memories_the_budget_left_out(store):
     """A tight budget: the packed text ends with how many more memories ranked but did
     not fit, and the structured answer counts them, so the agent can ask again."""
