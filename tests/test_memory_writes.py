@@ -119,6 +119,29 @@ def test_compact_folds_the_writes_into_a_generation(store):
         assert "m001" not in ids(mem, "what does Redis cache?")
 
 
+def test_a_compaction_of_a_write_deleted_before_it_leaves_nothing_pending(store):
+    """A memory added and deleted between two compactions is in no generation: the
+    compaction publishes nothing, and the deletion is done, not pending for good (also
+    after a restart, and with no other write to come)."""
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        before = current_generation_number(store)
+        mem.add([memory(11, "Kite retries three times before it gives up.")])
+        mem.patch("m011", text="Kite retries five times before it gives up.")
+        mem.delete("m011")
+        assert mem.stats()["pending_writes"] == 1
+        report = mem.compact()
+        assert not report["published"] and report["deletions"] == 1 and report["generation"] == before
+        assert mem.stats()["pending_writes"] == 0
+        assert "m011" not in ids(mem, "how often does kite retry?")
+        assert mem.compact()["reason"] == "nothing to compact"
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        assert mem.stats()["pending_writes"] == 0
+        assert "m011" not in ids(mem, "how often does kite retry?")
+        mem.delete("m001")  # a generation row: the next compaction drops it
+        assert mem.compact()["published"] and mem.stats()["pending_writes"] == 0
+        assert "m001" not in ids(mem, "what does Redis cache?")
+
+
 def test_the_background_compaction_folds_the_writes(store):
     with Memory(store, warm=False, compact_interval_s=0.5) as mem:
         before = current_generation_number(store)

@@ -87,11 +87,7 @@ def compact(core: WriterCore, *, rebuild: bool = False) -> dict[str, Any]:
                 if late:
                     core.db.delete(late)
                 folded = mark_folded(core, Generation.open_current(core.store), pending, number)
-                for t in open_tombstones:
-                    if core.tombstones.get(t.id) is t:  # not written again (or deleted again) since
-                        core.tombstones[t.id] = Tombstone(t.id, t.user, number)
-                core.db.con.execute("UPDATE serve_log SET folded_into = ? WHERE op = 'delete' "
-                                    "AND folded_into IS NULL AND seq <= ?", [number, upto])
+                close_deletions(core, open_tombstones, number, upto)
                 # Entries and tombstones of earlier compactions: every replica has moved on.
                 core.entries = {i: e for i, e in core.entries.items()
                                 if e["folded_into"] == NOT_FOLDED or e["folded_into"] >= number}
@@ -101,6 +97,11 @@ def compact(core: WriterCore, *, rebuild: bool = False) -> dict[str, Any]:
                                     [number])
                 core._publish()
                 core._load_recent_accesses()  # what the new generation folded leaves the file
+            elif number is not None and open_tombstones:
+                # The pipeline dropped no row, so no generation row has these ids (each was
+                # written and deleted between two compactions): their deletions are done.
+                close_deletions(core, open_tombstones, number, upto)
+                core._publish()
             # Tried and not folded; of the earlier ones, only those still pending (a seq
             # replaced or deleted since is gone from the delta).
             live = {e["seq"] for e in core.entries.values() if e["folded_into"] == NOT_FOLDED}
@@ -113,6 +114,17 @@ def compact(core: WriterCore, *, rebuild: bool = False) -> dict[str, Any]:
                 "seconds": round(time.perf_counter() - started, 3), "ingest": report.as_dict(),
             }
             return core.last_compaction
+
+
+def close_deletions(core: WriterCore, tombstones: list[Tombstone], number: int, upto: int) -> None:
+    """The deletions ``tombstones`` (logged at or before ``upto``) are applied as of
+    generation ``number``, which holds none of their ids: each hides its id only below
+    it, and their log rows count as folded into it."""
+    for t in tombstones:
+        if core.tombstones.get(t.id) is t:  # not written again (or deleted again) since
+            core.tombstones[t.id] = Tombstone(t.id, t.user, number)
+    core.db.con.execute("UPDATE serve_log SET folded_into = ? WHERE op = 'delete' "
+                        "AND folded_into IS NULL AND seq <= ?", [number, upto])
 
 
 def computed_outputs(core: WriterCore, pending: list[dict[str, Any]]) -> dict[str, Any]:
