@@ -37,6 +37,23 @@ def test_markdown_one_memory_per_section_with_front_matter():
     assert first["metadata"]["section"] in first["text"]
 
 
+def test_a_markdown_heading_inside_fenced_code_is_code(tmp_path):
+    """A ``## comment`` line in a shell block (or ``# title`` in one before the title) is
+    no heading: the section keeps its whole block, fences closed."""
+    note = ("```sh\n# not the title\n```\n# Scripts\n\nHow we build.\n\n## Build script\n\n```bash\n#!/bin/bash\n"
+            "## build everything\nmake all\n## then package\nmake dist\n```\n\n~~~\n## tilde fenced\n~~~\n\n"
+            "## Release\n\nTag it.\n")
+    (tmp_path / "scripts.md").write_text(note)
+    rows = list(read_source(tmp_path / "scripts.md"))
+    assert [r["metadata"]["section"] for r in rows] == ["Scripts", "Build script", "Release"]
+    assert rows[0]["text"].startswith("```sh\n# not the title\n```") and "How we build." in rows[0]["text"]
+    build = rows[1]["text"]
+    assert "## build everything" in build and "## then package\nmake dist\n```" in build and "## tilde fenced" in build
+    unclosed = tmp_path / "unclosed.md"
+    unclosed.write_text("# Notes\n\n## Setup\n\n```\n## not a section\n")
+    assert [r["metadata"]["section"] for r in read_source(unclosed)] == ["Setup"]
+
+
 def test_transcript_turns_become_episodic_with_speaker():
     rows = list(read_source(SAMPLE / "transcript.jsonl"))
     assert len(rows) == 50

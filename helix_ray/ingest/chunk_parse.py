@@ -180,6 +180,25 @@ def _title(heading: re.Match[str]) -> str:
 # --------------------------------------------------------------------------- atoms
 
 
+def fenced_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of each fenced code block of Markdown ``text``, from its opening
+    fence to the end of its closing one (an unclosed fence runs to the end): a ``#``
+    line inside one is code (a shell comment), not a heading."""
+    spans, opened = [], None
+    for a, b in _lines(text):
+        line = text[a:b]
+        if opened is None:
+            mark = _fence_mark(line)
+            if mark:
+                opened = (a, mark)
+        elif _closes(line.strip(), opened[1]):
+            spans.append((opened[0], b))
+            opened = None
+    if opened is not None:
+        spans.append((opened[0], len(text)))
+    return spans
+
+
 def _lines(text: str) -> list[tuple[int, int]]:
     """(start, end) of each line's content, without its ``\\n`` or ``\\r\\n``."""
     out = []

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from helix_ray.errors import InvalidArgument
+from helix_ray.ingest.chunk_parse import fenced_spans
 from helix_ray.ingest.ids import SECTION_KEY, check_doc_name, default_doc_name, user_part
 from helix_ray.ingest.repo_ids import RepoScope, check_repo_name, check_user, default_repo_name, legacy_code_name
 
@@ -265,6 +266,7 @@ def read_parquet(path: Path) -> Iterator[RawRecord]:
 
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n", re.S)
 _SECTION = re.compile(r"^##\s+(.+?)\s*$", re.M)
+_TITLE = re.compile(r"^#\s+(.+?)\s*$", re.M)
 
 
 def _files(folder: Path, suffixes: Sequence[str]) -> Iterator[Path]:
@@ -315,12 +317,19 @@ def read_markdown(path: Path, *, name: str | None = None) -> Iterator[RawRecord]
             defaults = {k: (v.isoformat() if isinstance(v, (dt.date, dt.datetime)) else v) for k, v in loaded.items()
                         if k != "id"}
             text = text[match.end():]
-        title_match = re.search(r"^#\s+(.+?)\s*$", text, re.M)
+        fences = fenced_spans(text)
+
+        def outside(match: re.Match[str]) -> bool:  # a "## build" line in a shell block is no heading
+            return not any(a <= match.start() < b for a, b in fences)
+
+        title_match = next(filter(outside, _TITLE.finditer(text)), None)
         title = title_match.group(1) if title_match else file.stem
-        heads = list(_SECTION.finditer(text))
+        heads = list(filter(outside, _SECTION.finditer(text)))
         pieces: list[tuple[str, str]] = []
         preamble = text[: heads[0].start()] if heads else text
-        preamble = re.sub(r"^#\s+.+$", "", preamble, count=1, flags=re.M).strip()
+        if title_match is not None and title_match.start() < len(preamble):
+            preamble = preamble[:title_match.start()] + preamble[title_match.end():]
+        preamble = preamble.strip()
         if preamble:
             pieces.append((title, preamble))
         for i, head in enumerate(heads):
