@@ -30,6 +30,9 @@ def one(**raw):
     "text, expected",
     [
         ("Use this:\n```python\nprint('x')\n```", "code"),
+        ("Deploy billing:\n1. tag the release\n2. run the job\n```bash\nmake deploy\n```", "procedural"),
+        ("We chose NATS over Kafka; the client:\n```python\nnats.connect()\n```", "decision"),
+        ("The loader:\n```python\n# 1. read\n# 2. decided to parse\nsteps = [\n- a\n- b]\n```", "code"),
         ("We decided to use NATS over Kafka because it is simpler.", "decision"),
         ("The team chose Postgres for the ledger.", "decision"),
         ("To rotate the keys:\n1. run make rotate\n2. restart the gateway", "procedural"),

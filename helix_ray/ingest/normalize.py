@@ -40,7 +40,7 @@ from typing import Any
 
 from helix_ray import tokens
 from helix_ray.config import ChunkConfig, ValidationConfig
-from helix_ray.ingest import chunk
+from helix_ray.ingest import chunk, chunk_parse
 from helix_ray.ingest.ids import SECTION_KEY, markdown_id
 from helix_ray.schema import MEMORY_SCHEMA, MEMORY_TYPES, chunk_id, content_hash, parent_of
 
@@ -82,17 +82,32 @@ _INFERRED = {"inferred", "llm", "model"}
 
 
 def derive_type(text: str, *, conversational: bool = False) -> str:
-    if _FENCE.search(text):
-        return "code"
-    if _DECISION.search(text):
+    """A memory's type read from its text: a decision, a procedure (steps, a how-to),
+    code (a fenced block, a path, a call, a shell command), an event (a date, or a
+    conversation's turn) or a fact. A text holding fenced code is code unless its prose
+    outside the fences reads as a decision or a procedure (a runbook with its commands)."""
+    fenced = bool(_FENCE.search(text))
+    prose = _outside_fences(text) if fenced else text
+    if _DECISION.search(prose):
         return "decision"
-    if len(_STEPS.findall(text)) >= 2 or _INLINE_STEPS.search(text) or _HOWTO.search(text):
+    if len(_STEPS.findall(prose)) >= 2 or _INLINE_STEPS.search(prose) or _HOWTO.search(prose):
         return "procedural"
+    if fenced:
+        return "code"
     if _PATH.search(text) or _CALL.search(text) or _SHELL.search(text):
         return "code"
     if conversational or _DATE.search(text):
         return "episodic"
     return "semantic"
+
+
+def _outside_fences(text: str) -> str:
+    """``text`` without its fenced code blocks."""
+    out, at = [], 0
+    for a, b in chunk_parse.fenced_spans(text):
+        out.append(text[at:a])
+        at = b
+    return "".join(out) + text[at:]
 
 
 def derive_salience(text: str, mem_type: str, pinned: bool, metadata: dict[str, Any] | None = None) -> float:
