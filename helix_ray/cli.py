@@ -9,7 +9,7 @@
     helix doctor --store DIR      check a store's folder, database, generation, files and keys
     helix backup --store DIR OUT      a checked copy of a store (not while `helix serve` holds it)
     helix restore BACKUP DIR      a backup back into a new folder
-    helix forget-user --store DIR USER [--compact]      delete every memory, key and trace of a user
+    helix forget-user --store DIR USER [--no-compact]   delete every memory, key and trace of a user
     helix eval {locomo,beir,longmemeval,repo} --data PATH [--systems LIST] [--adapt-on SPLIT] [--json OUT]
     helix adapt --store DIR (--pairs FILE.jsonl | --from-feedback) [--ridge R] | --remove      fit the query adapter
     helix demo [--store DIR] [--in-process]      ingest the shipped sample set and answer a query
@@ -203,9 +203,10 @@ def _backup_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
                                            "and key of a user from a store (not while `helix serve` holds it)")
     s.add_argument("--store", required=True)
     s.add_argument("user", help="the user id (as in --user of recall, or a record's user)")
-    s.add_argument("--compact", action="store_true",
+    s.add_argument("--compact", action=argparse.BooleanOptionalAction, default=True,
                    help="also publish a generation without the user's rows now, and delete the older generations "
-                        "and delta snapshots that hold them (else the next compaction or ingest leaves them out)")
+                        "and delta snapshots that hold them, as DELETE /v1/users does (default); with "
+                        "--no-compact the current generation still serves them until the next compaction or ingest")
     s.add_argument("--json", action="store_true")
 
 

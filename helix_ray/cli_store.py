@@ -140,8 +140,9 @@ def forget_user(args: argparse.Namespace) -> int:
         print(f"generation {outcome['generation']} holds none of them; older generations and delta snapshots "
               "deleted")
     else:
-        print(f"the current generation holds them until the next one is published (an ingest or a compaction); "
-              f"`helix forget-user --store {args.store} {args.user} --compact` publishes it now")
+        print(f"the current generation still holds them, and recall still finds them, until the next one is "
+              f"published (an ingest or a compaction); `helix forget-user --store {args.store} {args.user}` "
+              "publishes it now")
     if outcome["mirror_stale"]:
         print("this store's mirror holds the user's data until the next push to it (`helix serve --mirror URI` or "
               "`helix ingest --mirror URI`); that push keeps no older generation there")

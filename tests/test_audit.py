@@ -118,7 +118,7 @@ def test_helix_audit_prints_the_log_and_records_the_commands(store, capsys):
 
     assert main(["audit", "--store", str(store), "--limit", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert "forget-user carol  ok 0" in out[0] and f"  {CLI_ACTOR}  " in out[0] and '"compact": false' in out[0]
+    assert "forget-user carol  ok 0" in out[0] and f"  {CLI_ACTOR}  " in out[0] and '"compact": true' in out[0]
     assert "forget-user nobody-here  refused 1" in out[1] and out[-1].startswith("-- 2 records (log: ")
     assert main(["audit", "--store", str(store), "--since", lines[-1]["time"]]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("-- 1 record ")

@@ -180,7 +180,8 @@ def test_forget_user_with_compact_leaves_no_byte_of_theirs(store, capsys):
     with duckdb.connect(str(store / "helix.duckdb"), read_only=True) as con:
         accesses = con.execute("SELECT count(*), max(rowid) FROM access_log").fetchone()
     kept_before = set(_recalled(store, KEPT))
-    assert main(["forget-user", "--store", str(store), GONE, "--compact", "--json"]) == 0
+    # Compacts by default, as DELETE /v1/users does.
+    assert main(["forget-user", "--store", str(store), GONE, "--json"]) == 0
     outcome = json.loads(capsys.readouterr().out)
     assert outcome["memories"] == 6 and outcome["online_writes"] == 1 and outcome["chunks"] == 0
     assert outcome["feedback"] == 1 and outcome["keys"] == 1 and outcome["compacted"]
@@ -208,8 +209,8 @@ def test_without_compact_the_next_generation_leaves_the_user_out(store, tmp_path
     from helix_ray.ingest.run import ingest
     from helix_ray.store.generation import Generation
 
-    assert main(["forget-user", "--store", str(store), GONE]) == 0
-    assert "the current generation holds them until the next one" in capsys.readouterr().out
+    assert main(["forget-user", "--store", str(store), GONE, "--no-compact"]) == 0
+    assert "the current generation still holds them, and recall still finds them" in capsys.readouterr().out
     assert GONE_TAG.encode() not in (store / "helix.duckdb").read_bytes()
     assert _recalled(store, GONE)  # served from the generation until the next one
     more = write_jsonl(tmp_path / "more.jsonl", [{"id": f"{KEPT}-later", "user": KEPT, "text": TENANT_TOPICS[9]}])
