@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from helix_ray import cli_adapt, cli_serve, cli_store, cli_write
-from helix_ray.cli_common import format_report, format_result, load_config_typed, open_memory
+from helix_ray.cli_common import existing_store, format_report, format_result, load_config_typed, open_memory
 from helix_ray.cli_serve import serve_graph  # noqa: F401 - re-export for tests/test_cli_memory.py
 
 FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo", "code", "git")
@@ -477,9 +477,7 @@ def _recall(args: argparse.Namespace) -> int:
     every prompt must not fail on it; the sentence still catches a mistyped --user."""
     from helix_ray.config import RetrievalConfig
 
-    if not Path(args.store).exists():  # Memory would create an empty store and find nothing in it
-        raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR` "
-                                "or `helix serve --store DIR`.")
+    existing_store(args.store)
     config = load_config_typed(RetrievalConfig, args.config, "--config") if args.config else None
     # One question: nothing to warm for, and no compaction to start.
     mem = open_memory(args.store, doing="recall from", instead="ask it: `POST /v1/recall` with the user's key "
@@ -521,11 +519,9 @@ def _nothing_to_recall(result, store: str) -> str | None:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from helix_ray.memory import Memory
-
-    if not Path(args.store).exists():
-        raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR`.")
-    with Memory(args.store, record_access=False, warm=False, compact_interval_s=None) as mem:
+    existing_store(args.store)
+    with open_memory(args.store, doing="read the stats of", instead="ask it: `GET /v1/stats` with a key "
+                     "(docs/http-api.md)", record_access=False, warm=False, compact_interval_s=None) as mem:
         stats = mem.stats()
     if args.json:
         print(json.dumps(stats, indent=1, default=str))

@@ -25,6 +25,19 @@ def load_config_typed(model: Any, path: str | None, flag: str, overrides: dict[s
         raise InvalidArgument(named, received, exc.allowed, exc.fix) from None
 
 
+def existing_store(folder: str | Path) -> Path:
+    """``folder`` as a store with a database; FileNotFoundError saying how to make one
+    (a command that opened a ``Memory`` there would make an empty store of any folder)."""
+    from helix_ray.store.db import DB_FILE
+
+    store = Path(folder)
+    if not (store / DB_FILE).is_file():
+        what = "does not exist" if not store.exists() else f"holds no {DB_FILE}: it is not a Helix store"
+        raise FileNotFoundError(f"Store {folder} {what}; create one with `helix ingest SOURCE --store DIR`, or check "
+                                "--store.")
+    return store
+
+
 def open_memory(store: str | Path, *, doing: str, instead: str, **options: Any) -> Any:
     """``Memory(store, **options)``; when another process holds the store's database,
     a :class:`~helix_ray.store.db.DatabaseHeld` that names ``doing`` (``"recall from"``,
@@ -44,7 +57,7 @@ def open_memory(store: str | Path, *, doing: str, instead: str, **options: Any) 
 def format_report(report) -> str:
     """An ingest's report, for a terminal: what was read, what it did, what it published."""
     lines = [
-        f"read {report.read} records: {report.accepted} accepted, {report.quarantined} quarantined",
+        f"read {_count(report.read, 'record')}: {report.accepted} accepted, {report.quarantined} quarantined",
         f"  new {report.new}, updated {report.updated}, unchanged {report.unchanged}, "
         f"dropped as near-duplicates {report.duplicates}, embedded {report.embedded}"
         + (f", removed {report.removed} (gone from the tree)" if report.removed else "")
@@ -90,7 +103,8 @@ def format_answer(answer: dict[str, Any], took_ms: list[float] | None = None) ->
     timing = ", ".join(f"{k} {v:.1f}" for k, v in answer["timings_ms"].items())
     where = "ms" if took_ms is None else (f"HTTP round trip {took_ms[-1]:.1f} ms ({took_ms[0]:.0f} ms for the "
                                           "replica's first request); in the replica, ms")
-    lines.append(f"-- {len(answer['items'])} items, {answer['total_tokens']}/{answer['budget_tokens']} tokens, "
+    lines.append(f"-- {_count(len(answer['items']), 'item')}, "
+                 f"{answer['total_tokens']}/{answer['budget_tokens']} tokens, "
                  f"generation {answer['generation']}; listed best first (an agent's context packs them best "
                  "at both ends); "
                  f"{where}: {timing}")
@@ -105,6 +119,11 @@ def format_answer(answer: dict[str, Any], took_ms: list[float] | None = None) ->
                      f"{answer['budget_tokens']}-token budget; a larger budget (--budget) shows "
                      f"{'them' if over > 1 else 'it'}")
     return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 record``, ``3 records``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _minute(iso: str) -> str:
@@ -133,4 +152,4 @@ def _time_read(time: dict[str, Any]) -> str | None:
     if inside == 0:
         return (line + "; no candidate was made in it or states a date in it, so it changed no rank (asked on "
                 "another day? give that day as now: --now)")
-    return line + (f"; it raised {inside} candidate{'s' if inside != 1 else ''}" if inside else "")
+    return line + (f"; it raised {_count(inside, 'candidate')}" if inside else "")

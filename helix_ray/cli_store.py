@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from helix_ray.cli_common import existing_store
+
 
 def quarantine(args: argparse.Namespace) -> int:
     """``helix quarantine``: the rejected records, oldest first, with reason code,
@@ -21,7 +23,7 @@ def quarantine(args: argparse.Namespace) -> int:
     from helix_ray.errors import InvalidArgument
     from helix_ray.store.db import StoreDB
 
-    store = _existing_store(args.store)
+    store = existing_store(args.store)
     if args.limit < 1:
         raise InvalidArgument("--limit", args.limit, "it must be a whole number ≥ 1")
     with StoreDB(store, read_only=True) as db:
@@ -51,18 +53,6 @@ def _record(row: dict[str, Any]) -> dict[str, Any]:
     code, _, sentence = str(row["reason"]).partition(": ")
     return {"reason": code, "sentence": sentence, "source": row["source"], "position": row["position"],
             "raw": row["raw"], "ingest_run": row["ingest_run"], "quarantined_at": row["quarantined_at"]}
-
-
-def _existing_store(folder: str) -> Path:
-    """``folder`` as a store with a database; FileNotFoundError saying how to make one."""
-    from helix_ray.store.db import DB_FILE
-
-    store = Path(folder)
-    if not (store / DB_FILE).is_file():
-        what = "does not exist" if not store.exists() else f"holds no {DB_FILE}: it is not a Helix store"
-        raise FileNotFoundError(f"Store {folder} {what}; create one with `helix ingest SOURCE --store DIR`, or check "
-                                "--store.")
-    return store
 
 
 def doctor(args: argparse.Namespace) -> int:
@@ -111,7 +101,7 @@ def forget_user(args: argparse.Namespace) -> int:
     from helix_ray.live.writer import WriterCore
     from helix_ray.store.db import DatabaseHeld
 
-    store = _existing_store(args.store)
+    store = existing_store(args.store)
     try:
         writer = WriterCore(store)  # its start replays the online writes' log into a new delta snapshot
     except DatabaseHeld:

@@ -435,7 +435,8 @@ def open_backend(*, store: str | None = None, user: str | None = None, server: s
                                   "the tenant)")
         return Remote(server, key or "")
     if store is None or user is None:
-        raise InvalidArgument("--store", store, "give --store DIR and --user USER (or --server URL --key KEY)")
+        missing = "--store" if store is None else "--user"
+        raise InvalidArgument(missing, None, "give --store DIR and --user USER (or --server URL --key KEY)")
     return Local(store, user)
 
 

@@ -246,6 +246,24 @@ def test_add_to_a_store_another_process_holds_says_how_to_write_there(copy, caps
     assert "`POST /v1/memories`" in err
 
 
+def test_recall_and_stats_refuse_a_folder_that_is_not_a_store(tmp_path, capsys):
+    """They read a store: a folder without one is a mistyped --store, and is left as it was."""
+    (tmp_path / "notes").mkdir()
+    for args in (("recall", "anything", "--user", "dana"), ("stats",)):
+        code, _, err = helix(capsys, *args, "--store", str(tmp_path / "notes"))
+        assert code == 2 and "holds no helix.duckdb: it is not a Helix store" in err, err
+        code, _, err = helix(capsys, *args, "--store", str(tmp_path / "typo"))
+        assert code == 2 and "does not exist" in err, err
+    assert list(tmp_path.iterdir()) == [tmp_path / "notes"] and not any((tmp_path / "notes").iterdir())
+
+
+def test_stats_of_a_store_another_process_holds_says_how_to_read_them(copy, capsys):
+    with database_held(copy):
+        code, _, err = helix(capsys, "stats", "--store", str(copy))
+    assert code != 0 and f"Cannot read the stats of {copy}: another process holds its database" in err
+    assert "`GET /v1/stats`" in err
+
+
 def test_stats_lines_up_its_counts(copy, capsys):
     code, out, _ = helix(capsys, "stats", "--store", str(copy))
     lines = out.splitlines()

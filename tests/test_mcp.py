@@ -350,6 +350,12 @@ def test_a_store_held_by_another_process_points_to_the_server_option(store):
     assert "--server" in out.stderr and out.stdout == ""
 
 
+def test_a_missing_user_is_named_as_the_missing_flag(store):
+    out = subprocess.run([sys.executable, "-m", "helix_ray.cli", "mcp", "--store", str(store)], env=ENV, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2 and out.stderr.startswith("helix mcp: Got --user=None"), out.stderr
+
+
 def test_the_streamable_http_transport_serves_the_same_tools(store):
     from mcp.client.streamable_http import streamable_http_client
 

@@ -140,9 +140,11 @@ def test_a_jsonl_file_whose_first_line_is_an_array_is_read_line_by_line(tmp_path
 
 def test_bad_lines_are_tagged_not_raised(tmp_path):
     path = tmp_path / "mixed.jsonl"
-    path.write_bytes(b'{"text": "ok", "user": "u"}\n{not json}\n{"text": "caf\xe9", "user": "u"}\n[1, 2]\n')
+    path.write_bytes(b'{"text": "ok", "user": "u"}\n{not json}\n{"text": "caf\xe9", "user": "u"}\n[1, 2]\n'
+                     b'{"text": "tab\there", "user": "u"}\n')
     rows = list(read_source(path, "jsonl"))
-    assert len(rows) == 4
+    assert len(rows) == 5
+    assert rows[4]["_code"] == "bad_json" and "(Invalid control character at column 14)" in rows[4]["_reject"]
     assert "_reject" not in rows[0]
     assert rows[1]["_code"] == "bad_json" and rows[1]["_position"] == "line 2"
     assert rows[2]["_code"] == "invalid_utf8" and "caf" in rows[2]["_raw"]

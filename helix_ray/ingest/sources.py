@@ -232,7 +232,7 @@ def read_jsonl(path: Path) -> Iterator[RawRecord]:
             rows = json.loads(path.read_bytes().decode("utf-8", errors="surrogateescape"))
         except json.JSONDecodeError as exc:
             raise InvalidArgument("source", str(path), f"a .json source must hold one JSON array of records; it does "
-                                  f"not parse ({exc.msg} at line {exc.lineno}, column {exc.colno})",
+                                  f"not parse ({_json_error(exc)} at line {exc.lineno}, column {exc.colno})",
                                   "Fix the file, or write one record per line as .jsonl.") from None
         if not isinstance(rows, list):
             rows = [rows]
@@ -251,9 +251,16 @@ def read_jsonl(path: Path) -> Iterator[RawRecord]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                yield _bad(path, f"line {lineno}", "bad_json", f"not valid JSON ({exc.msg} at column {exc.colno})", line)
+                yield _bad(path, f"line {lineno}", "bad_json",
+                           f"not valid JSON ({_json_error(exc)} at column {exc.colno})", line)
                 continue
             yield _tag(row, path, f"line {lineno}")
+
+
+def _json_error(exc: json.JSONDecodeError) -> str:
+    """What the JSON parser says is wrong, without its dangling "at" ("Invalid control
+    character at"): the caller says where."""
+    return exc.msg.removesuffix(" at")
 
 
 def read_parquet(path: Path) -> Iterator[RawRecord]:
