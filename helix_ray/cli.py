@@ -636,10 +636,10 @@ def _compact(args: argparse.Namespace) -> int:
 def _keys(args: argparse.Namespace) -> int:
     from helix_ray.store.keys import KeyStore, parse_duration
 
+    if not Path(args.store).is_dir():  # a mistyped --store lists no key and has none to revoke
+        raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR`.")
     keys = KeyStore(args.store)
     if args.keys_command == "create":
-        if not Path(args.store).is_dir():
-            raise FileNotFoundError(f"Store {args.store} does not exist; create it with `helix ingest SOURCE --store DIR`.")
         key, record = keys.create(args.user, admin=args.admin,
                                   expires_in=parse_duration(args.expires) if args.expires else None)
         print(key)
@@ -647,6 +647,9 @@ def _keys(args: argparse.Namespace) -> int:
         print(f"({'admin ' if record.admin else ''}key {record.key_id} for user {record.user!r}{until}; only its hash is stored in {keys.path}, "
               "so copy it now. Send it as 'Authorization: Bearer <key>'.)", file=sys.stderr)
     elif args.keys_command == "list":
+        if not keys.records():
+            print(f"helix keys: store {args.store} has no keys; `helix keys create --store {args.store} --user USER` "
+                  "makes one", file=sys.stderr)
         for r in keys.records():
             print(f"{r.key_id}  user={r.user}  created={r.created_at}{'  admin' if r.admin else ''}"
                   f"{f'  expires={r.expires_at}' if r.expires_at else ''}{'  REVOKED' if r.revoked else ''}")

@@ -513,7 +513,11 @@ def test_a_key_that_expires_is_refused_from_then_on(tmp_path, capsys, monkeypatc
     from helix_ray.store import keys as keys_mod
 
     store = tmp_path / "store"
+    assert main(["keys", "list", "--store", str(store)]) == 2  # a mistyped store: said, not an empty list
+    assert f"Store {store} does not exist" in capsys.readouterr().err
     store.mkdir()
+    assert main(["keys", "list", "--store", str(store)]) == 0
+    assert capsys.readouterr().err.startswith(f"helix keys: store {store} has no keys")
     assert main(["keys", "create", "--store", str(store), "--user", "dana", "--expires", "12h"]) == 0
     out = capsys.readouterr()
     key = out.out.strip()
