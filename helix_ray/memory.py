@@ -29,10 +29,12 @@ before the first part is done waits for it rather than loading everything a seco
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import json
 import logging
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
@@ -51,6 +53,17 @@ if TYPE_CHECKING:
     from helix_ray.live.writer import WriterCore
 
 log = logging.getLogger(__name__)
+
+#: The ``Memory`` objects of this process not closed yet: closed at exit, so that their
+#: last recall hits are logged and the database is closed (a script or notebook that
+#: never calls close() would lose the hits, and DuckDB's types would be reported leaked).
+_OPEN_MEMORIES: "weakref.WeakSet[Memory]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for mem in list(_OPEN_MEMORIES):
+        mem.close()
 
 
 #: Background compaction of an open Memory: at least this often while writes are
@@ -123,6 +136,7 @@ class Memory:
             except BaseException:
                 self.close()  # the store's DuckDB file is not left held
                 raise
+        _OPEN_MEMORIES.add(self)
         if warm and current_generation_number(self.store) is not None:
             threading.Thread(target=self._warm_up, name="helix-warm", daemon=True).start()
         else:
@@ -436,11 +450,13 @@ class Memory:
         """Close this ``Memory``; the store's last one open in this process stops the
         background compaction (one running ends first), records the last accesses and
         closes the DuckDB file. Pending writes stay in the log: the next Writer replays
-        them. The store's other ``Memory`` objects go on working."""
+        them. The store's other ``Memory`` objects go on working. One still open when
+        the process exits is closed then."""
         with self._recaller_lock:  # closed once, also from two threads
             if self._closed.is_set():
                 return
             self._closed.set()
+        _OPEN_MEMORIES.discard(self)
         self._shared.after_compaction.pop(id(self), None)
         self._shared.release()
 

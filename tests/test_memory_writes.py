@@ -14,6 +14,7 @@ import shutil
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -315,6 +316,21 @@ def test_a_new_process_reads_the_recall_hits_no_compaction_folded_yet(store):
                                       capture_output=True, text=True, check=True, timeout=300).stdout)
     assert found["items"][0]["id"] == "m000" and found["items"][0]["signals"]["recency"] > 0.99
     assert current_generation_number(store) == 1  # no compaction folded the hits
+
+
+def test_a_memory_left_open_is_closed_at_exit_with_its_hits_logged(store):
+    """A script or notebook that never closes its Memory loses nothing: at exit the
+    recall hits are logged and the database closed (no leaked DuckDB objects reported)."""
+    import subprocess
+
+    script = (f"from helix_ray import Memory\nmem = Memory({str(store)!r}, warm=False)\n"
+              "print(mem.recall('which port does the gateway listen on?', user='dana').items[0].id)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert done.returncode == 0 and done.stdout == "m000\n", done.stderr[-2000:]
+    assert "leaked" not in done.stderr, done.stderr[-2000:]
+    with StoreDB(store) as db:
+        assert db.row("SELECT count(*) FROM access_log WHERE id = 'm000'") == (1,)
 
 
 def test_ingest_folds_and_ingests_with_no_write_in_between(store, tmp_path, monkeypatch):
