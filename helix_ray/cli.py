@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from helix_ray import cli_adapt, cli_serve, cli_store, cli_write
-from helix_ray.cli_common import existing_store, format_report, format_result, load_config_typed, open_memory
+from helix_ray.cli_common import existing_store, format_compaction, format_report, format_result, load_config_typed, open_memory
 from helix_ray.cli_serve import serve_graph  # noqa: F401 - re-export for tests/test_cli_memory.py
 
 FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo", "code", "git")
@@ -105,8 +105,9 @@ def _ingest_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     s.add_argument("--since", help="--format git: commits made on or after this date (YYYY-MM-DD)")
     s.add_argument("--max", type=int, dest="max_commits", metavar="N", help="--format git: the newest N commits")
     s.add_argument("--repo-name", metavar="NAME", help="--format code or git: the repository's name in the "
-                   "memories' ids, code:<user>/<NAME>:... (letters, digits, '.', '_', '-'; default: its folder's "
-                   "name); two repositories in folders of one name need two")
+                   "memories' ids, code:<user>/<NAME>:... (letters, digits, '.', '_', '-'; default: the name of its git "
+                   "repository's top folder, for a folder outside git its own); two repositories in folders of one "
+                   "name need two")
     s.add_argument("--doc-name", metavar="NAME", help="--format markdown: the documents' name in the memories' "
                    "ids, md:<user>/<NAME>/<path>#<slug> (letters, digits, '.', '_', '-'; default: the folder's "
                    "name, for a file its folder's); two folders of one name need two")
@@ -126,13 +127,13 @@ def _ingest_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _recall_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``helix recall``: one query against a store."""
     s = sub.add_parser("recall", help="recall memories for a query")
-    s.add_argument("query")
-    s.add_argument("--store", required=True)
+    s.add_argument("query", help="the question, in words (a time it names, such as 'last week', is read too)")
+    s.add_argument("--store", required=True, help="store folder")
     s.add_argument("--user", required=True, help="tenant whose memories to search")
     s.add_argument("--budget", type=int, help="token budget of the packed result (default: default_budget_tokens "
                    "of the retrieval settings, as for POST /v1/recall; see docs/configuration.md)")
     s.add_argument("--k", type=int, default=10, help="items to select before packing (default 10)")
-    s.add_argument("--project")
+    s.add_argument("--project", help="only memories of this project")
     s.add_argument("--type", dest="types", action="append", choices=TYPES, help="repeat for several")
     s.add_argument("--since", help="ISO-8601 time: only memories created at or after it")
     s.add_argument("--until", help="ISO-8601 time: only memories created at or before it")
@@ -143,7 +144,7 @@ def _recall_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    "query being its latest; repeat for several, oldest first")
     s.add_argument("--config", help="retrieval YAML (see configs/retrieval.yaml)")
     s.add_argument("--explain", action="store_true", help="show every candidate's ranks, signals and fate")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print the answer as JSON: items, flags, timings")
 
 
 def _write_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -487,7 +488,7 @@ def _recall(args: argparse.Namespace) -> int:
         result = mem.recall(args.query, user=args.user, budget_tokens=args.budget, k=args.k, project=args.project,
                             types=args.types, since=args.since, until=args.until, explain=args.explain,
                             now=args.now, context=args.context)
-    empty = _nothing_to_recall(result, args.store)
+    empty = _nothing_to_recall(result, args.store, args)
     if empty:
         print(f"helix recall: {empty}", file=sys.stderr)
     if args.json:
@@ -505,7 +506,7 @@ def _recall(args: argparse.Namespace) -> int:
     return 0
 
 
-def _nothing_to_recall(result, store: str) -> str | None:
+def _nothing_to_recall(result, store: str, args: argparse.Namespace) -> str | None:
     """Why ``result`` could hold nothing whatever the query, or None."""
     if result.items:
         return None
@@ -515,6 +516,11 @@ def _nothing_to_recall(result, store: str) -> str | None:
     if result.flags.get("empty_scope"):
         return (f"user {result.user!r} has no memories in generation {result.generation} of {store}; check --user "
                 f"(`helix stats --store {store}` counts each user's memories).")
+    narrowed = [f"--{name} {value}" for name, value in (("project", args.project), ("since", args.since),
+                                                         ("until", args.until)) if value]
+    narrowed += [f"--type {t}" for t in args.types or ()]
+    if narrowed:
+        return f"no memory of user {result.user!r} matched within {', '.join(narrowed)}; leave them out to search all."
     return None
 
 
@@ -528,7 +534,7 @@ def _stats(args: argparse.Namespace) -> int:
     else:
         width = max(map(len, stats))
         for key, value in stats.items():
-            print(f"{key:>{width}}: {value}")
+            print(f"{key:>{width}}: {json.dumps(value, default=str) if isinstance(value, (dict, list)) else value}")
     return 0
 
 
@@ -623,13 +629,13 @@ def _compact(args: argparse.Namespace) -> int:
     Writer holds the store (DuckDB has one writer): use POST /v1/admin/compact there."""
     from helix_ray.live.writer import WriterCore
 
+    existing_store(args.store)
     writer = WriterCore(args.store, compact_runner=args.runner)
     try:
         outcome = writer.compact(rebuild=args.rebuild)
     finally:
         writer.db.close()
-    print(json.dumps(outcome, indent=1, default=str) if args.json else
-          ", ".join(f"{k}: {v}" for k, v in outcome.items()))
+    print(json.dumps(outcome, indent=1, default=str) if args.json else format_compaction(outcome))
     return 0
 
 

@@ -79,6 +79,17 @@ def format_report(report) -> str:
     return "\n".join(lines)
 
 
+def format_compaction(outcome: dict[str, Any]) -> str:
+    """A compaction's outcome (``WriterCore.compact``), for a terminal."""
+    if "reason" in outcome:
+        return f"{outcome['reason']}: generation {outcome['generation']} stays"
+    done = (f"folded {_count(outcome['folded'], 'write')} and {_count(outcome['deletions'], 'deletion')}, "
+            f"{outcome['kept_in_delta']} left in the delta, in {outcome['seconds']} s")
+    if outcome["published"]:
+        return f"published generation {outcome['generation']}: {done}"
+    return f"generation {outcome['generation']} stays (no row of it changed): {done}"
+
+
 def format_result(result) -> str:
     """A :class:`~helix_ray.recall.result.RecallResult`, for a terminal."""
     return format_answer(result.as_dict())

@@ -246,6 +246,14 @@ def test_add_to_a_store_another_process_holds_says_how_to_write_there(copy, caps
     assert "`POST /v1/memories`" in err
 
 
+def test_a_recall_narrowed_to_nothing_says_which_flags_narrowed_it(store, capsys):
+    code, out, err = helix(capsys, "recall", "how do I rotate the API keys", "--store", str(store), "--user", "dana",
+                           "--project", "nope", "--type", "decision")
+    assert code == 0 and out == "(no memories matched)\n"
+    assert err == ("helix recall: no memory of user 'dana' matched within --project nope, --type decision; leave "
+                   "them out to search all.\n")
+
+
 def test_recall_and_stats_refuse_a_folder_that_is_not_a_store(tmp_path, capsys):
     """They read a store: a folder without one is a mistyped --store, and is left as it was."""
     (tmp_path / "notes").mkdir()
@@ -269,6 +277,19 @@ def test_stats_lines_up_its_counts(copy, capsys):
     lines = out.splitlines()
     assert code == 0 and any(line.strip().startswith("pending_writes: ") for line in lines)
     assert len({line.index(": ") for line in lines}) == 1, out
+    by_user = next(line for line in lines if line.strip().startswith("by_user: "))
+    assert json.loads(by_user.split(": ", 1)[1])["dana"] > 0  # nested counts as JSON, not Python's repr
+
+
+def test_compact_says_what_it_folded(copy, capsys):
+    assert helix(capsys, "add", "Kite retries three times.", "--store", str(copy), "--user", "dana")[0] == 0
+    code, out, _ = helix(capsys, "compact", "--store", str(copy))
+    assert code == 0 and re.fullmatch(r"published generation 2: folded 1 write and 0 deletions, 0 left in the "
+                                      r"delta, in [0-9.]+ s\n", out), out
+    code, out, _ = helix(capsys, "compact", "--store", str(copy))
+    assert code == 0 and out == "nothing to compact: generation 2 stays\n"
+    code, _, err = helix(capsys, "compact", "--store", str(copy.parent / "typo"))
+    assert code == 2 and "does not exist" in err and not (copy.parent / "typo").exists()
 
 
 def test_doctor_on_a_missing_folder(tmp_path, capsys):
