@@ -466,6 +466,9 @@ def _ingest(args: argparse.Namespace) -> int:
         why = (f"all {report.quarantined} records were quarantined; `helix quarantine --store {args.store}` lists "
                "them with their reasons" if report.read else
                "the sources held no records; check the paths and --format")
+        if report.read and set(report.quarantine_reasons) == {"missing_user"}:
+            why = (f"none of the {report.read} records names its user: pass --user NAME (or give each record a "
+                   "user; in a Markdown file, a front matter line `user: NAME`)")
         print(f"helix ingest: accepted nothing: {why}.", file=sys.stderr)
         return 1
     return 0

@@ -310,6 +310,13 @@ def test_an_ingest_that_accepts_nothing_exits_1_and_says_why(tmp_path, capsys):
     code, out, err = helix(capsys, "ingest", str(tmp_path / "empty.jsonl"), "--store", str(tmp_path / "b"),
                            "--runner", "local", "--json")
     assert code == 1 and json.loads(out)["read"] == 0 and "accepted nothing: the sources held no records" in err
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "ops.md").write_text("# Ops\n\n## Deploy\nRun make deploy.\n\n## Rollback\nRun make undo.\n")
+    code, _, err = helix(capsys, "ingest", str(tmp_path / "notes"), "--store", str(tmp_path / "c"), "--runner", "local",
+                         "--no-progress")
+    assert code == 1 and err == ("helix ingest: accepted nothing: none of the 2 records names its user: pass --user "
+                                 "NAME (or give each record a user; in a Markdown file, a front matter line `user: "
+                                 "NAME`).\n")
 
 
 def test_an_ingest_that_accepts_something_exits_0(store, tmp_path, capsys):
