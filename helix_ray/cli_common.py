@@ -57,7 +57,9 @@ def open_memory(store: str | Path, *, doing: str, instead: str, **options: Any) 
 def format_report(report) -> str:
     """An ingest's report, for a terminal: what was read, what it did, what it published."""
     lines = [
-        f"read {_count(report.read, 'record')}: {report.accepted} accepted, {report.quarantined} quarantined",
+        f"read {_count(report.read, 'record')}"
+        + (f" ({report.chunks} of them chunks of {_count(report.chunked, 'long text')})" if report.chunks else "")
+        + f": {report.accepted} accepted, {report.quarantined} quarantined",
         f"  new {report.new}, updated {report.updated}, unchanged {report.unchanged}, "
         f"dropped as near-duplicates {report.duplicates}, embedded {report.embedded}"
         + (f", removed {report.removed} (gone from the tree)" if report.removed else "")

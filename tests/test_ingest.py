@@ -684,25 +684,33 @@ def _long_doc(topic: str, sections: int) -> str:
 
 def test_a_long_record_is_stored_as_chunks_and_a_new_version_leaves_none_behind(tmp_path):
     """Ingest stores a long text as chunks <id>#chunk<n> (nothing cut, nothing
-    quarantined); ingesting the id again with a shorter text, or a long one again,
-    replaces every earlier chunk or the earlier whole memory."""
+    quarantined, and the report says so); ingesting the id again with a shorter text,
+    or a long one again, replaces every earlier chunk or the earlier whole memory."""
+    from helix_ray.cli_common import format_report
     from helix_ray.schema import parent_of
     from helix_ray.store.generation import Generation
 
     store = tmp_path / "store"
+    reports = []
 
     def ids_after(text: str) -> list[str]:
         source = write_jsonl(tmp_path / f"doc-{len(text)}.jsonl", [{"id": "doc", "text": text, "user": "dana"}])
-        report = ingest([source], store, runner="local", show_progress=False)
-        assert report.quarantined == 0, report
+        reports.append(ingest([source], store, runner="local", show_progress=False))
+        assert reports[-1].quarantined == 0, reports[-1]
         return sorted(Generation.open_current(store).memories.column("id").to_pylist())
 
     long_text = _long_doc("heron", 8)
     chunks = ids_after(long_text)
     assert len(chunks) >= 4 and all(parent_of(i) == "doc" for i in chunks)
+    assert (reports[-1].read, reports[-1].chunks, reports[-1].chunked) == (len(chunks), len(chunks), 1)
+    assert format_report(reports[-1]).splitlines()[0] == (
+        f"read {len(chunks)} records ({len(chunks)} of them chunks of 1 long text): {len(chunks)} accepted, "
+        "0 quarantined")
     texts = Generation.open_current(store).memories.column("text").to_pylist()
     assert any("Part 8 of the heron notes covers shard 29 and its backup." in t for t in texts)  # the end
     assert ids_after("The heron notes moved to the wiki.") == ["doc"]
+    assert (reports[-1].chunks, reports[-1].chunked) == (0, 0)
+    assert format_report(reports[-1]).startswith("read 1 record: 1 accepted")
     again = ids_after(_long_doc("okapi", 3))
     assert "doc" not in again and all(parent_of(i) == "doc" for i in again) and len(again) < len(chunks)
     with StoreDB(store) as db:

@@ -80,7 +80,9 @@ class IngestReport:
     ``reused`` those whose vectors came with the run instead (a compaction's writes)."""
 
     run_id: str = ""
-    read: int = 0
+    read: int = 0  # records, each chunk of a long text counted
+    chunks: int = 0  # of ``read``: chunks of long texts
+    chunked: int = 0  # the long texts those chunks split
     accepted: int = 0
     quarantined: int = 0
     duplicates: int = 0
@@ -461,15 +463,21 @@ def _accept(run: Run, out: Iterable[dict[str, Any]], path: Path) -> tuple[Incomi
     """The valid records, as columns (written to ``path`` and mapped), with the id of
     each that can be stored as given in ``Incoming.index``; the report's read counts.
     Decodes ``out`` as it comes, a block of records at a time (:class:`Incoming`)."""
-    read = 0
+    read = chunks = 0
+    chunked: set[str] = set()  # the long texts read, by parent id
     quarantined: list[dict[str, Any]] = []
 
     def valid() -> Iterator[tuple[dict[str, Any], bytes]]:
-        nonlocal read
+        nonlocal read, chunks
         for r in out:
             read += 1
             if r["ok"]:
-                yield stages.decode_row(r["payload"]), r["minhash"]
+                row = stages.decode_row(r["payload"])
+                parent = parent_of(row["id"])
+                if parent is not None:
+                    chunks += 1
+                    chunked.add(parent)
+                yield row, r["minhash"]
             else:
                 quarantined.append(json.loads(r["payload"]))
 
@@ -502,6 +510,7 @@ def _accept(run: Run, out: Iterable[dict[str, Any]], path: Path) -> tuple[Incomi
     del ids_users
     report = run.report
     report.read = read
+    report.chunks, report.chunked = chunks, len(chunked)
     report.quarantined = len(quarantined)
     report.accepted = len(latest)
     for q in quarantined:
