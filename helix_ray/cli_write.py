@@ -28,11 +28,14 @@ def add(args: argparse.Namespace) -> int:
         record["pinned"] = True
     with _writer(args.store, "add a memory in", "POST /v1/memories") as mem:
         written = mem.add([record])
-    out = {"ids": list(written.ids), "delta_version": written.delta_version, "generation": written.generation}
+    out = {"ids": list(written.ids), "replaced": list(written.replaced), "delta_version": written.delta_version,
+           "generation": written.generation}
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"added {written.ids[0]}: recallable now, in delta version {written.delta_version} over generation "
+        done = f"replaced {written.ids[0]} (its earlier version is gone)" if written.replaced else \
+            f"added {written.ids[0]}"
+        print(f"{done}: recallable now, in delta version {written.delta_version} over generation "
               f"{written.generation}")
     return 0
 

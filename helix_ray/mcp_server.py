@@ -162,7 +162,8 @@ class Local:
         except ValidationError as exc:
             raise InvalidArgument("memory", record, request_error_sentence(exc.errors()).rstrip(".")) from None
         written = await asyncio.to_thread(self.memory.add, [{**checked, "user": self.user}])
-        return {"ids": list(written.ids), "delta_version": written.delta_version, "generation": written.generation}
+        return {"ids": list(written.ids), "replaced": list(written.replaced), "delta_version": written.delta_version,
+                "generation": written.generation}
 
     async def forget(self, memory_id: str) -> dict[str, Any]:
         written = await asyncio.to_thread(self.memory.delete, memory_id, user=self.user)

@@ -77,11 +77,13 @@ COMPACT_MAX_PENDING = 1000
 class Written:
     """What a write made durable: the ids it wrote (as given or derived; a long text is
     stored as chunks ``<id>#chunk<n>`` under its id), the delta snapshot that holds it
-    and the generation that snapshot lies over."""
+    and the generation that snapshot lies over; ``replaced``: those of an add's ids that
+    named a live memory already, whose earlier version the write replaced."""
 
     ids: tuple[str, ...]
     delta_version: int
     generation: int | None
+    replaced: tuple[str, ...] = ()
 
 
 class Memory:
@@ -188,7 +190,7 @@ class Memory:
         durable (logged in the store's DuckDB file) and in the delta before this
         returns; the next :meth:`recall` finds them, a restart replays them, and a
         compaction folds them into the next generation. A record with the id of an
-        existing memory replaces it. More than the Writer's batch (1,000) are written
+        existing memory replaces it (the answer's ``replaced`` names those ids). More than the Writer's batch (1,000) are written
         in batches, each durable as it returns; for a bulk load, :meth:`ingest` a file."""
         from helix_ray.live.inputs import MAX_BATCH
 
@@ -201,11 +203,13 @@ class Memory:
         core = self._core()
         self._ensure_generation()
         ids: list[str] = []
+        replaced: list[str] = []
         out: dict[str, Any] = {}
         for start in range(0, len(rows), MAX_BATCH):
             out = core.add(rows[start:start + MAX_BATCH], user=None)
             ids += out["ids"]
-        return Written(tuple(ids), out["delta_version"], out["generation"])
+            replaced += out["replaced"]
+        return Written(tuple(ids), out["delta_version"], out["generation"], tuple(replaced))
 
     def patch(self, memory_id: str, *, user: str | None = None, **fields: Any) -> Written:
         """Change ``fields`` of memory ``memory_id`` (any of text, type, project,

@@ -232,6 +232,9 @@ def test_add_then_recall_then_delete_from_the_command_line(copy, capsys, monkeyp
     code, out, _ = helix(capsys, "recall", "how does the ledger settle payouts?", "--store", str(copy), "--user",
                          "dana", "--json")
     assert code == 0 and any(i["id"].startswith("ledger-notes#chunk") for i in json.loads(out)["items"])
+    code, out, _ = helix(capsys, "add", "The ledger settles payouts daily.", "--store", str(copy), "--user", "dana",
+                         "--id", "ledger-notes")
+    assert code == 0 and out.startswith("replaced ledger-notes (its earlier version is gone): recallable now")
     monkeypatch.setattr(sys, "stdin", io.StringIO("  \n"))
     code, _, err = helix(capsys, "add", "-", "--store", str(copy), "--user", "dana")
     assert code == 2 and "give the memory's text" in err

@@ -58,13 +58,29 @@ def test_an_add_is_recalled_at_once_without_a_new_generation(store):
     with Memory(store, warm=False, compact_interval_s=None) as mem:
         before = current_generation_number(store)
         written = mem.add([memory(7, "We pinned uvicorn to 0.30 after the keep-alive bug.")])
-        assert written.ids == ("m007",) and written.generation == before
+        assert written.ids == ("m007",) and written.generation == before and written.replaced == ()
         assert current_generation_number(store) == before  # the write is in the delta, not a generation
         assert ids(mem, "why did we pin uvicorn?")[0] == "m007"
         assert ids(mem, "which port does the gateway listen on?")[0] == "m000"  # the generation still answers
         assert mem.stats()["pending_writes"] == 1
     with StoreDB(store) as db:  # durable: logged in the database before add returned
         assert db.row("SELECT count(*) FROM serve_log WHERE id = 'm007'") == (1,)
+
+
+def test_an_add_names_the_ids_it_replaced(store):
+    """A write's ``replaced``: its ids that named a live memory already, in the delta or
+    in the generation, whole or stored as chunks; a new id or a deleted one is no
+    replacement."""
+    long_text = " ".join(f"Step {n}: the heron runbook says to drain queue {n} before the restart." for n in range(90))
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        assert mem.add([memory(7, "We pinned uvicorn to 0.30.")]).replaced == ()
+        again = mem.add([memory(7, "We pinned uvicorn to 0.31."), memory(0, "The gateway listens on 7443."),
+                         memory(9, "A new fact.")])
+        assert (again.ids, again.replaced) == (("m007", "m000", "m009"), ("m007", "m000"))
+        assert mem.add([{"id": "runbook", "user": "dana", "text": long_text}]).replaced == ()
+        assert mem.add([{"id": "runbook", "user": "dana", "text": "Drain the queues."}]).replaced == ("runbook",)
+        mem.delete("m009")
+        assert mem.add([memory(9, "A new fact.")]).replaced == ()
 
 
 def test_a_second_users_memories_stay_invisible(store):

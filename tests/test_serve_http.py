@@ -130,7 +130,9 @@ def test_two_users_never_cross(alice, bob):
     assert all(i.startswith("bob") for i in ids(recall(bob, shared)))
     secret = "The bob-only vault passphrase hint is purple giraffe umbrella."
     written = bob.post("/v1/memories", json={"text": secret, "id": "bob-secret"})
-    assert written.status_code == 201, written.text
+    assert written.status_code == 201 and written.json()["replaced"] == [], written.text
+    again = bob.post("/v1/memories", json={"text": secret, "id": "bob-secret"})
+    assert (again.status_code, again.json()["replaced"]) == (201, ["bob-secret"]), again.text
     assert "bob-secret" in ids(recall(bob, "purple giraffe umbrella passphrase"))
     assert "bob-secret" not in ids(recall(alice, "purple giraffe umbrella passphrase"))
     # A key reads and writes only its own user's memories.

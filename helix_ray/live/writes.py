@@ -56,7 +56,9 @@ RECORD_FIELDS = [f.name for f in MEMORY_SCHEMA]
 def add(core: WriterCore, records: list[dict[str, Any]], *, user: str | None, single: bool = False) -> dict[str, Any]:
     """Validate, embed and durably write ``records`` (each a memory object);
     ``user`` is the API key's user (None when auth is off: each record names its own).
-    ``single``: the caller sent one object, not a list (its errors name ``memory``)."""
+    ``single``: the caller sent one object, not a list (its errors name ``memory``).
+    The answer's ``replaced``: the ids written that named a live memory already (its
+    earlier version, or all its earlier chunks, are gone)."""
     if not records:
         raise InvalidArgument("memories", [], "give at least one memory")
     if len(records) > MAX_BATCH:
@@ -91,7 +93,8 @@ def add(core: WriterCore, records: list[dict[str, Any]], *, user: str | None, si
                                "another user's memory. Leave id out (one is derived from user and text) or "
                                "choose another.")
         write_rows(core, stored, stale)
-        return {"ids": [r["id"] for r in rows], "delta_version": core.version, "generation": core.generation}
+        return {"ids": [r["id"] for r in rows], "replaced": [r["id"] for r in rows if r["id"] in owners],
+                "delta_version": core.version, "generation": core.generation}
 
 
 def _parent_row(rows: list[dict[str, Any]], row: dict[str, Any]) -> dict[str, Any]:

@@ -158,6 +158,8 @@ class MemoryPatch(RequestModel):
 
 class WriteResponse(BaseModel):
     ids: list[str]
+    replaced: list[str] = Field(default=[], description="Those of `ids` that named a live memory already: the "
+                                "write replaced its earlier version (every earlier chunk of a long one).")
     delta_version: int
     generation: int | None
 
