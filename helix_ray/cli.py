@@ -199,7 +199,9 @@ def _backup_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     s.add_argument("out", help="the backup folder (new, or empty)")
     s = sub.add_parser("restore", help="restore a backup into a new folder, after checking it against its manifest")
     s.add_argument("backup", help="a folder `helix backup` wrote")
-    s.add_argument("store", help="the store folder to create (new, or empty)")
+    s.add_argument("store", nargs="?", help="the store folder to create (new, or empty)")
+    s.add_argument("--store", dest="store_flag", metavar="DIR", help="the same folder, named as other commands name "
+                   "a store (give it either way)")
     s = sub.add_parser("forget-user", help="delete every memory, chunk, expansion, entity, edge, access, feedback "
                                            "and key of a user from a store (not while `helix serve` holds it)")
     s.add_argument("--store", required=True)

@@ -84,11 +84,19 @@ def backup(args: argparse.Namespace) -> int:
 
 def restore(args: argparse.Namespace) -> int:
     """``helix restore``: a checked backup into a new store folder."""
+    from helix_ray.errors import InvalidArgument
     from helix_ray.store.backup import restore as restore_store
 
-    manifest = restore_store(args.backup, args.store)
+    if args.store and args.store_flag and Path(args.store) != Path(args.store_flag):
+        raise InvalidArgument("--store", args.store_flag, f"name one folder to restore into; DIR names {args.store}",
+                              "Give the new store's folder once: `helix restore BACKUP DIR` or `--store DIR`.")
+    store = args.store = args.store or args.store_flag  # the audit log's record goes into it
+    if not store:
+        raise InvalidArgument("DIR", None, "name the new store's folder (new, or empty)",
+                              "Run `helix restore BACKUP DIR` (or `--store DIR`).")
+    manifest = restore_store(args.backup, store)
     print(f"restored {args.backup} (generation {manifest['generation']}, backed up {manifest['created_at']} "
-          f"by Helix {manifest['helix_version']}) into {args.store}: {len(manifest['files'])} files checked")
+          f"by Helix {manifest['helix_version']}) into {store}: {len(manifest['files'])} files checked")
     return 0
 
 
@@ -197,6 +205,8 @@ def _admin_command(args: argparse.Namespace) -> tuple[Path, str | None, dict[str
     if command == "backup":
         return Path(args.store), str(Path(args.out).resolve()), {}
     if command == "restore":  # recorded in the store it made (or, refused, the store it would not overwrite)
+        if not args.store or (args.store_flag and Path(args.store_flag) != Path(args.store)):
+            return None  # no folder, or two: nothing was touched
         return Path(args.store), str(Path(args.store).resolve()), {"backup": str(Path(args.backup).resolve())}
     if command == "compact":
         return Path(args.store), None, {"runner": args.runner}
