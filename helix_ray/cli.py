@@ -97,8 +97,9 @@ def _stdout_gone() -> bool:
 def _ingest_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``helix ingest``: read sources, publish a generation."""
     s = sub.add_parser("ingest", help="ingest sources into a store and publish a new generation")
-    s.add_argument("sources", nargs="+", help="files or folders (JSONL, Parquet, Markdown, transcripts, LoCoMo; "
-                   "a source tree with --format code, a git repository with --format git)")
+    s.add_argument("sources", nargs="+", help="files or folders (JSONL, Parquet, Markdown, transcripts, LoCoMo; a "
+                   "folder: all such files in it; a source tree with --format code, a git repository with --format "
+                   "git)")
     s.add_argument("--store", required=True, help="store folder (created if missing)")
     s.add_argument("--format", default="auto", choices=FORMATS,
                    help="source format (default: detect; code and git are never guessed)")

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from helix_ray.errors import InvalidArgument
-from helix_ray.ingest.sources import detect_format, parse_locomo_date, read_source
+from helix_ray.ingest.sources import detect_format, parse_locomo_date, read_source, source_items
 from tests.helpers import LOCOMO, REPO, SAMPLE, write_jsonl
 
 MINI_LOCOMO = REPO / "tests" / "fixtures" / "eval" / "mini_locomo.json"
@@ -62,23 +62,49 @@ def test_transcript_turns_become_episodic_with_speaker():
     assert rows[0]["created_at"].startswith("2025-")
 
 
-def test_a_markdown_folder_names_the_data_files_it_does_not_read(tmp_path):
-    """A folder source reads its .md files; a .jsonl or .parquet beside them is not
-    dropped in silence: it lands in quarantine saying how to ingest it."""
+def test_a_folder_is_read_whole_and_names_what_it_does_not_read(tmp_path):
+    """A folder source reads its Markdown sections and each JSONL, JSON or Parquet file in
+    it as a source of its own (memories, or chat turns); a .json that holds no memories
+    lands in quarantine whole, saying why; hidden folders and a store inside it are not
+    read. With --format markdown only the Markdown is read, and each data file is
+    quarantined saying how to read it."""
     from helix_ray.ingest.run import ingest
+    from helix_ray.store.generation import Generation
 
     folder = tmp_path / "project"
     (folder / "deep").mkdir(parents=True)
     (folder / "note.md").write_text("---\nuser: dana\n---\n# Atlas\n## Queue\nWe use NATS.\n", encoding="utf-8")
-    write_jsonl(folder / "deep" / "more.jsonl", [{"text": "a memory in a file the folder does not read"}])
+    write_jsonl(folder / "deep" / "more.jsonl", [{"id": "more-1", "text": "Deploys freeze on Fridays.",
+                                                   "user": "dana"}])
+    write_jsonl(folder / "chat.jsonl", [{"session_id": "s1", "speaker": "dana", "text": "Let us shard by tenant.",
+                                         "timestamp": "2025-03-01T10:00:00Z", "user": "dana"}])
+    pq.write_table(pa.table({"id": ["pq-1"], "text": ["Backups run at 02:00 UTC."], "user": ["dana"]}),
+                   folder / "deep" / "facts.parquet")
+    (folder / "package.json").write_text(json.dumps({"name": "atlas", "version": "1.0.0"}, indent=2))
+    (folder / ".git").mkdir()
+    (folder / ".git" / "HEAD.md").write_text("# not a note\n## x\ny\n")
+    (folder / "store" / "inbox").mkdir(parents=True)  # a store kept in the folder: its files are not notes
+    (folder / "store" / "helix.duckdb").write_bytes(b"")
+    write_jsonl(folder / "store" / "inbox" / "serve-1.jsonl", [{"text": "a write of the store", "user": "dana"}])
     (folder / "image.png").write_bytes(b"\x89PNG")  # not memories: not named
     report = ingest([folder], tmp_path / "store", runner="local", show_progress=False)
-    assert report.published and report.total_memories == 1
-    assert report.quarantined == 1 and report.quarantine_reasons == {"not_read": 1}
-    (row,) = [r for r in read_source(folder) if "_reject" in r]
-    assert row["_source"] == str(folder / "deep" / "more.jsonl")
-    assert "reads only its Markdown (.md, .markdown) files" in row["_reject"]
-    assert "pass it as a source of its own" in row["_reject"]
+    assert report.published and report.quarantine_reasons == {"not_read": 1}, report
+    texts = Generation.open_current(tmp_path / "store").memories.column("text").to_pylist()
+    assert len(texts) == 4 and {"Deploys freeze on Fridays.", "Backups run at 02:00 UTC.",
+                                "dana: Let us shard by tenant."} < set(texts), texts
+    (unread,) = [r for item in source_items(folder, "auto")[0]
+                 for r in read_source(item["path"], item["format"], **json.loads(item["options"])) if "_reject" in r]
+    assert unread["_source"] == str(folder / "package.json") and "(a configuration file?)" in unread["_reject"]
+
+    only_markdown = [r for r in read_source(folder, "markdown") if "_reject" in r]
+    assert sorted(r["_source"] for r in only_markdown) == [str(folder / f) for f in (
+        "chat.jsonl", "deep/facts.parquet", "deep/more.jsonl", "package.json")]
+    assert all("leave --format out to read the whole folder" in r["_reject"] for r in only_markdown)
+    empty = tmp_path / "empty"
+    (empty / ".hidden").mkdir(parents=True)
+    (empty / ".hidden" / "a.md").write_text("# A\n## B\nc\n")
+    with pytest.raises(InvalidArgument, match="holds none"):
+        detect_format(empty)
 
 
 def test_a_folder_reads_markdown_whatever_the_suffix_case(tmp_path):

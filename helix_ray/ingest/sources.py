@@ -13,7 +13,10 @@ Formats:
 - ``markdown``: a ``.md`` file or a folder of them; optional YAML front matter gives
   defaults (user, project, created_at, type...); each ``##`` section is one memory,
   ``md:<user>/<docs>/<path>#<slug>``, ``<docs>`` naming the folder read
-  (:mod:`helix_ray.ingest.ids`).
+  (:mod:`helix_ray.ingest.ids`). A folder given without ``--format`` is read whole: its
+  Markdown so, and each JSONL, JSON or Parquet file in it as a source of its own, its
+  format detected (:func:`folder_items`). Hidden folders and files (``.git``, ``.venv``)
+  and Helix stores inside it are not read.
 - ``transcript``: JSONL (or a JSON list) of chat turns ``{session_id, speaker|role,
   text, timestamp, user?, project?}``; each turn is one episodic memory.
 - ``locomo``: the LoCoMo benchmark file; each conversation's ``sample_id`` is the user,
@@ -34,6 +37,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -55,14 +59,16 @@ RawRecord = dict[str, Any]
 
 
 def detect_format(path: Path) -> str:
-    """Guess a source's format from its name and, for JSON, its first record."""
+    """Guess a source's format from its name and, for JSON, its first record; a folder
+    of memories (Markdown, JSONL, JSON or Parquet files) is ``markdown``, which
+    :func:`source_items` reads whole."""
     if path.is_dir():
-        if any(_files(path, MARKDOWN_SUFFIXES)):
+        if any(_files(path, MARKDOWN_SUFFIXES + DATA_SUFFIXES)):
             return "markdown"
         raise InvalidArgument(
-            "source", str(path), "a folder source must hold Markdown (.md or .markdown) files",
-            "Pass the files themselves for JSONL or Parquet; for a source tree pass --format code, for its "
-            "commits --format git.",
+            "source", str(path), "a folder source must hold Markdown (.md, .markdown), JSONL, JSON or Parquet "
+            "files outside hidden folders; it holds none",
+            "For a source tree pass --format code, for its commits --format git.",
         )
     suffix = path.suffix.lower()
     if suffix in MARKDOWN_SUFFIXES:
@@ -125,6 +131,7 @@ def source_items(path: str | Path, fmt: str, *, user: str | None = None, repo_na
     source's document set in its ids (default: its folder's name). A task's options travel as JSON
     text (Ray Data would merge the tasks' dicts into one Arrow struct, filling absent keys
     with nulls): :func:`read_source` takes them decoded."""
+    whole_folder = fmt == "auto"
     path, fmt = _checked(path, fmt)
     commits_only = [flag for flag, value in (("--since", since), ("--max", max_commits)) if value is not None]
     if commits_only and fmt != "git":
@@ -138,6 +145,8 @@ def source_items(path: str | Path, fmt: str, *, user: str | None = None, repo_na
                               "Drop it, or pass --format markdown.")
     if fmt == "markdown":
         name = default_doc_name(path) if doc_name is None else check_doc_name(doc_name)
+        if path.is_dir() and whole_folder:
+            return folder_items(path, name), None
         return [{"path": str(path.resolve()), "format": fmt, "options": json.dumps({"name": name})}], None
     if fmt not in REPO_FORMATS:
         return [{"path": str(path.resolve()), "format": fmt, "options": "{}"}], None
@@ -168,6 +177,32 @@ def source_items(path: str | Path, fmt: str, *, user: str | None = None, repo_na
              "options": json.dumps({"rel": rel, "info": _plain(info), "user": user})} for rel in files], scope
 
 
+def folder_items(folder: Path, name: str) -> list[dict[str, Any]]:
+    """The read tasks of a folder read whole: one for its Markdown (documents ``name``),
+    when it holds some, and one for each data file, in the format it is detected as. A
+    ``.json`` file whose first value is no memory, chat turn or LoCoMo conversation (a
+    ``package.json``) is not read: its task quarantines it whole, saying so."""
+    items = []
+    if any(_files(folder, MARKDOWN_SUFFIXES)):
+        items.append({"path": str(folder.resolve()), "format": "markdown",
+                      "options": json.dumps({"name": name, "data_files": "read"})})
+    for file in sorted(_files(folder, DATA_SUFFIXES)):
+        fmt = detect_format(file)
+        options = {}
+        if fmt == "jsonl" and file.suffix.lower() == ".json" and not _holds_memories(file):
+            options["unread"] = (f"a folder source reads a .json file whose first value is a memory (with \"text\"), "
+                                 f"a chat turn or a LoCoMo conversation; this one's is not (a configuration file?): "
+                                 f"pass it as a source of its own (helix ingest {file} ...) if it holds memories")
+        items.append({"path": str(file.resolve()), "format": fmt, "options": json.dumps(options)})
+    return items
+
+
+def _holds_memories(path: Path) -> bool:
+    """Whether a JSON file's first value (its array's first element) is a record with a text."""
+    first = _first_json_value(path)
+    return isinstance(first, dict) and "text" in first
+
+
 def _plain(info: Any) -> dict[str, Any]:
     """A :class:`~helix_ray.ingest.code.RepoInfo` as JSON-able values, to travel in a task."""
     return {**dataclasses.asdict(info), "toplevel": str(info.toplevel)}
@@ -184,8 +219,13 @@ def _tree_part(path: Path, info: Any) -> str:
 
 
 def read_source(path: str | Path, fmt: str = "auto", **options: Any) -> Iterator[RawRecord]:
-    """Yield the raw records of one source (``options``: one of :func:`source_items`' tasks)."""
+    """Yield the raw records of one source (``options``: one of :func:`source_items`' tasks;
+    ``unread``: why a folder's file is not read, quarantined whole)."""
     path, fmt = _checked(path, fmt)
+    unread = options.pop("unread", None)
+    if unread is not None:
+        yield _bad(path, f"{path.name}, whole file", "not_read", unread, "")
+        return
     if fmt == "code":
         yield from read_code(path, **options)
         return
@@ -278,23 +318,35 @@ _TITLE = re.compile(r"^#\s+(.+?)\s*$", re.M)
 
 def _files(folder: Path, suffixes: Sequence[str]) -> Iterator[Path]:
     """A folder's files with one of ``suffixes``, whatever their case (``README.MD``,
-    ``notes.markdown``: ``rglob("*.md")`` passed over them without a word)."""
-    return (f for f in folder.rglob("*") if f.suffix.lower() in suffixes and f.is_file())
+    ``notes.markdown``), outside hidden folders (``.git``, ``.venv``, ``.helix``) and
+    Helix stores, whose files are no one's notes (a store's inbox holds JSONL)."""
+    from helix_ray.store.db import DB_FILE
+
+    for top, folders, files in os.walk(folder):
+        if top != str(folder) and DB_FILE in files:
+            folders.clear()
+            continue
+        folders[:] = sorted(f for f in folders if not f.startswith("."))
+        for file in sorted(files):
+            if not file.startswith(".") and Path(file).suffix.lower() in suffixes:
+                yield Path(top, file)
 
 
-def read_markdown(path: Path, *, name: str | None = None) -> Iterator[RawRecord]:
+def read_markdown(path: Path, *, name: str | None = None, data_files: str = "quarantine") -> Iterator[RawRecord]:
     """Each ``##`` section of each file is one memory; text before the first ``##``
     (below a ``#`` title) is one memory too when it has content. A section brings no id
     but its ``<docs>/<path>#<slug>`` (:data:`~helix_ray.ingest.ids.SECTION_KEY`;
     ``<docs>``: ``name``, by default the folder's, escaped as in ids): its id,
-    ``md:<user>/<docs>/<path>#<slug>``, names its user, which validation settles."""
+    ``md:<user>/<docs>/<path>#<slug>``, names its user, which validation settles.
+    ``data_files``: ``read`` when tasks of their own read a folder's data files
+    (:func:`folder_items`), else each is quarantined whole, saying how to read it."""
     docs = user_part(default_doc_name(path) if name is None else name)
     files = sorted(_files(path, MARKDOWN_SUFFIXES)) if path.is_dir() else [path]
-    if path.is_dir():  # memories a folder holds but a folder source does not read: said, not dropped
+    if path.is_dir() and data_files != "read":  # memories the folder holds that --format markdown does not read
         for other in sorted(_files(path, DATA_SUFFIXES)):
-            yield _bad(other, f"{other.relative_to(path)}, whole file", "not_read", "a folder source reads only its "
-                       f"Markdown (.md, .markdown) files, not this {other.suffix} file: pass it as a source of its "
-                       f"own (helix ingest {other} ...)", "")
+            yield _bad(other, f"{other.relative_to(path)}, whole file", "not_read", "--format markdown reads only a "
+                       f"folder's Markdown (.md, .markdown) files, not this {other.suffix} file: leave --format out "
+                       f"to read the whole folder, or pass it as a source of its own (helix ingest {other} ...)", "")
     for file in files:
         # Positions name the file too: a folder source's sections would read alike otherwise.
         rel = file.name if not path.is_dir() else str(file.relative_to(path))
