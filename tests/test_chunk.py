@@ -137,6 +137,19 @@ def test_chunks_after_the_first_repeat_the_lead_title_unless_turned_off():
                for r in split_long(md, ChunkConfig(max_tokens=200))[1:])
 
 
+def test_a_line_repeated_for_pages_is_one_chunk_that_says_how_often():
+    """A log of one line 2,000 times is a few chunks, not 70 alike: a run of chunks of the
+    same text is the first, with ``repeated``; numbering and ``of`` count what is stored,
+    and the end of the text stays."""
+    text = "# Log\n\n" + "\n".join(["ERROR connection refused to db-7 port 5432"] * 2000) + "\n\nThe fix: more conns."
+    rows = split_long({"id": "log", "text": text, "metadata": "{}"}, ChunkConfig(max_tokens=256))
+    places = [json.loads(r["metadata"])["chunk"] for r in rows]
+    assert 2 < len(rows) <= 5 and len({r["text"] for r in rows}) == len(rows)
+    assert [p["n"] for p in places] == list(range(1, len(rows) + 1)) and {p["of"] for p in places} == {len(rows)}
+    assert [r["id"] for r in rows] == [f"log#chunk{n}" for n in range(1, len(rows) + 1)]
+    assert max(p.get("repeated", 1) for p in places) > 50 and rows[-1]["text"].endswith("The fix: more conns.")
+
+
 def test_heading_directly_above_a_subheading_stays_with_it():
     doc = f"# Guide\n## Deploy\n### Rollback\n\n{sentences('rollback', 6)}\n"
     chunks = split(doc, max_tokens=64, overlap_tokens=0)

@@ -391,7 +391,8 @@ def split_long(row: dict[str, Any], config: ChunkConfig) -> list[dict[str, Any]]
     longer than ``config.max_tokens``, one row per chunk: id ``<id>#chunk<n>``, the
     chunk's text under a line naming where it sits, and ``metadata.chunk`` = {parent, n,
     of, headings, own_from: where the chunk's own text starts, after that line and the
-    overlap}. Every other field is the parent's."""
+    overlap; ``repeated``: how many chunks of the same text in a row it stands for, where
+    more than one}. Every other field is the parent's."""
     if parent_of(row["id"]) is not None:  # a chunk already (a compaction reads chunks back)
         return [row]
     room = max(config.max_tokens - HEADING_TOKENS, config.max_tokens // 2)  # the heading line comes on top
@@ -406,15 +407,19 @@ def split_long(row: dict[str, Any], config: ChunkConfig) -> list[dict[str, Any]]
         # Not in code: a module's docstring reads as prose, yet its header names a file.
         room = max(room - tokens.token_counter()(title), config.max_tokens // 2)
         pieces = chunk.split(row["text"], max_tokens=room, overlap_tokens=min(config.overlap_tokens, room // 2))
-    out = []
-    for n, piece in enumerate(pieces, start=1):
+    parts: list[tuple[str, dict[str, Any]]] = []
+    for at, piece in enumerate(pieces):
         # The first chunk starts as its text does (a section's text names its file and heading).
-        text = chunk.encoder_text(piece, title if n > 1 else None)
-        part = {"parent": row["id"], "n": n, "of": len(pieces), "headings": list(piece.heading_path),
-                "own_from": len(text) - len(piece.own_text)}  # where the text stops repeating the one before
-        out.append({**row, "id": chunk_id(row["id"], n), "text": text, "content_hash": content_hash(text, ""),
-                    "metadata": _metadata_json({**metadata, "chunk": part})})
-    return out
+        text = chunk.encoder_text(piece, title if at else None)
+        if parts and text == parts[-1][0]:  # a line repeated for pages (a log): one chunk says how often
+            parts[-1][1]["repeated"] = parts[-1][1].get("repeated", 1) + 1
+            continue
+        parts.append((text, {"parent": row["id"], "n": len(parts) + 1, "headings": list(piece.heading_path),
+                             "own_from": len(text) - len(piece.own_text)}))  # where it stops repeating the one before
+    if len(parts) == 1:
+        return [row]
+    return [{**row, "id": chunk_id(row["id"], part["n"]), "text": text, "content_hash": content_hash(text, ""),
+             "metadata": _metadata_json({**metadata, "chunk": {**part, "of": len(parts)}})} for text, part in parts]
 
 
 def quarantine_row(raw: dict[str, Any], reason: str) -> dict[str, Any]:
