@@ -334,7 +334,8 @@ def test_a_repository_named_by_default_like_another_of_the_store_is_refused(tmp_
     for fmt in ("code", "git"):
         assert _cli_ingest(search, store, fmt, "--user", "dev") == 2
         err = capsys.readouterr().err
-        assert f"Got --repo-name='app'; the name 'app' already names {billing} in this store for user dev" in err
+        assert (f"Got --repo-name='app'; that name, taken by default from the folder's, already names {billing} in "
+                "this store for user dev") in err
         assert f"give it its own --repo-name; if {billing} moved to {search}, pass --repo-name app" in err
     assert set(Generation.open_current(store).columns.id_to_row) == before == {"code:dev/app:invoice.py::total"}
     assert ingest([search], store, fmt="code", runner="local", config=_user("dev"), repo_name="search").new == 1

@@ -254,7 +254,8 @@ def test_a_folder_named_by_default_like_another_of_the_store_is_refused(tmp_path
     before = _section_texts(store)
     assert _cli_ingest(other, store, "--format", "markdown", "--user", "dev") == 2
     err = capsys.readouterr().err
-    assert f"Got --doc-name='shop'; the name 'shop' already names {shop} in this store for user dev" in err
+    assert (f"Got --doc-name='shop'; that name, taken by default from the folder's, already names {shop} in this "
+            "store for user dev") in err
     assert f"To keep {other} apart, give it its own --doc-name; if {shop} moved to {other}, pass --doc-name " \
            "shop to read it under the old name." in err
     with pytest.raises(InvalidArgument, match="already names") as raised:
@@ -287,7 +288,7 @@ def test_a_moved_folder_read_under_its_old_name_keeps_its_sections_once(tmp_path
     assert ingest([moved], store, runner="local", show_progress=False, config=_config("dev")).unchanged == 2
     shop.mkdir(parents=True)
     (shop / "README.md").write_text("# shop\n\n## Queue\nA new shop publishes to Redis.\n", encoding="utf-8")
-    with pytest.raises(InvalidArgument, match=f"the name 'shop' already names {moved} in this store"):
+    with pytest.raises(InvalidArgument, match=f"'shop'; that name, taken by default from the folder's, already names {moved} in this store"):
         ingest([shop], store, runner="local", show_progress=False, config=_config("dev"))
 
 

@@ -111,8 +111,9 @@ def check_names(db: StoreDB, names: Sequence[SourceName]) -> list[SourceName]:
             whose = f"user {named.user}" if named.user else "Markdown read without --user"
             raise InvalidArgument(
                 named.of_kind.flag, named.name,
-                f"the name {named.name!r} already names {before} in this store for {whose} (the name is part "
-                f"of its memories' ids, so {named.folder} read under it would replace them)",
+                f"that name, taken by default from the folder's, already names {before} in this store for "
+                f"{whose} (the name is part of its memories' ids, so {named.folder} read under it would replace "
+                "them)",
                 f"To keep {named.folder} apart, give it its own {flag}; if {before} moved to {named.folder}, "
                 f"pass {flag} {named.name} to read it under the old name.")
         changed.append(named)
