@@ -50,6 +50,17 @@ def test_each_row_is_rescaled_over_the_signals_that_speak():
     assert reweighed.order[0] == 0
 
 
+def test_an_access_after_now_is_no_access():
+    """Protects: a recall asked as of a past moment (``now=``) ranking the memories an
+    earlier recall had just returned above all others, their accesses (stamped by the
+    clock, after that moment) read as the freshest there are."""
+    types, cosine, hour = ["episodic"] * 3, [0.80, 0.79, 0.10], 3_600 * 1_000_000
+    later = _rank(types, cosine, reweigh=True, last_access_us=[0, NOW_US + hour, 0])
+    assert later.signals["recency"].tolist() == [0.0, 0.0, 0.0] and later.order[0] == 0
+    before = _rank(types, cosine, reweigh=True, last_access_us=[0, NOW_US - hour, 0])
+    assert before.signals["recency"][1] > 0.99 and before.order[0] == 1
+
+
 def test_within_one_type_the_order_is_unchanged():
     rng = np.random.default_rng(7)
     for _ in range(50):

@@ -41,10 +41,18 @@ def minmax(values: np.ndarray) -> np.ndarray:
     return (values - lo) / (hi - lo)
 
 
+#: An access stamped up to this much after ``now`` is taken as made now: another node's
+#: clock may run a little ahead.
+CLOCK_SKEW_US = 600 * 1_000_000
+
+
 def recency(last_access_us: np.ndarray, now_us: int, half_life_days: float) -> np.ndarray:
-    """0.5 ** (age in days / half-life); 0 for a memory never accessed (time 0)."""
+    """0.5 ** (age in days / half-life); 0 for a memory never accessed (time 0) or
+    accessed only after ``now`` (a recall asked as of an earlier moment, ``now=``: the
+    store keeps each memory's last access, so what it was before then is not known)."""
     age_days = np.maximum(0, now_us - last_access_us) / MICROS_PER_DAY
-    return np.where(last_access_us > 0, np.power(0.5, age_days / half_life_days), 0.0)
+    known = (last_access_us > 0) & (last_access_us <= now_us + CLOCK_SKEW_US)
+    return np.where(known, np.power(0.5, age_days / half_life_days), 0.0)
 
 
 def support_from_siblings(scores: np.ndarray, parents: list[str | None], share: float) -> np.ndarray:
