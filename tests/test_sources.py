@@ -240,3 +240,19 @@ def test_missing_source_says_so(tmp_path):
 def test_write_jsonl_helper_roundtrip(tmp_path):
     path = write_jsonl(tmp_path / "a.jsonl", [{"text": "x", "user": "u"}])
     assert list(read_source(path))[0]["text"] == "x"
+
+
+def test_a_json_file_of_one_object_over_several_lines_is_one_record(tmp_path):
+    """Protects: a pretty-printed .json read line by line, a bad_json for each line. One
+    object is one record (a memory, or a package.json quarantined once for its missing
+    text); lines of objects under a .json name are still read as lines."""
+    note = tmp_path / "note.json"
+    note.write_text(json.dumps({"text": "We moved the queue to NATS.", "user": "dana"}, indent=2))
+    (row,) = read_source(note)
+    assert (row["text"], row["_position"]) == ("We moved the queue to NATS.", "the whole file")
+    package = tmp_path / "package.json"
+    package.write_text(json.dumps({"name": "atlas", "version": "1.0.0", "scripts": {"test": "jest"}}, indent=2))
+    (row,) = read_source(package)
+    assert row["name"] == "atlas" and "_reject" not in row
+    lines = write_jsonl(tmp_path / "lines.json", [{"text": "one", "user": "u"}, {"text": "two", "user": "u"}])
+    assert [r["text"] for r in read_source(lines)] == ["one", "two"]

@@ -264,9 +264,18 @@ def read_code(path: Path, *, user: str, rel: str | None = None, info: dict[str, 
 
 
 def read_jsonl(path: Path) -> Iterator[RawRecord]:
-    """One JSON object per line; a ``.json`` file holding one JSON array is accepted too."""
+    """One JSON object per line; a ``.json`` file holding one JSON array, or one object
+    over several lines (one record), is accepted too."""
     with path.open("rb") as fh:
         text_head = fh.read(64).lstrip()
+    if text_head.startswith(b"{") and path.suffix.lower() == ".json":
+        try:  # one pretty-printed object is one record, not a bad_json per line
+            whole = json.loads(path.read_bytes().decode("utf-8", errors="surrogateescape"))
+        except json.JSONDecodeError:
+            whole = None  # lines of JSON objects under a .json name: read as lines
+        if isinstance(whole, dict):
+            yield _tag(whole, path, "the whole file")
+            return
     if text_head.startswith(b"[") and path.suffix.lower() == ".json":
         try:
             rows = json.loads(path.read_bytes().decode("utf-8", errors="surrogateescape"))
