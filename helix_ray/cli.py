@@ -372,7 +372,7 @@ def _mcp_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     s = sub.add_parser("mcp", help="serve recall/remember/forget to a coding agent over MCP (stdio; "
                           "streamable HTTP with --http)")
     s.add_argument("--store", help="store folder opened in this process (created empty if missing)")
-    s.add_argument("--user", help="with --store: the one user whose memories the tools read and write")
+    s.add_argument("--user", help="required with --store: the one user whose memories the tools read and write")
     s.add_argument("--project", help="project that `remember` files memories under when the agent names none")
     s.add_argument("--session", help="session that `remember` files memories under when the agent names none "
                                       "(e.g. the agent's conversation id): recall links a session's memories")

@@ -92,7 +92,7 @@ def restore(args: argparse.Namespace) -> int:
                               "Give the new store's folder once: `helix restore BACKUP DIR` or `--store DIR`.")
     store = args.store = args.store or args.store_flag  # the audit log's record goes into it
     if not store:
-        raise InvalidArgument("DIR", None, "name the new store's folder (new, or empty)",
+        raise InvalidArgument("DIR", "", "name the new store's folder (new, or empty) to restore into",
                               "Run `helix restore BACKUP DIR` (or `--store DIR`).")
     manifest = restore_store(args.backup, store)
     print(f"restored {args.backup} (generation {manifest['generation']}, backed up {manifest['created_at']} "

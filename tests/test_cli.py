@@ -655,6 +655,11 @@ def test_a_recall_in_a_terminal_says_how_it_read_the_time_and_dates_each_memory(
     assert re.search(r"^\[1\] \S+ · \w+ · 2025-\d\d-\d\d \d\d:\d\d · score ", out, re.M), out
     code, out, _ = helix(capsys, *args, "--now", "2031-06-12")
     assert code == 0 and "-- time: 'last week' read as 2031-06-02 – 2031-06-08; no candidate was made in it" in out
+    # Asked in Berlin: the days are Berlin's, not those of the window's UTC bounds.
+    code, out, _ = helix(capsys, *args, "--now", "2025-06-10T09:00:00+02:00", "--json")
+    assert code == 0 and json.loads(out)["flags"]["time"]["window"]["core_start"] == "2025-06-02T00:00:00+02:00"
+    code, out, _ = helix(capsys, *args, "--now", "2025-06-10T09:00:00+02:00")
+    assert code == 0 and "-- time: 'last week' read as 2025-06-02 – 2025-06-08" in out, out
     code, out, _ = helix(capsys, "recall", "how do I rotate the API keys", "--store", str(store), "--user", "dana")
     assert code == 0 and "-- time:" not in out
 

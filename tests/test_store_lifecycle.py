@@ -116,7 +116,7 @@ def test_a_restored_backup_recalls_what_the_store_recalled(store, tmp_path, caps
     assert manifest["generation"] == 1 and manifest["helix_version"] and manifest["created_at"]
     assert all(len(f["sha256"]) == 64 and f["bytes"] > 0 for f in manifest["files"] if f["path"] != "CURRENT")
     assert main(["restore", str(tmp_path / "backup")]) == 2
-    assert "Got DIR=None; name the new store's folder" in capsys.readouterr().err
+    assert "Got DIR=''; name the new store's folder (new, or empty) to restore into" in capsys.readouterr().err
     assert main(["restore", str(tmp_path / "backup"), str(tmp_path / "a"), "--store", str(tmp_path / "b")]) == 2
     assert "name one folder to restore into" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

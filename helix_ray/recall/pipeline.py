@@ -616,7 +616,7 @@ def _time_of(query: str, now: dt.datetime, cfg: RetrievalConfig, disabled: froze
         return None, False
     window, asks = when.query_window(query, now), when.asks_when(query)
     if window is not None or asks:
-        flags["time"] = {"window": window.as_dict() if window is not None else None, "asks_when": asks}
+        flags["time"] = {"window": window.as_dict(now.tzinfo) if window is not None else None, "asks_when": asks}
     return window, asks
 
 

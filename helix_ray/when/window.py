@@ -7,7 +7,7 @@ from __future__ import annotations
 import calendar
 import re
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import date, datetime, time, timedelta, timezone, tzinfo
 
 UTC = timezone.utc
 
@@ -86,16 +86,15 @@ class TimeWindow:
             return (self.end - t) / (self.end - self.core_end)
         return 1.0
 
-    def as_dict(self) -> dict[str, str]:
-        """For ``explain``: the expression, the kind and the four bounds as ISO 8601 strings."""
-        return {
-            "expression": self.expression,
-            "kind": self.kind,
-            "start": self.start.isoformat(),
-            "end": self.end.isoformat(),
-            "core_start": self.core_start.isoformat(),
-            "core_end": self.core_end.isoformat(),
-        }
+    def as_dict(self, zone: tzinfo | None = None) -> dict[str, str]:
+        """For ``explain``: the expression, the kind and the four bounds as ISO 8601
+        strings, in ``zone`` (the asker's: "last week" from Berlin reads Monday to Sunday
+        there) or else UTC."""
+        def iso(moment: datetime) -> str:
+            return (moment.astimezone(zone) if zone is not None else moment).isoformat()
+
+        return {"expression": self.expression, "kind": self.kind, "start": iso(self.start), "end": iso(self.end),
+                "core_start": iso(self.core_start), "core_end": iso(self.core_end)}
 
 
 def add_months(day: date, months: int) -> date:
