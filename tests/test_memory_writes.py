@@ -234,6 +234,36 @@ def test_ingest_after_adds_keeps_both(store, tmp_path):
         assert top.id == "m000" and "6443" in top.text
 
 
+def test_a_deleted_memory_stays_deleted_when_its_source_is_read_again(store, tmp_path):
+    """Protects: `helix delete` of a Markdown section, then the unchanged notes ingested
+    again, brought the section back. A user's delete holds against a source that gives
+    the same text (a long one's chunks too), before and after a compaction; a new text
+    is a new version, which comes back whole; writing it again brings it back."""
+    long_text = " ".join(f"Step {n}: the heron runbook says to drain queue {n} before the restart." for n in range(90))
+    source = write_jsonl(tmp_path / "notes.jsonl", [*BASE[:2], {"id": "runbook", "user": "dana", "text": long_text}])
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        assert mem.ingest(source).published
+        mem.delete("m001")
+        mem.delete("runbook")
+        again = mem.ingest(source)
+        chunks = again.kept_deleted - 1
+        assert chunks >= 3 and (again.new, again.updated, again.unchanged) == (0, 0, 1), again
+        assert "m001" not in ids(mem, "what does Redis cache?")
+        assert not [i for i in ids(mem, "heron runbook drain queue", k=20) if i.startswith("runbook")]
+        mem.compact()
+        assert mem.ingest(source).kept_deleted == chunks + 1
+        edited = long_text.replace("Step 89:", "Finally, step 89:")
+        changed = mem.ingest(write_jsonl(tmp_path / "edited.jsonl", [*BASE[:2], {"id": "runbook", "user": "dana",
+                                                                                 "text": edited}]))
+        assert changed.kept_deleted == 1 and changed.new == chunks, changed  # m001 still; every chunk is back
+        stored = Generation.open_current(store).memories.column("id").to_pylist()
+        assert len([i for i in stored if i.startswith("runbook#")]) == chunks
+        mem.add([BASE[1]])  # written again by the user
+        assert ids(mem, "what does Redis cache?")[0] == "m001"
+        assert mem.ingest(source).kept_deleted == 0
+        assert ids(mem, "what does Redis cache?")[0] == "m001"
+
+
 def test_memory_works_inside_a_running_event_loop(store):
     """A notebook's cell runs inside an event loop: add and recall must not start one."""
 

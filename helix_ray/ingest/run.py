@@ -87,6 +87,7 @@ class IngestReport:
     quarantined: int = 0
     duplicates: int = 0
     unchanged: int = 0
+    kept_deleted: int = 0  # a user deleted them; the source gives them again unchanged
     new: int = 0
     updated: int = 0
     retagged: int = 0  # of ``updated``: same text, other fields changed (no re-embedding)
@@ -712,7 +713,11 @@ def _compare(run: Run, incoming: Incoming, known: dict[str, tuple[str, bool]],
     # none: at a million records, 0.1 GB of Python strings); the column is never fixed.
     known_at = np.fromiter((at for memory_id, at in latest.items() if memory_id in known), np.int64)
     hashes = dict(zip(known_at.tolist(), take_rows(incoming.table.column("content_hash"), known_at).to_pylist()))
+    withdrawn = _still_withdrawn(run, latest, known, hashes)
     for memory_id, at in latest.items():
+        if (parent_of(memory_id) or memory_id) in withdrawn:
+            run.report.kept_deleted += 1
+            continue
         if memory_id in run.absorbed:  # a folded write: new, or a new version of what the base holds
             if memory_id in held:
                 replaced.add(memory_id)
@@ -736,6 +741,25 @@ def _compare(run: Run, incoming: Incoming, known: dict[str, tuple[str, bool]],
             run.report.new += 1
         fresh.append(at)
     return np.array(fresh, np.int64), replaced, same_text
+
+
+def _still_withdrawn(run: Run, latest: dict[str, int], known: dict[str, tuple[str, bool]],
+                     hashes: dict[int, str]) -> set[str]:
+    """The memories (parent ids) a user deleted that this run gives again unchanged, to
+    leave deleted: every record of the memory (itself, or each of its chunks) names a
+    deleted, withdrawn memory of the same text. A changed text is a new version, which
+    comes back whole. A compaction's records were written again by a user, which
+    reinstated them (:meth:`StoreDB.reinstate`)."""
+    deleted = [i for i in latest if (seen := known.get(i)) is not None and seen[1]]
+    withdrawn = run.db.withdrawn(deleted)
+    if not withdrawn:
+        return set()
+    unchanged: dict[str, bool] = {}
+    for memory_id, at in latest.items():
+        parent = parent_of(memory_id) or memory_id
+        same = memory_id in withdrawn and known[memory_id][0] == hashes.get(at)
+        unchanged[parent] = unchanged.get(parent, True) and same
+    return {parent for parent, same in unchanged.items() if same}
 
 
 def _reusable(got: stages.Computed, text: str, config: IngestConfig) -> bool:

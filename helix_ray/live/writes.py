@@ -235,7 +235,7 @@ def delete(core: WriterCore, memory_id: str, *, user: str | None) -> dict[str, A
         owner = _owner_of(core, memory_id)
         if owner is None or (user is not None and owner != user):
             raise NotFound(not_found(core, memory_id, user))
-        write_rows(core, [], family(core, memory_id, owner))
+        write_rows(core, [], family(core, memory_id, owner), withdrawn=True)
         return {"id": memory_id, "deleted": True, "delta_version": core.version, "generation": core.generation}
 
 
@@ -261,10 +261,12 @@ def validate(core: WriterCore, raw: Any, user: str | None, *, where: str) -> dic
                               f"it was rejected ({code}): {sentence}") from None
 
 
-def write_rows(core: WriterCore, rows: list[dict[str, Any]], deletes: list[str] | tuple[str, ...] = ()) -> None:
+def write_rows(core: WriterCore, rows: list[dict[str, Any]], deletes: list[str] | tuple[str, ...] = (), *,
+               withdrawn: bool = False) -> None:
     """Transform ``rows`` (validated records), then make them, and the deletion of the
-    live memories ``deletes`` (chunks a new version leaves behind, or a DELETE), durable
-    and live together: the inbox file, the ``serve_log`` rows and database marks in one
+    live memories ``deletes`` (chunks a new version leaves behind, or a DELETE:
+    ``withdrawn``, which an ingest of the unchanged source does not undo), durable and
+    live together: the inbox file, the ``serve_log`` rows and database marks in one
     transaction, the delta entries and tombstones, then one new snapshot."""
     latest = {r["id"]: r for r in rows}  # a repeated id within a batch: the later record wins
     rows = list(latest.values())
@@ -293,8 +295,9 @@ def write_rows(core: WriterCore, rows: list[dict[str, Any]], deletes: list[str] 
                     "INSERT INTO serve_log (seq, op, id, \"user\", written_at) VALUES (?, 'delete', ?, ?, now())",
                     [seq, memory_id, owners[memory_id]])
             core._drop_superseded([r["id"] for r in rows] + deletes)
+            core.db.reinstate([r["id"] for r in rows])  # written again: a source may give it too
             if deletes:
-                core.db.delete(deletes)  # generation rows: the next generation drops them
+                core.db.delete(deletes, withdrawn=withdrawn)  # generation rows: the next generation drops them
             core.db.con.commit()
             break
         except duckdb.TransactionException as exc:

@@ -7,6 +7,7 @@ CSR files), ``quarantine`` (rejected records with their reason and
 position: nothing is lost), ``duplicates`` (dropped → kept links), ``access_log``
 (recall hits, folded into ``last_accessed_at`` / ``access_count`` at the next
 generation), ``erased`` (ids of forgotten users' memories, :mod:`helix_ray.store.erase`),
+``withdrawn`` (ids of memories a user deleted, which an ingest of the same text leaves deleted),
 ``source_names`` (the folder each of a user's document-set and repository names was
 read from: :mod:`helix_ray.ingest.names`) and ``ingest_runs``.
 
@@ -49,6 +50,7 @@ CREATE TABLE IF NOT EXISTS duplicates (dropped_id VARCHAR, kept_id VARCHAR, jacc
 CREATE TABLE IF NOT EXISTS access_log (id VARCHAR, "user" VARCHAR, accessed_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS feedback ("user" VARCHAR, query VARCHAR, memory_id VARCHAR, given_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS erased (id VARCHAR);
+CREATE TABLE IF NOT EXISTS withdrawn (id VARCHAR PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS source_names (
     "user" VARCHAR NOT NULL, kind VARCHAR NOT NULL, name VARCHAR NOT NULL, folder VARCHAR NOT NULL,
     ingest_run VARCHAR, PRIMARY KEY ("user", kind, name)
@@ -169,10 +171,12 @@ class StoreDB:
         with self._registered("incoming", table):
             if ids is None:
                 self._replace("memories", "incoming", select, [run_id])
+                self.con.execute("DELETE FROM withdrawn WHERE id IN (SELECT id FROM incoming)")  # live again
                 return
             with self._registered("incoming_ids", pa.table({"id": ids})):
                 self._replace("memories", "incoming_ids", select + " WHERE id IN (SELECT id FROM incoming_ids)",
                               [run_id])
+                self.con.execute("DELETE FROM withdrawn WHERE id IN (SELECT id FROM incoming_ids)")
 
     def upsert_expansions(self, ids: pa.Array | list[str], queries: pa.Array | pa.ChunkedArray | list[str],
                           backend: str) -> None:
@@ -272,14 +276,26 @@ class StoreDB:
         self.con.executemany("INSERT OR REPLACE INTO source_names VALUES (?, ?, ?, ?, ?)",
                              [[*named, run_id] for named in names])
 
-    def delete(self, ids: list[str]) -> None:
+    def delete(self, ids: list[str], *, withdrawn: bool = False) -> None:
         """Mark ``ids`` deleted and drop their feedback: one statement each, set against a
-        registered list (a statement per id scans the table once per id)."""
+        registered list (a statement per id scans the table once per id). ``withdrawn``:
+        a user deleted them (not a newer version or a source that no longer holds them),
+        so that a source read again with their text unchanged does not bring them back
+        (:meth:`withdrawn`)."""
         if not ids:
             return
         with self._registered("gone", pa.table({"id": pa.array(ids, pa.string())})):
             self.con.execute("UPDATE memories SET deleted = TRUE WHERE id IN (SELECT id FROM gone)")
             self.con.execute("DELETE FROM feedback WHERE memory_id IN (SELECT id FROM gone)")
+            if withdrawn:
+                self.con.execute("INSERT INTO withdrawn SELECT DISTINCT id FROM gone "
+                                 "WHERE id NOT IN (SELECT id FROM withdrawn)")
+
+    def reinstate(self, ids: list[str]) -> None:
+        """``ids`` written again by a user: no longer :meth:`withdrawn`."""
+        if ids:
+            with self._registered("again", pa.table({"id": pa.array(ids, pa.string())})):
+                self.con.execute("DELETE FROM withdrawn WHERE id IN (SELECT id FROM again)")
 
     def _append(self, name: str, table: pa.Table) -> None:
         if table.num_rows == 0:
@@ -380,6 +396,14 @@ class StoreDB:
         """The newest generation the database describes (None: none yet)."""
         row = self.row("SELECT max(generation) FROM recorded_generations")
         return None if row is None or row[0] is None else int(row[0])
+
+    def withdrawn(self, ids: list[str]) -> set[str]:
+        """Those of ``ids`` a user deleted (:meth:`delete` ``withdrawn``) and nobody wrote again."""
+        if not ids:
+            return set()
+        with self._registered("asked_withdrawn", pa.table({"id": pa.array(ids, pa.string())})):
+            return {row[0] for row in self.con.execute(
+                "SELECT w.id FROM withdrawn w JOIN asked_withdrawn a ON w.id = a.id").fetchall()}
 
     def dropped_as_duplicates(self, ids: list[str]) -> set[str]:
         """Those of ``ids`` that an ingest dropped as a duplicate of another memory."""
