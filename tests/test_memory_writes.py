@@ -57,12 +57,18 @@ def ids(mem: Memory, query: str, user: str = "dana", **kw) -> list[str]:
 def test_an_add_is_recalled_at_once_without_a_new_generation(store):
     with Memory(store, warm=False, compact_interval_s=None) as mem:
         before = current_generation_number(store)
+        counted = (mem.stats()["memories"], mem.stats()["by_user"]["dana"], mem.user_stats("dana")["user_memories"])
         written = mem.add([memory(7, "We pinned uvicorn to 0.30 after the keep-alive bug.")])
         assert written.ids == ("m007",) and written.generation == before and written.replaced == ()
         assert current_generation_number(store) == before  # the write is in the delta, not a generation
         assert ids(mem, "why did we pin uvicorn?")[0] == "m007"
         assert ids(mem, "which port does the gateway listen on?")[0] == "m000"  # the generation still answers
         assert mem.stats()["pending_writes"] == 1
+        # Counted as a memory at once (recall returns it), not at the compaction.
+        assert (mem.stats()["memories"], mem.stats()["by_user"]["dana"], mem.user_stats("dana")["user_memories"]) \
+            == (counted[0] + 1, counted[1] + 1, {"dana": counted[1] + 1})
+        mem.add([memory(0, "The gateway listens on port 7443.")])  # a new version: no new memory
+        assert mem.stats()["memories"] == counted[0] + 1
     with StoreDB(store) as db:  # durable: logged in the database before add returned
         assert db.row("SELECT count(*) FROM serve_log WHERE id = 'm007'") == (1,)
 

@@ -602,14 +602,16 @@ class WriterCore:
                 "forget_pending": forget_pending(self.store) or (behind is not None and not behind.history)}
 
     def user_stats(self, user: str) -> dict[str, Any]:
-        """What a user's own key may see: that user's memories in the database and the
-        writes (adds, patches, deletes) not yet folded into a generation."""
+        """What a user's own key may see: that user's memories (those written and not yet
+        folded too: :meth:`StoreDB.pending_new`) and the writes (adds, patches, deletes)
+        not yet folded into a generation."""
         with self._lock:
             row = self.db.row('SELECT count(*) FROM memories WHERE NOT deleted AND "user" = ?', [user])
+            new = sum(n for owner, _, n in self.db.pending_new() if owner == user)
             pending = sum(1 for e in self.entries.values()
                           if e["folded_into"] == NOT_FOLDED and e["record"].get("user") == user)
             deletes = sum(1 for t in self.tombstones.values() if t.applies_below is None and t.user == user)
-            return {"user_memories": {user: int(row[0]) if row else 0}, "pending_writes": pending + deletes}
+            return {"user_memories": {user: (int(row[0]) if row else 0) + new}, "pending_writes": pending + deletes}
 
     def close(self) -> None:
         """Close the database, after a compaction that is running (its pipeline uses a

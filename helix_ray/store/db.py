@@ -366,6 +366,9 @@ class StoreDB:
         return {i: int(t.timestamp() * 1_000_000) for i, (t, _) in summary.items()}
 
     def counts(self) -> dict[str, Any]:
+        """What the store holds. ``memories`` (and ``by_type``, ``by_user``) count the
+        live memories, those written and not yet folded into a generation too
+        (:meth:`pending_new`): what recall can return."""
         q = self.con.execute
 
         def one(sql: str) -> Any:
@@ -373,8 +376,13 @@ class StoreDB:
             assert row is not None  # an aggregate without GROUP BY returns exactly one row
             return row[0]
 
+        by_type = dict(q("SELECT type, count(*) FROM memories WHERE NOT deleted GROUP BY 1").fetchall())
+        by_user = dict(q('SELECT "user", count(*) FROM memories WHERE NOT deleted GROUP BY 1').fetchall())
+        for user, kind, n in self.pending_new():
+            by_type[kind] = by_type.get(kind, 0) + n
+            by_user[user] = by_user.get(user, 0) + n
         return {
-            "memories": one("SELECT count(*) FROM memories WHERE NOT deleted"),
+            "memories": sum(by_user.values()),
             # A record dropped as another's near-duplicate counts under "duplicates" only.
             "deleted": one(f"SELECT count(*) FROM memories WHERE {DELETED_NOT_DROPPED}"),
             "quarantined": one("SELECT count(*) FROM quarantine"),
@@ -383,9 +391,21 @@ class StoreDB:
             "accesses": one("SELECT count(*) FROM access_log"),
             "feedback": one("SELECT count(DISTINCT (\"user\", query)) FROM feedback"),
             "ingest_runs": one("SELECT count(*) FROM ingest_runs"),
-            "by_type": dict(q("SELECT type, count(*) FROM memories WHERE NOT deleted GROUP BY 1 ORDER BY 1").fetchall()),
-            "by_user": dict(q('SELECT "user", count(*) FROM memories WHERE NOT deleted GROUP BY 1 ORDER BY 1').fetchall()),
+            "by_type": dict(sorted(by_type.items())),
+            "by_user": dict(sorted(by_user.items())),
         }
+
+    def pending_new(self) -> list[tuple[str, str, int]]:
+        """(user, type, count) of the memories written (``Memory.add``, ``POST``) that
+        no generation holds yet and the ``memories`` table holds no live row of: the
+        delta serves them until a compaction records them here."""
+        if self.row("SELECT count(*) FROM information_schema.tables WHERE table_name = 'serve_log'") == (0,):
+            return []
+        return [(str(u), str(t), int(n)) for u, t, n in self.con.execute(
+            "SELECT a.\"user\", coalesce(json_extract_string(a.record, '$.type'), ''), count(*) FROM serve_log a "
+            "WHERE a.op = 'put' AND a.folded_into IS NULL "
+            "AND NOT EXISTS (SELECT 1 FROM serve_log b WHERE b.id = a.id AND b.seq > a.seq) "
+            "AND NOT EXISTS (SELECT 1 FROM memories m WHERE m.id = a.id AND NOT m.deleted) GROUP BY 1, 2").fetchall()]
 
     def record_generation(self, number: int, run_id: str) -> None:
         """Inside the transaction that records what generation ``number`` holds: the
