@@ -145,7 +145,8 @@ def _recall_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    "query being its latest; repeat for several, oldest first")
     s.add_argument("--config", help="retrieval YAML (see configs/retrieval.yaml)")
     s.add_argument("--explain", action="store_true", help="show every candidate's ranks, signals and fate")
-    s.add_argument("--json", action="store_true", help="print the answer as JSON: items, flags, timings")
+    s.add_argument("--json", action="store_true", help="print the answer as JSON: items, flags, timings (items in packed "
+                   "order, the best at both ends; sort by each item's rank for best first)")
 
 
 def _write_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

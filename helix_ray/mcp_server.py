@@ -189,9 +189,11 @@ def _holding(open_store: Any, store: Path) -> Any:
     try:
         return open_store()
     except StoreError as exc:
-        raise StoreError(f"{exc} If `helix serve` runs on {store}, point this server at it instead: "
-                         "`helix mcp --server http://127.0.0.1:8000 --key KEY` (a key from `helix keys create`).") \
-            from None
+        raise StoreError(f"{exc} If another `helix mcp` holds it (an agent's other window), serve the store once "
+                         f"to every window over HTTP: `helix mcp --store {store} --user USER --http`, and give each "
+                         "agent http://127.0.0.1:8765/mcp as its MCP server. If `helix serve` runs on it, point this "
+                         "server at that instead: `helix mcp --server http://127.0.0.1:8000 --key KEY` (a key from "
+                         "`helix keys create`).") from None
 
 
 # ----------------------------------------------------------------------------- over HTTP

@@ -357,6 +357,8 @@ def test_a_missing_user_is_named_as_the_missing_flag(store):
 
 
 def test_the_streamable_http_transport_serves_the_same_tools(store):
+    """One `helix mcp --http` serves the same tools, to several agent windows at once
+    (what one remembers, the other recalls)."""
     from mcp.client.streamable_http import streamable_http_client
 
     from helix_ray.runtime import spare_port
@@ -374,7 +376,14 @@ def test_the_streamable_http_transport_serves_the_same_tools(store):
                     async with ClientSession(read, write) as s:
                         await s.initialize()
                         assert {t.name for t in (await s.list_tools()).tools} == TOOLS
-                        return recalled_ids(await call(s, "recall", query="why did we choose NATS for the event bus?"))
+                        found = recalled_ids(await call(s, "recall", query="why did we choose NATS for the event bus?"))
+                        async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read2, write2):
+                            async with ClientSession(read2, write2) as other:  # a second window
+                                await other.initialize()
+                                await call(other, "remember", text="The kestrel cache warms at 05:10 UTC.")
+                                assert any("kestrel" in i["text"] for i in (await call(
+                                    s, "recall", query="when does the kestrel cache warm?")).structured_content["items"])
+                        return found
             except OSError:  # not listening yet
                 pass
             except Exception as exc:  # noqa: BLE001 - the SDK wraps a refused connection in a group
@@ -472,3 +481,20 @@ def test_the_server_warms_the_store_when_it_starts(store):
         asyncio.run(main())
     finally:
         backend.close()
+
+
+def test_a_second_server_on_a_held_store_says_how_to_share_it(tmp_path):
+    """Protects: an agent's second window starting `helix mcp --store` on the store the
+    first window's server holds died with DuckDB's lock error alone. It exits 2 saying how
+    every window can share one server (MCP over HTTP), and the first goes on."""
+    from helix_ray import Memory
+
+    store = tmp_path / "store"
+    with Memory(store, warm=False, compact_interval_s=None) as held:
+        held.add([{"text": "Deploys freeze on Fridays.", "user": "me"}])
+        second = subprocess.run([sys.executable, "-m", "helix_ray.cli", "mcp", "--store", str(store), "--user", "me"],
+                                input="", capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2, second.stderr
+        assert f"`helix mcp --store {store} --user USER --http`" in second.stderr
+        assert "http://127.0.0.1:8765/mcp" in second.stderr
+        assert held.recall("when do deploys freeze?", user="me").items
