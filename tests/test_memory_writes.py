@@ -115,7 +115,8 @@ def test_patch_and_delete_of_a_memory_and_of_a_chunked_one(store):
         assert not [i for i in ids(mem, "heron runbook drain queue", k=20) if i.startswith("runbook")]
         mem.delete("m001")
         assert "m001" not in ids(mem, "what does Redis cache?")
-        with pytest.raises(NotFound, match="no such memory for user 'dana'"):
+        with pytest.raises(NotFound, match=r"no such memory for user 'dana'. Check the id: every write gives it "
+                                           r"\(helix add, MCP remember"):
             mem.delete("m002", user="dana")  # lee's
 
 

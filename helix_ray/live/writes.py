@@ -442,10 +442,10 @@ def not_found(core: WriterCore, memory_id: str, user: str | None) -> str:
     gone = core.tombstones.get(memory_id)
     if gone is not None and (user is None or gone.user == user):
         return (f"Got id={memory_id!r}; that memory was deleted. A delete is final: to bring it back, "
-                "write it again (POST /v1/memories, or Memory.add).")
+                "write it again (helix add, MCP remember, POST /v1/memories or Memory.add).")
     who = f" for user {user!r}" if user is not None else ""
-    return (f"Got id={memory_id!r}; there is no such memory{who}. Check the id (ids are returned by "
-            "POST /v1/memories or Memory.add, and by recall).")
+    return (f"Got id={memory_id!r}; there is no such memory{who}. Check the id: every write gives it (helix "
+            "add, MCP remember, POST /v1/memories, Memory.add), and so does recall.")
 
 
 def iso(value: Any) -> Any:
