@@ -62,7 +62,7 @@ def format_report(report) -> str:
         + f": {report.accepted} accepted, {report.quarantined} quarantined",
         f"  new {report.new}, updated {report.updated}, unchanged {report.unchanged}, "
         f"dropped as near-duplicates {report.duplicates}, embedded {report.embedded}"
-        + (f", removed {report.removed} (gone from the tree)" if report.removed else "")
+        + (f", removed {report.removed} (gone from their source)" if report.removed else "")
         + (f", renamed {report.renamed} (their ids now name their user)" if report.renamed else "")
         + (f", kept deleted {report.kept_deleted} (deleted by a user; the source gives them unchanged)"
            if report.kept_deleted else ""),

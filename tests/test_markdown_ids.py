@@ -306,3 +306,36 @@ def test_a_store_made_before_folders_were_recorded_opens_and_records_them(tmp_pa
         assert db.source_folders([("dev", "markdown", "shop")]) == {("dev", "markdown", "shop"): str(shop)}
     with pytest.raises(InvalidArgument, match="already names"):
         ingest([other], store, runner="local", show_progress=False, config=_config("dev"))
+
+
+def test_a_section_or_file_gone_from_a_folder_read_again_is_removed(tmp_path):
+    """Protects: a `## Deployment` section deleted from its file, ingested again, was
+    still recalled first. Reading a folder (or a file) again removes the sections it no
+    longer holds, of the users it reads them for; a file quarantined this time keeps
+    its sections, and another user's and another folder's stay."""
+    notes, other = tmp_path / "notes", tmp_path / "other"
+    notes.mkdir()
+    other.mkdir()
+    (notes / "a.md").write_text("# A\n## Deploy\nWe deploy with Argo.\n## Queue\nWe use NATS.\n", encoding="utf-8")
+    (notes / "b.md").write_text("# B\n## Owners\nDana owns billing.\n", encoding="utf-8")
+    (notes / "c.md").write_text("# C\n## Keys\nKeys rotate monthly.\n", encoding="utf-8")
+    (other / "d.md").write_text("# D\n## Oncall\nOncall rotates weekly.\n", encoding="utf-8")
+    store = tmp_path / "store"
+    for folder, user in ((notes, "me"), (notes, "lee"), (other, "me")):
+        assert ingest([folder], store, runner="local", show_progress=False, config=_config(user)).published
+    (notes / "a.md").write_text("# A\n## Queue\nWe use NATS.\n", encoding="utf-8")
+    (notes / "b.md").unlink()
+    (notes / "c.md").write_bytes(b"# C\n## Keys\nKeys rotate \xff monthly.\n")  # unreadable this time
+    report = ingest([notes], store, runner="local", show_progress=False, config=_config("me"))
+    assert (report.removed, report.quarantined) == (2, 1), report
+    mine = {i for i in _ids(store) if i.startswith("md:me/")}
+    assert mine == {"md:me/notes/a.md#queue", "md:me/notes/c.md#keys", "md:me/other/d.md#oncall"}
+    assert {i for i in _ids(store) if i.startswith("md:lee/")} == {
+        "md:lee/notes/a.md#deploy", "md:lee/notes/a.md#queue", "md:lee/notes/b.md#owners", "md:lee/notes/c.md#keys"}
+    # lee's notes read in the same run as another folder of theirs: only that folder is lee's here.
+    (other / "d.md").write_text("---\nuser: lee\n---\n# D\n## Oncall\nOncall rotates weekly.\n", encoding="utf-8")
+    both = ingest([notes, other], store, runner="local", show_progress=False, config=_config(None))
+    assert both.removed == 0 and "md:lee/notes/b.md#owners" in _ids(store), both
+    (notes / "c.md").write_text("# C\n## Rotation\nKeys rotate monthly.\n", encoding="utf-8")
+    single = ingest([notes / "c.md"], store, runner="local", show_progress=False, config=_config("me"))
+    assert single.removed == 1 and "md:me/notes/c.md#keys" not in _ids(store) and "md:me/notes/a.md#queue" in _ids(store)

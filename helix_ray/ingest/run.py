@@ -53,7 +53,7 @@ from helix_ray.ingest.sessions import context_lines, previous_turns, session_con
 from helix_ray.ingest.dedup import find_duplicates, signatures
 from helix_ray.ingest.dense import LocalTasks, Tasks, work_folder
 from helix_ray.ingest.graph import tenant_codes
-from helix_ray.ingest.ids import legacy_markdown_ids
+from helix_ray.ingest.ids import MARKDOWN_PREFIX, legacy_markdown_ids, user_part
 from helix_ray.ingest.incoming import Incoming
 from helix_ray.ingest.names import SourceName, check_names, one_folder_per_name, source_names
 from helix_ray.ingest.previous import (OldThenNew, carried_over, fold_accesses, has_deletions, held_by,
@@ -91,7 +91,7 @@ class IngestReport:
     new: int = 0
     updated: int = 0
     retagged: int = 0  # of ``updated``: same text, other fields changed (no re-embedding)
-    removed: int = 0  # code memories a source tree read again no longer holds (deleted)
+    removed: int = 0  # code or sections a tree or Markdown folder read again no longer holds (deleted)
     renamed: int = 0  # memories stored under ids of an older form (not naming their user, or document set), renamed
     embedded: int = 0
     reused: int = 0
@@ -136,6 +136,7 @@ class Run:
     quarantined: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # this run's, as stored
     named: tuple[SourceName, ...] = ()  # names of folders to record with the run's records (:mod:`.names`)
     absorbed: set[str] = dataclasses.field(default_factory=set)  # ids taken from the previous generation's segments
+    documents: tuple[tuple[str, str], ...] = ()  # Markdown read whole: (docs as in ids, "" or "<file>#")
 
 
 @dataclasses.dataclass
@@ -254,7 +255,8 @@ def ingest(
             named = tuple(check_names(db, names))  # before the run's first record
             with _recorded_run(db, report, [i["path"] for i in items]), shown(report, show_progress) as progress:
                 run = Run(store, db, config, report, runner=runner, crash_after=crash_after,
-                          computed=computed or {}, progress=progress, scopes=tuple(scopes), named=named)
+                          computed=computed or {}, progress=progress, scopes=tuple(scopes), named=named,
+                          documents=_documents(items))
                 if runner == "local":
                     _stages(run, items)
                 else:
@@ -577,7 +579,8 @@ def _changes(run: Run, incoming: Incoming) -> Changes:
     fresh, replaced, same_text = _compare(run, incoming, known, previous)
     superseded = superseded_parts(incoming, known, run.db.owners)
     moved = renamed(run, incoming, known)
-    gone = sorted(set(vanished(run, incoming.index, known)) - set(moved))
+    gone = sorted((set(vanished(run, incoming.index, known)) | set(sections_gone(run, incoming.index, known)))
+                  - set(moved))
     report.removed, report.renamed = len(gone), len(moved)
     superseded = sorted(set(superseded) | set(gone) | set(moved))
     replaced |= set(superseded)  # not carried over: the memory's new version does not hold them
@@ -654,6 +657,43 @@ def vanished(run: Run, latest: Container[str], known: dict[str, tuple[str, bool]
         stale.update((i, scope.user) for i in live if i.startswith(covered) and not i.startswith(kept))
     owners = run.db.owners(list(stale))
     return sorted(i for i, user in stale.items() if owners.get(i) == user)
+
+
+def _documents(items: Sequence[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
+    """The Markdown a run reads whole (:attr:`Run.documents`): per task, its document
+    set's name as ids write it, and ``""`` for a folder or ``"<file>#"`` for one file."""
+    out = []
+    for item in items:
+        if item["format"] == "markdown":
+            path = Path(item["path"])
+            out.append((user_part(json.loads(item["options"])["name"]), "" if path.is_dir() else f"{path.name}#"))
+    return tuple(out)
+
+
+def sections_gone(run: Run, latest: dict[str, int], known: dict[str, tuple[str, bool]]) -> list[str]:
+    """Stored Markdown sections that the folders and files this run read whole
+    (``run.documents``) no longer hold: the heading was removed or renamed, or its file
+    deleted. They are deleted, as a source tree's removed code is (:func:`vanished`).
+    Only the sections of the users this run reads them for (``--user``, or the users its
+    sections name), and not those of a file with a record quarantined this time (bad
+    UTF-8 or front matter, a section refused): the file is present, only not read whole."""
+    if not run.documents:
+        return []
+    given = run.config.validation.default_user
+    users: dict[str, set[str]] = {docs: {user_part(given)} if given else set() for docs, _ in run.documents}
+    for i in latest:  # md:<user>/<docs>/...: the users each document set is read for
+        user, _, rest = i[len(MARKDOWN_PREFIX):].partition("/") if i.startswith(MARKDOWN_PREFIX) else ("", "", "")
+        users.get(rest.partition("/")[0], set()).add(user)
+    covered = tuple(f"{MARKDOWN_PREFIX}{user}/{docs}/{part}" for docs, part in run.documents for user in users[docs])
+    # A Markdown record's position starts with its file: "notes/ops.md, section 'Deploy'".
+    unreadable = {str(q.get("position") or "").partition(", ")[0] for q in run.quarantined}
+    kept = tuple(f"{MARKDOWN_PREFIX}{user}/{docs}/{rel}#" for docs, _ in run.documents for user in users[docs]
+                 for rel in unreadable)
+    stale = [i for i, (_, deleted) in known.items()
+             if not deleted and i.startswith(covered) and not i.startswith(kept) and i not in latest] \
+        if covered else []
+    owners = run.db.owners(stale)
+    return sorted(i for i in stale if i in owners and i.startswith(f"{MARKDOWN_PREFIX}{user_part(owners[i])}/"))
 
 
 def renamed(run: Run, incoming: Incoming, known: dict[str, tuple[str, bool]]) -> list[str]:
