@@ -332,6 +332,11 @@ def test_a_section_or_file_gone_from_a_folder_read_again_is_removed(tmp_path):
     assert mine == {"md:me/notes/a.md#queue", "md:me/notes/c.md#keys", "md:me/other/d.md#oncall"}
     assert {i for i in _ids(store) if i.startswith("md:lee/")} == {
         "md:lee/notes/a.md#deploy", "md:lee/notes/a.md#queue", "md:lee/notes/b.md#owners", "md:lee/notes/c.md#keys"}
+    # me's run, one file naming lee: lee's other files of the folder are not this run's.
+    (notes / "e.md").write_text("---\nuser: lee\n---\n# E\n## Pager\nPage the oncall.\n", encoding="utf-8")
+    assert ingest([notes], store, runner="local", show_progress=False, config=_config("me")).removed == 0
+    assert "md:lee/notes/b.md#owners" in _ids(store) and "md:lee/notes/e.md#pager" in _ids(store)
+    (notes / "e.md").unlink()
     # lee's notes read in the same run as another folder of theirs: only that folder is lee's here.
     (other / "d.md").write_text("---\nuser: lee\n---\n# D\n## Oncall\nOncall rotates weekly.\n", encoding="utf-8")
     both = ingest([notes, other], store, runner="local", show_progress=False, config=_config(None))

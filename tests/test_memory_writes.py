@@ -269,6 +269,11 @@ def test_a_deleted_memory_stays_deleted_when_its_source_is_read_again(store, tmp
         assert ids(mem, "what does Redis cache?")[0] == "m001"
         assert mem.ingest(source).kept_deleted == 0
         assert ids(mem, "what does Redis cache?")[0] == "m001"
+        # Deleted as chunks, written again short: the memory is the user's again, every chunk id.
+        mem.delete("runbook")
+        assert mem.db.withdrawn([f"runbook#chunk{n}" for n in range(1, chunks + 1)])
+        mem.add([{"id": "runbook", "user": "dana", "text": "Drain the queues, then restart."}])
+        assert not mem.db.withdrawn(["runbook", *(f"runbook#chunk{n}" for n in range(1, chunks + 1))])
 
 
 def test_memory_works_inside_a_running_event_loop(store):

@@ -81,6 +81,9 @@ def test_a_folder_is_read_whole_and_names_what_it_does_not_read(tmp_path):
     pq.write_table(pa.table({"id": ["pq-1"], "text": ["Backups run at 02:00 UTC."], "user": ["dana"]}),
                    folder / "deep" / "facts.parquet")
     (folder / "package.json").write_text(json.dumps({"name": "atlas", "version": "1.0.0"}, indent=2))
+    (folder / "pretty.json").write_text(json.dumps([{"text": "Staging resets nightly.", "user": "dana"}], indent=2))
+    (folder / "one.json").write_text(json.dumps({"text": "Oncall rotates weekly.", "user": "dana"}, indent=2))
+    (folder / "gone.md").symlink_to(folder / "nowhere.md")  # a broken link: passed over
     (folder / ".git").mkdir()
     (folder / ".git" / "HEAD.md").write_text("# not a note\n## x\ny\n")
     (folder / "store" / "inbox").mkdir(parents=True)  # a store kept in the folder: its files are not notes
@@ -90,15 +93,15 @@ def test_a_folder_is_read_whole_and_names_what_it_does_not_read(tmp_path):
     report = ingest([folder], tmp_path / "store", runner="local", show_progress=False)
     assert report.published and report.quarantine_reasons == {"not_read": 1}, report
     texts = Generation.open_current(tmp_path / "store").memories.column("text").to_pylist()
-    assert len(texts) == 4 and {"Deploys freeze on Fridays.", "Backups run at 02:00 UTC.",
-                                "dana: Let us shard by tenant."} < set(texts), texts
+    assert len(texts) == 6 and {"Deploys freeze on Fridays.", "Backups run at 02:00 UTC.", "Staging resets nightly.",
+                                "Oncall rotates weekly.", "dana: Let us shard by tenant."} < set(texts), texts
     (unread,) = [r for item in source_items(folder, "auto")[0]
                  for r in read_source(item["path"], item["format"], **json.loads(item["options"])) if "_reject" in r]
     assert unread["_source"] == str(folder / "package.json") and "(a configuration file?)" in unread["_reject"]
 
     only_markdown = [r for r in read_source(folder, "markdown") if "_reject" in r]
     assert sorted(r["_source"] for r in only_markdown) == [str(folder / f) for f in (
-        "chat.jsonl", "deep/facts.parquet", "deep/more.jsonl", "package.json")]
+        "chat.jsonl", "deep/facts.parquet", "deep/more.jsonl", "one.json", "package.json", "pretty.json")]
     assert all("leave --format out to read the whole folder" in r["_reject"] for r in only_markdown)
     empty = tmp_path / "empty"
     (empty / ".hidden").mkdir(parents=True)

@@ -136,7 +136,7 @@ class Run:
     quarantined: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # this run's, as stored
     named: tuple[SourceName, ...] = ()  # names of folders to record with the run's records (:mod:`.names`)
     absorbed: set[str] = dataclasses.field(default_factory=set)  # ids taken from the previous generation's segments
-    documents: tuple[tuple[str, str], ...] = ()  # Markdown read whole: (docs as in ids, "" or "<file>#")
+    documents: tuple[tuple[str, str, str], ...] = ()  # Markdown read whole: (docs, "" or "<file>#", folder)
 
 
 @dataclasses.dataclass
@@ -659,14 +659,16 @@ def vanished(run: Run, latest: Container[str], known: dict[str, tuple[str, bool]
     return sorted(i for i, user in stale.items() if owners.get(i) == user)
 
 
-def _documents(items: Sequence[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
+def _documents(items: Sequence[dict[str, Any]]) -> tuple[tuple[str, str, str], ...]:
     """The Markdown a run reads whole (:attr:`Run.documents`): per task, its document
-    set's name as ids write it, and ``""`` for a folder or ``"<file>#"`` for one file."""
+    set's name as ids write it, ``""`` for a folder or ``"<file>#"`` for one file, and
+    the folder its files' paths are read from."""
     out = []
     for item in items:
         if item["format"] == "markdown":
             path = Path(item["path"])
-            out.append((user_part(json.loads(item["options"])["name"]), "" if path.is_dir() else f"{path.name}#"))
+            out.append((user_part(json.loads(item["options"])["name"]), "" if path.is_dir() else f"{path.name}#",
+                        str(path if path.is_dir() else path.parent)))
     return tuple(out)
 
 
@@ -674,26 +676,38 @@ def sections_gone(run: Run, latest: dict[str, int], known: dict[str, tuple[str, 
     """Stored Markdown sections that the folders and files this run read whole
     (``run.documents``) no longer hold: the heading was removed or renamed, or its file
     deleted. They are deleted, as a source tree's removed code is (:func:`vanished`).
-    Only the sections of the users this run reads them for (``--user``, or the users its
-    sections name), and not those of a file with a record quarantined this time (bad
-    UTF-8 or front matter, a section refused): the file is present, only not read whole."""
+    For ``--user``, all of that user's sections of what was read; for a user only front
+    matter names, those of the files the run gave them. Never those of a file with a
+    record quarantined this time (bad UTF-8 or front matter, a section refused: the
+    file is present, only not read whole), nor a stored section whose recorded file is
+    not the one its id reads as (an id of an older form, read from another folder)."""
     if not run.documents:
         return []
     given = run.config.validation.default_user
-    users: dict[str, set[str]] = {docs: {user_part(given)} if given else set() for docs, _ in run.documents}
-    for i in latest:  # md:<user>/<docs>/...: the users each document set is read for
-        user, _, rest = i[len(MARKDOWN_PREFIX):].partition("/") if i.startswith(MARKDOWN_PREFIX) else ("", "", "")
-        users.get(rest.partition("/")[0], set()).add(user)
-    covered = tuple(f"{MARKDOWN_PREFIX}{user}/{docs}/{part}" for docs, part in run.documents for user in users[docs])
-    # A Markdown record's position starts with its file: "notes/ops.md, section 'Deploy'".
-    unreadable = {str(q.get("position") or "").partition(", ")[0] for q in run.quarantined}
-    kept = tuple(f"{MARKDOWN_PREFIX}{user}/{docs}/{rel}#" for docs, _ in run.documents for user in users[docs]
-                 for rel in unreadable)
-    stale = [i for i, (_, deleted) in known.items()
-             if not deleted and i.startswith(covered) and not i.startswith(kept) and i not in latest] \
-        if covered else []
-    owners = run.db.owners(stale)
-    return sorted(i for i in stale if i in owners and i.startswith(f"{MARKDOWN_PREFIX}{user_part(owners[i])}/"))
+    covered: set[str] = set()
+    for docs, part, _ in run.documents:
+        if given:
+            covered.add(f"{MARKDOWN_PREFIX}{user_part(given)}/{docs}/{part}")
+    for i in latest:  # md:<user>/<docs>/<file>#...: the files each user was given
+        if i.startswith(MARKDOWN_PREFIX):
+            user, _, rest = i[len(MARKDOWN_PREFIX):].partition("/")
+            docs, _, section = rest.partition("/")
+            if any(docs == d for d, _, _ in run.documents):
+                covered.add(f"{MARKDOWN_PREFIX}{user}/{docs}/{section.partition('#')[0]}#")
+    unreadable = set()
+    for q in run.quarantined:
+        source = Path(str(q.get("source") or ""))
+        for _, _, folder in run.documents:
+            if source.is_relative_to(folder):
+                unreadable.add(source.relative_to(folder).as_posix())
+    stale = [i for i, (_, deleted) in known.items() if not deleted and i.startswith(tuple(covered))
+             and i not in latest] if covered else []
+    found = []
+    for i, (user, file) in run.db.files(stale).items():
+        if isinstance(file, str) and file not in unreadable and any(
+                i.startswith(f"{MARKDOWN_PREFIX}{user_part(user)}/{docs}/{file}#") for docs, _, _ in run.documents):
+            found.append(i)
+    return sorted(found)
 
 
 def renamed(run: Run, incoming: Incoming, known: dict[str, tuple[str, bool]]) -> list[str]:

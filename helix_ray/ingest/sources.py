@@ -104,6 +104,11 @@ def _first_json_value(path: Path) -> Any:
     try:
         return json.loads(line)
     except json.JSONDecodeError:
+        pass
+    try:  # one object over several lines (a pretty-printed .json)
+        value, _ = json.JSONDecoder().raw_decode(head)
+        return value
+    except json.JSONDecodeError:
         return None
 
 
@@ -337,8 +342,9 @@ def _files(folder: Path, suffixes: Sequence[str]) -> Iterator[Path]:
             continue
         folders[:] = sorted(f for f in folders if not f.startswith("."))
         for file in sorted(files):
-            if not file.startswith(".") and Path(file).suffix.lower() in suffixes:
-                yield Path(top, file)
+            path = Path(top, file)
+            if not file.startswith(".") and path.suffix.lower() in suffixes and path.is_file():  # not a broken link
+                yield path
 
 
 def read_markdown(path: Path, *, name: str | None = None, data_files: str = "quarantine") -> Iterator[RawRecord]:

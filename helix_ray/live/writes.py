@@ -297,7 +297,8 @@ def write_rows(core: WriterCore, rows: list[dict[str, Any]], deletes: list[str] 
             core._drop_superseded([r["id"] for r in rows] + deletes)
             core.db.reinstate([r["id"] for r in rows])  # written again: a source may give it too
             if deletes:
-                core.db.delete(deletes, withdrawn=withdrawn)  # generation rows: the next generation drops them
+                # generation rows: the next generation drops them
+                core.db.delete(deletes, withdrawn_by={i: owners[i] for i in deletes} if withdrawn else None)
             core.db.con.commit()
             break
         except duckdb.TransactionException as exc:

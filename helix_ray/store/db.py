@@ -28,6 +28,7 @@ from typing import Any, Iterable, Iterator
 import pyarrow as pa
 
 from helix_ray.errors import StoreError
+from helix_ray.schema import parent_of
 from helix_ray.store.integrity import RESTORE
 
 DB_FILE = "helix.duckdb"
@@ -50,7 +51,7 @@ CREATE TABLE IF NOT EXISTS duplicates (dropped_id VARCHAR, kept_id VARCHAR, jacc
 CREATE TABLE IF NOT EXISTS access_log (id VARCHAR, "user" VARCHAR, accessed_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS feedback ("user" VARCHAR, query VARCHAR, memory_id VARCHAR, given_at TIMESTAMPTZ);
 CREATE TABLE IF NOT EXISTS erased (id VARCHAR);
-CREATE TABLE IF NOT EXISTS withdrawn (id VARCHAR PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS withdrawn (id VARCHAR PRIMARY KEY, "user" VARCHAR);
 CREATE TABLE IF NOT EXISTS source_names (
     "user" VARCHAR NOT NULL, kind VARCHAR NOT NULL, name VARCHAR NOT NULL, folder VARCHAR NOT NULL,
     ingest_run VARCHAR, PRIMARY KEY ("user", kind, name)
@@ -171,12 +172,10 @@ class StoreDB:
         with self._registered("incoming", table):
             if ids is None:
                 self._replace("memories", "incoming", select, [run_id])
-                self.con.execute("DELETE FROM withdrawn WHERE id IN (SELECT id FROM incoming)")  # live again
                 return
             with self._registered("incoming_ids", pa.table({"id": ids})):
                 self._replace("memories", "incoming_ids", select + " WHERE id IN (SELECT id FROM incoming_ids)",
                               [run_id])
-                self.con.execute("DELETE FROM withdrawn WHERE id IN (SELECT id FROM incoming_ids)")
 
     def upsert_expansions(self, ids: pa.Array | list[str], queries: pa.Array | pa.ChunkedArray | list[str],
                           backend: str) -> None:
@@ -276,26 +275,33 @@ class StoreDB:
         self.con.executemany("INSERT OR REPLACE INTO source_names VALUES (?, ?, ?, ?, ?)",
                              [[*named, run_id] for named in names])
 
-    def delete(self, ids: list[str], *, withdrawn: bool = False) -> None:
+    def delete(self, ids: list[str], *, withdrawn_by: dict[str, str] | None = None) -> None:
         """Mark ``ids`` deleted and drop their feedback: one statement each, set against a
-        registered list (a statement per id scans the table once per id). ``withdrawn``:
-        a user deleted them (not a newer version or a source that no longer holds them),
-        so that a source read again with their text unchanged does not bring them back
-        (:meth:`withdrawn`)."""
+        registered list (a statement per id scans the table once per id).
+        ``withdrawn_by`` (id → user): a user deleted them (not a newer version, nor a
+        source that no longer holds them), so that a source read again with their text
+        unchanged does not bring them back (:meth:`withdrawn`)."""
         if not ids:
             return
         with self._registered("gone", pa.table({"id": pa.array(ids, pa.string())})):
             self.con.execute("UPDATE memories SET deleted = TRUE WHERE id IN (SELECT id FROM gone)")
             self.con.execute("DELETE FROM feedback WHERE memory_id IN (SELECT id FROM gone)")
-            if withdrawn:
-                self.con.execute("INSERT INTO withdrawn SELECT DISTINCT id FROM gone "
+        if withdrawn_by:
+            marked = pa.table({"id": pa.array(list(withdrawn_by), pa.string()),
+                               "user": pa.array(list(withdrawn_by.values()), pa.string())})
+            with self._registered("marked", marked):
+                self.con.execute('INSERT INTO withdrawn SELECT DISTINCT id, "user" FROM marked '
                                  "WHERE id NOT IN (SELECT id FROM withdrawn)")
 
     def reinstate(self, ids: list[str]) -> None:
-        """``ids`` written again by a user: no longer :meth:`withdrawn`."""
-        if ids:
-            with self._registered("again", pa.table({"id": pa.array(ids, pa.string())})):
-                self.con.execute("DELETE FROM withdrawn WHERE id IN (SELECT id FROM again)")
+        """The memories of ``ids`` (each id's whole family: the memory and every chunk
+        of it, whichever a write stores) written again by a user: no longer
+        :meth:`withdrawn`."""
+        parents = sorted({parent_of(i) or i for i in ids})
+        if parents and self.row("SELECT count(*) FROM withdrawn") != (0,):
+            with self._registered("again", pa.table({"p": pa.array(parents, pa.string())})):
+                self.con.execute("DELETE FROM withdrawn w USING again a WHERE w.id = a.p "
+                                 "OR (w.id > a.p || '#chunk' AND w.id < a.p || '#chunl')")
 
     def _append(self, name: str, table: pa.Table) -> None:
         if table.num_rows == 0:

@@ -60,7 +60,7 @@ def _delete_rows(db: StoreDB, user: str) -> dict[str, int]:
                     [user, user] if "serve_log" in tables else [user])
         statements: dict[str, tuple[str, list[Any]]] = {
             "expansions": ("DELETE FROM expansions WHERE id IN (SELECT id FROM forgotten)", []),
-            "withdrawn": ("DELETE FROM withdrawn WHERE id IN (SELECT id FROM forgotten)", []),
+            "withdrawn": ('DELETE FROM withdrawn WHERE "user" = ? OR id IN (SELECT id FROM forgotten)', [user]),
             "duplicates": ("DELETE FROM duplicates WHERE dropped_id IN (SELECT id FROM forgotten) "
                            "OR kept_id IN (SELECT id FROM forgotten)", []),
             "access_log": ('UPDATE access_log SET id = NULL, "user" = NULL '
