@@ -804,6 +804,8 @@ def _still_withdrawn(run: Run, latest: dict[str, int], known: dict[str, tuple[st
     deleted, withdrawn memory of the same text. A changed text is a new version, which
     comes back whole. A compaction's records were written again by a user, which
     reinstated them (:meth:`StoreDB.reinstate`)."""
+    if not run.db.any_withdrawn():  # no pass over every record read for a store with none
+        return set()
     deleted = [i for i in latest if (seen := known.get(i)) is not None and seen[1]]
     withdrawn = run.db.withdrawn(deleted)
     if not withdrawn:

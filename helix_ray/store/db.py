@@ -298,7 +298,7 @@ class StoreDB:
         of it, whichever a write stores) written again by a user: no longer
         :meth:`withdrawn`."""
         parents = sorted({parent_of(i) or i for i in ids})
-        if parents and self.row("SELECT count(*) FROM withdrawn") != (0,):
+        if parents and self.any_withdrawn():
             with self._registered("again", pa.table({"p": pa.array(parents, pa.string())})):
                 self.con.execute("DELETE FROM withdrawn w USING again a WHERE w.id = a.p "
                                  "OR (w.id > a.p || '#chunk' AND w.id < a.p || '#chunl')")
@@ -422,6 +422,10 @@ class StoreDB:
         """The newest generation the database describes (None: none yet)."""
         row = self.row("SELECT max(generation) FROM recorded_generations")
         return None if row is None or row[0] is None else int(row[0])
+
+    def any_withdrawn(self) -> bool:
+        """Whether a user's delete is on record at all (most stores: none)."""
+        return self.row("SELECT count(*) FROM withdrawn") != (0,)
 
     def withdrawn(self, ids: list[str]) -> set[str]:
         """Those of ``ids`` a user deleted (:meth:`delete` ``withdrawn``) and nobody wrote again."""
