@@ -683,3 +683,25 @@ def test_each_commands_help_says_what_it_does():
     for path, listed, parser in found:
         description = " ".join(parser.format_help().split("\n\n")[1].split())
         assert description.lower().startswith(listed.lower()), path
+
+
+def test_a_journal_of_dated_headings_answers_a_question_about_a_day(tmp_path, capsys):
+    """Notes under dated headings are stored as of those days, so a question naming a time
+    finds the entry of that time among entries that say nearly the same thing."""
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    (journal / "queue.md").write_text(
+        "# Queue log\n\n## 2024-02-01\n\nSet the queue retry limit to 8 after the Redis outage.\n\n"
+        "## 2024-04-12\n\nLowered the queue retry limit to 3 to cut duplicate emails.\n\n"
+        "## 2024-05-03\n\nRaised the queue retry limit to 5 for the payment worker.\n")
+    store = tmp_path / "store"
+    code, _, err = helix(capsys, "ingest", str(journal), "--store", str(store), "--user", "dev", "--runner", "local",
+                         "--no-progress")
+    assert code == 0, err
+    code, out, _ = helix(capsys, "recall", "what did we set the queue retry limit to in early May 2024?", "--store",
+                         str(store), "--user", "dev", "--now", "2024-06-01T09:00:00+00:00", "--json")
+    answer = json.loads(out)
+    assert code == 0 and answer["flags"]["time"]["window"]["expression"] == "in early May 2024"
+    best = min(answer["items"], key=lambda i: i["rank"])
+    assert "limit to 5" in best["text"] and best["created_at"].startswith("2024-05-03T12:00:00")
+    assert {i["created_at"][:10] for i in answer["items"]} <= {"2024-02-01", "2024-04-12", "2024-05-03"}

@@ -54,6 +54,37 @@ def test_a_markdown_heading_inside_fenced_code_is_code(tmp_path):
     assert [r["metadata"]["section"] for r in read_source(unclosed)] == ["Setup"]
 
 
+def test_a_markdown_section_is_dated_by_its_heading_else_by_its_file(tmp_path):
+    """A section whose heading names a day (with its year) is of that day, at noon UTC;
+    the others take the front matter's created_at or date, else the day the file's title
+    or name states, else the file's own modification time (not its folder's)."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "log.md").write_text("# Journal\n\n## 2024-05-03 Switched to Postgres\n\nMoved the queue.\n\n"
+                                  "## Deploy notes\n\nDeploy with make.\n\n## 3 May 2024: rollback\n\nRolled back.\n")
+    (notes / "2024-06-10-standup.md").write_text("# Standup\n\n## Alice\n\nAuth.\n")
+    (notes / "daily.md").write_text("# Daily note, June 11, 2024\n\n## Bob\n\nBilling.\n")
+    (notes / "post.md").write_text("---\ndate: 2023-01-02\n---\n# Post 2022-12-30\n\n## Intro\n\nHello.\n"
+                                   "\n## 2023-01-05 follow-up\n\nMore.\n")
+    (notes / "given.md").write_text("---\ncreated_at: 2022-03-04T09:00:00Z\ndate: 2023-01-02\n---\n## A\n\nx\n")
+    import os
+    os.utime(notes / "log.md", (1_700_000_000, 1_700_000_000))  # 2023-11-14T22:13:20Z
+    os.utime(notes, (1_600_000_000, 1_600_000_000))
+    rows = {(r["metadata"]["file"], r["metadata"]["section"]): r for r in read_source(notes)}
+    dated = {key: r["created_at"] for key, r in rows.items()}
+    assert dated == {
+        ("log.md", "2024-05-03 Switched to Postgres"): "2024-05-03T12:00:00+00:00",
+        ("log.md", "Deploy notes"): "2023-11-14T22:13:20+00:00",
+        ("log.md", "3 May 2024: rollback"): "2024-05-03T12:00:00+00:00",
+        ("2024-06-10-standup.md", "Alice"): "2024-06-10T12:00:00+00:00",
+        ("daily.md", "Bob"): "2024-06-11T12:00:00+00:00",
+        ("post.md", "Intro"): "2023-01-02",
+        ("post.md", "2023-01-05 follow-up"): "2023-01-05T12:00:00+00:00",
+        ("given.md", "A"): "2022-03-04T09:00:00+00:00",
+    }
+    assert rows[("post.md", "Intro")]["date"] == "2023-01-02"  # kept: validation moves it into metadata
+
+
 def test_transcript_turns_become_episodic_with_speaker():
     rows = list(read_source(SAMPLE / "transcript.jsonl"))
     assert len(rows) == 50

@@ -25,6 +25,7 @@ from helix_ray.when import (
     key_window,
     mentions,
     query_window,
+    stated_day,
 )
 
 UTC = timezone.utc
@@ -389,6 +390,24 @@ def test_key_window(key, window):
     assert key_window(key) == window
 
 
+@pytest.mark.parametrize(("text", "day"), [
+    ("2024-05-03", d(2024, 5, 3).date()),
+    ("2024-05-03-standup", d(2024, 5, 3).date()),  # a file name
+    ("3 May 2024: rollback", d(2024, 5, 3).date()),  # a heading's label colon
+    ("Deploy, May 3rd, 2024", d(2024, 5, 3).date()),
+    ("Moved 2024-05-03, reverted 2024-05-09", d(2024, 5, 3).date()),  # the first one
+    ("at 10:30 on 2024/05/03", d(2024, 5, 3).date()),
+    ("May 3", None),  # no year: which May 3 depends on when it was written
+    ("yesterday", None),
+    ("in May 2024", None),  # a month is no day
+    ("since 2024-05-03", None),  # a bound, not the day it happened
+    ("2024-13-45", None),
+    ("Notes", None),
+])
+def test_stated_day(text, day):
+    assert stated_day(text) == day
+
+
 ODD = [
     "Feb 30, 2023", "31 September", "2023-13-45", "2023-02-29", "in the last 0 days", "0 days ago",
     "9999 years ago", "the last 9999 years", "in 9999", "December 31, 9999", "the day after December 31, 9999",
@@ -406,6 +425,7 @@ def test_odd_text_never_raises(text, anchor):
     assert all(k == k.lower() for k in mentions(text, anchor))
     has_time(text)
     asks_when(text)
+    stated_day(text)
 
 
 def test_odd_dates_resolve_or_vanish():

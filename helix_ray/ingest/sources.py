@@ -12,6 +12,7 @@ Formats:
 - ``parquet``: one memory per row, same columns.
 - ``markdown``: a ``.md`` file or a folder of them; optional YAML front matter gives
   defaults (user, project, created_at, type...); each ``##`` section is one memory,
+  dated by the day its heading names, else as its file (:func:`_file_time`),
   ``md:<user>/<docs>/<path>#<slug>``, ``<docs>`` naming the folder read
   (:mod:`helix_ray.ingest.ids`). A folder given without ``--format`` is read whole: its
   Markdown so, and each JSONL, JSON or Parquet file in it as a source of its own, its
@@ -46,6 +47,7 @@ from helix_ray.errors import InvalidArgument
 from helix_ray.ingest.chunk_parse import fenced_spans
 from helix_ray.ingest.ids import SECTION_KEY, check_doc_name, default_doc_name, user_part
 from helix_ray.ingest.repo_ids import RepoScope, check_repo_name, check_user, default_repo_name, legacy_code_name
+from helix_ray.when import stated_day
 
 FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo", "code", "git")
 #: Options of the formats that take some (``helix ingest --since/--max``).
@@ -390,6 +392,8 @@ def read_markdown(path: Path, *, name: str | None = None, data_files: str = "qua
             # An id names one memory: it cannot be every section's default.
             defaults = {k: (v.isoformat() if isinstance(v, (dt.date, dt.datetime)) else v) for k, v in loaded.items()
                         if k != "id"}
+            if defaults.get("created_at") is None and isinstance(loaded.get("date"), (dt.date, dt.datetime)):
+                defaults["created_at"] = defaults["date"]  # a blog's or a notes app's `date:` (kept in metadata too)
             text = text[match.end():]
         fences = fenced_spans(text)
 
@@ -398,6 +402,7 @@ def read_markdown(path: Path, *, name: str | None = None, data_files: str = "qua
 
         title_match = next(filter(outside, _TITLE.finditer(text)), None)
         title = title_match.group(1) if title_match else file.stem
+        dated = _file_time(file, defaults.get("created_at"), title_match.group(1) if title_match else None)
         heads = list(filter(outside, _SECTION.finditer(text)))
         pieces: list[tuple[str, str]] = []
         preamble = text[: heads[0].start()] if heads else text
@@ -417,6 +422,8 @@ def read_markdown(path: Path, *, name: str | None = None, data_files: str = "qua
             slug = _slug(heading, taken)
             taken.add(slug)
             record = dict(defaults)
+            day = stated_day(heading) if heading != title else None
+            record["created_at"] = _noon(day) if day is not None else dated
             record.setdefault("source", f"markdown:{rel}")
             record["text"] = f"{title} — {heading}\n{body}" if heading != title else body
             if not body:
@@ -424,6 +431,26 @@ def read_markdown(path: Path, *, name: str | None = None, data_files: str = "qua
             record["metadata"] = {**(record.get("metadata") or {}), "file": rel, "section": heading}
             record[SECTION_KEY] = f"{docs}/{rel}#{slug}"
             yield _tag(record, file, f"{rel}, section '{heading}'")
+
+
+def _file_time(file: Path, given: Any, title: str | None) -> Any:
+    """When a Markdown file's sections were written, unless a section's heading names its
+    own day: the front matter's ``created_at`` (or ``date``), else the day its ``#`` title
+    or its name states (``2024-05-03.md``, ``# Standup 3 May 2024``), else the file's
+    modification time."""
+    if given is not None:
+        return given
+    day = (stated_day(title) if title is not None else None) or stated_day(file.stem)
+    if day is not None:
+        return _noon(day)
+    return dt.datetime.fromtimestamp(file.stat().st_mtime, tz=dt.timezone.utc).isoformat()
+
+
+def _noon(day: dt.date) -> str:
+    """A day named without a time of day, as a moment: its noon UTC, which falls on that
+    calendar day in every zone from UTC−11 to UTC+11 (a question's window is read in the
+    asker's zone)."""
+    return dt.datetime.combine(day, dt.time(12), tzinfo=dt.timezone.utc).isoformat()
 
 
 def _slug(heading: str, taken: set[str]) -> str:

@@ -4,6 +4,8 @@
   ago", "since the migration in May"), as a soft :class:`TimeWindow` resolved against the
   moment the question is asked.
 * :func:`asks_when`: whether a query asks for a time or a duration ("when did…", "how long…").
+* :func:`stated_day`: the first calendar day a text names with its year (a dated heading
+  or file name: "2024-05-03", "3 May 2024").
 * :func:`mentions`: the dates a memory states, as entity keys (``date:2023-05-07``,
   ``date:2023-w18``, ``date:2023-05``, ``date:2023``, ``time:duration``), resolved against
   the memory's own creation time; :func:`has_time` says whether it states any time at all,
@@ -38,7 +40,7 @@ datetime.
 from __future__ import annotations
 
 import re
-from datetime import datetime, time
+from datetime import date, datetime, time
 
 from helix_ray.when.scan import Found, read
 from helix_ray.when.window import (
@@ -60,6 +62,7 @@ __all__ = [
     "asks_when",
     "mentions",
     "has_time",
+    "stated_day",
     "key_window",
     "AGO_MARGIN",
     "CALENDAR_MARGIN",
@@ -149,6 +152,19 @@ def has_time(text: str) -> bool:
     if not isinstance(text, str):
         return False
     return _CLOCK.search(text.lower()) is not None or bool(read(text, _ANY_ANCHOR, durations=True))
+
+
+def stated_day(text: str) -> date | None:
+    """The first calendar day ``text`` names with its year ("2024-05-03", "3 May 2024",
+    "May 3rd, 2024"), or None: a day named without its year, a relative day ("yesterday")
+    or a month is no day here, as it depends on when the text was written."""
+    if not isinstance(text, str):
+        return None
+    text = _LABEL_COLON.sub(" ", text)  # "3 May 2024: deploy", as a heading writes it
+    return next((f.day for f in read(text, _ANY_ANCHOR, durations=False) if f.day is not None), None)
+
+
+_LABEL_COLON = re.compile(r":(?=\s|$)")
 
 
 # Both read lower-cased text; the lookahead lets most positions fail on their first letter.
