@@ -87,11 +87,11 @@ def restore(args: argparse.Namespace) -> int:
     from helix_ray.errors import InvalidArgument
     from helix_ray.store.backup import restore as restore_store
 
-    if args.store and args.store_flag and Path(args.store) != Path(args.store_flag):
+    store = _restore_folder(args)
+    if store is None and args.store:
         raise InvalidArgument("--store", args.store_flag, f"name one folder to restore into; DIR names {args.store}",
                               "Give the new store's folder once: `helix restore BACKUP DIR` or `--store DIR`.")
-    store = args.store = args.store or args.store_flag  # the audit log's record goes into it
-    if not store:
+    if store is None:
         raise InvalidArgument("DIR", "", "name the new store's folder (new, or empty) to restore into",
                               "Run `helix restore BACKUP DIR` (or `--store DIR`).")
     manifest = restore_store(args.backup, store)
@@ -177,6 +177,14 @@ def audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _restore_folder(args: argparse.Namespace) -> str | None:
+    """The folder ``helix restore`` restores into, given as DIR or ``--store``; None when
+    neither is given, or two different ones are."""
+    if args.store and args.store_flag and Path(args.store) != Path(args.store_flag):
+        return None
+    return args.store or args.store_flag or None
+
+
 def record(args: argparse.Namespace, code: int | None, detail: str | None = None) -> None:
     """Append a command that changes a store as a whole (``forget-user``, ``backup``,
     ``restore``, ``compact``, ``adapt``) to that store's audit log, as done by
@@ -205,9 +213,10 @@ def _admin_command(args: argparse.Namespace) -> tuple[Path, str | None, dict[str
     if command == "backup":
         return Path(args.store), str(Path(args.out).resolve()), {}
     if command == "restore":  # recorded in the store it made (or, refused, the store it would not overwrite)
-        if not args.store or (args.store_flag and Path(args.store_flag) != Path(args.store)):
+        folder = _restore_folder(args)
+        if folder is None:
             return None  # no folder, or two: nothing was touched
-        return Path(args.store), str(Path(args.store).resolve()), {"backup": str(Path(args.backup).resolve())}
+        return Path(folder), str(Path(folder).resolve()), {"backup": str(Path(args.backup).resolve())}
     if command == "compact":
         return Path(args.store), None, {"runner": args.runner}
     if command == "adapt":

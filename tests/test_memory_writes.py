@@ -120,6 +120,17 @@ def test_patch_and_delete_of_a_memory_and_of_a_chunked_one(store):
             mem.delete("m002", user="dana")  # lee's
 
 
+def test_a_deleted_memory_written_again_counts_as_a_memory_not_as_deleted(store):
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        before = mem.stats()
+        mem.delete("m001")
+        gone = mem.stats()
+        assert (gone["memories"], gone["deleted"]) == (before["memories"] - 1, before["deleted"] + 1)
+        mem.add([memory(1, "Redis caches the billing service keys for an hour.")])
+        again = mem.stats()
+        assert (again["memories"], again["deleted"]) == (before["memories"], before["deleted"])
+
+
 def test_an_add_is_recalled_after_close_and_reopen(store):
     with Memory(store, warm=False, compact_interval_s=None) as mem:
         mem.add([memory(9, "The heron backup job runs nightly at two.")])

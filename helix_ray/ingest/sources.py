@@ -54,8 +54,10 @@ FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo", "code
 GIT_OPTIONS = ("since", "max_commits", "user", "name")
 #: The formats whose records are one user's memories of one repository.
 REPO_FORMATS = ("code", "git")
+#: Files of JSON records (memories, chat turns, LoCoMo), told apart by their first record.
+JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 #: Files that hold memories in a format other than Markdown.
-DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
+DATA_SUFFIXES = (*JSON_SUFFIXES, ".parquet")
 MARKDOWN_SUFFIXES = (".md", ".markdown")
 RawRecord = dict[str, Any]
 
@@ -77,19 +79,23 @@ def detect_format(path: Path) -> str:
         return "markdown"
     if suffix == ".parquet":
         return "parquet"
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        first = _first_json_value(path)
-        if isinstance(first, dict) and "conversation" in first and "sample_id" in first:
-            return "locomo"
-        if isinstance(first, dict) and ("speaker" in first or "role" in first) and "type" not in first:
-            return "transcript"
-        return "jsonl"
+    if suffix in JSON_SUFFIXES:
+        return _json_format(_first_json_value(path))
     raise InvalidArgument(
         "source", str(path),
         "allowed formats are .jsonl/.json (memories or transcript turns), .parquet, .md "
         "or a folder of .md files, and the LoCoMo JSON",
         "Pass --format to say which.",
     )
+
+
+def _json_format(first: Any) -> str:
+    """The format of a JSON source whose first record is ``first``."""
+    if isinstance(first, dict) and "conversation" in first and "sample_id" in first:
+        return "locomo"
+    if isinstance(first, dict) and ("speaker" in first or "role" in first) and "type" not in first:
+        return "transcript"
+    return "jsonl"
 
 
 def _first_json_value(path: Path) -> Any:
@@ -194,20 +200,16 @@ def folder_items(folder: Path, name: str) -> list[dict[str, Any]]:
         items.append({"path": str(folder.resolve()), "format": "markdown",
                       "options": json.dumps({"name": name, "data_files": "read"})})
     for file in sorted(_files(folder, DATA_SUFFIXES)):
-        fmt = detect_format(file)
+        first = _first_json_value(file) if file.suffix.lower() in JSON_SUFFIXES else None
+        fmt = _json_format(first) if file.suffix.lower() in JSON_SUFFIXES else detect_format(file)
         options = {}
-        if fmt == "jsonl" and file.suffix.lower() == ".json" and not _holds_memories(file):
+        # a .json whose first value has no text: a configuration file, not memories
+        if fmt == "jsonl" and file.suffix.lower() == ".json" and not (isinstance(first, dict) and "text" in first):
             options["unread"] = (f"a folder source reads a .json file whose first value is a memory (with \"text\"), "
                                  f"a chat turn or a LoCoMo conversation; this one's is not (a configuration file?): "
                                  f"pass it as a source of its own (helix ingest {file} ...) if it holds memories")
         items.append({"path": str(file.resolve()), "format": fmt, "options": json.dumps(options)})
     return items
-
-
-def _holds_memories(path: Path) -> bool:
-    """Whether a JSON file's first value (its array's first element) is a record with a text."""
-    first = _first_json_value(path)
-    return isinstance(first, dict) and "text" in first
 
 
 def _plain(info: Any) -> dict[str, Any]:
@@ -275,11 +277,11 @@ def read_jsonl(path: Path) -> Iterator[RawRecord]:
     over several lines (one record), is accepted too."""
     with path.open("rb") as fh:
         text_head = fh.read(64).lstrip()
-    if text_head.startswith(b"{") and path.suffix.lower() == ".json":
+    if text_head.startswith(b"{") and path.suffix.lower() == ".json" and not _first_line_parses(path):
         try:  # one pretty-printed object is one record, not a bad_json per line
             whole = json.loads(path.read_bytes().decode("utf-8", errors="surrogateescape"))
         except json.JSONDecodeError:
-            whole = None  # lines of JSON objects under a .json name: read as lines
+            whole = None  # not one object either: read as lines, each bad line quarantined
         if isinstance(whole, dict):
             yield _tag(whole, path, "the whole file")
             return
@@ -311,6 +313,20 @@ def read_jsonl(path: Path) -> Iterator[RawRecord]:
                            f"not valid JSON ({_json_error(exc)} at column {exc.colno})", line)
                 continue
             yield _tag(row, path, f"line {lineno}")
+
+
+def _first_line_parses(path: Path) -> bool:
+    """Whether the first non-blank line of ``path`` is JSON on its own: lines of records,
+    not one object over several lines."""
+    with path.open("rb") as fh:
+        for raw in fh:
+            if raw.strip():
+                try:
+                    json.loads(raw)
+                    return True
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    return False
+    return False
 
 
 def _json_error(exc: json.JSONDecodeError) -> str:

@@ -39,6 +39,7 @@ from helix_ray.live.delta_format import Tombstone
 from helix_ray.live.inputs import MAX_BATCH
 from helix_ray.live.session_context import written_context
 from helix_ray.schema import CHUNK_ID, DERIVED_ID, MEMORY_SCHEMA, chunk_id, content_hash, parent_of
+from helix_ray.store.db import in_family
 from helix_ray.store.space import disk_full
 
 if TYPE_CHECKING:
@@ -177,12 +178,10 @@ def families(core: WriterCore, memory_ids: list[str], user: str) -> dict[str, li
     for i, entry in core.entries.items():
         if entry["user"] == user:
             take(i)
-    # The ids themselves and their chunks: ids between "<id>#chunk" and "<id>#chunl" (what
-    # starts with "<id>#chunk"; take() keeps the real chunk ids). A range of the primary
-    # key, not a pattern matched against each of the user's rows.
+    # The ids themselves and their chunks (take() keeps the real chunk ids).
     rows = core.db.con.execute(
         'SELECT m.id FROM memories m, (SELECT unnest(?::VARCHAR[]) AS p) w WHERE NOT m.deleted AND m."user" = ? '
-        "AND (m.id = w.p OR (m.id > w.p || '#chunk' AND m.id < w.p || '#chunl'))", [sorted(wanted), user]).fetchall()
+        f"AND {in_family('m.id', 'w.p')}", [sorted(wanted), user]).fetchall()
     for (i,) in rows:
         if i not in core.tombstones:
             take(i)

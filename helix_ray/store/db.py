@@ -99,6 +99,18 @@ def _damaged(path: Path, mode: str, exc: Exception) -> StoreError:
 #: near-duplicate (whose row is marked deleted too).
 DELETED_NOT_DROPPED = "deleted AND id NOT IN (SELECT dropped_id FROM duplicates)"
 
+#: A ``serve_log`` row ``a`` that is a write no compaction has folded yet and no later
+#: entry of its id undoes: the memory the delta serves.
+PENDING_PUT = ("a.op = 'put' AND a.folded_into IS NULL "
+               "AND NOT EXISTS (SELECT 1 FROM serve_log b WHERE b.id = a.id AND b.seq > a.seq)")
+
+
+def in_family(id_column: str, parent: str) -> str:
+    """SQL, true when ``id_column`` is ``parent`` or the id of one of its chunks: the ids
+    from ``<parent>#chunk`` to ``<parent>#chunl`` (all that start with ``<parent>#chunk``),
+    a range of the primary key rather than a pattern matched against each row."""
+    return f"({id_column} = {parent} OR ({id_column} > {parent} || '#chunk' AND {id_column} < {parent} || '#chunl'))"
+
 
 class StoreDB:
     """The single writer of a store's DuckDB file."""
@@ -300,8 +312,7 @@ class StoreDB:
         parents = sorted({parent_of(i) or i for i in ids})
         if parents and self.any_withdrawn():
             with self._registered("again", pa.table({"p": pa.array(parents, pa.string())})):
-                self.con.execute("DELETE FROM withdrawn w USING again a WHERE w.id = a.p "
-                                 "OR (w.id > a.p || '#chunk' AND w.id < a.p || '#chunl')")
+                self.con.execute(f"DELETE FROM withdrawn w USING again a WHERE {in_family('w.id', 'a.p')}")
 
     def _append(self, name: str, table: pa.Table) -> None:
         if table.num_rows == 0:
@@ -382,6 +393,8 @@ class StoreDB:
             assert row is not None  # an aggregate without GROUP BY returns exactly one row
             return row[0]
 
+        # A deleted memory written again counts as a memory from the write on, not as deleted.
+        relived = f" AND id NOT IN (SELECT a.id FROM serve_log a WHERE {PENDING_PUT})" if self._has_serve_log() else ""
         by_type = dict(q("SELECT type, count(*) FROM memories WHERE NOT deleted GROUP BY 1").fetchall())
         by_user = dict(q('SELECT "user", count(*) FROM memories WHERE NOT deleted GROUP BY 1').fetchall())
         for user, kind, n in self.pending_new():
@@ -390,7 +403,7 @@ class StoreDB:
         return {
             "memories": sum(by_user.values()),
             # A record dropped as another's near-duplicate counts under "duplicates" only.
-            "deleted": one(f"SELECT count(*) FROM memories WHERE {DELETED_NOT_DROPPED}"),
+            "deleted": one(f"SELECT count(*) FROM memories WHERE {DELETED_NOT_DROPPED}{relived}"),
             "quarantined": one("SELECT count(*) FROM quarantine"),
             "duplicates": one("SELECT count(*) FROM duplicates"),
             "entities": one("SELECT count(*) FROM entities"),
@@ -405,13 +418,16 @@ class StoreDB:
         """(user, type, count) of the memories written (``Memory.add``, ``POST``) that
         no generation holds yet and the ``memories`` table holds no live row of: the
         delta serves them until a compaction records them here."""
-        if self.row("SELECT count(*) FROM information_schema.tables WHERE table_name = 'serve_log'") == (0,):
+        if not self._has_serve_log():
             return []
         return [(str(u), str(t), int(n)) for u, t, n in self.con.execute(
             "SELECT a.\"user\", coalesce(json_extract_string(a.record, '$.type'), ''), count(*) FROM serve_log a "
-            "WHERE a.op = 'put' AND a.folded_into IS NULL "
-            "AND NOT EXISTS (SELECT 1 FROM serve_log b WHERE b.id = a.id AND b.seq > a.seq) "
+            f"WHERE {PENDING_PUT} "
             "AND NOT EXISTS (SELECT 1 FROM memories m WHERE m.id = a.id AND NOT m.deleted) GROUP BY 1, 2").fetchall()]
+
+    def _has_serve_log(self) -> bool:
+        """Whether the online writes' log exists (a store no Writer has opened has none)."""
+        return self.row("SELECT count(*) FROM information_schema.tables WHERE table_name = 'serve_log'") != (0,)
 
     def record_generation(self, number: int, run_id: str) -> None:
         """Inside the transaction that records what generation ``number`` holds: the
