@@ -126,6 +126,11 @@ def format_answer(answer: dict[str, Any], took_ms: list[float] | None = None) ->
     read = _time_read(flags.get("time") or {})
     if read:
         lines.append(read)
+    from helix_ray.recall.result import weak_match_note
+
+    weak = weak_match_note(flags)
+    if weak:
+        lines.append(f"-- {weak}")
     over = flags.get("over_budget", 0)
     if over:
         shown = {item["rank"] for item in answer["items"]}

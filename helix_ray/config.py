@@ -297,6 +297,15 @@ class DenseConfig(_Strict):
     exact_below: int = Field(20_000, ge=0)
     """Partitions (or filtered subsets) smaller than this are scanned with the binary
     codes instead of the HNSW graph: exact first pass, no recall loss."""
+    weak_match_below: float = Field(0.64, ge=0.0, le=1.0)
+    """A recall whose closest candidate's cosine with the query (the sentence vectors)
+    is below this, and whose BM25 leg found no decisive match, says so in
+    ``flags.match.weak``, and the CLI and the MCP tool say it in words: the store likely
+    holds nothing on the question's topic. Set where almost no question whose answer is
+    stored falls on the three tuning splits, and almost every question from another
+    domain does (docs/quality.md, scripts/weak_match.py); it does not tell a missing
+    detail of a topic the store holds. Holds for the shipped sentence encoder, without a
+    query adapter. 0 turns it off."""
 
 
 class LexicalConfig(_Strict):

@@ -37,6 +37,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from helix_ray import __version__
 from helix_ray.config import DEFAULT_BUDGET_TOKENS
 from helix_ray.errors import HelixError, InvalidArgument, StoreError, fault
+from helix_ray.recall.result import weak_match_note
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +276,8 @@ class RecallOut(BaseModel):
     total_tokens: int
     budget_tokens: int
     over_budget: int = Field(0, description="Relevant memories ranked but left out to keep within budget_tokens.")
+    weak_match: bool = Field(False, description="The closest memory is far from the query: the store likely holds "
+                                                "nothing on it, and these memories are not its answer.")
 
 
 def format_context(items: list[dict[str, Any]]) -> str:
@@ -344,8 +347,12 @@ def build_server(backend: Backend, *, project: str | None = None, session: str |
             packed += (f"\n\n({over} more relevant {'memory' if over == 1 else 'memories'} did not fit "
                        f"budget_tokens={out['budget_tokens']}; recall again with a larger budget to read "
                        f"{'it' if over == 1 else 'them'}.)")
+        weak = weak_match_note(out.get("flags", {})) if out["items"] else None
+        if weak:
+            packed += f"\n\n({weak[0].upper()}{weak[1:]}.)"
         data = RecallOut(context=packed, items=[RecalledItem.model_validate(i) for i in out["items"]],
-                         total_tokens=out["total_tokens"], budget_tokens=out["budget_tokens"], over_budget=over)
+                         total_tokens=out["total_tokens"], budget_tokens=out["budget_tokens"], over_budget=over,
+                         weak_match=weak is not None)
         return CallToolResult(content=[TextContent(type="text", text=packed)],
                               structured_content=data.model_dump(mode="json"))
 

@@ -705,3 +705,16 @@ def test_a_journal_of_dated_headings_answers_a_question_about_a_day(tmp_path, ca
     best = min(answer["items"], key=lambda i: i["rank"])
     assert "limit to 5" in best["text"] and best["created_at"].startswith("2024-05-03T12:00:00")
     assert {i["created_at"][:10] for i in answer["items"]} <= {"2024-02-01", "2024-04-12", "2024-05-03"}
+
+
+def test_recall_says_when_no_memory_is_about_the_question(store, capsys):
+    """flags.match gives the closest candidate's cosine; below dense.weak_match_below the
+    text output says the store likely holds nothing on the question's topic."""
+    code, out, _ = helix(capsys, "recall", "best hiking trails in Patagonia", "--store", str(store), "--user",
+                         "dana", "--json")
+    match = json.loads(out)["flags"]["match"]
+    assert code == 0 and match["weak"] and match["cosine"] < match["below"] == 0.64
+    code, out, _ = helix(capsys, "recall", "best hiking trails in Patagonia", "--store", str(store), "--user", "dana")
+    assert code == 0 and "-- weak match: the closest memory's cosine with the question is 0." in out
+    code, out, _ = helix(capsys, "recall", "how do I rotate the API keys", "--store", str(store), "--user", "dana")
+    assert code == 0 and "weak match" not in out

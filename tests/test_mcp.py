@@ -160,6 +160,20 @@ def test_a_recall_says_how_many_memories_the_budget_left_out(store):
     asyncio.run(run())
 
 
+def test_a_recall_about_what_the_store_never_mentions_says_the_match_is_weak(store):
+    """The agent is told when no memory is about its question, so it does not read the
+    closest ones as the answer; a question the store answers carries no such note."""
+    async def run() -> None:
+        async with session(store, "dana") as s:
+            off = await call(s, "recall", query="best hiking trails in Patagonia")
+            on = await call(s, "recall", query="how do I rotate the API keys")
+            assert off.structured_content["weak_match"] and "Weak match: the closest memory" in text(off)
+            assert recalled_ids(off)  # the memories still come, for the agent to judge
+            assert not on.structured_content["weak_match"] and "Weak match" not in text(on)
+
+    asyncio.run(run())
+
+
 def test_what_one_session_remembers_the_next_session_recalls(store):
     """An agent's two sessions are two server processes, one after the other (the client
     starts ``helix mcp`` per session): the first one's write survives its exit, and the

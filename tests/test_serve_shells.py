@@ -198,6 +198,7 @@ def test_a_plan_without_a_vector_is_ranked_on_bm25_alone(shells):
     out = asyncio.run(shells["ranker"].finish(plan, lexical, None))
     top = min(out["items"], key=lambda item: item["rank"])
     assert top["id"] == "alice-vectorless" and top["origin"] == "delta"
+    assert "match" not in out["flags"]  # no query vector, no cosine: never called a weak match
     *_, full = local_recall(shells, STRONG_ERROR)  # a generation memory, found by its words
     plan = Recaller(None, None).plan_without_vector(STRONG_ERROR, user="alice", config=RetrievalConfig(),
                                                     budget_tokens=400, k=8, explain=True)

@@ -582,6 +582,22 @@ def _late_interaction(plan: Plan, found: Candidates, gen: Any, wants_late: bool,
         flags["late"] = int(np.count_nonzero(~np.isnan(found.late_scores)))
         timings.update((name, plan.timings_ms[name]) for name in ("embed_tokens", "wait_tokens")
                        if name in plan.timings_ms)
+    _match(plan, found, flags)
+
+
+def _match(plan: Plan, found: Candidates, flags: dict[str, Any]) -> None:
+    """``flags.match``: the closest candidate's cosine with the query (before any
+    feedback moves it) and whether it is below ``dense.weak_match_below``, so that the
+    store likely holds nothing on the question; never weak when the BM25 leg found a
+    decisive match (the store holds the query's words). Not read without the dense leg:
+    an answer made without the query vector has no cosine to read."""
+    below = plan.config.dense.weak_match_below
+    assert found.cosine is not None
+    if below <= 0 or not len(found.cosine) or "dense" in plan.disabled:
+        return
+    best = float(np.max(found.cosine))
+    weak = best < below and not flags.get("strong_signal_skip")
+    flags["match"] = {"weak": weak, "cosine": round(best, 4), "below": below}
 
 
 def _query_feedback(plan: Plan, found: Candidates, flags: dict[str, Any]) -> None:

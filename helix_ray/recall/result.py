@@ -68,6 +68,17 @@ class RecallResult:
         return separator.join(item.text for item in self.items)
 
 
+def weak_match_note(flags: dict[str, Any]) -> str | None:
+    """A recall's ``flags.match`` in words for whoever reads its memories (a person, an
+    agent), when it is weak: none of them is likely about the question. None otherwise."""
+    match = flags.get("match") or {}
+    if not match.get("weak"):
+        return None
+    return (f"weak match: the closest memory's cosine with the question is {match['cosine']:.2f}, below "
+            f"{match['below']:.2f}; the store likely holds nothing on its topic, so do not read these memories "
+            "as its answer")
+
+
 def iso(micros: int) -> str:
     """An epoch-µs timestamp as ISO 8601 in UTC."""
     return dt.datetime.fromtimestamp(int(micros) / 1_000_000, tz=dt.timezone.utc).isoformat()
