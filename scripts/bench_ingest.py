@@ -139,10 +139,18 @@ def _children_map() -> dict[int, list[int]]:
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def tree_stats(root: int | None = None) -> tuple[float, int, dict[int, float]]:
+#: smaps_rollup's PSS lines: all of it, then its heap (anon), mapped files and shared
+#: memory (Ray's object store lives in shared memory).
+_PSS_KINDS = {"Pss:": "pss", "Pss_Anon:": "anon", "Pss_File:": "file", "Pss_Shmem:": "shmem"}
+
+
+def tree_stats(root: int | None = None, parts: dict[str, dict[str, float]] | None = None,
+               ) -> tuple[float, int, dict[int, float]]:
     """PSS (MiB) of ``root`` and all its descendants, how many processes that is, and
     each one's CPU seconds so far (user + system). PSS splits shared pages (Ray's object
-    store, memory maps) between their mappers, so the sum does not double count them."""
+    store, memory maps) between their mappers, so the sum does not double count them.
+    ``parts``, when given, is filled with each kind of process's PSS, MiB, by kind of
+    page (:data:`_PSS_KINDS`; :func:`process_kind`)."""
     root = root or os.getpid()
     kids = _children_map()
     todo, total, count, cpu = [root], 0, 0, {}
@@ -154,15 +162,41 @@ def tree_stats(root: int | None = None) -> tuple[float, int, dict[int, float]]:
                 stat = fh.read()
             fields = stat[stat.rfind(")") + 2 :].split()
             cpu[pid] = (int(fields[11]) + int(fields[12])) / _TICK
+            kinds: dict[str, float] = {}
             with open(f"/proc/{pid}/smaps_rollup") as fh:
                 for line in fh:
-                    if line.startswith("Pss:"):
-                        total += int(line.split()[1])
-                        count += 1
-                        break
+                    name = _PSS_KINDS.get(line.split(" ", 1)[0])
+                    if name is not None:
+                        kinds[name] = int(line.split()[1]) / 1024
+            if "pss" not in kinds:
+                continue
+            total += kinds["pss"] * 1024
+            count += 1
+            if parts is not None:
+                into = parts.setdefault(process_kind(pid, root), {})
+                for name, mib in kinds.items():
+                    into[name] = into.get(name, 0.0) + mib
         except (OSError, ValueError, IndexError):
             continue
     return total / 1024, count, cpu
+
+
+def process_kind(pid: int, root: int) -> str:
+    """What a process of the tree is: ``driver`` (this one), a Ray worker by its title
+    (``ray::MapWorker(...)``, ``ray::IDLE``), else its program's name (raylet, gcs_server)."""
+    if pid == root:
+        return "driver"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return "?"
+    title = argv[0].decode(errors="replace")
+    if title.startswith("ray::"):
+        return title.split(" ", 1)[0][:60]
+    words = [a.decode(errors="replace") for a in argv if a]
+    script = next((w for w in words[1:] if w.endswith(".py")), None)
+    return Path(script or title).name[:60]
 
 
 def tree_pss_mib(root: int | None = None) -> tuple[float, int]:
@@ -195,15 +229,17 @@ class MemorySampler:
         self.interval = interval
         self.peak_mib = 0.0
         self.peak_procs = 0
+        self.peak_parts: dict[str, dict[str, float]] = {}  # at the peak: kind of process → PSS by kind of page
         self._cpu: dict[int, float] = {}
         self._cpu0: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
-        mib, procs, cpu = tree_stats()
+        parts: dict[str, dict[str, float]] = {}
+        mib, procs, cpu = tree_stats(parts=parts)
         if mib > self.peak_mib:
-            self.peak_mib, self.peak_procs = mib, procs
+            self.peak_mib, self.peak_procs, self.peak_parts = mib, procs, parts
         self._cpu.update(cpu)
 
     def _run(self) -> None:
@@ -313,6 +349,8 @@ def run_pipeline(source: Path, fmt: str, store: Path, env: dict[str, str] | None
         "unaccounted_s": round(total - sum(seconds.values()), 3),
         "peak_pss_mib": round(mem.peak_mib, 1),
         "peak_processes": mem.peak_procs,
+        "peak_pss_by_process_mib": {k: {n: round(v, 1) for n, v in kinds.items()}
+                                    for k, kinds in sorted(mem.peak_parts.items(), key=lambda kv: -kv[1]["pss"])},
         "cpu_s": round(mem.cpu_s, 1),
         "loadavg_1min": [mem.load_start, mem.load_end],
         **({"probe": probed} if probe is not None else {}),
@@ -652,6 +690,11 @@ def table(results: list[dict[str, Any]]) -> str:
          f" ({r['ratio_cpu_s']:.2f}×)" for r in results])
     row("ratio embed stage / embed-only", [f"{r['ratio_embed_stage_over_embed_only']:.2f}×" for r in results])
     row("peak PSS pipeline (driver + Ray) MiB", [f"{r['pipeline']['peak_pss_mib']:,.0f}" for r in results])
+    row("of it, by process (heap / mapped files / object store) MiB",
+        ["; ".join(f"{name} {kinds['pss']:,.0f} ({kinds.get('anon', 0):,.0f} / {kinds.get('file', 0):,.0f} / "
+                   f"{kinds.get('shmem', 0):,.0f})"
+                   for name, kinds in list(r["pipeline"].get("peak_pss_by_process_mib", {}).items())[:4])
+         for r in results])
     row("peak PSS embed-only MiB", [f"{r['embed_only']['peak_pss_mib']:,.0f}" for r in results])
     row("store size MiB", [f"{r['store_bytes'] / 2**20:,.0f}" for r in results])
     return "\n".join(lines)
