@@ -37,7 +37,6 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from helix_ray import __version__
 from helix_ray.config import DEFAULT_BUDGET_TOKENS
 from helix_ray.errors import HelixError, InvalidArgument, StoreError, fault
-from helix_ray.recall.result import weak_match_note
 
 log = logging.getLogger(__name__)
 
@@ -341,13 +340,15 @@ def build_server(backend: Backend, *, project: str | None = None, session: str |
         `forget` or `feedback`."""
         out = await _helix("recall", backend.recall(query, budget_tokens=budget_tokens, k=k, project=project,
                                                     types=types, since=since, until=until, context=context))
+        from helix_ray.recall.result import weak_match_note  # numpy: not at the server's import
+
         packed = format_context(out["items"])
         over = int(out.get("flags", {}).get("over_budget", 0))
-        if over:
+        weak = weak_match_note(out.get("flags", {})) if out["items"] else None
+        if over and not weak:  # more of what is not about the question is not worth asking for
             packed += (f"\n\n({over} more relevant {'memory' if over == 1 else 'memories'} did not fit "
                        f"budget_tokens={out['budget_tokens']}; recall again with a larger budget to read "
                        f"{'it' if over == 1 else 'them'}.)")
-        weak = weak_match_note(out.get("flags", {})) if out["items"] else None
         if weak:
             packed += f"\n\n({weak[0].upper()}{weak[1:]}.)"
         data = RecallOut(context=packed, items=[RecalledItem.model_validate(i) for i in out["items"]],

@@ -718,3 +718,21 @@ def test_recall_says_when_no_memory_is_about_the_question(store, capsys):
     assert code == 0 and "-- weak match: the closest memory's cosine with the question is 0." in out
     code, out, _ = helix(capsys, "recall", "how do I rotate the API keys", "--store", str(store), "--user", "dana")
     assert code == 0 and "weak match" not in out
+
+
+def test_the_weak_match_reads_a_follow_up_by_its_context_and_names_a_narrowed_scope(store):
+    """A follow-up ("and how long…?") is about what its context turns are about: not a
+    weak match when they find the topic. Within a narrowed scope (a project), a weak
+    match speaks of the scope, not the whole store."""
+    from helix_ray import Memory
+    from helix_ray.recall.result import weak_match_note
+
+    follow_up = "and how long does the old one keep working?"
+    with Memory(store, warm=False, compact_interval_s=None) as mem:
+        alone = mem.recall(follow_up, user="dana").flags["match"]
+        asked = mem.recall(follow_up, user="dana", context=["how do I rotate the API keys?"]).flags["match"]
+        assert alone["weak"] and not asked["weak"] and asked["cosine"] > alone["cosine"]
+        scoped = mem.recall("best hiking trails in Patagonia", user="dana", project="atlas").flags
+        whole = mem.recall("best hiking trails in Patagonia", user="dana").flags
+    assert scoped["match"]["filtered"] and "memories in this scope (its project" in weak_match_note(scoped)
+    assert not whole["match"]["filtered"] and "the store likely holds nothing" in weak_match_note(whole)

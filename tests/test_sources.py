@@ -56,8 +56,9 @@ def test_a_markdown_heading_inside_fenced_code_is_code(tmp_path):
 
 def test_a_markdown_section_is_dated_by_its_heading_else_by_its_file(tmp_path):
     """A section whose heading names a day (with its year) is of that day, at noon UTC;
-    the others take the front matter's created_at or date, else the day the file's title
-    or name states, else the file's own modification time (not its folder's)."""
+    the others take the front matter's created_at or date (a day alone, at its noon UTC),
+    else the day the file's title or name states, else the file's own modification time
+    (not its folder's)."""
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "log.md").write_text("# Journal\n\n## 2024-05-03 Switched to Postgres\n\nMoved the queue.\n\n"
@@ -67,6 +68,8 @@ def test_a_markdown_section_is_dated_by_its_heading_else_by_its_file(tmp_path):
     (notes / "post.md").write_text("---\ndate: 2023-01-02\n---\n# Post 2022-12-30\n\n## Intro\n\nHello.\n"
                                    "\n## 2023-01-05 follow-up\n\nMore.\n")
     (notes / "given.md").write_text("---\ncreated_at: 2022-03-04T09:00:00Z\ndate: 2023-01-02\n---\n## A\n\nx\n")
+    (notes / "quoted.md").write_text("---\ndate: \"2023-02-03\"\n---\n## B\n\ny\n")
+    (notes / "notes-2024-07-08.md").write_text("## C\n\nz\n")
     import os
     os.utime(notes / "log.md", (1_700_000_000, 1_700_000_000))  # 2023-11-14T22:13:20Z
     os.utime(notes, (1_600_000_000, 1_600_000_000))
@@ -78,9 +81,11 @@ def test_a_markdown_section_is_dated_by_its_heading_else_by_its_file(tmp_path):
         ("log.md", "3 May 2024: rollback"): "2024-05-03T12:00:00+00:00",
         ("2024-06-10-standup.md", "Alice"): "2024-06-10T12:00:00+00:00",
         ("daily.md", "Bob"): "2024-06-11T12:00:00+00:00",
-        ("post.md", "Intro"): "2023-01-02",
+        ("post.md", "Intro"): "2023-01-02T12:00:00+00:00",
         ("post.md", "2023-01-05 follow-up"): "2023-01-05T12:00:00+00:00",
         ("given.md", "A"): "2022-03-04T09:00:00+00:00",
+        ("quoted.md", "B"): "2023-02-03T12:00:00+00:00",
+        ("notes-2024-07-08.md", "C"): "2024-07-08T12:00:00+00:00",
     }
     assert rows[("post.md", "Intro")]["date"] == "2023-01-02"  # kept: validation moves it into metadata
 

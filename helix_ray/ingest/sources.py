@@ -408,8 +408,12 @@ def read_markdown(path: Path, *, name: str | None = None, data_files: str = "qua
             # An id names one memory: it cannot be every section's default.
             defaults = {k: (v.isoformat() if isinstance(v, (dt.date, dt.datetime)) else v) for k, v in loaded.items()
                         if k != "id"}
-            if defaults.get("created_at") is None and isinstance(loaded.get("date"), (dt.date, dt.datetime)):
-                defaults["created_at"] = defaults["date"]  # a blog's or a notes app's `date:` (kept in metadata too)
+            # created_at, or a blog's or a notes app's `date:` (which stays in metadata too)
+            when_written = _front_matter_time(loaded.get("created_at"))
+            if when_written is None and loaded.get("created_at") is None:
+                when_written = _front_matter_time(loaded.get("date"))
+            if when_written is not None:
+                defaults["created_at"] = when_written
             text = text[match.end():]
         fences = fenced_spans(text)
 
@@ -449,6 +453,29 @@ def read_markdown(path: Path, *, name: str | None = None, data_files: str = "qua
             yield _tag(record, file, f"{rel}, section '{heading}'")
 
 
+def _front_matter_time(value: Any) -> str | None:
+    """A front matter time as ISO 8601: a YAML timestamp as it is, a day (YAML's, or a
+    string naming one) at its noon UTC (:func:`_noon`), a string Python reads as a
+    time ("2024-05-03 10:00") as that time; None for anything else, which validation
+    then judges as given."""
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, dt.date):
+        return _noon(value)
+    if not isinstance(value, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.strip()).isoformat() if ":" in value else _noon(
+            dt.date.fromisoformat(value.strip()))
+    except ValueError:
+        day = stated_day(value)
+        return _noon(day) if day is not None else None
+
+
+#: A name's word joined to the date after it (``notes-2024-05-03``, ``journal.2024-05-03``).
+_JOINED_DATE = re.compile(r"(?<=[A-Za-z])[-_.](?=\d{4}-\d)")
+
+
 def _file_time(file: Path, given: Any, title: str | None) -> Any:
     """When a Markdown file's sections were written, unless a section's heading names its
     own day: the front matter's ``created_at`` (or ``date``), else the day its ``#`` title
@@ -456,7 +483,7 @@ def _file_time(file: Path, given: Any, title: str | None) -> Any:
     modification time."""
     if given is not None:
         return given
-    day = (stated_day(title) if title is not None else None) or stated_day(file.stem)
+    day = (stated_day(title) if title is not None else None) or stated_day(_JOINED_DATE.sub(" ", file.stem))
     if day is not None:
         return _noon(day)
     return dt.datetime.fromtimestamp(file.stat().st_mtime, tz=dt.timezone.utc).isoformat()

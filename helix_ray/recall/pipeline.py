@@ -459,6 +459,8 @@ class Recaller:
         if len(found.rows) == 0:
             return _nothing_found(plan, gen, timings, flags, started)
         _late_interaction(plan, found, gen, self._wants_late(cfg, plan.disabled), timings, flags)
+        _match(plan, found, decisive=bool(lex is not None and lex.strong_signal), dense_ran=dense_hits is not None,
+               flags=flags)
         _query_feedback(plan, found, flags)
         lap("late")
         ranked = found.ranked = _rank(plan, found, cols, last_access_overlay, gen, flags)
@@ -582,22 +584,29 @@ def _late_interaction(plan: Plan, found: Candidates, gen: Any, wants_late: bool,
         flags["late"] = int(np.count_nonzero(~np.isnan(found.late_scores)))
         timings.update((name, plan.timings_ms[name]) for name in ("embed_tokens", "wait_tokens")
                        if name in plan.timings_ms)
-    _match(plan, found, flags)
 
 
-def _match(plan: Plan, found: Candidates, flags: dict[str, Any]) -> None:
+def _match(plan: Plan, found: Candidates, *, decisive: bool, dense_ran: bool, flags: dict[str, Any]) -> None:
     """``flags.match``: the closest candidate's cosine with the query (before any
-    feedback moves it) and whether it is below ``dense.weak_match_below``, so that the
-    store likely holds nothing on the question; never weak when the BM25 leg found a
-    decisive match (the store holds the query's words). Not read without the dense leg:
-    an answer made without the query vector has no cosine to read."""
+    feedback moves it; for a follow-up, with its context turns where that is closer) and
+    whether it is below ``dense.weak_match_below``: the memories in scope likely hold
+    nothing on the question's topic (``filtered``: the scope is narrowed by project,
+    types, time or pinned). Never weak when BM25 found a decisive match (the store holds
+    the query's words). Not read without a dense list (no query vector, a leg that did
+    not answer, a lexically decisive query) nor with a query adapter, whose vectors the
+    threshold was not set on."""
     below = plan.config.dense.weak_match_below
-    assert found.cosine is not None
-    if below <= 0 or not len(found.cosine) or "dense" in plan.disabled:
+    if below <= 0 or not len(found.rows) or not dense_ran or flags.get("query_adapter"):
         return
+    assert found.cosine is not None
     best = float(np.max(found.cosine))
-    weak = best < below and not flags.get("strong_signal_skip")
-    flags["match"] = {"weak": weak, "cosine": round(best, 4), "below": below}
+    if found.context_cosine is not None:
+        best = max(best, float(np.max(found.context_cosine)))
+    sc = plan.scope
+    filtered = any(v is not None for v in (sc.types, sc.since, sc.until, sc.pinned)) or (
+        sc.project is not None and sc.project_mode == "filter")
+    flags["match"] = {"weak": best < below and not decisive, "cosine": round(best, 4), "below": below,
+                      "filtered": filtered}
 
 
 def _query_feedback(plan: Plan, found: Candidates, flags: dict[str, Any]) -> None:

@@ -74,9 +74,10 @@ def weak_match_note(flags: dict[str, Any]) -> str | None:
     match = flags.get("match") or {}
     if not match.get("weak"):
         return None
-    return (f"weak match: the closest memory's cosine with the question is {match['cosine']:.2f}, below "
-            f"{match['below']:.2f}; the store likely holds nothing on its topic, so do not read these memories "
-            "as its answer")
+    where = "the memories in this scope (its project, types or time) likely hold" if match.get("filtered") else \
+        "the store likely holds"
+    return (f"weak match: the closest memory's cosine with the question is {match['cosine']:.3f}, below "
+            f"{match['below']:.3f}; {where} nothing on its topic, so do not read these memories as its answer")
 
 
 def iso(micros: int) -> str:

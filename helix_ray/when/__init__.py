@@ -157,7 +157,9 @@ def has_time(text: str) -> bool:
 def stated_day(text: str) -> date | None:
     """The first calendar day ``text`` names with its year ("2024-05-03", "3 May 2024",
     "May 3rd, 2024"), or None: a day named without its year, a relative day ("yesterday")
-    or a month is no day here, as it depends on when the text was written."""
+    or a month is no day here, as it depends on when the text was written; nor is the
+    start of a span ("since 2024-05-03", "from … to …"). A day given as a span's end
+    ("until 2024-05-03") is read as that day."""
     if not isinstance(text, str):
         return None
     text = _LABEL_COLON.sub(" ", text)  # "3 May 2024: deploy", as a heading writes it
