@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import pyarrow as pa
@@ -58,7 +59,7 @@ def test_a_markdown_section_is_dated_by_its_heading_else_by_its_file(tmp_path):
     """A section whose heading names a day (with its year) is of that day, at noon UTC;
     the others take the front matter's created_at or date (a day alone, at its noon UTC),
     else the day the file's title or name states, else the file's own modification time
-    (not its folder's)."""
+    (not its folder's). A day after the file was saved is a deadline, not when it was written."""
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "log.md").write_text("# Journal\n\n## 2024-05-03 Switched to Postgres\n\nMoved the queue.\n\n"
@@ -70,14 +71,15 @@ def test_a_markdown_section_is_dated_by_its_heading_else_by_its_file(tmp_path):
     (notes / "given.md").write_text("---\ncreated_at: 2022-03-04T09:00:00Z\ndate: 2023-01-02\n---\n## A\n\nx\n")
     (notes / "quoted.md").write_text("---\ndate: \"2023-02-03\"\n---\n## B\n\ny\n")
     (notes / "notes-2024-07-08.md").write_text("## C\n\nz\n")
+    (notes / "plan.md").write_text("# Plan\n\n## Due 2999-06-01\n\nShip it.\n")  # a deadline, not a day written
     import os
-    os.utime(notes / "log.md", (1_700_000_000, 1_700_000_000))  # 2023-11-14T22:13:20Z
+    os.utime(notes / "log.md", (1_750_000_000, 1_750_000_000))  # 2025-06-15T15:06:40Z, after its days
     os.utime(notes, (1_600_000_000, 1_600_000_000))
     rows = {(r["metadata"]["file"], r["metadata"]["section"]): r for r in read_source(notes)}
     dated = {key: r["created_at"] for key, r in rows.items()}
     assert dated == {
         ("log.md", "2024-05-03 Switched to Postgres"): "2024-05-03T12:00:00+00:00",
-        ("log.md", "Deploy notes"): "2023-11-14T22:13:20+00:00",
+        ("log.md", "Deploy notes"): "2025-06-15T15:06:40+00:00",
         ("log.md", "3 May 2024: rollback"): "2024-05-03T12:00:00+00:00",
         ("2024-06-10-standup.md", "Alice"): "2024-06-10T12:00:00+00:00",
         ("daily.md", "Bob"): "2024-06-11T12:00:00+00:00",
@@ -86,6 +88,8 @@ def test_a_markdown_section_is_dated_by_its_heading_else_by_its_file(tmp_path):
         ("given.md", "A"): "2022-03-04T09:00:00+00:00",
         ("quoted.md", "B"): "2023-02-03T12:00:00+00:00",
         ("notes-2024-07-08.md", "C"): "2024-07-08T12:00:00+00:00",
+        ("plan.md", "Due 2999-06-01"): dt.datetime.fromtimestamp((notes / "plan.md").stat().st_mtime,
+                                                                 tz=dt.timezone.utc).isoformat(),
     }
     assert rows[("post.md", "Intro")]["date"] == "2023-01-02"  # kept: validation moves it into metadata
 

@@ -422,7 +422,8 @@ def read_markdown(path: Path, *, name: str | None = None, data_files: str = "qua
 
         title_match = next(filter(outside, _TITLE.finditer(text)), None)
         title = title_match.group(1) if title_match else file.stem
-        dated = _file_time(file, defaults.get("created_at"), title_match.group(1) if title_match else None)
+        saved = dt.datetime.fromtimestamp(file.stat().st_mtime, tz=dt.timezone.utc)
+        dated = _file_time(file, saved, defaults.get("created_at"), title_match.group(1) if title_match else None)
         heads = list(filter(outside, _SECTION.finditer(text)))
         pieces: list[tuple[str, str]] = []
         preamble = text[: heads[0].start()] if heads else text
@@ -442,7 +443,7 @@ def read_markdown(path: Path, *, name: str | None = None, data_files: str = "qua
             slug = _slug(heading, taken)
             taken.add(slug)
             record = dict(defaults)
-            day = stated_day(heading) if heading != title else None
+            day = _written_on(stated_day(heading), saved) if heading != title else None
             record["created_at"] = _noon(day) if day is not None else dated
             record.setdefault("source", f"markdown:{rel}")
             record["text"] = f"{title} — {heading}\n{body}" if heading != title else body
@@ -476,17 +477,25 @@ def _front_matter_time(value: Any) -> str | None:
 _JOINED_DATE = re.compile(r"(?<=[A-Za-z])[-_.](?=\d{4}-\d)")
 
 
-def _file_time(file: Path, given: Any, title: str | None) -> Any:
+def _file_time(file: Path, saved: dt.datetime, given: Any, title: str | None) -> Any:
     """When a Markdown file's sections were written, unless a section's heading names its
     own day: the front matter's ``created_at`` (or ``date``), else the day its ``#`` title
-    or its name states (``2024-05-03.md``, ``# Standup 3 May 2024``), else the file's
-    modification time."""
+    or its name states (``2024-05-03.md``, ``# Standup 3 May 2024``), else ``saved``, the
+    file's modification time."""
     if given is not None:
         return given
-    day = (stated_day(title) if title is not None else None) or stated_day(_JOINED_DATE.sub(" ", file.stem))
+    day = _written_on(stated_day(title) if title is not None else None, saved) or _written_on(
+        stated_day(_JOINED_DATE.sub(" ", file.stem)), saved)
     if day is not None:
         return _noon(day)
-    return dt.datetime.fromtimestamp(file.stat().st_mtime, tz=dt.timezone.utc).isoformat()
+    return saved.isoformat()
+
+
+def _written_on(day: dt.date | None, saved: dt.datetime) -> dt.date | None:
+    """``day``, when it can be the day a text was written: not after the day its file was
+    last saved (a day around the world's zones allowed). A later day is a plan or a
+    deadline ("## Due 2024-06-01"), not when the section was written."""
+    return day if day is not None and day <= saved.date() + dt.timedelta(days=1) else None
 
 
 def _noon(day: dt.date) -> str:
