@@ -201,7 +201,7 @@ def folder_items(folder: Path, name: str) -> list[dict[str, Any]]:
                       "options": json.dumps({"name": name, "data_files": "read"})})
     for file in sorted(_files(folder, DATA_SUFFIXES)):
         first = _first_json_value(file) if file.suffix.lower() in JSON_SUFFIXES else None
-        fmt = _json_format(first) if file.suffix.lower() in JSON_SUFFIXES else detect_format(file)
+        fmt = "parquet" if file.suffix.lower() == ".parquet" else _json_format(first)
         options = {}
         # a .json whose first value has no text: a configuration file, not memories
         if fmt == "jsonl" and file.suffix.lower() == ".json" and not (isinstance(first, dict) and "text" in first):

@@ -460,7 +460,7 @@ class Recaller:
             return _nothing_found(plan, gen, timings, flags, started)
         _late_interaction(plan, found, gen, self._wants_late(cfg, plan.disabled), timings, flags)
         _match(plan, found, decisive=bool(lex is not None and lex.strong_signal), dense_ran=dense_hits is not None,
-               flags=flags)
+               filtered=mask is not None, flags=flags)
         _query_feedback(plan, found, flags)
         lap("late")
         ranked = found.ranked = _rank(plan, found, cols, last_access_overlay, gen, flags)
@@ -586,12 +586,13 @@ def _late_interaction(plan: Plan, found: Candidates, gen: Any, wants_late: bool,
                        if name in plan.timings_ms)
 
 
-def _match(plan: Plan, found: Candidates, *, decisive: bool, dense_ran: bool, flags: dict[str, Any]) -> None:
+def _match(plan: Plan, found: Candidates, *, decisive: bool, dense_ran: bool, filtered: bool,
+           flags: dict[str, Any]) -> None:
     """``flags.match``: the closest candidate's cosine with the query (before any
     feedback moves it; for a follow-up, with its context turns where that is closer) and
     whether it is below ``dense.weak_match_below``: the memories in scope likely hold
-    nothing on the question's topic (``filtered``: the scope is narrowed by project,
-    types, time or pinned). Never weak when BM25 found a decisive match (the store holds
+    nothing on the question's topic (``filtered``: the scope's mask narrows the tenant by
+    project, types, time or pinned). Never weak when BM25 found a decisive match (the store holds
     the query's words). Not read without a dense list (no query vector, a leg that did
     not answer, a lexically decisive query) nor with a query adapter, whose vectors the
     threshold was not set on."""
@@ -602,9 +603,6 @@ def _match(plan: Plan, found: Candidates, *, decisive: bool, dense_ran: bool, fl
     best = float(np.max(found.cosine))
     if found.context_cosine is not None:
         best = max(best, float(np.max(found.context_cosine)))
-    sc = plan.scope
-    filtered = any(v is not None for v in (sc.types, sc.since, sc.until, sc.pinned)) or (
-        sc.project is not None and sc.project_mode == "filter")
     flags["match"] = {"weak": best < below and not decisive, "cosine": round(best, 4), "below": below,
                       "filtered": filtered}
 
