@@ -217,6 +217,13 @@ class IngestConfig(_Strict):
     through the Writer (``Memory.add``, ``POST /v1/memories``, MCP ``remember``) is mixed
     the same way when it is written. 0 turns it off. Tuned on LoCoMo's tuning
     conversations (docs/quality.md)."""
+    ask_discount: float = Field(0.4, ge=0.0, le=1.0)
+    """Salience a conversation turn (a memory with ``metadata.speaker``) gives up when it
+    only asks ("What are their names?", "Cool! How was it? Can't wait!": questions and
+    asides of three words or fewer): it holds no fact of its own, and the turn that
+    answers it is found through it (``session_context``). Derived salience only; a given
+    one is kept. A re-ingest derives it again; a turn written through the Writer keeps
+    what it was given when written. 0 turns it off. Measured on LoCoMo (docs/quality.md)."""
     session_context_words: bool = True
     """A conversation turn is also found by the words of its session's previous turn:
     that turn's text is one more line of its doc2query expansions, which BM25 indexes

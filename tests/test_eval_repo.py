@@ -177,12 +177,33 @@ def test_the_lead_title_option_off_keys_a_store_as_before_it_existed() -> None:
     assert store_key(long, off, ["semantic"]) != store_key(long, IngestConfig(), ["semantic"])
     # Off, the key is that of a store built before the option existed (and before
     # embedder.batch_chars, which no key holds: it moves a vector by int8 noise only).
-    content = off.model_dump(mode="json", exclude=RUNNER_ONLY)
-    del content["chunk"]["lead_title"], content["embedder"]["batch_chars"]
+    content = off.model_dump(mode="json", exclude=RUNNER_ONLY)  # ask_discount: no turn here that only asks
+    del content["chunk"]["lead_title"], content["embedder"]["batch_chars"], content["ask_discount"]
     assert store_key(long, IngestConfig(embedder={"batch_chars": 4_000}), ["semantic"]) == \
         store_key(long, IngestConfig(), ["semantic"])
     assert store_key(long, off, ["episodic"]) == hashlib.sha1(json.dumps(
         [content, [(d.id, d.text, d.created_at, d.session_id) for d in long]]).encode()).hexdigest()[:12]
+
+
+def test_turns_that_only_ask_key_a_store_apart_from_one_built_before_the_rule() -> None:
+    """A turn that only asks is stored less salient (``ask_discount``): a corpus holding
+    one gets a key of its own; a corpus without one, or the option off, keeps the key it had."""
+    told = [EvalDoc("a", "Ann: We got a cat named Bailey.", session_id="s1", speaker="Ann")]
+    asked = [*told, EvalDoc("b", "Bo: Cool! What is her name?", session_id="s1", speaker="Bo")]
+    config, content = IngestConfig(), IngestConfig().model_dump(mode="json", exclude=RUNNER_ONLY)
+    del content["chunk"], content["embedder"]["batch_chars"], content["ask_discount"]
+
+    def before(docs: list[EvalDoc]) -> str:
+        return hashlib.sha1(json.dumps(
+            [content, [(d.id, d.text, d.created_at, d.session_id) for d in docs]]).encode()).hexdigest()[:12]
+
+    assert store_key(told, config, ["episodic"]) == before(told)
+    assert store_key(asked, config, ["episodic"] * 2) != before(asked)
+    assert store_key(asked, IngestConfig(ask_discount=0), ["episodic"] * 2) == before(asked)
+    # The speaker as the record gives it: a document's own metadata names it too.
+    tagged = [*told, EvalDoc("b", "Bo: Cool! What is her name?", session_id="s1", metadata={"speaker": "Bo"})]
+    assert store_key(tagged, config, ["episodic"] * 2) != store_key(
+        tagged, IngestConfig(ask_discount=0), ["episodic"] * 2)
 
 
 # --------------------------------------------------------------------------- end to end

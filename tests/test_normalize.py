@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from helix_ray.config import ValidationConfig
+from helix_ray.config import IngestConfig, ValidationConfig
 from helix_ray.ingest.normalize import (
     Rejected,
+    asks_only,
     derive_confidence,
     derive_salience,
     derive_type,
@@ -59,6 +60,33 @@ def test_salience_prior_markers_errors_and_pin():
     assert derive_salience("got psycopg2.OperationalError", "semantic", False) == pytest.approx(0.6)
     assert derive_salience("Never force-push: it raised a GitError", "decision", False) == pytest.approx(0.95)
     assert derive_salience("plain fact", "episodic", True) == 0.9
+
+
+@pytest.mark.parametrize(
+    "text, asks",
+    [
+        ("Caroline: What pet do you have?", True),
+        ("Caroline: Cool! What do you enjoy about them so much?", True),
+        ("Tim: Thanks, John! How was it? Did it rain?", True),
+        ("Melanie: Luna and Oliver! They are so sweet.", False),
+        ("John: That photo is so stunning. Where was it?", False),  # states something too
+        ("Tim: What's that? [image: a photo of a dog on a beach]", False),  # shares a picture
+        ("Tim: Yes.", False),  # asks nothing
+        ("Sam: Where is that? It looks gorgeous!", True),  # an exclamation after the question
+        ("Sam: Guess what? I got married.", False),  # the question only leads in to a statement
+        ("Sam: Where? At the lake.", False),
+    ],
+)
+def test_a_chat_turn_that_only_asks_is_less_salient(text, asks):
+    speaker, discount = text.split(":")[0], IngestConfig().ask_discount
+    assert asks_only(text, speaker) is asks
+    turn = {"user": "dana", "text": text, "metadata": {"speaker": speaker}}
+    salience = normalise_one(turn, CFG, default_time=NOW, ask_discount=discount)["salience"]
+    assert salience == pytest.approx(max(0.40 - discount, 0.0) if asks else 0.40)
+    assert normalise_one(turn, CFG, default_time=NOW, ask_discount=0.0)["salience"] == pytest.approx(0.40)
+    # A question outside a conversation (a note's open question) keeps its salience.
+    note = {"user": "dana", "text": text.split(": ", 1)[1], "type": "episodic"}
+    assert normalise_one(note, CFG, default_time=NOW, ask_discount=discount)["salience"] == pytest.approx(0.40)
 
 
 def test_confidence_by_source():

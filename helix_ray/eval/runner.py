@@ -34,6 +34,7 @@ from helix_ray.errors import InvalidArgument
 from helix_ray.eval.datasets import EvalQuery, EvalSet
 from helix_ray.eval.locomo import LOCOMO_CATEGORY_NAMES
 from helix_ray.eval.metrics import evaluate_ranking, paired_difference, summarise
+from helix_ray.ingest.normalize import asks_only
 from helix_ray.recall import adapter as adapter_mod
 from helix_ray.recall import dense, fuse, lexical
 from helix_ray.recall.embed import embed_query
@@ -164,12 +165,21 @@ def store_key(docs: Sequence[Any], ingest_config: IngestConfig, types: Sequence[
         content.pop("chunk")
     elif not content["chunk"]["lead_title"]:  # off, chunks are what they were before the option: same key
         content["chunk"].pop("lead_title")
+    if not content["ask_discount"] or not any(_asks_only(d) for d in docs):
+        content.pop("ask_discount")  # off, or no turn that only asks: the store it was before the option
     given = [(_given(d, "type"), json.dumps(_given(d, "metadata"), sort_keys=True)) for d in docs]
     return hashlib.sha1(json.dumps(
         [content, [(d.id, d.text, d.created_at, d.session_id) for d in docs]]
         + ([list(types)] if any(t != "episodic" for t in types) else [])
         + ([given] if any(t is not None or m != "null" for t, m in given) else [])
     ).encode()).hexdigest()[:12]
+
+
+def _asks_only(doc: Any) -> bool:
+    """Whether ``doc`` is stored as a turn that only asks: its speaker as its record
+    gives it (:func:`_records`: its own metadata's, else ``speaker``)."""
+    speaker = (_given(doc, "metadata") or {}).get("speaker", doc.speaker)
+    return isinstance(speaker, str) and bool(speaker) and asks_only(doc.text, speaker)
 
 
 def _given(doc: Any, field: str) -> Any:

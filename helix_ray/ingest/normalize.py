@@ -17,8 +17,9 @@ Derivation rules (each tested in ``tests/test_normalize.py``):
 ``salience`` = type prior (episodic .40, semantic .50, code .50, procedural .60,
 decision .70) + .15 for an explicit marker ("always", "never", "important", "must",
 "critical", "remember") + .10 for an error string (``...Error``, ``Exception``,
-``Traceback``, ``FATAL``, ``exit code``) − .20 for test code (``metadata.code.test``); a
-pinned memory gets at least .90; capped at 1.
+``Traceback``, ``FATAL``, ``exit code``) − .20 for test code (``metadata.code.test``)
+− ``ingest.ask_discount`` (.40) for a chat turn (``metadata.speaker``) that only asks ("What
+are their names?", "Cool! How was it?"); a pinned memory gets at least .90; kept within [0, 1].
 
 ``confidence`` by source: user-confirmed (``source`` user / human / confirmed, or
 ``metadata.confirmed``) .90; documents (markdown) .80; what was said in a conversation
@@ -70,6 +71,10 @@ _DATE = re.compile(
     r"|\b(?:yesterday|last (?:week|night|month)|this morning|on (?:mon|tues|wednes|thurs|fri|satur|sun)day)\b",
     re.I,
 )
+_SENTENCE_END = re.compile(r"(?<=[.!?？])\s+")
+_QUESTION_MARKS = ("?", "？")
+#: The longest sentence read as an aside around a question ("Wow!", "Thanks, John.", "Can't wait!").
+_ASIDE_WORDS = 3
 _MARKER = re.compile(r"\b(?:always|never|important|must|critical|remember)\b", re.I)
 _ERROR = re.compile(r"\b\w*(?:Error|Exception)\b|Traceback|\bFATAL\b|\bexit code\b|\bpanicked\b|\bsegfault", re.I)
 
@@ -110,18 +115,38 @@ def _outside_fences(text: str) -> str:
     return "".join(out) + text[at:]
 
 
-def derive_salience(text: str, mem_type: str, pinned: bool, metadata: dict[str, Any] | None = None) -> float:
+def asks_only(text: str, speaker: str) -> bool:
+    """Whether a chat turn (``"<speaker>: <text>"``, as transcripts store it) only asks:
+    it asks at least once, and each of its other sentences is a short aside: before its
+    last question any sentence of three words or fewer ("Cool.", "Thanks, John!"), after
+    it only an exclamation ("Can't wait!"). A turn that also states something ("Guess
+    what? I got married."), or shares an image, does not."""
+    prefix = f"{speaker}: "
+    body = text[len(prefix):] if text.startswith(prefix) else text
+    sentences = [s for s in _SENTENCE_END.split(body.strip()) if s]
+    asked = [i for i, s in enumerate(sentences) if s.endswith(_QUESTION_MARKS)]
+    return bool(asked) and all(
+        s.endswith(_QUESTION_MARKS) or (len(s.split()) <= _ASIDE_WORDS and (i < asked[-1] or s.endswith("!")))
+        for i, s in enumerate(sentences))
+
+
+def derive_salience(text: str, mem_type: str, pinned: bool, metadata: dict[str, Any] | None = None,
+                    ask_discount: float = 0.0) -> float:
     value = TYPE_PRIOR[mem_type]
-    code = (metadata or {}).get("code")
+    metadata = metadata or {}
+    code = metadata.get("code")
     if isinstance(code, dict) and code.get("test") is True:  # a test: less salient than the code it tests
         value -= TEST_DISCOUNT
+    speaker = metadata.get("speaker")
+    if ask_discount and isinstance(speaker, str) and speaker and asks_only(text, speaker):
+        value -= ask_discount
     if _MARKER.search(text):
         value += 0.15
     if _ERROR.search(text):
         value += 0.10
     if pinned:
         value = max(value, 0.90)
-    return round(min(value, 1.0), 4)
+    return round(min(max(value, 0.0), 1.0), 4)
 
 
 def derive_confidence(source: str, metadata: dict[str, Any]) -> float:
@@ -266,8 +291,10 @@ def _unit_float(row: dict[str, Any], field: str) -> float | None:
     return float(value)
 
 
-def normalise_one(raw: dict[str, Any], config: ValidationConfig, *, default_time: dt.datetime) -> dict[str, Any]:
-    """Validate one raw record; return a memory row or raise :class:`Rejected`."""
+def normalise_one(raw: dict[str, Any], config: ValidationConfig, *, default_time: dt.datetime,
+                  ask_discount: float = 0.0) -> dict[str, Any]:
+    """Validate one raw record; return a memory row or raise :class:`Rejected`.
+    ``ask_discount``: ``IngestConfig.ask_discount`` (salience a turn that only asks gives up)."""
     if "_reject" in raw:
         raise Rejected(raw.get("_code", "bad_json"), raw["_reject"])
     if "text" not in raw or raw["text"] is None:
@@ -330,7 +357,7 @@ def normalise_one(raw: dict[str, Any], config: ValidationConfig, *, default_time
         conversational = "speaker" in metadata or source.split(":", 1)[0] in _CONVERSATION
         mem_type = derive_type(text, conversational=conversational)
     if salience is None:
-        salience = derive_salience(text, mem_type, pinned, metadata)
+        salience = derive_salience(text, mem_type, pinned, metadata, ask_discount)
     if confidence is None:
         confidence = derive_confidence(source, metadata)
     raw_id = raw.get("id")
@@ -367,14 +394,14 @@ def normalise_one(raw: dict[str, Any], config: ValidationConfig, *, default_time
 
 def normalise(
     raws: list[dict[str, Any]], config: ValidationConfig, *, default_time: dt.datetime,
-    chunking: ChunkConfig | None = None,
+    chunking: ChunkConfig | None = None, ask_discount: float = 0.0,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Split raw records into (memory rows, quarantine rows); with ``chunking``, a long
     record becomes its chunks' rows. Nothing is dropped silently."""
     rows, quarantined = [], []
     for raw in raws:
         try:
-            row = normalise_one(raw, config, default_time=default_time)
+            row = normalise_one(raw, config, default_time=default_time, ask_discount=ask_discount)
         except Rejected as why:
             quarantined.append(quarantine_row(raw, str(why)))
             continue

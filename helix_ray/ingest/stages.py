@@ -36,7 +36,8 @@ def read_and_validate(item: dict[str, Any], *, config: IngestConfig) -> list[dic
     path, fmt = item["path"], item["format"]
     default_time = dt.datetime.fromtimestamp(_mtime(path), tz=dt.timezone.utc)
     raws = list(read_source(path, fmt, **json.loads(item.get("options") or "{}")))
-    rows, quarantined = normalise(raws, config.validation, default_time=default_time, chunking=config.chunk)
+    rows, quarantined = normalise(raws, config.validation, default_time=default_time, chunking=config.chunk,
+                                  ask_discount=config.ask_discount)
     out = [{"ok": True, "payload": json.dumps(r, default=_json_time)} for r in rows]
     out += [{"ok": False, "payload": json.dumps(q)} for q in quarantined]
     return out

@@ -253,7 +253,8 @@ def validate(core: WriterCore, raw: Any, user: str | None, *, where: str) -> dic
                             "memories. Leave user out or use that user's key.")
         raw["user"] = user
     try:
-        return normalise_one(raw, core.config.validation, default_time=dt.datetime.now(dt.timezone.utc))
+        return normalise_one(raw, core.config.validation, default_time=dt.datetime.now(dt.timezone.utc),
+                             ask_discount=core.config.ask_discount)
     except Rejected as why:
         code, _, sentence = str(why).partition(": ")
         raise InvalidArgument(where, {k: raw.get(k) for k in ("id", "text", "type", "user") if k in raw},
