@@ -311,8 +311,9 @@ class DenseConfig(_Strict):
     holds nothing on the question's topic. Set where almost no question whose answer is
     stored falls on the three tuning splits, and almost every question from another
     domain does (docs/quality.md, scripts/weak_match.py); it does not tell a missing
-    detail of a topic the store holds. Set for the shipped sentence encoder; not read
-    with a query adapter. 0 turns it off."""
+    detail of a topic the store holds. Set for the shipped sentence encoder: with a query
+    adapter, the cosine is the encoder's own query vector's, before the adapter moves it.
+    0 turns it off."""
 
 
 class LexicalConfig(_Strict):

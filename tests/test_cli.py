@@ -720,6 +720,31 @@ def test_recall_says_when_no_memory_is_about_the_question(store, capsys):
     assert code == 0 and "weak match" not in out
 
 
+def test_the_weak_match_reads_the_encoders_own_vectors_under_a_query_adapter(copy):
+    """A query adapter moves the query vector away from the encoder's, which the
+    threshold was set on: the flag reads the encoder's own vector (and a follow-up's
+    context turns'), so an adapter that scrambles the vectors changes no verdict."""
+    import numpy as np
+
+    from helix_ray import Memory
+    from helix_ray.config import IngestConfig
+    from helix_ray.embedder import DIM
+    from helix_ray.recall.adapter import QueryAdapter
+
+    asked = [("best hiking trails in Patagonia", None), ("how are credentials for the API rotated?", None),
+             ("and how long does the old one keep working?", ["how do I rotate the API keys?"])]
+
+    def verdicts() -> list[tuple[bool, bool]]:
+        with Memory(copy, warm=False, compact_interval_s=None) as mem:
+            flags = [mem.recall(q, user="dana", context=c).flags for q, c in asked]
+        return [(bool(f.get("query_adapter")), f["match"]["weak"]) for f in flags]
+
+    assert verdicts() == [(False, True), (False, False), (False, False)]
+    rotation, _ = np.linalg.qr(np.random.default_rng(7).standard_normal((DIM, DIM)))
+    QueryAdapter(rotation.astype(np.float32), IngestConfig().embedder.name, 1.0, 10).save(copy)
+    assert verdicts() == [(True, True), (True, False), (True, False)]
+
+
 def test_the_weak_match_reads_a_follow_up_by_its_context_and_names_a_narrowed_scope(store):
     """A follow-up ("and how long…?") is about what its context turns are about: not a
     weak match when they find the topic. Within a narrowed scope (a project), a weak

@@ -78,6 +78,7 @@ class ContextTurn:
     text: str
     weight: float
     vector: np.ndarray
+    unadapted: np.ndarray | None = None  # the encoder's vector, where a query adapter moved ``vector``
 
 
 @dataclass
@@ -106,6 +107,9 @@ class Plan:
     # (tokens, encoder ms). Read the tokens through tokens(), which waits for it.
     pending_tokens: Future | None = field(default=None, repr=False, compare=False)
     intent: intent.Intent | None = None  # code or its history, as the query asks (recall/intent.py)
+    # The encoder's own query vector, where the store's query adapter moved query_vector:
+    # the weak-match threshold was set on the encoder's vectors (see _match).
+    unadapted: np.ndarray | None = None
     # The scope's mask narrowed to the query's window: made by the first leg, read by the other
     # (Recaller._window_mask); never sent over a Serve hop, where each retriever makes its own.
     window_mask: tuple[tuple[int, int, int], np.ndarray | None] | None = field(default=None, repr=False,
@@ -295,8 +299,9 @@ class Recaller:
                                   "memory_similarity": round(route.memory_similarity, 4)}
                 flags["router_skip"] = route.skip
             timings["route"] = elapsed_ms(clock)
+            unadapted = None
             if own_vector and self.adapter is not None:  # after routing: the router's prototypes are raw vectors
-                query_vector = self.adapter.apply(query_vector)
+                unadapted, query_vector = query_vector, self.adapter.apply(query_vector)
                 flags["query_adapter"] = True
             weights = {name: (0.0 if name in disabled else w) for name, w in cfg.fusion.weights.items()}
             if not any(weights.values()):
@@ -307,7 +312,7 @@ class Recaller:
             plan = Plan(query, user, sc, cfg, k, budget_tokens, explain, frozenset(disabled), now_us, weights,
                         query_vector, flags, timings, query_tokens,
                         self._context(turns, cfg, disabled, has_memories and own_vector, timings), window, asks,
-                        pending, _intent_of(query, cfg, disabled))
+                        pending, _intent_of(query, cfg, disabled), unadapted=unadapted)
         except BaseException:
             if pending is not None:
                 pending.cancel()  # the plan is never built: nothing will wait for them
@@ -325,12 +330,13 @@ class Recaller:
         if not turns or not embed or "context" in disabled or c.weight <= 0:
             return ()
         clock = time.perf_counter()
-        vectors = embed_queries(self.embedder, list(turns))
+        vectors = unadapted = embed_queries(self.embedder, list(turns))
         if self.adapter is not None:
             vectors = np.stack([self.adapter.apply(v) for v in vectors])
         timings["embed_context"] = elapsed_ms(clock)
         n = len(turns)
-        return tuple(ContextTurn(t, c.weight * c.decay ** (n - 1 - j), vectors[j]) for j, t in enumerate(turns))
+        return tuple(ContextTurn(t, c.weight * c.decay ** (n - 1 - j), vectors[j],
+                                 unadapted[j] if self.adapter is not None else None) for j, t in enumerate(turns))
 
     #: The stages a plan without a query vector leaves out: those that read the vector.
     NO_VECTOR = frozenset({"dense", "late", "router"})
@@ -576,14 +582,21 @@ def _late_interaction(plan: Plan, found: Candidates, gen: Any, wants_late: bool,
     found.vectors = np.asarray(gen.vectors[found.rows]).astype(np.float32, copy=False)  # stored as float16
     found.cosine = found.vectors @ plan.query_vector
     if plan.context:
-        weights = np.array([t.weight for t in plan.context])
-        found.context_cosine = (found.vectors @ np.stack([t.vector for t in plan.context]).T) @ weights / weights.sum()
+        found.context_cosine = _context_cosine(found.vectors, plan.context)
     query_tokens = plan.tokens() if wants_late else None
     if query_tokens is not None:
         found.late_scores = late.maxsim(query_tokens, gen.late, found.rows)
         flags["late"] = int(np.count_nonzero(~np.isnan(found.late_scores)))
         timings.update((name, plan.timings_ms[name]) for name in ("embed_tokens", "wait_tokens")
                        if name in plan.timings_ms)
+
+
+def _context_cosine(vectors: np.ndarray, context: Sequence[ContextTurn], *, unadapted: bool = False) -> np.ndarray:
+    """Each candidate's cosine with the context turns, weighted by turn (``unadapted``:
+    with the turns' vectors before the query adapter moved them)."""
+    weights = np.array([t.weight for t in context])
+    turns = np.stack([t.unadapted if unadapted and t.unadapted is not None else t.vector for t in context])
+    return (vectors @ turns.T) @ weights / weights.sum()
 
 
 def _match(plan: Plan, found: Candidates, *, decisive: bool, dense_ran: bool, filtered: bool,
@@ -594,15 +607,19 @@ def _match(plan: Plan, found: Candidates, *, decisive: bool, dense_ran: bool, fi
     nothing on the question's topic (``filtered``: the scope's mask narrows the tenant by
     project, types, time or pinned). Never weak when BM25 found a decisive match (the store holds
     the query's words). Not read without a dense list (no query vector, a leg that did
-    not answer, a lexically decisive query) nor with a query adapter, whose vectors the
-    threshold was not set on."""
+    not answer, a lexically decisive query). Where the store's query adapter moved the
+    vectors, the cosines are the encoder's own vectors', which the threshold was set on."""
     below = plan.config.dense.weak_match_below
-    if below <= 0 or not len(found.rows) or not dense_ran or flags.get("query_adapter"):
+    if below <= 0 or not len(found.rows) or not dense_ran:
         return
-    assert found.cosine is not None
-    best = float(np.max(found.cosine))
-    if found.context_cosine is not None:
-        best = max(best, float(np.max(found.context_cosine)))
+    assert found.cosine is not None and found.vectors is not None
+    cosine, context = found.cosine, found.context_cosine
+    if plan.unadapted is not None:
+        cosine = found.vectors @ plan.unadapted
+        context = _context_cosine(found.vectors, plan.context, unadapted=True) if plan.context else None
+    best = float(np.max(cosine))
+    if context is not None:
+        best = max(best, float(np.max(context)))
     flags["match"] = {"weak": best < below and not decisive, "cosine": round(best, 4), "below": below,
                       "filtered": filtered}
 
