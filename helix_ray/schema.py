@@ -98,6 +98,12 @@ def is_test_path(rel: str) -> bool:
 #: The symbol of a module's own memory (its docstring and top-level statements) in a code id.
 MODULE_SYMBOL = "<module>"
 
+#: A Markdown section's ``metadata`` key saying where its ``created_at`` was read: "heading",
+#: "front matter", "title", "file name" (the text states it), or :data:`FILE_SAVED` (the
+#: file's modification time). A re-ingest takes a stated time again, never a saved one.
+DATED = "dated"
+FILE_SAVED = "saved"
+
 
 def code_containers(memory_id: str) -> list[str]:
     """The ids of the code memories that would enclose ``memory_id``'s symbol, nearest

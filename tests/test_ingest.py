@@ -285,6 +285,40 @@ def test_changed_fields_with_the_same_text_update_without_re_embedding(tmp_path)
     assert not again.published and again.unchanged == 2 and again.retagged == 0
 
 
+def test_a_re_ingest_takes_a_sections_stated_day_again_never_its_files_modification_time(tmp_path):
+    """A journal whose front matter is re-dated, its text unchanged, moves to the new day
+    (re-tagged, not re-embedded), as does a journal read before its days were; a section
+    dated by its file's modification time keeps its day when the file is saved again."""
+    import datetime as dt
+    import os
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    journal, ops = notes / "journal.md", notes / "ops.md"
+    journal.write_text("---\nuser: dana\ndate: 2024-05-03\n---\n# Journal\n\n## Retry limit\n\nSet it to 5.\n")
+    ops.write_text("---\nuser: dana\n---\n# Ops\n\n## Deploy\n\nRun make deploy.\n")
+    os.utime(ops, (1_700_000_000, 1_700_000_000))  # 2023-11-14
+    store = tmp_path / "store"
+
+    def days() -> dict[str, str]:
+        g = Generation.open_current(store)
+        return {i.rsplit("#", 1)[1]: t.isoformat() for i, t in zip(g.memories.column("id").to_pylist(),
+                                                                   g.memories.column("created_at").to_pylist())}
+
+    ingest([notes], store, runner="local")
+    assert days() == {"retry-limit": "2024-05-03T12:00:00+00:00", "deploy": "2023-11-14T22:13:20+00:00"}
+    journal.write_text(journal.read_text().replace("2024-05-03", "2024-04-26"))
+    os.utime(ops, (1_800_000_000, 1_800_000_000))  # saved again, unchanged
+    report = ingest([notes], store, runner="local")
+    assert (report.retagged, report.embedded, report.unchanged) == (1, 0, 1)
+    assert days() == {"retry-limit": "2024-04-26T12:00:00+00:00", "deploy": "2023-11-14T22:13:20+00:00"}
+    with StoreDB(store, read_only=True) as db:
+        seconds = db.con.execute("SELECT epoch(created_at) FROM memories WHERE id LIKE '%#retry-limit'").fetchone()[0]
+    assert seconds == dt.datetime(2024, 4, 26, 12, tzinfo=dt.timezone.utc).timestamp()
+    again = ingest([notes], store, runner="local")
+    assert not again.published and again.retagged == 0
+
+
 def test_the_database_keeps_the_expansions_the_bm25_index_was_built_with(tmp_path):
     """A later ingest with another analyzer re-analyses old memories from their text and
     the expansions the database holds: those must be what the index was built with,

@@ -92,6 +92,13 @@ def test_a_markdown_section_is_dated_by_its_heading_else_by_its_file(tmp_path):
                                                                  tz=dt.timezone.utc).isoformat(),
     }
     assert rows[("post.md", "Intro")]["date"] == "2023-01-02"  # kept: validation moves it into metadata
+    assert {key: r["metadata"]["dated"] for key, r in rows.items()} == {
+        ("log.md", "2024-05-03 Switched to Postgres"): "heading", ("log.md", "Deploy notes"): "saved",
+        ("log.md", "3 May 2024: rollback"): "heading", ("2024-06-10-standup.md", "Alice"): "file name",
+        ("daily.md", "Bob"): "title", ("post.md", "Intro"): "front matter", ("post.md", "2023-01-05 follow-up"): "heading",
+        ("given.md", "A"): "front matter", ("quoted.md", "B"): "front matter", ("notes-2024-07-08.md", "C"): "file name",
+        ("plan.md", "Due 2999-06-01"): "saved",
+    }
 
 
 def test_transcript_turns_become_episodic_with_speaker():

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from helix_ray.config import IngestConfig
 from helix_ray.embedder import DIM
 from helix_ray.ingest.assemble import in_generation_schema
-from helix_ray.schema import GENERATION_SCHEMA
+from helix_ray.schema import DATED, FILE_SAVED, GENERATION_SCHEMA
 from helix_ray.store.db import StoreDB
 from helix_ray.store.generation import ACCESS_WATERMARK, Generation, current_generation_number
 from helix_ray.tables import take_rows
@@ -42,21 +42,31 @@ def held_by(previous: Generation | None, ids: list[str]) -> set[str]:
 
 
 def retagged(previous: Generation | None, rows: pa.Table, block: int = 65536) -> dict[str, dict[str, Any]]:
-    """id → new field values, for ``rows`` (a table with ``id`` and :data:`RETAG_FIELDS`)
-    that the previous generation holds with other values in :data:`RETAG_FIELDS`;
-    compared ``block`` rows at a time."""
+    """id → new field values, for ``rows`` (a table with ``id``, ``created_at`` and
+    :data:`RETAG_FIELDS`) that the previous generation holds with other values in
+    :data:`RETAG_FIELDS`, or with another ``created_at`` where the text states its time
+    (a Markdown section's ``metadata.dated``: a journal re-dated, or read before its
+    days were); compared ``block`` rows at a time."""
     out: dict[str, dict[str, Any]] = {}
     if previous is None or not rows.num_rows:
         return out
     where = pc.index_in(rows.column("id"), value_set=previous.memories.column("id"))
     held = pc.is_valid(where)
-    new = rows.filter(held).select(["id", *RETAG_FIELDS])
-    old = take_rows(previous.memories.select(list(RETAG_FIELDS)), where.filter(held))
+    new = rows.filter(held).select(["id", "created_at", *RETAG_FIELDS])
+    old = take_rows(previous.memories.select(["created_at", *RETAG_FIELDS]), where.filter(held))
     for lo in range(0, new.num_rows, block):
         for n, o in zip(new.slice(lo, block).to_pylist(), old.slice(lo, block).to_pylist()):
-            if any(not _same_value(k, o[k], n[k]) for k in RETAG_FIELDS):
-                out[n["id"]] = {k: n[k] for k in RETAG_FIELDS}
+            redated = n["created_at"] != o["created_at"] and _states_time(n["metadata"])
+            if redated or any(not _same_value(k, o[k], n[k]) for k in RETAG_FIELDS):
+                out[n["id"]] = {k: n[k] for k in RETAG_FIELDS} | ({"created_at": n["created_at"]} if redated else {})
     return out
+
+
+def _states_time(metadata: Any) -> bool:
+    """Whether a record's ``created_at`` is one its text states (:data:`DATED`), not a
+    file's modification time, which a re-ingest does not take again."""
+    meta = json.loads(metadata) if isinstance(metadata, str) else (metadata or {})
+    return isinstance(meta, dict) and meta.get(DATED) not in (None, FILE_SAVED)
 
 
 def previous_values(previous: Generation | None, rows: list[dict[str, Any]],

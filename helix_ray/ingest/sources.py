@@ -12,7 +12,8 @@ Formats:
 - ``parquet``: one memory per row, same columns.
 - ``markdown``: a ``.md`` file or a folder of them; optional YAML front matter gives
   defaults (user, project, created_at, type...); each ``##`` section is one memory,
-  dated by the day its heading names, else as its file (:func:`_file_time`),
+  dated by the day its heading names, else as its file (:func:`_file_time`;
+  ``metadata.dated`` says which),
   ``md:<user>/<docs>/<path>#<slug>``, ``<docs>`` naming the folder read
   (:mod:`helix_ray.ingest.ids`). A folder given without ``--format`` is read whole: its
   Markdown so, and each JSONL, JSON or Parquet file in it as a source of its own, its
@@ -47,6 +48,7 @@ from helix_ray.errors import InvalidArgument
 from helix_ray.ingest.chunk_parse import fenced_spans
 from helix_ray.ingest.ids import SECTION_KEY, check_doc_name, default_doc_name, user_part
 from helix_ray.ingest.repo_ids import RepoScope, check_repo_name, check_user, default_repo_name, legacy_code_name
+from helix_ray.schema import DATED, FILE_SAVED
 from helix_ray.when import stated_day
 
 FORMATS = ("auto", "jsonl", "parquet", "markdown", "transcript", "locomo", "code", "git")
@@ -423,7 +425,7 @@ def read_markdown(path: Path, *, name: str | None = None, data_files: str = "qua
         title_match = next(filter(outside, _TITLE.finditer(text)), None)
         title = title_match.group(1) if title_match else file.stem
         saved = dt.datetime.fromtimestamp(file.stat().st_mtime, tz=dt.timezone.utc)
-        dated = _file_time(file, saved, defaults.get("created_at"), title_match.group(1) if title_match else None)
+        dated, how = _file_time(file, saved, defaults.get("created_at"), title_match.group(1) if title_match else None)
         heads = list(filter(outside, _SECTION.finditer(text)))
         pieces: list[tuple[str, str]] = []
         preamble = text[: heads[0].start()] if heads else text
@@ -449,7 +451,8 @@ def read_markdown(path: Path, *, name: str | None = None, data_files: str = "qua
             record["text"] = f"{title} — {heading}\n{body}" if heading != title else body
             if not body:
                 record["text"] = ""
-            record["metadata"] = {**(record.get("metadata") or {}), "file": rel, "section": heading}
+            record["metadata"] = {**(record.get("metadata") or {}), "file": rel, "section": heading,
+                                  DATED: "heading" if day is not None else how}
             record[SECTION_KEY] = f"{docs}/{rel}#{slug}"
             yield _tag(record, file, f"{rel}, section '{heading}'")
 
@@ -477,18 +480,21 @@ def _front_matter_time(value: Any) -> str | None:
 _JOINED_DATE = re.compile(r"(?<=[A-Za-z])[-_.](?=\d{4}-\d)")
 
 
-def _file_time(file: Path, saved: dt.datetime, given: Any, title: str | None) -> Any:
+def _file_time(file: Path, saved: dt.datetime, given: Any, title: str | None) -> tuple[Any, str]:
     """When a Markdown file's sections were written, unless a section's heading names its
-    own day: the front matter's ``created_at`` (or ``date``), else the day its ``#`` title
-    or its name states (``2024-05-03.md``, ``# Standup 3 May 2024``), else ``saved``, the
-    file's modification time."""
+    own day, and where that was read (``metadata.dated``): the front matter's
+    ``created_at`` (or ``date``), else the day its ``#`` title or its name states
+    (``# Standup 3 May 2024``, ``2024-05-03.md``), else ``saved``, the file's
+    modification time."""
     if given is not None:
-        return given
-    day = _written_on(stated_day(title) if title is not None else None, saved) or _written_on(
-        stated_day(_JOINED_DATE.sub(" ", file.stem)), saved)
+        return given, "front matter"
+    day = _written_on(stated_day(title), saved) if title is not None else None
     if day is not None:
-        return _noon(day)
-    return saved.isoformat()
+        return _noon(day), "title"
+    day = _written_on(stated_day(_JOINED_DATE.sub(" ", file.stem)), saved)
+    if day is not None:
+        return _noon(day), "file name"
+    return saved.isoformat(), FILE_SAVED
 
 
 def _written_on(day: dt.date | None, saved: dt.datetime) -> dt.date | None:
