@@ -178,8 +178,7 @@ def store_key(docs: Sequence[Any], ingest_config: IngestConfig, types: Sequence[
 def _asks_only(doc: Any) -> bool:
     """Whether ``doc`` is stored as a turn that only asks: its speaker as its record
     gives it (:func:`_records`: its own metadata's, else ``speaker``)."""
-    speaker = (_given(doc, "metadata") or {}).get("speaker", doc.speaker)
-    return isinstance(speaker, str) and bool(speaker) and asks_only(doc.text, speaker)
+    return asks_only(doc.text, (_given(doc, "metadata") or {}).get("speaker", doc.speaker))
 
 
 def _given(doc: Any, field: str) -> Any:

@@ -115,12 +115,15 @@ def _outside_fences(text: str) -> str:
     return "".join(out) + text[at:]
 
 
-def asks_only(text: str, speaker: str) -> bool:
+def asks_only(text: str, speaker: Any) -> bool:
     """Whether a chat turn (``"<speaker>: <text>"``, as transcripts store it) only asks:
     it asks at least once, and each of its other sentences is a short aside: before its
     last question any sentence of three words or fewer ("Cool.", "Thanks, John!"), after
     it only an exclamation ("Can't wait!"). A turn that also states something ("Guess
-    what? I got married."), or shares an image, does not."""
+    what? I got married."), or shares an image, does not; nor does a memory without a
+    speaker (``speaker`` not a non-empty string)."""
+    if not isinstance(speaker, str) or not speaker:
+        return False
     prefix = f"{speaker}: "
     body = text[len(prefix):] if text.startswith(prefix) else text
     sentences = [s for s in _SENTENCE_END.split(body.strip()) if s]
@@ -137,8 +140,7 @@ def derive_salience(text: str, mem_type: str, pinned: bool, metadata: dict[str, 
     code = metadata.get("code")
     if isinstance(code, dict) and code.get("test") is True:  # a test: less salient than the code it tests
         value -= TEST_DISCOUNT
-    speaker = metadata.get("speaker")
-    if ask_discount and isinstance(speaker, str) and speaker and asks_only(text, speaker):
+    if ask_discount and asks_only(text, metadata.get("speaker")):
         value -= ask_discount
     if _MARKER.search(text):
         value += 0.15
